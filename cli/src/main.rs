@@ -1,0 +1,42 @@
+//! `basecamp`: run harness tasks locally and work with execution traces.
+//!
+//! Each subcommand lives in its own module; `main` only parses arguments,
+//! dispatches, and turns an error into one line on stderr and exit status 1.
+
+mod trace_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "basecamp",
+    version,
+    about = "Agent-training base camp: harness tasks, sandboxes and execution traces"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Read and inspect .trace files.
+    #[command(subcommand)]
+    Trace(trace_cmd::TraceCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trace(cmd) => trace_cmd::run(cmd),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

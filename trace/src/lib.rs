@@ -1,0 +1,36 @@
+//! Basecamp execution traces.
+//!
+//! A `.trace` file holds one episode: a header, then the five sections of
+//! DESIGN.md as protobuf records (`plan_execution`, `memory_state`,
+//! `token_logit`, `reward_signal`, `error_context`), in checksummed zstd
+//! frames closed at every step so a killed writer leaves a readable prefix,
+//! and a footer index for random access to steps.
+//!
+//! - [`format`]: the byte layout;
+//! - [`writer`] / [`reader`]: streaming write, sequential and indexed read;
+//! - [`canonical`]: canonical JSON and its sha256, the identity of arguments and memory;
+//! - [`memory`]: memory, patches and the deltas they produce;
+//! - [`json`]: a trace as JSON (the proto3 JSON mapping);
+//! - [`synthetic`]: realistic generated episodes for tests, benchmarks and demos.
+
+pub mod canonical;
+pub mod error;
+pub mod format;
+pub mod json;
+pub mod memory;
+pub mod reader;
+pub mod synthetic;
+pub mod writer;
+
+/// The generated protobuf types of `proto/trace.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/basecamp.trace.v1.rs"));
+    include!(concat!(env!("OUT_DIR"), "/basecamp.trace.v1.serde.rs"));
+}
+
+pub use canonical::{Digest, canonical_json, hash_json};
+pub use error::TraceError;
+pub use memory::{Memory, MemoryDelta, MemoryPatch, PatchOp};
+pub use reader::{IndexedTrace, Tail, TraceContents, TraceReader, read_trace, read_trace_from};
+pub use writer::TraceWriter;

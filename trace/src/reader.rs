@@ -1,0 +1,512 @@
+//! Reading traces: sequentially ([`TraceReader`]) or by step through the
+//! footer index ([`IndexedTrace`]).
+//!
+//! The reader trusts nothing: both frame lengths are capped before any
+//! allocation, the header and the payload carry their own checksums, and
+//! protobuf decoding happens only on verified bytes. A file that ends early
+//! yields its complete frames and then [`TraceError::Truncated`]; damage
+//! yields the frames before it and then [`TraceError::Corrupt`] with the
+//! byte offset of the bad frame.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use prost::Message;
+
+use crate::error::TraceError;
+use crate::format::{
+    self, FORMAT_VERSION, FRAME_HEADER_LEN, FrameHeader, FrameKind, MAGIC, PREAMBLE_LEN, SCHEMA_MAJOR, TRAILER_LEN,
+    TRAILER_MAGIC,
+};
+use crate::pb::{Header, Record, TraceIndex, record::Body};
+
+/// One verified, decompressed frame.
+struct Frame {
+    kind: FrameKind,
+    offset: u64,
+}
+
+/// Reads frames one by one from a position known to start a frame.
+struct FrameReader<R> {
+    inner: R,
+    file: String,
+    offset: u64,
+    compressed: Vec<u8>,
+    raw: Vec<u8>,
+    decompressor: zstd::bulk::Decompressor<'static>,
+}
+
+enum FrameRead {
+    Frame(Frame),
+    /// Clean end of input exactly at a frame boundary.
+    Eof,
+}
+
+impl<R: Read> FrameReader<R> {
+    fn new(inner: R, file: String, offset: u64) -> Result<Self, TraceError> {
+        let decompressor = zstd::bulk::Decompressor::new().map_err(|source| TraceError::io(file.clone(), source))?;
+        Ok(Self { inner, file, offset, compressed: Vec::new(), raw: Vec::new(), decompressor })
+    }
+
+    fn corrupt(&self, offset: u64, reason: impl Into<String>) -> TraceError {
+        TraceError::Corrupt { file: self.file.clone(), offset, reason: reason.into() }
+    }
+
+    /// Reads the next frame into `self.raw`. `Ok(None)`-like EOF only at a boundary;
+    /// a partial header or payload is reported as a truncation at `offset`.
+    fn next_frame(&mut self) -> Result<FrameRead, FrameError> {
+        let start = self.offset;
+        let mut header = [0u8; FRAME_HEADER_LEN];
+        match read_full(&mut self.inner, &mut header).map_err(|e| self.io(e))? {
+            0 => return Ok(FrameRead::Eof),
+            n if n < FRAME_HEADER_LEN => return Err(FrameError::Truncated(start)),
+            _ => {}
+        }
+        let header = FrameHeader::decode(&header).map_err(|reason| FrameError::Fatal(self.corrupt(start, reason)))?;
+        self.compressed.clear();
+        self.compressed.resize(header.compressed_len as usize, 0);
+        let got = read_full(&mut self.inner, &mut self.compressed).map_err(|e| self.io(e))?;
+        if got < self.compressed.len() {
+            return Err(FrameError::Truncated(start));
+        }
+        let crc = crc32fast::hash(&self.compressed);
+        if crc != header.payload_crc {
+            return Err(FrameError::Fatal(self.corrupt(
+                start,
+                format!("payload checksum mismatch (stored {:08x}, computed {crc:08x})", header.payload_crc),
+            )));
+        }
+        self.raw.clear();
+        self.raw.reserve(header.raw_len as usize);
+        let n = self
+            .decompressor
+            .decompress_to_buffer(&self.compressed, &mut self.raw)
+            .map_err(|e| FrameError::Fatal(self.corrupt(start, format!("zstd: {e}"))))?;
+        if n != header.raw_len as usize {
+            return Err(FrameError::Fatal(
+                self.corrupt(start, format!("decompressed to {n} bytes, header says {}", header.raw_len)),
+            ));
+        }
+        self.offset += (FRAME_HEADER_LEN + self.compressed.len()) as u64;
+        Ok(FrameRead::Frame(Frame { kind: header.kind, offset: start }))
+    }
+
+    fn io(&self, source: io::Error) -> FrameError {
+        FrameError::Fatal(TraceError::io(self.file.clone(), source))
+    }
+}
+
+enum FrameError {
+    /// The input ended inside the frame starting at this offset.
+    Truncated(u64),
+    Fatal(TraceError),
+}
+
+/// Like `read_exact`, but reports how many bytes were read before EOF.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match r.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Checks the preamble; returns nothing useful but a clear error.
+fn read_preamble(r: &mut impl Read, file: &str) -> Result<(), TraceError> {
+    let mut pre = [0u8; PREAMBLE_LEN];
+    let n = read_full(r, &mut pre).map_err(|source| TraceError::io(file, source))?;
+    if n == 0 {
+        return Err(TraceError::Empty { file: file.into() });
+    }
+    let magic_len = n.min(MAGIC.len());
+    if pre[..magic_len] != MAGIC[..magic_len] {
+        return Err(TraceError::NotATrace { file: file.into() });
+    }
+    if n < PREAMBLE_LEN {
+        return Err(TraceError::Truncated { file: file.into(), offset: n as u64, steps_recovered: 0 });
+    }
+    let version = format::u32_at(&pre, 8);
+    if version > FORMAT_VERSION || version == 0 {
+        return Err(TraceError::UnsupportedFormat { file: file.into(), version, supported: FORMAT_VERSION });
+    }
+    Ok(())
+}
+
+fn check_header(header: &Header, file: &str) -> Result<(), TraceError> {
+    if header.schema_major > SCHEMA_MAJOR {
+        return Err(TraceError::NewerSchema {
+            file: file.into(),
+            major: header.schema_major,
+            minor: header.schema_minor,
+            supported: SCHEMA_MAJOR,
+        });
+    }
+    Ok(())
+}
+
+/// Where a trace's records stopped.
+#[derive(Debug)]
+pub enum Tail {
+    /// The writer finished: episode end, index and trailer are present.
+    Complete,
+    /// The records read are a trustworthy prefix; the rest is missing or damaged.
+    Damaged(TraceError),
+}
+
+/// Sequential reader: the header, then every record in order.
+pub struct TraceReader<R> {
+    frames: FrameReader<R>,
+    header: Header,
+    /// Position of the next undecoded record inside `frames.raw`.
+    pos: usize,
+    frame_offset: u64,
+    in_records_frame: bool,
+    steps: BTreeSet<u32>,
+    tail: Option<Tail>,
+}
+
+impl TraceReader<BufReader<File>> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let file = File::open(path).map_err(|source| TraceError::io(name.clone(), source))?;
+        Self::new(BufReader::with_capacity(256 << 10, file), name)
+    }
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Reads the preamble and the header; `name` is used in every error.
+    pub fn new(mut inner: R, name: impl Into<String>) -> Result<Self, TraceError> {
+        let file = name.into();
+        read_preamble(&mut inner, &file)?;
+        let mut frames = FrameReader::new(inner, file.clone(), PREAMBLE_LEN as u64)?;
+        let frame = match frames.next_frame() {
+            Ok(FrameRead::Frame(f)) => f,
+            Ok(FrameRead::Eof) | Err(FrameError::Truncated(_)) => {
+                return Err(TraceError::Truncated { file, offset: PREAMBLE_LEN as u64, steps_recovered: 0 });
+            }
+            Err(FrameError::Fatal(e)) => return Err(e),
+        };
+        let missing = || TraceError::MissingHeader { file: file.clone(), offset: frame.offset };
+        if frame.kind != FrameKind::Records {
+            return Err(missing());
+        }
+        let mut slice = frames.raw.as_slice();
+        let first = Record::decode_length_delimited(&mut slice).map_err(|_| missing())?;
+        let pos = frames.raw.len() - slice.len();
+        let Some(Body::Header(header)) = first.body else {
+            return Err(missing());
+        };
+        check_header(&header, &file)?;
+        Ok(Self {
+            frames,
+            header,
+            pos,
+            frame_offset: frame.offset,
+            in_records_frame: true,
+            steps: BTreeSet::new(),
+            tail: None,
+        })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn file_name(&self) -> &str {
+        &self.frames.file
+    }
+
+    /// Byte offset of the frame the last returned record came from.
+    pub fn frame_offset(&self) -> u64 {
+        self.frame_offset
+    }
+
+    /// How the file ended; `None` until iteration has finished.
+    pub fn tail(&self) -> Option<&Tail> {
+        self.tail.as_ref()
+    }
+
+    /// Number of distinct steps (other than 0) read so far from verified frames.
+    pub fn steps_recovered(&self) -> u32 {
+        self.steps.iter().filter(|&&s| s > 0).count() as u32
+    }
+
+    fn stop(&mut self, tail: Tail) -> Option<Result<Record, TraceError>> {
+        let err = match &tail {
+            Tail::Complete => None,
+            Tail::Damaged(e) => Some(e.clone()),
+        };
+        self.tail = Some(tail);
+        err.map(Err)
+    }
+
+    fn truncated(&self, offset: u64) -> TraceError {
+        TraceError::Truncated { file: self.frames.file.clone(), offset, steps_recovered: self.steps_recovered() }
+    }
+
+    /// After the index frame: the trailer must follow, then nothing.
+    fn check_trailer(&mut self, index_offset: u64) -> Tail {
+        let at = self.frames.offset;
+        let mut trailer = [0u8; TRAILER_LEN + 1];
+        let n = match read_full(&mut self.frames.inner, &mut trailer) {
+            Ok(n) => n,
+            Err(source) => return Tail::Damaged(TraceError::io(self.frames.file.clone(), source)),
+        };
+        if n < TRAILER_LEN {
+            return Tail::Damaged(self.truncated(at));
+        }
+        let corrupt = |reason: &str| {
+            Tail::Damaged(TraceError::Corrupt { file: self.frames.file.clone(), offset: at, reason: reason.into() })
+        };
+        if trailer[8..16] != TRAILER_MAGIC
+            || u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes")) != index_offset
+        {
+            return corrupt("bad trailer");
+        }
+        if n > TRAILER_LEN {
+            return corrupt("unexpected bytes after the trailer");
+        }
+        Tail::Complete
+    }
+}
+
+impl<R: Read> Iterator for TraceReader<R> {
+    type Item = Result<Record, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.tail.is_some() {
+            return None;
+        }
+        loop {
+            if self.in_records_frame && self.pos < self.frames.raw.len() {
+                let mut slice = &self.frames.raw[self.pos..];
+                return match Record::decode_length_delimited(&mut slice) {
+                    Ok(record) => {
+                        self.pos = self.frames.raw.len() - slice.len();
+                        self.steps.insert(record.step);
+                        Some(Ok(record))
+                    }
+                    Err(e) => {
+                        let err = TraceError::Corrupt {
+                            file: self.frames.file.clone(),
+                            offset: self.frame_offset,
+                            reason: format!("record {} bytes into the frame does not decode: {e}", self.pos),
+                        };
+                        self.stop(Tail::Damaged(err))
+                    }
+                };
+            }
+            match self.frames.next_frame() {
+                Ok(FrameRead::Frame(frame)) => {
+                    self.frame_offset = frame.offset;
+                    self.pos = 0;
+                    match frame.kind {
+                        FrameKind::Records => self.in_records_frame = true,
+                        FrameKind::Index => {
+                            self.in_records_frame = false;
+                            let tail = self.check_trailer(frame.offset);
+                            return self.stop(tail);
+                        }
+                    }
+                }
+                Ok(FrameRead::Eof) => {
+                    let offset = self.frames.offset;
+                    return self.stop(Tail::Damaged(self.truncated(offset)));
+                }
+                Err(FrameError::Truncated(offset)) => return self.stop(Tail::Damaged(self.truncated(offset))),
+                Err(FrameError::Fatal(e)) => return self.stop(Tail::Damaged(e)),
+            }
+        }
+    }
+}
+
+/// A whole trace in memory: the header, the records after it, and how it ended.
+#[derive(Debug)]
+pub struct TraceContents {
+    pub header: Header,
+    pub records: Vec<Record>,
+    pub tail: Tail,
+}
+
+impl TraceContents {
+    /// The problem with the file's end, if any.
+    pub fn damage(&self) -> Option<&TraceError> {
+        match &self.tail {
+            Tail::Complete => None,
+            Tail::Damaged(e) => Some(e),
+        }
+    }
+}
+
+/// Reads a whole trace, keeping the readable prefix of a damaged one.
+/// Errs only when not even the header could be read.
+pub fn read_trace(path: impl AsRef<Path>) -> Result<TraceContents, TraceError> {
+    collect(TraceReader::open(path)?)
+}
+
+/// Like [`read_trace`] over any reader (a byte slice, a download).
+pub fn read_trace_from(inner: impl Read, name: impl Into<String>) -> Result<TraceContents, TraceError> {
+    collect(TraceReader::new(inner, name)?)
+}
+
+fn collect<R: Read>(mut reader: TraceReader<R>) -> Result<TraceContents, TraceError> {
+    let mut records = Vec::new();
+    for record in reader.by_ref() {
+        match record {
+            Ok(r) => records.push(r),
+            Err(_) => break,
+        }
+    }
+    let tail = reader.tail.take().expect("iteration ended, so the tail is set");
+    Ok(TraceContents { header: reader.header, records, tail })
+}
+
+/// (step, offset of the frame holding its first record), in file order.
+type StepIndex = Vec<(u32, u64)>;
+
+/// Random access to the steps of a trace through its footer index. A file
+/// without a valid footer (a crashed writer) is indexed by one scan instead.
+pub struct IndexedTrace<R> {
+    inner: R,
+    file: String,
+    header: Header,
+    index: StepIndex,
+    /// Set when the index was rebuilt by scanning and the scan hit damage.
+    damage: Option<TraceError>,
+}
+
+impl IndexedTrace<File> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let file = File::open(path).map_err(|source| TraceError::io(name.clone(), source))?;
+        Self::new(file, name)
+    }
+}
+
+impl<R: Read + Seek> IndexedTrace<R> {
+    pub fn new(mut inner: R, name: impl Into<String>) -> Result<Self, TraceError> {
+        let file = name.into();
+        let io = |source| TraceError::io(file.clone(), source);
+        inner.seek(SeekFrom::Start(0)).map_err(io)?;
+        let header = TraceReader::new(&mut inner, file.clone())?.header;
+        let footer = Self::read_footer(&mut inner, &file).map_err(io)?;
+        let (index, damage) = match footer {
+            Some(index) => (index, None),
+            None => {
+                inner.seek(SeekFrom::Start(0)).map_err(io)?;
+                Self::scan(&mut inner, &file)?
+            }
+        };
+        Ok(Self { inner, file, header, index, damage })
+    }
+
+    /// The footer's index, or `None` when there is no valid footer.
+    fn read_footer(inner: &mut R, file: &str) -> io::Result<Option<StepIndex>> {
+        let len = inner.seek(SeekFrom::End(0))?;
+        if len < (PREAMBLE_LEN + TRAILER_LEN) as u64 {
+            return Ok(None);
+        }
+        inner.seek(SeekFrom::Start(len - TRAILER_LEN as u64))?;
+        let mut trailer = [0u8; TRAILER_LEN];
+        inner.read_exact(&mut trailer)?;
+        let index_offset = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes"));
+        if trailer[8..] != TRAILER_MAGIC || index_offset < PREAMBLE_LEN as u64 || index_offset >= len {
+            return Ok(None);
+        }
+        inner.seek(SeekFrom::Start(index_offset))?;
+        let Ok(mut frames) = FrameReader::new(&mut *inner, file.to_string(), index_offset) else {
+            return Ok(None);
+        };
+        let Ok(FrameRead::Frame(frame)) = frames.next_frame() else {
+            return Ok(None);
+        };
+        if frame.kind != FrameKind::Index {
+            return Ok(None);
+        }
+        let Ok(index) = TraceIndex::decode(frames.raw.as_slice()) else {
+            return Ok(None);
+        };
+        Ok(Some(index.entries.iter().filter(|e| e.offset < index_offset).map(|e| (e.step, e.offset)).collect()))
+    }
+
+    fn scan(inner: &mut R, file: &str) -> Result<(StepIndex, Option<TraceError>), TraceError> {
+        let mut reader = TraceReader::new(BufReader::new(inner), file.to_string())?;
+        let mut index: Vec<(u32, u64)> = Vec::new();
+        let mut damage = None;
+        while let Some(record) = reader.next() {
+            match record {
+                Ok(r) => {
+                    if index.last().is_none_or(|&(s, _)| s != r.step) {
+                        index.push((r.step, reader.frame_offset()));
+                    }
+                }
+                Err(e) => damage = Some(e),
+            }
+        }
+        Ok((index, damage))
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Steps present, in file order.
+    pub fn steps(&self) -> impl Iterator<Item = u32> + '_ {
+        self.index.iter().map(|&(s, _)| s)
+    }
+
+    /// Damage found while rebuilding the index of a file without a footer.
+    pub fn damage(&self) -> Option<&TraceError> {
+        self.damage.as_ref()
+    }
+
+    /// Every record of `step`, reading only the frames that hold it.
+    pub fn read_step(&mut self, step: u32) -> Result<Vec<Record>, TraceError> {
+        let &(_, offset) = self
+            .index
+            .iter()
+            .find(|&&(s, _)| s == step)
+            .ok_or_else(|| TraceError::StepNotFound { file: self.file.clone(), step })?;
+        let io = |source| TraceError::io(self.file.clone(), source);
+        self.inner.seek(SeekFrom::Start(offset)).map_err(io)?;
+        let mut frames = FrameReader::new(BufReader::new(&mut self.inner), self.file.clone(), offset)?;
+        let mut out = Vec::new();
+        loop {
+            let frame = match frames.next_frame() {
+                Ok(FrameRead::Frame(f)) if f.kind == FrameKind::Records => f,
+                Ok(_) => return Ok(out),
+                Err(FrameError::Truncated(at)) => {
+                    return if out.is_empty() {
+                        Err(TraceError::Truncated { file: self.file.clone(), offset: at, steps_recovered: 0 })
+                    } else {
+                        Ok(out)
+                    };
+                }
+                Err(FrameError::Fatal(e)) => return Err(e),
+            };
+            let mut slice = frames.raw.as_slice();
+            while !slice.is_empty() {
+                let record = Record::decode_length_delimited(&mut slice).map_err(|e| TraceError::Corrupt {
+                    file: self.file.clone(),
+                    offset: frame.offset,
+                    reason: format!("record does not decode: {e}"),
+                })?;
+                if record.step > step {
+                    return Ok(out);
+                }
+                if record.step == step {
+                    out.push(record);
+                }
+            }
+        }
+    }
+}

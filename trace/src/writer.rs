@@ -1,0 +1,157 @@
+//! The streaming trace writer.
+//!
+//! Records are encoded into an in-memory buffer as the episode runs; every
+//! [`TraceWriter::end_step`] compresses that buffer into one checksummed zstd
+//! frame and hands it to the operating system, so a process killed at any
+//! moment leaves every completed step readable. [`TraceWriter::finish`]
+//! appends the episode end, the step index and the trailer.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use prost::Message;
+
+use crate::format::{self, FRAME_FLUSH_THRESHOLD, FrameHeader, FrameKind, SCHEMA_MAJOR, SCHEMA_MINOR};
+use crate::pb::{EpisodeEnd, Header, IndexEntry, Record, TraceIndex, record::Body};
+
+/// zstd level used when none is given: fast, and within a few percent of level 6's size.
+pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+
+pub struct TraceWriter<W: Write> {
+    out: Option<W>,
+    /// Bytes written so far: the offset the next frame will start at.
+    offset: u64,
+    raw: Vec<u8>,
+    compressed: Vec<u8>,
+    compressor: zstd::bulk::Compressor<'static>,
+    index: Vec<IndexEntry>,
+    last_step: Option<u32>,
+    record_count: u64,
+}
+
+impl TraceWriter<File> {
+    /// Creates (truncating) `path` and writes the header frame.
+    pub fn create(path: impl AsRef<Path>, header: Header) -> io::Result<Self> {
+        let file = File::create(path.as_ref())?;
+        Self::new(file, header, DEFAULT_ZSTD_LEVEL)
+    }
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Writes the preamble and the header (in a frame of its own) to `out`.
+    /// The schema version fields of `header` are set by the writer.
+    pub fn new(mut out: W, mut header: Header, zstd_level: i32) -> io::Result<Self> {
+        header.schema_major = SCHEMA_MAJOR;
+        header.schema_minor = SCHEMA_MINOR;
+        let preamble = format::preamble();
+        out.write_all(&preamble)?;
+        let mut writer = Self {
+            out: Some(out),
+            offset: preamble.len() as u64,
+            raw: Vec::with_capacity(64 << 10),
+            compressed: Vec::new(),
+            compressor: zstd::bulk::Compressor::new(zstd_level)?,
+            index: Vec::new(),
+            last_step: None,
+            record_count: 0,
+        };
+        writer.append(0, Body::Header(header))?;
+        writer.end_step()?;
+        Ok(writer)
+    }
+
+    /// Appends one record to the current step. Steps are expected to be
+    /// non-decreasing; the index points at the first frame holding each step.
+    pub fn append(&mut self, step: u32, body: Body) -> io::Result<()> {
+        self.write_record(&Record { step, body: Some(body) })
+    }
+
+    pub fn write_record(&mut self, record: &Record) -> io::Result<()> {
+        if self.last_step != Some(record.step) {
+            // The pending frame (or the next one, if the buffer is empty) starts at `offset`.
+            self.index.push(IndexEntry { step: record.step, offset: self.offset });
+            self.last_step = Some(record.step);
+        }
+        record.encode_length_delimited(&mut self.raw).expect("encoding into a Vec cannot run out of space");
+        self.record_count += 1;
+        if self.raw.len() >= FRAME_FLUSH_THRESHOLD {
+            self.write_frame(FrameKind::Records)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the current frame: everything appended so far survives a crash.
+    pub fn end_step(&mut self) -> io::Result<()> {
+        if !self.raw.is_empty() {
+            self.write_frame(FrameKind::Records)?;
+        }
+        Ok(())
+    }
+
+    /// Number of records appended, header included.
+    pub fn record_count(&self) -> u64 {
+        self.record_count
+    }
+
+    /// Bytes handed to the output so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.offset
+    }
+
+    /// Writes the episode end, the index and the trailer, and returns the output.
+    pub fn finish(mut self, end: EpisodeEnd) -> io::Result<W> {
+        let step = self.last_step.unwrap_or(0);
+        self.append(step, Body::EpisodeEnd(end))?;
+        self.end_step()?;
+        let index = TraceIndex { entries: std::mem::take(&mut self.index), record_count: self.record_count };
+        let index_offset = self.offset;
+        index.encode(&mut self.raw).expect("encoding into a Vec cannot run out of space");
+        self.write_frame(FrameKind::Index)?;
+        let mut out = self.out.take().expect("finish consumes the writer, so out is still present");
+        out.write_all(&format::trailer(index_offset))?;
+        out.flush()?;
+        Ok(out)
+    }
+
+    fn write_frame(&mut self, kind: FrameKind) -> io::Result<()> {
+        let bound = zstd::zstd_safe::compress_bound(self.raw.len());
+        self.compressed.clear();
+        self.compressed.reserve(bound);
+        self.compressor.compress_to_buffer(&self.raw, &mut self.compressed)?;
+        let header = FrameHeader {
+            kind,
+            compressed_len: len_u32(self.compressed.len())?,
+            raw_len: len_u32(self.raw.len())?,
+            payload_crc: crc32fast::hash(&self.compressed),
+        };
+        let out = self.out.as_mut().expect("out is only taken by finish, which consumes the writer");
+        out.write_all(&header.encode())?;
+        out.write_all(&self.compressed)?;
+        out.flush()?;
+        self.offset += (format::FRAME_HEADER_LEN + self.compressed.len()) as u64;
+        self.raw.clear();
+        Ok(())
+    }
+}
+
+impl<W: Write> Drop for TraceWriter<W> {
+    /// A writer dropped without `finish` (an error path, a panic) still
+    /// writes what it buffered, leaving a readable truncated trace.
+    fn drop(&mut self) {
+        if self.out.is_some() && !self.raw.is_empty() {
+            let _ = self.write_frame(FrameKind::Records);
+        }
+    }
+}
+
+fn len_u32(len: usize) -> io::Result<u32> {
+    let limit = format::MAX_RAW_FRAME.min(format::MAX_COMPRESSED_FRAME) as usize;
+    if len > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a single trace record of {len} bytes exceeds the frame limit of {limit} bytes"),
+        ));
+    }
+    Ok(len as u32)
+}
