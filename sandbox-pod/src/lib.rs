@@ -1,0 +1,19 @@
+//! The Basecamp sandbox runtime: the execution boundary around one agent.
+//!
+//! Every tool call goes through one [`executor`], which applies timeouts and
+//! fallbacks, turns tool results into memory patches (tools never touch
+//! memory directly), and records each call in the episode's trace. The
+//! runtime knows nothing of Kubernetes: the same code runs in a sandbox pod
+//! and behind `basecamp run`.
+//!
+//! - [`tools`]: the tool kinds (`http`, `exec`, `recorded`);
+//! - [`executor`]: one tool call, timed, bounded and recorded;
+//! - [`policy`]: the agent's policy (OpenAI-compatible endpoint, scripted);
+//! - [`rewards`]: named reward components, weighted sums, weight schedules;
+//! - [`storage`]: where traces go (local directory, S3).
+
+pub mod executor;
+pub mod policy;
+pub mod rewards;
+pub mod storage;
+pub mod tools;
