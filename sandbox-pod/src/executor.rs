@@ -1,1 +1,365 @@
-//! (in progress)
+//! The tool execution layer: every tool call of an episode goes through
+//! [`ToolExecutor::call`].
+//!
+//! For each call it takes the context snapshot (memory hash, plan step,
+//! canonical argument hash), runs the tool under its timeout, swaps in the
+//! tool's fallback when the tool fails or times out, applies the resulting
+//! memory patch under the memory policy (null writes, strict types), and
+//! returns the observation together with the trace records that describe
+//! the call (`PlanStep` and one `MemoryDelta` per changed key). It writes
+//! nothing itself, so the caller decides where records go and the executor
+//! stays testable without files.
+//!
+//! [`MemoryGuard`] catches memory changes that no applied patch explains.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use basecamp_trace::pb::{self, MemorySource, StepKind, StepStatus, record::Body};
+use basecamp_trace::{Digest, Memory, MemoryDelta, MemoryPatch, PatchOp, canonical_json, hash_json};
+use serde_json::{Value, json};
+
+use crate::tools::{Tool, ToolError, ToolOutput, json_type};
+
+/// The timeout used when a tool has none configured.
+pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// What to do when a patch writes JSON `null` into a memory key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NullWrites {
+    Allow,
+    /// Apply it, and say so in the outcome's warnings (and the trace).
+    #[default]
+    Warn,
+    /// Refuse the null writes of the patch; the call is marked refused.
+    Error,
+}
+
+/// A tool's stand-in answer when it fails or times out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fallback {
+    pub observation: Value,
+    pub memory_patch: MemoryPatch,
+}
+
+/// One tool as the executor runs it.
+#[derive(Debug, Clone)]
+pub struct ToolDef {
+    pub tool: Tool,
+    pub timeout: Duration,
+    pub fallback: Option<Fallback>,
+}
+
+/// The executor: the sandbox's tools and its memory policy.
+#[derive(Debug, Clone, Default)]
+pub struct ToolExecutor {
+    tools: BTreeMap<String, ToolDef>,
+    null_writes: NullWrites,
+    /// Key -> JSON type name ("string", "number", "integer", "boolean", "object", "array").
+    memory_types: BTreeMap<String, String>,
+}
+
+/// A call the policy asked for. `arguments` is `Err(raw text)` when the
+/// policy's arguments were not valid JSON: recorded, never executed.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCall<'a> {
+    pub step: u32,
+    pub call_id: &'a str,
+    pub plan_label: &'a str,
+    pub name: &'a str,
+    pub arguments: Result<&'a Value, &'a str>,
+}
+
+/// Why a call did not produce the tool's own answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CallError {
+    #[error("tool {tool} {source}")]
+    Tool { tool: String, source: ToolError },
+    #[error("unknown tool {tool:?}; this sandbox defines: {available}")]
+    UnknownTool { tool: String, available: String },
+    #[error("the arguments for {tool} are not valid JSON: {raw}")]
+    InvalidArguments { tool: String, raw: String },
+    #[error("refused to write null into memory key(s) {keys} (memory.nullWrites is error)")]
+    NullWriteRefused { keys: String },
+    #[error("memory key `{key}` must hold {expected}, the patch from {origin} wrote {found}")]
+    MemoryType { key: String, expected: String, found: &'static str, origin: String },
+}
+
+impl CallError {
+    /// The trace's `error_type`, from a fixed set.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::Tool { source, .. } => source.error_type(),
+            Self::UnknownTool { .. } => "unknown_tool",
+            Self::InvalidArguments { .. } => "invalid_arguments",
+            Self::NullWriteRefused { .. } => "null_write_refused",
+            Self::MemoryType { .. } => "memory_type",
+        }
+    }
+}
+
+/// The result of one call: what the policy sees next, and what the trace records.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    pub observation: Value,
+    pub status: StepStatus,
+    pub error: Option<CallError>,
+    pub deltas: Vec<MemoryDelta>,
+    /// Things worth a look that did not fail the call (null writes under `warn`).
+    pub warnings: Vec<String>,
+    pub plan_step: pb::PlanStep,
+}
+
+impl CallOutcome {
+    /// The trace records of this call: the plan step, then its memory deltas.
+    pub fn records(&self) -> impl Iterator<Item = Body> + '_ {
+        std::iter::once(Body::PlanStep(self.plan_step.clone()))
+            .chain(self.deltas.iter().map(|d| Body::MemoryDelta(d.to_record())))
+    }
+
+    pub fn timed_out(&self) -> bool {
+        matches!(&self.error, Some(CallError::Tool { source: ToolError::Timeout(_), .. }))
+    }
+}
+
+impl ToolExecutor {
+    pub fn new(null_writes: NullWrites) -> Self {
+        Self { null_writes, ..Self::default() }
+    }
+
+    pub fn add_tool(&mut self, name: impl Into<String>, def: ToolDef) -> &mut Self {
+        self.tools.insert(name.into(), def);
+        self
+    }
+
+    /// Requires memory `key` to hold JSON of type `type_name` (strict types).
+    pub fn require_memory_type(&mut self, key: impl Into<String>, type_name: impl Into<String>) -> &mut Self {
+        self.memory_types.insert(key.into(), type_name.into());
+        self
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&ToolDef> {
+        self.tools.get(name)
+    }
+
+    pub fn tool_names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
+    }
+
+    /// The timeout that applies to `tool`.
+    pub fn tool_timeout_for(&self, tool: &str) -> Duration {
+        self.tools.get(tool).map_or(DEFAULT_TOOL_TIMEOUT, |d| d.timeout)
+    }
+
+    /// Runs one call against `memory`. Never fails: every problem becomes a
+    /// recorded, explained outcome.
+    pub async fn call(&self, call: ToolCall<'_>, memory: &mut Memory) -> CallOutcome {
+        let started_wall = SystemTime::now();
+        let started = Instant::now();
+        let memory_before = memory.hash();
+        let (arguments_json, input_hash) = match call.arguments {
+            Ok(v) => (canonical_json(v), hash_json(v)),
+            Err(raw) => (raw.to_string(), hash_json(&Value::String(raw.to_string()))),
+        };
+        let def = self.tools.get(call.name);
+        let timeout = def.map_or(Duration::ZERO, |d| d.timeout);
+
+        let result: Result<ToolOutput, CallError> = match (def, call.arguments) {
+            (None, _) => Err(CallError::UnknownTool {
+                tool: call.name.to_string(),
+                available: self.tools.keys().cloned().collect::<Vec<_>>().join(", "),
+            }),
+            (Some(_), Err(raw)) => {
+                Err(CallError::InvalidArguments { tool: call.name.to_string(), raw: raw.chars().take(200).collect() })
+            }
+            (Some(def), Ok(args)) => match tokio::time::timeout(def.timeout, def.tool.call(call.name, args)).await {
+                Ok(Ok(output)) => Ok(output),
+                Ok(Err(source)) => Err(CallError::Tool { tool: call.name.to_string(), source }),
+                Err(_) => Err(CallError::Tool {
+                    tool: call.name.to_string(),
+                    source: ToolError::Timeout(def.timeout.as_millis() as u64),
+                }),
+            },
+        };
+        let latency = started.elapsed();
+
+        let (mut status, observation, patch, source, response_bytes, mut error) = match result {
+            Ok(out) => {
+                (StepStatus::Ok, out.observation, out.memory_patch, MemorySource::Tool, out.response_bytes, None)
+            }
+            Err(err) => {
+                let failed_status = match &err {
+                    CallError::Tool { source: ToolError::Timeout(_), .. } => StepStatus::Timeout,
+                    CallError::UnknownTool { .. } | CallError::InvalidArguments { .. } => StepStatus::Refused,
+                    _ => StepStatus::Error,
+                };
+                let fallback = match &err {
+                    CallError::Tool { .. } => def.and_then(|d| d.fallback.as_ref()),
+                    _ => None,
+                };
+                match fallback {
+                    Some(fb) => (
+                        StepStatus::Fallback,
+                        fb.observation.clone(),
+                        fb.memory_patch.clone(),
+                        MemorySource::Fallback,
+                        0,
+                        Some(err),
+                    ),
+                    None => {
+                        let obs = json!({"error": err.to_string(), "error_type": err.error_type()});
+                        (failed_status, obs, MemoryPatch::default(), MemorySource::Tool, 0, Some(err))
+                    }
+                }
+            }
+        };
+
+        let mut warnings = Vec::new();
+        let patch = self.police_patch(patch, call.name, source, &mut warnings, &mut error, &mut status);
+        let deltas = memory.apply(&patch, source, call.name);
+        let memory_after = memory.hash();
+        let observation_json = canonical_json(&observation);
+        let (error_type, error_message) = match &error {
+            Some(e) => (e.error_type().to_string(), e.to_string()),
+            None => (String::new(), warnings.join("; ")),
+        };
+        let plan_step = pb::PlanStep {
+            index: call.step,
+            kind: StepKind::ToolCall as i32,
+            plan_label: call.plan_label.to_string(),
+            tool: call.name.to_string(),
+            call_id: call.call_id.to_string(),
+            arguments_json,
+            input_hash: input_hash.0.to_vec(),
+            result_hash: hash_json(&observation).0.to_vec(),
+            response_bytes: if response_bytes > 0 { response_bytes } else { observation_json.len() as u64 },
+            observation_json,
+            status: status as i32,
+            error_type,
+            error_message,
+            fallback_used: status == StepStatus::Fallback,
+            memory_hash_before: memory_before.0.to_vec(),
+            memory_hash_after: memory_after.0.to_vec(),
+            start_unix_nanos: unix_nanos(started_wall),
+            latency_micros: latency.as_micros() as u64,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        CallOutcome { observation, status, error, deltas, warnings, plan_step }
+    }
+
+    /// Applies the memory policy to a patch before it touches memory.
+    fn police_patch(
+        &self,
+        mut patch: MemoryPatch,
+        origin: &str,
+        source: MemorySource,
+        warnings: &mut Vec<String>,
+        error: &mut Option<CallError>,
+        status: &mut StepStatus,
+    ) -> MemoryPatch {
+        let null_keys: Vec<&str> = patch
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                PatchOp::Set { key, value: Value::Null } => Some(key.as_str()),
+                _ => None,
+            })
+            .collect();
+        if !null_keys.is_empty() {
+            let who =
+                if source == MemorySource::Fallback { format!("the fallback of {origin}") } else { origin.into() };
+            match self.null_writes {
+                NullWrites::Allow => {}
+                NullWrites::Warn => {
+                    warnings.push(format!("{who} wrote null into memory key(s) {}", null_keys.join(", ")))
+                }
+                NullWrites::Error => {
+                    let keys = null_keys.join(", ");
+                    patch.ops.retain(|op| !matches!(op, PatchOp::Set { value: Value::Null, .. }));
+                    error.get_or_insert(CallError::NullWriteRefused { keys });
+                    *status = StepStatus::Refused;
+                }
+            }
+        }
+        if !self.memory_types.is_empty() {
+            let mut type_error = None;
+            patch.ops.retain(|op| {
+                let PatchOp::Set { key, value } = op else { return true };
+                let Some(expected) = self.memory_types.get(key) else { return true };
+                if value_has_type(value, expected) || (value.is_null() && self.null_writes != NullWrites::Error) {
+                    return true;
+                }
+                type_error.get_or_insert(CallError::MemoryType {
+                    key: key.clone(),
+                    expected: expected.clone(),
+                    found: json_type(value),
+                    origin: origin.to_string(),
+                });
+                false
+            });
+            if let Some(e) = type_error {
+                error.get_or_insert(e);
+                *status = StepStatus::Refused;
+            }
+        }
+        patch
+    }
+}
+
+fn value_has_type(value: &Value, type_name: &str) -> bool {
+    match type_name {
+        "string" => value.is_string(),
+        "number" => value.is_number(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "boolean" => value.is_boolean(),
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "null" => value.is_null(),
+        _ => true,
+    }
+}
+
+pub(crate) fn unix_nanos(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Detects memory changes that no applied patch explains: after every
+/// sanctioned change the guard learns the new hash; any other change shows
+/// up as a mismatch at the next check.
+#[derive(Debug, Clone)]
+pub struct MemoryGuard {
+    expected: Digest,
+}
+
+/// `MEMORY CORRUPTION diff_hash_mismatch expected=… actual=…`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("MEMORY CORRUPTION diff_hash_mismatch expected={expected} actual={actual} (changed keys: {keys})")]
+pub struct MemoryCorruption {
+    pub expected: String,
+    pub actual: String,
+    pub keys: String,
+}
+
+impl MemoryGuard {
+    pub fn new(memory: &mut Memory) -> Self {
+        Self { expected: memory.hash() }
+    }
+
+    /// Records a sanctioned change (the executor's `memory_hash_after`).
+    pub fn accept(&mut self, memory: &mut Memory) {
+        self.expected = memory.hash();
+    }
+
+    /// Fails when memory changed since the last accepted state. `last_known`
+    /// (the memory at that state) lets the error name the keys that changed.
+    pub fn check(&self, memory: &mut Memory, last_known: Option<&Memory>) -> Result<(), MemoryCorruption> {
+        let actual = memory.hash();
+        if actual == self.expected {
+            return Ok(());
+        }
+        let keys = last_known
+            .map(|known| known.diff(memory).iter().map(|(k, _, _)| *k).collect::<Vec<_>>().join(", "))
+            .unwrap_or_else(|| "unknown".into());
+        Err(MemoryCorruption { expected: self.expected.short(), actual: actual.short(), keys })
+    }
+}

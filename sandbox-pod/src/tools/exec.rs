@@ -1,0 +1,121 @@
+//! `exec` tools: a subprocess that reads the call's arguments as JSON on
+//! stdin and prints its answer as JSON on stdout.
+//!
+//! The child runs in a process group of its own. When the call ends — in
+//! any way, including a timeout that drops this future — the whole group is
+//! killed, so a tool's grandchildren (a shell pipeline, a helper server)
+//! never outlive the call.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::{DEFAULT_MAX_RESPONSE_BYTES, ToolError, ToolOutput, excerpt};
+
+/// How much of stderr is kept for an error message.
+const STDERR_KEEP: usize = 2048;
+
+#[derive(Debug, Clone)]
+pub struct ExecTool {
+    /// argv: the program and its arguments (no shell).
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub working_dir: Option<PathBuf>,
+    pub max_response_bytes: u64,
+}
+
+impl ExecTool {
+    pub fn new(command: Vec<String>) -> Self {
+        Self { command, env: Vec::new(), working_dir: None, max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES }
+    }
+
+    pub async fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
+        let (program, args) =
+            self.command.split_first().ok_or_else(|| ToolError::Spawn("the tool's command is empty".into()))?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &self.working_dir {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd.spawn().map_err(|e| ToolError::Spawn(format!("{program}: {e}")))?;
+        let _group = child.id().map(ProcessGroup);
+
+        let input = serde_json::to_vec(arguments).expect("serializing a Value cannot fail");
+        let mut stdin = child.stdin.take();
+        let write = async move {
+            if let Some(stdin) = stdin.as_mut() {
+                // A tool that exits without reading its input is not an error of ours.
+                let _ = stdin.write_all(&input).await;
+            }
+            drop(stdin);
+        };
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let (_, stdout, stderr) =
+            tokio::join!(write, read_capped(stdout, self.max_response_bytes), read_stderr(stderr));
+        let stdout = stdout?;
+        let status = child.wait().await.map_err(|e| ToolError::Failed(format!("waiting for {program}: {e}")))?;
+        if !status.success() {
+            return Err(ToolError::ExitStatus { status: status.to_string(), stderr: stderr.trim().to_string() });
+        }
+        let value: Value = serde_json::from_slice(&stdout).map_err(|e| {
+            let text = String::from_utf8_lossy(&stdout);
+            ToolError::InvalidJson(format!("{e}; stdout starts with {:?}", excerpt(&text, 120)))
+        })?;
+        ToolOutput::from_json(value, stdout.len() as u64)
+    }
+}
+
+/// Kills the whole process group when dropped.
+struct ProcessGroup(u32);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Ok(pgid) = i32::try_from(self.0) {
+            // ESRCH (already gone) is the common, fine case.
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Reads all of `stream`, failing as soon as it passes `limit` bytes.
+async fn read_capped(stream: Option<impl AsyncRead + Unpin>, limit: u64) -> Result<Vec<u8>, ToolError> {
+    let Some(mut stream) = stream else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        let n = stream.read(&mut chunk).await.map_err(|e| ToolError::Failed(format!("reading stdout: {e}")))?;
+        if n == 0 {
+            return Ok(out);
+        }
+        if out.len() as u64 + n as u64 > limit {
+            return Err(ToolError::ResponseTooLarge { limit });
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Keeps the start of stderr and drains the rest, so a chatty tool never blocks on a full pipe.
+async fn read_stderr(stream: Option<impl AsyncRead + Unpin>) -> String {
+    let Some(mut stream) = stream else { return String::new() };
+    let mut kept = Vec::new();
+    let mut chunk = [0u8; 8 << 10];
+    while let Ok(n) = stream.read(&mut chunk).await {
+        if n == 0 {
+            break;
+        }
+        let room = STDERR_KEEP.saturating_sub(kept.len());
+        kept.extend_from_slice(&chunk[..n.min(room)]);
+    }
+    excerpt(&String::from_utf8_lossy(&kept), STDERR_KEEP)
+}

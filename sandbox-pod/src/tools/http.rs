@@ -1,0 +1,222 @@
+//! `http` tools: a request built from templates filled with the call's
+//! arguments, behind a per-tool rate limit.
+//!
+//! Templates use `{{name}}` (or a dotted path, `{{order.id}}`). In the URL
+//! the value is percent-encoded; in a JSON body template a string that is
+//! exactly `{{name}}` becomes the argument's JSON value, and any other
+//! string has the values interpolated as text. Without a body template,
+//! POST/PUT/PATCH send the arguments as the JSON body.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::Method;
+use serde_json::Value;
+
+use super::{DEFAULT_MAX_RESPONSE_BYTES, ToolError, ToolOutput, excerpt};
+
+/// Requests per second and burst of one tool.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub requests_per_second: f64,
+    pub burst: u32,
+}
+
+#[derive(Clone)]
+pub struct HttpTool {
+    pub url_template: String,
+    pub method: Method,
+    pub headers: Vec<(String, String)>,
+    pub body_template: Option<Value>,
+    pub max_response_bytes: u64,
+    client: reqwest::Client,
+    limiter: Option<Arc<DefaultDirectRateLimiter>>,
+}
+
+impl std::fmt::Debug for HttpTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpTool")
+            .field("method", &self.method)
+            .field("url_template", &self.url_template)
+            .field("rate_limited", &self.limiter.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpTool {
+    pub fn new(client: reqwest::Client, method: Method, url_template: impl Into<String>) -> Self {
+        Self {
+            url_template: url_template.into(),
+            method,
+            headers: Vec::new(),
+            body_template: None,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            client,
+            limiter: None,
+        }
+    }
+
+    /// Limits this tool to `limit`; calls wait for a slot (inside their timeout).
+    pub fn with_rate_limit(mut self, limit: RateLimit) -> Result<Self, String> {
+        if !(limit.requests_per_second.is_finite() && limit.requests_per_second > 0.0) {
+            return Err(format!("requestsPerSecond must be a positive number, got {}", limit.requests_per_second));
+        }
+        let period = Duration::from_secs_f64(1.0 / limit.requests_per_second);
+        let burst = NonZeroU32::new(limit.burst.max(1)).expect("max(1) is non-zero");
+        let quota = Quota::with_period(period).ok_or("the rate limit's period is zero")?.allow_burst(burst);
+        self.limiter = Some(Arc::new(RateLimiter::direct(quota)));
+        Ok(self)
+    }
+
+    pub async fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
+        let url = fill_url(&self.url_template, arguments)?;
+        let mut request = self.client.request(self.method.clone(), &url);
+        for (name, value) in &self.headers {
+            request = request.header(name, fill_text(value, arguments, |s| s.to_string())?);
+        }
+        match &self.body_template {
+            Some(template) => request = request.json(&fill_json(template, arguments)?),
+            None if matches!(self.method, Method::POST | Method::PUT | Method::PATCH) => {
+                request = request.json(arguments)
+            }
+            None => {}
+        }
+        if let Some(limiter) = &self.limiter {
+            limiter.until_ready().await;
+        }
+        let mut response = request.send().await.map_err(|e| ToolError::Transport(error_chain(&e)))?;
+        let status = response.status();
+        let is_json = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.contains("json"));
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::Transport(error_chain(&e)))? {
+            if (body.len() + chunk.len()) as u64 > self.max_response_bytes {
+                return Err(ToolError::ResponseTooLarge { limit: self.max_response_bytes });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = || excerpt(&String::from_utf8_lossy(&body), 200);
+        if status.as_u16() == 429 {
+            return Err(ToolError::RateLimited(text()));
+        }
+        if !status.is_success() {
+            return Err(ToolError::HttpStatus { status: status.as_u16(), body: text() });
+        }
+        let value = if body.iter().all(u8::is_ascii_whitespace) {
+            Value::Null
+        } else {
+            match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) if is_json => return Err(ToolError::InvalidJson(format!("{e}; body starts with {:?}", text()))),
+                Err(_) => Value::String(String::from_utf8_lossy(&body).into_owned()),
+            }
+        };
+        ToolOutput::from_json(value, body.len() as u64)
+    }
+}
+
+/// reqwest hides the useful part ("connection refused") in the source chain.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+fn lookup<'a>(arguments: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(arguments, |v, part| v.get(part))
+}
+
+fn as_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Replaces every `{{path}}` in `template`, passing each value's text through `encode`.
+fn fill_text(template: &str, arguments: &Value, encode: impl Fn(&str) -> String) -> Result<String, ToolError> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .ok_or_else(|| ToolError::Arguments(format!("template {template:?} has an unclosed `{{{{`")))?;
+        let path = after[..end].trim();
+        let value = lookup(arguments, path).ok_or_else(|| {
+            ToolError::Arguments(format!("the template needs argument `{path}`, which the call did not pass"))
+        })?;
+        out.push_str(&encode(&as_text(value)));
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn fill_url(template: &str, arguments: &Value) -> Result<String, ToolError> {
+    fill_text(template, arguments, |s| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string())
+}
+
+fn fill_json(template: &Value, arguments: &Value) -> Result<Value, ToolError> {
+    Ok(match template {
+        Value::String(s) => {
+            let trimmed = s.trim();
+            let whole = trimmed.strip_prefix("{{").and_then(|r| r.strip_suffix("}}"));
+            match whole.filter(|inner| !inner.contains("{{")) {
+                Some(path) => lookup(arguments, path.trim()).cloned().ok_or_else(|| {
+                    ToolError::Arguments(format!(
+                        "the body template needs argument `{}`, which the call did not pass",
+                        path.trim()
+                    ))
+                })?,
+                None => Value::String(fill_text(s, arguments, |t| t.to_string())?),
+            }
+        }
+        Value::Array(items) => Value::Array(items.iter().map(|i| fill_json(i, arguments)).collect::<Result<_, _>>()?),
+        Value::Object(map) => Value::Object(
+            map.iter().map(|(k, v)| Ok((k.clone(), fill_json(v, arguments)?))).collect::<Result<_, ToolError>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn url_values_are_percent_encoded() {
+        let url = fill_url("http://h/track/{{order_id}}?q={{q}}", &json!({"order_id": "A/1 2", "q": 3})).unwrap();
+        assert_eq!(url, "http://h/track/A%2F1%202?q=3");
+    }
+
+    #[test]
+    fn missing_argument_names_it() {
+        let err = fill_url("http://h/{{order.id}}", &json!({"order": {}})).unwrap_err();
+        assert_eq!(err.error_type(), "bad_arguments");
+        assert!(err.to_string().contains("`order.id`"), "{err}");
+    }
+
+    #[test]
+    fn body_template_keeps_json_types_for_whole_placeholders() {
+        let body = fill_json(
+            &json!({"id": "{{order.id}}", "note": "order {{order.id}} late", "fixed": 1}),
+            &json!({"order": {"id": 42}}),
+        )
+        .unwrap();
+        assert_eq!(body, json!({"id": 42, "note": "order 42 late", "fixed": 1}));
+    }
+}

@@ -1,0 +1,271 @@
+//! The executor against real tools: subprocesses (python3, sh) and a real
+//! HTTP server on 127.0.0.1.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use basecamp_sandbox::executor::{CallOutcome, Fallback, MemoryGuard, NullWrites, ToolCall, ToolDef, ToolExecutor};
+use basecamp_sandbox::tools::exec::ExecTool;
+use basecamp_sandbox::tools::http::{HttpTool, RateLimit};
+use basecamp_sandbox::tools::{Tool, ToolError};
+use basecamp_trace::pb::{MemorySource, StepStatus};
+use basecamp_trace::{Memory, MemoryPatch, hash_json};
+use serde_json::{Value, json};
+
+fn exec(script: &str) -> Tool {
+    Tool::Exec(ExecTool::new(vec!["python3".into(), "-c".into(), script.into()]))
+}
+
+fn def(tool: Tool, timeout_ms: u64) -> ToolDef {
+    ToolDef { tool, timeout: Duration::from_millis(timeout_ms), fallback: None }
+}
+
+async fn call(ex: &ToolExecutor, name: &str, args: &Value, memory: &mut Memory) -> CallOutcome {
+    ex.call(ToolCall { step: 1, call_id: "c1", plan_label: "lookup", name, arguments: Ok(args) }, memory).await
+}
+
+#[tokio::test]
+async fn exec_tool_answers_and_patches_memory_with_a_full_record() {
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool(
+        "tracking",
+        def(
+            exec(
+                "import json,sys; a=json.load(sys.stdin); \
+                 print(json.dumps({'observation': {'order': a['order_id'], 'status': 'in_transit'}, \
+                 'memory': {'shipping_status': 'in_transit'}}))",
+            ),
+            5000,
+        ),
+    );
+    let mut memory = Memory::new();
+    let before = memory.hash();
+    let args = json!({"order_id": "A-7", "verbose": true});
+    let out = call(&ex, "tracking", &args, &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!({"order": "A-7", "status": "in_transit"}));
+    assert_eq!(memory.get("shipping_status"), Some(&json!("in_transit")));
+    assert_eq!(out.deltas.len(), 1);
+    assert_eq!(out.deltas[0].source, MemorySource::Tool);
+    let step = &out.plan_step;
+    assert_eq!(step.input_hash, hash_json(&json!({"verbose": true, "order_id": "A-7"})).0.to_vec());
+    assert_eq!(step.memory_hash_before, before.0.to_vec());
+    assert_eq!(step.memory_hash_after, memory.hash().0.to_vec());
+    assert_ne!(step.memory_hash_before, step.memory_hash_after);
+    assert_eq!(step.result_hash, hash_json(&out.observation).0.to_vec());
+    assert!(step.response_bytes > 0);
+    assert!(step.latency_micros > 0);
+    assert_eq!(step.plan_label, "lookup");
+    assert_eq!(step.timeout_ms, 5000);
+    assert_eq!(out.records().count(), 2);
+}
+
+fn alive(pid: i32) -> bool {
+    // Signal 0 checks existence; a zombie is reaped by its parent (init) promptly.
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+#[tokio::test]
+async fn a_hanging_tool_times_out_its_whole_process_group_dies_and_the_fallback_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    // The tool starts a grandchild and then hangs: both must be killed.
+    let script = format!("sleep 1000 & echo $$ $! > {}; wait", pids.display());
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool(
+        "tracking_api",
+        ToolDef {
+            tool: Tool::Exec(ExecTool::new(vec!["sh".into(), "-c".into(), script])),
+            timeout: Duration::from_millis(300),
+            fallback: Some(Fallback {
+                observation: json!({"status": "unknown"}),
+                memory_patch: MemoryPatch::default().set("shipping_status", Value::Null),
+            }),
+        },
+    );
+    let mut memory = Memory::new();
+    let out = call(&ex, "tracking_api", &json!({"order_id": "A-1"}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Fallback);
+    assert!(out.timed_out());
+    assert_eq!(out.plan_step.error_type, "timeout");
+    assert!(out.plan_step.fallback_used);
+    assert_eq!(out.observation, json!({"status": "unknown"}));
+    assert_eq!(out.deltas[0].source, MemorySource::Fallback);
+    assert!(out.deltas[0].writes_null());
+    assert_eq!(out.warnings, vec!["the fallback of tracking_api wrote null into memory key(s) shipping_status"]);
+
+    let text = std::fs::read_to_string(&pids).unwrap();
+    let ids: Vec<i32> = text.split_whitespace().map(|p| p.parse().unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for pid in ids {
+        assert!(!alive(pid), "process {pid} of the timed-out tool is still running");
+    }
+}
+
+#[tokio::test]
+async fn broken_tools_are_explained_not_fatal() {
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("non_json", def(exec("print('hello, not json')"), 5000));
+    ex.add_tool("fails", def(exec("import sys; sys.stderr.write('db down'); sys.exit(3)"), 5000));
+    let mut big = ExecTool::new(vec!["python3".into(), "-c".into(), "print('x' * (10 << 20))".into()]);
+    big.max_response_bytes = 1 << 20;
+    ex.add_tool("huge", def(Tool::Exec(big), 10_000));
+    ex.add_tool("missing_binary", def(Tool::Exec(ExecTool::new(vec!["/nonexistent/tool".into()])), 5000));
+    let mut memory = Memory::new();
+
+    let out = call(&ex, "non_json", &json!({}), &mut memory).await;
+    assert_eq!((out.status, out.plan_step.error_type.as_str()), (StepStatus::Error, "invalid_json"));
+    assert!(out.plan_step.error_message.contains("hello, not json"), "{}", out.plan_step.error_message);
+
+    let out = call(&ex, "fails", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "exit_status");
+    assert!(out.plan_step.error_message.contains("exit status: 3"), "{}", out.plan_step.error_message);
+    assert!(out.plan_step.error_message.contains("db down"), "{}", out.plan_step.error_message);
+
+    let out = call(&ex, "huge", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "response_too_large");
+
+    let out = call(&ex, "missing_binary", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "spawn");
+    assert!(out.plan_step.error_message.contains("/nonexistent/tool"));
+    assert!(memory.is_empty(), "failed calls without fallbacks change nothing");
+}
+
+#[tokio::test]
+async fn unknown_tools_and_invalid_arguments_are_refused() {
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("a", def(exec("print(1)"), 1000));
+    ex.add_tool("b", def(exec("print(1)"), 1000));
+    let mut memory = Memory::new();
+    let out = call(&ex, "refund_everything", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Refused);
+    assert_eq!(out.plan_step.error_type, "unknown_tool");
+    assert_eq!(out.observation["error"], json!("unknown tool \"refund_everything\"; this sandbox defines: a, b"));
+
+    let out = ex
+        .call(ToolCall { step: 2, call_id: "c", plan_label: "", name: "a", arguments: Err("{\"x\": ") }, &mut memory)
+        .await;
+    assert_eq!((out.status, out.plan_step.error_type.as_str()), (StepStatus::Refused, "invalid_arguments"));
+    assert_eq!(out.plan_step.arguments_json, "{\"x\": ");
+}
+
+#[tokio::test]
+async fn null_writes_can_be_refused_and_types_enforced() {
+    let null_patch = exec("import json; print(json.dumps({'observation': 1, 'memory': {'status': None, 'n': 'x'}}))");
+    let mut ex = ToolExecutor::new(NullWrites::Error);
+    ex.add_tool("t", def(null_patch, 5000));
+    ex.require_memory_type("n", "integer");
+    let mut memory = Memory::new();
+    let out = call(&ex, "t", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Refused);
+    assert_eq!(out.plan_step.error_type, "null_write_refused");
+    assert!(memory.is_empty(), "neither the null nor the mistyped value was written: {:?}", memory.to_value());
+}
+
+#[tokio::test]
+async fn the_guard_catches_changes_no_patch_explains() {
+    let mut memory = Memory::from_object(json!({"a": 1}).as_object().unwrap());
+    let mut guard = MemoryGuard::new(&mut memory);
+    let known = memory.clone();
+    assert!(guard.check(&mut memory, None).is_ok());
+    memory.apply(&MemoryPatch::default().set("a", json!(2)), MemorySource::Policy, "sneaky");
+    let err = guard.check(&mut memory, Some(&known)).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.starts_with("MEMORY CORRUPTION diff_hash_mismatch expected="), "{msg}");
+    assert!(msg.contains("(changed keys: a)"), "{msg}");
+    guard.accept(&mut memory);
+    assert!(guard.check(&mut memory, None).is_ok());
+}
+
+/// A tracking service: `/track/{id}` answers, `/slow` never does in time,
+/// `/busy` is rate limited.
+async fn tracking_server(hits: Arc<AtomicUsize>) -> SocketAddr {
+    let app = Router::new()
+        .route(
+            "/track/{id}",
+            get(move |axum::extract::Path(id): axum::extract::Path<String>| {
+                let hits = hits.clone();
+                async move {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    axum::Json(json!({"observation": {"order": id, "status": "delayed"},
+                                      "memory": {"shipping_status": "delayed"}}))
+                }
+            }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                "late"
+            }),
+        )
+        .route("/busy", get(|| async { (StatusCode::TOO_MANY_REQUESTS, "slow down") }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test]
+async fn http_tools_against_a_real_server() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let addr = tracking_server(hits.clone()).await;
+    let client = reqwest::Client::new();
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    let get_tool = |path: &str| HttpTool::new(client.clone(), reqwest::Method::GET, format!("http://{addr}{path}"));
+    ex.add_tool("track", def(Tool::Http(get_tool("/track/{{order_id}}")), 2000));
+    ex.add_tool("slow", def(Tool::Http(get_tool("/slow")), 200));
+    ex.add_tool("busy", def(Tool::Http(get_tool("/busy")), 2000));
+    let limited = get_tool("/track/{{order_id}}").with_rate_limit(RateLimit { requests_per_second: 10.0, burst: 1 });
+    ex.add_tool("limited", def(Tool::Http(limited.unwrap()), 5000));
+    let mut memory = Memory::new();
+
+    let out = call(&ex, "track", &json!({"order_id": "A 1"}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!({"order": "A 1", "status": "delayed"}));
+    assert_eq!(memory.get("shipping_status"), Some(&json!("delayed")));
+
+    let out = call(&ex, "slow", &json!({}), &mut memory).await;
+    assert_eq!((out.status, out.plan_step.error_type.as_str()), (StepStatus::Timeout, "timeout"));
+    assert!(matches!(
+        out.error,
+        Some(basecamp_sandbox::executor::CallError::Tool { source: ToolError::Timeout(200), .. })
+    ));
+
+    let out = call(&ex, "busy", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "rate_limited");
+    assert!(out.plan_step.error_message.contains("slow down"));
+
+    // 10 requests/s with a burst of 1: five calls need at least ~400 ms.
+    let start = Instant::now();
+    for i in 0..5 {
+        let out = call(&ex, "limited", &json!({"order_id": i}), &mut memory).await;
+        assert_eq!(out.status, StepStatus::Ok);
+    }
+    assert!(start.elapsed() >= Duration::from_millis(380), "rate limit not applied: {:?}", start.elapsed());
+    assert_eq!(hits.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test]
+async fn a_closed_port_is_a_transport_error() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    let tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://127.0.0.1:{port}/x"));
+    ex.add_tool("down", def(Tool::Http(tool), 2000));
+    let out = call(&ex, "down", &json!({}), &mut Memory::new()).await;
+    assert_eq!(out.plan_step.error_type, "transport");
+    assert!(out.plan_step.error_message.to_lowercase().contains("connect"), "{}", out.plan_step.error_message);
+}
