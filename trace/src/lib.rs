@@ -18,6 +18,7 @@ pub mod error;
 pub mod format;
 pub mod json;
 pub mod memory;
+pub mod metrics;
 pub mod reader;
 pub mod synthetic;
 pub mod writer;
