@@ -133,7 +133,15 @@ fn read_preamble(r: &mut impl Read, file: &str) -> Result<(), TraceError> {
         return Err(TraceError::Truncated { file: file.into(), offset: n as u64, steps_recovered: 0 });
     }
     let version = format::u32_at(&pre, 8);
-    if version > FORMAT_VERSION || version == 0 {
+    if version == 0 {
+        // No writer ever wrote version 0: damage, not a file from the future.
+        return Err(TraceError::Corrupt {
+            file: file.into(),
+            offset: MAGIC.len() as u64,
+            reason: "the preamble's format version is 0, which no writer produces".into(),
+        });
+    }
+    if version > FORMAT_VERSION {
         return Err(TraceError::UnsupportedFormat { file: file.into(), version, supported: FORMAT_VERSION });
     }
     Ok(())
@@ -440,7 +448,9 @@ impl<R: Read + Seek> IndexedTrace<R> {
 
     fn scan(inner: &mut R, file: &str) -> Result<(StepIndex, Option<TraceError>), TraceError> {
         let mut reader = TraceReader::new(BufReader::new(inner), file.to_string())?;
-        let mut index: Vec<(u32, u64)> = Vec::new();
+        // The header frame starts step 0, as in the writer's footer index;
+        // the iterator below never yields the header record itself.
+        let mut index: Vec<(u32, u64)> = vec![(0, reader.frame_offset())];
         let mut damage = None;
         while let Some(record) = reader.next() {
             match record {

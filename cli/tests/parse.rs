@@ -1,0 +1,148 @@
+//! `basecamp trace parse` as a user runs it: the real binary, real files,
+//! exit codes, stdout and stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/golden").join(name)
+}
+
+fn parse(args: &[&str], file: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "parse"])
+        .arg(file)
+        .args(args)
+        .output()
+        .expect("the basecamp binary runs")
+}
+
+fn stderr_line(out: &Output) -> String {
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {stderr:?}");
+    lines[0].to_string()
+}
+
+/// The committed JSON of a golden file, naming the file (in `file` and in
+/// the damage message) by the path the CLI was given.
+fn committed_json(name: &str, file: &Path) -> Value {
+    let text = std::fs::read_to_string(golden(name).with_extension("json")).unwrap();
+    let mut doc: Value = serde_json::from_str(&text).unwrap();
+    doc["file"] = Value::String(file.display().to_string());
+    if let Some(message) = doc["damage"]["message"].as_str() {
+        let rest = message.strip_prefix(&format!("{name}: ")).expect("the message names the file");
+        doc["damage"]["message"] = Value::String(format!("{}: {rest}", file.display()));
+    }
+    doc
+}
+
+#[test]
+fn a_finished_trace_prints_its_json_and_exits_0() {
+    let file = golden("episode-v1.trace");
+    let out = parse(&[], &file);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    assert_eq!(doc["complete"], Value::Bool(true));
+    assert_eq!(doc, committed_json("episode-v1.trace", &file));
+    // `--output json` is the default, and may be spelled out.
+    let explicit = parse(&["--output", "json"], &file);
+    assert_eq!(explicit.status.code(), Some(0));
+    assert_eq!(explicit.stdout, out.stdout);
+}
+
+#[test]
+fn an_empty_file_exits_1_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("empty.trace");
+    std::fs::write(&file, b"").unwrap();
+    let out = parse(&[], &file);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "nothing to print for an empty file");
+    assert_eq!(stderr_line(&out), format!("error: {}: empty file, not a trace", file.display()));
+}
+
+#[test]
+fn a_file_that_is_not_a_trace_exits_1_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("episode.json");
+    std::fs::copy(golden("episode-v1.json"), &file).unwrap();
+    let out = parse(&[], &file);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert_eq!(stderr_line(&out), format!("error: {}: not a basecamp trace (bad magic at byte 0)", file.display()));
+}
+
+#[test]
+fn a_truncated_trace_prints_what_was_recovered_and_exits_1() {
+    let file = golden("truncated-v1.trace");
+    let size = std::fs::metadata(&file).unwrap().len();
+    let out = parse(&[], &file);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr_line(&out),
+        format!("error: {}: truncated at byte {size}: 2 complete steps recovered", file.display())
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("the recovered prefix is still printed");
+    assert_eq!(doc, committed_json("truncated-v1.trace", &file));
+}
+
+#[test]
+fn a_trace_cut_mid_frame_names_the_frame_it_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cut.trace");
+    let bytes = std::fs::read(golden("episode-v1.trace")).unwrap();
+    // Cut inside the last records frame: find where the readable prefix ends
+    // by asking the library, then check the CLI reports the same byte.
+    let cut = bytes.len() - 200;
+    std::fs::write(&file, &bytes[..cut]).unwrap();
+    let expected = basecamp_trace::read_trace(&file).unwrap();
+    let damage = expected.damage().expect("a cut file is damaged").to_string();
+    assert!(damage.contains("truncated at byte "), "{damage}");
+    let out = parse(&[], &file);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr_line(&out), format!("error: {damage}"));
+    assert!(stderr_line(&out).contains(&file.display().to_string()));
+}
+
+#[test]
+fn allow_truncated_accepts_a_clean_truncation_only() {
+    let file = golden("truncated-v1.trace");
+    let out = parse(&["--allow-truncated"], &file);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stderr_line(&out).starts_with(&format!("warning: {}: truncated at byte ", file.display())));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["complete"], Value::Bool(false));
+
+    // Corruption is not a truncation: still an error.
+    let dir = tempfile::tempdir().unwrap();
+    let corrupt = dir.path().join("corrupt.trace");
+    let mut bytes = std::fs::read(golden("episode-v1.trace")).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01; // the trailer magic
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let out = parse(&["--allow-truncated"], &corrupt);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr_line(&out).starts_with(&format!("error: {}: corrupt frame at byte ", corrupt.display())),
+        "{}",
+        stderr_line(&out)
+    );
+
+    // And a file that cannot be read at all is an error with or without the flag.
+    let empty = dir.path().join("empty.trace");
+    std::fs::write(&empty, b"").unwrap();
+    assert_eq!(parse(&["--allow-truncated"], &empty).status.code(), Some(1));
+}
+
+#[test]
+fn a_missing_file_exits_1_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("missing.trace");
+    let out = parse(&[], &file);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_line(&out).starts_with(&format!("error: {}: cannot read: ", file.display())));
+}

@@ -1,0 +1,85 @@
+//! Arbitrary bytes into both readers: they must never panic, every error
+//! must name the file, and whatever is recovered must hold together.
+//!
+//! Two views of each input, so mutations get past the checksums:
+//! - the bytes as a file, as they are;
+//! - (when the input starts with `F`) the rest as frame contents: chunks of
+//!   `kind u8 | len u16 LE | raw bytes`, each compressed and framed with
+//!   correct checksums behind a valid preamble, and a trailer pointing at the
+//!   last index chunk. This reaches protobuf decoding and the footer index
+//!   (offsets anywhere) with fuzzer-chosen bytes.
+
+#![no_main]
+
+use std::io::Cursor;
+
+use basecamp_trace::format::{self, FrameHeader, FrameKind};
+use basecamp_trace::{IndexedTrace, Tail, TraceError, read_trace_from};
+use libfuzzer_sys::fuzz_target;
+
+const NAME: &str = "fuzz.trace";
+
+fuzz_target!(|data: &[u8]| {
+    match data.split_first() {
+        Some((b'F', rest)) => check(&framed(rest)),
+        _ => check(data),
+    }
+});
+
+fn check(file: &[u8]) {
+    match read_trace_from(file, NAME) {
+        Ok(trace) => {
+            if let Tail::Damaged(e) = &trace.tail {
+                names_the_file(e);
+            }
+        }
+        Err(e) => names_the_file(&e),
+    }
+    match IndexedTrace::new(Cursor::new(file), NAME) {
+        Ok(mut indexed) => {
+            if let Some(e) = indexed.damage() {
+                names_the_file(e);
+            }
+            let steps: Vec<u32> = indexed.steps().take(64).collect();
+            for step in steps {
+                if let Err(e) = indexed.read_step(step) {
+                    names_the_file(&e);
+                }
+            }
+        }
+        Err(e) => names_the_file(&e),
+    }
+}
+
+fn names_the_file(e: &TraceError) {
+    let message = e.to_string();
+    assert!(message.starts_with("fuzz.trace: "), "message does not name the file: {message}");
+    assert!(!message.contains('\n'), "message is more than one line: {message}");
+}
+
+fn framed(mut rest: &[u8]) -> Vec<u8> {
+    let mut file = format::preamble().to_vec();
+    let mut index_offset = None;
+    while rest.len() >= 3 {
+        let kind = if rest[0] & 1 == 0 { FrameKind::Records } else { FrameKind::Index };
+        let len = (u16::from_le_bytes([rest[1], rest[2]]) as usize).min(rest.len() - 3);
+        let raw = &rest[3..3 + len];
+        rest = &rest[3 + len..];
+        if kind == FrameKind::Index {
+            index_offset = Some(file.len() as u64);
+        }
+        let Ok(compressed) = zstd::bulk::compress(raw, 1) else { return file };
+        let header = FrameHeader {
+            kind,
+            compressed_len: compressed.len() as u32,
+            raw_len: raw.len() as u32,
+            payload_crc: crc32fast::hash(&compressed),
+        };
+        file.extend_from_slice(&header.encode());
+        file.extend_from_slice(&compressed);
+    }
+    if let Some(offset) = index_offset {
+        file.extend_from_slice(&format::trailer(offset));
+    }
+    file
+}
