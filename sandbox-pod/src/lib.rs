@@ -12,6 +12,7 @@
 //! - [`rewards`]: named reward components, weighted sums, weight schedules;
 //! - [`storage`]: where traces go (local directory, S3).
 
+pub mod episode;
 pub mod executor;
 pub mod policy;
 pub mod rewards;

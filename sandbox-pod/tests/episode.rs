@@ -1,0 +1,204 @@
+//! The agent loop end to end: scripted policy, recorded and exec tools,
+//! traces on disk read back with the trace library.
+
+use std::path::Path;
+use std::time::Duration;
+
+use basecamp_sandbox::episode::{
+    EpisodeInput, EpisodeRunner, InjectionWhen, LiveInjection, LiveInjections, ScheduledInjection, rollback_path,
+};
+use basecamp_sandbox::executor::{Fallback, NullWrites, ToolDef, ToolExecutor};
+use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
+use basecamp_sandbox::rewards::{ComponentSpec, RewardCalculator, RewardSpec};
+use basecamp_sandbox::tools::Tool;
+use basecamp_sandbox::tools::exec::ExecTool;
+use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
+use basecamp_trace::pb::{Header, InjectionTrigger, MemorySource, Outcome, StepStatus, record::Body};
+use basecamp_trace::{MemoryPatch, Tail, read_trace};
+use serde_json::{Value, json};
+
+const SCRIPT: &str = r#"{"episode": "ok", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}, {"content": "It ships tomorrow."}]}
+{"episode": "slow", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "SLOW"}}]}, {"content": "Status unknown."}]}
+{"episode": "stuck", "turns": [{"tool_calls": [{"name": "note", "arguments": {"k": "v"}}, {"name": "hang", "arguments": {}}]}, {"content": "done"}]}
+{"episode": "bad-json", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": "{\"order_id\": "}]}, {"content": "oops"}]}
+"#;
+
+const FIXTURE: &str = r#"{"tool": "tracking_api", "arguments": {"order_id": "A-1"}, "response": {"observation": {"status": "in_transit"}, "memory": {"shipping_status": "in_transit"}}}
+{"tool": "tracking_api", "arguments": {"order_id": "SLOW"}, "response": {"status": "late"}, "latency_ms": 2000}
+"#;
+
+fn runner(dir: &Path) -> EpisodeRunner {
+    let script = dir.join("policy.jsonl");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let recordings = parse_fixture("fixture.jsonl", FIXTURE).unwrap();
+    let mut executor = ToolExecutor::new(NullWrites::Warn);
+    executor.add_tool(
+        "tracking_api",
+        ToolDef {
+            tool: Tool::Recorded(RecordedTool::new("tracking_api", recordings)),
+            timeout: Duration::from_millis(300),
+            fallback: Some(Fallback {
+                observation: json!({"status": null}),
+                memory_patch: MemoryPatch::default().set("shipping_status", Value::Null),
+            }),
+        },
+    );
+    let py = |code: &str| Tool::Exec(ExecTool::new(vec!["python3".into(), "-c".into(), code.into()]));
+    executor.add_tool(
+        "note",
+        ToolDef {
+            tool: py(
+                "import json,sys; a=json.load(sys.stdin); print(json.dumps({'observation': 'noted', 'memory': a}))",
+            ),
+            timeout: Duration::from_secs(5),
+            fallback: None,
+        },
+    );
+    executor.add_tool(
+        "hang",
+        ToolDef { tool: py("import time; time.sleep(60)"), timeout: Duration::from_secs(30), fallback: None },
+    );
+    let rewards = RewardCalculator::new(&RewardSpec {
+        components: [
+            ("tool_call_accuracy".to_string(), ComponentSpec { weight: 0.7 }),
+            ("efficiency_penalty".to_string(), ComponentSpec { weight: 0.3 }),
+        ]
+        .into(),
+        schedule: Default::default(),
+    })
+    .unwrap();
+    EpisodeRunner {
+        executor,
+        policy,
+        tools: Vec::new(),
+        system_prompt: Some("You are a support agent.".into()),
+        max_steps: 5,
+        plan_step_timeout: Duration::from_millis(1500),
+        rollback_enabled: true,
+        snapshot_interval: 1,
+        error_context: true,
+        injections: vec![ScheduledInjection {
+            id: "policy-note".into(),
+            when: InjectionWhen::AfterTool("tracking_api".into()),
+            observation: json!("Reminder: never promise a date."),
+            description: "after tracking".into(),
+        }],
+        rewards: Some(rewards),
+        training_step: 0,
+        header: Header { task: "shipping".into(), variant: "a".into(), ..Default::default() },
+        live: LiveInjections::default(),
+    }
+}
+
+fn input(id: &str, expected_tool: &str, expected_args: Value) -> EpisodeInput {
+    EpisodeInput {
+        id: id.into(),
+        messages: vec![ChatMessage::user("Where is my order?")],
+        initial_memory: json!({"order_id": "A-1"}).as_object().cloned().unwrap(),
+        expected_calls: vec![(expected_tool.into(), expected_args.as_object().cloned().unwrap(), None)],
+        expected_memory: Some(json!({"shipping_status": "in_transit"}).as_object().cloned().unwrap()),
+        expected_memory_hash: None,
+    }
+}
+
+#[tokio::test]
+async fn a_good_episode_scores_full_marks_and_its_trace_reads_back_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = runner(dir.path());
+    runner.live.push("ok", LiveInjection { id: "live-1".into(), observation: json!({"hint": 1}), at_step: Some(2) });
+    let result = runner.run(&input("ok", "tracking_api", json!({"order_id": "A-1"})), dir.path()).await.unwrap();
+    assert_eq!(result.outcome, "completed");
+    assert_eq!(result.failure_class, "ok");
+    assert_eq!(result.metrics.tool_call_accuracy, 1.0);
+    assert_eq!(result.metrics.memory_consistency, Some(1.0));
+    assert_eq!(result.metrics.steps, 2);
+    let reward = result.metrics.reward.unwrap();
+    assert!((reward - (0.7 - 0.3 * 2.0 / 5.0)).abs() < 1e-9, "{reward}");
+    assert!(result.warnings.iter().any(|w| w.contains("without logprobs")), "{:?}", result.warnings);
+
+    let trace = read_trace(dir.path().join("ok.trace")).unwrap();
+    assert!(matches!(trace.tail, Tail::Complete));
+    assert_eq!(trace.header.episode_id, "ok");
+    let bodies: Vec<&Body> = trace.records.iter().filter_map(|r| r.body.as_ref()).collect();
+    let injections: Vec<_> = bodies
+        .iter()
+        .filter_map(|b| match b {
+            Body::Injection(i) => Some((i.id.as_str(), i.trigger)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        injections,
+        vec![("policy-note", InjectionTrigger::AfterTool as i32), ("live-1", InjectionTrigger::Live as i32)]
+    );
+    assert!(bodies.iter().any(|b| matches!(b, Body::RewardSignal(_))));
+    assert!(bodies.iter().any(|b| matches!(b, Body::MemorySnapshot(_))));
+    let Some(Body::EpisodeEnd(end)) = bodies.last() else { panic!("last record is not the episode end") };
+    assert_eq!(end.outcome, Outcome::Completed as i32);
+    assert_eq!(end.final_answer, "It ships tomorrow.");
+}
+
+#[tokio::test]
+async fn a_tool_timeout_takes_the_fallback_and_the_null_it_writes_is_traced() {
+    let dir = tempfile::tempdir().unwrap();
+    let result =
+        runner(dir.path()).run(&input("slow", "tracking_api", json!({"order_id": "SLOW"})), dir.path()).await.unwrap();
+    assert_eq!(result.failure_class, "timeout");
+    assert_eq!(result.metrics.memory_consistency, Some(0.0));
+    assert!(result.warnings.iter().any(|w| w.contains("the fallback of tracking_api wrote null")));
+    let trace = read_trace(dir.path().join("slow.trace")).unwrap();
+    let null_delta = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::MemoryDelta(d)) if d.key == "shipping_status" => Some(d.clone()),
+        _ => None,
+    });
+    let d = null_delta.expect("the fallback's write is in the trace");
+    assert_eq!(d.after_json.as_deref(), Some("null"));
+    assert_eq!(d.source, MemorySource::Fallback as i32);
+    assert!(trace.records.iter().any(|r| matches!(&r.body, Some(Body::ErrorContext(e)) if e.error_type == "timeout")));
+}
+
+#[tokio::test]
+async fn a_plan_step_timeout_rolls_memory_back_and_writes_rollback_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = runner(dir.path()).run(&input("stuck", "note", json!({"k": "v"})), dir.path()).await.unwrap();
+    assert_eq!(result.rollbacks, 1);
+    assert_eq!(result.failure_class, "plan_step_timeout");
+    let trace_path = dir.path().join("stuck.trace");
+    let rollback: Value = serde_json::from_slice(&std::fs::read(rollback_path(&trace_path)).unwrap()).unwrap();
+    assert_eq!(rollback[0]["step"], 1);
+    assert_eq!(rollback[0]["modified_keys"]["k"], json!({"before": null, "after": "v"}));
+    assert_eq!(rollback[0]["triggering_observation"]["tool"], "hang");
+    let trace = read_trace(&trace_path).unwrap();
+    let rolled_back = trace.records.iter().any(
+        |r| matches!(&r.body, Some(Body::PlanStep(p)) if p.status == StepStatus::RolledBack as i32 && p.tool == "hang"),
+    );
+    assert!(rolled_back);
+    let undo = trace.records.iter().any(|r| {
+        matches!(&r.body, Some(Body::MemoryDelta(d)) if d.source == MemorySource::Rollback as i32 && d.key == "k" && d.after_json.is_none())
+    });
+    assert!(undo, "the rollback's delta removes the key the step added");
+}
+
+#[tokio::test]
+async fn invalid_tool_arguments_are_a_recorded_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = runner(dir.path())
+        .run(&input("bad-json", "tracking_api", json!({"order_id": "A-1"})), dir.path())
+        .await
+        .unwrap();
+    assert_eq!(result.outcome, "completed");
+    assert_eq!(result.failure_class, "invalid_arguments");
+    assert_eq!(result.metrics.tool_call_accuracy, 0.0);
+    assert_eq!(result.metrics.error_rate, 1.0);
+}
+
+#[tokio::test]
+async fn an_unscripted_episode_is_a_recorded_policy_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = runner(dir.path()).run(&input("nobody", "x", json!({})), dir.path()).await.unwrap();
+    assert_eq!(result.outcome, "error");
+    assert!(result.error.as_deref().unwrap_or("").contains("no script for episode `nobody`"), "{:?}", result.error);
+    let trace = read_trace(dir.path().join("nobody.trace")).unwrap();
+    assert!(matches!(trace.tail, Tail::Complete));
+}
