@@ -62,7 +62,7 @@ fn an_empty_file_exits_1_with_one_line() {
     let out = parse(&[], &file);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "nothing to print for an empty file");
-    assert_eq!(stderr_line(&out), format!("error: {}: empty file, not a trace", file.display()));
+    assert_eq!(stderr_line(&out), format!("error: {}: empty file, nothing at byte 0, not a trace", file.display()));
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn a_truncated_trace_prints_what_was_recovered_and_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         stderr_line(&out),
-        format!("error: {}: truncated at byte {size}: 2 complete steps recovered", file.display())
+        format!("error: {}: truncated at byte {size}: records of 2 steps recovered", file.display())
     );
     let doc: Value = serde_json::from_slice(&out.stdout).expect("the recovered prefix is still printed");
     assert_eq!(doc, committed_json("truncated-v1.trace", &file));

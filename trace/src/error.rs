@@ -12,19 +12,19 @@ pub enum TraceError {
         #[source]
         source: Arc<io::Error>,
     },
-    #[error("{file}: empty file, not a trace")]
+    #[error("{file}: empty file, nothing at byte 0, not a trace")]
     Empty { file: String },
     #[error("{file}: not a basecamp trace (bad magic at byte 0)")]
     NotATrace { file: String },
     #[error(
-        "{file}: trace format version {version} is newer than this reader supports ({supported}); upgrade basecamp"
+        "{file}: trace format version {version} (byte 8) is newer than this reader supports ({supported}); upgrade basecamp"
     )]
     UnsupportedFormat { file: String, version: u32, supported: u32 },
     #[error(
         "{file}: trace schema version {major}.{minor} is newer than this reader supports ({supported}.x); upgrade basecamp"
     )]
     NewerSchema { file: String, major: u32, minor: u32, supported: u32 },
-    #[error("{file}: truncated at byte {offset}: {steps_recovered} complete steps recovered")]
+    #[error("{file}: truncated at byte {offset}: records of {steps_recovered} steps recovered")]
     Truncated { file: String, offset: u64, steps_recovered: u32 },
     #[error("{file}: corrupt frame at byte {offset}: {reason}")]
     Corrupt { file: String, offset: u64, reason: String },

@@ -19,11 +19,14 @@ pub fn trace_to_json(file: &str, trace: &TraceContents) -> Value {
         "file": file,
         "complete": matches!(trace.tail, Tail::Complete),
         "damage": damage,
-        "header": serde_json::to_value(&trace.header).expect("generated serde impls cannot fail"),
+        "header": serde_json::to_value(&trace.header).unwrap_or_else(|e| json!({ "unshowable": e.to_string() })),
         "records": trace.records.iter().map(record_to_json).collect::<Vec<_>>(),
     })
 }
 
+/// A record in the proto3 JSON mapping. A record the mapping cannot show (an
+/// enum value from a newer writer) becomes `{"step", "unshowable": reason}`
+/// rather than failing the whole document.
 pub fn record_to_json(record: &Record) -> Value {
-    serde_json::to_value(record).expect("generated serde impls cannot fail")
+    serde_json::to_value(record).unwrap_or_else(|e| json!({ "step": record.step, "unshowable": e.to_string() }))
 }

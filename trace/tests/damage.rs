@@ -196,7 +196,7 @@ fn refusal(bytes: &[u8], name: &str) -> String {
 
 #[test]
 fn an_empty_file() {
-    assert_eq!(refusal(b"", "empty.trace"), "empty.trace: empty file, not a trace");
+    assert_eq!(refusal(b"", "empty.trace"), "empty.trace: empty file, nothing at byte 0, not a trace");
 }
 
 #[test]
@@ -212,12 +212,12 @@ fn a_file_that_is_not_a_trace() {
 #[test]
 fn a_truncated_preamble() {
     let bytes = golden(NAME);
-    assert_eq!(refusal(&bytes[..5], "short.trace"), "short.trace: truncated at byte 5: 0 complete steps recovered");
-    assert_eq!(refusal(&bytes[..11], "short.trace"), "short.trace: truncated at byte 11: 0 complete steps recovered");
+    assert_eq!(refusal(&bytes[..5], "short.trace"), "short.trace: truncated at byte 5: records of 0 steps recovered");
+    assert_eq!(refusal(&bytes[..11], "short.trace"), "short.trace: truncated at byte 11: records of 0 steps recovered");
     // The preamble alone: the header frame is missing.
     assert_eq!(
         refusal(&bytes[..PREAMBLE_LEN], "short.trace"),
-        "short.trace: truncated at byte 12: 0 complete steps recovered"
+        "short.trace: truncated at byte 12: records of 0 steps recovered"
     );
 }
 
@@ -227,7 +227,7 @@ fn a_future_format_version() {
     bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
     assert_eq!(
         refusal(&bytes, "future.trace"),
-        "future.trace: trace format version 2 is newer than this reader supports (1); upgrade basecamp"
+        "future.trace: trace format version 2 (byte 8) is newer than this reader supports (1); upgrade basecamp"
     );
 }
 
@@ -335,7 +335,11 @@ fn errors_from_a_path_name_the_path() {
     let trace = read_trace(&path).unwrap();
     assert_eq!(
         trace.damage().map(ToString::to_string),
-        Some(format!("{}: truncated at byte {}: 0 complete steps recovered", path.display(), frames(&bytes)[2].offset))
+        Some(format!(
+            "{}: truncated at byte {}: records of 0 steps recovered",
+            path.display(),
+            frames(&bytes)[2].offset
+        ))
     );
     let missing = dir.path().join("missing.trace");
     let err = read_trace(&missing).unwrap_err();

@@ -148,7 +148,7 @@ fn the_truncated_golden_file_reports_where_it_ends() {
     assert!(matches!(err, TraceError::Truncated { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        format!("truncated-v1.trace: truncated at byte {}: 2 complete steps recovered", bytes.len())
+        format!("truncated-v1.trace: truncated at byte {}: records of 2 steps recovered", bytes.len())
     );
     assert!(trace.records.iter().all(|r| r.step <= 2));
     assert!(trace.records.iter().any(|r| r.step == 2), "step 2's flushed records are recovered");
