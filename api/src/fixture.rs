@@ -1,0 +1,199 @@
+//! Recorded-tool fixtures: the answers a `recorded` tool gives, JSONL, one
+//! entry per line:
+//!
+//! ```json
+//! {"tool": "track_order", "arguments": {"order_id": "1042"}, "observation": {"status": "in_transit"}}
+//! {"tool": "track_order", "arguments": {"order_id": "1043"}, "observation": {"error": "timeout"}, "timeout": true}
+//! ```
+//!
+//! `tool` and `observation` are required; `arguments` (default `{}`),
+//! `memoryPatch` (memory key -> value) and `timeout` (true: the call times
+//! out and the tool's fallback applies) are optional. One file may hold
+//! entries for several tools; validation checks that each names a tool the
+//! sandbox defines.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::jsonl::{ErrorList, JsonlError, parse_jsonl};
+use crate::problem::{Location, Problem, Report, Rule, Severity};
+
+/// One recorded answer.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FixtureEntry {
+    /// The tool this answers for.
+    pub tool: String,
+    /// The call's arguments (matched canonically with `match: args`).
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+    /// What the tool returns.
+    pub observation: serde_json::Value,
+    /// Memory writes made with the answer.
+    #[serde(default)]
+    pub memory_patch: Option<serde_json::Map<String, serde_json::Value>>,
+    /// True: the call times out instead of answering.
+    #[serde(default)]
+    pub timeout: bool,
+    /// 1-based line in the file (not read from the file).
+    #[serde(skip)]
+    pub line: u64,
+}
+
+/// A problem with one line of a fixture file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FixtureError {
+    /// A blank or malformed line.
+    #[error(transparent)]
+    Jsonl(#[from] JsonlError),
+    /// An entry with missing or mistyped fields.
+    #[error("{file}:{line}: {field}: {message}")]
+    InvalidEntry {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// The field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl FixtureError {
+    /// A fixed name for this kind of error, for Event reasons and metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            FixtureError::Jsonl(e) => e.category(),
+            FixtureError::InvalidEntry { .. } => Rule::InvalidFixture.as_str(),
+        }
+    }
+
+    /// The error as a report problem.
+    pub fn to_problem(&self) -> Problem {
+        let (file, line, rule) = match self {
+            FixtureError::Jsonl(JsonlError::BlankLine { file, line, .. }) => (file, *line, Rule::BlankLine),
+            FixtureError::Jsonl(JsonlError::InvalidJson { file, line, .. })
+            | FixtureError::Jsonl(JsonlError::NotAnObject { file, line, .. }) => (file, *line, Rule::InvalidJson),
+            FixtureError::InvalidEntry { file, line, .. } => (file, *line, Rule::InvalidFixture),
+        };
+        let text = self.to_string();
+        let message = text.strip_prefix(&format!("{file}:{line}: ")).unwrap_or(&text).to_string();
+        Problem { severity: Severity::Error, rule, object: None, location: Location::line(file.clone(), line), message }
+    }
+}
+
+/// Why a fixture could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureLoadError {
+    /// The file cannot be read.
+    #[error("cannot read fixture {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file has bad lines.
+    #[error("{0}")]
+    Invalid(ErrorList<FixtureError>),
+}
+
+impl FixtureLoadError {
+    /// A fixed name for this kind of error, for Event reasons and metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            FixtureLoadError::Io { .. } => Rule::MissingFile.as_str(),
+            FixtureLoadError::Invalid(errors) => errors.0.first().map_or("InvalidFixture", FixtureError::category),
+        }
+    }
+
+    /// The error as report problems.
+    pub fn to_report(&self) -> Report {
+        match self {
+            FixtureLoadError::Io { path, source } => Report::from_iter([Problem::error_at(
+                Rule::MissingFile,
+                Location::File { file: path.clone(), line: None, column: None },
+                format!("cannot read the fixture: {source}"),
+            )]),
+            FixtureLoadError::Invalid(errors) => errors.0.iter().map(FixtureError::to_problem).collect(),
+        }
+    }
+}
+
+/// A parsed fixture file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fixture {
+    /// The file as named by the user.
+    pub name: String,
+    /// Entries in file order.
+    pub entries: Vec<FixtureEntry>,
+}
+
+impl Fixture {
+    /// Parses a fixture; `name` is used in messages.
+    pub fn parse(name: &str, text: &str) -> Result<Fixture, ErrorList<FixtureError>> {
+        let (rows, jsonl_errors) = parse_jsonl(name, "fixture", text);
+        let mut errors: Vec<FixtureError> = jsonl_errors.into_iter().map(FixtureError::Jsonl).collect();
+        let mut entries = Vec::new();
+        for row in rows {
+            match serde_path_to_error::deserialize::<_, FixtureEntry>(serde_json::Value::Object(row.value)) {
+                Ok(mut entry) => {
+                    entry.line = row.line;
+                    entries.push(entry);
+                }
+                Err(e) => errors.push(FixtureError::InvalidEntry {
+                    file: name.to_string(),
+                    line: row.line,
+                    field: e.path().to_string(),
+                    message: e.into_inner().to_string(),
+                }),
+            }
+        }
+        if errors.is_empty() {
+            Ok(Fixture { name: name.to_string(), entries })
+        } else {
+            errors.sort_by_key(|e| match e {
+                FixtureError::Jsonl(j) => j.line(),
+                FixtureError::InvalidEntry { line, .. } => *line,
+            });
+            Err(ErrorList(errors))
+        }
+    }
+
+    /// Loads a local fixture file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Fixture, FixtureLoadError> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| FixtureLoadError::Io { path: name.clone(), source })?;
+        Fixture::parse(&name, &text).map_err(FixtureLoadError::Invalid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_entries_with_lines() {
+        let text = "{\"tool\": \"t\", \"arguments\": {\"a\": 1}, \"observation\": {\"ok\": true}}\n{\"tool\": \"u\", \"observation\": null, \"timeout\": true}\n";
+        let fixture = Fixture::parse("f.jsonl", text).expect("valid");
+        assert_eq!(fixture.entries.len(), 2);
+        assert_eq!(fixture.entries[1].line, 2);
+        assert!(fixture.entries[1].timeout);
+    }
+
+    #[test]
+    fn bad_entries_name_file_line_and_field() {
+        let text = "{\"observation\": 1}\n\n{\"tool\": \"t\", \"observation\": 1, \"extra\": 2}\n";
+        let errors = Fixture::parse("f.jsonl", text).expect_err("invalid").0;
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].to_string().starts_with("f.jsonl:1: "), "{}", errors[0]);
+        assert!(errors[0].to_string().contains("tool"), "{}", errors[0]);
+        assert_eq!(errors[1].category(), "BlankLine");
+        assert!(errors[2].to_string().contains("extra"), "{}", errors[2]);
+        assert_eq!(errors[2].to_problem().location, Location::line("f.jsonl", 3));
+    }
+}

@@ -1,0 +1,162 @@
+//! Reading JSONL files (test sets, recorded-tool fixtures, scripted
+//! policies) line by line with the rules users rely on: a UTF-8 BOM and
+//! CRLF line ends are accepted, blank lines at the END are fine (a trailing
+//! newline is normal), a blank line in the middle is an error, and every
+//! error names the file and the 1-based line. Nothing is skipped silently.
+
+use std::fmt;
+
+/// A line of a JSONL file that is not a JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JsonlError {
+    /// An empty (or whitespace-only) line followed by more rows.
+    #[error("{file}:{line}: blank line in the middle of the {what}; remove it (only trailing newlines are allowed)")]
+    BlankLine {
+        /// The file as named by the user.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// "test set", "fixture", ...
+        what: &'static str,
+    },
+    /// Not valid JSON.
+    #[error("{file}:{line}: invalid JSON: {message}")]
+    InvalidJson {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// The parser's message (with the column).
+        message: String,
+    },
+    /// Valid JSON but not an object.
+    #[error("{file}:{line}: expected a JSON object per line, found {found}")]
+    NotAnObject {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// The JSON type found.
+        found: &'static str,
+    },
+}
+
+impl JsonlError {
+    /// A fixed name for this kind of error, for Event reasons and metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            JsonlError::BlankLine { .. } => "BlankLine",
+            JsonlError::InvalidJson { .. } | JsonlError::NotAnObject { .. } => "InvalidJson",
+        }
+    }
+
+    /// The 1-based line.
+    pub fn line(&self) -> u64 {
+        match self {
+            JsonlError::BlankLine { line, .. }
+            | JsonlError::InvalidJson { line, .. }
+            | JsonlError::NotAnObject { line, .. } => *line,
+        }
+    }
+}
+
+/// One JSON object and the line it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonlRow {
+    /// 1-based line.
+    pub line: u64,
+    /// The object.
+    pub value: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Every object in `text`, and every line that is not one. `file` names the
+/// file in errors; `what` says what it is ("test set").
+pub fn parse_jsonl(file: &str, what: &'static str, text: &str) -> (Vec<JsonlRow>, Vec<JsonlError>) {
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
+    let lines: Vec<&str> = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).collect();
+    let last_content = lines.iter().rposition(|l| !l.trim().is_empty());
+    let mut rows = Vec::new();
+    let mut errors = Vec::new();
+    let Some(last_content) = last_content else {
+        return (rows, errors);
+    };
+    for (index, line_text) in lines.iter().enumerate().take(last_content + 1) {
+        let line = index as u64 + 1;
+        if line_text.trim().is_empty() {
+            errors.push(JsonlError::BlankLine { file: file.to_string(), line, what });
+            continue;
+        }
+        match serde_json::from_str::<serde_json::Value>(line_text) {
+            Ok(serde_json::Value::Object(value)) => rows.push(JsonlRow { line, value }),
+            Ok(other) => {
+                errors.push(JsonlError::NotAnObject { file: file.to_string(), line, found: json_type(&other) })
+            }
+            Err(e) => errors.push(JsonlError::InvalidJson { file: file.to_string(), line, message: e.to_string() }),
+        }
+    }
+    (rows, errors)
+}
+
+/// The JSON type name of a value, for messages.
+pub fn json_type(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Several errors, shown one per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorList<E>(pub Vec<E>);
+
+impl<E: fmt::Display> fmt::Display for ErrorList<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, error) in self.0.iter().enumerate() {
+            if index > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> std::error::Error for ErrorList<E> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailing_newlines_are_fine_and_middle_blanks_are_not() {
+        let (rows, errors) = parse_jsonl("t.jsonl", "test set", "{\"a\":1}\n{\"a\":2}\n\n\n");
+        assert_eq!(rows.len(), 2);
+        assert!(errors.is_empty());
+        let (rows, errors) = parse_jsonl("t.jsonl", "test set", "{\"a\":1}\n\n{\"a\":2}\n");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            errors[0].to_string(),
+            "t.jsonl:2: blank line in the middle of the test set; remove it (only trailing newlines are allowed)"
+        );
+    }
+
+    #[test]
+    fn bom_and_crlf_are_accepted() {
+        let (rows, errors) = parse_jsonl("t.jsonl", "test set", "\u{FEFF}{\"a\":1}\r\n{\"a\":2}\r\n");
+        assert_eq!((rows.len(), errors.len()), (2, 0));
+        assert_eq!(rows[1].line, 2);
+    }
+
+    #[test]
+    fn malformed_lines_name_file_and_line() {
+        let (_, errors) = parse_jsonl("t.jsonl", "test set", "{\"a\":1}\n{\"a\":\n[1]\n");
+        assert_eq!(errors.len(), 2);
+        assert!(errors[0].to_string().starts_with("t.jsonl:2: invalid JSON: "), "{}", errors[0]);
+        assert_eq!(errors[1].to_string(), "t.jsonl:3: expected a JSON object per line, found an array");
+        assert_eq!(errors[1].category(), "InvalidJson");
+    }
+}

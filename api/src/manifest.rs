@@ -1,0 +1,620 @@
+//! Reading manifests: multi-document YAML files (or directories of them)
+//! holding HarnessTasks and SandboxConfigs, with errors that name the file,
+//! the line and the field path.
+//!
+//! Each document is read in three passes, so that one mistake does not hide
+//! the others:
+//!
+//! 1. YAML syntax (serde-saphyr), errors with file:line:column;
+//! 2. unknown fields, found by walking the document against the CRD's own
+//!    schema — the same rule as the apiserver's strict field validation
+//!    (`kubectl apply` refuses unknown fields). `#[serde(deny_unknown_fields)]`
+//!    is not used: it stops at the first unknown field, cannot be combined
+//!    with `flatten`, and would make the operator refuse objects written by
+//!    a newer CRD. Every unknown field is reported, with a "did you mean";
+//!    its line is found by searching the document for the key (best effort:
+//!    given only when the key occurs once);
+//! 3. types, by deserializing the document straight from YAML, so a type
+//!    error has both its field path and its line.
+//!
+//! Documents of other kinds are reported as `UnknownKind` warnings and
+//! skipped, so a file may also hold, say, a Secret.
+
+use std::path::{Path, PathBuf};
+
+use crate::problem::{Location, Problem, Report, Rule, Severity};
+use crate::sandbox::{SandboxConfig, SandboxConfigSpec};
+use crate::task::HarnessTask;
+use crate::validate::{ValidationContext, is_dns_subdomain, validate_sandbox, validate_task};
+
+/// Where an object came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// The file as named (a path).
+    pub file: String,
+    /// 1-based line where the document starts.
+    pub line: u64,
+}
+
+/// An object and where it came from.
+#[derive(Debug, Clone)]
+pub struct Loaded<T> {
+    /// The object.
+    pub object: T,
+    /// Its file and line.
+    pub source: Source,
+}
+
+impl<T> Loaded<T> {
+    /// The directory of the file the object came from (relative paths in
+    /// the spec are resolved against it).
+    pub fn base_dir(&self) -> PathBuf {
+        Path::new(&self.source.file).parent().map(Path::to_path_buf).unwrap_or_default()
+    }
+}
+
+/// The HarnessTasks and SandboxConfigs read from some files.
+#[derive(Debug, Clone, Default)]
+pub struct Manifests {
+    /// HarnessTasks in file order.
+    pub tasks: Vec<Loaded<HarnessTask>>,
+    /// SandboxConfigs in file order.
+    pub sandboxes: Vec<Loaded<SandboxConfig>>,
+}
+
+/// Why a manifest could not be read (each becomes a [`Problem`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// A file or directory that cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A directory without `.yaml` / `.yml` files.
+    #[error("{path}: no .yaml or .yml files in this directory")]
+    EmptyDirectory {
+        /// The directory.
+        path: String,
+    },
+    /// Not YAML.
+    #[error("{file}:{line}:{column}: invalid YAML: {message}")]
+    Yaml {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// 1-based column.
+        column: u64,
+        /// The parser's message.
+        message: String,
+    },
+    /// A document that is not an object, or a field of the wrong type.
+    #[error("{file}:{line}: {path}: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// The field path (`spec.shards`), or `.` for the document.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ManifestError {
+    /// A fixed name for this kind of error, for Event reasons and metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ManifestError::Io { .. } | ManifestError::EmptyDirectory { .. } => Rule::MissingFile.as_str(),
+            ManifestError::Yaml { .. } => Rule::InvalidYaml.as_str(),
+            ManifestError::Invalid { .. } => Rule::InvalidManifest.as_str(),
+        }
+    }
+
+    /// The error as a report problem.
+    pub fn to_problem(&self) -> Problem {
+        match self {
+            ManifestError::Io { path, source } => {
+                Problem::error_at(Rule::MissingFile, file_location(path, None), format!("cannot read it: {source}"))
+            }
+            ManifestError::EmptyDirectory { path } => Problem::error_at(
+                Rule::MissingFile,
+                file_location(path, None),
+                "no .yaml or .yml files in this directory",
+            ),
+            ManifestError::Yaml { file, line, column, message } => Problem::error_at(
+                Rule::InvalidYaml,
+                Location::File { file: file.clone(), line: Some(*line), column: Some(*column) },
+                format!("invalid YAML: {message}"),
+            ),
+            ManifestError::Invalid { file, line, path, message } => {
+                Problem::error_at(Rule::InvalidManifest, file_location(file, Some(*line)), format!("{path}: {message}"))
+            }
+        }
+    }
+}
+
+fn file_location(file: &str, line: Option<u64>) -> Location {
+    Location::File { file: file.to_string(), line, column: None }
+}
+
+impl Manifests {
+    /// Reads every file (or every `.yaml`/`.yml` file of every directory,
+    /// sorted by name), returning what could be read and every problem.
+    pub fn load(paths: &[impl AsRef<Path>]) -> (Manifests, Report) {
+        let mut manifests = Manifests::default();
+        let mut report = Report::new();
+        for path in paths {
+            let path = path.as_ref();
+            let files = match manifest_files(path) {
+                Ok(files) => files,
+                Err(error) => {
+                    report.push(error.to_problem());
+                    continue;
+                }
+            };
+            for file in files {
+                let name = file.display().to_string();
+                match std::fs::read_to_string(&file) {
+                    Ok(text) => {
+                        let (more, problems) = Manifests::parse(&name, &text);
+                        manifests.tasks.extend(more.tasks);
+                        manifests.sandboxes.extend(more.sandboxes);
+                        report.extend(problems);
+                    }
+                    Err(source) => report.push(ManifestError::Io { path: name, source }.to_problem()),
+                }
+            }
+        }
+        report.extend(manifests.duplicates());
+        (manifests, report)
+    }
+
+    /// Parses one file's text; `file` names it in messages.
+    pub fn parse(file: &str, text: &str) -> (Manifests, Report) {
+        let mut manifests = Manifests::default();
+        let mut report = Report::new();
+        for document in split_documents(text) {
+            parse_document(file, &document, &mut manifests, &mut report);
+        }
+        (manifests, report)
+    }
+
+    /// The SandboxConfig called `name`.
+    pub fn sandbox(&self, name: &str) -> Option<&Loaded<SandboxConfig>> {
+        self.sandboxes.iter().find(|s| s.object.metadata.name.as_deref() == Some(name))
+    }
+
+    /// Validates every task against the sandboxes in the same namespace and
+    /// every sandbox on its own, reading local files (test sets, fixtures)
+    /// relative to each manifest's directory.
+    pub fn validate(&self) -> Report {
+        let mut report = Report::new();
+        for task in &self.tasks {
+            let namespace = task.object.metadata.namespace.as_deref();
+            let sandboxes: Vec<(&str, &SandboxConfigSpec)> = self
+                .sandboxes
+                .iter()
+                .filter(|s| s.object.metadata.namespace.as_deref() == namespace)
+                .filter_map(|s| s.object.metadata.name.as_deref().map(|name| (name, &s.object.spec)))
+                .collect();
+            let base_dir = task.base_dir();
+            let ctx = ValidationContext {
+                task_name: task.object.metadata.name.as_deref(),
+                test_set: None,
+                base_dir: Some(&base_dir),
+            };
+            report.extend(validate_task(&task.object.spec, &sandboxes, &ctx));
+        }
+        for sandbox in &self.sandboxes {
+            let base_dir = sandbox.base_dir();
+            let ctx = ValidationContext { base_dir: Some(&base_dir), ..Default::default() };
+            let name = sandbox.object.metadata.name.as_deref().unwrap_or("");
+            report.extend(validate_sandbox(name, &sandbox.object.spec, &ctx));
+        }
+        report
+    }
+
+    fn duplicates(&self) -> Report {
+        let mut report = Report::new();
+        let mut seen: Vec<(&str, Option<&str>, &str, &Source)> = Vec::new();
+        let objects = self
+            .tasks
+            .iter()
+            .map(|t| ("HarnessTask", &t.object.metadata, &t.source))
+            .chain(self.sandboxes.iter().map(|s| ("SandboxConfig", &s.object.metadata, &s.source)));
+        for (kind, metadata, source) in objects {
+            let Some(name) = metadata.name.as_deref() else { continue };
+            let namespace = metadata.namespace.as_deref();
+            if let Some((_, _, _, first)) =
+                seen.iter().find(|(k, ns, n, _)| *k == kind && *ns == namespace && *n == name)
+            {
+                report.push(Problem::error_at(
+                    Rule::DuplicateObject,
+                    file_location(&source.file, Some(source.line)),
+                    format!("{kind} {name:?} is defined twice (first at {}:{}); rename one", first.file, first.line),
+                ));
+            } else {
+                seen.push((kind, namespace, name, source));
+            }
+        }
+        report
+    }
+}
+
+fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
+    let io = |source| ManifestError::Io { path: path.display().to_string(), source };
+    if !path.is_dir() {
+        std::fs::metadata(path).map_err(io)?;
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(io)?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(ManifestError::EmptyDirectory { path: path.display().to_string() });
+    }
+    Ok(files)
+}
+
+/// One YAML document: its text, padded with blank lines so that line numbers
+/// from the parser are line numbers in the file.
+struct Document {
+    start_line: u64,
+    padded: String,
+    lines: Vec<(u64, String)>,
+}
+
+/// Splits a YAML stream at `---` (and `...`) lines. Document markers must
+/// be at column 0 and cannot occur inside a scalar, so this is exact.
+fn split_documents(text: &str) -> Vec<Document> {
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
+    let mut documents = Vec::new();
+    let mut current: Vec<(u64, String)> = Vec::new();
+    let mut start_line = 1;
+    let flush = |current: &mut Vec<(u64, String)>, start_line: u64, documents: &mut Vec<Document>| {
+        if current.iter().any(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#')) {
+            let mut padded = "\n".repeat(start_line.saturating_sub(1) as usize);
+            for (_, line) in current.iter() {
+                padded.push_str(line);
+                padded.push('\n');
+            }
+            documents.push(Document { start_line, padded, lines: std::mem::take(current) });
+        }
+        current.clear();
+    };
+    for (index, line) in text.lines().enumerate() {
+        let number = index as u64 + 1;
+        let is_start = line == "---" || line.starts_with("--- ") || line.starts_with("---\t");
+        let is_end = line == "..." || line.starts_with("... ");
+        if is_start || is_end {
+            flush(&mut current, start_line, &mut documents);
+            start_line = number;
+            if is_start {
+                current.push((number, line.to_string()));
+            } else {
+                start_line = number + 1;
+            }
+            continue;
+        }
+        current.push((number, line.to_string()));
+    }
+    flush(&mut current, start_line, &mut documents);
+    documents
+}
+
+fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, report: &mut Report) {
+    let value: serde_json::Value = match serde_saphyr::from_str(&document.padded) {
+        Ok(value) => value,
+        Err(error) => {
+            let (line, column) = location_of(&error, document.start_line);
+            report.push(
+                ManifestError::Yaml { file: file.into(), line, column, message: message_of(&error) }.to_problem(),
+            );
+            return;
+        }
+    };
+    let invalid = |path: &str, message: String| {
+        ManifestError::Invalid { file: file.into(), line: document.start_line, path: path.into(), message }.to_problem()
+    };
+    let serde_json::Value::Object(object) = &value else {
+        if !value.is_null() {
+            report.push(invalid(
+                ".",
+                "a manifest document must be a mapping with apiVersion, kind, metadata and spec".into(),
+            ));
+        }
+        return;
+    };
+    let kind = object.get("kind").and_then(serde_json::Value::as_str).unwrap_or("");
+    let api_version = object.get("apiVersion").and_then(serde_json::Value::as_str).unwrap_or("");
+    if kind != "HarnessTask" && kind != "SandboxConfig" {
+        let what = if kind.is_empty() { "a document without `kind`".to_string() } else { format!("kind {kind:?}") };
+        report.push(Problem {
+            severity: Severity::Warning,
+            rule: Rule::UnknownKind,
+            object: None,
+            location: file_location(file, Some(document.start_line)),
+            message: format!("{what} is not a Basecamp kind (HarnessTask, SandboxConfig); skipped"),
+        });
+        return;
+    }
+    if api_version != crate::API_VERSION {
+        report.push(Problem::error_at(
+            Rule::WrongApiVersion,
+            file_location(file, Some(line_of_key(document, "apiVersion").unwrap_or(document.start_line))),
+            format!("apiVersion: {api_version:?}; {kind} is served as apiVersion: {}", crate::API_VERSION),
+        ));
+    }
+    let name = object.get("metadata").and_then(|m| m.get("name")).and_then(serde_json::Value::as_str);
+    match name {
+        None => report.push(invalid("metadata.name", format!("every {kind} needs metadata.name"))),
+        Some(name) if !is_dns_subdomain(name) => report.push(Problem::error_at(
+            Rule::InvalidName,
+            file_location(file, Some(line_of_key(document, "name").unwrap_or(document.start_line))),
+            format!("metadata.name {name:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.')"),
+        )),
+        Some(_) => {}
+    }
+    if let Some(schema) = crate::crd::schema_of(kind) {
+        let mut unknown = Vec::new();
+        for (key, child) in object {
+            if matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+                continue;
+            }
+            match schema.get("properties").and_then(|p| p.get(key)) {
+                Some(child_schema) => unknown_fields(child, child_schema, key, &mut unknown),
+                None => unknown.push(UnknownField { path: key.clone(), key: key.clone(), known: known_keys(schema) }),
+            }
+        }
+        for field in unknown {
+            let hint = crate::validate::suggestion(&field.key, field.known.iter().map(String::as_str));
+            let line = line_of_key(document, &field.key);
+            report.push(Problem::error_at(
+                Rule::UnknownField,
+                file_location(file, Some(line.unwrap_or(document.start_line))),
+                format!("{}: unknown field {:?} in {kind}; remove it or fix its name.{hint}", field.path, field.key),
+            ));
+        }
+    }
+    let source = Source { file: file.to_string(), line: document.start_line };
+    let result = match kind {
+        "HarnessTask" => deserialize_yaml::<HarnessTask>(&document.padded)
+            .map(|object| manifests.tasks.push(Loaded { object, source })),
+        _ => deserialize_yaml::<SandboxConfig>(&document.padded)
+            .map(|object| manifests.sandboxes.push(Loaded { object, source })),
+    };
+    if let Err(boxed) = result {
+        let (path, error) = *boxed;
+        let (line, _) = location_of(&error, document.start_line);
+        report.push(ManifestError::Invalid { file: file.into(), line, path, message: message_of(&error) }.to_problem());
+    }
+}
+
+/// Deserializes YAML text, returning on error the field path (`.` for the
+/// document) and the parser's error, which carries the line.
+fn deserialize_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Box<(String, serde_saphyr::Error)>> {
+    let mut path = None;
+    serde_saphyr::with_deserializer_from_str(text, |de| {
+        serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
+            path = Some(e.path().to_string());
+            e.into_inner()
+        })
+    })
+    .map_err(|error| Box::new((path.unwrap_or_else(|| ".".to_string()), error)))
+}
+
+struct UnknownField {
+    path: String,
+    key: String,
+    known: Vec<String>,
+}
+
+fn known_keys(schema: &serde_json::Value) -> Vec<String> {
+    schema
+        .get("properties")
+        .and_then(serde_json::Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Collects fields of `value` that `schema` does not define.
+fn unknown_fields(value: &serde_json::Value, schema: &serde_json::Value, path: &str, out: &mut Vec<UnknownField>) {
+    if schema.get("x-kubernetes-preserve-unknown-fields").and_then(serde_json::Value::as_bool) == Some(true) {
+        return;
+    }
+    match value {
+        serde_json::Value::Object(map) => {
+            let properties = schema.get("properties").and_then(serde_json::Value::as_object);
+            let additional = schema.get("additionalProperties");
+            for (key, child) in map {
+                let child_path = join_path(path, key);
+                if let Some(child_schema) = properties.and_then(|p| p.get(key)) {
+                    unknown_fields(child, child_schema, &child_path, out);
+                } else if let Some(additional) = additional.filter(|a| a.is_object()) {
+                    unknown_fields(child, additional, &child_path, out);
+                } else if additional.and_then(serde_json::Value::as_bool) != Some(true) && properties.is_some() {
+                    out.push(UnknownField { path: child_path, key: key.clone(), known: known_keys(schema) });
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (index, item) in items.iter().enumerate() {
+                    unknown_fields(item, item_schema, &format!("{path}[{index}]"), out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn join_path(prefix: &str, key: &str) -> String {
+    if !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        format!("{prefix}.{key}")
+    } else {
+        format!("{prefix}[{key:?}]")
+    }
+}
+
+/// The line where `key:` occurs in the document (as a block or flow
+/// mapping key), when it occurs exactly once.
+fn line_of_key(document: &Document, key: &str) -> Option<u64> {
+    let needles = [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")];
+    let is_key_at = |line: &str, index: usize| {
+        line[..index].chars().next_back().is_none_or(|c| c.is_whitespace() || matches!(c, '{' | ',' | '-'))
+    };
+    let mut found = document.lines.iter().filter(|(_, line)| {
+        needles.iter().any(|needle| line.match_indices(needle.as_str()).any(|(index, _)| is_key_at(line, index)))
+    });
+    let first = found.next()?;
+    if found.next().is_some() { None } else { Some(first.0) }
+}
+
+fn location_of(error: &serde_saphyr::Error, fallback_line: u64) -> (u64, u64) {
+    match error.location() {
+        Some(location) if location.line() > 0 => (location.line(), location.column().max(1)),
+        _ => (fallback_line, 1),
+    }
+}
+
+/// The parser's message without its own " at line L, column C" suffix.
+fn message_of(error: &serde_saphyr::Error) -> String {
+    let text = error.without_snippet().to_string();
+    match text.rfind(" at line ") {
+        Some(index) if text[index..].contains("column") => text[..index].to_string(),
+        _ => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn examples() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/manifests")
+    }
+
+    #[test]
+    fn the_example_manifest_loads_and_validates_clean() {
+        let (manifests, report) = Manifests::load(&[examples().join("shipping-support.yaml")]);
+        assert!(report.is_empty(), "{report}");
+        assert_eq!(manifests.tasks.len(), 1);
+        assert_eq!(manifests.sandboxes.len(), 1);
+        let task = &manifests.tasks[0];
+        assert_eq!(task.object.metadata.name.as_deref(), Some("shipping-support"));
+        assert!(task.source.line > 1, "the task is the second document");
+        let sandbox = manifests.sandbox("shipping-tools").expect("sandbox");
+        assert_eq!(sandbox.object.spec.tool_timeout_for("track_order").as_millis(), 2_000);
+        let report = manifests.validate();
+        assert!(report.is_empty(), "{report}");
+    }
+
+    #[test]
+    fn a_directory_loads_its_yaml_files() {
+        let (manifests, report) = Manifests::load(&[examples()]);
+        assert!(report.is_empty(), "{report}");
+        assert_eq!((manifests.tasks.len(), manifests.sandboxes.len()), (1, 1));
+        let (_, report) = Manifests::load(&[examples().join("fixtures")]);
+        assert_eq!(report.problems()[0].rule, Rule::MissingFile);
+        let (_, report) = Manifests::load(&[examples().join("nope.yaml")]);
+        assert_eq!(report.problems()[0].rule, Rule::MissingFile);
+    }
+
+    #[test]
+    fn the_broken_manifest_reports_all_five_mistakes() {
+        let (manifests, mut report) = Manifests::load(&[examples().join("broken")]);
+        report.extend(manifests.validate());
+        let errors: Vec<&Problem> = report.errors().collect();
+        let rules: Vec<Rule> = errors.iter().map(|p| p.rule).collect();
+        assert_eq!(
+            rules,
+            [Rule::UnknownField, Rule::InvalidCriterion, Rule::S3UriQuery, Rule::InvalidShards, Rule::UndefinedTool],
+            "{report}"
+        );
+        let unknown = errors[0].to_string();
+        assert!(unknown.contains("shipping-broken.yaml:23: spec.planStepTimout: unknown field"), "{unknown}");
+        assert!(unknown.contains("Did you mean \"planStepTimeout\"?"), "{unknown}");
+        assert!(report.warnings().next().is_none(), "{report}");
+    }
+
+    #[test]
+    fn yaml_syntax_errors_name_file_line_and_column() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: a}\nspec: {}\n---\nkind: HarnessTask\nspec: [1, 2\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        assert_eq!(manifests.sandboxes.len(), 1);
+        let problem = &report.problems()[0];
+        assert_eq!(problem.rule, Rule::InvalidYaml);
+        match &problem.location {
+            Location::File { file, line, column } => {
+                assert_eq!(file, "m.yaml");
+                assert_eq!(*line, Some(7));
+                assert!(column.is_some());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn type_errors_name_the_field_path_and_line() {
+        let text = "# comment\n---\napiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\nspec:\n  maxSteps: many\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        assert!(manifests.sandboxes.is_empty());
+        let problem = &report.problems()[0];
+        assert_eq!(problem.rule, Rule::InvalidManifest);
+        assert_eq!(problem.location, Location::line("m.yaml", 8));
+        assert!(problem.message.starts_with("spec.maxSteps: "), "{problem}");
+        assert_eq!(
+            ManifestError::Io { path: "x".into(), source: std::io::ErrorKind::NotFound.into() }.category(),
+            "MissingFile"
+        );
+    }
+
+    #[test]
+    fn every_unknown_field_is_reported_not_just_the_first() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: a}\nspec:\n  tools:\n    t:\n      http: {url: 'http://x', methd: GET}\n  trace: {levle: full}\n  gpu: {minComputeCapability: '8.0'}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        let paths: Vec<String> = report.by_rule(Rule::UnknownField).map(|p| p.message.clone()).collect();
+        assert_eq!(paths.len(), 2, "{report}");
+        assert!(paths[0].starts_with("spec.tools.t.http.methd"), "{paths:?}");
+        assert!(paths[1].starts_with("spec.trace.levle") && paths[1].contains("Did you mean \"level\"?"), "{paths:?}");
+        // Unknown fields do not stop the typed parse: other checks still run.
+        assert_eq!(manifests.sandboxes.len(), 1);
+    }
+
+    #[test]
+    fn other_kinds_are_skipped_with_a_warning_and_api_versions_checked() {
+        let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n---\napiVersion: basecamp.dev/v1\nkind: SandboxConfig\nmetadata: {name: a}\nspec: {}\n---\napiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: a}\nspec: {}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        assert_eq!(report.by_rule(Rule::UnknownKind).next().map(|p| p.severity), Some(Severity::Warning));
+        assert_eq!(report.by_rule(Rule::WrongApiVersion).count(), 1, "{report}");
+        assert_eq!(manifests.sandboxes.len(), 2);
+        assert_eq!(manifests.duplicates().by_rule(Rule::DuplicateObject).count(), 1);
+    }
+
+    #[test]
+    fn yaml_round_trip_keeps_the_spec() {
+        let (manifests, report) = Manifests::load(&[examples().join("shipping-support.yaml")]);
+        assert!(report.is_empty(), "{report}");
+        for sandbox in &manifests.sandboxes {
+            let yaml = serde_saphyr::to_string(&sandbox.object).expect("to yaml");
+            let (again, report) = Manifests::parse("again.yaml", &yaml);
+            assert!(report.is_empty(), "{report}\n{yaml}");
+            assert_eq!(again.sandboxes[0].object.spec, sandbox.object.spec);
+        }
+        for task in &manifests.tasks {
+            let yaml = serde_saphyr::to_string(&task.object).expect("to yaml");
+            let (again, report) = Manifests::parse("again.yaml", &yaml);
+            assert!(report.is_empty(), "{report}\n{yaml}");
+            assert_eq!(again.tasks[0].object.spec, task.object.spec);
+        }
+    }
+}

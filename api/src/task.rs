@@ -1,0 +1,447 @@
+//! The `HarnessTask` custom resource: a declarative training or evaluation
+//! task — what success means, where the data and the test set are, which
+//! policy to call, which sandbox (and profile) to run it in, how many shards,
+//! an optional A/B pair of variants, and where traces go.
+//!
+//! Its status is written by the operator: phase, metav1-style conditions,
+//! shard counts and metrics per variant, success-criteria results, and the
+//! locations of traces and the report.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::Duration;
+use crate::schema;
+
+/// The variant name used when a task has a single `sandboxRef` and no
+/// `variants`.
+pub const DEFAULT_VARIANT: &str = "default";
+
+/// A training or evaluation task run in Basecamp sandboxes.
+#[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "basecamp.dev",
+    version = "v1alpha1",
+    kind = "HarnessTask",
+    namespaced,
+    status = "HarnessTaskStatus",
+    shortname = "ht",
+    category = "basecamp",
+    doc = "A Basecamp harness task: a test set run by a policy in sandboxes, sharded, traced and scored against success criteria.",
+    printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase"}"#,
+    printcolumn = r#"{"name": "Variants", "type": "string", "jsonPath": ".status.variantsSummary"}"#,
+    printcolumn = r#"{"name": "Shards", "type": "string", "jsonPath": ".status.shardsSummary", "description": "Finished shards / total shards"}"#,
+    printcolumn = r#"{"name": "Accuracy", "type": "string", "jsonPath": ".status.accuracy", "description": "tool_call_accuracy per variant"}"#,
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HarnessTaskSpec {
+    /// What the task is and what success means.
+    pub task_definition: TaskDefinition,
+    /// Training data, for tasks that train (evaluation-only tasks omit it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_pipeline: Option<DataPipeline>,
+    /// Training settings, for tasks that train.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_config: Option<TrainingConfig>,
+    /// The test set and the metrics computed on it.
+    pub evaluation: Evaluation,
+    /// The policy (the model under test) the agent loop calls.
+    pub policy: PolicySpec,
+    /// The SandboxConfig to run in (and its profile). Set this or `variants`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_ref: Option<SandboxRef>,
+    /// Shards per variant: the test set is split into this many contiguous
+    /// parts, one pod each (an Indexed Job's completions). Default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
+    /// Shards of one variant running at once. Default: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<u32>,
+    /// An A/B test: two variants, each with its own sandbox (or profile), run
+    /// on the same test set and compared. Set this or `sandboxRef`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<Variant>,
+    /// Where traces, shard summaries and the report are written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traces: Option<TraceDestination>,
+    /// PII removed from traces before they are written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redaction: Option<Redaction>,
+    /// Create the Jobs suspended (Kueue or a person resumes them). Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+    /// Kueue LocalQueue to admit the Jobs through (`kueue.x-k8s.io/queue-name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_name: Option<String>,
+}
+
+impl HarnessTaskSpec {
+    /// Shards per variant (default 1).
+    pub fn shards(&self) -> u32 {
+        self.shards.unwrap_or(1)
+    }
+
+    /// The variants to run: `variants` when set, else one variant named
+    /// [`DEFAULT_VARIANT`] with `sandboxRef`. Empty when neither is set.
+    pub fn effective_variants(&self) -> Vec<Variant> {
+        if !self.variants.is_empty() {
+            return self.variants.clone();
+        }
+        self.sandbox_ref
+            .iter()
+            .map(|sandbox_ref| Variant { name: DEFAULT_VARIANT.to_string(), sandbox_ref: sandbox_ref.clone() })
+            .collect()
+    }
+}
+
+/// What the task is and what success means.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskDefinition {
+    /// A display name (the object's name is used when empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What the agent must do, e.g. "resolve complaints about delayed shipping".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Conditions on the aggregated metrics, each `metric OP value`, e.g.
+    /// `tool_call_accuracy >= 0.9`, `user_satisfaction_score > 0.85`,
+    /// `avg_resolution_time < 90s`. OP: < <= > >= == !=; values are numbers,
+    /// percentages (5%) or durations (ms, s, m, h; compared in seconds).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub success_criteria: Vec<String>,
+}
+
+/// Training data.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataPipeline {
+    /// `s3://bucket/prefix/` or a local path. No query string: put an S3
+    /// object version in `version`.
+    pub source: String,
+    /// Version of the source data (e.g. an S3 versionId or a dataset tag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Preprocessor turning raw logs into (state, action, reward); it must
+    /// compute rewards with the sandbox's reward calculator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preprocessor: Option<String>,
+    /// Training batch size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
+}
+
+/// Training settings (passed to the training container).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingConfig {
+    /// The base model, e.g. `deepseek-v4.1-agent-base`. Copy it exactly:
+    /// a misspelt id hangs at "Downloading model...".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
+    /// Optimizer, e.g. `paged_adamw_32bit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<String>,
+    /// Learning-rate schedule, e.g. `{type: cosine, warmup_steps: 200}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::json_object")]
+    pub lr_schedule: Option<serde_json::Value>,
+    /// Checkpoint to resume from (`s3://...` or a path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<String>,
+    /// Training image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Training command (argv).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// GPUs for training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+}
+
+/// The test set and what is measured on it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Evaluation {
+    /// Metrics to compute and report, e.g. `tool_call_accuracy`,
+    /// `plan_step_f1`, `memory_consistency`, `error_rate`, `resolution_time`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<String>,
+    /// The test set: a JSONL file (`s3://bucket/key.jsonl` or a path), one
+    /// episode per line, each with a unique `id`.
+    pub test_set: String,
+    /// Default `compare_args` per tool: the argument names compared for
+    /// strict tool-call accuracy when a test row does not say (tool name ->
+    /// argument names). Without either, all arguments are compared.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compare_args: BTreeMap<String, Vec<String>>,
+}
+
+/// The policy the agent loop calls: an OpenAI-compatible chat-completions
+/// endpoint, or a scripted policy. Set exactly one of `endpoint`, `scripted`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySpec {
+    /// Base URL of an OpenAI-compatible API (vLLM, SGLang, Ollama, hosted),
+    /// e.g. `http://localhost:8000/v1`; `/chat/completions` is appended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Model name sent in requests (required with `endpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// API key from a Secret in the task's namespace (in the cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret: Option<SecretKeyRef>,
+    /// API key from this environment variable (locally).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// API key from this file. Keys are never written to traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<String>,
+    /// Sampling temperature, 0 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Maximum tokens per completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// `top_logprobs` to request (0-20). Default: the sandbox's `trace.topK`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    /// Timeout of one request. Default: 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<Duration>,
+    /// A scripted policy instead of an endpoint: a JSONL file of responses
+    /// (for tests and replay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scripted: Option<String>,
+}
+
+impl PolicySpec {
+    /// The request timeout (default 60 s).
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout.unwrap_or(Duration::from_secs(60))
+    }
+}
+
+/// A key in a Secret.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    pub name: String,
+    /// The key in the Secret. Default: `apiKey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// A SandboxConfig in the task's namespace, and optionally one of its profiles.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRef {
+    /// The SandboxConfig's name.
+    pub name: String,
+    /// One of its `profiles` (e.g. `dev`, `prod`). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+/// One arm of an A/B test.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Variant {
+    /// The variant's name (a DNS label, e.g. `a`, `baseline`); it appears in
+    /// Job names, labels, trace paths and metrics.
+    pub name: String,
+    /// The sandbox this variant runs in.
+    pub sandbox_ref: SandboxRef,
+}
+
+/// Where traces go and how long they stay.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TraceDestination {
+    /// `s3://bucket/prefix` or a local directory. Keys are partitioned as
+    /// `<dest>/<yyyy>/<mm>/<dd>/<namespace>/<task>/<variant>/<shard>/`.
+    /// Default: `./basecamp-runs/<task>/` for `basecamp run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
+    /// What happens to the task's traces when the task is deleted: `Retain`
+    /// or `Delete`. Default: Retain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+    /// Days traces are kept (`basecamp trace cleanup` deletes older ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_days: Option<u32>,
+}
+
+/// Trace retention on task deletion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum Retention {
+    /// Keep the traces.
+    #[default]
+    Retain,
+    /// Delete the task's trace prefix.
+    Delete,
+}
+
+/// PII redaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Redaction {
+    /// Field names whose values are replaced before traces are written, e.g.
+    /// `user_phone`, `user_address`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pii_fields: Vec<String>,
+}
+
+/// The observed state of a HarnessTask, written by the operator.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HarnessTaskStatus {
+    /// Pending, Running, Succeeded, Failed or Suspended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<TaskPhase>,
+    /// Conditions: Ready, Progressing, Degraded, Succeeded, Failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Vec<Condition>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Shard counts by variant.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shards: BTreeMap<String, ShardCounts>,
+    /// Finished (succeeded + failed) shards / total, over all variants, e.g. "3/4".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards_summary: Option<String>,
+    /// The variant names, e.g. "a,b".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variants_summary: Option<String>,
+    /// tool_call_accuracy for display, e.g. "0.912" or "a=0.68 b=0.85".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<String>,
+    /// Aggregated metrics by variant (metric name -> value). Never NaN: a
+    /// metric without data is absent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Success-criteria results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub criteria: Vec<CriterionResult>,
+    /// Where the traces are (`s3://...` or a directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_location: Option<String>,
+    /// URL of the HTML report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_url: Option<String>,
+}
+
+/// Task phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TaskPhase {
+    /// Accepted, Jobs not yet running.
+    Pending,
+    /// Shards are running.
+    Running,
+    /// All shards finished and every success criterion is met.
+    Succeeded,
+    /// The spec is invalid, shards failed, or a criterion is not met.
+    Failed,
+    /// `suspend: true`, or waiting for Kueue admission.
+    Suspended,
+}
+
+impl TaskPhase {
+    /// The phase's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskPhase::Pending => "Pending",
+            TaskPhase::Running => "Running",
+            TaskPhase::Succeeded => "Succeeded",
+            TaskPhase::Failed => "Failed",
+            TaskPhase::Suspended => "Suspended",
+        }
+    }
+}
+
+/// Condition types the operator sets.
+pub mod condition_types {
+    /// The spec is valid and its sandboxes resolved.
+    pub const READY: &str = "Ready";
+    /// Shards are being created or are running.
+    pub const PROGRESSING: &str = "Progressing";
+    /// Something is wrong but the task goes on (a shard failed and is retried, S3 is down).
+    pub const DEGRADED: &str = "Degraded";
+    /// Finished with every criterion met.
+    pub const SUCCEEDED: &str = "Succeeded";
+    /// Finished without meeting the criteria, or cannot run.
+    pub const FAILED: &str = "Failed";
+}
+
+/// Shard counts of one variant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardCounts {
+    /// Shards in total.
+    pub total: u32,
+    /// Shards that finished successfully.
+    pub succeeded: u32,
+    /// Shards that failed for good.
+    pub failed: u32,
+    /// Shards running now.
+    pub running: u32,
+}
+
+impl ShardCounts {
+    /// Succeeded plus failed.
+    pub fn finished(&self) -> u32 {
+        self.succeeded.saturating_add(self.failed)
+    }
+}
+
+/// The result of one success criterion for one variant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CriterionResult {
+    /// The variant.
+    pub variant: String,
+    /// The criterion as written.
+    pub criterion: String,
+    /// Whether it is met.
+    pub met: bool,
+    /// The observed value (absent when the metric has no data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<f64>,
+    /// Why it is not met, or why it cannot be evaluated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_sandbox_ref_is_the_default_variant() {
+        let spec = HarnessTaskSpec {
+            sandbox_ref: Some(SandboxRef { name: "shop".into(), profile: None }),
+            ..Default::default()
+        };
+        let variants = spec.effective_variants();
+        assert_eq!(variants.len(), 1);
+        assert_eq!(variants[0].name, DEFAULT_VARIANT);
+        assert_eq!(spec.shards(), 1);
+        assert!(HarnessTaskSpec::default().effective_variants().is_empty());
+    }
+
+    #[test]
+    fn shard_counts_sum_finished() {
+        let counts = ShardCounts { total: 4, succeeded: 2, failed: 1, running: 1 };
+        assert_eq!(counts.finished(), 3);
+    }
+}

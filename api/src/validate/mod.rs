@@ -1,0 +1,137 @@
+//! The one validation shared by the sandbox, the operator and the CLI.
+//!
+//! [`validate_task`] checks a HarnessTask spec, every SandboxConfig it
+//! references (with the selected profile applied), and — when the caller has
+//! it — the test set against the sandbox's tools. [`validate_sandbox`] checks
+//! a SandboxConfig on its own, base spec and every profile. Both return a
+//! [`Report`] with EVERY problem found, never just the first, each with a
+//! severity, a bounded rule name, the object, a field path or `file:line`,
+//! and a message that says what to do.
+//!
+//! Validation reads no network. It reads local files (the test set,
+//! recorded-tool fixtures, a scripted policy) only when
+//! [`ValidationContext::base_dir`] is set — the CLI sets it to the
+//! manifest's directory; the operator leaves it unset.
+
+mod names;
+mod sandbox;
+mod task;
+
+use std::path::{Path, PathBuf};
+
+use crate::problem::{Problem, Report};
+use crate::sandbox::SandboxConfigSpec;
+use crate::task::HarnessTaskSpec;
+use crate::testset::TestSet;
+
+pub use names::{is_dns_label, is_dns_subdomain, is_tool_name};
+
+/// What validation may use besides the specs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ValidationContext<'a> {
+    /// The task's name, for messages (`HarnessTask/<name>`).
+    pub task_name: Option<&'a str>,
+    /// The test set, when the caller has loaded it: each row's
+    /// `expected_tool_calls` are checked against the sandbox's tools and the
+    /// shard count against its size.
+    pub test_set: Option<&'a TestSet>,
+    /// The directory relative paths are resolved against. When set, local
+    /// files the spec names (test set, fixtures, scripted policy) are read
+    /// and checked; when unset, no file is touched.
+    pub base_dir: Option<&'a Path>,
+}
+
+impl ValidationContext<'_> {
+    fn task_label(&self) -> String {
+        match self.task_name {
+            Some(name) => format!("HarnessTask/{name}"),
+            None => "HarnessTask".to_string(),
+        }
+    }
+
+    /// `path` resolved against `base_dir`, when files may be read and the
+    /// path is local.
+    fn local_file(&self, path: &str) -> Option<PathBuf> {
+        let base = self.base_dir?;
+        if path.starts_with("s3://") || path.contains("://") {
+            return None;
+        }
+        Some(base.join(path))
+    }
+}
+
+/// Checks a HarnessTask spec and the sandboxes it references.
+///
+/// `sandboxes` are the SandboxConfigs the task may reference (its
+/// namespace, or the same manifest), by name. Problems in a sandbox are
+/// attributed to `SandboxConfig/<name>`, with `(profile <p>)` when they
+/// appear only with the task's profile applied.
+pub fn validate_task(
+    task: &HarnessTaskSpec,
+    sandboxes: &[(&str, &SandboxConfigSpec)],
+    ctx: &ValidationContext<'_>,
+) -> Report {
+    task::validate(task, sandboxes, ctx)
+}
+
+/// Checks a SandboxConfig on its own: the base spec, then every profile
+/// (reporting only what a profile adds to the base's problems).
+pub fn validate_sandbox(name: &str, spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Report {
+    let mut report = sandbox::check(name, spec, None, ctx);
+    for profile in spec.profiles.keys() {
+        report.extend(sandbox::check(name, spec, Some(profile), ctx));
+    }
+    report
+}
+
+fn push_all(report: &mut Report, object: &str, problems: impl IntoIterator<Item = Problem>) {
+    for problem in problems {
+        report.push(problem.in_object(object));
+    }
+}
+
+/// "a, b, c" or "none", at most `limit` names then "...".
+fn list(names: impl IntoIterator<Item = impl AsRef<str>>, limit: usize) -> String {
+    let names: Vec<String> = names.into_iter().map(|n| n.as_ref().to_string()).collect();
+    if names.is_empty() {
+        return "none".to_string();
+    }
+    let mut text = names.iter().take(limit).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > limit {
+        text.push_str(&format!(", ... ({} in all)", names.len()));
+    }
+    text
+}
+
+/// The defined name closest to `name` (by edit distance), if close enough
+/// to be a likely typo.
+fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (edit_distance(name, c), c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 4))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            current.push((previous[j] + cost).min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+/// " Did you mean \"x\"?" or "".
+pub(crate) fn suggestion<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
+    did_you_mean(name, candidates).map(|c| format!(" Did you mean {c:?}?")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,487 @@
+//! Rules for a HarnessTask spec: criteria, data and trace locations, the
+//! policy, sandbox references and profiles, variants, shards, and the test
+//! set against the referenced sandboxes' tools.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::criteria::Criterion;
+use crate::problem::{Location, Problem, Report, Rule, Severity};
+use crate::profile::resolve_profile;
+use crate::sandbox::SandboxConfigSpec;
+use crate::storage::{S3Uri, S3UriError};
+use crate::task::HarnessTaskSpec;
+use crate::testset::TestSet;
+
+use super::names::{is_dns_label, is_dns_subdomain};
+use super::sandbox::key_path;
+use super::{ValidationContext, list, suggestion};
+
+pub(super) fn validate(
+    task: &HarnessTaskSpec,
+    sandboxes: &[(&str, &SandboxConfigSpec)],
+    ctx: &ValidationContext<'_>,
+) -> Report {
+    let label = ctx.task_label();
+    let mut problems: Vec<Problem> = Vec::new();
+
+    for (index, criterion) in task.task_definition.success_criteria.iter().enumerate() {
+        if let Err(error) = criterion.parse::<Criterion>() {
+            problems.push(Problem::error(
+                Rule::InvalidCriterion,
+                format!("spec.taskDefinition.successCriteria[{index}]"),
+                error.to_string(),
+            ));
+        }
+    }
+
+    if let Some(pipeline) = &task.data_pipeline {
+        if pipeline.source.trim().is_empty() {
+            problems.push(Problem::error(
+                Rule::InvalidManifest,
+                "spec.dataPipeline.source",
+                "the source is empty; give an s3:// URI or a path",
+            ));
+        }
+        check_s3(&mut problems, "spec.dataPipeline.source", &pipeline.source, true);
+        if pipeline.batch_size == Some(0) {
+            problems.push(Problem::error(
+                Rule::OutOfRange,
+                "spec.dataPipeline.batchSize",
+                "batchSize is 0; use a positive batch size",
+            ));
+        }
+    }
+    if let Some(training) = &task.training_config
+        && let Some(resume_from) = &training.resume_from
+    {
+        check_s3(&mut problems, "spec.trainingConfig.resumeFrom", resume_from, false);
+    }
+
+    // Evaluation.
+    let test_set_path = task.evaluation.test_set.trim();
+    if test_set_path.is_empty() {
+        problems.push(Problem::error(
+            Rule::InvalidEvaluation,
+            "spec.evaluation.testSet",
+            "the test set is empty; give a JSONL file (s3://bucket/tests.jsonl or a path)",
+        ));
+    } else {
+        check_s3(&mut problems, "spec.evaluation.testSet", test_set_path, false);
+        if test_set_path.ends_with('/') {
+            problems.push(Problem::error(
+                Rule::InvalidEvaluation,
+                "spec.evaluation.testSet",
+                "the test set must be a JSONL file, not a prefix or directory",
+            ));
+        } else if !(test_set_path.ends_with(".jsonl") || test_set_path.ends_with(".json")) {
+            problems.push(Problem::warning(
+                Rule::InvalidEvaluation,
+                "spec.evaluation.testSet",
+                format!("{test_set_path:?} does not end in .jsonl; test sets are JSONL, one episode per line (CSV is not read)"),
+            ));
+        }
+    }
+    let loaded_test_set;
+    let mut test_set = ctx.test_set;
+    if test_set.is_none()
+        && !test_set_path.is_empty()
+        && let Some(file) = ctx.local_file(test_set_path)
+    {
+        match TestSet::load(&file) {
+            Ok(set) => {
+                loaded_test_set = set;
+                test_set = Some(&loaded_test_set);
+            }
+            Err(error) => problems.extend(error.to_report()),
+        }
+    }
+
+    check_policy(task, ctx, &mut problems);
+
+    // Shards.
+    if task.shards == Some(0) {
+        problems.push(Problem::error(
+            Rule::InvalidShards,
+            "spec.shards",
+            "shards is 0; a variant needs at least 1 shard (remove it for the default of 1)",
+        ));
+    }
+    if task.parallelism == Some(0) {
+        problems.push(Problem::error(
+            Rule::InvalidShards,
+            "spec.parallelism",
+            "parallelism is 0, so no shard would ever run; remove it (all shards at once) or set 1 or more",
+        ));
+    }
+    if let Some(parallelism) = task.parallelism
+        && parallelism > task.shards()
+        && task.shards() > 0
+    {
+        problems.push(Problem::warning(
+            Rule::InvalidShards,
+            "spec.parallelism",
+            format!(
+                "parallelism {parallelism} is more than shards ({}); only {} pods can run at once",
+                task.shards(),
+                task.shards()
+            ),
+        ));
+    }
+    if let Some(set) = test_set
+        && task.shards() as usize > set.len()
+        && !set.is_empty()
+    {
+        problems.push(Problem::warning(
+            Rule::InvalidShards,
+            "spec.shards",
+            format!(
+                "{} shards for {} episodes: {} shards will be empty",
+                task.shards(),
+                set.len(),
+                task.shards() as usize - set.len()
+            ),
+        ));
+    }
+
+    // Traces, redaction, queue.
+    if let Some(traces) = &task.traces {
+        if let Some(destination) = &traces.destination {
+            if destination.trim().is_empty() {
+                problems.push(Problem::error(
+                    Rule::InvalidTraces,
+                    "spec.traces.destination",
+                    "the destination is empty; give s3://bucket/prefix or a directory, or remove it",
+                ));
+            }
+            check_s3(&mut problems, "spec.traces.destination", destination, false);
+        }
+        if traces.retention_days == Some(0) {
+            problems.push(Problem::warning(
+                Rule::InvalidTraces,
+                "spec.traces.retentionDays",
+                "retentionDays 0 lets the next cleanup delete every trace; remove it to keep traces",
+            ));
+        }
+    }
+    if let Some(redaction) = &task.redaction {
+        for (index, field) in redaction.pii_fields.iter().enumerate() {
+            if field.trim().is_empty() {
+                problems.push(Problem::error(
+                    Rule::InvalidManifest,
+                    format!("spec.redaction.piiFields[{index}]"),
+                    "the field name is empty",
+                ));
+            }
+        }
+    }
+    if let Some(queue) = &task.queue_name
+        && !is_dns_subdomain(queue)
+    {
+        problems.push(Problem::error(
+            Rule::InvalidName,
+            "spec.queueName",
+            format!("{queue:?} is not a Kueue LocalQueue name"),
+        ));
+    }
+
+    let mut report = Report::new();
+    super::push_all(&mut report, &label, problems);
+    check_sandbox_refs(task, sandboxes, ctx, test_set, &label, &mut report);
+    report
+}
+
+/// Checks an `s3://` value; `data_pipeline` selects the advice for a query
+/// string (the version has its own field there).
+fn check_s3(problems: &mut Vec<Problem>, path: &str, value: &str, data_pipeline: bool) {
+    let value = value.trim();
+    if !value.starts_with("s3://") {
+        if value.to_ascii_lowercase().starts_with("s3:") {
+            problems.push(Problem::error(
+                Rule::InvalidS3Uri,
+                path,
+                format!("{value:?} looks like an S3 URI but does not start with s3://"),
+            ));
+        }
+        return;
+    }
+    match S3Uri::parse(value) {
+        Ok(_) => {}
+        Err(S3UriError::Query { query, .. }) => {
+            let base = value.split('?').next().unwrap_or(value);
+            let version = query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("versionId="))
+                .map(|v| format!(" (version: {v})"))
+                .unwrap_or_default();
+            let advice = if data_pipeline {
+                format!("use {base:?} as the source and put the version in spec.dataPipeline.version{version}")
+            } else {
+                format!("use {base:?}; S3 URIs name a bucket and a key only")
+            };
+            problems.push(Problem::error(
+                Rule::S3UriQuery,
+                path,
+                format!("{value:?} has a query string (?{query}), which S3 URIs cannot carry (\"Invalid S3 URI format\"); {advice}"),
+            ));
+        }
+        Err(error) => problems.push(Problem::error(Rule::InvalidS3Uri, path, error.to_string())),
+    }
+}
+
+fn check_policy(task: &HarnessTaskSpec, ctx: &ValidationContext<'_>, problems: &mut Vec<Problem>) {
+    let policy = &task.policy;
+    match (&policy.endpoint, &policy.scripted) {
+        (None, None) => problems.push(Problem::error(
+            Rule::InvalidPolicy,
+            "spec.policy",
+            "the policy needs an `endpoint` (an OpenAI-compatible URL) or `scripted` (a JSONL file of responses)",
+        )),
+        (Some(_), Some(_)) => problems.push(Problem::error(
+            Rule::InvalidPolicy,
+            "spec.policy",
+            "set either `endpoint` or `scripted`, not both",
+        )),
+        _ => {}
+    }
+    if let Some(endpoint) = &policy.endpoint {
+        let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("https://"));
+        if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) || endpoint.chars().any(char::is_whitespace) {
+            problems.push(Problem::error(
+                Rule::InvalidUrl,
+                "spec.policy.endpoint",
+                format!("{endpoint:?} is not an http(s) URL, e.g. http://localhost:8000/v1"),
+            ));
+        }
+        if policy.model.as_deref().is_none_or(|m| m.trim().is_empty()) {
+            problems.push(Problem::error(
+                Rule::InvalidPolicy,
+                "spec.policy.model",
+                "an endpoint needs a `model` (the name the server serves, e.g. the vLLM --served-model-name)",
+            ));
+        }
+    }
+    let key_sources: Vec<&str> = [
+        policy.api_key_secret.as_ref().map(|_| "apiKeySecret"),
+        policy.api_key_env.as_ref().map(|_| "apiKeyEnv"),
+        policy.api_key_file.as_ref().map(|_| "apiKeyFile"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if key_sources.len() > 1 {
+        problems.push(Problem::error(
+            Rule::InvalidPolicy,
+            "spec.policy",
+            format!("the API key comes from one place; remove all but one of {}", key_sources.join(", ")),
+        ));
+    }
+    if let Some(secret) = &policy.api_key_secret
+        && !is_dns_subdomain(&secret.name)
+    {
+        problems.push(Problem::error(
+            Rule::InvalidName,
+            "spec.policy.apiKeySecret.name",
+            format!("{:?} is not a Secret name", secret.name),
+        ));
+    }
+    if let Some(temperature) = policy.temperature
+        && !(0.0..=2.0).contains(&temperature)
+    {
+        problems.push(Problem::error(
+            Rule::OutOfRange,
+            "spec.policy.temperature",
+            format!("temperature {temperature} is outside 0-2"),
+        ));
+    }
+    if let Some(top) = policy.top_logprobs
+        && top > 20
+    {
+        problems.push(Problem::error(
+            Rule::OutOfRange,
+            "spec.policy.topLogprobs",
+            format!("topLogprobs {top} is more than the 20 OpenAI-compatible servers return"),
+        ));
+    }
+    if policy.max_tokens == Some(0) {
+        problems.push(Problem::error(
+            Rule::OutOfRange,
+            "spec.policy.maxTokens",
+            "maxTokens 0 allows no output; remove it or set a positive number",
+        ));
+    }
+    if let Some(timeout) = policy.request_timeout
+        && !timeout.is_positive()
+    {
+        problems.push(Problem::error(
+            Rule::NonPositiveDuration,
+            "spec.policy.requestTimeout",
+            format!("the duration is {timeout}; it must be greater than zero (e.g. \"60s\")"),
+        ));
+    }
+    if let Some(scripted) = &policy.scripted
+        && let Some(file) = ctx.local_file(scripted)
+        && !file.is_file()
+    {
+        problems.push(Problem::error(
+            Rule::MissingFile,
+            "spec.policy.scripted",
+            format!("the scripted policy {} does not exist", file.display()),
+        ));
+    }
+}
+
+fn check_sandbox_refs(
+    task: &HarnessTaskSpec,
+    sandboxes: &[(&str, &SandboxConfigSpec)],
+    ctx: &ValidationContext<'_>,
+    test_set: Option<&TestSet>,
+    label: &str,
+    report: &mut Report,
+) {
+    let mut own: Vec<Problem> = Vec::new();
+    let mut others = Report::new();
+    match (&task.sandbox_ref, task.variants.is_empty()) {
+        (None, true) => own.push(Problem::error(
+            Rule::InvalidSandboxRef,
+            "spec.sandboxRef",
+            "the task names no sandbox: set sandboxRef {name: <SandboxConfig>} or two variants",
+        )),
+        (Some(_), false) => own.push(Problem::error(
+            Rule::InvalidSandboxRef,
+            "spec.sandboxRef",
+            "set sandboxRef or variants, not both; with variants each variant names its own sandboxRef",
+        )),
+        _ => {}
+    }
+    if task.variants.len() > 2 {
+        own.push(Problem::error(
+            Rule::TooManyVariants,
+            "spec.variants",
+            format!(
+                "{} variants; an A/B test compares two — move the others into another HarnessTask",
+                task.variants.len()
+            ),
+        ));
+    }
+    let mut first_index: BTreeMap<&str, usize> = BTreeMap::new();
+    for (index, variant) in task.variants.iter().enumerate() {
+        let path = format!("spec.variants[{index}].name");
+        if let Some(first) = first_index.get(variant.name.as_str()) {
+            own.push(Problem::error(
+                Rule::DuplicateVariant,
+                &path,
+                format!(
+                    "variant name {:?} is also used by spec.variants[{first}]; variant names must differ",
+                    variant.name
+                ),
+            ));
+        } else {
+            first_index.insert(&variant.name, index);
+        }
+        if !is_dns_label(&variant.name) {
+            own.push(Problem::error(
+                Rule::InvalidName,
+                &path,
+                format!("variant name {:?} must be a DNS label (lowercase letters, digits and '-'); it is used in Job names", variant.name),
+            ));
+        }
+    }
+
+    let refs: Vec<(String, &crate::task::SandboxRef)> = if task.variants.is_empty() {
+        task.sandbox_ref.iter().map(|r| ("spec.sandboxRef".to_string(), r)).collect()
+    } else {
+        task.variants
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("spec.variants[{i}].sandboxRef"), &v.sandbox_ref))
+            .collect()
+    };
+    let available: Vec<&str> = sandboxes.iter().map(|(name, _)| *name).collect();
+    for (path, sandbox_ref) in refs {
+        let Some((name, spec)) = sandboxes.iter().find(|(name, _)| *name == sandbox_ref.name) else {
+            own.push(Problem::error(
+                Rule::UnknownSandbox,
+                format!("{path}.name"),
+                format!(
+                    "SandboxConfig {:?} not found (available: {}); create it in the task's namespace (or the same manifest) or fix the name.{}",
+                    sandbox_ref.name,
+                    list(&available, 8),
+                    suggestion(&sandbox_ref.name, available.iter().copied())
+                ),
+            ));
+            continue;
+        };
+        if let Some(profile) = &sandbox_ref.profile
+            && !spec.profiles.contains_key(profile)
+        {
+            own.push(Problem::error(
+                Rule::UnknownProfile,
+                format!("{path}.profile"),
+                format!(
+                    "profile {profile:?} is not defined in SandboxConfig {name:?} (profiles: {}).{}",
+                    list(spec.profiles.keys(), 8),
+                    suggestion(profile, spec.profiles.keys().map(String::as_str))
+                ),
+            ));
+            others.extend(super::sandbox::check(name, spec, None, ctx));
+            continue;
+        }
+        others.extend(super::sandbox::check(name, spec, sandbox_ref.profile.as_deref(), ctx));
+        let Ok(resolved) = resolve_profile(spec, sandbox_ref.profile.as_deref()) else { continue };
+        let sandbox_label = match &sandbox_ref.profile {
+            Some(profile) => format!("SandboxConfig/{name} (profile {profile})"),
+            None => format!("SandboxConfig/{name}"),
+        };
+        let tools: BTreeSet<&str> = resolved.tools.keys().map(String::as_str).collect();
+        for tool in task.evaluation.compare_args.keys() {
+            if !tools.contains(tool.as_str()) {
+                own.push(Problem::error(
+                    Rule::UndefinedTool,
+                    key_path("spec.evaluation.compareArgs", tool),
+                    format!(
+                        "compareArgs names tool {tool:?}, which {sandbox_label} does not define (defined: {}).{}",
+                        list(&tools, 8),
+                        suggestion(tool, tools.iter().copied())
+                    ),
+                ));
+            }
+        }
+        if let Some(set) = test_set {
+            check_expected_tools(set, &tools, &sandbox_label, &mut others);
+        }
+    }
+    super::push_all(report, label, own);
+    report.extend(others);
+}
+
+/// One problem per undefined tool named in the test set's expected calls,
+/// at the first line that names it.
+fn check_expected_tools(set: &TestSet, tools: &BTreeSet<&str>, sandbox_label: &str, report: &mut Report) {
+    let mut lines_of: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for episode in &set.episodes {
+        for call in &episode.expected_tool_calls {
+            if !tools.contains(call.name.as_str()) {
+                lines_of.entry(call.name.as_str()).or_default().push(episode.line);
+            }
+        }
+    }
+    for (tool, lines) in lines_of {
+        let also = if lines.len() > 1 {
+            format!(" (also at lines {})", list(lines.iter().skip(1).map(u64::to_string), 5))
+        } else {
+            String::new()
+        };
+        report.push(Problem {
+            severity: Severity::Error,
+            rule: Rule::UndefinedTool,
+            object: None,
+            location: Location::line(set.name.clone(), lines[0]),
+            message: format!(
+                "expected_tool_calls names tool {tool:?}{also}, which {sandbox_label} does not define (defined: {}); \
+                 fix the test set or define the tool.{}",
+                list(tools, 8),
+                suggestion(tool, tools.iter().copied())
+            ),
+        });
+    }
+}

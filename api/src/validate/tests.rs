@@ -1,0 +1,478 @@
+//! Tests of the validation rules: one test (at least) per rule, each
+//! asserting the rule, the field path and the words a user searches for.
+
+use serde_json::json;
+
+use super::*;
+use crate::problem::{Location, Rule, Severity};
+
+fn sandbox(value: serde_json::Value) -> SandboxConfigSpec {
+    serde_json::from_value(value).unwrap_or_else(|e| panic!("sandbox spec: {e}"))
+}
+
+fn task(value: serde_json::Value) -> HarnessTaskSpec {
+    serde_json::from_value(value).unwrap_or_else(|e| panic!("task spec: {e}"))
+}
+
+/// A sandbox with two tools and nothing wrong.
+fn good_sandbox() -> serde_json::Value {
+    json!({
+        "tools": {
+            "track_order": {
+                "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+                "http": {"url": "http://127.0.0.1:8080/orders/{{order_id}}"}
+            },
+            "refund": {"exec": {"command": ["python3", "refund.py"]}}
+        },
+        "toolTimeouts": {"default": "800ms", "track_order": "2s"},
+        "fallbacks": {"track_order": {"observation": {"status": "unknown"}, "memoryPatch": {"shipping_status": "pending"}}},
+        "profiles": {"dev": {"trace": {"level": "full"}}}
+    })
+}
+
+/// A task with nothing wrong, referencing `shop`.
+fn good_task() -> serde_json::Value {
+    json!({
+        "taskDefinition": {"successCriteria": ["tool_call_accuracy >= 0.9", "avg_resolution_time < 90s"]},
+        "dataPipeline": {"source": "s3://ds-logs/ecommerce-v3/", "version": "abc123"},
+        "evaluation": {"testSet": "s3://ds-eval/tests.jsonl", "compareArgs": {"track_order": ["order_id"]}},
+        "policy": {"endpoint": "http://localhost:8000/v1", "model": "m"},
+        "sandboxRef": {"name": "shop", "profile": "dev"},
+        "shards": 2
+    })
+}
+
+fn with(mut base: serde_json::Value, patch: serde_json::Value) -> serde_json::Value {
+    crate::profile::merge_patch(&mut base, &patch);
+    base
+}
+
+fn check_task(task_value: serde_json::Value, sandbox_value: serde_json::Value) -> Report {
+    let spec = sandbox(sandbox_value);
+    validate_task(
+        &task(task_value),
+        &[("shop", &spec)],
+        &ValidationContext { task_name: Some("t"), ..Default::default() },
+    )
+}
+
+fn check_sandbox(value: serde_json::Value) -> Report {
+    validate_sandbox("shop", &sandbox(value), &ValidationContext::default())
+}
+
+/// The one problem breaking `rule`, asserting there is exactly one.
+fn only(report: &Report, rule: Rule) -> Problem {
+    let found: Vec<&Problem> = report.by_rule(rule).collect();
+    assert_eq!(found.len(), 1, "expected one {rule}, got:\n{report}");
+    found[0].clone()
+}
+
+fn field(problem: &Problem) -> &str {
+    match &problem.location {
+        Location::Field(path) => path,
+        other => panic!("not a field location: {other:?}"),
+    }
+}
+
+#[test]
+fn the_good_task_and_sandbox_have_no_problems() {
+    let report = check_task(good_task(), good_sandbox());
+    assert!(report.is_empty(), "{report}");
+}
+
+#[test]
+fn s3_uri_with_a_query_string_says_to_use_data_pipeline_version() {
+    let report = check_task(
+        with(good_task(), json!({"dataPipeline": {"source": "s3://bucket/logs/?versionId=abc123"}})),
+        good_sandbox(),
+    );
+    let problem = only(&report, Rule::S3UriQuery);
+    assert_eq!(field(&problem), "spec.dataPipeline.source");
+    assert_eq!(problem.object.as_deref(), Some("HarnessTask/t"));
+    assert!(problem.message.contains("spec.dataPipeline.version (version: abc123)"), "{problem}");
+    assert!(problem.message.contains("\"s3://bucket/logs/\""), "{problem}");
+}
+
+#[test]
+fn s3_query_strings_and_bad_buckets_are_caught_in_every_location_field() {
+    let report = check_task(
+        with(
+            good_task(),
+            json!({
+                "evaluation": {"testSet": "s3://ds-eval/tests.jsonl?versionId=1"},
+                "traces": {"destination": "s3://Bad_Bucket/x"},
+                "trainingConfig": {"resumeFrom": "s3://ckpt/last/?x=1"}
+            }),
+        ),
+        good_sandbox(),
+    );
+    let paths: Vec<&str> = report.by_rule(Rule::S3UriQuery).map(field).collect();
+    assert_eq!(paths, ["spec.trainingConfig.resumeFrom", "spec.evaluation.testSet"], "{report}");
+    assert_eq!(field(&only(&report, Rule::InvalidS3Uri)), "spec.traces.destination");
+}
+
+#[test]
+fn tools_referenced_but_not_defined_are_errors_wherever_referenced() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({
+            "toolTimeouts": {"trak_order": "1s"},
+            "fallbacks": {"weather": {"observation": {}}},
+            "injections": [{"afterTool": "send_email", "observation": {"type": "system", "content": "x"}}]
+        }),
+    ));
+    let paths: Vec<&str> = report.by_rule(Rule::UndefinedTool).map(field).collect();
+    assert_eq!(
+        paths,
+        ["spec.toolTimeouts.trak_order", "spec.fallbacks.weather", "spec.injections[0].afterTool"],
+        "{report}"
+    );
+    let typo = report.by_rule(Rule::UndefinedTool).next().expect("typo");
+    assert!(typo.message.contains("Did you mean \"track_order\"?"), "{typo}");
+    assert!(typo.message.contains("defined: refund, track_order"), "{typo}");
+}
+
+#[test]
+fn undefined_tools_in_compare_args_and_expected_tool_calls_are_errors() {
+    let spec = sandbox(good_sandbox());
+    let tests = crate::testset::TestSet::parse(
+        "tests.jsonl",
+        concat!(
+            r#"{"id": "1", "instruction": "x", "expected_tool_calls": [{"name": "track_order", "arguments": {}}]}"#,
+            "\n",
+            r#"{"id": "2", "instruction": "x", "expected_tool_calls": [{"name": "get_weather", "arguments": {}}]}"#,
+            "\n",
+            r#"{"id": "3", "instruction": "x", "expected_tool_calls": [{"name": "get_weather", "arguments": {}}]}"#,
+            "\n",
+        ),
+    )
+    .expect("test set");
+    let report = validate_task(
+        &task(with(good_task(), json!({"evaluation": {"compareArgs": {"lookup": ["q"]}}}))),
+        &[("shop", &spec)],
+        &ValidationContext { test_set: Some(&tests), ..Default::default() },
+    );
+    let problems: Vec<&Problem> = report.by_rule(Rule::UndefinedTool).collect();
+    assert_eq!(problems.len(), 2, "{report}");
+    assert_eq!(field(problems[0]), "spec.evaluation.compareArgs.lookup");
+    assert_eq!(problems[1].location, Location::line("tests.jsonl", 2));
+    assert!(problems[1].message.contains("(also at lines 3)"), "{}", problems[1]);
+    assert!(problems[1].message.contains("SandboxConfig/shop (profile dev)"), "{}", problems[1]);
+}
+
+#[test]
+fn recorded_fixtures_naming_undefined_tools_are_errors_with_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("basecamp-api-fixture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    std::fs::write(
+        dir.join("faq.jsonl"),
+        "{\"tool\": \"faq\", \"observation\": 1}\n{\"tool\": \"faq_search\", \"observation\": 2}\n",
+    )
+    .expect("write");
+    let spec = sandbox(json!({"tools": {"faq": {"recorded": {"fixture": "faq.jsonl"}}}}));
+    let report = validate_sandbox("shop", &spec, &ValidationContext { base_dir: Some(&dir), ..Default::default() });
+    let problem = only(&report, Rule::UndefinedTool);
+    match &problem.location {
+        Location::File { file, line, .. } => {
+            assert!(file.ends_with("faq.jsonl"), "{file}");
+            assert_eq!(*line, Some(2));
+        }
+        other => panic!("{other:?}"),
+    }
+    let missing = sandbox(json!({"tools": {"faq": {"recorded": {"fixture": "nope.jsonl"}}}}));
+    let report = validate_sandbox("shop", &missing, &ValidationContext { base_dir: Some(&dir), ..Default::default() });
+    only(&report, Rule::MissingFile);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn zero_and_negative_durations_are_errors_with_their_paths() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"toolTimeouts": {"default": 0, "refund": "-1s"}, "planStepTimeout": "0s"}),
+    ));
+    let paths: Vec<&str> = report.by_rule(Rule::NonPositiveDuration).map(field).collect();
+    assert_eq!(paths, ["spec.toolTimeouts.default", "spec.toolTimeouts.refund", "spec.planStepTimeout"], "{report}");
+    let report = check_task(with(good_task(), json!({"policy": {"requestTimeout": "-5s"}})), good_sandbox());
+    assert_eq!(field(&only(&report, Rule::NonPositiveDuration)), "spec.policy.requestTimeout");
+}
+
+#[test]
+fn a_bare_number_tool_timeout_is_a_warning_that_names_every_tool() {
+    let report = check_sandbox(good_sandbox().tap(|v| v["toolTimeouts"] = json!(800)));
+    let problem = only(&report, Rule::BareToolTimeout);
+    assert_eq!(problem.severity, Severity::Warning);
+    assert_eq!(field(&problem), "spec.toolTimeouts");
+    assert!(problem.message.contains("applies to EVERY tool (refund, track_order)"), "{problem}");
+    assert!(!report.has_errors(), "{report}");
+}
+
+#[test]
+fn success_criteria_that_do_not_parse_point_at_the_column() {
+    let report = check_task(
+        with(
+            good_task(),
+            json!({"taskDefinition": {"successCriteria": ["user_satisfaction_score > 0.85", "avg_resolution_time < 90 seconds", "accuracy => 0.9"]}}),
+        ),
+        good_sandbox(),
+    );
+    let problems: Vec<&Problem> = report.by_rule(Rule::InvalidCriterion).collect();
+    assert_eq!(problems.len(), 2, "{report}");
+    assert_eq!(field(problems[0]), "spec.taskDefinition.successCriteria[1]");
+    assert!(problems[0].message.contains("column 26"), "{}", problems[0]);
+    assert!(problems[0].message.contains('^'), "{}", problems[0]);
+    assert_eq!(field(problems[1]), "spec.taskDefinition.successCriteria[2]");
+}
+
+#[test]
+fn unknown_sandbox_and_unknown_profile_name_what_exists() {
+    let report = check_task(with(good_task(), json!({"sandboxRef": {"name": "shopp"}})), good_sandbox());
+    let problem = only(&report, Rule::UnknownSandbox);
+    assert_eq!(field(&problem), "spec.sandboxRef.name");
+    assert!(
+        problem.message.contains("available: shop") && problem.message.contains("Did you mean \"shop\"?"),
+        "{problem}"
+    );
+
+    let report = check_task(with(good_task(), json!({"sandboxRef": {"profile": "prod"}})), good_sandbox());
+    let problem = only(&report, Rule::UnknownProfile);
+    assert_eq!(field(&problem), "spec.sandboxRef.profile");
+    assert!(problem.message.contains("profiles: dev"), "{problem}");
+}
+
+#[test]
+fn a_profile_that_breaks_the_spec_is_reported_under_the_profile() {
+    let report = check_task(
+        good_task(),
+        with(good_sandbox(), json!({"profiles": {"dev": {"toolTimeouts": {"default": "0ms"}}}})),
+    );
+    let problem = only(&report, Rule::NonPositiveDuration);
+    assert_eq!(problem.object.as_deref(), Some("SandboxConfig/shop (profile dev)"));
+    let report = check_sandbox(with(good_sandbox(), json!({"profiles": {"Prod": {"maxSteps": "many"}}})));
+    only(&report, Rule::InvalidName);
+    let problem = only(&report, Rule::InvalidProfile);
+    assert!(problem.message.contains("spec.maxSteps"), "{problem}");
+}
+
+#[test]
+fn a_null_in_a_profile_fallback_patch_is_a_warning() {
+    let report = check_sandbox(good_sandbox().tap(|v| {
+        v["profiles"]["dev"]["fallbacks"] = json!({"track_order": {"memoryPatch": {"shipping_status": null}}});
+    }));
+    let problem = only(&report, Rule::InvalidProfile);
+    assert_eq!(problem.severity, Severity::Warning);
+    assert!(problem.message.contains("REMOVES"), "{problem}");
+}
+
+#[test]
+fn bad_min_compute_capability_is_an_error() {
+    for bad in ["8", "eight"] {
+        let report =
+            check_sandbox(with(good_sandbox(), json!({"gpu": {"required": true, "minComputeCapability": bad}})));
+        let problem = only(&report, Rule::InvalidComputeCapability);
+        assert_eq!(field(&problem), "spec.gpu.minComputeCapability");
+        assert!(problem.message.contains("\"8.0\""), "{problem}");
+    }
+    let report = check_sandbox(with(good_sandbox(), json!({"gpu": {"minComputeCapability": "8.6", "count": 0}})));
+    only(&report, Rule::InvalidGpu);
+}
+
+#[test]
+fn zero_shards_and_zero_parallelism_are_errors() {
+    let report = check_task(with(good_task(), json!({"shards": 0, "parallelism": 0})), good_sandbox());
+    let paths: Vec<&str> = report.by_rule(Rule::InvalidShards).map(field).collect();
+    assert_eq!(paths, ["spec.shards", "spec.parallelism"], "{report}");
+    let report = check_task(with(good_task(), json!({"parallelism": 8})), good_sandbox());
+    assert_eq!(only(&report, Rule::InvalidShards).severity, Severity::Warning);
+}
+
+#[test]
+fn more_than_two_variants_and_duplicate_names_are_errors() {
+    let variant = |name: &str| json!({"name": name, "sandboxRef": {"name": "shop"}});
+    let report = check_task(
+        with(good_task(), json!({"sandboxRef": null, "variants": [variant("a"), variant("b"), variant("a")]})),
+        good_sandbox(),
+    );
+    assert_eq!(field(&only(&report, Rule::TooManyVariants)), "spec.variants");
+    let problem = only(&report, Rule::DuplicateVariant);
+    assert_eq!(field(&problem), "spec.variants[2].name");
+    assert!(problem.message.contains("spec.variants[0]"), "{problem}");
+}
+
+#[test]
+fn sandbox_ref_and_variants_are_exclusive_and_one_is_needed() {
+    let report = check_task(with(good_task(), json!({"sandboxRef": null})), good_sandbox());
+    only(&report, Rule::InvalidSandboxRef);
+    let report = check_task(
+        with(good_task(), json!({"variants": [{"name": "a", "sandboxRef": {"name": "shop"}}]})),
+        good_sandbox(),
+    );
+    only(&report, Rule::InvalidSandboxRef);
+    let report = check_task(
+        with(good_task(), json!({"sandboxRef": null, "variants": [{"name": "A_1", "sandboxRef": {"name": "shop"}}]})),
+        good_sandbox(),
+    );
+    only(&report, Rule::InvalidName);
+}
+
+#[test]
+fn tool_definitions_need_exactly_one_kind_and_valid_parts() {
+    let report = check_sandbox(json!({
+        "tools": {
+            "none": {},
+            "both": {"http": {"url": "http://x"}, "exec": {"command": ["true"]}},
+            "bad name": {"exec": {"command": []}},
+            "templ": {"http": {"url": "ftp://x/{{id", "rateLimit": {"requestsPerSecond": 0, "burst": 0}}},
+            "patch": {"exec": {"command": ["x"]}, "memoryPatch": {"status": "status"}},
+            "default": {"exec": {"command": ["x"]}}
+        }
+    }));
+    assert_eq!(report.by_rule(Rule::InvalidTool).count(), 6, "{report}");
+    assert_eq!(report.by_rule(Rule::InvalidName).count(), 2, "{report}");
+    only(&report, Rule::InvalidUrl);
+    only(&report, Rule::InvalidTemplate);
+}
+
+#[test]
+fn template_placeholders_that_are_not_parameters_are_warnings() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"tools": {"track_order": {"http": {"url": "http://x/orders/{{orderid}}"}}}}),
+    ));
+    let problem = only(&report, Rule::InvalidTemplate);
+    assert_eq!(problem.severity, Severity::Warning);
+    assert!(problem.message.contains("Did you mean \"order_id\"?"), "{problem}");
+}
+
+#[test]
+fn fallbacks_that_write_null_follow_the_null_write_policy() {
+    // A merge patch cannot set null, so build the value by hand.
+    let mut value = good_sandbox();
+    value["fallbacks"]["track_order"]["memoryPatch"]["shipping_status"] = serde_json::Value::Null;
+    let report = check_sandbox(value.clone());
+    let problem = only(&report, Rule::NullMemoryWrite);
+    assert_eq!(problem.severity, Severity::Warning);
+    assert!(problem.message.contains("shipping_status"), "{problem}");
+    value["memory"] = json!({"nullWrites": "error"});
+    assert_eq!(only(&check_sandbox(value.clone()), Rule::NullMemoryWrite).severity, Severity::Error);
+    value["memory"] = json!({"nullWrites": "allow"});
+    assert!(!check_sandbox(value).contains(Rule::NullMemoryWrite));
+}
+
+#[test]
+fn strict_memory_types_check_fallback_patches() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"memory": {"strictTypes": true, "schema": {"shipping_status": "integer"}}}),
+    ));
+    only(&report, Rule::InvalidMemoryPolicy);
+    let report = check_sandbox(with(good_sandbox(), json!({"memory": {"strictTypes": true}})));
+    assert_eq!(only(&report, Rule::InvalidMemoryPolicy).severity, Severity::Warning);
+}
+
+#[test]
+fn injections_need_one_trigger_and_an_observation() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"injections": [
+            {"observation": {"x": 1}},
+            {"atStep": 0, "afterTool": "refund", "observation": {"x": 1}},
+            {"atStep": 99, "observation": {"x": 1}},
+            {"whenMemory": {"key": "", "equals": null}, "observation": null}
+        ]}),
+    ));
+    let errors: Vec<&str> = report.by_rule(Rule::InvalidInjection).map(field).collect();
+    assert_eq!(
+        errors,
+        [
+            "spec.injections[0]",
+            "spec.injections[1]",
+            "spec.injections[1].atStep",
+            "spec.injections[2].atStep",
+            "spec.injections[3].whenMemory.key",
+            "spec.injections[3].observation"
+        ],
+        "{report}"
+    );
+}
+
+#[test]
+fn reward_schedules_must_name_components_in_increasing_steps() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"rewards": {
+            "components": {"correctness": {"weight": 1.0}},
+            "weightSchedule": [
+                {"atTrainingStep": 100, "weights": {"corectness": 0.5}},
+                {"atTrainingStep": 50, "weights": {"correctness": 0.2}}
+            ]
+        }}),
+    ));
+    let paths: Vec<&str> = report.by_rule(Rule::InvalidRewards).map(field).collect();
+    assert_eq!(
+        paths,
+        ["spec.rewards.weightSchedule[0].weights.corectness", "spec.rewards.weightSchedule[1].atTrainingStep"]
+    );
+}
+
+#[test]
+fn policy_needs_one_source_a_model_and_sane_numbers() {
+    let report = check_task(
+        with(
+            good_task(),
+            json!({"policy": {"endpoint": "localhost:8000", "model": null, "scripted": "p.jsonl", "apiKeyEnv": "K", "apiKeyFile": "/k", "temperature": 3.0, "topLogprobs": 50, "maxTokens": 0}}),
+        ),
+        good_sandbox(),
+    );
+    assert_eq!(report.by_rule(Rule::InvalidPolicy).count(), 3, "{report}");
+    only(&report, Rule::InvalidUrl);
+    assert_eq!(report.by_rule(Rule::OutOfRange).count(), 3, "{report}");
+}
+
+#[test]
+fn trace_settings_and_timeouts_longer_than_the_step_are_flagged() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"trace": {"topK": 50, "errorContext": false}, "planStepTimeout": "1s", "maxSteps": 0, "rollback": {"checkpointEvery": 0}}),
+    ));
+    assert_eq!(report.by_rule(Rule::InvalidTrace).count(), 2, "{report}");
+    let step = only(&report, Rule::TimeoutExceedsStep);
+    assert!(step.message.contains("\"track_order\" may run for 2s"), "{step}");
+    assert_eq!(report.by_rule(Rule::OutOfRange).count(), 2, "{report}");
+}
+
+#[test]
+fn a_local_test_set_is_read_when_a_base_dir_is_given() {
+    let dir = std::env::temp_dir().join(format!("basecamp-api-local-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    std::fs::write(dir.join("tests.jsonl"), "{\"id\": \"a\", \"instruction\": \"x\"}\n\n{\"instruction\": \"y\"}\n")
+        .expect("write");
+    let spec = sandbox(good_sandbox());
+    let report = validate_task(
+        &task(with(good_task(), json!({"evaluation": {"testSet": "tests.jsonl"}}))),
+        &[("shop", &spec)],
+        &ValidationContext { base_dir: Some(&dir), ..Default::default() },
+    );
+    let blank = only(&report, Rule::BlankLine);
+    assert!(blank.to_string().contains("tests.jsonl:2: blank line in the middle of the test set"), "{blank}");
+    only(&report, Rule::MissingId);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn every_rule_has_a_pascal_case_category() {
+    let report = check_task(with(good_task(), json!({"shards": 0})), good_sandbox());
+    assert_eq!(report.problems()[0].category(), "InvalidShards");
+}
+
+/// `value.tap(|v| ...)`: edit a value in place in an expression.
+trait Tap: Sized {
+    fn tap(self, f: impl FnOnce(&mut Self)) -> Self;
+}
+
+impl Tap for serde_json::Value {
+    fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
+        f(&mut self);
+        self
+    }
+}
