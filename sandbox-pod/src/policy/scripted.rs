@@ -1,0 +1,505 @@
+//! A scripted policy: responses read from a JSONL file, for tests, demos
+//! and replaying an episode without a model.
+//!
+//! # Format
+//!
+//! One JSON object a line. A file takes one of two forms.
+//!
+//! **One script for every episode**: each line is a response, answered in
+//! order (turn 0 is the first line). Every episode replays the same script.
+//!
+//! ```text
+//! {"tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}]}
+//! {"content": "Your order A1 has shipped."}
+//! ```
+//!
+//! **A script per episode** (what `basecamp run` uses for a test set): each
+//! line is `{"episode": ID, "turns": [response, ...]}`, where `ID` is the
+//! test set row's `id`. Each id appears once; an episode the file does not
+//! script is an error when the policy is asked about it (naming the file).
+//! Fifty episodes are fifty lines.
+//!
+//! ```text
+//! {"episode": "ep-1", "turns": [{"tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}]}, {"content": "Shipped."}]}
+//! {"episode": "ep-2", "turns": [{"content": "I cannot help with that."}]}
+//! ```
+//!
+//! A **response** has these fields, all optional but at least one of
+//! `content`, `tool_calls` or `error`:
+//!
+//! - `content`: the assistant's text (a final answer when there are no tool calls);
+//! - `tool_calls`: `[{"name", "arguments", "id"?}]`. `arguments` is an object,
+//!   or a string holding JSON text as an API would send it, so invalid JSON
+//!   (`"{\"order_id\": "`) can be scripted to test policy errors. `id`
+//!   defaults to `call_<turn>_<index>`. Names are not checked: an unknown
+//!   tool is for the executor to refuse;
+//! - `finish_reason`: default `tool_calls` when there are tool calls, else `stop`;
+//! - `logprobs`: `[{"token", "logprob", "token_id"?, "top_logprobs"?: [{"token", "logprob", "token_id"?}]}]`;
+//!   without it a tool turn is flagged `logprobs_missing`, as it would be from a server;
+//! - `usage`: `{"prompt_tokens", "completion_tokens"}`;
+//! - `delay_ms`: wait this long before answering (to exercise plan-step timeouts);
+//! - `error`: fail this turn with this message, as an unreachable policy would.
+//!
+//! Unknown fields are errors (a typo must not silently change a test). A
+//! trailing newline, or blank lines at the end, are fine; a blank or
+//! malformed line in the middle is an error naming `file:line`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::types::{
+    FinishReason, PolicyRequest, PolicyResponse, TokenLogprob, ToolArguments, ToolCall, TopLogprob, Usage,
+};
+
+/// The model name scripted responses report.
+pub const SCRIPTED_MODEL: &str = "scripted";
+
+/// Errors of loading a script or answering from it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ScriptedError {
+    #[error("cannot read scripted policy {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error("scripted policy {} holds no responses; add one JSON response a line, or {{\"episode\": ..., \"turns\": [...]}} lines", path.display())]
+    Empty { path: PathBuf },
+    #[error("{}:{line}: {message}", path.display())]
+    Line { path: PathBuf, line: usize, message: String },
+    #[error("{}:{line}: episode `{episode}` is already scripted at line {first_line}; give each episode one line", path.display())]
+    DuplicateEpisode { path: PathBuf, line: usize, first_line: usize, episode: String },
+    #[error(
+        "scripted policy {} has no script for episode `{episode}` (it scripts {count} episodes: {examples}); add a line {{\"episode\": \"{episode}\", \"turns\": [...]}}",
+        path.display()
+    )]
+    UnknownEpisode { path: PathBuf, episode: String, count: usize, examples: String },
+    #[error(
+        "{}:{line}: the script {whose} has {turns} turns, but the policy was asked for turn {requested} (0-based); did the agent loop go on after the scripted final answer?",
+        path.display()
+    )]
+    OutOfTurns { path: PathBuf, line: usize, whose: String, turns: usize, requested: u32 },
+    #[error("{}:{line}: scripted failure for episode `{episode}` turn {turn}: {message}", path.display())]
+    ScriptedFailure { path: PathBuf, line: usize, episode: String, turn: u32, message: String },
+}
+
+impl ScriptedError {
+    /// A fixed, bounded name for metrics labels and event reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Read { .. } => "ScriptedPolicyUnreadable",
+            Self::Empty { .. } => "ScriptedPolicyEmpty",
+            Self::Line { .. } => "ScriptedPolicyInvalidLine",
+            Self::DuplicateEpisode { .. } => "ScriptedPolicyDuplicateEpisode",
+            Self::UnknownEpisode { .. } => "ScriptedPolicyUnknownEpisode",
+            Self::OutOfTurns { .. } => "ScriptedPolicyOutOfTurns",
+            Self::ScriptedFailure { .. } => "ScriptedPolicyFailure",
+        }
+    }
+}
+
+/// Where the script is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptedConfig {
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptedResponse {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ScriptedToolCall>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+    #[serde(default)]
+    logprobs: Option<Vec<ScriptedToken>>,
+    #[serde(default)]
+    usage: Option<ScriptedUsage>,
+    #[serde(default)]
+    delay_ms: Option<u64>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptedToolCall {
+    #[serde(default)]
+    id: Option<String>,
+    name: String,
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptedToken {
+    token: String,
+    logprob: f32,
+    #[serde(default)]
+    token_id: Option<i32>,
+    #[serde(default)]
+    top_logprobs: Vec<ScriptedTop>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptedTop {
+    token: String,
+    logprob: f32,
+    #[serde(default)]
+    token_id: Option<i32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptedUsage {
+    #[serde(default)]
+    prompt_tokens: u32,
+    #[serde(default)]
+    completion_tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EpisodeLine {
+    episode: String,
+    turns: Vec<ScriptedResponse>,
+}
+
+/// A response with the line it came from.
+#[derive(Debug, Clone, PartialEq)]
+struct Turn {
+    line: usize,
+    response: ScriptedResponse,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Script {
+    /// One script, replayed for every episode.
+    Shared(Vec<Turn>),
+    /// Episode id -> its line and turns.
+    PerEpisode(BTreeMap<String, (usize, Vec<ScriptedResponse>)>),
+}
+
+/// Answers from a JSONL script (see the module doc for the format).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScriptedPolicy {
+    path: PathBuf,
+    script: Script,
+}
+
+impl ScriptedPolicy {
+    /// Reads and checks the whole script; every problem names `file:line`.
+    pub fn load(config: &ScriptedConfig) -> Result<Self, ScriptedError> {
+        let text = std::fs::read_to_string(&config.path)
+            .map_err(|e| ScriptedError::Read { path: config.path.clone(), source: Arc::new(e) })?;
+        Self::parse(&config.path, &text)
+    }
+
+    /// Parses script text; `path` is what errors name.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ScriptedError> {
+        let line_error = |line: usize, message: String| ScriptedError::Line { path: path.to_owned(), line, message };
+        let lines: Vec<&str> = text.lines().collect();
+        let last_content = lines.iter().rposition(|l| !l.trim().is_empty());
+        let Some(last_content) = last_content else {
+            return Err(ScriptedError::Empty { path: path.to_owned() });
+        };
+
+        let mut shared = Vec::new();
+        let mut episodes: BTreeMap<String, (usize, Vec<ScriptedResponse>)> = BTreeMap::new();
+        // The line that decided the file's form, and whether it is per-episode.
+        let mut form: Option<(usize, bool)> = None;
+        for (index, raw) in lines[..=last_content].iter().enumerate() {
+            let line = index + 1;
+            if raw.trim().is_empty() {
+                return Err(line_error(line, "blank line in the middle of the script; remove it".to_owned()));
+            }
+            let value: Value = serde_json::from_str(raw)
+                .map_err(|e| line_error(line, format!("not valid JSON (column {}): {e}", e.column())))?;
+            let Value::Object(object) = &value else {
+                return Err(line_error(line, "expected a JSON object".to_owned()));
+            };
+            let per_episode = object.contains_key("episode");
+            match form {
+                None => form = Some((line, per_episode)),
+                Some((first, was_per_episode)) if was_per_episode != per_episode => {
+                    let (this, that) = if per_episode {
+                        ("an {\"episode\", \"turns\"} line", "response lines")
+                    } else {
+                        ("a response line", "{\"episode\", \"turns\"} lines")
+                    };
+                    return Err(line_error(
+                        line,
+                        format!("{this} in a file of {that} (decided by line {first}); use one form per file"),
+                    ));
+                }
+                Some(_) => {}
+            }
+            if per_episode {
+                let episode: EpisodeLine = serde_json::from_value(value)
+                    .map_err(|e| line_error(line, format!("invalid episode line: {e}")))?;
+                if episode.episode.trim().is_empty() {
+                    return Err(line_error(line, "`episode` is empty; use the test set row's id".to_owned()));
+                }
+                if episode.turns.is_empty() {
+                    return Err(line_error(line, format!("episode `{}` has no turns", episode.episode)));
+                }
+                for (turn, response) in episode.turns.iter().enumerate() {
+                    check_response(response).map_err(|m| line_error(line, format!("turns[{turn}]: {m}")))?;
+                }
+                if let Some((first_line, _)) = episodes.get(&episode.episode) {
+                    return Err(ScriptedError::DuplicateEpisode {
+                        path: path.to_owned(),
+                        line,
+                        first_line: *first_line,
+                        episode: episode.episode,
+                    });
+                }
+                episodes.insert(episode.episode, (line, episode.turns));
+            } else {
+                let response: ScriptedResponse =
+                    serde_json::from_value(value).map_err(|e| line_error(line, format!("invalid response: {e}")))?;
+                check_response(&response).map_err(|m| line_error(line, m))?;
+                shared.push(Turn { line, response });
+            }
+        }
+        let script = match form {
+            Some((_, true)) => Script::PerEpisode(episodes),
+            _ => Script::Shared(shared),
+        };
+        Ok(Self { path: path.to_owned(), script })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The episodes scripted one by one (empty for a shared script).
+    pub fn episodes(&self) -> Vec<&str> {
+        match &self.script {
+            Script::Shared(_) => Vec::new(),
+            Script::PerEpisode(episodes) => episodes.keys().map(String::as_str).collect(),
+        }
+    }
+
+    /// The ids among `episode_ids` this script cannot answer, so a run can
+    /// refuse a test set up front instead of failing episode by episode.
+    /// Always empty for a shared script.
+    pub fn missing_episodes<'a>(&self, episode_ids: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+        match &self.script {
+            Script::Shared(_) => Vec::new(),
+            Script::PerEpisode(episodes) => episode_ids.into_iter().filter(|id| !episodes.contains_key(*id)).collect(),
+        }
+    }
+
+    /// The scripted response for `request.turn` of `request.episode_id`.
+    pub async fn respond(&self, request: &PolicyRequest) -> Result<PolicyResponse, ScriptedError> {
+        let started = Instant::now();
+        let (line, response) = self.lookup(request)?;
+        if let Some(ms) = response.delay_ms {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if let Some(message) = &response.error {
+            return Err(ScriptedError::ScriptedFailure {
+                path: self.path.clone(),
+                line,
+                episode: request.episode_id.clone(),
+                turn: request.turn,
+                message: message.clone(),
+            });
+        }
+        Ok(to_response(response, request.turn, started.elapsed()))
+    }
+
+    fn lookup(&self, request: &PolicyRequest) -> Result<(usize, &ScriptedResponse), ScriptedError> {
+        let turn = usize::try_from(request.turn).unwrap_or(usize::MAX);
+        match &self.script {
+            Script::Shared(turns) => match turns.get(turn) {
+                Some(t) => Ok((t.line, &t.response)),
+                None => Err(ScriptedError::OutOfTurns {
+                    path: self.path.clone(),
+                    line: turns.last().map_or(0, |t| t.line),
+                    whose: "shared by every episode".to_owned(),
+                    turns: turns.len(),
+                    requested: request.turn,
+                }),
+            },
+            Script::PerEpisode(episodes) => {
+                let Some((line, turns)) = episodes.get(&request.episode_id) else {
+                    let mut examples: Vec<&str> = episodes.keys().take(5).map(String::as_str).collect();
+                    if episodes.len() > examples.len() {
+                        examples.push("…");
+                    }
+                    return Err(ScriptedError::UnknownEpisode {
+                        path: self.path.clone(),
+                        episode: request.episode_id.clone(),
+                        count: episodes.len(),
+                        examples: examples.join(", "),
+                    });
+                };
+                turns.get(turn).map(|r| (*line, r)).ok_or_else(|| ScriptedError::OutOfTurns {
+                    path: self.path.clone(),
+                    line: *line,
+                    whose: format!("for episode `{}`", request.episode_id),
+                    turns: turns.len(),
+                    requested: request.turn,
+                })
+            }
+        }
+    }
+}
+
+fn check_response(response: &ScriptedResponse) -> Result<(), String> {
+    if response.content.is_none() && response.tool_calls.is_empty() && response.error.is_none() {
+        return Err("a response needs `content`, `tool_calls` or `error`".to_owned());
+    }
+    for (index, call) in response.tool_calls.iter().enumerate() {
+        if call.name.trim().is_empty() {
+            return Err(format!("tool_calls[{index}].name is empty"));
+        }
+        if call.id.as_ref().is_some_and(|id| id.trim().is_empty()) {
+            return Err(format!("tool_calls[{index}].id is empty; leave it out for a generated one"));
+        }
+    }
+    for (index, token) in response.logprobs.iter().flatten().enumerate() {
+        let finite = token.logprob.is_finite() && token.top_logprobs.iter().all(|t| t.logprob.is_finite());
+        if !finite {
+            return Err(format!("logprobs[{index}] holds a logprob that is not a finite number"));
+        }
+    }
+    Ok(())
+}
+
+fn to_response(scripted: &ScriptedResponse, turn: u32, latency: Duration) -> PolicyResponse {
+    let tool_calls: Vec<ToolCall> = scripted
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| ToolCall {
+            id: call.id.clone().unwrap_or_else(|| format!("call_{turn}_{index}")),
+            name: call.name.clone(),
+            arguments: match &call.arguments {
+                None => ToolArguments::Parsed(Value::Object(Default::default())),
+                Some(Value::String(raw)) => ToolArguments::parse(raw),
+                Some(value) => ToolArguments::from_value(value.clone(), value.to_string()),
+            },
+        })
+        .collect();
+    let finish_reason = match &scripted.finish_reason {
+        Some(reason) => FinishReason::parse(reason),
+        None if tool_calls.is_empty() => FinishReason::Stop,
+        None => FinishReason::ToolCalls,
+    };
+    PolicyResponse {
+        model: SCRIPTED_MODEL.to_owned(),
+        content: scripted.content.clone(),
+        tool_calls,
+        finish_reason: Some(finish_reason),
+        logprobs: scripted.logprobs.as_ref().map(|tokens| {
+            tokens
+                .iter()
+                .map(|t| TokenLogprob {
+                    token: t.token.clone(),
+                    token_id: t.token_id,
+                    logprob: t.logprob,
+                    top: t
+                        .top_logprobs
+                        .iter()
+                        .map(|top| TopLogprob {
+                            token: top.token.clone(),
+                            token_id: top.token_id,
+                            logprob: top.logprob,
+                        })
+                        .collect(),
+                })
+                .collect()
+        }),
+        usage: scripted.usage.map(|u| Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens }),
+        latency,
+        attempts: 1,
+        warnings: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ScriptedPolicy, ScriptedError> {
+        ScriptedPolicy::parse(Path::new("script.jsonl"), text)
+    }
+
+    #[test]
+    fn blank_line_in_the_middle_names_file_and_line() {
+        let err = parse("{\"content\": \"a\"}\n\n{\"content\": \"b\"}\n").unwrap_err();
+        assert_eq!(err.to_string(), "script.jsonl:2: blank line in the middle of the script; remove it");
+        // Trailing blank lines are fine.
+        assert!(parse("{\"content\": \"a\"}\n\n\n").is_ok());
+    }
+
+    #[test]
+    fn malformed_and_unknown_fields_name_the_line() {
+        let err = parse("{\"content\": \"a\"}\n{\"content\": \n").unwrap_err().to_string();
+        assert!(err.starts_with("script.jsonl:2: not valid JSON"), "{err}");
+        let err = parse("{\"contnet\": \"a\"}\n").unwrap_err().to_string();
+        assert!(err.starts_with("script.jsonl:1: invalid response: unknown field `contnet`"), "{err}");
+        let err = parse("{\"finish_reason\": \"stop\"}\n").unwrap_err().to_string();
+        assert!(err.contains("needs `content`, `tool_calls` or `error`"), "{err}");
+        let err = parse("[1]\n").unwrap_err().to_string();
+        assert!(err.contains("expected a JSON object"), "{err}");
+    }
+
+    #[test]
+    fn forms_do_not_mix_and_episodes_are_unique() {
+        let err = parse("{\"episode\": \"a\", \"turns\": [{\"content\": \"x\"}]}\n{\"content\": \"y\"}\n").unwrap_err();
+        assert_eq!(err.category(), "ScriptedPolicyInvalidLine");
+        assert!(err.to_string().starts_with("script.jsonl:2: a response line"), "{err}");
+        let err = parse(
+            "{\"episode\": \"a\", \"turns\": [{\"content\": \"x\"}]}\n{\"episode\": \"a\", \"turns\": [{\"content\": \"y\"}]}\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "script.jsonl:2: episode `a` is already scripted at line 1; give each episode one line"
+        );
+        let err =
+            parse("{\"episode\": \"a\", \"turns\": [{\"content\": \"x\"}, {\"tool_calls\": [{\"name\": \"\"}]}]}\n")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("script.jsonl:1: turns[1]: tool_calls[0].name is empty"), "{err}");
+    }
+
+    #[test]
+    fn empty_file_is_an_error() {
+        assert_eq!(parse("\n \n").unwrap_err().category(), "ScriptedPolicyEmpty");
+    }
+
+    #[test]
+    fn turns_map_to_responses() {
+        let policy = parse(concat!(
+            r#"{"tool_calls": [{"name": "lookup", "arguments": {"id": 1}}, {"name": "lookup", "arguments": "{\"id\": "}]}"#,
+            "\n",
+            r#"{"content": "done", "usage": {"prompt_tokens": 3, "completion_tokens": 1}}"#,
+            "\n"
+        ))
+        .unwrap();
+        let Script::Shared(turns) = &policy.script else { panic!("shared") };
+        let first = to_response(&turns[0].response, 0, Duration::ZERO);
+        assert_eq!(first.tool_calls[0].id, "call_0_0");
+        assert_eq!(first.tool_calls[1].arguments.invalid().unwrap().error_type, "invalid_json");
+        assert_eq!(first.finish_reason, Some(FinishReason::ToolCalls));
+        assert!(first.logprobs_missing());
+        let second = to_response(&turns[1].response, 1, Duration::ZERO);
+        assert!(second.is_final());
+        assert_eq!(second.finish_reason, Some(FinishReason::Stop));
+        assert_eq!(second.usage, Some(Usage { prompt_tokens: 3, completion_tokens: 1 }));
+    }
+}
