@@ -46,7 +46,7 @@ pub fn schema_of(kind: &str) -> Option<&'static serde_json::Value> {
 /// `x-kubernetes-int-or-string` or `x-kubernetes-preserve-unknown-fields`;
 /// no `$ref`; `anyOf`/`oneOf`/`allOf`/`not` only hold value validations
 /// (no `type`, `properties`, `items`, `additionalProperties`, `description`,
-/// `default`, `nullable`), except the `anyOf: [{type: integer}, {type:
+/// `default`, `nullable`, and no empty `{}` branch), except the `anyOf: [{type: integer}, {type:
 /// string}]` that int-or-string allows; `additionalProperties` and
 /// `properties` not both set; no `default`s at all (Basecamp applies
 /// defaults in code so profile overlays stay partial).
@@ -83,6 +83,9 @@ fn check_node(node: &serde_json::Value, path: &str, problems: &mut Vec<String>) 
             continue;
         }
         for (index, branch) in branches.as_array().into_iter().flatten().enumerate() {
+            if branch.as_object().is_some_and(serde_json::Map::is_empty) {
+                problems.push(format!("{path}.{junction}[{index}]: empty schema inside {junction}"));
+            }
             for forbidden in
                 ["type", "properties", "items", "additionalProperties", "description", "default", "nullable"]
             {
@@ -198,10 +201,11 @@ mod tests {
                 "anything": true,
                 "untyped": {"description": "x"},
                 "mixed": {"anyOf": [{"type": "string"}, {"type": "object"}]},
+                "hoisted": {"x-kubernetes-int-or-string": true, "anyOf": [{}, {}]},
                 "defaulted": {"type": "string", "default": "x"}
             }
         });
         let problems = structural_violations(&bad);
-        assert_eq!(problems.len(), 6, "{problems:?}");
+        assert_eq!(problems.len(), 8, "{problems:?}");
     }
 }

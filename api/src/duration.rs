@@ -246,10 +246,9 @@ impl JsonSchema for Duration {
     }
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "x-kubernetes-int-or-string": true,
-            "anyOf": [{ "type": "integer" }, { "type": "string" }],
-        })
+        // No `anyOf: [{type: integer}, {type: string}]`: kube's structural
+        // rewrite would hoist the types out and leave `anyOf: [{}, {}]`.
+        json_schema!({ "x-kubernetes-int-or-string": true })
     }
 }
 

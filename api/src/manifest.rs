@@ -591,6 +591,20 @@ mod tests {
     }
 
     #[test]
+    fn unknown_fields_inside_profiles_and_tool_timeouts_forms() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: a}\nspec:\n  tools:\n    t: {exec: {command: [x]}}\n  toolTimeouts: 800\n  profiles:\n    dev:\n      trace: {topk: 3}\n      toolTimeouts: {default: 1s, t: 2s}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        let problem = report.by_rule(Rule::UnknownField).next().expect("unknown field in profile");
+        assert!(problem.message.starts_with("spec.profiles.dev.trace.topk"), "{problem}");
+        assert!(problem.message.contains("Did you mean \"topK\"?"), "{problem}");
+        assert_eq!(problem.location, Location::line("m.yaml", 10));
+        assert_eq!(report.len(), 1, "{report}");
+        let validation = manifests.validate();
+        assert_eq!(validation.by_rule(Rule::BareToolTimeout).count(), 1, "{validation}");
+        assert!(!validation.has_errors(), "{validation}");
+    }
+
+    #[test]
     fn other_kinds_are_skipped_with_a_warning_and_api_versions_checked() {
         let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n---\napiVersion: basecamp.dev/v1\nkind: SandboxConfig\nmetadata: {name: a}\nspec: {}\n---\napiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: a}\nspec: {}\n";
         let (manifests, report) = Manifests::parse("m.yaml", text);
