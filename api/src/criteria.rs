@@ -184,6 +184,11 @@ impl Parser<'_> {
         self.skip_spaces();
         let threshold = self.threshold()?;
         self.skip_spaces();
+        if self.peek().is_some_and(|c| c.is_ascii_alphabetic()) && matches!(threshold, Threshold::Number(_)) {
+            return Err(self.error(
+                "a unit must follow the number without a space (90s, 800ms, 2m, 5%); units are ms, s, m, h and %",
+            ));
+        }
         if self.peek().is_some() {
             return Err(self.error("expected the end of the criterion (one comparison per criterion)"));
         }
@@ -299,6 +304,7 @@ mod tests {
             ("accuracy >= 0.9 and x < 1", 17),
             ("avg_resolution_time < 90sec", 25),
             ("accuracy >= 1.2.3", 13),
+            ("avg_resolution_time < 90 seconds", 26),
             ("latency < 0.5ms", 11),
         ];
         for (text, column) in cases {

@@ -220,6 +220,7 @@ fn success_criteria_that_do_not_parse_point_at_the_column() {
     assert_eq!(problems.len(), 2, "{report}");
     assert_eq!(field(problems[0]), "spec.taskDefinition.successCriteria[1]");
     assert!(problems[0].message.contains("column 26"), "{}", problems[0]);
+    assert!(problems[0].message.contains("without a space (90s"), "{}", problems[0]);
     assert!(problems[0].message.contains('^'), "{}", problems[0]);
     assert_eq!(field(problems[1]), "spec.taskDefinition.successCriteria[2]");
 }
