@@ -33,5 +33,5 @@ pub mod pb {
 pub use canonical::{Digest, canonical_json, hash_json};
 pub use error::TraceError;
 pub use memory::{Memory, MemoryDelta, MemoryPatch, PatchOp};
-pub use reader::{IndexedTrace, Tail, TraceContents, TraceReader, read_trace, read_trace_from};
+pub use reader::{IndexedTrace, RawRecord, RecordKind, Tail, TraceContents, TraceReader, read_trace, read_trace_from};
 pub use writer::TraceWriter;

@@ -8,7 +8,6 @@
 //! yields the frames before it and then [`TraceError::Corrupt`] with the
 //! byte offset of the bad frame.
 
-use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
@@ -176,7 +175,10 @@ pub struct TraceReader<R> {
     pos: usize,
     frame_offset: u64,
     in_records_frame: bool,
-    steps: BTreeSet<u32>,
+    last_step: Option<u32>,
+    last_kind: RecordKind,
+    /// Distinct steps (other than 0) seen in verified frames.
+    steps_seen: u32,
     tail: Option<Tail>,
 }
 
@@ -219,7 +221,9 @@ impl<R: Read> TraceReader<R> {
             pos,
             frame_offset: frame.offset,
             in_records_frame: true,
-            steps: BTreeSet::new(),
+            last_step: None,
+            last_kind: RecordKind::Header,
+            steps_seen: 0,
             tail: None,
         })
     }
@@ -244,16 +248,17 @@ impl<R: Read> TraceReader<R> {
 
     /// Number of distinct steps (other than 0) read so far from verified frames.
     pub fn steps_recovered(&self) -> u32 {
-        self.steps.iter().filter(|&&s| s > 0).count() as u32
+        self.steps_seen
     }
 
-    fn stop(&mut self, tail: Tail) -> Option<Result<Record, TraceError>> {
+    /// Ends iteration; returns the damage (once) for the caller to yield.
+    fn stop(&mut self, tail: Tail) -> Option<TraceError> {
         let err = match &tail {
             Tail::Complete => None,
             Tail::Damaged(e) => Some(e.clone()),
         };
         self.tail = Some(tail);
-        err.map(Err)
+        err
     }
 
     fn truncated(&self, offset: u64) -> TraceError {
@@ -286,29 +291,47 @@ impl<R: Read> TraceReader<R> {
     }
 }
 
-impl<R: Read> Iterator for TraceReader<R> {
-    type Item = Result<Record, TraceError>;
+impl<R: Read> TraceReader<R> {
+    /// The next record without decoding its body: its step, its section and
+    /// its bytes. Verification (checksums, lengths) is the same as for
+    /// [`Iterator::next`]; callers that only need some sections (search,
+    /// indexing) skip the cost of decoding the rest.
+    pub fn next_raw(&mut self) -> Option<Result<RawRecord<'_>, TraceError>> {
+        match self.advance()? {
+            Ok(range) => {
+                let bytes = &self.frames.raw[range];
+                Some(Ok(RawRecord { step: self.last_step.unwrap_or(0), kind: self.last_kind, bytes }))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
 
-    fn next(&mut self) -> Option<Self::Item> {
+    /// Moves to the next record and returns its byte range in the frame.
+    fn advance(&mut self) -> Option<Result<std::ops::Range<usize>, TraceError>> {
         if self.tail.is_some() {
             return None;
         }
         loop {
             if self.in_records_frame && self.pos < self.frames.raw.len() {
-                let mut slice = &self.frames.raw[self.pos..];
-                return match Record::decode_length_delimited(&mut slice) {
-                    Ok(record) => {
-                        self.pos = self.frames.raw.len() - slice.len();
-                        self.steps.insert(record.step);
-                        Some(Ok(record))
+                let at = self.pos;
+                return match split_record(&self.frames.raw[at..]) {
+                    Ok((len_prefix, len, step, kind)) => {
+                        let start = at + len_prefix;
+                        self.pos = start + len;
+                        if step > 0 && self.last_step != Some(step) {
+                            self.steps_seen += 1;
+                        }
+                        self.last_step = Some(step);
+                        self.last_kind = kind;
+                        Some(Ok(start..start + len))
                     }
-                    Err(e) => {
+                    Err(reason) => {
                         let err = TraceError::Corrupt {
                             file: self.frames.file.clone(),
                             offset: self.frame_offset,
-                            reason: format!("record {} bytes into the frame does not decode: {e}", self.pos),
+                            reason: format!("record {at} bytes into the frame does not decode: {reason}"),
                         };
-                        self.stop(Tail::Damaged(err))
+                        self.stop(Tail::Damaged(err)).map(Err)
                     }
                 };
             }
@@ -321,19 +344,131 @@ impl<R: Read> Iterator for TraceReader<R> {
                         FrameKind::Index => {
                             self.in_records_frame = false;
                             let tail = self.check_trailer(frame.offset);
-                            return self.stop(tail);
+                            return self.stop(tail).map(Err);
                         }
                     }
                 }
                 Ok(FrameRead::Eof) => {
                     let offset = self.frames.offset;
-                    return self.stop(Tail::Damaged(self.truncated(offset)));
+                    return self.stop(Tail::Damaged(self.truncated(offset))).map(Err);
                 }
-                Err(FrameError::Truncated(offset)) => return self.stop(Tail::Damaged(self.truncated(offset))),
-                Err(FrameError::Fatal(e)) => return self.stop(Tail::Damaged(e)),
+                Err(FrameError::Truncated(offset)) => {
+                    return self.stop(Tail::Damaged(self.truncated(offset))).map(Err);
+                }
+                Err(FrameError::Fatal(e)) => return self.stop(Tail::Damaged(e)).map(Err),
             }
         }
     }
+}
+
+impl<R: Read> Iterator for TraceReader<R> {
+    type Item = Result<Record, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let range = match self.advance()? {
+            Ok(range) => range,
+            Err(e) => return Some(Err(e)),
+        };
+        match Record::decode(&self.frames.raw[range.clone()]) {
+            Ok(record) => Some(Ok(record)),
+            Err(e) => {
+                let err = TraceError::Corrupt {
+                    file: self.frames.file.clone(),
+                    offset: self.frame_offset,
+                    reason: format!("record {} bytes into the frame does not decode: {e}", range.start),
+                };
+                self.stop(Tail::Damaged(err)).map(Err)
+            }
+        }
+    }
+}
+
+/// Which section a record belongs to: the field number of its `body`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    Header,
+    PlanStep,
+    MemoryDelta,
+    TokenLogit,
+    RewardSignal,
+    ErrorContext,
+    MemorySnapshot,
+    PolicyTurn,
+    Injection,
+    EpisodeEnd,
+    /// A body from a newer writer, or none.
+    Other(u32),
+}
+
+impl RecordKind {
+    fn from_field(field: u32) -> Self {
+        match field {
+            2 => Self::Header,
+            3 => Self::PlanStep,
+            4 => Self::MemoryDelta,
+            5 => Self::TokenLogit,
+            6 => Self::RewardSignal,
+            7 => Self::ErrorContext,
+            8 => Self::MemorySnapshot,
+            9 => Self::PolicyTurn,
+            10 => Self::Injection,
+            11 => Self::EpisodeEnd,
+            other => Self::Other(other),
+        }
+    }
+}
+
+/// A verified record whose body has not been decoded yet.
+#[derive(Debug, Clone, Copy)]
+pub struct RawRecord<'a> {
+    pub step: u32,
+    pub kind: RecordKind,
+    /// The encoded `Record` message (without its length prefix).
+    pub bytes: &'a [u8],
+}
+
+impl RawRecord<'_> {
+    pub fn decode(&self) -> Result<Record, prost::DecodeError> {
+        Record::decode(self.bytes)
+    }
+}
+
+/// Reads one length-delimited record's framing and top-level fields without
+/// decoding the body: (length-prefix size, record length, step, kind).
+fn split_record(buf: &[u8]) -> Result<(usize, usize, u32, RecordKind), String> {
+    let mut cursor = buf;
+    let len = prost::encoding::decode_varint(&mut cursor).map_err(|e| e.to_string())?;
+    let prefix = buf.len() - cursor.len();
+    let len = usize::try_from(len).map_err(|_| "record length overflows".to_string())?;
+    if len > cursor.len() {
+        return Err(format!("record claims {len} bytes, {} remain in the frame", cursor.len()));
+    }
+    let mut body = &cursor[..len];
+    let (mut step, mut kind) = (0u32, RecordKind::Other(0));
+    while !body.is_empty() {
+        let key = prost::encoding::decode_varint(&mut body).map_err(|e| e.to_string())?;
+        let (field, wire) = ((key >> 3) as u32, key & 7);
+        match wire {
+            0 => {
+                let v = prost::encoding::decode_varint(&mut body).map_err(|e| e.to_string())?;
+                if field == 1 {
+                    step = v as u32;
+                }
+            }
+            2 => {
+                let n = prost::encoding::decode_varint(&mut body).map_err(|e| e.to_string())?;
+                let n = usize::try_from(n).ok().filter(|&n| n <= body.len()).ok_or("field length past the record")?;
+                body = &body[n..];
+                if field >= 2 {
+                    kind = RecordKind::from_field(field);
+                }
+            }
+            1 if body.len() >= 8 => body = &body[8..],
+            5 if body.len() >= 4 => body = &body[4..],
+            _ => return Err(format!("bad wire type {wire} for field {field}")),
+        }
+    }
+    Ok((prefix, len, step, kind))
 }
 
 /// A whole trace in memory: the header, the records after it, and how it ended.
@@ -518,5 +653,41 @@ impl<R: Read + Seek> IndexedTrace<R> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synthetic::{EpisodeShape, generate};
+
+    #[test]
+    fn raw_records_agree_with_decoded_records() {
+        let shape = EpisodeShape { steps: 4, tokens_per_step: 3, ..Default::default() };
+        let bytes = generate(&shape).write_to(Vec::new(), 3).unwrap();
+        let decoded: Vec<Record> = TraceReader::new(bytes.as_slice(), "t").unwrap().map(|r| r.unwrap()).collect();
+        let mut raw_reader = TraceReader::new(bytes.as_slice(), "t").unwrap();
+        let mut n = 0;
+        while let Some(raw) = raw_reader.next_raw() {
+            let raw = raw.unwrap();
+            let record = &decoded[n];
+            assert_eq!(raw.step, record.step);
+            assert_eq!(raw.decode().unwrap(), *record);
+            let expected_kind = match record.body.as_ref().unwrap() {
+                Body::PlanStep(_) => RecordKind::PlanStep,
+                Body::MemoryDelta(_) => RecordKind::MemoryDelta,
+                Body::TokenLogit(_) => RecordKind::TokenLogit,
+                Body::RewardSignal(_) => RecordKind::RewardSignal,
+                Body::ErrorContext(_) => RecordKind::ErrorContext,
+                Body::PolicyTurn(_) => RecordKind::PolicyTurn,
+                Body::EpisodeEnd(_) => RecordKind::EpisodeEnd,
+                other => panic!("unexpected body {other:?}"),
+            };
+            assert_eq!(raw.kind, expected_kind);
+            n += 1;
+        }
+        assert_eq!(n, decoded.len());
+        assert!(matches!(raw_reader.tail(), Some(Tail::Complete)));
+        assert_eq!(raw_reader.steps_recovered(), 4);
     }
 }
