@@ -1,0 +1,503 @@
+//! The S3 side: one attempt of each operation through `aws-sdk-s3`, and the
+//! translation of SDK errors into a bounded [`FailureKind`] with a short
+//! reason ("connection refused", "InvalidAccessKeyId: ... (HTTP 403)").
+//!
+//! Retrying whole operations is the caller's job ([`super::Storage`]); the
+//! SDK's own standard retry mode still retries single requests underneath.
+//! Files above the multipart threshold go up in parts read one at a time,
+//! so memory stays at one part whatever the file size.
+
+use std::path::Path;
+
+use aws_config::environment::EnvironmentVariableRegionProvider;
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::profile::ProfileFileRegionProvider;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::Credentials;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
+use tokio::io::AsyncReadExt;
+
+use super::config::StorageConfig;
+use super::destination::{Destination, S3Location};
+use super::error::{AttemptError, FailureKind, io_reason};
+use super::local;
+
+/// S3 allows at most this many parts in one multipart upload.
+const MAX_PARTS: u64 = 10_000;
+/// A listing stops with an error after this many pages (1,000 keys each).
+const MAX_LIST_PAGES: usize = 10_000;
+/// `DeleteObjects` takes at most this many keys.
+const DELETE_BATCH: usize = 1000;
+
+/// One object found by a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Where it is: give it to `fetch` as is.
+    pub location: Destination,
+    /// Its key relative to the listed prefix, `/`-separated (`ep-1.trace`, `3/summary.json`).
+    pub relative: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// An S3 client configured once from a [`StorageConfig`].
+#[derive(Debug, Clone)]
+pub(crate) struct S3Backend {
+    client: Client,
+    multipart_threshold: u64,
+    part_size: u64,
+}
+
+impl S3Backend {
+    /// Builds the client: region from the config, the environment, the
+    /// profile, then `us-east-1` (never the instance metadata service, which
+    /// would stall a laptop for seconds); credentials explicit or from the
+    /// standard chain; the SDK's standard retries and timeouts.
+    pub async fn connect(config: &StorageConfig) -> Self {
+        let region = match &config.region {
+            Some(region) => RegionProviderChain::first_try(Region::new(region.clone())),
+            None => RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+                .or_else(ProfileFileRegionProvider::new())
+                .or_else(Region::from_static("us-east-1")),
+        };
+        let retry = RetryConfig::standard()
+            .with_max_attempts(config.sdk_max_attempts.max(1))
+            .with_initial_backoff(config.sdk_initial_backoff);
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(config.connect_timeout)
+            .operation_attempt_timeout(config.attempt_timeout)
+            .build();
+        let mut loader =
+            aws_config::defaults(BehaviorVersion::latest()).region(region).retry_config(retry).timeout_config(timeouts);
+        if let Some(creds) = &config.credentials {
+            loader = loader.credentials_provider(Credentials::new(
+                creds.access_key_id.clone(),
+                creds.secret_access_key.clone(),
+                creds.session_token.clone(),
+                None,
+                "basecamp-static",
+            ));
+        }
+        if let Some(url) = &config.endpoint_url {
+            loader = loader.endpoint_url(url.clone());
+        }
+        let sdk_config = loader.load().await;
+        let s3_config =
+            aws_sdk_s3::config::Builder::from(&sdk_config).force_path_style(config.force_path_style).build();
+        Self {
+            client: Client::from_conf(s3_config),
+            multipart_threshold: config.multipart_threshold,
+            part_size: config.effective_part_size(),
+        }
+    }
+
+    /// Uploads one local file of `size` bytes, in one request or in parts.
+    pub async fn put_file(&self, path: &Path, size: u64, to: &S3Location) -> Result<(), AttemptError> {
+        if size > self.multipart_threshold {
+            return self.put_multipart(path, size, to).await;
+        }
+        let body = ByteStream::from_path(path)
+            .await
+            .map_err(|err| AttemptError::new(FailureKind::LocalIo, format!("cannot read {}: {err}", path.display())))?;
+        match self.client.put_object().bucket(&to.bucket).key(&to.key).body(body).send().await {
+            Ok(_) => Ok(()),
+            Err(err) => Err(self.explain_broken_write(&err, to).await),
+        }
+    }
+
+    /// A server that refuses a request (bad signature, unknown key, no such
+    /// bucket) may answer before reading the body and close the connection;
+    /// the client then sees "broken pipe" instead of the answer, which would
+    /// pass for a network fault and be retried in vain. After such a break,
+    /// a bodiless request (a one-key listing) asks the question again; only
+    /// answers that cannot come from missing permissions (credentials that
+    /// do not exist or do not sign, a missing bucket) replace the error.
+    async fn explain_broken_write<E>(&self, err: &SdkError<E, HttpResponse>, to: &S3Location) -> AttemptError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        let attempt = classify(err);
+        if !broke_mid_request(err) {
+            return attempt;
+        }
+        let probe = self.client.list_objects_v2().bucket(&to.bucket).prefix(&to.key).max_keys(1).send().await;
+        let Err(SdkError::ServiceError(service)) = probe else { return attempt };
+        let code = service.err().code();
+        let answer = classify_service(service.raw().status().as_u16(), code, service.err().message());
+        let conclusive = answer.kind == FailureKind::NoSuchBucket
+            || (answer.kind == FailureKind::AccessDenied && code.is_some_and(|c| c != "AccessDenied"));
+        if conclusive { answer } else { attempt }
+    }
+
+    async fn put_multipart(&self, path: &Path, size: u64, to: &S3Location) -> Result<(), AttemptError> {
+        // Keep within S3's 10,000 parts by growing the part size if needed.
+        let part_size = self.part_size.max(size.div_ceil(MAX_PARTS));
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&to.bucket)
+            .key(&to.key)
+            .checksum_algorithm(ChecksumAlgorithm::Crc32)
+            .send()
+            .await
+            .map_err(|err| classify(&err))?;
+        let upload_id = created
+            .upload_id()
+            .ok_or_else(|| {
+                AttemptError::new(FailureKind::Other, "the server started a multipart upload without an id")
+            })?
+            .to_string();
+        let result = self.send_parts(path, size, part_size, to, &upload_id).await;
+        if result.is_err() {
+            // Best effort: a failed abort leaves parts that the bucket's
+            // lifecycle rule (or the next successful attempt) cleans up.
+            let abort =
+                self.client.abort_multipart_upload().bucket(&to.bucket).key(&to.key).upload_id(&upload_id).send().await;
+            if let Err(err) = abort {
+                tracing::warn!(key = %to, error = %classify(&err).reason, "could not abort a failed multipart upload");
+            }
+        }
+        result
+    }
+
+    async fn send_parts(
+        &self,
+        path: &Path,
+        size: u64,
+        part_size: u64,
+        to: &S3Location,
+        upload_id: &str,
+    ) -> Result<(), AttemptError> {
+        let mut file =
+            tokio::fs::File::open(path).await.map_err(|err| AttemptError::io("cannot open the file", &err))?;
+        let part_count = size.div_ceil(part_size);
+        let mut parts = Vec::new();
+        for index in 0..part_count {
+            let offset = index * part_size;
+            let len = part_size.min(size - offset);
+            let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+            file.read_exact(&mut buf).await.map_err(|err| {
+                AttemptError::new(
+                    FailureKind::LocalIo,
+                    format!("cannot read part {} of the file: {}", index + 1, io_reason(&err)),
+                )
+            })?;
+            // part_count <= MAX_PARTS, so the number fits.
+            let number = i32::try_from(index + 1).unwrap_or(i32::MAX);
+            let out = self
+                .client
+                .upload_part()
+                .bucket(&to.bucket)
+                .key(&to.key)
+                .upload_id(upload_id)
+                .part_number(number)
+                .checksum_algorithm(ChecksumAlgorithm::Crc32)
+                .body(ByteStream::from(buf))
+                .send()
+                .await;
+            let out = match out {
+                Ok(out) => out,
+                Err(err) => return Err(self.explain_broken_write(&err, to).await),
+            };
+            parts.push(
+                CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(out.e_tag().map(str::to_string))
+                    .set_checksum_crc32(out.checksum_crc32().map(str::to_string))
+                    .build(),
+            );
+        }
+        self.client
+            .complete_multipart_upload()
+            .bucket(&to.bucket)
+            .key(&to.key)
+            .upload_id(upload_id)
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .send()
+            .await
+            .map_err(|err| classify(&err))?;
+        Ok(())
+    }
+
+    /// Reads a whole object into memory.
+    pub async fn get_bytes(&self, from: &S3Location) -> Result<Vec<u8>, AttemptError> {
+        let out =
+            self.client.get_object().bucket(&from.bucket).key(&from.key).send().await.map_err(|err| classify(&err))?;
+        let data = out.body.collect().await.map_err(|err| {
+            AttemptError::new(FailureKind::Unreachable, format!("the transfer broke off: {}", error_chain(&err)))
+        })?;
+        Ok(data.into_bytes().to_vec())
+    }
+
+    /// Streams an object into a local file (a temporary name, then renamed).
+    pub async fn get_to_file(&self, from: &S3Location, to: &Path) -> Result<u64, AttemptError> {
+        let out =
+            self.client.get_object().bucket(&from.bucket).key(&from.key).send().await.map_err(|err| classify(&err))?;
+        let mut reader = out.body.into_async_read();
+        local::write_atomically(to, |file| async move {
+            let mut file = file;
+            let copied = tokio::io::copy(&mut reader, &mut file).await;
+            (file, copied)
+        })
+        .await
+    }
+
+    /// Every object under `prefix`'s directory (`key/`), in key order.
+    pub async fn list(&self, prefix: &S3Location) -> Result<Vec<ObjectInfo>, AttemptError> {
+        let dir = prefix.dir_prefix();
+        let mut objects = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&prefix.bucket)
+                .prefix(&dir)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|err| classify(&err))?;
+            for object in page.contents() {
+                if let Some(key) = object.key() {
+                    let size = object.size().and_then(|s| u64::try_from(s).ok()).unwrap_or(0);
+                    let relative = key.strip_prefix(&dir).unwrap_or(key).to_string();
+                    let location = Destination::S3(S3Location { bucket: prefix.bucket.clone(), key: key.to_string() });
+                    objects.push(ObjectInfo { location, relative, size });
+                }
+            }
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_string()),
+                _ => return Ok(objects),
+            }
+        }
+        Err(AttemptError::new(
+            FailureKind::Other,
+            format!("the listing did not end after {MAX_LIST_PAGES} pages; list a narrower prefix"),
+        ))
+    }
+
+    /// Deletes these keys of `bucket`, 1,000 per request; returns how many went.
+    pub async fn delete_keys(&self, bucket: &str, keys: &[String]) -> Result<u64, AttemptError> {
+        let mut deleted = 0u64;
+        for batch in keys.chunks(DELETE_BATCH) {
+            let objects = batch
+                .iter()
+                .map(|key| ObjectIdentifier::builder().key(key).build())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|err| AttemptError::new(FailureKind::Other, format!("cannot build the request: {err}")))?;
+            let delete = Delete::builder()
+                .set_objects(Some(objects))
+                .quiet(true)
+                .build()
+                .map_err(|err| AttemptError::new(FailureKind::Other, format!("cannot build the request: {err}")))?;
+            let out = self
+                .client
+                .delete_objects()
+                .bucket(bucket)
+                .delete(delete)
+                .send()
+                .await
+                .map_err(|err| classify(&err))?;
+            if let Some(first) = out.errors().first() {
+                let kind = match first.code() {
+                    Some("AccessDenied") => FailureKind::AccessDenied,
+                    _ => FailureKind::ServerError,
+                };
+                return Err(AttemptError::new(
+                    kind,
+                    format!(
+                        "{} of {} keys were not deleted, first {}: {} {}",
+                        out.errors().len(),
+                        batch.len(),
+                        first.key().unwrap_or("?"),
+                        first.code().unwrap_or("?"),
+                        first.message().unwrap_or("")
+                    ),
+                ));
+            }
+            deleted += batch.len() as u64;
+        }
+        Ok(deleted)
+    }
+}
+
+/// Turns an SDK error into a failure kind and a short reason.
+pub(crate) fn classify<E>(err: &SdkError<E, HttpResponse>) -> AttemptError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    match err {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let meta = service.err();
+            classify_service(status, meta.code(), meta.message())
+        }
+        SdkError::TimeoutError(_) => AttemptError::new(FailureKind::Timeout, "timed out"),
+        SdkError::DispatchFailure(failure) => {
+            if failure.is_timeout() {
+                AttemptError::new(FailureKind::Timeout, format!("timed out: {}", innermost_reason(err)))
+            } else if failure.is_io() {
+                AttemptError::new(FailureKind::Unreachable, innermost_reason(err))
+            } else {
+                let chain = error_chain(err);
+                // Identity resolution fails in the dispatch phase too.
+                if chain.contains("credential") {
+                    AttemptError::new(FailureKind::AccessDenied, format!("no usable credentials: {chain}"))
+                } else {
+                    AttemptError::new(FailureKind::Unreachable, chain)
+                }
+            }
+        }
+        SdkError::ResponseError(response) => {
+            let status = response.raw().status().as_u16();
+            AttemptError::new(
+                FailureKind::ServerError,
+                format!("unreadable response (HTTP {status}): {}", error_chain(err)),
+            )
+        }
+        SdkError::ConstructionFailure(_) => {
+            AttemptError::new(FailureKind::Other, format!("cannot build the request: {}", error_chain(err)))
+        }
+        _ => AttemptError::new(FailureKind::Other, error_chain(err)),
+    }
+}
+
+/// True when the connection broke while the request was being sent
+/// (reset, broken pipe), as opposed to never being made.
+fn broke_mid_request(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind as K;
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    for _ in 0..32 {
+        let Some(e) = current else { break };
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(io.kind(), K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// Kind and reason of an error answer from the server.
+fn classify_service(status: u16, code: Option<&str>, message: Option<&str>) -> AttemptError {
+    let kind = match code {
+        Some(
+            "InvalidAccessKeyId"
+            | "SignatureDoesNotMatch"
+            | "AccessDenied"
+            | "ExpiredToken"
+            | "InvalidToken"
+            | "TokenRefreshRequired"
+            | "AllAccessDisabled"
+            | "InvalidSecurity",
+        ) => FailureKind::AccessDenied,
+        Some("NoSuchBucket") => FailureKind::NoSuchBucket,
+        Some("NoSuchKey" | "NotFound") => FailureKind::NotFound,
+        Some("SlowDown" | "Throttling" | "ThrottlingException" | "RequestLimitExceeded" | "TooManyRequests") => {
+            FailureKind::Throttled
+        }
+        Some("RequestTimeout") => FailureKind::Timeout,
+        _ => match status {
+            401 | 403 => FailureKind::AccessDenied,
+            404 => FailureKind::NotFound,
+            429 | 503 => FailureKind::Throttled,
+            500..=599 => FailureKind::ServerError,
+            _ => FailureKind::Other,
+        },
+    };
+    let reason = match (code, message) {
+        (Some(code), Some(message)) if !message.is_empty() => format!("{code}: {message} (HTTP {status})"),
+        (Some(code), _) => format!("{code} (HTTP {status})"),
+        (None, _) if kind == FailureKind::NotFound => format!("no such object (HTTP {status})"),
+        (None, _) => format!("HTTP {status}"),
+    };
+    AttemptError::new(kind, reason)
+}
+
+/// The deepest I/O error in words (`connection refused`), or the deepest message.
+fn innermost_reason(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut last = err.to_string();
+    let mut io: Option<String> = None;
+    // Source chains are short; the bound only guards against a cycle.
+    for _ in 0..32 {
+        let Some(e) = current else { break };
+        if let Some(io_err) = e.downcast_ref::<std::io::Error>() {
+            io = Some(io_reason(io_err));
+        }
+        last = e.to_string();
+        current = e.source();
+    }
+    io.unwrap_or(last)
+}
+
+/// Every message of the source chain, joined with ": ", repeats dropped.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    for _ in 0..32 {
+        let Some(e) = current else { break };
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        current = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_errors_map_to_bounded_kinds() {
+        let cases = [
+            (403, Some("InvalidAccessKeyId"), FailureKind::AccessDenied),
+            (403, Some("SignatureDoesNotMatch"), FailureKind::AccessDenied),
+            (403, None, FailureKind::AccessDenied),
+            (404, Some("NoSuchBucket"), FailureKind::NoSuchBucket),
+            (404, Some("NoSuchKey"), FailureKind::NotFound),
+            (404, None, FailureKind::NotFound),
+            (503, Some("SlowDown"), FailureKind::Throttled),
+            (429, None, FailureKind::Throttled),
+            (500, Some("InternalError"), FailureKind::ServerError),
+            (400, Some("RequestTimeout"), FailureKind::Timeout),
+            (400, Some("InvalidArgument"), FailureKind::Other),
+        ];
+        for (status, code, kind) in cases {
+            assert_eq!(classify_service(status, code, Some("m")).kind, kind, "{status} {code:?}");
+        }
+        assert_eq!(
+            classify_service(403, Some("InvalidAccessKeyId"), Some("unknown key")).reason,
+            "InvalidAccessKeyId: unknown key (HTTP 403)"
+        );
+        assert_eq!(classify_service(404, None, None).reason, "no such object (HTTP 404)");
+    }
+
+    #[test]
+    fn innermost_io_error_gives_the_reason() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("dispatch failure")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let err = Outer(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(innermost_reason(&err), "connection refused");
+        assert!(error_chain(&err).starts_with("dispatch failure: "), "{}", error_chain(&err));
+    }
+}

@@ -1,0 +1,476 @@
+//! The storage module against a real S3 server: `s3s-fs` (crates.io) on
+//! 127.0.0.1, a fresh port and data directory per test, killed when the test
+//! ends (a Drop guard).
+//!
+//! The binary comes from `$BASECAMP_S3S_FS` or
+//! `${BASECAMP_CACHE:-~/.cache/basecamp}/s3s-fs/bin/s3s-fs`; without it the
+//! tests fail and say to run `scripts/s3-server.sh install`. s3s-fs serves
+//! each directory of its data directory as a bucket, so a test creates its
+//! bucket with `mkdir`.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use basecamp_sandbox::storage::{
+    Destination, RetryPolicy, ShardPartition, StaticCredentials, Storage, StorageConfig, UtcDate,
+};
+
+const BUCKET: &str = "basecamp-test";
+const ACCESS_KEY: &str = "basecamp-test-key";
+const SECRET_KEY: &str = "basecamp-test-secret";
+
+/// The s3s-fs binary, or a failure that says how to install it.
+fn s3s_fs_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BASECAMP_S3S_FS") {
+        let path = PathBuf::from(path);
+        assert!(path.is_file(), "BASECAMP_S3S_FS={} is not a file; run scripts/s3-server.sh install", path.display());
+        return path;
+    }
+    let cache = std::env::var_os("BASECAMP_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/basecamp"));
+    let path = cache.join("s3s-fs/bin/s3s-fs");
+    assert!(
+        path.is_file(),
+        "the S3 test server s3s-fs is not installed at {}: run `scripts/s3-server.sh install` \
+         (a few minutes, once) or set BASECAMP_S3S_FS to its path",
+        path.display()
+    );
+    path
+}
+
+/// A port that was free a moment ago (and is closed now).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A running s3s-fs; killed on drop.
+struct S3Server {
+    child: Child,
+    port: u16,
+    data: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl S3Server {
+    /// A server on a fresh port with a fresh data directory holding `BUCKET`.
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        let mut server = Self::start_on(free_port(), &data);
+        server._dir = Some(dir);
+        server
+    }
+
+    /// A server on `port` serving `data` (created, with `BUCKET` in it).
+    fn start_on(port: u16, data: &Path) -> Self {
+        std::fs::create_dir_all(data.join(BUCKET)).expect("create the bucket directory");
+        let log = data.with_extension("log");
+        let log_file = std::fs::File::create(&log).expect("server log");
+        let child = Command::new(s3s_fs_binary())
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(data)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log handle"))
+            .stderr(log_file)
+            .spawn()
+            .expect("start s3s-fs");
+        let mut server = Self { child, port, data: data.to_path_buf(), _dir: None };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("s3s-fs exited during start-up with {status}:\n{text}");
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            assert!(Instant::now() < deadline, "s3s-fs did not listen on 127.0.0.1:{port} within 20 s");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        endpoint(self.port)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn endpoint(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+/// Fast retries so failure tests stay short.
+fn quick_retry(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy { max_attempts, initial_backoff: Duration::from_millis(50), max_backoff: Duration::from_millis(200) }
+}
+
+fn config(port: u16, access_key: &str, secret: &str) -> StorageConfig {
+    StorageConfig {
+        sdk_max_attempts: 2,
+        sdk_initial_backoff: Duration::from_millis(20),
+        connect_timeout: Duration::from_secs(2),
+        ..StorageConfig::default()
+            .with_endpoint(endpoint(port))
+            .with_credentials(StaticCredentials::new(access_key, secret))
+            .with_retry(quick_retry(3))
+    }
+}
+
+fn storage_for(port: u16) -> Storage {
+    Storage::new(config(port, ACCESS_KEY, SECRET_KEY))
+}
+
+/// Deterministic bytes that do not compress (xorshift).
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn partition() -> ShardPartition {
+    // 2026-01-05T12:00:00Z, the start of the episode.
+    let date = UtcDate::from_unix_seconds(1_767_614_400).expect("valid time");
+    ShardPartition::new(date, "team-a", "ecommerce-eval", "baseline", 3).expect("valid partition")
+}
+
+fn dest(prefix: &str) -> Destination {
+    Destination::parse(&format!("s3://{BUCKET}/{prefix}")).expect("valid destination")
+}
+
+/// A shard's output directory: traces, a summary, a nested file, one big trace.
+fn write_shard_dir(dir: &Path, big_len: usize) -> Vec<(String, Vec<u8>)> {
+    let files = vec![
+        ("ep-1.trace".to_string(), pseudo_random(10_000, 1)),
+        ("ep-2.trace".to_string(), pseudo_random(1, 2)),
+        ("empty.trace".to_string(), Vec::new()),
+        ("summary.json".to_string(), br#"{"episodes":2}"#.to_vec()),
+        ("ep-2/rollback_trace.json".to_string(), b"{}".to_vec()),
+        ("ep-big.trace".to_string(), pseudo_random(big_len, 3)),
+    ];
+    for (relative, bytes) in &files {
+        let path = dir.join(relative);
+        std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+        std::fs::write(path, bytes).expect("write a local file");
+    }
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_a_shard_directory_then_lists_fetches_and_deletes_it() {
+    let server = S3Server::start();
+    let storage = storage_for(server.port);
+    let local = tempfile::tempdir().expect("temp dir");
+    // 20 MiB: three parts of 8 MiB, 8 MiB and 4 MiB.
+    let big_len = 20 * 1024 * 1024 + 123;
+    let files = write_shard_dir(local.path(), big_len);
+    let shard_dest = dest("traces").for_shard(&partition());
+    assert_eq!(shard_dest.to_string(), "s3://basecamp-test/traces/2026/01/05/team-a/ecommerce-eval/baseline/3");
+
+    let started = Instant::now();
+    let report = storage.upload_dir(local.path(), &shard_dest).await;
+    let upload_time = started.elapsed();
+    assert!(report.is_complete(), "{report}");
+    assert_eq!(report.files.len(), files.len(), "{report}");
+    assert!(report.files.iter().all(|f| f.attempts == 1), "{report}");
+    let json = report.to_json();
+    assert_eq!(json["uploaded"], files.len());
+    assert_eq!(json["failed"], 0);
+
+    // The objects are where DESIGN.md says, byte for byte (s3s-fs stores keys as paths).
+    for (relative, bytes) in &files {
+        let on_server =
+            server.data.join(BUCKET).join("traces/2026/01/05/team-a/ecommerce-eval/baseline/3").join(relative);
+        assert_eq!(&std::fs::read(&on_server).expect("object stored"), bytes, "{relative}");
+    }
+
+    // The big one went up in three parts: a multipart ETag ends in "-3".
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::new()
+            .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+            .region(aws_sdk_s3::config::Region::new("us-east-1"))
+            .endpoint_url(server.endpoint())
+            .force_path_style(true)
+            .credentials_provider(aws_sdk_s3::config::Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test"))
+            .build(),
+    );
+    let big_key = format!("traces/{}/ep-big.trace", partition().relative_path());
+    let head = s3.head_object().bucket(BUCKET).key(&big_key).send().await.expect("head the big object");
+    let etag = head.e_tag().unwrap_or_default().trim_matches('"').to_string();
+    assert!(etag.ends_with("-3"), "expected a 3-part multipart ETag, got {etag:?}");
+    assert_eq!(head.content_length(), Some(big_len as i64));
+
+    // list: every file, with relative keys and sizes, in key order.
+    let listed = storage.list(&dest("traces")).await.expect("list");
+    let mut expected: Vec<(String, u64)> =
+        files.iter().map(|(r, b)| (format!("{}/{r}", partition().relative_path()), b.len() as u64)).collect();
+    expected.sort();
+    let got: Vec<(String, u64)> = listed.iter().map(|o| (o.relative.clone(), o.size)).collect();
+    assert_eq!(got, expected);
+    // A prefix is a directory: "trace" does not list "traces/...".
+    assert!(storage.list(&dest("trace")).await.expect("list").is_empty());
+
+    // fetch: to memory and to a file, byte for byte.
+    for object in &listed {
+        let bytes = storage.fetch(&object.location).await.expect("fetch");
+        let (_, original) = files.iter().find(|(r, _)| object.relative.ends_with(r.as_str())).expect("known file");
+        assert_eq!(&bytes, original, "{}", object.relative);
+    }
+    let fetched = local.path().join("fetched/big.trace");
+    let big_dest = dest(&big_key);
+    let copied = storage.fetch_to_file(&big_dest, &fetched).await.expect("fetch to file");
+    assert_eq!(copied, big_len as u64);
+    assert_eq!(std::fs::read(&fetched).expect("fetched file"), files[5].1);
+
+    // delete_prefix removes exactly the shard's objects; local files stay.
+    let other = local.path().join("fetched/other.json");
+    std::fs::write(&other, b"{}").expect("write");
+    let kept = storage.upload_file(&other, &dest("other/summary.json")).await;
+    assert!(kept.is_uploaded(), "{:?}", kept.error());
+    let deleted = storage.delete_prefix(&dest("traces")).await.expect("delete");
+    assert_eq!(deleted, files.len() as u64);
+    assert!(storage.list(&dest("traces")).await.expect("list").is_empty());
+    assert_eq!(storage.list(&dest("other")).await.expect("list").len(), 1);
+    for (relative, bytes) in &files {
+        assert_eq!(&std::fs::read(local.path().join(relative)).expect("local copy kept"), bytes);
+    }
+    eprintln!("uploaded {} files ({} bytes) in {upload_time:?}", files.len(), big_len + 10_000 + 1 + 14 + 2);
+}
+
+#[tokio::test]
+async fn refuses_to_delete_a_whole_bucket() {
+    // Refused before any request: no server needed.
+    let storage = storage_for(free_port());
+    let err = storage.delete_prefix(&dest("")).await.expect_err("whole bucket");
+    assert_eq!(err.category(), "StorageRequestRefused");
+    assert!(err.to_string().contains("whole bucket"), "{err}");
+}
+
+#[tokio::test]
+async fn wrong_credentials_fail_at_once_with_a_clear_error() {
+    let server = S3Server::start();
+    let local = tempfile::tempdir().expect("temp dir");
+    let file = local.path().join("ep-1.trace");
+    std::fs::write(&file, b"trace bytes").expect("write");
+    let target = dest("traces/ep-1.trace");
+
+    for (key, secret) in [(ACCESS_KEY, "not-the-secret"), ("no-such-key", SECRET_KEY)] {
+        let storage = Storage::new(config(server.port, key, secret));
+        let started = Instant::now();
+        let upload = storage.upload_file(&file, &target).await;
+        let err = upload.error().expect("refused").clone();
+        assert_eq!(err.category(), "S3AccessDenied", "{err}");
+        // s3s-fs answers 403 before reading the body and closes the
+        // connection, so the client often sees "broken pipe" rather than
+        // the 403; the storage module asks again without a body, and does
+        // not retry.
+        assert_eq!(upload.attempts, 1, "credentials errors are not retried: {err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("failed to upload {} to s3://basecamp-test/traces/ep-1.trace: ", file.display())),
+            "{text}"
+        );
+        assert!(text.contains("HTTP 403") && text.contains("(after 1 attempt)"), "{text}");
+        assert!(text.contains("check the S3 credentials"), "{text}");
+        eprintln!("{text}");
+        assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+        assert!(file.exists(), "the local file is kept");
+
+        // A request without a body meets the 403 on its first attempt, and stops there.
+        let err = storage.list(&dest("traces")).await.expect_err("refused");
+        assert_eq!(err.category(), "S3AccessDenied", "{err}");
+        assert!(err.to_string().contains("(after 1 attempt)"), "{err}");
+        let err = storage.fetch(&dest("traces/ep-1.trace")).await.expect_err("refused");
+        assert_eq!((err.category(), err.attempts()), ("S3AccessDenied", 1), "{err}");
+    }
+    // Nothing was written on the server.
+    assert_eq!(std::fs::read_dir(server.data.join(BUCKET)).expect("bucket dir").count(), 0);
+}
+
+#[tokio::test]
+async fn missing_objects_and_buckets_are_named() {
+    let server = S3Server::start();
+    let storage = storage_for(server.port);
+    let err = storage.fetch(&dest("no/such.trace")).await.expect_err("missing key");
+    assert_eq!(err.category(), "ObjectNotFound", "{err}");
+    assert_eq!(err.attempts(), 1);
+    assert!(err.to_string().starts_with("failed to fetch s3://basecamp-test/no/such.trace: "), "{err}");
+
+    let err = storage.list(&Destination::parse("s3://no-such-bucket/x").expect("valid")).await.expect_err("bucket");
+    assert_eq!(err.category(), "S3NoSuchBucket", "{err}");
+    assert!(err.to_string().contains("create the bucket"), "{err}");
+    eprintln!("{err}");
+}
+
+#[tokio::test]
+async fn endpoint_down_reports_every_file_failed_and_keeps_the_local_copies() {
+    let port = free_port(); // nothing listens there
+    let storage = storage_for(port);
+    let local = tempfile::tempdir().expect("temp dir");
+    let files = write_shard_dir(local.path(), 9 * 1024 * 1024);
+    let shard_dest = dest("traces").for_shard(&partition());
+
+    let started = Instant::now();
+    let report = storage.upload_dir(local.path(), &shard_dest).await;
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(30), "bounded time, took {elapsed:?}");
+    assert!(!report.is_complete());
+    assert_eq!(report.failed().count(), files.len(), "{report}");
+    for (file, err) in report.failed() {
+        assert_eq!(err.category(), "S3Unreachable", "{err}");
+        assert_eq!(file.attempts, 3);
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("failed to upload {} to s3://basecamp-test/traces/", file.local.display())),
+            "{text}"
+        );
+        assert!(text.ends_with("connection refused (after 3 attempts)"), "{text}");
+    }
+    eprintln!("{report}");
+    let json = report.to_json();
+    assert_eq!(json["failed"], files.len());
+    assert_eq!(json["files"][0]["category"], "S3Unreachable");
+    // Nothing lost: every local file is still there, unchanged.
+    for (relative, bytes) in &files {
+        assert_eq!(&std::fs::read(local.path().join(relative)).expect("local copy kept"), bytes, "{relative}");
+    }
+    assert!(report.to_string().contains("their local copies are kept"), "{report}");
+
+    let err = storage.fetch(&dest("x")).await.expect_err("down");
+    assert_eq!((err.category(), err.attempts()), ("S3Unreachable", 3), "{err}");
+    eprintln!("endpoint down: {} files reported failed in {elapsed:?}", files.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_succeeds_once_the_server_is_up() {
+    let port = free_port();
+    let mut cfg = config(port, ACCESS_KEY, SECRET_KEY);
+    cfg.retry = RetryPolicy {
+        max_attempts: 6,
+        initial_backoff: Duration::from_millis(1500),
+        max_backoff: Duration::from_secs(3),
+    };
+    let storage = Storage::new(cfg);
+    let local = tempfile::tempdir().expect("temp dir");
+    let files = write_shard_dir(local.path(), 1000);
+    let shard_dest = dest("traces").for_shard(&partition());
+
+    let upload = tokio::spawn({
+        let storage = storage.clone();
+        let dir = local.path().to_path_buf();
+        async move { storage.upload_dir(&dir, &shard_dest).await }
+    });
+    // The first round hits a closed port at once; start the server during its backoff.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let data = local.path().join("server-data");
+    let server = tokio::task::spawn_blocking(move || S3Server::start_on(port, &data)).await.expect("server thread");
+
+    let report = tokio::time::timeout(Duration::from_secs(60), upload).await.expect("bounded").expect("joined");
+    assert!(report.is_complete(), "{report}");
+    assert!(report.files.iter().all(|f| f.attempts >= 2), "the first attempt failed: {:?}", report.files);
+    let stored = server.data.join(BUCKET).join("traces").join(partition().relative_path()).join("summary.json");
+    assert_eq!(std::fs::read(stored).expect("stored"), br#"{"episodes":2}"#);
+    assert_eq!(files.len(), report.files.len());
+}
+
+/// Runs only inside the child process started by
+/// `the_standard_credential_chain_reads_env_and_profile`, where the
+/// environment holds the credentials (env vars are process-wide, so the
+/// parent test does not touch its own).
+#[tokio::test]
+async fn credential_chain_child() {
+    let Ok(expect) = std::env::var("BASECAMP_TEST_CHAIN_EXPECT") else { return };
+    let storage =
+        Storage::new(StorageConfig { sdk_max_attempts: 1, retry: quick_retry(1), ..StorageConfig::from_env() });
+    let result = storage.list(&dest("")).await;
+    match expect.as_str() {
+        "ok" => {
+            result.expect("credentials from the chain are accepted");
+        }
+        "none" => {
+            let err = result.expect_err("no credentials anywhere");
+            assert_eq!(err.category(), "S3AccessDenied", "{err}");
+            assert!(err.to_string().contains("no usable credentials"), "{err}");
+        }
+        _ => {
+            let err = result.expect_err("wrong credentials from the chain are refused");
+            assert_eq!(err.category(), "S3AccessDenied", "{err}");
+        }
+    }
+}
+
+#[test]
+fn the_standard_credential_chain_reads_env_and_profile() {
+    let server = S3Server::start();
+    let home = tempfile::tempdir().expect("temp dir");
+    let credentials = home.path().join("credentials");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n\
+             [basecamp]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+        ),
+    )
+    .expect("write credentials file");
+    let config_file = home.path().join("config");
+    std::fs::write(&config_file, "").expect("write config file");
+
+    let run_child = |env: &[(&str, &str)], expect: &str| {
+        let mut command = Command::new(std::env::current_exe().expect("test binary"));
+        command.args(["--exact", "credential_chain_child", "--nocapture"]);
+        for name in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_ROLE_ARN",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+        ] {
+            command.env_remove(name);
+        }
+        command
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_CONFIG_FILE", &config_file)
+            // No instance metadata service here: fail fast instead of probing it.
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("HOME", home.path())
+            .env("BASECAMP_TEST_CHAIN_EXPECT", expect);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let out = command.output().expect("run the child test");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "child with {env:?} expecting {expect}:\n{text}");
+        assert!(text.contains("1 passed"), "the child test ran:\n{text}");
+    };
+    // Environment variables win over the profile file.
+    run_child(&[("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY)], "ok");
+    run_child(&[("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", "wrong")], "denied");
+    // Without them, the named profile, then the default one.
+    run_child(&[("AWS_PROFILE", "basecamp")], "ok");
+    run_child(&[], "denied");
+    // Nothing anywhere: a clear error, not a hang on the metadata service.
+    let empty = home.path().join("empty");
+    std::fs::write(&empty, "").expect("write empty credentials file");
+    run_child(&[("AWS_SHARED_CREDENTIALS_FILE", empty.to_str().expect("utf-8"))], "none");
+}
