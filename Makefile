@@ -13,7 +13,7 @@ BIN_DIR := $(TARGET_DIR)/debug
 DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 
-.PHONY: help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e bench bench-trace demo image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e bench bench-trace demo image fuzz clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,7 +21,7 @@ help: ## List the targets
 build: ## Build the three binaries (debug)
 	$(CARGO) build --workspace --bins
 
-test: lint unit crds-check ## Everything CI checks: format, clippy, unit/integration tests, CRD drift
+test: lint test-deps unit crds-check ## Everything CI checks: format, clippy, unit/integration tests, CRD drift
 
 lint: fmt-check clippy
 
@@ -33,6 +33,9 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test-deps: ## Build the real test servers the tests start (s3s-fs), cached in $(BASECAMP_CACHE)
+	bash scripts/s3-server.sh install
 
 unit: ## Unit and integration tests of every crate
 	$(CARGO) test --workspace

@@ -94,13 +94,16 @@ pub struct EpisodeRunner {
     pub live: LiveInjections,
 }
 
+/// An expected tool call: name, arguments, and the argument names compared (all when `None`).
+pub type ExpectedCallSpec = (String, serde_json::Map<String, Value>, Option<Vec<String>>);
+
 /// One test-set row, as the runner needs it.
 #[derive(Debug, Clone, Default)]
 pub struct EpisodeInput {
     pub id: String,
     pub messages: Vec<ChatMessage>,
     pub initial_memory: serde_json::Map<String, Value>,
-    pub expected_calls: Vec<(String, serde_json::Map<String, Value>, Option<Vec<String>>)>,
+    pub expected_calls: Vec<ExpectedCallSpec>,
     pub expected_memory: Option<serde_json::Map<String, Value>>,
     pub expected_memory_hash: Option<String>,
 }
