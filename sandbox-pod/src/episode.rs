@@ -88,10 +88,14 @@ pub struct EpisodeRunner {
     pub error_context: bool,
     pub injections: Vec<ScheduledInjection>,
     pub rewards: Option<RewardCalculator>,
+    /// Reward component -> the metric that scores it (the component's own name when absent).
+    pub reward_sources: BTreeMap<String, String>,
     pub training_step: u64,
     /// Header fields shared by every episode (task, variant, shard, config hash, versions).
     pub header: Header,
     pub live: LiveInjections,
+    /// Where tool calls, injections and episodes are counted for `/metrics`.
+    pub metrics: Option<Arc<crate::metrics::SandboxMetrics>>,
 }
 
 /// An expected tool call: name, arguments, and the argument names compared (all when `None`).
@@ -202,6 +206,7 @@ impl EpisodeRunner {
                 if !fired[i] && inj.when == InjectionWhen::AtStep(step) {
                     fired[i] = true;
                     inject(
+                        self.metrics.as_deref(),
                         &mut writer,
                         &mut messages,
                         step,
@@ -213,7 +218,16 @@ impl EpisodeRunner {
                 }
             }
             for live in self.live.take_due(&input.id, step) {
-                inject(&mut writer, &mut messages, step, &live.id, InjectionTrigger::Live, &live.observation, "live")?;
+                inject(
+                    self.metrics.as_deref(),
+                    &mut writer,
+                    &mut messages,
+                    step,
+                    &live.id,
+                    InjectionTrigger::Live,
+                    &live.observation,
+                    "live",
+                )?;
             }
 
             let request = PolicyRequest::new(input.id.clone(), step - 1, messages.clone(), self.tools.clone());
@@ -299,6 +313,9 @@ impl EpisodeRunner {
                     step_deadline_hit = Some(observation);
                     break;
                 };
+                if let Some(metrics) = &self.metrics {
+                    metrics.observe_call(&outcome_of_call);
+                }
                 for body in outcome_of_call.records() {
                     writer.append(step, body)?;
                 }
@@ -343,7 +360,16 @@ impl EpisodeRunner {
                             InjectionWhen::AfterTool(_) => InjectionTrigger::AfterTool,
                             _ => InjectionTrigger::MemoryMatch,
                         };
-                        inject(&mut writer, &mut messages, step, &inj.id, trigger, &inj.observation, &inj.description)?;
+                        inject(
+                            self.metrics.as_deref(),
+                            &mut writer,
+                            &mut messages,
+                            step,
+                            &inj.id,
+                            trigger,
+                            &inj.observation,
+                            &inj.description,
+                        )?;
                     }
                 }
             }
@@ -395,7 +421,7 @@ impl EpisodeRunner {
             steps: steps_run,
         });
         if let Some(calculator) = &self.rewards {
-            let scores = reward_scores(calculator, &metrics, outcome, steps_run, self.max_steps);
+            let scores = reward_scores(calculator, &self.reward_sources, &metrics, outcome, self.max_steps);
             match calculator.signal(self.training_step, &scores) {
                 Ok(signal) => {
                     metrics.reward = Some(signal.weighted_sum);
@@ -535,7 +561,9 @@ fn failure_class(state: &StepState, metrics: &EpisodeMetrics) -> String {
     "ok".into()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn inject<W: std::io::Write>(
+    metrics: Option<&crate::metrics::SandboxMetrics>,
     writer: &mut TraceWriter<W>,
     messages: &mut Vec<ChatMessage>,
     step: u32,
@@ -544,6 +572,9 @@ fn inject<W: std::io::Write>(
     observation: &Value,
     description: &str,
 ) -> std::io::Result<()> {
+    if let Some(metrics) = metrics {
+        metrics.observe_injection(trigger);
+    }
     writer.append(
         step,
         Body::Injection(pb::Injection {
@@ -571,39 +602,49 @@ fn cause_chain(err: &crate::executor::CallError) -> Vec<String> {
     chain
 }
 
-/// Scores for the configured reward components, by name, from the episode's metrics.
+/// Scores for the configured reward components, each from the metric its
+/// `source` names (the component's own name by default).
 fn reward_scores(
     calculator: &RewardCalculator,
+    sources: &BTreeMap<String, String>,
     m: &EpisodeMetrics,
     outcome: Outcome,
-    steps: u32,
     max_steps: u32,
 ) -> BTreeMap<String, f64> {
     calculator
         .component_names()
         .map(|name| {
-            let score = match name {
-                "tool_call_accuracy" => m.tool_call_accuracy,
-                "tool_call_accuracy_lenient" => m.tool_call_accuracy_lenient,
-                "plan_step_f1" => m.plan_step_f1,
-                "memory_consistency" => m.memory_consistency.unwrap_or(0.0),
-                "error_rate" => -m.error_rate,
-                "efficiency_penalty" => -(steps as f64) / max_steps.max(1) as f64,
-                "success" | "task_success" => f64::from(u8::from(outcome == Outcome::Completed)),
-                _ => 0.0,
-            };
-            (name.to_string(), score)
+            let source = sources.get(name).map_or(name, String::as_str);
+            (name.to_string(), metric_score(source, m, outcome, max_steps).unwrap_or(0.0))
         })
         .collect()
 }
 
-/// Reward component names the runner can score.
-pub const SCORABLE_COMPONENTS: [&str; 8] = [
+/// The value of a reward source for one episode; `None` for an unknown source.
+pub fn metric_score(source: &str, m: &EpisodeMetrics, outcome: Outcome, max_steps: u32) -> Option<f64> {
+    Some(match source {
+        "tool_call_accuracy" => m.tool_call_accuracy,
+        "tool_call_accuracy_lenient" => m.tool_call_accuracy_lenient,
+        "plan_step_f1" => m.plan_step_f1,
+        "memory_consistency" => m.memory_consistency.unwrap_or(0.0),
+        "error_rate" => m.error_rate,
+        "steps" => f64::from(m.steps),
+        "resolution_time" => m.resolution_time_s,
+        "efficiency_penalty" => -f64::from(m.steps) / f64::from(max_steps.max(1)),
+        "success" | "task_success" => f64::from(u8::from(outcome == Outcome::Completed)),
+        _ => return None,
+    })
+}
+
+/// Reward sources the runner can score.
+pub const REWARD_SOURCES: [&str; 10] = [
     "tool_call_accuracy",
     "tool_call_accuracy_lenient",
     "plan_step_f1",
     "memory_consistency",
     "error_rate",
+    "steps",
+    "resolution_time",
     "efficiency_penalty",
     "success",
     "task_success",

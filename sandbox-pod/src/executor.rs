@@ -48,6 +48,17 @@ pub struct ToolDef {
     pub tool: Tool,
     pub timeout: Duration,
     pub fallback: Option<Fallback>,
+    /// Memory key -> JSON pointer into the tool's observation: after a
+    /// successful call, each key is set to the value the pointer finds
+    /// (the config's `memoryPatch`). A pointer that finds nothing writes
+    /// nothing and is reported as a warning.
+    pub memory_map: Vec<(String, String)>,
+}
+
+impl ToolDef {
+    pub fn new(tool: Tool, timeout: Duration) -> Self {
+        Self { tool, timeout, fallback: None, memory_map: Vec::new() }
+    }
 }
 
 /// The executor: the sandbox's tools and its memory policy.
@@ -215,6 +226,20 @@ impl ToolExecutor {
         };
 
         let mut warnings = Vec::new();
+        let mut patch = patch;
+        if status == StepStatus::Ok
+            && let Some(def) = def
+        {
+            for (key, pointer) in &def.memory_map {
+                match observation.pointer(pointer) {
+                    Some(value) => patch.ops.push(PatchOp::Set { key: key.clone(), value: value.clone() }),
+                    None => warnings.push(format!(
+                        "{}'s result has nothing at {pointer} for memory key {key}; memory key left unchanged",
+                        call.name
+                    )),
+                }
+            }
+        }
         let patch = self.police_patch(patch, call.name, source, &mut warnings, &mut error, &mut status);
         let deltas = memory.apply(&patch, source, call.name);
         let memory_after = memory.hash();

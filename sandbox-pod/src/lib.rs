@@ -12,9 +12,14 @@
 //! - [`rewards`]: named reward components, weighted sums, weight schedules;
 //! - [`storage`]: where traces go (local directory, S3).
 
+pub mod config;
+pub mod driver;
 pub mod episode;
 pub mod executor;
+pub mod metrics;
 pub mod policy;
 pub mod rewards;
+pub mod run;
+pub mod server;
 pub mod storage;
 pub mod tools;

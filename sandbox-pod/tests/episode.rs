@@ -42,6 +42,7 @@ fn runner(dir: &Path) -> EpisodeRunner {
                 observation: json!({"status": null}),
                 memory_patch: MemoryPatch::default().set("shipping_status", Value::Null),
             }),
+            memory_map: Vec::new(),
         },
     );
     let py = |code: &str| Tool::Exec(ExecTool::new(vec!["python3".into(), "-c".into(), code.into()]));
@@ -53,11 +54,17 @@ fn runner(dir: &Path) -> EpisodeRunner {
             ),
             timeout: Duration::from_secs(5),
             fallback: None,
+            memory_map: Vec::new(),
         },
     );
     executor.add_tool(
         "hang",
-        ToolDef { tool: py("import time; time.sleep(60)"), timeout: Duration::from_secs(30), fallback: None },
+        ToolDef {
+            tool: py("import time; time.sleep(60)"),
+            timeout: Duration::from_secs(30),
+            fallback: None,
+            memory_map: Vec::new(),
+        },
     );
     let rewards = RewardCalculator::new(&RewardSpec {
         components: [
@@ -85,9 +92,11 @@ fn runner(dir: &Path) -> EpisodeRunner {
             description: "after tracking".into(),
         }],
         rewards: Some(rewards),
+        reward_sources: Default::default(),
         training_step: 0,
         header: Header { task: "shipping".into(), variant: "a".into(), ..Default::default() },
         live: LiveInjections::default(),
+        metrics: None,
     }
 }
 

@@ -23,7 +23,7 @@ fn exec(script: &str) -> Tool {
 }
 
 fn def(tool: Tool, timeout_ms: u64) -> ToolDef {
-    ToolDef { tool, timeout: Duration::from_millis(timeout_ms), fallback: None }
+    ToolDef { tool, timeout: Duration::from_millis(timeout_ms), fallback: None, memory_map: Vec::new() }
 }
 
 async fn call(ex: &ToolExecutor, name: &str, args: &Value, memory: &mut Memory) -> CallOutcome {
@@ -88,6 +88,7 @@ async fn a_hanging_tool_times_out_its_whole_process_group_dies_and_the_fallback_
                 observation: json!({"status": "unknown"}),
                 memory_patch: MemoryPatch::default().set("shipping_status", Value::Null),
             }),
+            memory_map: Vec::new(),
         },
     );
     let mut memory = Memory::new();

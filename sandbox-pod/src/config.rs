@@ -1,0 +1,303 @@
+//! From the API's spec to a runnable [`EpisodeRunner`]: tools, timeouts,
+//! fallbacks, memory policy, injections, rewards and the policy of one
+//! variant of a HarnessTask, with its SandboxConfig already resolved
+//! (profile applied). Relative paths (scripted policy, fixtures, exec
+//! working directories) are taken from the manifest's directory.
+//!
+//! Validation (`basecamp_api::validate_task`) runs before this; the errors
+//! here are what only building can find (an unreadable fixture, a policy
+//! that cannot be built).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use basecamp_api::sandbox::{Fallback as ApiFallback, NullWrites as ApiNullWrites};
+use basecamp_api::task::PolicySpec;
+use basecamp_api::tool::{HttpMethod, RecordedMatch};
+use basecamp_api::{Episode, HarnessTaskSpec, SandboxConfigSpec};
+use basecamp_trace::pb::Header;
+use basecamp_trace::{MemoryPatch, hash_json};
+use serde_json::{Value, json};
+
+use crate::episode::{EpisodeInput, EpisodeRunner, InjectionWhen, LiveInjections, ScheduledInjection};
+use crate::executor::{Fallback, NullWrites, ToolDef, ToolExecutor};
+use crate::policy::{ApiKeySource, ChatMessage, OpenAiConfig, Policy, PolicyConfig, ScriptedConfig, ToolSpec};
+use crate::rewards::{ComponentSpec, RewardCalculator, RewardSpec, ScheduleEntry, WeightSchedule};
+use crate::tools::Tool;
+use crate::tools::exec::ExecTool;
+use crate::tools::http::{HttpTool, RateLimit};
+use crate::tools::recorded::{RecordedTool, Recording};
+
+/// The environment variable a pod's API key arrives in when the task names a Secret.
+pub const API_KEY_ENV: &str = "BASECAMP_POLICY_API_KEY";
+
+/// Where and as what this runner runs.
+#[derive(Debug, Clone, Default)]
+pub struct RunContext {
+    /// Directory relative paths in the manifests are resolved against.
+    pub base_dir: PathBuf,
+    pub namespace: String,
+    pub task: String,
+    pub variant: String,
+    pub shard: u32,
+    pub shard_count: u32,
+    pub training_step: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("tool {tool}: {message}")]
+    Tool { tool: String, message: String },
+    #[error("policy: {0}")]
+    Policy(String),
+    #[error("rewards: {0}")]
+    Rewards(String),
+    #[error("{field}: {value} is not a positive duration")]
+    Duration { field: String, value: String },
+}
+
+impl ConfigError {
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Tool { .. } => "ToolConfig",
+            Self::Policy(_) => "PolicyConfig",
+            Self::Rewards(_) => "RewardsConfig",
+            Self::Duration { .. } => "InvalidDuration",
+        }
+    }
+}
+
+fn positive(d: basecamp_api::Duration, field: impl Into<String>) -> Result<std::time::Duration, ConfigError> {
+    d.to_std()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| ConfigError::Duration { field: field.into(), value: d.to_string() })
+}
+
+fn resolve(base: &Path, path: &str) -> PathBuf {
+    let p = Path::new(path);
+    if p.is_absolute() { p.to_path_buf() } else { base.join(p) }
+}
+
+/// Builds the runner for one variant. `sandbox` must be resolved (profile applied).
+pub fn build_runner(
+    task: &HarnessTaskSpec,
+    sandbox: &SandboxConfigSpec,
+    ctx: &RunContext,
+) -> Result<EpisodeRunner, ConfigError> {
+    let executor = build_executor(sandbox, &ctx.base_dir)?;
+    let tools = sandbox
+        .tools
+        .iter()
+        .map(|(name, spec)| {
+            ToolSpec::new(
+                name.clone(),
+                spec.description.clone().unwrap_or_default(),
+                spec.parameters.clone().unwrap_or_else(|| json!({"type": "object"})),
+            )
+        })
+        .collect();
+    let policy = Policy::from_config(&policy_config(&task.policy, &ctx.base_dir)?)
+        .map_err(|e| ConfigError::Policy(e.to_string()))?;
+    let (rewards, reward_sources) = match &sandbox.rewards {
+        Some(r) if !r.components.is_empty() => {
+            let spec = RewardSpec {
+                components: r.components.iter().map(|(n, c)| (n.clone(), ComponentSpec { weight: c.weight })).collect(),
+                schedule: WeightSchedule(
+                    r.weight_schedule
+                        .iter()
+                        .map(|c| ScheduleEntry { at_training_step: c.at_training_step, weights: c.weights.clone() })
+                        .collect(),
+                ),
+            };
+            let calculator = RewardCalculator::new(&spec).map_err(|e| ConfigError::Rewards(e.to_string()))?;
+            let sources = r.components.iter().filter_map(|(n, c)| Some((n.clone(), c.source.clone()?))).collect();
+            (Some(calculator), sources)
+        }
+        _ => (None, BTreeMap::new()),
+    };
+    let injections = sandbox
+        .injections
+        .iter()
+        .enumerate()
+        .filter_map(|(i, inj)| {
+            let when = match (&inj.at_step, &inj.after_tool, &inj.when_memory) {
+                (Some(step), _, _) => InjectionWhen::AtStep(*step),
+                (None, Some(tool), _) => InjectionWhen::AfterTool(tool.clone()),
+                (None, None, Some(m)) => InjectionWhen::MemoryEquals { key: m.key.clone(), value: m.equals.clone() },
+                (None, None, None) => return None,
+            };
+            Some(ScheduledInjection {
+                id: format!("injection-{i}"),
+                when,
+                observation: inj.observation.clone(),
+                description: inj.description.clone().unwrap_or_default(),
+            })
+        })
+        .collect();
+    let config_json = serde_json::to_value(sandbox).unwrap_or(Value::Null);
+    let header = Header {
+        namespace: ctx.namespace.clone(),
+        task: ctx.task.clone(),
+        variant: ctx.variant.clone(),
+        shard: ctx.shard,
+        shard_count: ctx.shard_count,
+        config_hash: hash_json(&config_json).0.to_vec(),
+        producer_versions: [("basecamp-sandbox".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
+        ..Default::default()
+    };
+    Ok(EpisodeRunner {
+        executor,
+        policy,
+        tools,
+        system_prompt: task.task_definition.description.clone(),
+        max_steps: sandbox.max_steps(),
+        plan_step_timeout: positive(sandbox.plan_step_timeout(), "spec.planStepTimeout")?,
+        rollback_enabled: sandbox.rollback.enabled(),
+        snapshot_interval: sandbox.trace.memory_snapshot_interval.unwrap_or(0),
+        error_context: sandbox.trace.error_context(),
+        injections,
+        rewards,
+        reward_sources,
+        training_step: ctx.training_step,
+        header,
+        live: LiveInjections::default(),
+        metrics: None,
+    })
+}
+
+/// The tools of a sandbox with their timeouts, fallbacks and memory policy.
+pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<ToolExecutor, ConfigError> {
+    let null_writes = match sandbox.memory.null_writes() {
+        ApiNullWrites::Allow => NullWrites::Allow,
+        ApiNullWrites::Warn => NullWrites::Warn,
+        ApiNullWrites::Error => NullWrites::Error,
+    };
+    let mut executor = ToolExecutor::new(null_writes);
+    if sandbox.memory.strict_types {
+        for (key, ty) in &sandbox.memory.schema {
+            let name = serde_json::to_value(ty).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+            executor.require_memory_type(key.clone(), name);
+        }
+    }
+    let client = reqwest::Client::builder()
+        .build()
+        .map_err(|e| ConfigError::Tool { tool: "*".into(), message: format!("cannot build the HTTP client: {e}") })?;
+    for (name, spec) in &sandbox.tools {
+        let err = |message: String| ConfigError::Tool { tool: name.clone(), message };
+        let tool = if let Some(http) = &spec.http {
+            let method = match http.method.unwrap_or(HttpMethod::Get) {
+                HttpMethod::Get => reqwest::Method::GET,
+                HttpMethod::Post => reqwest::Method::POST,
+                HttpMethod::Put => reqwest::Method::PUT,
+                HttpMethod::Patch => reqwest::Method::PATCH,
+                HttpMethod::Delete => reqwest::Method::DELETE,
+            };
+            let mut tool = HttpTool::new(client.clone(), method, http.url.clone());
+            tool.headers = http.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            if let Some(body) = &http.body {
+                let template = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.clone()));
+                tool.body_template = Some(template);
+            }
+            if let Some(limit) = &http.rate_limit {
+                tool = tool
+                    .with_rate_limit(RateLimit {
+                        requests_per_second: limit.requests_per_second,
+                        burst: limit.burst.unwrap_or(1),
+                    })
+                    .map_err(err)?;
+            }
+            Tool::Http(tool)
+        } else if let Some(exec) = &spec.exec {
+            let mut tool = ExecTool::new(exec.command.clone());
+            tool.env = exec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            tool.working_dir =
+                Some(exec.working_dir.as_deref().map_or_else(|| base_dir.to_path_buf(), |d| resolve(base_dir, d)));
+            Tool::Exec(tool)
+        } else if let Some(recorded) = &spec.recorded {
+            let path = resolve(base_dir, &recorded.fixture);
+            let fixture = basecamp_api::fixture::Fixture::load(&path).map_err(|e| err(e.to_string()))?;
+            let by_args = recorded.match_by.unwrap_or_default() == RecordedMatch::Args;
+            let recordings = fixture.entries.into_iter().filter(|e| e.tool == *name).map(|e| Recording {
+                tool: e.tool,
+                arguments: by_args.then_some(Value::Object(e.arguments)),
+                response: match e.memory_patch {
+                    Some(patch) => json!({"observation": e.observation, "memory": patch}),
+                    None if e.observation.get("observation").is_some() => json!({"observation": e.observation}),
+                    None => e.observation,
+                },
+                // A recorded timeout never answers: the executor's timeout and the fallback apply.
+                latency_ms: if e.timeout { 24 * 3600 * 1000 } else { 0 },
+                error: None,
+            });
+            Tool::Recorded(RecordedTool::new(name, recordings))
+        } else {
+            return Err(err("defines none of http, exec, recorded".into()));
+        };
+        executor.add_tool(
+            name.clone(),
+            ToolDef {
+                tool,
+                timeout: positive(sandbox.tool_timeout_for(name), format!("spec.toolTimeouts.{name}"))?,
+                fallback: sandbox.fallbacks.get(name).map(fallback),
+                memory_map: spec.memory_patch.iter().map(|(k, p)| (k.clone(), p.clone())).collect(),
+            },
+        );
+    }
+    Ok(executor)
+}
+
+fn fallback(f: &ApiFallback) -> Fallback {
+    Fallback {
+        observation: f.observation.clone(),
+        memory_patch: f.memory_patch.as_ref().map(MemoryPatch::from_object).unwrap_or_default(),
+    }
+}
+
+fn policy_config(spec: &PolicySpec, base_dir: &Path) -> Result<PolicyConfig, ConfigError> {
+    if let Some(script) = &spec.scripted {
+        return Ok(PolicyConfig::Scripted(ScriptedConfig { path: resolve(base_dir, script) }));
+    }
+    let endpoint = spec.endpoint.clone().ok_or_else(|| ConfigError::Policy("set endpoint or scripted".into()))?;
+    let mut config = OpenAiConfig::new(endpoint, spec.model.clone().unwrap_or_default());
+    config.api_key = if let Some(env) = &spec.api_key_env {
+        ApiKeySource::Env(env.clone())
+    } else if let Some(file) = &spec.api_key_file {
+        ApiKeySource::File(resolve(base_dir, file))
+    } else if spec.api_key_secret.is_some() {
+        ApiKeySource::Env(API_KEY_ENV.into())
+    } else {
+        ApiKeySource::None
+    };
+    config.temperature = spec.temperature;
+    config.max_tokens = spec.max_tokens;
+    if let Some(k) = spec.top_logprobs {
+        config.top_logprobs = k;
+    }
+    config.request_timeout = positive(spec.request_timeout(), "spec.policy.requestTimeout")?;
+    Ok(PolicyConfig::OpenAi(config))
+}
+
+/// A test-set row as the runner needs it; `compare_args` are the task's
+/// per-tool defaults, used where a row does not say.
+pub fn episode_input(row: &Episode, compare_args: &BTreeMap<String, Vec<String>>) -> EpisodeInput {
+    let mut messages: Vec<ChatMessage> =
+        row.messages.iter().flatten().filter_map(|m| serde_json::from_value(m.clone()).ok()).collect();
+    if let Some(instruction) = &row.instruction {
+        messages.push(ChatMessage::user(instruction.clone()));
+    }
+    EpisodeInput {
+        id: row.id.clone(),
+        messages,
+        initial_memory: row.initial_memory.clone().unwrap_or_default(),
+        expected_calls: row
+            .expected_tool_calls
+            .iter()
+            .map(|c| {
+                let compare = c.compare_args.clone().or_else(|| compare_args.get(&c.name).cloned());
+                (c.name.clone(), c.arguments.clone(), compare)
+            })
+            .collect(),
+        expected_memory: row.expected_memory.clone(),
+        expected_memory_hash: row.expected_memory_hash.clone(),
+    }
+}
