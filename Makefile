@@ -62,7 +62,7 @@ demo: ## Write a realistic synthetic episode and read it back with `basecamp tra
 	$(CARGO) run -q -p basecamp-trace --example synthetic_episode -- $(DEMO_DIR)/episode.trace 42 50
 	$(CARGO) run -q -p basecamp-cli -- trace parse $(DEMO_DIR)/episode.trace > $(DEMO_DIR)/episode.json
 	@python3 -c 'import json,sys,collections; d=json.load(open(sys.argv[1])); \
-	c=collections.Counter(next(iter(r)) for r in d["records"]); \
+	c=collections.Counter(next(k for k in r if k != "step") for r in d["records"]); \
 	print("read back", d["file"], "complete:", d["complete"]); \
 	[print(f"  {k:16} {v}") for k,v in sorted(c.items())]' $(DEMO_DIR)/episode.json
 	@echo "full JSON: $(DEMO_DIR)/episode.json"
