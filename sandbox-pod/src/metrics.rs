@@ -1,0 +1,342 @@
+//! The sandbox's Prometheus metrics, served on `/metrics` by [`crate::server`].
+//!
+//! One [`SandboxMetrics`] per process owns a `prometheus-client` registry.
+//! Whoever runs episodes feeds it: [`SandboxMetrics::observe_call`] for every
+//! executor outcome, [`SandboxMetrics::observe_episode`] for every finished
+//! episode, [`SandboxMetrics::observe_injection`] when an injection is
+//! delivered into an episode (scheduled or live) and
+//! [`SandboxMetrics::observe_policy_error`] for a failed policy turn.
+//!
+//! Every label is bounded. Statuses, outcomes and triggers come from fixed
+//! sets; tool names come from the sandbox config, but a policy can ask for
+//! any name, so calls to tools the executor does not define are labelled
+//! `unknown`, and past [`MAX_TOOL_LABELS`] distinct names further tools are
+//! labelled `other`. Names follow the Prometheus conventions
+//! (`basecamp_sandbox_` prefix, base units, `_total` on counters) and pass
+//! `promtool check metrics`.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use basecamp_trace::pb::{InjectionTrigger, StepStatus};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::episode::EpisodeResult;
+use crate::executor::{CallError, CallOutcome};
+
+/// The prefix of every metric name.
+pub const METRIC_PREFIX: &str = "basecamp_sandbox";
+
+/// The most distinct `tool` label values; further tools share `other`.
+pub const MAX_TOOL_LABELS: usize = 256;
+
+/// The most distinct policy-error `category` values; further ones share `other`.
+pub const MAX_POLICY_ERROR_CATEGORIES: usize = 64;
+
+/// The label for calls to a tool the sandbox does not define.
+pub const UNKNOWN_TOOL_LABEL: &str = "unknown";
+
+/// The label shared by tools (or categories) past the cardinality cap.
+pub const OVERFLOW_LABEL: &str = "other";
+
+/// Tool-call latency buckets in seconds: 1 ms to 30 s, roughly 1-2.5-5 per decade.
+pub const LATENCY_BUCKETS_SECONDS: [f64; 15] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0];
+
+/// `application/openmetrics-text`, what [`SandboxMetrics::encode`] writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `text/plain; version=0.0.4`, what [`SandboxMetrics::encode_prometheus_text`] writes.
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ToolStatusLabels {
+    tool: String,
+    status: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TriggerLabels {
+    trigger: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CategoryLabels {
+    category: &'static str,
+}
+
+/// The sandbox's metrics and the registry they are encoded from. Share it
+/// behind an `Arc`; every method takes `&self`.
+#[derive(Debug)]
+pub struct SandboxMetrics {
+    registry: Registry,
+    tool_call_duration: Family<ToolLabels, Histogram, fn() -> Histogram>,
+    tool_calls: Family<ToolStatusLabels, Counter>,
+    tool_timeouts: Family<ToolLabels, Counter>,
+    tool_fallbacks: Family<ToolLabels, Counter>,
+    rollbacks: Counter,
+    injections: Family<TriggerLabels, Counter>,
+    episodes: Family<OutcomeLabels, Counter>,
+    policy_errors: Family<CategoryLabels, Counter>,
+    tool_labels: Mutex<HashSet<String>>,
+    policy_error_categories: Mutex<HashSet<&'static str>>,
+}
+
+impl Default for SandboxMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS_SECONDS)
+}
+
+impl SandboxMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(METRIC_PREFIX);
+        let tool_call_duration = Family::<ToolLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register_with_unit(
+            "tool_call_duration",
+            "Latency of tool calls through the executor, fallbacks included, by tool",
+            Unit::Seconds,
+            tool_call_duration.clone(),
+        );
+        let tool_calls = Family::default();
+        registry.register("tool_calls", "Tool calls by tool and step status", tool_calls.clone());
+        let tool_timeouts = Family::default();
+        registry.register("tool_timeouts", "Tool calls that hit their tool timeout, by tool", tool_timeouts.clone());
+        let tool_fallbacks = Family::default();
+        registry.register(
+            "tool_fallbacks",
+            "Tool calls answered by the tool's fallback observation, by tool",
+            tool_fallbacks.clone(),
+        );
+        let rollbacks = Counter::default();
+        registry.register(
+            "rollbacks",
+            "Plan steps whose memory was rolled back to the last stable checkpoint",
+            rollbacks.clone(),
+        );
+        let injections = Family::default();
+        registry.register("injections", "Observation injections by trigger", injections.clone());
+        let episodes = Family::default();
+        registry.register("episodes", "Finished episodes by outcome", episodes.clone());
+        let policy_errors = Family::default();
+        registry.register("policy_errors", "Failed policy turns by error category", policy_errors.clone());
+        Self {
+            registry,
+            tool_call_duration,
+            tool_calls,
+            tool_timeouts,
+            tool_fallbacks,
+            rollbacks,
+            injections,
+            episodes,
+            policy_errors,
+            tool_labels: Mutex::new(HashSet::new()),
+            policy_error_categories: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Records one executor outcome: latency, status, timeout, fallback.
+    pub fn observe_call(&self, call: &CallOutcome) {
+        let tool = match &call.error {
+            Some(CallError::UnknownTool { .. }) => UNKNOWN_TOOL_LABEL.to_string(),
+            _ => self.tool_label(&call.plan_step.tool),
+        };
+        let seconds = call.plan_step.latency_micros as f64 / 1e6;
+        let labels = ToolLabels { tool };
+        self.tool_call_duration.get_or_create(&labels).observe(seconds);
+        let status = status_label(call.status);
+        self.tool_calls.get_or_create(&ToolStatusLabels { tool: labels.tool.clone(), status }).inc();
+        if call.timed_out() {
+            self.tool_timeouts.get_or_create(&labels).inc();
+        }
+        if call.plan_step.fallback_used {
+            self.tool_fallbacks.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Records a finished episode: its outcome and its rollbacks.
+    pub fn observe_episode(&self, episode: &EpisodeResult) {
+        self.episodes.get_or_create(&OutcomeLabels { outcome: outcome_label(&episode.outcome) }).inc();
+        self.rollbacks.inc_by(u64::from(episode.rollbacks));
+    }
+
+    /// Records one injection delivered into an episode.
+    pub fn observe_injection(&self, trigger: InjectionTrigger) {
+        self.injections.get_or_create(&TriggerLabels { trigger: trigger_label(trigger) }).inc();
+    }
+
+    /// Records a failed policy turn by its bounded category
+    /// (`PolicyError::category()`, e.g. `PolicyTimeout`).
+    pub fn observe_policy_error(&self, category: &'static str) {
+        let category = {
+            let mut seen = self.policy_error_categories.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.contains(category) || seen.len() < MAX_POLICY_ERROR_CATEGORIES {
+                seen.insert(category);
+                category
+            } else {
+                OVERFLOW_LABEL
+            }
+        };
+        self.policy_errors.get_or_create(&CategoryLabels { category }).inc();
+    }
+
+    /// The registry in the OpenMetrics text format (ends with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing metrics into a String cannot fail");
+        out
+    }
+
+    /// The registry in the Prometheus text format 0.0.4, for scrapers (and
+    /// `promtool check metrics`) that do not ask for OpenMetrics.
+    pub fn encode_prometheus_text(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            .expect("writing metrics into a String cannot fail");
+        out
+    }
+
+    /// The `tool` label for `name`: itself while fewer than
+    /// [`MAX_TOOL_LABELS`] names are in use, else [`OVERFLOW_LABEL`].
+    fn tool_label(&self, name: &str) -> String {
+        let mut seen = self.tool_labels.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(name) {
+            return name.to_string();
+        }
+        if seen.len() < MAX_TOOL_LABELS {
+            seen.insert(name.to_string());
+            return name.to_string();
+        }
+        OVERFLOW_LABEL.to_string()
+    }
+}
+
+/// The `status` label: the trace's step status in snake case.
+pub fn status_label(status: StepStatus) -> &'static str {
+    match status {
+        StepStatus::Unspecified => "unspecified",
+        StepStatus::Ok => "ok",
+        StepStatus::Error => "error",
+        StepStatus::Timeout => "timeout",
+        StepStatus::Fallback => "fallback",
+        StepStatus::RolledBack => "rolled_back",
+        StepStatus::Refused => "refused",
+    }
+}
+
+/// The `trigger` label: the trace's injection trigger in snake case.
+pub fn trigger_label(trigger: InjectionTrigger) -> &'static str {
+    match trigger {
+        InjectionTrigger::Unspecified => "unspecified",
+        InjectionTrigger::AtStep => "at_step",
+        InjectionTrigger::AfterTool => "after_tool",
+        InjectionTrigger::MemoryMatch => "memory_match",
+        InjectionTrigger::Live => "live",
+    }
+}
+
+/// The `outcome` label: the episode's outcome name, or `other` for a name
+/// outside the fixed set.
+pub fn outcome_label(outcome: &str) -> &'static str {
+    match outcome {
+        "completed" => "completed",
+        "max_steps" => "max_steps",
+        "error" => "error",
+        "cancelled" => "cancelled",
+        "unspecified" => "unspecified",
+        _ => OVERFLOW_LABEL,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use basecamp_trace::pb;
+
+    use super::*;
+
+    fn outcome(tool: &str, status: StepStatus) -> CallOutcome {
+        CallOutcome {
+            observation: serde_json::Value::Null,
+            status,
+            error: None,
+            deltas: Vec::new(),
+            warnings: Vec::new(),
+            plan_step: pb::PlanStep {
+                tool: tool.into(),
+                status: status as i32,
+                latency_micros: 1500,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn tool_labels_are_capped_and_later_tools_share_other() {
+        let metrics = SandboxMetrics::new();
+        for i in 0..MAX_TOOL_LABELS + 10 {
+            metrics.observe_call(&outcome(&format!("tool_{i}"), StepStatus::Ok));
+        }
+        // A tool seen before the cap keeps its own label after it.
+        metrics.observe_call(&outcome("tool_0", StepStatus::Ok));
+        let text = metrics.encode();
+        let tools: HashSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("basecamp_sandbox_tool_calls_total{"))
+            .filter_map(|l| l.split("tool=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(tools.len(), MAX_TOOL_LABELS + 1);
+        assert!(tools.contains(OVERFLOW_LABEL));
+        assert!(text.contains(r#"basecamp_sandbox_tool_calls_total{tool="other",status="ok"} 10"#), "{text}");
+        assert!(text.contains(r#"basecamp_sandbox_tool_calls_total{tool="tool_0",status="ok"} 2"#));
+    }
+
+    #[test]
+    fn calls_to_undefined_tools_are_labelled_unknown() {
+        let metrics = SandboxMetrics::new();
+        let mut call = outcome("made_up_by_the_model", StepStatus::Refused);
+        call.error = Some(CallError::UnknownTool { tool: "made_up_by_the_model".into(), available: "tracking".into() });
+        metrics.observe_call(&call);
+        let text = metrics.encode();
+        assert!(text.contains(r#"basecamp_sandbox_tool_calls_total{tool="unknown",status="refused"} 1"#), "{text}");
+        assert!(!text.contains("made_up_by_the_model"));
+    }
+
+    #[test]
+    fn policy_error_categories_are_capped() {
+        let metrics = SandboxMetrics::new();
+        let names: Vec<&'static str> =
+            (0..MAX_POLICY_ERROR_CATEGORIES + 3).map(|i| &*format!("Category{i}").leak()).collect();
+        for name in &names {
+            metrics.observe_policy_error(name);
+        }
+        let text = metrics.encode();
+        assert!(text.contains(r#"basecamp_sandbox_policy_errors_total{category="other"} 3"#), "{text}");
+    }
+
+    #[test]
+    fn unknown_outcomes_are_other() {
+        assert_eq!(outcome_label("completed"), "completed");
+        assert_eq!(outcome_label("exploded"), "other");
+    }
+}
