@@ -1,0 +1,214 @@
+//! `basecamp trace analyze` as a user runs it: the real binary on real
+//! safetensors files (written here), stdout, stderr and exit codes. Numbers
+//! are checked against the float64 oracle on fresh random logits (the seed
+//! is printed on failure; `BASECAMP_TEST_SEED` replays it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use basecamp_gpu::file::{RawTensor, TensorDtype, write_tensors};
+use basecamp_gpu::logits::LogitsView;
+use basecamp_gpu::logits::reference::reference;
+use basecamp_gpu::testdata::{Rng, fresh_seed, mixed_logits, perturbed, to_bf16};
+use serde_json::Value;
+
+fn analyze(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "analyze"])
+        .args(args)
+        .output()
+        .expect("the basecamp binary runs")
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("temp paths are UTF-8")
+}
+
+/// The one line on stderr of a failed run.
+fn failure(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+    let stderr = String::from_utf8(out.stderr.clone()).expect("UTF-8 stderr");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {stderr:?}");
+    lines[0].to_string()
+}
+
+fn json_of(out: &Output) -> Value {
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON document")
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+fn write(dir: &Path, name: &str, tensors: &[RawTensor]) -> PathBuf {
+    let path = dir.join(name);
+    write_tensors(&path, tensors).expect("write safetensors");
+    path
+}
+
+#[test]
+fn two_files_give_every_statistic_and_kl_matching_float64() {
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let (rows, vocab, k) = (9, 3001, 4);
+    let p = mixed_logits(&mut rng, rows, vocab);
+    let q = perturbed(&mut rng, &p, 0.2);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[rows, vocab], &p)]);
+    let b = write(dir.path(), "b.safetensors", &[RawTensor::f32("logits", &[rows, vocab], &q)]);
+    let doc = json_of(&analyze(&[
+        "--logits",
+        path_str(&a),
+        path_str(&b),
+        "--top-k",
+        "4",
+        "--device",
+        "cpu",
+        "--output",
+        "json",
+    ]));
+    let pv = LogitsView::f32(&p, rows, vocab).expect("p");
+    let qv = LogitsView::f32(&q, rows, vocab).expect("q");
+    let want = reference(pv, Some(qv), k).expect("valid");
+    let context = format!("seed {seed} (BASECAMP_TEST_SEED={seed})");
+    assert_eq!(doc["inputs"][1]["file"], Value::String(path_str(&b).to_string()));
+    assert_eq!(doc["inputs"][0]["shape"], serde_json::json!([rows, vocab]));
+    assert!(doc["backend"].as_str().expect("backend").starts_with("cpu"), "{}", doc["backend"]);
+    let tokens = doc["tokens"].as_array().expect("tokens");
+    assert_eq!(tokens.len(), rows);
+    let close = |got: f64, want: f64| (got - want).abs() <= 1e-5 * (1.0 + want.abs());
+    for (t, w) in tokens.iter().zip(&want) {
+        assert!(close(f(&t["logsumexp"]), w.lse), "{t} vs {w:?}; {context}");
+        assert!(close(f(&t["entropy"]), w.entropy), "{t} vs {w:?}; {context}");
+        let kl = w.kl.expect("pair");
+        if kl.is_infinite() {
+            assert_eq!(t["kl"], "inf", "{context}");
+        } else {
+            assert!((f(&t["kl"]) - kl).abs() <= 1e-6 + 1e-4 * kl, "{t} vs {w:?}; {context}");
+        }
+        let ids: Vec<u64> = t["top"].as_array().expect("top").iter().map(|e| e["id"].as_u64().expect("id")).collect();
+        let want_ids: Vec<u64> = w.top.iter().map(|&(id, _)| u64::from(id)).collect();
+        assert_eq!(ids, want_ids, "{context}");
+        for (e, &(_, lp)) in t["top"].as_array().expect("top").iter().zip(&w.top) {
+            assert!(close(f(&e["logprob"]), lp), "{e} vs {lp}; {context}");
+        }
+    }
+    let finite: Vec<f64> = want.iter().filter_map(|w| w.kl).filter(|v| v.is_finite()).collect();
+    let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+    assert!((f(&doc["summary"]["kl_mean"]) - mean).abs() <= 1e-6 + 1e-4 * mean, "{}; {context}", doc["summary"]);
+    assert_eq!(doc["summary"]["tokens"], rows);
+    assert_eq!(doc["summary"]["kl_infinite"], want.len() - finite.len());
+}
+
+#[test]
+fn bf16_logits_with_a_batch_dimension_print_a_table() {
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let (rows, vocab) = (3, 500);
+    let p = to_bf16(&mixed_logits(&mut rng, rows, vocab));
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Two tensors: without --tensor the one called "logits" is used.
+    let a = write(
+        dir.path(),
+        "a.safetensors",
+        &[RawTensor::bf16("logits", &[1, rows, vocab], &p), RawTensor::f32("hidden", &[2, 2], &[1.0; 4])],
+    );
+    let out = analyze(&["--logits", path_str(&a), "--top-k", "2", "--device", "auto"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], format!("A: {} tensor \"logits\" [{rows}, {vocab}] bf16", a.display()));
+    assert!(lines[1].starts_with("backend: "), "{text}");
+    assert!(lines[2].contains("logsumexp") && lines[2].contains("top-2"), "{text}");
+    let want = reference(LogitsView::bf16(&p, rows, vocab).expect("p"), None, 2).expect("valid");
+    for (row, w) in want.iter().enumerate() {
+        let line = lines[3 + row];
+        assert!(line.trim_start().starts_with(&format!("{row} ")), "{line}");
+        // The last fields are id:logprob pairs; the ids must be the oracle's.
+        let ids: Vec<&str> =
+            line.split_whitespace().rev().take(w.top.len()).map(|f| f.split(':').next().unwrap_or("")).collect();
+        let want_ids: Vec<String> = w.top.iter().rev().map(|(id, _)| id.to_string()).collect();
+        assert_eq!(ids, want_ids, "{line}; seed {seed}");
+    }
+    assert!(lines[3 + rows].starts_with(&format!("tokens: {rows}  mean entropy: ")), "{text}");
+}
+
+#[test]
+fn input_errors_name_the_file_the_tensor_and_the_shapes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values: Vec<f32> = (0..24).map(|i| (i % 7) as f32 - 3.0).collect();
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[4, 6], &values)]);
+    let wide = write(dir.path(), "wide.safetensors", &[RawTensor::f32("logits", &[3, 8], &values)]);
+    let ids = write(
+        dir.path(),
+        "ids.safetensors",
+        &[RawTensor { name: "ids".into(), dtype: TensorDtype::I32, shape: vec![4, 6], bytes: vec![0; 96] }],
+    );
+    let flat = write(dir.path(), "flat.safetensors", &[RawTensor::f32("logits", &[24], &values)]);
+    let (a_s, wide_s) = (path_str(&a), path_str(&wide));
+
+    let line = failure(&analyze(&["--logits", a_s, "--tensor", "scores"]));
+    assert_eq!(line, format!("error: {a_s} has no tensor \"scores\"; it has: logits"));
+
+    let line = failure(&analyze(&["--logits", path_str(&ids)]));
+    assert_eq!(line, format!("error: tensor \"ids\" in {} is I32: logits must be F32 or BF16", ids.display()));
+
+    let line = failure(&analyze(&["--logits", path_str(&flat)]));
+    assert_eq!(
+        line,
+        format!(
+            "error: tensor \"logits\" in {} has shape [24]: logits must be 2-D [tokens, vocab] with vocab >= 1",
+            flat.display()
+        )
+    );
+
+    let line = failure(&analyze(&["--logits", a_s, wide_s]));
+    assert_eq!(
+        line,
+        format!(
+            "error: {a_s} tensor \"logits\" has shape [4, 6] but {wide_s} tensor \"logits\" has shape [3, 8]: \
+             KL needs logits of the same shape"
+        )
+    );
+
+    let line = failure(&analyze(&["--logits", a_s, "--top-k", "21"]));
+    assert_eq!(line, "error: top-k of 21 is more than the 20 supported: ask for at most 20");
+
+    let missing = dir.path().join("missing.safetensors");
+    let line = failure(&analyze(&["--logits", path_str(&missing)]));
+    assert!(line.starts_with(&format!("error: cannot read {}: ", missing.display())), "{line}");
+}
+
+#[test]
+fn a_nan_in_the_second_file_names_that_file_row_and_column() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values: Vec<f32> = (0..24).map(|i| (i % 5) as f32).collect();
+    let mut bad = values.clone();
+    bad[2 * 6 + 4] = f32::NAN;
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[4, 6], &values)]);
+    let b = write(dir.path(), "b.safetensors", &[RawTensor::bf16("logits", &[4, 6], &to_bf16(&bad))]);
+    let line = failure(&analyze(&["--logits", path_str(&a), path_str(&b), "--device", "cpu"]));
+    assert_eq!(
+        line,
+        format!(
+            "error: {} tensor \"logits\": logits q row 2 column 4 is NaN: logits must be finite or -inf",
+            b.display()
+        )
+    );
+}
+
+#[test]
+fn device_gpu_without_a_gpu_is_a_clear_error_and_auto_falls_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[2, 3], &[0.0, 1.0, 2.0, 2.0, 1.0, 0.0])]);
+    let auto = json_of(&analyze(&["--logits", path_str(&a), "--output", "json"]));
+    if !basecamp_gpu::probe::driver_present() {
+        println!("skipping the GPU run: no NVIDIA driver");
+        assert!(auto["fallback_reason"].as_str().expect("a reason").contains("no NVIDIA driver"), "{auto}");
+        let line = failure(&analyze(&["--logits", path_str(&a), "--device", "gpu"]));
+        assert!(line.starts_with("error: --device gpu: no NVIDIA driver"), "{line}");
+    }
+    assert_eq!(auto["tokens"][1]["top"][0]["id"], 0);
+}

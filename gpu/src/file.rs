@@ -1,0 +1,332 @@
+//! Logits tensors in safetensors files: memory-mapped (`memmap2`), parsed
+//! with the `safetensors` crate, and handed out as [`LogitsView`]s without a
+//! copy when the data is aligned (a copy otherwise).
+//!
+//! A logits tensor is 2-D `[tokens, vocab]` (leading dimensions of size 1,
+//! as in `[1, tokens, vocab]`, are dropped) in F32 or BF16. Without a name,
+//! the file's only tensor is used, or the one called `logits`. Every error
+//! names the file and the tensor. [`write_tensors`] writes such files (for
+//! tests and tools).
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::bf16;
+use memmap2::Mmap;
+pub use safetensors::Dtype as TensorDtype;
+use safetensors::SafeTensors;
+
+use crate::logits::{LogitsError, LogitsView};
+
+/// What can go wrong reading or writing a logits file.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file could not be opened or mapped.
+    #[error("cannot read {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not a safetensors file.
+    #[error("{} is not a valid safetensors file: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's words.
+        message: String,
+    },
+    /// No tensor of that name.
+    #[error("{} has no tensor {name:?}; it has: {}", path.display(), list(available))]
+    MissingTensor {
+        /// The file.
+        path: PathBuf,
+        /// The name asked for.
+        name: String,
+        /// What the file holds.
+        available: Vec<String>,
+    },
+    /// No name given and no obvious choice.
+    #[error(
+        "{} holds {} tensors and none is called \"logits\": pick one with --tensor (it has: {})",
+        path.display(), available.len(), list(available)
+    )]
+    AmbiguousTensor {
+        /// The file.
+        path: PathBuf,
+        /// What the file holds.
+        available: Vec<String>,
+    },
+    /// Not F32 or BF16.
+    #[error("tensor {name:?} in {} is {dtype}: logits must be F32 or BF16", path.display())]
+    Dtype {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Its element type.
+        dtype: String,
+    },
+    /// Not `[tokens, vocab]`.
+    #[error(
+        "tensor {name:?} in {} has shape {shape:?}: logits must be 2-D [tokens, vocab] with vocab >= 1",
+        path.display()
+    )]
+    Rank {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// Writing failed.
+    #[error("cannot write {}: {message}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() { "no tensors".to_string() } else { names.join(", ") }
+}
+
+impl FileError {
+    /// A fixed name for this kind of error, for Event reasons and metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            FileError::Open { .. } => "LogitsFileUnreadable",
+            FileError::Parse { .. } => "LogitsFileInvalid",
+            FileError::MissingTensor { .. } => "LogitsTensorMissing",
+            FileError::AmbiguousTensor { .. } => "LogitsTensorAmbiguous",
+            FileError::Dtype { .. } => "LogitsDtype",
+            FileError::Rank { .. } => "LogitsRank",
+            FileError::Write { .. } => "LogitsFileWrite",
+        }
+    }
+}
+
+/// A memory-mapped safetensors file.
+pub struct LogitsFile {
+    path: PathBuf,
+    map: Mmap,
+}
+
+/// One logits tensor read from a file.
+pub struct LoadedLogits<'a> {
+    /// The tensor's name.
+    pub name: String,
+    /// `[tokens, vocab]`.
+    pub shape: [usize; 2],
+    data: LoadedData<'a>,
+}
+
+enum LoadedData<'a> {
+    F32(Cow<'a, [f32]>),
+    Bf16(Cow<'a, [bf16]>),
+}
+
+impl LoadedLogits<'_> {
+    /// The tensor as a view.
+    pub fn view(&self) -> Result<LogitsView<'_>, LogitsError> {
+        let [rows, vocab] = self.shape;
+        match &self.data {
+            LoadedData::F32(d) => LogitsView::f32(d, rows, vocab),
+            LoadedData::Bf16(d) => LogitsView::bf16(d, rows, vocab),
+        }
+    }
+
+    /// Whether the data is read in place from the mapping (no copy).
+    pub fn zero_copy(&self) -> bool {
+        matches!(&self.data, LoadedData::F32(Cow::Borrowed(_)) | LoadedData::Bf16(Cow::Borrowed(_)))
+    }
+}
+
+impl LogitsFile {
+    /// Open and map `path`.
+    pub fn open(path: &Path) -> Result<Self, FileError> {
+        let open = |source| FileError::Open { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(open)?;
+        // SAFETY: the mapping is read-only; like every reader of a mapped
+        // file we rely on nobody truncating or rewriting it while we read.
+        let map = unsafe { Mmap::map(&file) }.map_err(open)?;
+        Ok(Self { path: path.to_path_buf(), map })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn parse(&self) -> Result<SafeTensors<'_>, FileError> {
+        SafeTensors::deserialize(&self.map)
+            .map_err(|e| FileError::Parse { path: self.path.clone(), message: e.to_string() })
+    }
+
+    /// Tensor names, sorted.
+    pub fn tensor_names(&self) -> Result<Vec<String>, FileError> {
+        let mut names: Vec<String> = self.parse()?.names().into_iter().map(str::to_string).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// The logits tensor `name` (or the default one; see the module comment).
+    pub fn logits(&self, name: Option<&str>) -> Result<LoadedLogits<'_>, FileError> {
+        let tensors = self.parse()?;
+        let available = || {
+            let mut names: Vec<String> = tensors.names().into_iter().map(str::to_string).collect();
+            names.sort();
+            names
+        };
+        let name = match name {
+            Some(name) => name.to_string(),
+            None => {
+                let names = available();
+                match names.as_slice() {
+                    [only] => only.clone(),
+                    _ if names.iter().any(|n| n == "logits") => "logits".to_string(),
+                    _ => return Err(FileError::AmbiguousTensor { path: self.path.clone(), available: names }),
+                }
+            }
+        };
+        let tensor = tensors.tensor(&name).map_err(|_| FileError::MissingTensor {
+            path: self.path.clone(),
+            name: name.clone(),
+            available: available(),
+        })?;
+        let bytes = tensor.data();
+        let data = match tensor.dtype() {
+            TensorDtype::F32 => LoadedData::F32(cast_f32(bytes)),
+            TensorDtype::BF16 => LoadedData::Bf16(cast_bf16(bytes)),
+            other => {
+                return Err(FileError::Dtype { path: self.path.clone(), name, dtype: format!("{other:?}") });
+            }
+        };
+        let shape = tensor.shape().to_vec();
+        let rank_error = || FileError::Rank { path: self.path.clone(), name: name.clone(), shape: shape.clone() };
+        let (lead, last_two) = match shape.len() {
+            0 | 1 => return Err(rank_error()),
+            n => shape.split_at(n - 2),
+        };
+        if lead.iter().any(|&d| d != 1) || last_two[1] == 0 {
+            return Err(rank_error());
+        }
+        let dims = [last_two[0], last_two[1]];
+        Ok(LoadedLogits { name, shape: dims, data })
+    }
+}
+
+fn cast_f32(bytes: &[u8]) -> Cow<'_, [f32]> {
+    if cfg!(target_endian = "little") && bytes.as_ptr().align_offset(align_of::<f32>()) == 0 {
+        // SAFETY: aligned, length checked by safetensors (a multiple of 4),
+        // every bit pattern is an f32, and the file is little-endian as is
+        // this machine.
+        Cow::Borrowed(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), bytes.len() / 4) })
+    } else {
+        Cow::Owned(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+fn cast_bf16(bytes: &[u8]) -> Cow<'_, [bf16]> {
+    if cfg!(target_endian = "little") && bytes.as_ptr().align_offset(align_of::<bf16>()) == 0 {
+        // SAFETY: as for f32; `bf16` is `#[repr(transparent)]` over `u16`.
+        Cow::Borrowed(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<bf16>(), bytes.len() / 2) })
+    } else {
+        Cow::Owned(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect())
+    }
+}
+
+/// One tensor to write: its name, element type, shape and little-endian bytes.
+pub struct RawTensor {
+    /// Name in the file.
+    pub name: String,
+    /// Element type.
+    pub dtype: TensorDtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Little-endian element bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl RawTensor {
+    /// A float32 tensor.
+    pub fn f32(name: &str, shape: &[usize], values: &[f32]) -> Self {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Self { name: name.to_string(), dtype: TensorDtype::F32, shape: shape.to_vec(), bytes }
+    }
+
+    /// A bfloat16 tensor.
+    pub fn bf16(name: &str, shape: &[usize], values: &[bf16]) -> Self {
+        let bytes = values.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        Self { name: name.to_string(), dtype: TensorDtype::BF16, shape: shape.to_vec(), bytes }
+    }
+}
+
+/// Write `tensors` to a safetensors file at `path`.
+pub fn write_tensors(path: &Path, tensors: &[RawTensor]) -> Result<(), FileError> {
+    let write_error = |message: String| FileError::Write { path: path.to_path_buf(), message };
+    let views = tensors
+        .iter()
+        .map(|t| {
+            safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.bytes)
+                .map(|view| (t.name.clone(), view))
+                .map_err(|e| write_error(format!("tensor {:?}: {e}", t.name)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    safetensors::serialize_to_file(views, None, path).map_err(|e| write_error(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logits_round_trip_through_a_file_without_a_copy() {
+        let dir = std::env::temp_dir().join(format!("basecamp-gpu-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("a.safetensors");
+        let values: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let halves: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+        write_tensors(
+            &path,
+            &[
+                RawTensor::f32("logits", &[1, 3, 4], &values),
+                RawTensor::bf16("draft", &[3, 4], &halves),
+                RawTensor { name: "ids".into(), dtype: TensorDtype::I64, shape: vec![3], bytes: vec![0; 24] },
+            ],
+        )
+        .expect("write");
+        let file = LogitsFile::open(&path).expect("open");
+        assert_eq!(file.tensor_names().expect("names"), vec!["draft", "ids", "logits"]);
+        let logits = file.logits(None).expect("the one called logits");
+        assert_eq!((logits.name.as_str(), logits.shape), ("logits", [3, 4]));
+        assert!(logits.zero_copy());
+        assert_eq!(logits.view().expect("view").logit(2, 3), Some(3.5));
+        let draft = file.logits(Some("draft")).expect("bf16");
+        assert_eq!(draft.view().expect("view").logit(1, 0), Some(0.0));
+
+        let error = file.logits(Some("ids")).err().expect("I64");
+        assert_eq!(error.category(), "LogitsDtype");
+        assert!(error.to_string().contains("\"ids\"") && error.to_string().contains("I64"), "{error}");
+        let error = file.logits(Some("nope")).err().expect("missing");
+        assert!(error.to_string().ends_with("has no tensor \"nope\"; it has: draft, ids, logits"), "{error}");
+
+        write_tensors(&path, &[RawTensor::f32("x", &[2, 3, 2], &values), RawTensor::f32("y", &[12], &values)])
+            .expect("write");
+        let file = LogitsFile::open(&path).expect("open");
+        assert_eq!(file.logits(None).err().expect("two, no logits").category(), "LogitsTensorAmbiguous");
+        assert_eq!(file.logits(Some("x")).err().expect("3-D, batch 2").category(), "LogitsRank");
+        let error = file.logits(Some("y")).err().expect("1-D");
+        assert!(error.to_string().contains("has shape [12]"), "{error}");
+
+        std::fs::write(&path, b"not safetensors").expect("write");
+        let error = LogitsFile::open(&path).expect("open").logits(None).err().expect("garbage");
+        assert_eq!(error.category(), "LogitsFileInvalid");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

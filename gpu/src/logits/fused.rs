@@ -1,0 +1,607 @@
+//! The fused CPU pass: each row is read once, 16 logits at a time, by one
+//! rayon task; the row's statistics come out of per-lane accumulators.
+//!
+//! Per row it keeps one running maximum `m` of p (shared by the 16 lanes) and
+//! per lane, relative to `m`:
+//! - `n_max`: how many entries equal `m` (each contributes exactly 1),
+//! - `s_rest`: the sum of `exp(x - m)` over the others, so that
+//!   `ln S = ln_1p(s_rest)` keeps its precision on very peaked rows,
+//! - `a = sum exp(x - m) * (x - m)`, giving the entropy `ln S - a / S`.
+//!
+//! KL(p || q) = E_p[x - y] + ln(Z_q / Z_p). Computing `lse_q - lse_p` from two
+//! separately rounded sums costs ~1e-6 absolute, which is 100% of the KL of
+//! two runs that agree to bf16 rounding. So q is summed on p's base:
+//! `f = exp(y' - m)` with `y' = y - c0`, and per lane
+//! - `b = sum e * (x - y')`, `F = sum f`, `G = sum (f - e)` (termwise, so
+//!   the rounding is relative to the small differences),
+//! - `KL = b / S + ln_1p(G / S)` (`ln(F / S)` when q is far from p).
+//!
+//! `c0` is 0, or the whole-number difference of the maxima of q and p over
+//! the first [`SHIFT_PROBE`] entries when that exceeds 64 (q = log-softmax
+//! of p, say), so that `exp(y' - m)` neither overflows nor underflows. q
+//! entries seen while p is still all `-inf` wait in a small side sum. A row
+//! where some `y' - m` still exceeds 80, or where q's mass underflows on p's
+//! base, takes a second float64 pass over q (`KL = b/S - c0 + lse_q - lse_p`);
+//! real logits never need it.
+//!
+//! When a chunk holds a value above `m`, every accumulator is rescaled by
+//! `exp(m_old - m_new)` (`a` also takes `(m_old - m_new) * S`); on real logits
+//! that happens a handful of times per row. Sums run in blocks of 32 chunks
+//! that are folded into the row totals, which keeps float32 rounding error
+//! near `eps * (sqrt(32) + sqrt(V / 512))` instead of `eps * sqrt(V / 16)`.
+//! The inner loop has no branches and no bounds checks; on x86-64 with AVX2
+//! and FMA a second copy compiled for them is picked at run time.
+
+use rayon::prelude::*;
+
+use super::exp::{exp_clamped as exp_f32, mul_add};
+use super::topk::TopK;
+use super::{BadValue, Input, LogitStats, LogitsData, LogitsError, LogitsView, bf16, validate};
+
+const LANES: usize = 16;
+const CHUNKS_PER_BLOCK: usize = 32;
+/// `x - m` is clamped here: `exp` of it is 0, and `0 * d` stays 0 (NaN and
+/// `-inf` differences land here too; NaN inputs are caught separately).
+const D_FLOOR: f32 = -1000.0;
+const NEG_INF: f32 = f32::NEG_INFINITY;
+/// `y' - m` above this would overflow `F`: such a row takes the float64 pass.
+const OVER: f32 = 80.0;
+/// q's shift `c0` is measured over this many leading entries (the GPU
+/// kernel's block size, so both pick the same `c0`).
+pub(crate) const SHIFT_PROBE: usize = 256;
+/// Below this `F` (in units of p's largest term) q's mass may have underflowed.
+const F_UNDERFLOW: f64 = 1e-25;
+
+/// Which compiled copy of the CPU kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKernel {
+    /// The fastest this processor supports.
+    Auto,
+    /// Baseline instructions only (SSE2 on x86-64).
+    Portable,
+    /// AVX2 with fused multiply-add (x86-64); [`CpuKernel::Portable`] where absent.
+    Avx2Fma,
+}
+
+impl CpuKernel {
+    /// The copy that will actually run for this request on this processor.
+    pub fn resolve(self) -> CpuKernel {
+        match self {
+            CpuKernel::Portable => CpuKernel::Portable,
+            CpuKernel::Auto | CpuKernel::Avx2Fma if avx2_fma_available() => CpuKernel::Avx2Fma,
+            CpuKernel::Auto | CpuKernel::Avx2Fma => CpuKernel::Portable,
+        }
+    }
+
+    /// Short name for reports.
+    pub fn name(self) -> &'static str {
+        match self.resolve() {
+            CpuKernel::Avx2Fma => "avx2+fma",
+            CpuKernel::Auto | CpuKernel::Portable => "portable",
+        }
+    }
+}
+
+fn avx2_fma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// NaN or `+inf`: what a logit must not be. `!(x < inf)` is a single
+/// compare that is also true for NaN, which is the point.
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+pub(crate) fn not_a_logit(x: f32) -> bool {
+    !(x < f32::INFINITY)
+}
+
+/// A logit element type.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+
+    /// Sixteen at once; the default is the obvious loop.
+    #[inline(always)]
+    fn widen16(chunk: &[Self; LANES]) -> [f32; LANES] {
+        let mut out = [0.0; LANES];
+        for l in 0..LANES {
+            out[l] = chunk[l].to_f32();
+        }
+        out
+    }
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[inline(always)]
+    fn widen16(chunk: &[f32; LANES]) -> [f32; LANES] {
+        *chunk
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        // Exact: bf16 is the upper half of an f32 (NaN stays NaN).
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+
+    #[inline(always)]
+    fn widen16(chunk: &[bf16; LANES]) -> [f32; LANES] {
+        // Integer widening of the raw bits (two zero-extends and two shifts
+        // in AVX2); going through `bf16::to_bits` lane by lane made LLVM
+        // shuffle lanes through the stack.
+        let bits: [u16; LANES] = chunk.map(bf16::to_bits);
+        let mut wide = [0u32; LANES];
+        for l in 0..LANES {
+            wide[l] = u32::from(bits[l]) << 16;
+        }
+        wide.map(f32::from_bits)
+    }
+}
+
+/// How a row ended, before errors get their column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowStatus {
+    Ok,
+    NonFinite(Input),
+    Empty(Input),
+}
+
+/// One row's results.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowResult {
+    pub(crate) status: RowStatus,
+    pub(crate) lse: f64,
+    pub(crate) entropy: f64,
+    pub(crate) kl: f64,
+    pub(crate) top: TopK,
+}
+
+/// Per-lane sums relative to p's running maximum.
+#[derive(Clone, Copy)]
+struct Sums {
+    n_max: [f32; LANES],
+    s_rest: [f32; LANES],
+    a: [f32; LANES],
+    b: [f32; LANES],
+    f: [f32; LANES],
+    g: [f32; LANES],
+}
+
+impl Sums {
+    const ZERO: Sums = Sums {
+        n_max: [0.0; LANES],
+        s_rest: [0.0; LANES],
+        a: [0.0; LANES],
+        b: [0.0; LANES],
+        f: [0.0; LANES],
+        g: [0.0; LANES],
+    };
+
+    /// p's maximum moved up by `-dm` (`dm < 0`): `c = exp(dm)`.
+    #[inline(always)]
+    fn rescale(&mut self, dm: f32, c: f32) {
+        for l in 0..LANES {
+            let s = self.n_max[l] + self.s_rest[l];
+            self.a[l] = c * (self.a[l] + dm * s);
+            self.s_rest[l] = c * s;
+            self.n_max[l] = 0.0;
+            self.b[l] *= c;
+            self.f[l] *= c;
+            self.g[l] *= c;
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, other: &Sums) {
+        for l in 0..LANES {
+            self.n_max[l] += other.n_max[l];
+            self.s_rest[l] += other.s_rest[l];
+            self.a[l] += other.a[l];
+            self.b[l] += other.b[l];
+            self.f[l] += other.f[l];
+            self.g[l] += other.g[l];
+        }
+    }
+}
+
+/// The state of one row being streamed.
+struct RowState<const PAIR: bool, const FMA: bool> {
+    m: f32,
+    /// q's shift (see the module comment).
+    c0: f32,
+    block: Sums,
+    total: Sums,
+    /// q entries met while p was all `-inf`: `sum exp(y' - pending_max)`.
+    pending_max: f64,
+    pending_sum: f64,
+    /// Some `y' - m` exceeded [`OVER`]: KL needs the float64 pass.
+    q_far: bool,
+    bad_p: [u32; LANES],
+    bad_q: [u32; LANES],
+    q_zero: [u32; LANES],
+    q_over: [u32; LANES],
+    q_finite: [u32; LANES],
+    top: TopK,
+    threshold: f32,
+}
+
+#[inline(always)]
+fn any_above(xs: &[f32; LANES], t: f32) -> bool {
+    let mut any = 0u32;
+    for &x in xs {
+        any |= u32::from(x > t);
+    }
+    any != 0
+}
+
+#[inline(always)]
+fn max_of(xs: &[f32; LANES]) -> f32 {
+    xs.iter().fold(NEG_INF, |m, &x| if x > m { x } else { m })
+}
+
+#[inline(always)]
+fn widen<T: Elem>(chunk: &[T; LANES]) -> [f32; LANES] {
+    T::widen16(chunk)
+}
+
+/// The last `< LANES` elements, padded with `-inf` (which contributes nothing).
+fn widen_tail<T: Elem>(tail: &[T]) -> [f32; LANES] {
+    let mut out = [NEG_INF; LANES];
+    for (o, t) in out.iter_mut().zip(tail) {
+        *o = t.to_f32();
+    }
+    out
+}
+
+/// q's shift for a row: 0, or round(max q - max p) over the first
+/// [`SHIFT_PROBE`] entries when that is 64 or more in size.
+pub(crate) fn q_shift(max_p: f32, max_q: f32) -> f32 {
+    let shift = max_q - max_p;
+    if max_p > NEG_INF && max_q > NEG_INF && shift.abs() >= 64.0 && shift.is_finite() { shift.round() } else { 0.0 }
+}
+
+fn leading_max<T: Elem>(v: &[T]) -> f32 {
+    v.iter().take(SHIFT_PROBE).fold(NEG_INF, |m, &x| {
+        let x = x.to_f32();
+        if x > m { x } else { m }
+    })
+}
+
+impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
+    fn new(k: usize, c0: f32) -> Self {
+        let top = TopK::new(k);
+        Self {
+            m: NEG_INF,
+            c0,
+            block: Sums::ZERO,
+            total: Sums::ZERO,
+            pending_max: f64::NEG_INFINITY,
+            pending_sum: 0.0,
+            q_far: false,
+            bad_p: [0; LANES],
+            bad_q: [0; LANES],
+            q_zero: [0; LANES],
+            q_over: [0; LANES],
+            q_finite: [0; LANES],
+            threshold: top.threshold(),
+            top,
+        }
+    }
+
+    #[cold]
+    fn raise_p<P: Elem>(&mut self, raw: &[P; LANES]) {
+        let new_m = max_of(&widen(raw));
+        if self.m != NEG_INF {
+            let dm = self.m - new_m;
+            let c = exp_f32::<FMA>(dm);
+            if c == 0.0 {
+                // Everything so far is negligible next to the new maximum
+                // (and dm * S could overflow).
+                self.block = Sums::ZERO;
+                self.total = Sums::ZERO;
+            } else {
+                self.block.rescale(dm, c);
+                self.total.rescale(dm, c);
+            }
+        } else if PAIR && self.pending_sum > 0.0 {
+            // p's first finite logit: move the waiting q mass onto its base.
+            let arg = self.pending_max - f64::from(new_m);
+            if arg > f64::from(OVER) {
+                self.q_far = true;
+            } else {
+                let f = (self.pending_sum * arg.exp()) as f32;
+                self.total.f[0] += f;
+                self.total.g[0] += f;
+            }
+            self.pending_sum = 0.0;
+        }
+        self.m = new_m;
+    }
+
+    /// A chunk met while p is still all `-inf` (or NaN): only q's mass and
+    /// the validity flags count.
+    #[cold]
+    fn before_p<P: Elem, Q: Elem>(&mut self, x_raw: &[P; LANES], y_raw: &[Q; LANES]) {
+        let (xs, ys) = (widen(x_raw), widen(y_raw));
+        for l in 0..LANES {
+            self.bad_p[l] |= u32::from(not_a_logit(xs[l]));
+            self.bad_q[l] |= u32::from(not_a_logit(ys[l]));
+            let y = f64::from(ys[l] - self.c0);
+            if y > f64::NEG_INFINITY && y.is_finite() {
+                self.q_finite[l] = 1;
+                if y > self.pending_max {
+                    self.pending_sum *= (self.pending_max - y).exp();
+                    self.pending_max = y;
+                }
+                self.pending_sum += (y - self.pending_max).exp();
+            }
+        }
+    }
+
+    #[cold]
+    fn offer_top<P: Elem>(&mut self, raw: &[P; LANES], id0: u32) {
+        for (l, &x) in widen(raw).iter().enumerate() {
+            if x > self.threshold {
+                self.top.insert(x, id0 + l as u32);
+                self.threshold = self.top.threshold();
+            }
+        }
+    }
+
+    /// Sixteen logits of p (and of q when `PAIR`) starting at token `id0`.
+    /// The cold paths take the raw chunks, so that the widened values can
+    /// stay in registers.
+    #[inline(always)]
+    fn chunk<P: Elem, Q: Elem>(&mut self, x_raw: &[P; LANES], y_raw: &[Q; LANES], id0: u32) {
+        let xs = &widen(x_raw);
+        if any_above(xs, self.m) {
+            self.raise_p(x_raw);
+        }
+        if PAIR && self.m == NEG_INF {
+            self.before_p(x_raw, y_raw);
+            return;
+        }
+        let ys = &widen(y_raw);
+        let m = self.m;
+        let c0 = self.c0;
+        let s = &mut self.block;
+        for l in 0..LANES {
+            let x = xs[l];
+            let d = x - m;
+            let d = if d > D_FLOOR { d } else { D_FLOOR };
+            let e = exp_f32::<FMA>(d);
+            let at_max = d == 0.0;
+            s.n_max[l] += if at_max { 1.0 } else { 0.0 };
+            s.s_rest[l] += if at_max { 0.0 } else { e };
+            s.a[l] = mul_add::<FMA>(e, d, s.a[l]);
+            self.bad_p[l] |= u32::from(not_a_logit(x));
+            if PAIR {
+                let y_raw = ys[l];
+                let y = y_raw - c0;
+                let df = y - m;
+                let over = df > OVER;
+                let df = if df > D_FLOOR { df } else { D_FLOOR };
+                let df = if df < OVER { df } else { OVER };
+                let f = exp_f32::<FMA>(df);
+                let f = if over { 0.0 } else { f };
+                s.f[l] += f;
+                s.g[l] += f - e;
+                let term = e * (x - y);
+                s.b[l] += if e > 0.0 { term } else { 0.0 };
+                self.q_over[l] |= u32::from(over);
+                self.q_finite[l] |= u32::from(y_raw > NEG_INF);
+                self.q_zero[l] |= u32::from(x > NEG_INF) & u32::from(y_raw == NEG_INF);
+                self.bad_q[l] |= u32::from(not_a_logit(y_raw));
+            }
+        }
+        if any_above(xs, self.threshold) {
+            self.offer_top(x_raw, id0);
+        }
+    }
+
+    #[inline(always)]
+    fn fold_block(&mut self) {
+        self.total.add(&self.block);
+        self.block = Sums::ZERO;
+    }
+
+    /// Close the row; `lse_q` runs the float64 pass over q when KL needs it.
+    fn finish(mut self, lse_q: impl FnOnce() -> f64) -> RowResult {
+        self.fold_block();
+        let any = |mask: &[u32; LANES]| mask.iter().any(|&v| v != 0);
+        let sum = |v: &[f32; LANES]| v.iter().map(|&x| f64::from(x)).sum::<f64>();
+        let status = if any(&self.bad_p) {
+            RowStatus::NonFinite(Input::P)
+        } else if PAIR && any(&self.bad_q) {
+            RowStatus::NonFinite(Input::Q)
+        } else if self.m == NEG_INF {
+            RowStatus::Empty(Input::P)
+        } else if PAIR && !any(&self.q_finite) {
+            RowStatus::Empty(Input::Q)
+        } else {
+            RowStatus::Ok
+        };
+        let n_max = sum(&self.total.n_max);
+        let s_rest = sum(&self.total.s_rest);
+        let s = n_max + s_rest;
+        let ln_s = if n_max == 1.0 { s_rest.ln_1p() } else { s.ln() };
+        let m = f64::from(self.m);
+        let entropy = (ln_s - sum(&self.total.a) / s).max(0.0);
+        let kl = if !PAIR || status != RowStatus::Ok {
+            0.0
+        } else if any(&self.q_zero) {
+            f64::INFINITY
+        } else {
+            let (b, f, g) = (sum(&self.total.b) / s, sum(&self.total.f), sum(&self.total.g) / s);
+            let kl = if self.q_far || any(&self.q_over) || f < F_UNDERFLOW {
+                b - f64::from(self.c0) + lse_q() - (m + ln_s)
+            } else if g.abs() < 0.5 {
+                b + g.ln_1p()
+            } else {
+                b + (f / s).ln()
+            };
+            kl.max(0.0)
+        };
+        RowResult { status, lse: m + ln_s, entropy, kl, top: self.top }
+    }
+}
+
+/// log-sum-exp of a row in float64, two passes (the rare KL fallback).
+#[cold]
+fn lse_f64<T: Elem>(v: &[T]) -> f64 {
+    let m = v.iter().map(|x| f64::from(x.to_f32())).fold(f64::NEG_INFINITY, f64::max);
+    m + v.iter().map(|x| (f64::from(x.to_f32()) - m).exp()).sum::<f64>().ln()
+}
+
+/// One row, start to end. Generic over element types so that bf16 is widened
+/// in registers; `FMA` selects the fused-multiply-add flavour of the maths.
+#[inline(always)]
+fn row_kernel<P: Elem, Q: Elem, const PAIR: bool, const FMA: bool>(x: &[P], y: &[Q], k: usize) -> RowResult {
+    let c0 = if PAIR { q_shift(leading_max(x), leading_max(y)) } else { 0.0 };
+    let mut state = RowState::<PAIR, FMA>::new(k, c0);
+    let (x_chunks, x_tail) = x.as_chunks::<LANES>();
+    let (y_chunks, y_tail) = y.as_chunks::<LANES>();
+    let mut id0 = 0u32;
+    if PAIR {
+        for (xb, yb) in x_chunks.chunks(CHUNKS_PER_BLOCK).zip(y_chunks.chunks(CHUNKS_PER_BLOCK)) {
+            for (xc, yc) in xb.iter().zip(yb) {
+                state.chunk(xc, yc, id0);
+                id0 = id0.wrapping_add(LANES as u32);
+            }
+            state.fold_block();
+        }
+    } else {
+        let none = [NEG_INF; LANES];
+        for xb in x_chunks.chunks(CHUNKS_PER_BLOCK) {
+            for xc in xb {
+                state.chunk(xc, &none, id0);
+                id0 = id0.wrapping_add(LANES as u32);
+            }
+            state.fold_block();
+        }
+    }
+    if !x_tail.is_empty() {
+        state.chunk(&widen_tail(x_tail), &widen_tail(y_tail), id0);
+    }
+    state.finish(|| lse_f64(y))
+}
+
+fn row_portable<P: Elem, Q: Elem, const PAIR: bool>(x: &[P], y: &[Q], k: usize) -> RowResult {
+    row_kernel::<P, Q, PAIR, false>(x, y, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn row_avx2_fma<P: Elem, Q: Elem, const PAIR: bool>(x: &[P], y: &[Q], k: usize) -> RowResult {
+    row_kernel::<P, Q, PAIR, true>(x, y, k)
+}
+
+fn run_rows<P: Elem, Q: Elem, const PAIR: bool>(
+    p: &[P],
+    q: &[Q],
+    vocab: usize,
+    k: usize,
+    kernel: CpuKernel,
+) -> Vec<RowResult> {
+    let kernel = kernel.resolve();
+    let row = |r: usize| -> RowResult {
+        let x = &p[r * vocab..(r + 1) * vocab];
+        let y = if PAIR { &q[r * vocab..(r + 1) * vocab] } else { &q[..0] };
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `resolve` picks Avx2Fma only when the processor has AVX2 and FMA.
+            CpuKernel::Avx2Fma => unsafe { row_avx2_fma::<P, Q, PAIR>(x, y, k) },
+            _ => row_portable::<P, Q, PAIR>(x, y, k),
+        }
+    };
+    (0..p.len() / vocab).into_par_iter().with_min_len(1).map(row).collect()
+}
+
+/// Dispatch on the element types of p and q.
+pub(crate) fn rows_of(p: LogitsView<'_>, q: Option<LogitsView<'_>>, k: usize, kernel: CpuKernel) -> Vec<RowResult> {
+    let v = p.vocab();
+    match (p.data(), q.map(|q| q.data())) {
+        (LogitsData::F32(x), None) => run_rows::<f32, f32, false>(x, &[], v, k, kernel),
+        (LogitsData::Bf16(x), None) => run_rows::<bf16, bf16, false>(x, &[], v, k, kernel),
+        (LogitsData::F32(x), Some(LogitsData::F32(y))) => run_rows::<f32, f32, true>(x, y, v, k, kernel),
+        (LogitsData::F32(x), Some(LogitsData::Bf16(y))) => run_rows::<f32, bf16, true>(x, y, v, k, kernel),
+        (LogitsData::Bf16(x), Some(LogitsData::F32(y))) => run_rows::<bf16, f32, true>(x, y, v, k, kernel),
+        (LogitsData::Bf16(x), Some(LogitsData::Bf16(y))) => run_rows::<bf16, bf16, true>(x, y, v, k, kernel),
+    }
+}
+
+/// The error for a row that failed, naming the offending column; `None` for a good row.
+pub(crate) fn row_error(
+    status: RowStatus,
+    row: usize,
+    p: &LogitsView<'_>,
+    q: Option<&LogitsView<'_>>,
+) -> Option<LogitsError> {
+    match status {
+        RowStatus::Ok => None,
+        RowStatus::Empty(input) => Some(LogitsError::NoFiniteLogit { input, row }),
+        RowStatus::NonFinite(input) => {
+            let view = if input == Input::Q { q.unwrap_or(p) } else { p };
+            let (column, value) = view.first_bad_value(row).unwrap_or((0, BadValue::NaN));
+            Some(LogitsError::NonFinite { input, row, column, value })
+        }
+    }
+}
+
+/// Write finished rows into the flat outputs, or return the first row's error.
+pub(crate) fn write_rows(
+    results: &[RowResult],
+    p: &LogitsView<'_>,
+    q: Option<&LogitsView<'_>>,
+    out: &mut LogitStats,
+) -> Result<(), LogitsError> {
+    if let Some(error) = results.iter().enumerate().find_map(|(row, r)| row_error(r.status, row, p, q)) {
+        return Err(error);
+    }
+    let k = out.k();
+    for (row, r) in results.iter().enumerate() {
+        out.lse[row] = r.lse as f32;
+        out.entropy[row] = r.entropy as f32;
+        if q.is_some() {
+            out.kl[row] = r.kl as f32;
+        }
+        out.top_count[row] = r.top.len() as i32;
+        let ids = &mut out.top_ids[row * k..(row + 1) * k];
+        let logprobs = &mut out.top_logprobs[row * k..(row + 1) * k];
+        ids.fill(-1);
+        logprobs.fill(f32::NEG_INFINITY);
+        for (slot, (id, value)) in r.top.entries().enumerate() {
+            ids[slot] = id as i32;
+            logprobs[slot] = (f64::from(value) - r.lse) as f32;
+        }
+    }
+    Ok(())
+}
+
+/// Analyse `p` (and KL against `q`) into `out`, whose shape must match
+/// ([`LogitStats::poisoned`] with the same rows, vocab, k and `q.is_some()`).
+pub fn analyze_into(
+    p: LogitsView<'_>,
+    q: Option<LogitsView<'_>>,
+    k: usize,
+    kernel: CpuKernel,
+    out: &mut LogitStats,
+) -> Result<(), LogitsError> {
+    validate(&p, q.as_ref(), k)?;
+    if !out.fits(p.rows(), p.vocab(), k, q.is_some()) {
+        *out = LogitStats::poisoned(p.rows(), p.vocab(), k, q.is_some());
+    }
+    let results = rows_of(p, q, k, kernel);
+    write_rows(&results, &p, q.as_ref(), out)
+}

@@ -1,0 +1,138 @@
+//! A row's statistics as the trace's `token_logit` record
+//! ([`basecamp_trace::pb::TokenLogit`]), for a sandbox whose policy hands over
+//! raw logits instead of an OpenAI-style `top_logprobs` list.
+//!
+//! Without a tokenizer the token strings are empty (one per top-k id, so the
+//! record's parallel arrays stay parallel).
+
+use basecamp_trace::pb::TokenLogit;
+
+use super::{LogitsError, LogitsView, TokenStats};
+
+/// The token the policy emitted at a position, and its logit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChosenToken {
+    /// Token id.
+    pub id: u32,
+    /// Its logit in the row the statistics came from.
+    pub logit: f32,
+}
+
+/// Turns a token id into its text (a tokenizer's decode of one id).
+pub type TokenText<'a> = &'a dyn Fn(u32) -> String;
+
+fn to_sint(id: u32) -> i32 {
+    // Views refuse vocabularies above i32::MAX, so every id fits.
+    i32::try_from(id).unwrap_or(-1)
+}
+
+impl TokenStats {
+    /// The trace record for this row at `position`.
+    ///
+    /// `chosen` is the emitted token; without it the record names the top-1
+    /// token (what greedy decoding emits). Fails only when there is neither a
+    /// chosen token nor a top-k entry (k = 0).
+    pub fn to_token_logit(
+        &self,
+        position: u32,
+        chosen: Option<ChosenToken>,
+        text: Option<TokenText<'_>>,
+    ) -> Result<TokenLogit, LogitsError> {
+        let (token_id, logprob) = match chosen {
+            Some(c) => (c.id, (f64::from(c.logit) - f64::from(self.logsumexp)) as f32),
+            None => match (self.top_ids.first(), self.top_logprobs.first()) {
+                (Some(&id), Some(&logprob)) => (id, logprob),
+                _ => return Err(LogitsError::NoToken { row: position as usize }),
+            },
+        };
+        let name = |id: u32| text.map(|t| t(id)).unwrap_or_default();
+        Ok(TokenLogit {
+            position,
+            token_id: to_sint(token_id),
+            token: name(token_id),
+            logprob,
+            top_ids: self.top_ids.iter().map(|&id| to_sint(id)).collect(),
+            top_tokens: self.top_ids.iter().map(|&id| name(id)).collect(),
+            top_logprobs: self.top_logprobs.clone(),
+        })
+    }
+}
+
+/// Records for every row of `logits`, positions counting from `first_position`.
+///
+/// `emitted`, when given, holds the emitted token of each row (its logit is
+/// read from `logits`); otherwise each record names the row's top-1 token.
+pub fn token_logits(
+    logits: &LogitsView<'_>,
+    stats: &[TokenStats],
+    emitted: Option<&[u32]>,
+    first_position: u32,
+    text: Option<TokenText<'_>>,
+) -> Result<Vec<TokenLogit>, LogitsError> {
+    let rows = logits.rows();
+    if stats.len() != rows {
+        return Err(LogitsError::RowCountMismatch { what: "the statistics", got: stats.len(), expected: rows });
+    }
+    if let Some(e) = emitted
+        && e.len() != rows
+    {
+        return Err(LogitsError::RowCountMismatch { what: "the emitted tokens", got: e.len(), expected: rows });
+    }
+    stats
+        .iter()
+        .enumerate()
+        .map(|(row, s)| {
+            let chosen = match emitted {
+                Some(ids) => {
+                    let id = ids[row];
+                    let logit = logits.logit(row, id as usize).ok_or(LogitsError::TokenOutOfRange {
+                        row,
+                        token: id,
+                        vocab: logits.vocab(),
+                    })?;
+                    Some(ChosenToken { id, logit })
+                }
+                None => None,
+            };
+            s.to_token_logit(first_position.saturating_add(row as u32), chosen, text)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::logits::analyze;
+
+    #[test]
+    fn a_row_becomes_a_token_logit_record() {
+        // softmax of [ln 1, ln 2, ln 1] = [1/4, 1/2, 1/4]; lse = ln 4.
+        let x = [0.0f32, 2f32.ln(), 0.0];
+        let view = LogitsView::f32(&x, 1, 3).expect("1 x 3");
+        let stats = analyze(view, 2).expect("finite");
+        let record = stats[0].to_token_logit(7, None, None).expect("top-1");
+        assert_eq!(record.position, 7);
+        assert_eq!(record.token_id, 1);
+        assert_eq!(record.token, "");
+        assert_eq!(record.top_ids, vec![1, 0]);
+        assert_eq!(record.top_tokens, vec![String::new(), String::new()]);
+        assert!((record.logprob - 0.5f32.ln()).abs() < 1e-6);
+        assert!((record.top_logprobs[1] - 0.25f32.ln()).abs() < 1e-6);
+
+        let words = |id: u32| ["a", "b", "c"][id as usize].to_string();
+        let emitted = token_logits(&view, &stats, Some(&[2]), 3, Some(&words)).expect("in range");
+        assert_eq!(emitted[0].token_id, 2);
+        assert_eq!(emitted[0].token, "c");
+        assert_eq!(emitted[0].top_tokens, vec!["b", "a"]);
+        assert!((emitted[0].logprob - 0.25f32.ln()).abs() < 1e-6);
+        assert_eq!(emitted[0].position, 3);
+    }
+
+    #[test]
+    fn no_top_k_and_no_token_is_an_error_not_a_made_up_record() {
+        let x = [1.0f32, 2.0];
+        let stats = analyze(LogitsView::f32(&x, 1, 2).expect("1 x 2"), 0).expect("finite");
+        let error = stats[0].to_token_logit(0, None, None).expect_err("nothing to name");
+        assert_eq!(error.category(), "NoToken");
+    }
+}

@@ -1,0 +1,251 @@
+//! Synthetic logits for tests and benchmarks: seeded and reproducible, with
+//! the row shapes that break careless kernels (ties at the top, `-inf`
+//! entries, a single finite entry, very peaked and very flat rows, a large
+//! offset). Never zeros: they hide unwritten outputs and wrong indexing.
+//!
+//! Tests draw a fresh seed each run ([`fresh_seed`], overridable with
+//! `BASECAMP_TEST_SEED`) and print it when they fail.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use half::bf16;
+
+use crate::logits::LogitStats;
+use crate::logits::reference::ReferenceRow;
+
+/// SplitMix64: small, fast, and good enough for test data.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.uniform() * n as f64) as usize % n.max(1)
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// A new seed each call (time and process id), or `BASECAMP_TEST_SEED`.
+pub fn fresh_seed() -> u64 {
+    if let Some(seed) = std::env::var("BASECAMP_TEST_SEED").ok().and_then(|s| s.trim().parse().ok()) {
+        return seed;
+    }
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    Rng::new(nanos ^ (u64::from(std::process::id()) << 32)).next_u64()
+}
+
+/// The shapes of rows the generators produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKind {
+    /// `sigma * N(0, 1)` with sigma in [1, 5].
+    Gaussian,
+    /// Values on a coarse grid, so the top holds many exact ties.
+    Ties,
+    /// Gaussian with about a third of the entries `-inf`.
+    SomeNegInf,
+    /// `-inf` everywhere except one entry.
+    OneFinite,
+    /// One entry far above the rest (entropy near 0).
+    Peaked,
+    /// All entries equal (entropy = ln V, every id tied).
+    Flat,
+    /// Gaussian around 1000 (tests the max subtraction).
+    LargeOffset,
+}
+
+impl RowKind {
+    /// Every kind, in the order the mixed generator cycles through them.
+    pub const ALL: [RowKind; 7] = [
+        RowKind::Gaussian,
+        RowKind::Ties,
+        RowKind::SomeNegInf,
+        RowKind::OneFinite,
+        RowKind::Peaked,
+        RowKind::Flat,
+        RowKind::LargeOffset,
+    ];
+}
+
+/// Fill `row` with logits of `kind`.
+pub fn fill_row(rng: &mut Rng, kind: RowKind, row: &mut [f32]) {
+    let n = row.len();
+    match kind {
+        RowKind::Gaussian => {
+            let sigma = 1.0 + 4.0 * rng.uniform();
+            row.iter_mut().for_each(|x| *x = (sigma * rng.normal()) as f32);
+        }
+        RowKind::Ties => row.iter_mut().for_each(|x| *x = (rng.below(9) as f32) * 0.5 - 2.0),
+        RowKind::SomeNegInf => {
+            row.iter_mut()
+                .for_each(|x| *x = if rng.below(3) == 0 { f32::NEG_INFINITY } else { (3.0 * rng.normal()) as f32 });
+            row[rng.below(n)] = 1.0;
+        }
+        RowKind::OneFinite => {
+            row.fill(f32::NEG_INFINITY);
+            row[rng.below(n)] = (10.0 * rng.normal()) as f32;
+        }
+        RowKind::Peaked => {
+            row.iter_mut().for_each(|x| *x = (-30.0 + rng.normal()) as f32);
+            row[rng.below(n)] = (5.0 + rng.normal()) as f32;
+        }
+        RowKind::Flat => row.fill((4.0 * rng.normal()) as f32),
+        RowKind::LargeOffset => row.iter_mut().for_each(|x| *x = (1000.0 + 2.0 * rng.normal()) as f32),
+    }
+}
+
+/// `rows x vocab` logits cycling through every [`RowKind`] (a random start).
+pub fn mixed_logits(rng: &mut Rng, rows: usize, vocab: usize) -> Vec<f32> {
+    let start = rng.below(RowKind::ALL.len());
+    let mut out = vec![0.0f32; rows * vocab];
+    for (r, row) in out.chunks_exact_mut(vocab).enumerate() {
+        fill_row(rng, RowKind::ALL[(start + r) % RowKind::ALL.len()], row);
+    }
+    out
+}
+
+/// `rows x vocab` Gaussian logits scaled by `sigma` (the benchmarks' data).
+pub fn gaussian_logits(rng: &mut Rng, rows: usize, vocab: usize, sigma: f64) -> Vec<f32> {
+    (0..rows * vocab).map(|_| (sigma * rng.normal()) as f32).collect()
+}
+
+/// `p + sigma * N(0, 1)` elementwise, keeping `-inf` where p has it: a second
+/// run's logits at the same context.
+pub fn perturbed(rng: &mut Rng, p: &[f32], sigma: f64) -> Vec<f32> {
+    p.iter().map(|&x| if x == f32::NEG_INFINITY { x } else { (f64::from(x) + sigma * rng.normal()) as f32 }).collect()
+}
+
+/// Round to bfloat16.
+pub fn to_bf16(values: &[f32]) -> Vec<bf16> {
+    values.iter().map(|&v| bf16::from_f32(v)).collect()
+}
+
+/// How far a kernel's outputs are from the float64 oracle: the relative
+/// error `||out - ref|| / ||ref||` of each output over all rows (METHOD.md's
+/// measure; absolute where `||ref||` is 0), and the first exact mismatch.
+#[derive(Debug, Clone, Default)]
+pub struct Deviation {
+    /// log-sum-exp.
+    pub lse: f64,
+    /// Entropy.
+    pub entropy: f64,
+    /// KL over the rows where both are finite.
+    pub kl: f64,
+    /// The largest absolute KL error (KL near 0 has no useful relative error).
+    pub kl_abs: f64,
+    /// Top-k log-probabilities.
+    pub top_logprobs: f64,
+    /// The first disagreement that no tolerance excuses: top-k ids or counts,
+    /// or KL finite on one side and infinite on the other.
+    pub mismatch: Option<String>,
+}
+
+impl Deviation {
+    /// The largest relative error.
+    pub fn worst(&self) -> f64 {
+        self.lse.max(self.entropy).max(self.kl).max(self.top_logprobs)
+    }
+
+    /// Every relative error under `limit`, except that KL may instead be
+    /// within `kl_floor` absolutely: when every KL of a problem is near 0
+    /// (equal, shifted or two-token rows), ||ref|| is itself rounding-sized
+    /// and the relative measure says nothing.
+    pub fn within(&self, limit: f64, kl_floor: f64) -> bool {
+        self.mismatch.is_none()
+            && self.lse.max(self.entropy).max(self.top_logprobs) < limit
+            && (self.kl < limit || self.kl_abs < kl_floor)
+    }
+}
+
+/// `||a - b|| / ||b||` (plain `||a - b||` when `||b||` is 0).
+fn relative(pairs: impl Iterator<Item = (f64, f64)>) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (out, reference) in pairs {
+        diff += (out - reference).powi(2);
+        norm += reference.powi(2);
+    }
+    if norm > 0.0 { (diff / norm).sqrt() } else { diff.sqrt() }
+}
+
+/// Compare `out` with the oracle row by row.
+pub fn deviation(out: &LogitStats, reference: &[ReferenceRow]) -> Deviation {
+    let mut mismatch = None;
+    let mut note = |row: usize, what: String| {
+        mismatch.get_or_insert_with(|| format!("row {row}: {what}"));
+    };
+    let mut kl_pairs = Vec::new();
+    let mut top_pairs = Vec::new();
+    for (row, want) in reference.iter().enumerate() {
+        let got = out.token(row);
+        let want_ids: Vec<u32> = want.top.iter().map(|&(id, _)| id).collect();
+        if got.top_ids != want_ids {
+            note(row, format!("top ids {:?}, expected {:?}", got.top_ids, want_ids));
+        }
+        top_pairs.extend(got.top_logprobs.iter().zip(&want.top).map(|(&g, &(_, w))| (f64::from(g), w)));
+        match (got.kl, want.kl) {
+            (Some(g), Some(w)) if w.is_infinite() || g.is_infinite() => {
+                if f64::from(g) != w {
+                    note(row, format!("KL {g}, expected {w}"));
+                }
+            }
+            (Some(g), Some(w)) => kl_pairs.push((f64::from(g), w)),
+            (None, None) => {}
+            (g, w) => note(row, format!("KL {g:?}, expected {w:?}")),
+        }
+    }
+    Deviation {
+        lse: relative(out.logsumexp().iter().zip(reference).map(|(&g, w)| (f64::from(g), w.lse))),
+        entropy: relative(out.entropy().iter().zip(reference).map(|(&g, w)| (f64::from(g), w.entropy))),
+        kl_abs: kl_pairs.iter().map(|(g, w)| (g - w).abs()).fold(0.0, f64::max),
+        kl: relative(kl_pairs.into_iter()),
+        top_logprobs: relative(top_pairs.into_iter()),
+        mismatch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_logits_and_kinds_look_right() {
+        let a = mixed_logits(&mut Rng::new(7), 14, 64);
+        let b = mixed_logits(&mut Rng::new(7), 14, 64);
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        let mut row = vec![0.0; 100];
+        fill_row(&mut Rng::new(1), RowKind::OneFinite, &mut row);
+        assert_eq!(row.iter().filter(|x| x.is_finite()).count(), 1);
+        fill_row(&mut Rng::new(1), RowKind::Flat, &mut row);
+        assert!(row.iter().all(|&x| x == row[0]));
+        if std::env::var_os("BASECAMP_TEST_SEED").is_none() {
+            assert_ne!(fresh_seed(), fresh_seed());
+        }
+    }
+}
