@@ -234,6 +234,9 @@ impl EpisodeRunner {
             let response = match tokio::time::timeout_at(deadline, self.policy.respond(&request)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
+                    if let Some(metrics) = &self.metrics {
+                        metrics.observe_policy_error(e.category());
+                    }
                     let msg = format!("policy failed: {e}");
                     self.record_error(&mut writer, step, e.category(), &msg, vec![], &mut memory, &state)?;
                     state.first_error.get_or_insert("policy_error".into());

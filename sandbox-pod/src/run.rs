@@ -48,6 +48,8 @@ pub enum RunError {
     TestSet { location: String, message: String },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Gpu(#[from] basecamp_gpu::requirement::GpuRequirementError),
     #[error("cannot run the shard: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -59,6 +61,7 @@ impl RunError {
             Self::Selection(_) => "NoSuchTaskOrVariant",
             Self::TestSet { .. } => "TestSetUnavailable",
             Self::Config(e) => e.category(),
+            Self::Gpu(e) => e.category(),
             Self::Io(_) => "TraceIo",
         }
     }
@@ -90,7 +93,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     if report.has_errors() {
         return Err(RunError::Invalid(problems(&report, true)));
     }
-    let warnings: Vec<String> = report.warnings().map(|p| p.to_string()).collect();
+    let mut warnings: Vec<String> = report.warnings().map(|p| p.to_string()).collect();
 
     let loaded = match &request.task {
         Some(name) => manifests.tasks.iter().find(|t| t.object.metadata.name.as_deref() == Some(name.as_str())),
@@ -129,6 +132,10 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     })?;
     let resolved = resolve_profile(&sandbox.object.spec, variant.sandbox_ref.profile.as_deref())
         .map_err(|e| RunError::Selection(e.to_string()))?;
+
+    if let Some(warning) = check_gpu(&resolved, &basecamp_gpu::probe::probe_gpus())? {
+        warnings.push(warning);
+    }
 
     let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await?;
     let rows = test_set.shard(request.shard, request.shard_count).map_err(|e| RunError::Selection(e.to_string()))?;
@@ -190,6 +197,24 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     Ok(RunOutcome { summary, out_dir, upload, warnings })
 }
 
+/// The sandbox's GPU requirement against what this machine has: an error
+/// when a required GPU is missing or too old, a warning when the sandbox
+/// falls back to the CPU.
+pub fn check_gpu(
+    sandbox: &basecamp_api::SandboxConfigSpec,
+    probe: &basecamp_gpu::probe::GpuProbe,
+) -> Result<Option<String>, RunError> {
+    use basecamp_gpu::requirement::{GpuDecision, check_gpu_requirement};
+    let Some(gpu) = &sandbox.gpu else { return Ok(None) };
+    let min_cc =
+        gpu.min_compute_capability().map_err(|e| RunError::Selection(e.to_string()))?.map(|cc| (cc.major, cc.minor));
+    match check_gpu_requirement(probe, gpu.required, min_cc) {
+        GpuDecision::Gpu(_) => Ok(None),
+        GpuDecision::Cpu { warning } => Ok(warning),
+        GpuDecision::Refuse(e) => Err(e.into()),
+    }
+}
+
 async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, RunError> {
     let err = |message: String| RunError::TestSet { location: location.to_string(), message };
     if location.starts_with("s3://") {
@@ -201,4 +226,48 @@ async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, RunEr
     }
     let path = if Path::new(location).is_absolute() { PathBuf::from(location) } else { base_dir.join(location) };
     TestSet::load(&path).map_err(|e| err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use basecamp_api::GpuRequirement;
+    use basecamp_gpu::probe::{GpuDevice, GpuProbe};
+
+    fn sandbox(required: bool, min_cc: &str) -> basecamp_api::SandboxConfigSpec {
+        basecamp_api::SandboxConfigSpec {
+            gpu: Some(GpuRequirement {
+                required,
+                min_compute_capability: Some(min_cc.into()),
+                count: Some(1),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn v100() -> GpuProbe {
+        GpuProbe::Devices(vec![GpuDevice {
+            ordinal: 0,
+            name: "Tesla V100".into(),
+            compute_capability: (7, 0),
+            total_memory_bytes: 16 << 30,
+        }])
+    }
+
+    #[test]
+    fn a_required_gpu_below_the_minimum_refuses_with_the_documented_words() {
+        let err = check_gpu(&sandbox(true, "8.0"), &v100()).unwrap_err();
+        assert_eq!(err.to_string(), "GPU arch not supported for sandbox acceleration: found 7.0, need >= 8.0");
+        assert_eq!(err.category(), "GpuArchNotSupported");
+    }
+
+    #[test]
+    fn an_optional_gpu_falls_back_to_the_cpu_with_a_warning() {
+        let warning = check_gpu(&sandbox(false, "8.0"), &v100()).unwrap();
+        assert!(warning.is_some_and(|w| w.contains("7.0")), "the warning names what was found");
+        assert_eq!(check_gpu(&sandbox(true, "7.0"), &v100()).unwrap(), None);
+        assert!(check_gpu(&sandbox(true, "8.0"), &GpuProbe::NoDriver).is_err());
+        assert_eq!(check_gpu(&basecamp_api::SandboxConfigSpec::default(), &GpuProbe::NoDriver).unwrap(), None);
+    }
 }
