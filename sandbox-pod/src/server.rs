@@ -112,7 +112,7 @@ async fn inject(State(state): State<ServerState>, Path(episode): Path<String>, b
         Ok(other) => {
             return bad_request(format!(
                 "the injection body is {}, not an object; {INJECT_BODY_SHAPE}",
-                json_kind(&other)
+                crate::tools::json_type(&other)
             ));
         }
         Err(e) => Err(e),
@@ -157,17 +157,6 @@ fn check_id(what: &str, id: &str) -> Result<(), String> {
         return Err(format!("{what} contains control characters"));
     }
     Ok(())
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 fn bad_request(message: String) -> Response {

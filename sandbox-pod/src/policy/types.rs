@@ -233,7 +233,7 @@ impl ToolArguments {
             Self::Invalid(InvalidArguments {
                 raw,
                 error_type: "invalid_arguments",
-                message: format!("tool call arguments must be a JSON object, got {}", json_kind(&value)),
+                message: format!("tool call arguments must be a JSON object, got {}", crate::tools::json_type(&value)),
             })
         }
     }
@@ -258,17 +258,6 @@ impl ToolArguments {
             Self::Parsed(value) => value.to_string(),
             Self::Invalid(invalid) => invalid.raw.clone(),
         }
-    }
-}
-
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
