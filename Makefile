@@ -13,7 +13,7 @@ BIN_DIR := $(TARGET_DIR)/debug
 DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e bench bench-trace demo image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e bench bench-trace bench-sandbox bench-logits demo image fuzz clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -52,10 +52,16 @@ chart-lint: ## Lint and validate the Helm chart (arrives with the chart issue)
 e2e: ## End-to-end tests on a real control plane (arrives with the e2e issue)
 	@echo "e2e: the real-cluster tests arrive with their own issue" && exit 1
 
-bench: bench-trace ## Every benchmark; results under bench/results/
+bench: bench-trace bench-sandbox bench-logits ## Every benchmark; results under bench/results/
 
 bench-trace: ## Trace write/read throughput, delta vs snapshot size, zstd vs gzip
 	$(CARGO) bench -p basecamp-trace --bench trace
+
+bench-sandbox: ## Executor overhead vs a direct call, timeout lateness, episodes/s
+	$(CARGO) bench -p basecamp-sandbox --bench sandbox
+
+bench-logits: ## CPU logit analytics (fused vs scalar loop); the GPU run is gpu/bench/run_device.sh
+	$(CARGO) bench -p basecamp-gpu --bench logits
 
 demo: ## Write a realistic synthetic episode and read it back with `basecamp trace parse`
 	mkdir -p $(DEMO_DIR)

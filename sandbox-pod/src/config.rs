@@ -153,7 +153,7 @@ pub fn build_runner(
         max_steps: sandbox.max_steps(),
         plan_step_timeout: positive(sandbox.plan_step_timeout(), "spec.planStepTimeout")?,
         rollback_enabled: sandbox.rollback.enabled(),
-        snapshot_interval: sandbox.trace.memory_snapshot_interval.unwrap_or(0),
+        snapshot_interval: sandbox.trace.memory_snapshot_interval(),
         error_context: sandbox.trace.error_context(),
         injections,
         rewards,

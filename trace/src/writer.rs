@@ -17,6 +17,11 @@ use crate::pb::{EpisodeEnd, Header, IndexEntry, Record, TraceIndex, record::Body
 
 /// zstd level used when none is given: fast, and within a few percent of level 6's size.
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+/// Frames below this many raw bytes (a step of one tool call) use
+/// [`SMALL_FRAME_ZSTD_LEVEL`]: at that size zstd's entropy tables cost more
+/// time than they save bytes (measured by `make bench-sandbox`).
+pub const SMALL_FRAME_BYTES: usize = 4 << 10;
+pub const SMALL_FRAME_ZSTD_LEVEL: i32 = -1;
 
 pub struct TraceWriter<W: Write> {
     out: Option<W>,
@@ -25,6 +30,7 @@ pub struct TraceWriter<W: Write> {
     raw: Vec<u8>,
     compressed: Vec<u8>,
     compressor: zstd::bulk::Compressor<'static>,
+    small_compressor: zstd::bulk::Compressor<'static>,
     index: Vec<IndexEntry>,
     last_step: Option<u32>,
     record_count: u64,
@@ -52,6 +58,7 @@ impl<W: Write> TraceWriter<W> {
             raw: Vec::with_capacity(64 << 10),
             compressed: Vec::new(),
             compressor: zstd::bulk::Compressor::new(zstd_level)?,
+            small_compressor: zstd::bulk::Compressor::new(SMALL_FRAME_ZSTD_LEVEL.min(zstd_level))?,
             index: Vec::new(),
             last_step: None,
             record_count: 0,
@@ -118,7 +125,9 @@ impl<W: Write> TraceWriter<W> {
         let bound = zstd::zstd_safe::compress_bound(self.raw.len());
         self.compressed.clear();
         self.compressed.reserve(bound);
-        self.compressor.compress_to_buffer(&self.raw, &mut self.compressed)?;
+        let compressor =
+            if self.raw.len() < SMALL_FRAME_BYTES { &mut self.small_compressor } else { &mut self.compressor };
+        compressor.compress_to_buffer(&self.raw, &mut self.compressed)?;
         let header = FrameHeader {
             kind,
             compressed_len: len_u32(self.compressed.len())?,
