@@ -12,6 +12,7 @@ COPY trace trace
 COPY sandbox-pod sandbox-pod
 COPY operator operator
 COPY cli cli
+COPY gpu gpu
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
