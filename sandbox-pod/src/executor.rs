@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use basecamp_trace::pb::{self, MemorySource, StepKind, StepStatus, record::Body};
-use basecamp_trace::{Digest, Memory, MemoryDelta, MemoryPatch, PatchOp, canonical_json, hash_json};
+use basecamp_trace::{
+    Digest, Memory, MemoryDelta, MemoryPatch, PatchOp, canonical_json, hash_canonical_text, hash_json,
+};
 use serde_json::{Value, json};
 
 use crate::tools::{Tool, ToolError, ToolOutput, json_type};
@@ -169,7 +171,11 @@ impl ToolExecutor {
         let started = Instant::now();
         let memory_before = memory.hash();
         let (arguments_json, input_hash) = match call.arguments {
-            Ok(v) => (canonical_json(v), hash_json(v)),
+            Ok(v) => {
+                let text = canonical_json(v);
+                let hash = hash_canonical_text(&text);
+                (text, hash)
+            }
             Err(raw) => (raw.to_string(), hash_json(&Value::String(raw.to_string()))),
         };
         let def = self.tools.get(call.name);
@@ -256,7 +262,7 @@ impl ToolExecutor {
             call_id: call.call_id.to_string(),
             arguments_json,
             input_hash: input_hash.0.to_vec(),
-            result_hash: hash_json(&observation).0.to_vec(),
+            result_hash: hash_canonical_text(&observation_json).0.to_vec(),
             response_bytes: if response_bytes > 0 { response_bytes } else { observation_json.len() as u64 },
             observation_json,
             status: status as i32,

@@ -58,6 +58,12 @@ pub fn hash_json(value: &Value) -> Digest {
     Digest(hasher.0.finalize().into())
 }
 
+/// sha256 of text already in canonical form (what [`canonical_json`]
+/// returned): the same digest as [`hash_json`] of the value, without walking it again.
+pub fn hash_canonical_text(canonical: &str) -> Digest {
+    Digest(Sha256::digest(canonical.as_bytes()).into())
+}
+
 /// sha256 of the canonical JSON of an object given as a sorted map, without
 /// building a `Value` first (`String`'s order is byte order, as canonical JSON needs).
 pub fn hash_sorted_object(entries: &std::collections::BTreeMap<String, Value>) -> Digest {
@@ -190,6 +196,7 @@ mod tests {
         let v = json!({"order_id": "A-1", "items": [3, 2.5, true, "x\n"]});
         let direct: [u8; 32] = Sha256::digest(canonical_json(&v).as_bytes()).into();
         assert_eq!(hash_json(&v).0, direct);
+        assert_eq!(hash_canonical_text(&canonical_json(&v)), hash_json(&v));
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/basecamp.trace.v1.serde.rs"));
 }
 
-pub use canonical::{Digest, canonical_json, hash_json};
+pub use canonical::{Digest, canonical_json, hash_canonical_text, hash_json};
 pub use error::TraceError;
 pub use memory::{Memory, MemoryDelta, MemoryPatch, PatchOp};
 pub use reader::{IndexedTrace, RawRecord, RecordKind, Tail, TraceContents, TraceReader, read_trace, read_trace_from};
