@@ -1,0 +1,532 @@
+"""The checks of scripts/chart-lint.sh that need a YAML parser: splitting
+rendered manifests, validating prometheus-operator objects, extracting alert
+rules and dashboard queries for promtool, and asserting what the chart must
+render for a given values file. Run with the kubernetes-validate venv's
+Python (it has PyYAML and jsonschema):
+
+    checks.py split RENDERED OUT_DIR          core.yaml (for kubernetes-validate) and monitoring.yaml
+    checks.py monitoring RENDERED             ServiceMonitor/PodMonitor/PrometheusRule against strict schemas
+    checks.py rules RENDERED OUT              the PrometheusRule groups as a promtool rules file
+    checks.py dashboards DIR OUT              dashboard structure; every query as a recording rule in OUT
+    checks.py assert default|all-on RENDERED  what those values must render
+    checks.py crd-drift REPO_CRDS CHART_CRDS  the chart's crds/ equals the repository's
+    checks.py readme VALUES README            every value has a row in README.md's table
+
+Each prints one line per problem ("file: where: what") and exits 1 on any.
+"""
+
+import json
+import os
+import re
+import sys
+
+import jsonschema
+import yaml
+
+problems = []
+
+
+def problem(msg):
+    problems.append(msg)
+    print(f"  FAIL {msg}", file=sys.stderr)
+
+
+def load_docs(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def name_of(doc):
+    return f"{doc.get('kind')}/{doc.get('metadata', {}).get('namespace', '')}/{doc.get('metadata', {}).get('name')}"
+
+
+# ---------------------------------------------------------------- split
+
+def cmd_split(rendered, out_dir):
+    core, monitoring = [], []
+    for doc in load_docs(rendered):
+        (monitoring if doc.get("apiVersion", "").startswith("monitoring.coreos.com/") else core).append(doc)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "core.yaml"), "w") as f:
+        yaml.safe_dump_all(core, f, sort_keys=False)
+    with open(os.path.join(out_dir, "monitoring.yaml"), "w") as f:
+        yaml.safe_dump_all(monitoring, f, sort_keys=False)
+    print(f"  {len(core)} core objects, {len(monitoring)} prometheus-operator objects")
+
+
+# ---------------------------------------------------------------- monitoring
+# Strict schemas of the prometheus-operator (monitoring.coreos.com/v1) fields
+# the chart renders, written from the operator's API reference. Unknown
+# fields fail, so a misspelt field is caught before a cluster rejects it.
+
+STR = {"type": "string"}
+STRMAP = {"type": "object", "additionalProperties": STR}
+DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+LABEL_NAME = {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}
+RELABEL = {"type": "object", "additionalProperties": False, "properties": {
+    "sourceLabels": {"type": "array", "items": LABEL_NAME}, "separator": STR, "targetLabel": STR,
+    "regex": STR, "modulus": {"type": "integer"}, "replacement": STR,
+    "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
+                        "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
+                        "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
+                        "dropequal", "DropEqual"]}}}
+META = {"type": "object", "required": ["name"], "properties": {
+    "name": STR, "namespace": STR, "labels": STRMAP, "annotations": STRMAP}}
+SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
+    "matchLabels": STRMAP, "matchExpressions": {"type": "array"}}}
+NS_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
+    "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": STR}}}
+ENDPOINT_COMMON = {
+    "port": STR, "path": STR, "scheme": {"enum": ["http", "https"]}, "interval": DURATION,
+    "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"}, "honorTimestamps": {"type": "boolean"},
+    "relabelings": {"type": "array", "items": RELABEL}, "metricRelabelings": {"type": "array", "items": RELABEL},
+}
+
+
+def cr(kind, spec):
+    return {"type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": kind},
+                           "metadata": META, "spec": spec}}
+
+
+MONITORING_SCHEMAS = {
+    "ServiceMonitor": cr("ServiceMonitor", {
+        "type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+        "properties": {"jobLabel": STR, "namespaceSelector": NS_SELECTOR, "selector": SELECTOR,
+                       "targetLabels": {"type": "array", "items": STR},
+                       "endpoints": {"type": "array", "minItems": 1, "items": {
+                           "type": "object", "additionalProperties": False, "properties": ENDPOINT_COMMON}}}}),
+    "PodMonitor": cr("PodMonitor", {
+        "type": "object", "additionalProperties": False, "required": ["selector", "podMetricsEndpoints"],
+        "properties": {"jobLabel": STR, "namespaceSelector": NS_SELECTOR, "selector": SELECTOR,
+                       "podTargetLabels": {"type": "array", "items": STR},
+                       "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
+                           "type": "object", "additionalProperties": False, "properties": ENDPOINT_COMMON}}}}),
+    "PrometheusRule": cr("PrometheusRule", {
+        "type": "object", "additionalProperties": False, "required": ["groups"],
+        "properties": {"groups": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+            "properties": {"name": STR, "interval": DURATION, "limit": {"type": "integer"},
+                           "labels": STRMAP, "partial_response_strategy": STR,
+                           "rules": {"type": "array", "items": {
+                               "type": "object", "additionalProperties": False, "required": ["expr"],
+                               "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                               "properties": {"alert": STR, "record": STR,
+                                              "expr": {"type": ["string", "integer"]}, "for": DURATION,
+                                              "keep_firing_for": DURATION, "labels": STRMAP,
+                                              "annotations": STRMAP}}}}}}}}),
+}
+
+
+def cmd_monitoring(rendered):
+    docs = [d for d in load_docs(rendered) if d.get("apiVersion", "").startswith("monitoring.coreos.com/")]
+    for doc in docs:
+        schema = MONITORING_SCHEMAS.get(doc.get("kind"))
+        if schema is None:
+            problem(f"{rendered}: {name_of(doc)}: no schema for this prometheus-operator kind")
+            continue
+        for err in sorted(jsonschema.Draft7Validator(schema).iter_errors(doc), key=lambda e: list(e.path)):
+            where = ".".join(str(p) for p in err.absolute_path) or "(root)"
+            problem(f"{rendered}: {name_of(doc)}: {where}: {err.message}")
+    print(f"  {len(docs)} prometheus-operator objects checked")
+
+
+# ---------------------------------------------------------------- rules
+
+def cmd_rules(rendered, out):
+    groups = []
+    for doc in load_docs(rendered):
+        if doc.get("kind") == "PrometheusRule":
+            groups.extend(doc["spec"]["groups"])
+    if not groups:
+        problem(f"{rendered}: no PrometheusRule groups rendered")
+    with open(out, "w") as f:
+        yaml.safe_dump({"groups": groups}, f, sort_keys=False)
+    print(f"  {sum(len(g['rules']) for g in groups)} rules in {len(groups)} groups -> {out}")
+
+
+# ---------------------------------------------------------------- dashboards
+
+# Grafana's built-in interval variables become durations; every other
+# variable becomes a regex that matches anything (it only appears inside
+# label matchers), so the substituted query must still parse.
+GRAFANA_DURATIONS = {"__rate_interval": "5m", "__interval": "1m", "__range": "1h", "__range_s": "3600",
+                     "__interval_ms": "60000", "__range_ms": "3600000"}
+VAR_RE = re.compile(r"\$\{(\w+)(?::[\w]+)?\}|\$(\w+)|\[\[(\w+)\]\]")
+
+
+def substitute(expr):
+    def repl(m):
+        name = m.group(1) or m.group(2) or m.group(3)
+        return GRAFANA_DURATIONS.get(name, ".*")
+    return VAR_RE.sub(repl, expr)
+
+
+def walk_panels(panels):
+    for p in panels:
+        yield p
+        yield from walk_panels(p.get("panels", []))
+
+
+def check_links(path, where, links, variables):
+    for link in links:
+        url = link.get("url", "")
+        if not url.startswith("${traceviewer}/tasks/"):
+            problem(f"{path}: {where}: data link {url!r} does not point to ${{traceviewer}}/tasks/...")
+        for ref in re.findall(r"\$\{(\w+)", url):
+            if not ref.startswith("__") and ref not in variables:
+                problem(f"{path}: {where}: data link uses undefined variable ${ref}")
+
+
+def cmd_dashboards(directory, out):
+    rules = []
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".json"))
+    if not files:
+        problem(f"{directory}: no dashboards")
+    uids = {}
+    for fname in files:
+        path = os.path.join(directory, fname)
+        try:
+            with open(path) as f:
+                dash = json.load(f)
+        except json.JSONDecodeError as e:
+            problem(f"{path}: not JSON: {e}")
+            continue
+        for key in ("uid", "title", "panels", "templating", "schemaVersion"):
+            if key not in dash:
+                problem(f"{path}: no top-level {key}")
+        if dash.get("uid") in uids:
+            problem(f"{path}: uid {dash.get('uid')} also used by {uids[dash['uid']]}")
+        uids[dash.get("uid")] = path
+        if "basecamp" not in dash.get("tags", []):
+            problem(f"{path}: no basecamp tag (the dashboards link to each other by tag)")
+        variables = {v["name"]: v for v in dash.get("templating", {}).get("list", [])}
+        if variables.get("datasource", {}).get("type") != "datasource":
+            problem(f"{path}: no datasource variable of type datasource")
+        for required in ("namespace", "task") if fname != "basecamp-operator.json" else ():
+            if required not in variables:
+                problem(f"{path}: no {required} template variable")
+        if "traceviewer" in variables and variables["traceviewer"].get("query") != "__TRACE_VIEWER_URL__":
+            problem(f"{path}: the traceviewer variable must hold the chart's placeholder __TRACE_VIEWER_URL__")
+        for name, var in variables.items():
+            if var.get("type") == "query":
+                q = var.get("query", {})
+                q = q.get("query", "") if isinstance(q, dict) else q
+                m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", q.strip()) or re.fullmatch(r"label_values\((\w+)\)", q.strip())
+                if not m:
+                    problem(f"{path}: variable {name}: query {q!r} is not label_values(SELECTOR, LABEL)")
+                elif m.re.groups == 2:
+                    rules.append((f"{fname} variable {name}", m.group(1)))
+        ids = set()
+        n_links = 0
+        for panel in walk_panels(dash.get("panels", [])):
+            pid = panel.get("id")
+            where = f"panel {pid} {panel.get('title')!r}"
+            if pid in ids:
+                problem(f"{path}: {where}: duplicate panel id")
+            ids.add(pid)
+            if panel.get("type") == "row":
+                continue
+            if panel.get("datasource", {}).get("uid") != "${datasource}":
+                problem(f"{path}: {where}: datasource is not ${{datasource}}")
+            targets = panel.get("targets", [])
+            if not targets:
+                problem(f"{path}: {where}: no queries")
+            for t in targets:
+                expr = t.get("expr", "")
+                if not expr:
+                    problem(f"{path}: {where}: target {t.get('refId')} has no expr")
+                    continue
+                for ref in set(re.findall(r"\$\{?(\w+)", expr)):
+                    if ref not in variables and ref not in GRAFANA_DURATIONS:
+                        problem(f"{path}: {where}: query uses undefined variable ${ref}")
+                rules.append((f"{fname} {where} {t.get('refId')}", expr))
+            defaults = panel.get("fieldConfig", {}).get("defaults", {})
+            links = list(defaults.get("links", []))
+            for o in panel.get("fieldConfig", {}).get("overrides", []):
+                for prop in o.get("properties", []):
+                    if prop.get("id") == "links":
+                        links.extend(prop["value"])
+            check_links(path, where, links, variables)
+            n_links += len(links)
+        if fname == "basecamp-evaluation.json" and n_links < 6:
+            problem(f"{path}: only {n_links} data links to the trace viewer; every per-task panel needs one")
+        print(f"  {fname}: {len(ids)} panels, {n_links} trace links")
+    # Each query becomes a recording rule, so `promtool check rules` parses
+    # it with Prometheus' own parser.
+    group = {"name": "dashboard-queries", "rules": []}
+    for i, (where, expr) in enumerate(rules):
+        group["rules"].append({"record": f"dashboard:query:{i}", "expr": substitute(expr),
+                               "labels": {"source": where[:200]}})
+    with open(out, "w") as f:
+        yaml.safe_dump({"groups": [group]}, f, sort_keys=False, width=1000)
+    print(f"  {len(rules)} queries -> {out}")
+
+
+# ---------------------------------------------------------------- assertions
+
+def by_kind(docs, kind):
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def one(docs, kind, name=None):
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    if len(found) != 1:
+        problem(f"expected exactly one {kind}{' ' + name if name else ''}, found {len(found)}")
+        return {}
+    return found[0]
+
+
+def rules_of(role):
+    return {(tuple(r.get("apiGroups", [])), tuple(r["resources"]), tuple(r["verbs"])) for r in role.get("rules", [])}
+
+
+# What the operator is allowed: exactly this, no more (operator/RBAC.md).
+EXPECTED_NAMESPACED_RULES = {
+    (("basecamp.dev",), ("harnesstasks", "sandboxconfigs"), ("get", "list", "watch", "patch", "update")),
+    (("basecamp.dev",), ("harnesstasks/status",), ("patch",)),
+    (("basecamp.dev",), ("harnesstasks/finalizers",), ("update",)),
+    (("batch",), ("jobs",), ("get", "list", "watch", "create", "patch", "delete")),
+    (("",), ("configmaps",), ("get", "list", "watch", "create", "patch", "delete")),
+    (("networking.k8s.io",), ("networkpolicies",), ("get", "list", "watch", "create", "patch", "delete")),
+    (("events.k8s.io",), ("events",), ("create", "patch")),
+}
+EXPECTED_NODE_RULES = {(("",), ("nodes",), ("get", "list", "watch"))}
+EXPECTED_LEASE_RULES = {(("coordination.k8s.io",), ("leases",), ("get", "create", "update"))}
+
+
+def check_pss_restricted(dep):
+    pod = dep["spec"]["template"]["spec"]
+    psc = pod.get("securityContext", {})
+    for c in pod["containers"]:
+        sc = c.get("securityContext", {})
+        where = f"Deployment {dep['metadata']['name']} container {c['name']}"
+        if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+            problem(f"{where}: runAsNonRoot is not true")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problem(f"{where}: allowPrivilegeEscalation is not false")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            problem(f"{where}: readOnlyRootFilesystem is not true")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            problem(f"{where}: capabilities.drop is not [ALL]")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if seccomp != "RuntimeDefault":
+            problem(f"{where}: seccompProfile is {seccomp}, not RuntimeDefault")
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            got = c.get(probe, {}).get("httpGet", {})
+            if got.get("path") != path or got.get("port") != "metrics":
+                problem(f"{where}: {probe} is {got}, not {path} on port metrics")
+        if not c.get("resources", {}).get("requests"):
+            problem(f"{where}: no resource requests")
+
+
+def container(dep):
+    return dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
+
+
+def env_of(c):
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def assert_common(docs):
+    dep = one(docs, "Deployment")
+    if not dep:
+        return None
+    check_pss_restricted(dep)
+    c = container(dep)
+    args = c.get("args", [])
+    if args[:1] != ["run"]:
+        problem(f"operator args do not start with the run subcommand: {args}")
+    metrics_port = c["ports"][0]["containerPort"]
+    if f"--metrics-addr=0.0.0.0:{metrics_port}" not in args:
+        problem(f"--metrics-addr does not match the metrics port {metrics_port}: {args}")
+    env = env_of(c)
+    if env.get("POD_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace":
+        problem("POD_NAMESPACE does not come from the downward API (metadata.namespace)")
+    if "RUST_LOG" not in env:
+        problem("no RUST_LOG")
+    if not any(a.startswith("--sandbox-image=") for a in args):
+        problem("no --sandbox-image")
+    for cm in by_kind(docs, "ConfigMap"):
+        for key, text in cm.get("data", {}).items():
+            if key.endswith(".json"):
+                if "__TRACE_VIEWER_URL__" in text:
+                    problem(f"ConfigMap {cm['metadata']['name']}: the trace viewer placeholder was not filled in")
+                json.loads(text)
+    crds = {d["metadata"]["name"] for d in by_kind(docs, "CustomResourceDefinition")}
+    return dep, c, args, env, crds
+
+
+def cmd_assert(which, rendered):
+    docs = load_docs(rendered)
+    got = assert_common(docs)
+    if got is None:
+        return
+    dep, c, args, env, crds = got
+    dashboards = [cm for cm in by_kind(docs, "ConfigMap") if cm["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    if len(dashboards) != 3:
+        problem(f"expected 3 dashboard ConfigMaps labelled grafana_dashboard=1, found {len(dashboards)}")
+    if which == "default":
+        if dep["spec"]["replicas"] != 1:
+            problem("default replicas is not 1")
+        if "--leader-elect" not in args or "--lease-namespace=$(POD_NAMESPACE)" not in args:
+            problem(f"leader election is not on by default: {args}")
+        if any(a.startswith("--namespaces") for a in args):
+            problem("--namespaces is set although watchNamespaces is empty")
+        if c["image"] != "basecamp:0.1.0" or "--sandbox-image=basecamp:0.1.0" not in args:
+            problem(f"image/sandbox image do not default to basecamp:<appVersion>: {c['image']} {args}")
+        cr = one(docs, "ClusterRole", "release-name-basecamp")
+        if cr and rules_of(cr) != EXPECTED_NAMESPACED_RULES:
+            problem(f"ClusterRole rules differ from the operator's needs: {sorted(rules_of(cr) ^ EXPECTED_NAMESPACED_RULES)}")
+        one(docs, "ClusterRoleBinding", "release-name-basecamp")
+        if by_kind(docs, "Role") and [r["metadata"]["name"] for r in by_kind(docs, "Role")] != ["release-name-basecamp-leader-election"]:
+            problem(f"unexpected Roles: {[name_of(r) for r in by_kind(docs, 'Role')]}")
+        for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "PodDisruptionBudget"):
+            if by_kind(docs, kind):
+                problem(f"{kind} is rendered although off by default")
+        if any(k.startswith("AWS_") for k in env):
+            problem(f"AWS_* env set although s3.* is empty: {sorted(k for k in env if k.startswith('AWS_'))}")
+    else:
+        if dep["spec"]["replicas"] != 2:
+            problem("replicas is not 2")
+        one(docs, "PodDisruptionBudget")
+        if "--namespaces=agents-dev,agents-prod" not in args:
+            problem(f"--namespaces does not list the watch namespaces: {args}")
+        if "--sandbox-image=registry.example.com/ml/basecamp-tools:2026.11" not in args:
+            problem(f"--sandbox-image is not sandbox.image: {args}")
+        if "--log-format=text" not in args or env["RUST_LOG"]["value"] != "info,basecamp_operator=debug,kube=warn":
+            problem("log format/level not passed")
+        if env.get("AWS_ENDPOINT_URL_S3", {}).get("value") != "http://minio.storage.svc:9000" or \
+                env.get("AWS_REGION", {}).get("value") != "us-east-1":
+            problem("S3 endpoint/region not passed")
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            ref = env.get(key, {}).get("valueFrom", {}).get("secretKeyRef", {})
+            if ref != {"name": "basecamp-s3", "key": key}:
+                problem(f"{key} does not come from Secret basecamp-s3: {ref}")
+        pod = dep["spec"]["template"]["spec"]
+        for field in ("priorityClassName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
+                      "topologySpreadConstraints"):
+            if not pod.get(field):
+                problem(f"pod {field} not set")
+        roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(docs, "Role")}
+        for ns in ("agents-dev", "agents-prod"):
+            role = roles.get((ns, "release-name-basecamp"))
+            if not role:
+                problem(f"no Role in watched namespace {ns}")
+            elif rules_of(role) != EXPECTED_NAMESPACED_RULES:
+                problem(f"Role in {ns} differs from the operator's needs")
+            if not any(b["metadata"]["namespace"] == ns for b in by_kind(docs, "RoleBinding")):
+                problem(f"no RoleBinding in watched namespace {ns}")
+        if any(r["metadata"]["name"] == "release-name-basecamp" for r in by_kind(docs, "ClusterRole")):
+            problem("a ClusterRole for tasks is rendered although watchNamespaces is a list")
+        lease = roles.get(("basecamp", "release-name-basecamp-leader-election"))
+        if not lease or rules_of(lease) != EXPECTED_LEASE_RULES:
+            problem("the leader-election Role in the release namespace is missing or wrong")
+        pm = one(docs, "PodMonitor")
+        if pm:
+            targets = {r.get("targetLabel") for r in pm["spec"]["podMetricsEndpoints"][0].get("relabelings", [])}
+            if not {"task", "variant", "shard"} <= targets:
+                problem(f"PodMonitor does not copy task/variant/shard pod labels: {targets}")
+            if pm["spec"]["selector"]["matchLabels"] != {"app.kubernetes.io/name": "basecamp-sandbox"}:
+                problem("PodMonitor does not select app.kubernetes.io/name=basecamp-sandbox")
+            if pm["spec"]["namespaceSelector"] != {"matchNames": ["agents-dev", "agents-prod"]}:
+                problem("PodMonitor does not select the watched namespaces")
+        one(docs, "ServiceMonitor")
+        rule = one(docs, "PrometheusRule")
+        if rule:
+            alerts = {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}
+            need = {"BasecampOperatorDown", "BasecampReconcileErrors", "BasecampTaskCriteriaNotMet",
+                    "BasecampShardsFailing"}
+            if not need <= alerts:
+                problem(f"alerts missing: {sorted(need - alerts)}")
+        for cm in dashboards:
+            if cm["metadata"]["namespace"] != "monitoring":
+                problem(f"dashboard ConfigMap {cm['metadata']['name']} not in grafana.dashboards.namespace")
+            dash = json.loads(next(iter(cm["data"].values())))
+            for var in dash["templating"]["list"]:
+                if var["name"] == "traceviewer" and var["query"] != "https://basecamp.example.com/viewer":
+                    problem(f"{cm['metadata']['name']}: traceviewer is {var['query']!r}, not grafana.traceViewerUrl "
+                            "without its trailing slash")
+    # Every ClusterRole/ClusterRoleBinding the operator gets is one of these.
+    allowed = {"release-name-basecamp", "release-name-basecamp-nodes", "release-name-basecamp-view",
+               "release-name-basecamp-edit"}
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        for d in by_kind(docs, kind):
+            if d["metadata"]["name"] not in allowed:
+                problem(f"unexpected {kind} {d['metadata']['name']}")
+    nodes = one(docs, "ClusterRole", "release-name-basecamp-nodes")
+    if nodes and rules_of(nodes) != EXPECTED_NODE_RULES:
+        problem("the nodes ClusterRole grants more or less than nodes get/list/watch")
+    print(f"  {which}: {len(docs)} objects, {len(problems)} problems")
+
+
+# ---------------------------------------------------------------- CRD drift
+
+def cmd_crd_drift(repo_dir, chart_dir):
+    def yamls(d):
+        return sorted(f for f in os.listdir(d) if f.endswith((".yaml", ".yml"))) if os.path.isdir(d) else []
+    repo, chart = yamls(repo_dir), yamls(chart_dir)
+    for f in sorted(set(repo) | set(chart)):
+        if f not in chart:
+            problem(f"{chart_dir}/{f} is missing (run scripts/chart-tools.sh sync-crds)")
+        elif f not in repo:
+            problem(f"{chart_dir}/{f} has no counterpart in {repo_dir} (run scripts/chart-tools.sh sync-crds)")
+        else:
+            with open(os.path.join(repo_dir, f), "rb") as a, open(os.path.join(chart_dir, f), "rb") as b:
+                if a.read() != b.read():
+                    problem(f"{chart_dir}/{f} differs from {repo_dir}/{f} (run scripts/chart-tools.sh sync-crds)")
+    for f in chart:
+        for doc in load_docs(os.path.join(chart_dir, f)):
+            if doc.get("kind") != "CustomResourceDefinition":
+                problem(f"{chart_dir}/{f}: holds a {doc.get('kind')}, not a CustomResourceDefinition")
+    print(f"  {len(repo)} CRD files in {repo_dir}, {len(chart)} in {chart_dir}")
+
+
+# ---------------------------------------------------------------- README
+
+def cmd_readme(values_path, readme_path):
+    with open(values_path) as f:
+        values = yaml.safe_load(f)
+    with open(readme_path) as f:
+        text = f.read()
+    section = text.split("\n## Values\n", 1)[-1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `([^`]+)` \|", section, re.M))
+
+    def leaves(node, prefix):
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                yield from leaves(v, f"{prefix}.{k}" if prefix else k)
+        else:
+            yield prefix
+
+    n = 0
+    for path in leaves(values, ""):
+        n += 1
+        parts = path.split(".")
+        # A row for the value itself, or for a multi-segment parent that is
+        # documented as a whole (operator.resources, ...).
+        if not any(".".join(parts[:i]) in rows for i in range(len(parts), 1, -1)) and path not in rows:
+            problem(f"{readme_path}: value {path} has no row in the Values table")
+    for row in rows:
+        node = values
+        for part in row.split("."):
+            if not isinstance(node, dict) or part not in node:
+                problem(f"{readme_path}: the Values table documents {row}, which values.yaml does not have")
+                break
+            node = node[part]
+    print(f"  {n} values, {len(rows)} documented rows")
+
+
+def main(argv):
+    cmds = {"split": (cmd_split, 2), "monitoring": (cmd_monitoring, 1), "rules": (cmd_rules, 2),
+            "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "crd-drift": (cmd_crd_drift, 2),
+            "readme": (cmd_readme, 2)}
+    if len(argv) < 2 or argv[1] not in cmds or len(argv) - 2 != cmds[argv[1]][1]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmds[argv[1]][0](*argv[2:])
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

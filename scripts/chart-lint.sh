@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Lint and validate the Helm chart (charts/basecamp), offline. What
+# `make chart-lint` and CI run.
+#
+#   scripts/chart-lint.sh [--keep]
+#
+# Checks, each reported PASS/FAIL (the script exits 1 when any fails):
+#   crds          charts/basecamp/crds/ equals crds/ (fix: scripts/chart-tools.sh sync-crds)
+#   lint          helm lint --strict, default values and ci/all-on-values.yaml
+#   render        helm template --include-crds, both values files
+#   kubernetes    the rendered core objects and CRDs validated with
+#                 kubernetes-validate --strict against Kubernetes 1.29 (the
+#                 chart's kubeVersion floor) and 1.37
+#   monitoring    ServiceMonitor / PodMonitor / PrometheusRule against strict
+#                 schemas of their fields (ci/checks.py)
+#   rules         promtool check rules on the rendered alerts, and
+#                 promtool test rules (ci/rules-test.yaml): each alert fires
+#                 on the series it is meant for
+#   dashboards    dashboard structure and data links; every query (template
+#                 variables substituted) parsed by promtool check rules
+#   assertions    what each values file must render: RBAC rules exactly, PSS
+#                 restricted, probes, leader election, watch namespaces, S3
+#   readme        every value in values.yaml has a row in the chart README's table
+#   schema        every ci/invalid/*.yaml fails helm template (and one helm
+#                 lint) with the message its `# expect:` line names
+#
+# Tools come from scripts/chart-tools.sh (built or installed once into
+# ${BASECAMP_CACHE:-~/.cache/basecamp}/tools). --keep leaves the rendered
+# files in the work directory it prints.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CHART="$ROOT/charts/basecamp"
+KEEP=0
+[[ "${1:-}" == "--keep" ]] && KEEP=1
+
+started=$SECONDS
+eval "$("$ROOT/scripts/chart-tools.sh" env)"
+echo "tools ready in $((SECONDS - started)) s: $HELM ($("$HELM" version --short 2>/dev/null)), $KUBERNETES_VALIDATE, $PROMTOOL"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/chart-lint.XXXXXX")
+if [[ $KEEP -eq 0 ]]; then
+  trap 'rm -rf "$WORK"' EXIT
+else
+  echo "work directory: $WORK"
+fi
+
+FAILED=()
+check() {
+  local name=$1
+  shift
+  echo "== $name"
+  local t=$SECONDS
+  if "$@"; then
+    echo "PASS $name ($((SECONDS - t)) s)"
+  else
+    echo "FAIL $name ($((SECONDS - t)) s)"
+    FAILED+=("$name")
+  fi
+}
+
+checks() { "$KV_PYTHON" "$CHART/ci/checks.py" "$@"; }
+
+# The two renderings every later check reads.
+RELEASE_NS=basecamp
+declare -A VALUES=([default]="" [all-on]="$CHART/ci/all-on-values.yaml")
+
+crds() {
+  shopt -s nullglob
+  local generated=("$ROOT"/crds/*.yaml)
+  if [[ ${#generated[@]} -eq 0 ]]; then
+    echo "  crds/ holds no generated CRD YAML yet (make crds); the chart ships none either"
+    checks crd-drift "$ROOT/crds" "$CHART/crds"
+    return
+  fi
+  checks crd-drift "$ROOT/crds" "$CHART/crds"
+}
+
+lint() {
+  local ok=0
+  "$HELM" lint --strict "$CHART" --namespace "$RELEASE_NS" || ok=1
+  "$HELM" lint --strict "$CHART" --namespace "$RELEASE_NS" -f "${VALUES[all-on]}" || ok=1
+  return $ok
+}
+
+render() {
+  local name args
+  for name in "${!VALUES[@]}"; do
+    args=(template release-name "$CHART" --namespace "$RELEASE_NS" --include-crds)
+    [[ -z "${VALUES[$name]}" ]] || args+=(-f "${VALUES[$name]}")
+    "$HELM" "${args[@]}" >"$WORK/$name.yaml" || return 1
+    echo "  $name: $(grep -c '^kind:' "$WORK/$name.yaml") objects -> $WORK/$name.yaml"
+    checks split "$WORK/$name.yaml" "$WORK/$name" || return 1
+  done
+}
+
+kubernetes() {
+  local ok=0 name version
+  for name in "${!VALUES[@]}"; do
+    for version in 1.29.0 1.37.0; do
+      echo "  $name against Kubernetes $version"
+      "$KUBERNETES_VALIDATE" --strict --quiet -k "$version" "$WORK/$name/core.yaml" || ok=1
+    done
+  done
+  return $ok
+}
+
+monitoring() {
+  local ok=0 name
+  for name in "${!VALUES[@]}"; do
+    checks monitoring "$WORK/$name.yaml" || ok=1
+  done
+  return $ok
+}
+
+rules() {
+  checks rules "$WORK/all-on.yaml" "$WORK/rules.yaml" || return 1
+  "$PROMTOOL" check rules "$WORK/rules.yaml" || return 1
+  # promtool reads rule_files relative to the test file.
+  cp "$CHART/ci/rules-test.yaml" "$WORK/rules-test.yaml"
+  "$PROMTOOL" test rules "$WORK/rules-test.yaml"
+}
+
+dashboards() {
+  checks dashboards "$CHART/dashboards" "$WORK/dashboard-queries.yaml" || return 1
+  "$PROMTOOL" check rules "$WORK/dashboard-queries.yaml"
+}
+
+assertions() {
+  local ok=0
+  checks assert default "$WORK/default.yaml" || ok=1
+  checks assert all-on "$WORK/all-on.yaml" || ok=1
+  return $ok
+}
+
+readme() { checks readme "$CHART/values.yaml" "$CHART/README.md"; }
+
+# Each ci/invalid/*.yaml names the error it must produce on its first line:
+# `# expect: REGEX` (extended regex, matched against helm's stderr).
+schema() {
+  local ok=0 file expect err n=0
+  shopt -s nullglob
+  for file in "$CHART"/ci/invalid/*.yaml; do
+    n=$((n + 1))
+    expect=$(sed -n '1s/^# expect: //p' "$file")
+    if [[ -z "$expect" ]]; then
+      echo "  FAIL $file: its first line is not '# expect: REGEX'"
+      ok=1
+      continue
+    fi
+    if err=$("$HELM" template release-name "$CHART" -f "$file" 2>&1 >/dev/null); then
+      echo "  FAIL $(basename "$file"): helm template accepted it"
+      ok=1
+    elif ! grep -Eq "$expect" <<<"$err"; then
+      echo "  FAIL $(basename "$file"): the error does not match /$expect/:"
+      sed 's/^/      /' <<<"$err"
+      ok=1
+    else
+      echo "  ok $(basename "$file"): $(grep -E -m1 "$expect" <<<"$err" | cut -c1-200)"
+    fi
+  done
+  [[ $n -gt 0 ]] || { echo "  FAIL no cases in $CHART/ci/invalid"; ok=1; }
+  # helm lint reports the same schema errors (helm install runs the same
+  # validation as helm template, but only once it reached a cluster).
+  if err=$("$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/log-format.yaml" 2>&1); then
+    echo "  FAIL helm lint accepted ci/invalid/log-format.yaml"
+    ok=1
+  elif ! grep -q "logFormat" <<<"$err"; then
+    echo "  FAIL helm lint failed without naming logFormat: $err"
+    ok=1
+  else
+    echo "  ok helm lint --strict refuses log-format.yaml too"
+  fi
+  return $ok
+}
+
+check crds crds
+check lint lint
+check render render
+if [[ " ${FAILED[*]} " == *" render "* ]]; then
+  echo "chart-lint: rendering failed; later checks need the rendered manifests" >&2
+  exit 1
+fi
+check kubernetes kubernetes
+check monitoring monitoring
+check rules rules
+check dashboards dashboards
+check assertions assertions
+check readme readme
+check schema schema
+
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo "chart-lint: FAILED: ${FAILED[*]} ($((SECONDS - started)) s)" >&2
+  exit 1
+fi
+echo "chart-lint: all checks passed ($((SECONDS - started)) s)"
