@@ -20,6 +20,8 @@
 #                 variables substituted) parsed by promtool check rules
 #   assertions    what each values file must render: RBAC rules exactly, PSS
 #                 restricted, probes, leader election, watch namespaces, S3
+#   notes         templates/NOTES.txt renders with both values files, with no
+#                 "<no value>" and the next step (kubectl apply) in it
 #   readme        every value in values.yaml has a row in the chart README's table
 #   schema        every ci/invalid/*.yaml fails helm template (and one helm
 #                 lint) with the message its `# expect:` line names
@@ -133,6 +135,32 @@ assertions() {
   return $ok
 }
 
+# helm template skips NOTES.txt: render a copy of the chart in which the
+# notes are the data of a ConfigMap.
+notes() {
+  local copy="$WORK/notes-chart" name args text ok=0
+  rm -rf "$copy"
+  cp -r "$CHART" "$copy"
+  rm -f "$copy/templates/NOTES.txt"
+  { echo '{{- define "basecamp.lint.notes" }}'; cat "$CHART/templates/NOTES.txt"; echo '{{- end }}'; } \
+    >"$copy/templates/_lint_notes.tpl"
+  printf '%s\n' 'apiVersion: v1' 'kind: ConfigMap' 'metadata: {name: notes}' 'data:' \
+    '  NOTES.txt: {{ include "basecamp.lint.notes" . | toJson }}' >"$copy/templates/lint-notes.yaml"
+  for name in "${!VALUES[@]}"; do
+    args=(template release-name "$copy" --namespace "$RELEASE_NS" --show-only templates/lint-notes.yaml)
+    [[ -z "${VALUES[$name]}" ]] || args+=(-f "${VALUES[$name]}")
+    text=$("$HELM" "${args[@]}" | "$KV_PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["NOTES.txt"])') || return 1
+    if grep -q "<no value>" <<<"$text"; then
+      echo "  FAIL $name: NOTES.txt prints <no value>:"; grep -n "<no value>" <<<"$text"; ok=1
+    elif ! grep -q "kubectl apply" <<<"$text"; then
+      echo "  FAIL $name: NOTES.txt does not tell the user what to apply next"; ok=1
+    else
+      echo "  ok $name: $(wc -l <<<"$text") lines"
+    fi
+  done
+  return $ok
+}
+
 readme() { checks readme "$CHART/values.yaml" "$CHART/README.md"; }
 
 # Each ci/invalid/*.yaml names the error it must produce on its first line:
@@ -186,6 +214,7 @@ check monitoring monitoring
 check rules rules
 check dashboards dashboards
 check assertions assertions
+check notes notes
 check readme readme
 check schema schema
 
