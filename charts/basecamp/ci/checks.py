@@ -283,9 +283,10 @@ def rules_of(role):
 
 # What the operator is allowed: exactly this, no more (operator/RBAC.md).
 EXPECTED_NAMESPACED_RULES = {
-    (("basecamp.dev",), ("harnesstasks", "sandboxconfigs"), ("get", "list", "watch", "patch", "update")),
-    (("basecamp.dev",), ("harnesstasks/status",), ("patch",)),
+    (("basecamp.dev",), ("harnesstasks",), ("get", "list", "watch", "patch", "update")),
+    (("basecamp.dev",), ("harnesstasks/status",), ("get", "patch", "update")),
     (("basecamp.dev",), ("harnesstasks/finalizers",), ("update",)),
+    (("basecamp.dev",), ("sandboxconfigs",), ("get", "list", "watch")),
     (("batch",), ("jobs",), ("get", "list", "watch", "create", "patch", "delete")),
     (("",), ("configmaps",), ("get", "list", "watch", "create", "patch", "delete")),
     (("networking.k8s.io",), ("networkpolicies",), ("get", "list", "watch", "create", "patch", "delete")),
@@ -392,6 +393,9 @@ def cmd_assert(which, rendered):
         one(docs, "PodDisruptionBudget")
         if "--namespaces=agents-dev,agents-prod" not in args:
             problem(f"--namespaces does not list the watch namespaces: {args}")
+        for flag in ("--s3-secret=sandbox-s3", "--job-ttl-seconds=86400", "--shard-retries=4"):
+            if flag not in args:
+                problem(f"{flag} not passed: {args}")
         if "--sandbox-image=registry.example.com/ml/basecamp-tools:2026.11" not in args:
             problem(f"--sandbox-image is not sandbox.image: {args}")
         if "--log-format=text" not in args or env["RUST_LOG"]["value"] != "info,basecamp_operator=debug,kube=warn":
