@@ -18,6 +18,11 @@
 #                 on the series it is meant for
 #   dashboards    dashboard structure and data links; every query (template
 #                 variables substituted) parsed by promtool check rules
+#   prometheus    every metric and label the dashboards and alerts use is in the
+#                 metrics contract (ci/checks.py); then an hour of series that
+#                 follow it is loaded into a real Prometheus (Debian's, on
+#                 127.0.0.1, stopped at exit) and every dashboard query must
+#                 return data
 #   assertions    what each values file must render: RBAC rules exactly, PSS
 #                 restricted, probes, leader election, watch namespaces, S3
 #   notes         templates/NOTES.txt renders with both values files, with no
@@ -41,11 +46,16 @@ eval "$("$ROOT/scripts/chart-tools.sh" env)"
 echo "tools ready in $((SECONDS - started)) s: $HELM ($("$HELM" version --short 2>/dev/null)), $KUBERNETES_VALIDATE, $PROMTOOL"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/chart-lint.XXXXXX")
-if [[ $KEEP -eq 0 ]]; then
-  trap 'rm -rf "$WORK"' EXIT
-else
-  echo "work directory: $WORK"
-fi
+PROM_PID=""
+cleanup() {
+  if [[ -n "$PROM_PID" ]]; then
+    kill "$PROM_PID" 2>/dev/null || true
+    wait "$PROM_PID" 2>/dev/null || true
+  fi
+  [[ $KEEP -eq 1 ]] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+[[ $KEEP -eq 0 ]] || echo "work directory: $WORK"
 
 FAILED=()
 check() {
@@ -126,6 +136,33 @@ rules() {
 dashboards() {
   checks dashboards "$CHART/dashboards" "$WORK/dashboard-queries.yaml" || return 1
   "$PROMTOOL" check rules "$WORK/dashboard-queries.yaml"
+}
+
+prometheus_check() {
+  checks contract "$WORK/rules.yaml" "$WORK/dashboard-queries.yaml" || return 1
+  local prom port
+  prom=$(command -v prometheus) || { echo "  prometheus is not on PATH (Debian's prometheus package brings it with promtool)"; return 1; }
+  checks synth "$WORK/synth.om" || return 1
+  "$PROMTOOL" tsdb create-blocks-from openmetrics -q "$WORK/synth.om" "$WORK/tsdb" || return 1
+  printf 'global:\n  scrape_interval: 1m\n' >"$WORK/prometheus.yml"
+  port=$("$KV_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$prom" --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/tsdb" \
+    --web.listen-address="127.0.0.1:$port" >"$WORK/prometheus.log" 2>&1 &
+  PROM_PID=$!
+  # Bounded wait: 300 x 0.1 s.
+  local i
+  for i in $(seq 300); do
+    "$KV_PYTHON" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/-/ready', timeout=1)" 2>/dev/null && break
+    kill -0 "$PROM_PID" 2>/dev/null || { echo "  prometheus exited:"; tail -5 "$WORK/prometheus.log"; return 1; }
+    sleep 0.1
+  done
+  [[ $i -lt 300 ]] || { echo "  prometheus not ready within 30 s"; return 1; }
+  local ok=0
+  checks query "http://127.0.0.1:$port" "$WORK/dashboard-queries.yaml" || ok=1
+  kill "$PROM_PID" 2>/dev/null || true
+  wait "$PROM_PID" 2>/dev/null || true
+  PROM_PID=""
+  return $ok
 }
 
 assertions() {
@@ -213,6 +250,7 @@ check kubernetes kubernetes
 check monitoring monitoring
 check rules rules
 check dashboards dashboards
+check prometheus prometheus_check
 check assertions assertions
 check notes notes
 check readme readme

@@ -11,6 +11,9 @@ Python (it has PyYAML and jsonschema):
     checks.py assert default|all-on RENDERED  what those values must render
     checks.py crd-drift REPO_CRDS CHART_CRDS  the chart's crds/ equals the repository's
     checks.py readme VALUES README            every value has a row in README.md's table
+    checks.py contract RULES...               every basecamp_* metric and label a query uses is in the contract
+    checks.py synth OUT                       an hour of series following the contract, as OpenMetrics
+    checks.py query URL RULES...              every query of RULES returns data from the Prometheus at URL
 
 Each prints one line per problem ("file: where: what") and exits 1 on any.
 """
@@ -521,11 +524,177 @@ def cmd_readme(values_path, readme_path):
     print(f"  {n} values, {len(rows)} documented rows")
 
 
+# ---------------------------------------------------------------- metrics contract
+# The series the dashboards and alerts read: the operator's (operator/src/
+# metrics.rs) and the sandbox's (sandbox-pod/src/metrics.rs), with the
+# labels Prometheus adds (job, instance; namespace/pod and, through the
+# chart's PodMonitor, task/variant/shard on sandbox series).
+
+VARIANT = ("namespace", "task", "variant")
+OPERATOR_TARGET = ("job", "instance")
+SANDBOX_TARGET = ("job", "instance", "namespace", "pod", "container", "task", "variant", "shard")
+CONTRACT = {
+    # name: (type, labels, target labels)
+    **{m: ("gauge", VARIANT, OPERATOR_TARGET) for m in (
+        "basecamp_task_tool_call_accuracy", "basecamp_task_plan_step_f1", "basecamp_task_memory_consistency",
+        "basecamp_task_error_rate", "basecamp_task_resolution_seconds_p95", "basecamp_task_episodes",
+        "basecamp_task_criteria_met")},
+    "basecamp_tasks": ("gauge", ("phase",), OPERATOR_TARGET),
+    "basecamp_shards": ("gauge", VARIANT + ("state",), OPERATOR_TARGET),
+    "basecamp_reconcile_duration_seconds": ("histogram", (), OPERATOR_TARGET),
+    "basecamp_reconcile_errors_total": ("counter", ("category",), OPERATOR_TARGET),
+    "basecamp_s3_operation_errors_total": ("counter", ("operation",), OPERATOR_TARGET),
+    "basecamp_s3_operation_duration_seconds": ("histogram", ("operation",), OPERATOR_TARGET),
+    "basecamp_sandbox_tool_call_duration_seconds": ("histogram", ("tool",), SANDBOX_TARGET),
+    "basecamp_sandbox_tool_calls_total": ("counter", ("tool", "status"), SANDBOX_TARGET),
+    "basecamp_sandbox_tool_timeouts_total": ("counter", ("tool",), SANDBOX_TARGET),
+    "basecamp_sandbox_tool_fallbacks_total": ("counter", ("tool",), SANDBOX_TARGET),
+    "basecamp_sandbox_rollbacks_total": ("counter", (), SANDBOX_TARGET),
+    "basecamp_sandbox_injections_total": ("counter", ("trigger",), SANDBOX_TARGET),
+    "basecamp_sandbox_episodes_total": ("counter", ("outcome",), SANDBOX_TARGET),
+    "basecamp_sandbox_policy_errors_total": ("counter", ("category",), SANDBOX_TARGET),
+}
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
+                "unless", "le"}
+
+
+def series_names(name):
+    kind = CONTRACT[name][0]
+    if kind == "histogram":
+        return {f"{name}_bucket": name, f"{name}_sum": name, f"{name}_count": name}
+    return {name: name}
+
+
+def rule_exprs(paths):
+    for path in paths:
+        with open(path) as f:
+            for group in yaml.safe_load(f)["groups"]:
+                for rule in group["rules"]:
+                    where = rule.get("labels", {}).get("source") or rule.get("alert") or rule.get("record")
+                    yield path, where, str(rule["expr"])
+
+
+def cmd_contract(*paths):
+    known = {}
+    for name in CONTRACT:
+        known.update(series_names(name))
+    n = 0
+    for path, where, expr in rule_exprs(paths):
+        n += 1
+        # Strip string literals so label values are not read as names.
+        bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+        used = set(re.findall(r"\bbasecamp_[a-z0-9_]+", bare))
+        for metric in used:
+            if metric not in known:
+                problem(f"{path}: {where}: metric {metric} is not in the metrics contract")
+        families = [known[m] for m in used if m in known]
+        if not families:
+            continue
+        allowed = set(PROMQL_WORDS)
+        for fam in families:
+            _, labels, target = CONTRACT[fam]
+            allowed.update(labels, target)
+        for group in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", bare):
+            for label in filter(None, (l.strip() for l in group.split(","))):
+                if label not in allowed:
+                    problem(f"{path}: {where}: label {label} is not a label of {sorted(set(families))}")
+        for matchers in re.findall(r"\{([^}]*)\}", bare):
+            for label in re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", matchers):
+                if label not in allowed and label != "__name__":
+                    problem(f"{path}: {where}: matcher on {label}, not a label of {sorted(set(families))}")
+    print(f"  {n} expressions checked against {len(CONTRACT)} metric families")
+
+
+def cmd_synth(out):
+    """An hour of 15 s samples ending now, for every family of the contract:
+    two variants (a, b) of task agents-dev/shipping, two tools, every state."""
+    import time
+    end = int(time.time()) // 15 * 15
+    steps = range(end - 3600, end + 1, 15)
+    lines = []
+    op = {"job": "basecamp-metrics", "instance": "10.0.0.1:8080"}
+    sb = {"job": "basecamp/basecamp-sandbox", "instance": "10.0.1.1:9090", "namespace": "agents-dev",
+          "pod": "shipping-a-0-abcde", "container": "sandbox", "task": "shipping", "variant": "a", "shard": "0"}
+
+    def fmt(labels):
+        return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+    def family(name, kind, series):
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value_at in series:
+            sample_name = name + ("_total" if kind == "counter" else "")
+            for i, t in enumerate(steps):
+                lines.append(f"{sample_name}{fmt(labels)} {value_at(i)} {t}")
+
+    def histogram(name, base, buckets, per_step):
+        lines.append(f"# TYPE {name} histogram")
+        for labels in base:
+            for le in buckets + ["+Inf"]:
+                frac = 1.0 if le == "+Inf" else min(1.0, float(le) / (float(buckets[-1]) * 0.8))
+                for i, t in enumerate(steps):
+                    lines.append(f"{name}_bucket{fmt(dict(labels, le=le))} {round(i * per_step * frac)} {t}")
+            for i, t in enumerate(steps):
+                lines.append(f"{name}_count{fmt(labels)} {i * per_step} {t}")
+            for i, t in enumerate(steps):
+                lines.append(f"{name}_sum{fmt(labels)} {i * per_step * 0.3} {t}")
+
+    variants = [dict(op, namespace="agents-dev", task="shipping", variant=v) for v in ("a", "b")]
+    gauges = {"tool_call_accuracy": 0.8, "plan_step_f1": 0.7, "memory_consistency": 0.9, "error_rate": 0.05,
+              "resolution_seconds_p95": 12.5, "episodes": 200, "criteria_met": 1}
+    for metric, value in gauges.items():
+        family(f"basecamp_task_{metric}", "gauge",
+               [(l, (lambda i, v=value, k=k: v * (1 - 0.1 * k))) for k, l in enumerate(variants)])
+    family("up", "gauge", [(dict(op, namespace="basecamp"), lambda i: 1)])
+    family("basecamp_tasks", "gauge", [(dict(op, phase=p), lambda i: 2) for p in ("Running", "Succeeded")])
+    family("basecamp_shards", "gauge", [(dict(l, state=s), lambda i: 3) for l in variants
+                                        for s in ("pending", "running", "succeeded", "failed")])
+    histogram("basecamp_reconcile_duration_seconds", [op], ["0.01", "0.1", "1", "10"], 5)
+    family("basecamp_reconcile_errors", "counter", [(dict(op, category="S3Unavailable"), lambda i: i)])
+    family("basecamp_s3_operation_errors", "counter", [(dict(op, operation="get_object"), lambda i: i)])
+    histogram("basecamp_s3_operation_duration_seconds", [dict(op, operation="get_object")], ["0.01", "0.1", "1"], 3)
+    tools = [dict(sb, tool=t) for t in ("track_order", "lookup_user")]
+    histogram("basecamp_sandbox_tool_call_duration_seconds", tools, ["0.01", "0.1", "1", "10"], 4)
+    family("basecamp_sandbox_tool_calls", "counter",
+           [(dict(t, status=s), lambda i: 2 * i) for t in tools for s in ("ok", "timeout", "fallback", "error")])
+    for name in ("tool_timeouts", "tool_fallbacks"):
+        family(f"basecamp_sandbox_{name}", "counter", [(t, lambda i: i) for t in tools])
+    family("basecamp_sandbox_rollbacks", "counter", [(sb, lambda i: i // 4)])
+    family("basecamp_sandbox_injections", "counter", [(dict(sb, trigger="at_step"), lambda i: i // 2)])
+    family("basecamp_sandbox_episodes", "counter", [(dict(sb, outcome=o), lambda i: i) for o in ("completed", "error")])
+    family("basecamp_sandbox_policy_errors", "counter", [(dict(sb, category="PolicyTimeout"), lambda i: i // 3)])
+    lines.append("# EOF")
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"  {len(lines)} lines, {len(steps)} samples per series, ending at {end} -> {out}")
+
+
+def cmd_query(url, *paths):
+    import urllib.parse
+    import urllib.request
+    n = 0
+    for path, where, expr in rule_exprs(paths):
+        n += 1
+        q = urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=30) as r:
+                body = json.load(r)
+        except Exception as e:  # an HTTP 400 carries Prometheus' parse error
+            detail = e.read().decode() if hasattr(e, "read") else str(e)
+            problem(f"{path}: {where}: query failed: {detail[:300]}: {expr}")
+            continue
+        result = body.get("data", {}).get("result", [])
+        if not result:
+            problem(f"{path}: {where}: no data from series that follow the metrics contract: {expr}")
+    print(f"  {n} queries returned data")
+
+
 def main(argv):
     cmds = {"split": (cmd_split, 2), "monitoring": (cmd_monitoring, 1), "rules": (cmd_rules, 2),
             "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "crd-drift": (cmd_crd_drift, 2),
-            "readme": (cmd_readme, 2)}
-    if len(argv) < 2 or argv[1] not in cmds or len(argv) - 2 != cmds[argv[1]][1]:
+            "readme": (cmd_readme, 2), "contract": (cmd_contract, -1), "synth": (cmd_synth, 1),
+            "query": (cmd_query, -2)}
+    nargs = cmds[argv[1]][1] if len(argv) >= 2 and argv[1] in cmds else None
+    if nargs is None or (len(argv) - 2 != nargs if nargs >= 0 else len(argv) - 2 < -nargs):
         print(__doc__, file=sys.stderr)
         return 2
     cmds[argv[1]][0](*argv[2:])
