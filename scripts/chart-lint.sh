@@ -6,6 +6,8 @@
 #
 # Checks, each reported PASS/FAIL (the script exits 1 when any fails):
 #   crds          charts/basecamp/crds/ equals crds/ (fix: scripts/chart-tools.sh sync-crds)
+#   generated     values.schema.json and dashboards/*.json equal what their
+#                 generators in ci/gen/ write (edit the generators, rerun them)
 #   lint          helm lint --strict, default values and ci/all-on-values.yaml
 #   render        helm template --include-crds, both values files
 #   kubernetes    the rendered core objects and CRDs validated with
@@ -86,6 +88,18 @@ crds() {
     return
   fi
   checks crd-drift "$ROOT/crds" "$CHART/crds"
+}
+
+generated() {
+  local ok=0
+  mkdir -p "$WORK/gen/dashboards"
+  "$KV_PYTHON" "$CHART/ci/gen/schema.py" "$WORK/gen/values.schema.json" || return 1
+  "$KV_PYTHON" "$CHART/ci/gen/dashboards.py" "$WORK/gen/dashboards" || return 1
+  diff -u "$CHART/values.schema.json" "$WORK/gen/values.schema.json" ||
+    { echo "  values.schema.json differs from ci/gen/schema.py's output: run python3 $CHART/ci/gen/schema.py"; ok=1; }
+  diff -ru "$CHART/dashboards" "$WORK/gen/dashboards" ||
+    { echo "  dashboards/ differ from ci/gen/dashboards.py's output: run python3 $CHART/ci/gen/dashboards.py"; ok=1; }
+  return $ok
 }
 
 lint() {
@@ -240,6 +254,7 @@ schema() {
 }
 
 check crds crds
+check generated generated
 check lint lint
 check render render
 if [[ " ${FAILED[*]} " == *" render "* ]]; then
