@@ -44,7 +44,9 @@ KEEP=0
 [[ "${1:-}" == "--keep" ]] && KEEP=1
 
 started=$SECONDS
-eval "$("$ROOT/scripts/chart-tools.sh" env)"
+# Assigned first: `eval "$(...)"` alone would hide a failed install.
+TOOLS_ENV=$("$ROOT/scripts/chart-tools.sh" env) || { echo "chart-lint: the chart tools are not available (above)" >&2; exit 1; }
+eval "$TOOLS_ENV"
 echo "tools ready in $((SECONDS - started)) s: $HELM ($("$HELM" version --short 2>/dev/null)), $KUBERNETES_VALIDATE, $PROMTOOL"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/chart-lint.XXXXXX")
@@ -154,13 +156,12 @@ dashboards() {
 
 prometheus_check() {
   checks contract "$WORK/rules.yaml" "$WORK/dashboard-queries.yaml" || return 1
-  local prom port
-  prom=$(command -v prometheus) || { echo "  prometheus is not on PATH (Debian's prometheus package brings it with promtool)"; return 1; }
+  local port
   checks synth "$WORK/synth.om" || return 1
   "$PROMTOOL" tsdb create-blocks-from openmetrics -q "$WORK/synth.om" "$WORK/tsdb" || return 1
   printf 'global:\n  scrape_interval: 1m\n' >"$WORK/prometheus.yml"
   port=$("$KV_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  "$prom" --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/tsdb" \
+  "$PROMETHEUS" --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/tsdb" \
     --web.listen-address="127.0.0.1:$port" >"$WORK/prometheus.log" 2>&1 &
   PROM_PID=$!
   # Bounded wait: 300 x 0.1 s.

@@ -10,11 +10,13 @@
 #         validate  kubernetes-validate $KV_VERSION (PyPI) in a venv at
 #                   $CACHE/tools/kubernetes-validate-$KV_VERSION; it carries
 #                   the Kubernetes OpenAPI schemas, so it validates offline
-#         promtool  Debian's `prometheus` package when /usr/bin/promtool is absent
-#   scripts/chart-tools.sh path helm|validate|promtool
+#         promtool  Debian's `prometheus` package (promtool and the prometheus
+#                   server) when either is absent
+#   scripts/chart-tools.sh path helm|validate|promtool|prometheus
 #       Print the tool's path (fails when it is not installed).
 #   scripts/chart-tools.sh env
-#       Print HELM=..., KUBERNETES_VALIDATE=..., KV_PYTHON=..., PROMTOOL=...
+#       Print HELM=..., KUBERNETES_VALIDATE=..., KV_PYTHON=..., PROMTOOL=...,
+#       PROMETHEUS=...
 #       lines for `eval "$(scripts/chart-tools.sh env)"` (installs what is
 #       missing).
 #   scripts/chart-tools.sh sync-crds
@@ -26,8 +28,8 @@
 # $CACHE is ${BASECAMP_CACHE:-$HOME/.cache/basecamp}. GOMODCACHE and GOCACHE
 # for the helm build live there too ($CACHE/go/mod, $CACHE/go/build), so the
 # build neither reads nor fills the user's Go caches. $BASECAMP_HELM,
-# $BASECAMP_KUBERNETES_VALIDATE and $BASECAMP_PROMTOOL point at an existing
-# binary instead.
+# $BASECAMP_KUBERNETES_VALIDATE, $BASECAMP_PROMTOOL and $BASECAMP_PROMETHEUS
+# point at an existing binary instead.
 set -euo pipefail
 
 HELM_VERSION=v3.22.0
@@ -43,6 +45,7 @@ HELM_BIN="${BASECAMP_HELM:-$TOOLS/helm-$HELM_VERSION-k$HELM_KUBE_MAJOR.$HELM_KUB
 KV_VENV="$TOOLS/kubernetes-validate-$KV_VERSION"
 KV_BIN="${BASECAMP_KUBERNETES_VALIDATE:-$KV_VENV/bin/kubernetes-validate}"
 PROMTOOL_BIN="${BASECAMP_PROMTOOL:-$(command -v promtool || echo /usr/bin/promtool)}"
+PROMETHEUS_BIN="${BASECAMP_PROMETHEUS:-$(command -v prometheus || echo /usr/bin/prometheus)}"
 
 die() { echo "chart-tools.sh: $*" >&2; exit 1; }
 log() { echo "chart-tools.sh: $*" >&2; }
@@ -94,17 +97,23 @@ install_validate() {
 }
 
 install_promtool() {
-  if [[ -x "$PROMTOOL_BIN" ]]; then
+  if [[ -x "$PROMTOOL_BIN" && -x "$PROMETHEUS_BIN" ]]; then
     return 0
   fi
-  [[ -z "${BASECAMP_PROMTOOL:-}" ]] || die "BASECAMP_PROMTOOL=$BASECAMP_PROMTOOL is not an executable file"
-  log "promtool is missing: installing Debian's prometheus package"
+  [[ -z "${BASECAMP_PROMTOOL:-}" || -x "$PROMTOOL_BIN" ]] ||
+    die "BASECAMP_PROMTOOL=$BASECAMP_PROMTOOL is not an executable file"
+  [[ -z "${BASECAMP_PROMETHEUS:-}" || -x "$PROMETHEUS_BIN" ]] ||
+    die "BASECAMP_PROMETHEUS=$BASECAMP_PROMETHEUS is not an executable file"
+  log "promtool or prometheus is missing: installing Debian's prometheus package"
   local sudo=()
   [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+  # The package installs a service but does not start it here (no init in
+  # containers); chart-lint starts its own server on loopback.
   "${sudo[@]}" apt-get install -y --no-install-recommends prometheus >&2 ||
     { "${sudo[@]}" apt-get update >&2 && "${sudo[@]}" apt-get install -y --no-install-recommends prometheus >&2; } ||
-    die "apt-get install prometheus failed; install promtool and set BASECAMP_PROMTOOL"
+    die "apt-get install prometheus failed; install it and set BASECAMP_PROMTOOL / BASECAMP_PROMETHEUS"
   PROMTOOL_BIN=$(command -v promtool) || die "prometheus installed but promtool is not on PATH"
+  PROMETHEUS_BIN=$(command -v prometheus) || die "prometheus installed but prometheus is not on PATH"
 }
 
 tool_path() {
@@ -112,7 +121,8 @@ tool_path() {
     helm) [[ -x "$HELM_BIN" ]] || die "helm is not installed: run $0 install helm"; echo "$HELM_BIN" ;;
     validate) [[ -x "$KV_BIN" ]] || die "kubernetes-validate is not installed: run $0 install validate"; echo "$KV_BIN" ;;
     promtool) [[ -x "$PROMTOOL_BIN" ]] || die "promtool is not installed: run $0 install promtool"; echo "$PROMTOOL_BIN" ;;
-    *) die "unknown tool '$1' (helm, validate, promtool)" ;;
+    prometheus) [[ -x "$PROMETHEUS_BIN" ]] || die "prometheus is not installed: run $0 install promtool"; echo "$PROMETHEUS_BIN" ;;
+    *) die "unknown tool '$1' (helm, validate, promtool, prometheus)" ;;
   esac
 }
 
@@ -135,6 +145,7 @@ cmd_env() {
   echo "KUBERNETES_VALIDATE=$(tool_path validate)"
   echo "KV_PYTHON=$(dirname "$(tool_path validate)")/python"
   echo "PROMTOOL=$(tool_path promtool)"
+  echo "PROMETHEUS=$(tool_path prometheus)"
 }
 
 cmd_sync_crds() {
@@ -157,8 +168,8 @@ cmd_sync_crds() {
 
 case "${1:-}" in
   install) shift; cmd_install "$@" ;;
-  path) [[ $# -eq 2 ]] || die "usage: $0 path helm|validate|promtool"; tool_path "$2" ;;
+  path) [[ $# -eq 2 ]] || die "usage: $0 path helm|validate|promtool|prometheus"; tool_path "$2" ;;
   env) cmd_env ;;
   sync-crds) cmd_sync_crds ;;
-  *) die "usage: $0 install [helm|validate|promtool ...] | path helm|validate|promtool | env | sync-crds" ;;
+  *) die "usage: $0 install [helm|validate|promtool ...] | path helm|validate|promtool|prometheus | env | sync-crds" ;;
 esac
