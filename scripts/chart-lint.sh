@@ -8,8 +8,9 @@
 #   crds          charts/basecamp/crds/ equals crds/ (fix: scripts/chart-tools.sh sync-crds)
 #   generated     values.schema.json and dashboards/*.json equal what their
 #                 generators in ci/gen/ write (edit the generators, rerun them)
-#   lint          helm lint --strict, default values and ci/all-on-values.yaml
-#   render        helm template --include-crds, both values files
+#   lint          helm lint --strict, default values, ci/all-on-values.yaml and
+#                 ci/minimal-values.yaml (everything optional off)
+#   render        helm template --include-crds, the three values files
 #   kubernetes    the rendered core objects and CRDs validated with
 #                 kubernetes-validate --strict against Kubernetes 1.29 (the
 #                 chart's kubeVersion floor) and 1.37
@@ -27,7 +28,7 @@
 #                 return data
 #   assertions    what each values file must render: RBAC rules exactly, PSS
 #                 restricted, probes, leader election, watch namespaces, S3
-#   notes         templates/NOTES.txt renders with both values files, with no
+#   notes         templates/NOTES.txt renders with each values file, with no
 #                 "<no value>" and the next step (kubectl apply) in it
 #   readme        every value in values.yaml has a row in the chart README's table
 #   schema        every ci/invalid/*.yaml fails helm template (and one helm
@@ -79,7 +80,7 @@ checks() { "$KV_PYTHON" "$CHART/ci/checks.py" "$@"; }
 
 # The two renderings every later check reads.
 RELEASE_NS=basecamp
-declare -A VALUES=([default]="" [all-on]="$CHART/ci/all-on-values.yaml")
+declare -A VALUES=([default]="" [all-on]="$CHART/ci/all-on-values.yaml" [minimal]="$CHART/ci/minimal-values.yaml")
 
 crds() {
   shopt -s nullglob
@@ -106,8 +107,12 @@ generated() {
 
 lint() {
   local ok=0
-  "$HELM" lint --strict "$CHART" --namespace "$RELEASE_NS" || ok=1
-  "$HELM" lint --strict "$CHART" --namespace "$RELEASE_NS" -f "${VALUES[all-on]}" || ok=1
+  local name args
+  for name in "${!VALUES[@]}"; do
+    args=(lint --strict "$CHART" --namespace "$RELEASE_NS")
+    [[ -z "${VALUES[$name]}" ]] || args+=(-f "${VALUES[$name]}")
+    "$HELM" "${args[@]}" || ok=1
+  done
   return $ok
 }
 
@@ -184,6 +189,7 @@ assertions() {
   local ok=0
   checks assert default "$WORK/default.yaml" || ok=1
   checks assert all-on "$WORK/all-on.yaml" || ok=1
+  checks assert minimal "$WORK/minimal.yaml" || ok=1
   return $ok
 }
 

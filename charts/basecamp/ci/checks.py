@@ -8,7 +8,7 @@ Python (it has PyYAML and jsonschema):
     checks.py monitoring RENDERED             ServiceMonitor/PodMonitor/PrometheusRule against strict schemas
     checks.py rules RENDERED OUT              the PrometheusRule groups as a promtool rules file
     checks.py dashboards DIR OUT              dashboard structure; every query as a recording rule in OUT
-    checks.py assert default|all-on RENDERED  what those values must render
+    checks.py assert default|all-on|minimal RENDERED  what those values must render
     checks.py crd-drift REPO_CRDS CHART_CRDS  the chart's crds/ equals the repository's
     checks.py readme VALUES README            every value has a row in README.md's table
     checks.py contract RULES...               every basecamp_* metric and label a query uses is in the contract
@@ -361,8 +361,29 @@ def assert_common(docs):
     return dep, c, args, env, crds
 
 
+def assert_minimal(docs):
+    kinds = sorted({d["kind"] for d in docs})
+    if kinds != ["CustomResourceDefinition", "Deployment"] and kinds != ["Deployment"]:
+        problem(f"minimal values render {kinds}, not only the Deployment (and the CRDs)")
+    dep = one(docs, "Deployment")
+    if not dep:
+        return
+    pod = dep["spec"]["template"]["spec"]
+    if pod.get("serviceAccountName") != "platform-managed-basecamp":
+        problem(f"the Deployment does not use serviceAccount.name: {pod.get('serviceAccountName')}")
+    c = container(dep)
+    if "--leader-elect" in c.get("args", []):
+        problem("--leader-elect passed although leaderElection.enabled is false")
+    for probe in ("livenessProbe", "readinessProbe"):
+        if probe in c:
+            problem(f"{probe} rendered although disabled")
+    print(f"  minimal: {len(docs)} objects, {len(problems)} problems")
+
+
 def cmd_assert(which, rendered):
     docs = load_docs(rendered)
+    if which == "minimal":
+        return assert_minimal(docs)
     got = assert_common(docs)
     if got is None:
         return
