@@ -28,6 +28,8 @@
 #                 return data
 #   assertions    what each values file must render: RBAC rules exactly, PSS
 #                 restricted, probes, leader election, watch namespaces, S3
+#   package       helm package, then the packaged chart renders exactly what the
+#                 directory does (.helmignore leaves out nothing it needs)
 #   notes         templates/NOTES.txt renders with each values file, with no
 #                 "<no value>" and the next step (kubectl apply) in it
 #   readme        every value in values.yaml has a row in the chart README's table
@@ -193,6 +195,19 @@ assertions() {
   return $ok
 }
 
+package() {
+  "$HELM" package "$CHART" --destination "$WORK/package" >/dev/null || return 1
+  local tgz
+  tgz=$(ls "$WORK"/package/basecamp-*.tgz)
+  echo "  $(basename "$tgz"): $(tar tzf "$tgz" | wc -l) files, $(du -k "$tgz" | cut -f1) KiB"
+  if tar tzf "$tgz" | grep -q '/ci/'; then
+    echo "  FAIL the package holds ci/ files"; return 1
+  fi
+  "$HELM" template release-name "$tgz" --namespace "$RELEASE_NS" --include-crds -f "${VALUES[all-on]}" >"$WORK/package.yaml" || return 1
+  diff -u "$WORK/all-on.yaml" "$WORK/package.yaml" >/dev/null ||
+    { echo "  FAIL the packaged chart renders differently from charts/basecamp (see $WORK/package.yaml)"; return 1; }
+}
+
 # helm template skips NOTES.txt: render a copy of the chart in which the
 # notes are the data of a ConfigMap.
 notes() {
@@ -274,6 +289,7 @@ check rules rules
 check dashboards dashboards
 check prometheus prometheus_check
 check assertions assertions
+check package package
 check notes notes
 check readme readme
 check schema schema
