@@ -2,7 +2,7 @@
 # Lint and validate the Helm chart (charts/basecamp), offline. What
 # `make chart-lint` and CI run.
 #
-#   scripts/chart-lint.sh [--keep]
+#   scripts/chart-lint.sh [--keep] [--cluster]
 #
 # Checks, each reported PASS/FAIL (the script exits 1 when any fails):
 #   crds          charts/basecamp/crds/ equals crds/ (fix: scripts/chart-tools.sh sync-crds)
@@ -36,6 +36,16 @@
 #   schema        every ci/invalid/*.yaml fails helm template (and one helm
 #                 lint) with the message its `# expect:` line names
 #
+# With --cluster, also against the live cluster of $KUBECONFIG (e.g. the e2e
+# control plane: `source <dir>/env` after e2e/cluster/up.sh):
+#   cluster       helm install into a fresh namespace that enforces the "restricted"
+#                 Pod Security Standard, watching a second fresh namespace;
+#                 the apiserver accepts every object and the CRDs, the
+#                 Deployment's pods pass admission; `kubectl auth can-i` as the
+#                 operator's ServiceAccount: what it needs is allowed, and
+#                 neighbours (other namespaces, Secrets, deletes of tasks) are
+#                 not; then uninstall and delete both namespaces.
+#
 # Tools come from scripts/chart-tools.sh (built or installed once into
 # ${BASECAMP_CACHE:-~/.cache/basecamp}/tools). --keep leaves the rendered
 # files in the work directory it prints.
@@ -44,7 +54,15 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CHART="$ROOT/charts/basecamp"
 KEEP=0
-[[ "${1:-}" == "--keep" ]] && KEEP=1
+CLUSTER=0
+for arg in "$@"; do
+  case "$arg" in
+    --keep) KEEP=1 ;;
+    --cluster) CLUSTER=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "chart-lint: unknown argument $arg (--keep, --cluster)" >&2; exit 2 ;;
+  esac
+done
 
 started=$SECONDS
 # Assigned first: `eval "$(...)"` alone would hide a failed install.
@@ -55,6 +73,7 @@ echo "tools ready in $((SECONDS - started)) s: $HELM ($("$HELM" version --short 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/chart-lint.XXXXXX")
 PROM_PID=""
 cleanup() {
+  [[ $(type -t cluster_cleanup) != function ]] || cluster_cleanup
   if [[ -n "$PROM_PID" ]]; then
     kill "$PROM_PID" 2>/dev/null || true
     wait "$PROM_PID" 2>/dev/null || true
@@ -275,6 +294,83 @@ schema() {
   return $ok
 }
 
+# Against a live cluster (--cluster): see the header.
+cluster_check() {
+  local kubectl
+  kubectl=$(command -v kubectl || ls "${BASECAMP_CACHE:-$HOME/.cache/basecamp}"/k8s/*/bin/kubectl 2>/dev/null | tail -1) ||
+    { echo "  kubectl is neither on PATH nor in the e2e cache"; return 1; }
+  [[ -n "$kubectl" && -n "${KUBECONFIG:-}" ]] || { echo "  --cluster needs KUBECONFIG and kubectl"; return 1; }
+  "$kubectl" get --raw /readyz >/dev/null || { echo "  the cluster of $KUBECONFIG is not ready"; return 1; }
+  local suffix ns watched release sa ok=0
+  suffix=$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  ns="chart-lint-$suffix"
+  watched="chart-lint-$suffix-tasks"
+  release="lint-$suffix"
+  sa="$release-basecamp"
+  CLUSTER_CLEANUP=("$kubectl" "$ns" "$watched" "$release")
+  "$kubectl" create namespace "$ns" >/dev/null
+  "$kubectl" label namespace "$ns" pod-security.kubernetes.io/enforce=restricted \
+    pod-security.kubernetes.io/warn=restricted >/dev/null
+  "$kubectl" create namespace "$watched" >/dev/null
+  echo "  helm install $release into $ns (PSS restricted enforced), watching $watched"
+  "$HELM" install "$release" "$CHART" --namespace "$ns" --kubeconfig "$KUBECONFIG" \
+    --set "watchNamespaces={$watched}" --set operator.replicas=2 --timeout 2m || return 1
+  # Pods pass Pod Security admission when the ReplicaSet can create them.
+  local i pods=0
+  for i in $(seq 60); do
+    pods=$("$kubectl" -n "$ns" get pods -l "app.kubernetes.io/instance=$release" -o name | wc -l)
+    [[ $pods -ge 2 ]] && break
+    sleep 1
+  done
+  if [[ $pods -lt 2 ]]; then
+    echo "  FAIL the Deployment's pods were not created within 60 s (Pod Security admission?):"
+    "$kubectl" -n "$ns" get events --field-selector type=Warning -o custom-columns=REASON:.reason,MESSAGE:.message
+    ok=1
+  else
+    echo "  ok $pods operator pods admitted under PSS restricted"
+  fi
+  # The operator's rights as the authorizer sees them.
+  local as=(--as "system:serviceaccount:$ns:$sa") verb resource where want got
+  while read -r want verb resource where; do
+    got=$("$kubectl" auth can-i "${as[@]}" "$verb" "$resource" ${where:+-n "$where"} 2>/dev/null || true)
+    if [[ "$got" != "$want" ]]; then
+      echo "  FAIL can-i $verb $resource ${where:+in $where}: $got, expected $want"
+      ok=1
+    fi
+  done <<EOF_RIGHTS
+yes watch harnesstasks.basecamp.dev $watched
+yes patch harnesstasks.basecamp.dev $watched
+yes patch harnesstasks.basecamp.dev/status $watched
+yes update harnesstasks.basecamp.dev/finalizers $watched
+yes list sandboxconfigs.basecamp.dev $watched
+yes create jobs.batch $watched
+yes delete configmaps $watched
+yes create networkpolicies.networking.k8s.io $watched
+yes create events.events.k8s.io $watched
+yes list nodes
+yes update leases.coordination.k8s.io $ns
+no patch harnesstasks.basecamp.dev default
+no delete harnesstasks.basecamp.dev $watched
+no update sandboxconfigs.basecamp.dev $watched
+no get secrets $watched
+no create pods $watched
+no create leases.coordination.k8s.io $watched
+no update nodes
+EOF_RIGHTS
+  [[ $ok -ne 0 ]] || echo "  ok the operator's ServiceAccount may do what it needs and nothing checked beyond"
+  cluster_cleanup
+  return $ok
+}
+
+CLUSTER_CLEANUP=()
+cluster_cleanup() {
+  [[ ${#CLUSTER_CLEANUP[@]} -gt 0 ]] || return 0
+  local kubectl=${CLUSTER_CLEANUP[0]} ns=${CLUSTER_CLEANUP[1]} watched=${CLUSTER_CLEANUP[2]} release=${CLUSTER_CLEANUP[3]}
+  CLUSTER_CLEANUP=()
+  "$HELM" uninstall "$release" --namespace "$ns" --kubeconfig "$KUBECONFIG" >/dev/null 2>&1 || true
+  "$kubectl" delete namespace "$ns" "$watched" --wait=false >/dev/null 2>&1 || true
+}
+
 check crds crds
 check generated generated
 check lint lint
@@ -293,6 +389,9 @@ check package package
 check notes notes
 check readme readme
 check schema schema
+if [[ $CLUSTER -eq 1 ]]; then
+  check cluster cluster_check
+fi
 
 if [[ ${#FAILED[@]} -gt 0 ]]; then
   echo "chart-lint: FAILED: ${FAILED[*]} ($((SECONDS - started)) s)" >&2
