@@ -126,9 +126,23 @@ tool_path() {
   esac
 }
 
+# One installer at a time per cache: concurrent chart-lint runs wait here
+# instead of building the same tool twice into the same place.
+lock_tools() {
+  mkdir -p "$TOOLS"
+  exec 9>"$TOOLS/.install.lock"
+  if ! flock -n 9; then
+    log "another chart-tools.sh is installing into $TOOLS; waiting (up to 30 min)"
+    flock -w 1800 9 || die "timed out waiting for $TOOLS/.install.lock"
+  fi
+}
+
 cmd_install() {
   local names=("$@")
   [[ ${#names[@]} -gt 0 ]] || names=(helm validate promtool)
+  if [[ ! -x "$HELM_BIN" || ! -x "$KV_BIN" || ! -x "$PROMTOOL_BIN" || ! -x "$PROMETHEUS_BIN" ]]; then
+    lock_tools
+  fi
   for name in "${names[@]}"; do
     case "$name" in
       helm) install_helm ;;
