@@ -2,7 +2,7 @@
 //! the harness spec, and the one validation function shared by the sandbox,
 //! the operator and the CLI.
 //!
-//! - [`sandbox`], [`tool`], [`timeouts`], [`gpu`], [`profile`]: the
+//! - [`sandbox`], [`tool`], [`service`], [`timeouts`], [`gpu`], [`profile`]: the
 //!   `SandboxConfig` resource and how a profile is applied.
 //! - [`task`]: the `HarnessTask` resource and its status.
 //! - [`duration`], [`criteria`], [`storage`]: the small languages inside
@@ -23,6 +23,7 @@ pub mod problem;
 pub mod profile;
 pub mod sandbox;
 pub mod schema;
+pub mod service;
 pub mod storage;
 pub mod task;
 pub mod testset;
@@ -37,6 +38,7 @@ pub use manifest::{Loaded, ManifestError, Manifests, Source};
 pub use problem::{Location, Problem, Report, Rule, Severity};
 pub use profile::{ProfileError, SandboxProfile, resolve_profile};
 pub use sandbox::{SandboxConfig, SandboxConfigSpec};
+pub use service::ServiceSpec;
 pub use task::{HarnessTask, HarnessTaskSpec, HarnessTaskStatus};
 pub use testset::{Episode, ExpectedToolCall, TestSet, TestSetError, TestSetLoadError};
 pub use timeouts::ToolTimeouts;

@@ -92,6 +92,10 @@ rules! {
     InvalidGpu,
     /// `sandboxRef` names a SandboxConfig that does not exist.
     UnknownSandbox,
+    /// A `$(services.NAME...)` reference to a service that is not defined.
+    UnknownService,
+    /// A service that cannot start as written.
+    InvalidService,
     /// No sandbox is referenced, or both `sandboxRef` and `variants` are set.
     InvalidSandboxRef,
     /// A profile that the SandboxConfig does not define.

@@ -57,6 +57,11 @@ pub struct SandboxConfigSpec {
     /// sees: letters, digits, `_` and `-`, at most 64 characters).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tools: BTreeMap<String, ToolSpec>,
+    /// Helper processes started before the first episode and stopped after
+    /// the last (a mock API the tools call), by name. Tools reach one with
+    /// `$(services.NAME.url)` (also `.host`, `.port`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub services: BTreeMap<String, crate::service::ServiceSpec>,
     /// Tool-call timeouts with millisecond precision: a map with `default`
     /// and per-tool entries (`{default: 800ms, track_order: 2s}`), or one
     /// duration that applies to EVERY tool. Durations are strings such as

@@ -110,6 +110,45 @@ pub struct HttpTool {
     /// and its unit: 1000/minute is not 1000/second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// Retries of answers that say "try again" (429, 502, 503, 504 by
+    /// default), inside the tool's timeout: a `Retry-After` header is
+    /// honoured, otherwise the backoff doubles from `backoff`. Default: no
+    /// retry — the first 429 is the tool's failure (and its fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<HttpRetry>,
+}
+
+/// How an HTTP tool retries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRetry {
+    /// Attempts in all, the first included (2 to 10).
+    pub attempts: u32,
+    /// The statuses retried. Default: 429, 502, 503, 504.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_status: Vec<u16>,
+    /// The wait before the second attempt when the answer has no
+    /// `Retry-After`; doubled for each further one. Default: 100ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<crate::duration::Duration>,
+}
+
+impl HttpRetry {
+    /// The statuses retried.
+    pub fn retries_status(&self, status: u16) -> bool {
+        if self.on_status.is_empty() {
+            matches!(status, 429 | 502 | 503 | 504)
+        } else {
+            self.on_status.contains(&status)
+        }
+    }
+
+    /// The wait before attempt `attempt` (1-based; attempt 2 is the first retry).
+    pub fn backoff_before(&self, attempt: u32) -> std::time::Duration {
+        let base =
+            self.backoff.and_then(crate::duration::Duration::to_std).unwrap_or(std::time::Duration::from_millis(100));
+        base.saturating_mul(1 << attempt.saturating_sub(2).min(16))
+    }
 }
 
 /// HTTP methods a tool may use.

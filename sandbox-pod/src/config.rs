@@ -194,6 +194,7 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
             };
             let mut tool = HttpTool::new(client.clone(), method, http.url.clone());
             tool.headers = http.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            tool.retry = http.retry.clone();
             if let Some(body) = &http.body {
                 let template = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.clone()));
                 tool.body_template = Some(template);

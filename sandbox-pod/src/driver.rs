@@ -29,7 +29,20 @@ pub struct ShardSummary {
     pub episodes: Vec<EpisodeResult>,
     /// Episodes whose trace could not be written, with the error.
     pub lost: Vec<LostEpisode>,
+    /// True when the run was stopped (Ctrl-C) before every episode finished.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped_early: bool,
+    /// Episodes cut off by the stop: their traces hold what ran (a readable
+    /// prefix); they are not in `episodes` or the aggregate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interrupted: Vec<String>,
+    /// Episodes the stop kept from starting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_started: Vec<String>,
 }
+
+/// Stops a run early (Ctrl-C): cancel it and every shard winds down.
+pub type StopSignal = tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LostEpisode {
@@ -39,13 +52,24 @@ pub struct LostEpisode {
 
 pub const SUMMARY_FILE: &str = "summary.json";
 
+/// How one episode's task ended.
+enum Ended {
+    Ran(std::io::Result<EpisodeResult>),
+    Interrupted,
+    NotStarted,
+}
+
 /// Runs `episodes` with at most `concurrency` at a time, traces into `out_dir`.
-/// `on_done` is called after each episode (progress, metrics).
+/// `on_done` is called after each episode (progress, metrics). When `stop`
+/// fires, no new episode starts and running ones are dropped — their trace
+/// writers flush what was written, so each leaves a readable prefix — and
+/// the summary is still written, marked `stopped_early`.
 pub async fn run_shard(
     runner: Arc<EpisodeRunner>,
     episodes: Vec<EpisodeInput>,
     out_dir: &Path,
     concurrency: usize,
+    stop: StopSignal,
     on_done: impl Fn(&EpisodeResult),
 ) -> std::io::Result<ShardSummary> {
     std::fs::create_dir_all(out_dir)?;
@@ -57,24 +81,40 @@ pub async fn run_shard(
         let runner = runner.clone();
         let permits = permits.clone();
         let dir = out_dir.to_path_buf();
+        let stop = stop.clone();
         tasks.spawn(async move {
-            let _permit = permits.acquire_owned().await.expect("the semaphore is never closed");
-            let result = runner.run(&input, &dir).await;
-            (index, input.id, result)
+            let permit = tokio::select! {
+                biased;
+                _ = stop.cancelled() => None,
+                permit = permits.acquire_owned() => Some(permit.expect("the semaphore is never closed")),
+            };
+            let Some(_permit) = permit else { return (index, input.id, Ended::NotStarted) };
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => (index, input.id, Ended::Interrupted),
+                result = runner.run(&input, &dir) => (index, input.id, Ended::Ran(result)),
+            }
         });
     }
     let mut done: Vec<(usize, EpisodeResult)> = Vec::new();
     let mut lost = Vec::new();
+    let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok((index, _, Ok(result))) => {
+            Ok((index, _, Ended::Ran(Ok(result)))) => {
                 on_done(&result);
                 done.push((index, result));
             }
-            Ok((_, id, Err(e))) => lost.push(LostEpisode { id, error: format!("cannot write the trace: {e}") }),
+            Ok((_, id, Ended::Ran(Err(e)))) => {
+                lost.push(LostEpisode { id, error: format!("cannot write the trace: {e}") })
+            }
+            Ok((index, id, Ended::Interrupted)) => interrupted.push((index, id)),
+            Ok((index, id, Ended::NotStarted)) => not_started.push((index, id)),
             Err(e) => lost.push(LostEpisode { id: "?".into(), error: format!("episode task failed: {e}") }),
         }
     }
+    interrupted.sort();
+    not_started.sort();
     done.sort_by_key(|(i, _)| *i);
     let episodes: Vec<EpisodeResult> = done.into_iter().map(|(_, r)| r).collect();
     let header = &runner.header;
@@ -89,6 +129,9 @@ pub async fn run_shard(
         aggregate: aggregate(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str()))),
         episodes,
         lost,
+        stopped_early: stop.is_cancelled() && !(interrupted.is_empty() && not_started.is_empty()),
+        interrupted: interrupted.into_iter().map(|(_, id)| id).collect(),
+        not_started: not_started.into_iter().map(|(_, id)| id).collect(),
     };
     write_summary(&summary, out_dir)?;
     Ok(summary)

@@ -10,6 +10,7 @@
 //! - [`executor`]: one tool call, timed, bounded and recorded;
 //! - [`policy`]: the agent's policy (OpenAI-compatible endpoint, scripted);
 //! - [`rewards`]: named reward components, weighted sums, weight schedules;
+//! - [`services`]: helper processes the tools talk to (a mock API);
 //! - [`storage`]: where traces go (local directory, S3).
 
 pub mod config;
@@ -21,5 +22,6 @@ pub mod policy;
 pub mod rewards;
 pub mod run;
 pub mod server;
+pub mod services;
 pub mod storage;
 pub mod tools;

@@ -80,7 +80,26 @@ async fn run_command(args: RunArgs) -> ExitCode {
         concurrency: args.concurrency,
         listen: args.listen,
         upload: !args.no_upload,
+        stop: basecamp_sandbox::driver::StopSignal::new(),
     };
+    // SIGTERM (a pod being evicted) or Ctrl-C: stop starting episodes, flush
+    // the running ones' traces, and still write (and upload) the summary.
+    let stop = request.stop.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let terminated = async {
+            match term.as_mut() {
+                Some(term) => term.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = terminated => {},
+        }
+        eprintln!("stopping: no new episodes; the summary lists what was cut off");
+        stop.cancel();
+    });
     let outcome = match run(&request).await {
         Ok(o) => o,
         Err(e) => {

@@ -3,7 +3,7 @@
 //! load and validate the manifests (the same checks as the operator and
 //! `basecamp harness validate`) -> resolve the variant's SandboxConfig and
 //! profile -> load the test set (local or `s3://`) and take this shard ->
-//! build the runner -> run the episodes (optionally serving `/metrics` and
+//! start the sandbox's services -> build the runner -> run the episodes (optionally serving `/metrics` and
 //! live injection) -> write `summary.json` -> upload to the task's trace
 //! destination, keeping the local copy and reporting any file that failed.
 
@@ -11,13 +11,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use basecamp_api::{Manifests, Report, TestSet, resolve_profile};
+use basecamp_api::{HarnessTask, Loaded, Manifests, Report, SandboxConfigSpec, TestSet, resolve_profile};
 
 use crate::config::{RunContext, build_runner, episode_input};
+use crate::driver::StopSignal;
 use crate::driver::{ShardSummary, run_shard};
 use crate::episode::LiveInjections;
 use crate::metrics::SandboxMetrics;
 use crate::server::{ServerState, serve};
+use crate::services::{RunningServices, ServiceError};
 use crate::storage::{Destination, ShardPartition, Storage, StorageConfig, UploadReport, UtcDate};
 
 /// What to run.
@@ -36,6 +38,9 @@ pub struct RunRequest {
     pub listen: Option<std::net::SocketAddr>,
     /// Upload to the task's `traces.destination` when it names one.
     pub upload: bool,
+    /// Set to stop early (Ctrl-C): no new episodes start, running ones are
+    /// cut off with their traces flushed, and the summary says so.
+    pub stop: StopSignal,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +54,8 @@ pub enum RunError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
+    Service(#[from] ServiceError),
+    #[error(transparent)]
     Gpu(#[from] basecamp_gpu::requirement::GpuRequirementError),
     #[error("cannot run the shard: {0}")]
     Io(#[from] std::io::Error),
@@ -61,6 +68,7 @@ impl RunError {
             Self::Selection(_) => "NoSuchTaskOrVariant",
             Self::TestSet { .. } => "TestSetUnavailable",
             Self::Config(e) => e.category(),
+            Self::Service(e) => e.category(),
             Self::Gpu(e) => e.category(),
             Self::Io(_) => "TraceIo",
         }
@@ -86,60 +94,106 @@ fn problems(report: &Report, errors_only: bool) -> String {
         .join("\n")
 }
 
-pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
-    let (manifests, load_report) = Manifests::load(&request.manifests);
+/// Loads `paths` and runs every check (the same as the operator's and
+/// `basecamp harness validate`'s); the warnings come back as lines.
+pub fn load_manifests(paths: &[PathBuf]) -> Result<(Manifests, Vec<String>), RunError> {
+    let (manifests, load_report) = Manifests::load(paths);
     let mut report = load_report;
     report.extend(manifests.validate());
     if report.has_errors() {
         return Err(RunError::Invalid(problems(&report, true)));
     }
-    let mut warnings: Vec<String> = report.warnings().map(|p| p.to_string()).collect();
+    let warnings = report.warnings().map(|p| p.to_string()).collect();
+    Ok((manifests, warnings))
+}
 
-    let loaded = match &request.task {
-        Some(name) => manifests.tasks.iter().find(|t| t.object.metadata.name.as_deref() == Some(name.as_str())),
+/// The HarnessTask named `name`, or the only one.
+pub fn select_task<'m>(manifests: &'m Manifests, name: Option<&str>) -> Result<&'m Loaded<HarnessTask>, RunError> {
+    match name {
+        Some(name) => manifests.tasks.iter().find(|t| t.object.metadata.name.as_deref() == Some(name)),
         None if manifests.tasks.len() == 1 => manifests.tasks.first(),
         None => None,
     }
     .ok_or_else(|| {
         let names: Vec<&str> = manifests.tasks.iter().filter_map(|t| t.object.metadata.name.as_deref()).collect();
-        RunError::Selection(format!(
-            "choose a HarnessTask with --task; the manifests hold: {}",
-            if names.is_empty() { "none".to_string() } else { names.join(", ") }
-        ))
-    })?;
+        let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+        match name {
+            Some(name) => RunError::Selection(format!("no HarnessTask {name:?} in the manifests; they hold: {names}")),
+            None if manifests.tasks.is_empty() => RunError::Selection(
+                "the manifests hold no HarnessTask; give the file or directory that defines one".into(),
+            ),
+            None => RunError::Selection(format!("choose a HarnessTask with --task; the manifests hold: {names}")),
+        }
+    })
+}
+
+/// One variant of a task, its SandboxConfig resolved (profile applied).
+#[derive(Debug, Clone)]
+pub struct ResolvedVariant {
+    pub name: String,
+    pub sandbox_name: String,
+    pub sandbox: SandboxConfigSpec,
+}
+
+/// The task's variants (all, or only `only`), each with its resolved sandbox.
+pub fn resolve_variants(
+    manifests: &Manifests,
+    task: &HarnessTask,
+    only: Option<&str>,
+) -> Result<Vec<ResolvedVariant>, RunError> {
+    let task_name = task.metadata.name.clone().unwrap_or_default();
+    let variants = task.spec.effective_variants();
+    let chosen: Vec<_> = variants.iter().filter(|v| only.is_none_or(|name| v.name == name)).collect();
+    if chosen.is_empty() {
+        let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+        return Err(RunError::Selection(format!(
+            "task {task_name} has no variant {:?}; it has: {}",
+            only.unwrap_or_default(),
+            names.join(", ")
+        )));
+    }
+    chosen
+        .into_iter()
+        .map(|variant| {
+            let sandbox = manifests.sandbox(&variant.sandbox_ref.name).ok_or_else(|| {
+                RunError::Selection(format!(
+                    "SandboxConfig {} (variant {}) is not in the manifests",
+                    variant.sandbox_ref.name, variant.name
+                ))
+            })?;
+            let resolved = resolve_profile(&sandbox.object.spec, variant.sandbox_ref.profile.as_deref())
+                .map_err(|e| RunError::Selection(e.to_string()))?;
+            Ok(ResolvedVariant {
+                name: variant.name.clone(),
+                sandbox_name: variant.sandbox_ref.name.clone(),
+                sandbox: resolved,
+            })
+        })
+        .collect()
+}
+
+pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
+    let (manifests, mut warnings) = load_manifests(&request.manifests)?;
+    let loaded = select_task(&manifests, request.task.as_deref())?;
     let task = &loaded.object;
     let task_name = task.metadata.name.clone().unwrap_or_default();
     let namespace = task.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let base_dir = loaded.base_dir();
-    let variants = task.spec.effective_variants();
-    let variant = match &request.variant {
-        Some(name) => variants.iter().find(|v| v.name == *name),
-        None => variants.first(),
-    }
-    .ok_or_else(|| {
-        let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
-        RunError::Selection(format!(
-            "task {task_name} has no variant {:?}; it has: {}",
-            request.variant,
-            names.join(", ")
-        ))
-    })?;
-    let sandbox = manifests.sandbox(&variant.sandbox_ref.name).ok_or_else(|| {
-        RunError::Selection(format!(
-            "SandboxConfig {} (variant {}) is not in the manifests",
-            variant.sandbox_ref.name, variant.name
-        ))
-    })?;
-    let resolved = resolve_profile(&sandbox.object.spec, variant.sandbox_ref.profile.as_deref())
-        .map_err(|e| RunError::Selection(e.to_string()))?;
+    let variant = resolve_variants(&manifests, task, request.variant.as_deref())?.remove(0);
 
-    if let Some(warning) = check_gpu(&resolved, &basecamp_gpu::probe::probe_gpus())? {
+    if let Some(warning) = check_gpu(&variant.sandbox, &basecamp_gpu::probe::probe_gpus())? {
         warnings.push(warning);
     }
 
     let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await?;
     let rows = test_set.shard(request.shard, request.shard_count).map_err(|e| RunError::Selection(e.to_string()))?;
     let inputs = rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect();
+
+    let out_dir = request.out_dir.clone().unwrap_or_else(|| {
+        Path::new("basecamp-runs").join(&task_name).join(&variant.name).join(format!("shard-{}", request.shard))
+    });
+    let services = RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"))?;
+    let sandbox = services.expand(&variant.sandbox)?;
 
     let ctx = RunContext {
         base_dir: base_dir.clone(),
@@ -150,16 +204,13 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         shard_count: request.shard_count,
         training_step: 0,
     };
-    let mut runner = build_runner(&task.spec, &resolved, &ctx)?;
+    let mut runner = build_runner(&task.spec, &sandbox, &ctx)?;
     let metrics = Arc::new(SandboxMetrics::new());
     runner.metrics = Some(metrics.clone());
     let live = LiveInjections::default();
     runner.live = live.clone();
     let runner = Arc::new(runner);
 
-    let out_dir = request.out_dir.clone().unwrap_or_else(|| {
-        Path::new("basecamp-runs").join(&task_name).join(&variant.name).join(format!("shard-{}", request.shard))
-    });
     let (stop_server, server) = match request.listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -174,10 +225,11 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     };
     let started = SystemTime::now();
     let metrics_for_episodes = metrics.clone();
-    let summary = run_shard(runner, inputs, &out_dir, request.concurrency, move |result| {
+    let summary = run_shard(runner, inputs, &out_dir, request.concurrency, request.stop.clone(), move |result| {
         metrics_for_episodes.observe_episode(result)
     })
     .await?;
+    drop(services);
     if let (Some(tx), Some(handle)) = (stop_server, server) {
         let _ = tx.send(());
         let _ = handle.await;
@@ -215,7 +267,8 @@ pub fn check_gpu(
     }
 }
 
-async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, RunError> {
+/// The test set at `location`: a path relative to `base_dir`, or `s3://`.
+pub async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, RunError> {
     let err = |message: String| RunError::TestSet { location: location.to_string(), message };
     if location.starts_with("s3://") {
         let destination = Destination::parse(location).map_err(|e| err(e.to_string()))?;

@@ -200,6 +200,28 @@ pub struct Aggregate {
     pub outcomes: BTreeMap<String, u32>,
 }
 
+impl Aggregate {
+    /// The value a success criterion or a report names: a metric's mean by
+    /// its name (`tool_call_accuracy`, also `avg_`/`mean_` prefixed),
+    /// `resolution_time` / `avg_resolution_time` (mean, seconds),
+    /// `p50_resolution_time` / `p95_resolution_time`, `success_rate` (the
+    /// share of completed episodes) and `episodes`. `None` for a name no
+    /// episode had.
+    pub fn value_of(&self, metric: &str) -> Option<f64> {
+        let name = metric.strip_prefix("avg_").or_else(|| metric.strip_prefix("mean_")).unwrap_or(metric);
+        match name {
+            "episodes" => Some(f64::from(self.episodes)),
+            "p50_resolution_time" | "resolution_time_p50" => Some(self.resolution_time_p50_s),
+            "p95_resolution_time" | "resolution_time_p95" => Some(self.resolution_time_p95_s),
+            "success_rate" | "completion_rate" => (self.episodes > 0).then(|| {
+                f64::from(self.outcomes.get("completed").copied().unwrap_or(0)) / f64::from(self.episodes)
+            }),
+            "resolution_time" => self.means.get("resolution_time_s").copied(),
+            _ => self.means.get(name).copied(),
+        }
+    }
+}
+
 /// Mean of every metric, resolution-time percentiles and outcome counts.
 pub fn aggregate<'a>(episodes: impl IntoIterator<Item = (&'a EpisodeMetrics, &'a str)>) -> Aggregate {
     let mut sums: BTreeMap<&str, (f64, u32)> = BTreeMap::new();

@@ -117,6 +117,7 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
     for (name, tool) in &spec.tools {
         check_tool(name, tool, spec, ctx, &mut problems);
     }
+    check_services(spec, &mut problems);
 
     // Timeouts.
     if let Some(timeouts) = &spec.tool_timeouts {
@@ -471,7 +472,14 @@ fn check_tool(
         }
     }
     if let Some(http) = &tool.http {
-        check_http(&path, http, parameter_names.as_ref(), problems);
+        check_http(&path, http, parameter_names.as_ref(), spec, problems);
+    }
+    if let Some(exec) = &tool.exec {
+        let command = exec.command.iter().enumerate().map(|(i, arg)| (format!("{path}.exec.command[{i}]"), arg));
+        let env = exec.env.iter().map(|(k, v)| (key_path(&format!("{path}.exec.env"), k), v));
+        for (field, text) in command.chain(env) {
+            check_service_refs(&field, text, spec, problems);
+        }
     }
     if let Some(exec) = &tool.exec
         && exec.command.first().is_none_or(|program| program.trim().is_empty())
@@ -499,9 +507,13 @@ fn check_http(
     path: &str,
     http: &crate::tool::HttpTool,
     parameter_names: Option<&BTreeSet<&str>>,
+    spec: &SandboxConfigSpec,
     problems: &mut Vec<Problem>,
 ) {
-    if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
+    // A URL that starts with a service reference is an http URL once expanded.
+    let url = http.url.replacen("$(services.", "http://127.0.0.1/$(", 1);
+    let url = if http.url.starts_with("$(services.") { url.as_str() } else { http.url.as_str() };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
         problems.push(Problem::error(
             Rule::InvalidUrl,
             format!("{path}.http.url"),
@@ -516,6 +528,7 @@ fn check_http(
         templates.push((key_path(&format!("{path}.http.headers"), header), value.as_str()));
     }
     for (field, template) in templates {
+        check_service_refs(&field, template, spec, problems);
         match template_placeholders(template) {
             Err(error) => problems.push(Problem::error(Rule::InvalidTemplate, field, error.to_string())),
             Ok(names) => {
@@ -537,6 +550,27 @@ fn check_http(
             }
         }
     }
+    if let Some(retry) = &http.retry {
+        if !(2..=10).contains(&retry.attempts) {
+            problems.push(Problem::error(
+                Rule::InvalidTool,
+                format!("{path}.http.retry.attempts"),
+                format!("attempts counts the first call too: use 2 to 10 (got {})", retry.attempts),
+            ));
+        }
+        for (i, status) in retry.on_status.iter().enumerate() {
+            if !(400..=599).contains(status) {
+                problems.push(Problem::error(
+                    Rule::InvalidTool,
+                    format!("{path}.http.retry.onStatus[{i}]"),
+                    format!("{status} is not an error status (400-599); only failed answers are retried"),
+                ));
+            }
+        }
+        if let Some(backoff) = retry.backoff {
+            positive(problems, &format!("{path}.http.retry.backoff"), backoff);
+        }
+    }
     if let Some(limit) = &http.rate_limit {
         if !(limit.requests_per_second.is_finite() && limit.requests_per_second > 0.0) {
             problems.push(Problem::error(
@@ -550,6 +584,75 @@ fn check_http(
                 Rule::InvalidTool,
                 format!("{path}.http.rateLimit.burst"),
                 "burst 0 admits no request; use 1 or more",
+            ));
+        }
+    }
+}
+
+/// `$(services.…)` references in a tool field must name a defined service.
+fn check_service_refs(field: &str, text: &str, spec: &SandboxConfigSpec, problems: &mut Vec<Problem>) {
+    match crate::service::service_refs(text) {
+        Err(error) => problems.push(Problem::error(Rule::InvalidTemplate, field, error.to_string())),
+        Ok(refs) => {
+            for r in refs.iter().filter(|r| !spec.services.contains_key(&r.service)) {
+                problems.push(Problem::error(
+                    Rule::UnknownService,
+                    field,
+                    format!(
+                        "$(services.{}.{}) names service {:?}, which is not defined in spec.services (defined: {}).{}",
+                        r.service,
+                        r.attribute,
+                        r.service,
+                        list(spec.services.keys(), 8),
+                        suggestion(&r.service, spec.services.keys().map(String::as_str))
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// Services: a name usable in references, a command, a sane readiness probe.
+fn check_services(spec: &SandboxConfigSpec, problems: &mut Vec<Problem>) {
+    for (name, service) in &spec.services {
+        let path = key_path("spec.services", name);
+        if !is_dns_label(name) {
+            problems.push(Problem::error(
+                Rule::InvalidName,
+                &path,
+                format!(
+                    "service name {name:?} must be a DNS label (lowercase letters, digits and '-'), e.g. \"tracking\""
+                ),
+            ));
+        }
+        if service.command.first().is_none_or(|program| program.trim().is_empty()) {
+            problems.push(Problem::error(
+                Rule::InvalidService,
+                format!("{path}.command"),
+                "the command is empty; give the program and its arguments, e.g. [python3, services/tracking.py]",
+            ));
+        }
+        if let Some(ready) = &service.ready_path
+            && !ready.starts_with('/')
+        {
+            problems.push(Problem::error(
+                Rule::InvalidService,
+                format!("{path}.readyPath"),
+                format!("{ready:?} is not an HTTP path; write \"/{ready}\""),
+            ));
+        }
+        if let Some(timeout) = service.ready_timeout {
+            positive(problems, &format!("{path}.readyTimeout"), timeout);
+        }
+    }
+    let ports: Vec<(&String, u16)> =
+        spec.services.iter().filter_map(|(n, s)| s.port.filter(|p| *p != 0).map(|p| (n, p))).collect();
+    for (i, (name, port)) in ports.iter().enumerate() {
+        if let Some((other, _)) = ports[..i].iter().find(|(_, p)| p == port) {
+            problems.push(Problem::error(
+                Rule::InvalidService,
+                format!("{}.port", key_path("spec.services", name)),
+                format!("port {port} is also the port of service {other:?}; give each its own, or 0 for a free one"),
             ));
         }
     }

@@ -32,6 +32,8 @@ pub struct HttpTool {
     pub headers: Vec<(String, String)>,
     pub body_template: Option<Value>,
     pub max_response_bytes: u64,
+    /// Retries of 429/5xx answers; `None` fails on the first.
+    pub retry: Option<basecamp_api::tool::HttpRetry>,
     client: reqwest::Client,
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
 }
@@ -54,6 +56,7 @@ impl HttpTool {
             headers: Vec::new(),
             body_template: None,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            retry: None,
             client,
             limiter: None,
         }
@@ -71,7 +74,26 @@ impl HttpTool {
         Ok(self)
     }
 
+    /// One call: the request, and its retries when the answer says "try
+    /// again" and the tool has a retry policy. The executor's timeout bounds
+    /// the whole loop, waits included.
     pub async fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
+        let attempts = self.retry.as_ref().map_or(1, |r| r.attempts.max(1));
+        let mut attempt = 1;
+        loop {
+            match self.attempt(arguments).await? {
+                Answer::Done(output) => return Ok(output),
+                Answer::Failed { error, status, retry_after } => {
+                    let retried = self.retry.as_ref().filter(|r| attempt < attempts && r.retries_status(status));
+                    let Some(retry) = retried else { return Err(error) };
+                    attempt += 1;
+                    tokio::time::sleep(retry_after.unwrap_or_else(|| retry.backoff_before(attempt))).await;
+                }
+            }
+        }
+    }
+
+    async fn attempt(&self, arguments: &Value) -> Result<Answer, ToolError> {
         let url = fill_url(&self.url_template, arguments)?;
         let mut request = self.client.request(self.method.clone(), &url);
         for (name, value) in &self.headers {
@@ -94,6 +116,11 @@ impl HttpTool {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.contains("json"));
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::Transport(error_chain(&e)))? {
             if (body.len() + chunk.len()) as u64 > self.max_response_bytes {
@@ -102,11 +129,12 @@ impl HttpTool {
             body.extend_from_slice(&chunk);
         }
         let text = || excerpt(&String::from_utf8_lossy(&body), 200);
-        if status.as_u16() == 429 {
-            return Err(ToolError::RateLimited(text()));
+        let status = status.as_u16();
+        if status == 429 {
+            return Ok(Answer::Failed { error: ToolError::RateLimited(text()), status, retry_after });
         }
-        if !status.is_success() {
-            return Err(ToolError::HttpStatus { status: status.as_u16(), body: text() });
+        if !(200..300).contains(&status) {
+            return Ok(Answer::Failed { error: ToolError::HttpStatus { status, body: text() }, status, retry_after });
         }
         let value = if body.iter().all(u8::is_ascii_whitespace) {
             Value::Null
@@ -117,8 +145,28 @@ impl HttpTool {
                 Err(_) => Value::String(String::from_utf8_lossy(&body).into_owned()),
             }
         };
-        ToolOutput::from_json(value, body.len() as u64)
+        ToolOutput::from_json(value, body.len() as u64).map(Answer::Done)
     }
+}
+
+/// What one attempt got: a result, or a failed status that may be retried.
+enum Answer {
+    Done(ToolOutput),
+    Failed { error: ToolError, status: u16, retry_after: Option<Duration> },
+}
+
+/// `Retry-After` as seconds (fractions allowed) or an HTTP date, capped at a
+/// minute: the tool's timeout cuts a longer wait short anyway.
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    let wait = match value.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => Duration::from_secs_f64(seconds),
+        Ok(_) => return None,
+        Err(_) => {
+            httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default()
+        }
+    };
+    Some(wait.min(Duration::from_secs(60)))
 }
 
 /// reqwest hides the useful part ("connection refused") in the source chain.

@@ -1,0 +1,332 @@
+//! The SandboxConfig's `services`: helper processes (a mock tracking API, a
+//! fixture database) started before the first episode and stopped after the
+//! last, on 127.0.0.1. Each runs in its own process group, so stopping it —
+//! or dropping [`RunningServices`] on Ctrl-C or a panic — takes its children
+//! down too. Its output goes to `services/<name>.log` in the run directory,
+//! so a service that dies is explained, not just missing.
+//!
+//! [`RunningServices::expand`] turns the spec's `$(services.NAME.url)`
+//! references into the addresses the services actually got.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use basecamp_api::SandboxConfigSpec;
+use basecamp_api::service::{ServiceRefError, ServiceSpec, expand_service_refs};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+/// How long a stopping service gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+const READY_POLL: Duration = Duration::from_millis(25);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("service {name}: cannot find a free port on 127.0.0.1: {source}")]
+    Port {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("service {name}: cannot start {program:?}: {source}")]
+    Spawn {
+        name: String,
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("service {name} exited with {status} before it was ready; its output ({log}):\n{tail}")]
+    Exited { name: String, status: String, log: String, tail: String },
+    #[error(
+        "service {name} was not ready within {timeout:?} ({probe}); its output ({log}):\n{tail}\nraise readyTimeout or fix the service"
+    )]
+    NotReady { name: String, timeout: Duration, probe: String, log: String, tail: String },
+    #[error("{0}")]
+    Reference(#[from] ServiceRefError),
+}
+
+impl ServiceError {
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Port { .. } | Self::Spawn { .. } => "ServiceStart",
+            Self::Exited { .. } | Self::NotReady { .. } => "ServiceNotReady",
+            Self::Reference(_) => "UnknownService",
+        }
+    }
+}
+
+/// One started service.
+#[derive(Debug)]
+struct Running {
+    name: String,
+    addr: SocketAddr,
+    child: Child,
+}
+
+/// The started services of one sandbox; stopped on drop.
+#[derive(Debug, Default)]
+pub struct RunningServices {
+    running: Vec<Running>,
+}
+
+impl RunningServices {
+    /// Starts every service of `services` (commands relative to `base_dir`,
+    /// logs in `log_dir`) and waits until each is ready.
+    pub fn start(
+        services: &BTreeMap<String, ServiceSpec>,
+        base_dir: &Path,
+        log_dir: &Path,
+    ) -> Result<Self, ServiceError> {
+        let mut started = Self::default();
+        for (name, spec) in services {
+            let running = start_one(name, spec, base_dir, log_dir)?;
+            started.running.push(running);
+            let running = started.running.last_mut().expect("just pushed");
+            wait_ready(running, spec, log_dir)?;
+        }
+        Ok(started)
+    }
+
+    /// The address a service listens on.
+    pub fn addr(&self, name: &str) -> Option<SocketAddr> {
+        self.running.iter().find(|r| r.name == name).map(|r| r.addr)
+    }
+
+    fn lookup(&self, service: &str, attribute: &str) -> Option<String> {
+        let addr = self.addr(service)?;
+        Some(match attribute {
+            "url" => format!("http://{addr}"),
+            "host" => addr.ip().to_string(),
+            _ => addr.port().to_string(),
+        })
+    }
+
+    /// `spec` with every `$(services.…)` reference in its tools replaced by
+    /// the running services' addresses.
+    pub fn expand(&self, spec: &SandboxConfigSpec) -> Result<SandboxConfigSpec, ServiceError> {
+        let lookup = |s: &str, a: &str| self.lookup(s, a);
+        let mut spec = spec.clone();
+        for tool in spec.tools.values_mut() {
+            if let Some(http) = &mut tool.http {
+                http.url = expand_service_refs(&http.url, lookup)?;
+                if let Some(body) = &mut http.body {
+                    *body = expand_service_refs(body, lookup)?;
+                }
+                for value in http.headers.values_mut() {
+                    *value = expand_service_refs(value, lookup)?;
+                }
+            }
+            if let Some(exec) = &mut tool.exec {
+                for arg in &mut exec.command {
+                    *arg = expand_service_refs(arg, lookup)?;
+                }
+                for value in exec.env.values_mut() {
+                    *value = expand_service_refs(value, lookup)?;
+                }
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Stops every service: SIGTERM to its process group, SIGKILL after a grace period.
+    pub fn stop(&mut self) {
+        for running in &mut self.running {
+            stop_one(running);
+        }
+        self.running.clear();
+    }
+}
+
+impl Drop for RunningServices {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+fn log_path(log_dir: &Path, name: &str) -> PathBuf {
+    log_dir.join(format!("{name}.log"))
+}
+
+fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) -> Result<Running, ServiceError> {
+    let port = match spec.port {
+        Some(port) if port != 0 => port,
+        _ => free_port().map_err(|source| ServiceError::Port { name: name.into(), source })?,
+    };
+    let program = spec.command.first().cloned().unwrap_or_default();
+    let spawn_error = |source| ServiceError::Spawn { name: name.into(), program: program.clone(), source };
+    std::fs::create_dir_all(log_dir).map_err(spawn_error)?;
+    let log = std::fs::File::create(log_path(log_dir, name)).map_err(spawn_error)?;
+    let log_err = log.try_clone().map_err(spawn_error)?;
+    // A program given as a relative path with a directory part is the
+    // manifest's file; a bare name is looked up on PATH.
+    let program_path = if program.contains('/') && Path::new(&program).is_relative() {
+        base_dir.join(&program)
+    } else {
+        program.clone().into()
+    };
+    let child = Command::new(program_path)
+        .args(&spec.command[1.min(spec.command.len())..])
+        .current_dir(base_dir)
+        .envs(&spec.env)
+        .env("HOST", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0)
+        .spawn()
+        .map_err(spawn_error)?;
+    Ok(Running { name: name.into(), addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)), child })
+}
+
+fn log_tail(log_dir: &Path, name: &str) -> String {
+    let text = std::fs::read_to_string(log_path(log_dir, name)).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+    if tail.is_empty() { "(nothing)".into() } else { tail }
+}
+
+/// Polls until the service answers its probe, exits, or the timeout passes.
+fn wait_ready(running: &mut Running, spec: &ServiceSpec, log_dir: &Path) -> Result<(), ServiceError> {
+    let timeout = spec.ready_timeout();
+    let deadline = Instant::now() + timeout;
+    let probe = match &spec.ready_path {
+        Some(path) => format!("GET http://{}{path} answering 2xx", running.addr),
+        None => format!("a TCP connection to {}", running.addr),
+    };
+    let log = || log_path(log_dir, &running.name).display().to_string();
+    loop {
+        if let Ok(Some(status)) = running.child.try_wait() {
+            return Err(ServiceError::Exited {
+                name: running.name.clone(),
+                status: status.to_string(),
+                log: log(),
+                tail: log_tail(log_dir, &running.name),
+            });
+        }
+        let ready = match &spec.ready_path {
+            Some(path) => http_ok(running.addr, path),
+            None => std::net::TcpStream::connect_timeout(&running.addr, READY_POLL).is_ok(),
+        };
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let error = ServiceError::NotReady {
+                name: running.name.clone(),
+                timeout,
+                probe,
+                log: log(),
+                tail: log_tail(log_dir, &running.name),
+            };
+            stop_one(running);
+            return Err(error);
+        }
+        std::thread::sleep(READY_POLL);
+    }
+}
+
+/// A minimal HTTP/1.0 GET: enough for a readiness probe without a client.
+fn http_ok(addr: SocketAddr, path: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, READY_POLL * 4) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 16];
+    let Ok(n) = stream.read(&mut head) else { return false };
+    // "HTTP/1.x 2xx"
+    n >= 12 && head.starts_with(b"HTTP/1.") && head[9] == b'2'
+}
+
+fn stop_one(running: &mut Running) {
+    if let Ok(Some(_)) = running.child.try_wait() {
+        return;
+    }
+    let group = Pid::from_raw(running.child.id() as i32);
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = Instant::now() + STOP_GRACE;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = running.child.try_wait() {
+            return;
+        }
+        std::thread::sleep(READY_POLL);
+    }
+    let _ = killpg(group, Signal::SIGKILL);
+    let _ = running.child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn python_service(script: &str) -> ServiceSpec {
+        ServiceSpec {
+            command: vec!["python3".into(), "-c".into(), script.into()],
+            ready_timeout: Some(std::time::Duration::from_secs(5).into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_service_starts_on_a_free_port_answers_and_is_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "import http.server,os\n\
+            class H(http.server.BaseHTTPRequestHandler):\n  def do_GET(self):\n    self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n\
+            http.server.HTTPServer((os.environ['HOST'], int(os.environ['PORT'])), H).serve_forever()";
+        let mut spec = python_service(script);
+        spec.ready_path = Some("/healthz".into());
+        let services = BTreeMap::from([("tracking".to_string(), spec)]);
+        let mut running = RunningServices::start(&services, dir.path(), dir.path()).unwrap();
+        let addr = running.addr("tracking").unwrap();
+        assert!(http_ok(addr, "/anything"));
+
+        let mut sandbox = SandboxConfigSpec::default();
+        let mut tool = basecamp_api::ToolSpec::default();
+        tool.http = Some(basecamp_api::tool::HttpTool {
+            url: "$(services.tracking.url)/orders/{{order_id}}".into(),
+            ..Default::default()
+        });
+        sandbox.tools.insert("track".into(), tool);
+        let expanded = running.expand(&sandbox).unwrap();
+        assert_eq!(
+            expanded.tools["track"].http.as_ref().unwrap().url,
+            format!("http://{addr}/orders/{{{{order_id}}}}")
+        );
+
+        running.stop();
+        assert!(!http_ok(addr, "/"), "the service is gone after stop");
+    }
+
+    #[test]
+    fn a_service_that_dies_is_reported_with_its_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let services =
+            BTreeMap::from([("db".to_string(), python_service("import sys; print('no fixture file'); sys.exit(3)"))]);
+        let err = RunningServices::start(&services, dir.path(), dir.path()).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("service db exited") && text.contains("no fixture file"), "{text}");
+        assert_eq!(err.category(), "ServiceNotReady");
+    }
+
+    #[test]
+    fn a_service_that_never_listens_times_out_and_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = python_service("import time; time.sleep(30)");
+        spec.ready_timeout = Some(std::time::Duration::from_millis(300).into());
+        let services = BTreeMap::from([("slow".to_string(), spec)]);
+        let started = Instant::now();
+        let err = RunningServices::start(&services, dir.path(), dir.path()).unwrap_err();
+        assert!(err.to_string().contains("not ready within 300ms"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "the sleeper was killed, not waited for");
+    }
+}
