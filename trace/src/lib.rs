@@ -11,14 +11,18 @@
 //! - [`canonical`]: canonical JSON and its sha256, the identity of arguments and memory;
 //! - [`memory`]: memory, patches and the deltas they produce;
 //! - [`json`]: a trace as JSON (the proto3 JSON mapping);
-//! - [`synthetic`]: realistic generated episodes for tests, benchmarks and demos.
+//! - [`synthetic`]: realistic generated episodes for tests, benchmarks and demos;
+//! - [`query`]: the search language over trace sections;
+//! - [`inputs`]: files, directories and globs as inputs, worked through in parallel in a stable order.
 
 pub mod canonical;
 pub mod error;
 pub mod format;
+pub mod inputs;
 pub mod json;
 pub mod memory;
 pub mod metrics;
+pub mod query;
 pub mod reader;
 pub mod synthetic;
 pub mod writer;

@@ -2,6 +2,7 @@
 
 mod analyze;
 mod parse;
+mod search;
 
 use std::process::ExitCode;
 
@@ -13,11 +14,14 @@ pub enum TraceCommand {
     Parse(parse::ParseArgs),
     /// Top-k log-probabilities, entropy and KL(A || B) per token from raw logits (safetensors).
     Analyze(analyze::AnalyzeArgs),
+    /// Find the steps of many traces that match a query, e.g. 'memory_state.shipping_status == null'.
+    Search(search::SearchArgs),
 }
 
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TraceCommand::Parse(args) => parse::run(&args),
         TraceCommand::Analyze(args) => analyze::run(&args),
+        TraceCommand::Search(args) => search::run(&args),
     }
 }

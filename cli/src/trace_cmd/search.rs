@@ -1,0 +1,117 @@
+//! `basecamp trace search QUERY PATHS... [--json]`: the steps of many traces
+//! that match a query (the language of `basecamp_trace::query`).
+//!
+//! Files are searched in parallel (one file per task, `--jobs` threads) and
+//! printed in input order; each file is streamed, so a directory of any size
+//! needs the memory of a few traces. A damaged or unreadable file prints the
+//! matches before the damage, then one line naming the file and byte offset
+//! on stderr; the exit status is then 1.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::query::{FileMatches, Query};
+use clap::Args;
+use serde_json::json;
+
+/// The query language, shown by `basecamp trace search --help`.
+pub const QUERY_HELP: &str = "\
+QUERY is evaluated once per step of each episode; a matching step prints
+FILE:OFFSET: episode ID step N (SECTION), OFFSET being the byte offset of the
+frame holding the record that matched.
+
+  memory_state.shipping_status == null
+  plan_execution.tool == \"tracking_api\" and latency_ms > 800
+  exists(error_context) and not plan_execution.status == \"ok\"
+  reward_signal.efficiency_penalty < -0.1 or (step >= 40 and episode.variant == \"b\")
+
+Operators ==, !=, <, <=, >, >=; literals \"string\", 12.5, true, false, null;
+and/&&, or/||, not/!, parentheses. exists(PATH) holds when a record of the
+step has PATH (scalar fields: a non-default value); exists(SECTION) when the
+step has a record of that section.
+
+Conditions on the same section (for memory_state: the same key) are checked
+against one record at a time: `tool == \"a\" and latency_ms > 800` needs one
+call that is both. Conditions on different sections, and exists(), combine
+per step.
+
+Paths:
+  memory_state.KEY[.a.b]   the JSON value a MemoryDelta wrote to KEY (a removal has none)
+  plan_execution.FIELD     a PlanStep field (a bare FIELD means this section): tool, status
+                           (ok|error|timeout|fallback|rolled_back|refused), kind, latency_ms,
+                           latency_us, timeout_ms, error_type, error_message, fallback_used,
+                           arguments[.path], observation[.path], plan_label, call_id, index,
+                           response_bytes, input_hash, result_hash, memory_hash_before|after
+  reward_signal.NAME       component NAME's raw score (.score, .weight); reward_signal.weighted_sum
+  error_context.FIELD      error_type, message, stack, cause (any entry), tool (any last payload),
+                           memory.KEY[.path] (the snapshot's value)
+  token_logit.FIELD        position, token_id, token, logprob
+  policy_turn.FIELD        model, content, tool_calls[.path], finish_reason, latency_ms,
+                           prompt_tokens, completion_tokens, logprobs_missing
+  injection.FIELD          id, trigger, observation[.path], description
+  episode.FIELD            id, task, variant, namespace, shard, shard_count, training_step
+  step                     the step number
+
+Quote a path segment with other characters: memory_state.\"user.phone\".";
+
+#[derive(Args)]
+#[command(after_long_help = QUERY_HELP)]
+pub struct SearchArgs {
+    /// The query, e.g. 'plan_execution.tool == "tracking_api" and latency_ms > 800' (see --help).
+    query: String,
+    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    #[arg(required = true)]
+    paths: Vec<String>,
+    /// Print one JSON object per match (JSON Lines): file, offset, episode, step, section.
+    #[arg(long)]
+    json: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
+}
+
+pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
+    let query = Query::parse(&args.query)?;
+    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let mut failed = false;
+    let mut write_error: Option<io::Error> = None;
+    for_each_ordered(
+        &files,
+        args.jobs.unwrap_or_else(default_jobs),
+        |path| query.search_file(path),
+        |i, found: FileMatches| {
+            if write_error.is_some() {
+                return;
+            }
+            let file = files[i].display().to_string();
+            for m in &found.matches {
+                let section = m.section.map_or("step", |s| s.name());
+                let written = if args.json {
+                    let line = json!({"file": file, "offset": m.offset, "episode": m.episode, "step": m.step, "section": section});
+                    writeln!(out, "{line}")
+                } else {
+                    writeln!(out, "{file}:{}: episode {} step {} ({section})", m.offset, m.episode, m.step)
+                };
+                if let Err(e) = written {
+                    write_error = Some(e);
+                    return;
+                }
+            }
+            if let Some(e) = found.error {
+                let _ = out.flush();
+                eprintln!("error: {e}");
+                failed = true;
+            }
+        },
+    );
+    match write_error {
+        // A closed pipe (`| head`) is not an error of the search.
+        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+        Some(e) => return Err(e.into()),
+        None => {}
+    }
+    out.flush()?;
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}

@@ -1,0 +1,170 @@
+//! `basecamp trace search` as a user runs it: real traces in a directory,
+//! the real binary, stdout, stderr and exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use basecamp_trace::pb::record::Body;
+use basecamp_trace::read_trace;
+use basecamp_trace::synthetic::{EpisodeShape, generate};
+use serde_json::Value;
+
+const QUERY: &str = r#"plan_execution.tool == "tracking_api" and latency_ms >= 800"#;
+
+fn basecamp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// Writes episodes with seeds 1..=n under `dir` (some in a subdirectory),
+/// and a file that is not a trace next to them.
+fn write_traces(dir: &Path, n: u64) -> Vec<PathBuf> {
+    std::fs::create_dir_all(dir.join("shard-1")).unwrap();
+    std::fs::write(dir.join("summary.json"), "{}").unwrap();
+    (1..=n)
+        .map(|seed| {
+            let sub = if seed % 2 == 0 { "shard-1/" } else { "" };
+            let path = dir.join(format!("{sub}ep-{seed:02}.trace"));
+            let shape = EpisodeShape { seed, steps: 30, tokens_per_step: 4, ..Default::default() };
+            std::fs::write(&path, generate(&shape).write_to(Vec::new(), 3).unwrap()).unwrap();
+            path
+        })
+        .collect()
+}
+
+/// (episode, step) of slow tracking_api calls, found by decoding every record.
+fn expected(paths: &[PathBuf]) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for path in paths {
+        let trace = read_trace(path).unwrap();
+        for r in &trace.records {
+            if let Some(Body::PlanStep(p)) = &r.body
+                && p.tool == "tracking_api"
+                && p.latency_micros >= 800_000
+            {
+                out.push((trace.header.episode_id.clone(), r.step));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_directory_is_searched_recursively_in_a_stable_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = write_traces(dir.path(), 6);
+    // The order of the output: by path, as the directory walk sorts.
+    paths.sort();
+    let want = expected(&paths);
+    assert!(!want.is_empty(), "the synthetic episodes should hold slow tracking_api calls");
+
+    let root = dir.path().display().to_string();
+    let out = basecamp(&["trace", "search", "--json", QUERY, &root]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let lines: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let got: Vec<(String, u32)> = lines
+        .iter()
+        .map(|v| (v["episode"].as_str().unwrap().to_string(), v["step"].as_u64().unwrap() as u32))
+        .collect();
+    assert_eq!(got, want);
+    for line in &lines {
+        assert_eq!(line["section"], "plan_execution");
+        // The offset is the start of the frame holding that step.
+        let file = PathBuf::from(line["file"].as_str().unwrap());
+        let mut indexed = basecamp_trace::IndexedTrace::open(&file).unwrap();
+        let step = line["step"].as_u64().unwrap() as u32;
+        assert!(!indexed.read_step(step).unwrap().is_empty());
+        let bytes = std::fs::read(&file).unwrap();
+        let at = line["offset"].as_u64().unwrap() as usize;
+        let header: [u8; 20] = bytes[at..at + 20].try_into().unwrap();
+        basecamp_trace::format::FrameHeader::decode(&header).unwrap();
+    }
+
+    // The text form says the same, one line per match, and the same with one worker.
+    let out1 = basecamp(&["trace", "search", QUERY, &root, "--jobs", "1"]);
+    let out2 = basecamp(&["trace", "search", QUERY, &root]);
+    assert_eq!(out1.stdout, out2.stdout);
+    let first = text(&out2.stdout).lines().next().unwrap().to_string();
+    let (ep, step) = &want[0];
+    assert!(first.ends_with(&format!(": episode {ep} step {step} (plan_execution)")), "{first}");
+    assert_eq!(text(&out2.stdout).lines().count(), want.len());
+}
+
+#[test]
+fn globs_and_files_select_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = write_traces(dir.path(), 4);
+    let pattern = format!("{}/shard-*/*.trace", dir.path().display());
+    let out = basecamp(&["trace", "search", "--json", "exists(plan_execution)", &pattern]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let episodes: std::collections::BTreeSet<String> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["episode"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(episodes.into_iter().collect::<Vec<_>>(), ["ep-0002", "ep-0004"]);
+
+    let one = paths[0].display().to_string();
+    let out = basecamp(&["trace", "search", "step == 3", &one]);
+    assert_eq!(text(&out.stdout), format!("{one}:{}: episode ep-0001 step 3 (step)\n", step_offset(&paths[0], 3)));
+}
+
+fn step_offset(path: &Path, step: u32) -> u64 {
+    // The first frame of a step, from a scan of the trace.
+    let mut reader = basecamp_trace::TraceReader::open(path).unwrap();
+    while let Some(r) = reader.next_raw() {
+        if r.unwrap().step == step {
+            return reader.frame_offset();
+        }
+    }
+    panic!("step {step} not found");
+}
+
+#[test]
+fn a_bad_query_shows_a_caret_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    write_traces(dir.path(), 1);
+    let out = basecamp(&["trace", "search", "latency_ms >> 3", &dir.path().display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        text(&out.stderr),
+        "error: invalid query: expected a value (a \"string\", a number, true, false or null) after '>', found '>'\n  latency_ms >> 3\n              ^\n"
+    );
+}
+
+#[test]
+fn a_damaged_file_is_named_with_its_offset_and_the_others_are_still_searched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = write_traces(dir.path(), 3);
+    paths.sort();
+    let bad = dir.path().join("ep-00-bad.trace");
+    let mut bytes = std::fs::read(&paths[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&bad, &bytes).unwrap();
+
+    let out = basecamp(&["trace", "search", "--json", QUERY, &dir.path().display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with(&format!("error: {}: corrupt frame at byte ", bad.display())), "{stderr}");
+    let files: std::collections::BTreeSet<String> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["file"].as_str().unwrap().to_string())
+        .collect();
+    for p in &paths {
+        if !expected(std::slice::from_ref(p)).is_empty() {
+            assert!(files.contains(&p.display().to_string()), "{} was not searched", p.display());
+        }
+    }
+}
+
+#[test]
+fn a_missing_path_is_one_clear_line() {
+    let out = basecamp(&["trace", "search", "step == 1", "/nonexistent/traces"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), "error: /nonexistent/traces: no such file or directory\n");
+}

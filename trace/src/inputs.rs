@@ -1,0 +1,328 @@
+//! Where the trace tools' inputs come from and how they are worked through.
+//!
+//! [`expand_inputs`] turns what a user typed (files, directories searched
+//! recursively for `*.trace`, glob patterns with `*`, `?`, `[...]` and `**`)
+//! into a sorted, de-duplicated list of files, without reading any of them.
+//! [`for_each_ordered`] then works through that list on several threads, one
+//! file per task, and hands each result back in input order, so output is
+//! stable however the threads interleave and only a bounded window of results
+//! is ever held in memory.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, mpsc};
+
+/// The file name suffix of traces found in directories.
+pub const TRACE_SUFFIX: &str = ".trace";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{0}: no such file or directory")]
+    Missing(String),
+    #[error("{0}: no files match this pattern")]
+    NoMatch(String),
+    #[error("{path}: cannot list directory: {source}")]
+    List {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}: s3:// inputs are not supported by this command yet; download them first (aws s3 sync)")]
+    S3(String),
+    #[error("no input files given")]
+    Nothing,
+}
+
+/// Expands files, directories and glob patterns into the files to process,
+/// sorted within each argument and in argument order, each file once.
+/// Directories contribute files whose names end with `suffix`; a file named
+/// directly is taken whatever its name.
+pub fn expand_inputs<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<PathBuf>, InputError> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for arg in args {
+        let arg = arg.as_ref();
+        let mut found = Vec::new();
+        if arg.starts_with("s3://") {
+            return Err(InputError::S3(arg.to_string()));
+        } else if is_glob(arg) {
+            expand_glob(arg, suffix, &mut found)?;
+            if found.is_empty() {
+                return Err(InputError::NoMatch(arg.to_string()));
+            }
+        } else {
+            let path = Path::new(arg);
+            match fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => walk(path, suffix, &mut found)?,
+                Ok(_) => found.push(path.to_path_buf()),
+                Err(_) => return Err(InputError::Missing(arg.to_string())),
+            }
+        }
+        for path in found {
+            if seen.insert(path.clone()) {
+                out.push(path);
+            }
+        }
+    }
+    if out.is_empty() && args.is_empty() {
+        return Err(InputError::Nothing);
+    }
+    Ok(out)
+}
+
+fn is_glob(arg: &str) -> bool {
+    arg.contains(['*', '?', '['])
+}
+
+/// Every file under `dir` whose name ends with `suffix`, sorted by path.
+/// Symbolic links to directories are not followed (no cycles).
+fn walk(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
+    let list = |source| InputError::List { path: dir.display().to_string(), source };
+    let mut entries: Vec<_> = fs::read_dir(dir).map_err(list)?.collect::<Result<_, _>>().map_err(list)?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let kind = entry.file_type().map_err(list)?;
+        if kind.is_dir() {
+            walk(&path, suffix, out)?;
+        } else if entry.file_name().to_string_lossy().ends_with(suffix)
+            && fs::metadata(&path).is_ok_and(|m| m.is_file())
+        {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Files matching `pattern`: walks from the longest directory prefix without
+/// wildcards and matches each path against the whole pattern. A directory
+/// that matches contributes its traces.
+fn expand_glob(pattern: &str, suffix: &str, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
+    let components: Vec<&str> = pattern.split('/').collect();
+    let literal = components.iter().take_while(|c| !is_glob(c)).count();
+    let base = components[..literal].join("/");
+    let root = if base.is_empty() {
+        if pattern.starts_with('/') { "/".to_string() } else { ".".to_string() }
+    } else {
+        base.clone()
+    };
+    if !Path::new(&root).is_dir() {
+        return Ok(());
+    }
+    let mut candidates = Vec::new();
+    walk_all(Path::new(&root), &mut candidates)?;
+    for path in candidates {
+        let shown = if base.is_empty() && !pattern.starts_with('/') {
+            path.strip_prefix(".").unwrap_or(&path).to_string_lossy().into_owned()
+        } else {
+            path.to_string_lossy().into_owned()
+        };
+        if glob_match(pattern, &shown) {
+            let as_path = PathBuf::from(&shown);
+            if as_path.is_dir() {
+                walk(&as_path, suffix, out)?;
+            } else {
+                out.push(as_path);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every file and directory under `dir` (not `dir` itself), sorted.
+fn walk_all(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
+    let list = |source| InputError::List { path: dir.display().to_string(), source };
+    let mut entries: Vec<_> = fs::read_dir(dir).map_err(list)?.collect::<Result<_, _>>().map_err(list)?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        out.push(path.clone());
+        if entry.file_type().map_err(list)?.is_dir() {
+            walk_all(&path, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Shell-style matching of a whole path: `*` and `?` within one component,
+/// `[abc]` / `[a-z]` / `[!a]` classes, `**` as a component for any number of
+/// directories.
+pub fn glob_match(pattern: &str, path: &str) -> bool {
+    let pattern: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let path: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    match_components(&pattern, &path)
+}
+
+fn match_components(pattern: &[&str], path: &[&str]) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((&"**", rest)) => (0..=path.len()).any(|skip| match_components(rest, &path[skip..])),
+        Some((first, rest)) => match path.split_first() {
+            Some((name, path_rest)) => {
+                let p: Vec<char> = first.chars().collect();
+                let n: Vec<char> = name.chars().collect();
+                match_name(&p, &n) && match_components(rest, path_rest)
+            }
+            None => false,
+        },
+    }
+}
+
+fn match_name(p: &[char], n: &[char]) -> bool {
+    match p.first() {
+        None => n.is_empty(),
+        Some('*') => (0..=n.len()).any(|skip| match_name(&p[1..], &n[skip..])),
+        Some('?') => !n.is_empty() && match_name(&p[1..], &n[1..]),
+        Some('[') => {
+            let Some(close) = p.iter().skip(1).position(|&c| c == ']').map(|i| i + 1) else {
+                return n.first() == Some(&'[') && match_name(&p[1..], &n[1..]);
+            };
+            let Some(&c) = n.first() else { return false };
+            let class = &p[1..close];
+            let (negate, class) = match class.first() {
+                Some('!' | '^') => (true, &class[1..]),
+                _ => (false, class),
+            };
+            let mut hit = false;
+            let mut i = 0;
+            while i < class.len() {
+                if i + 2 < class.len() && class[i + 1] == '-' {
+                    hit |= class[i] <= c && c <= class[i + 2];
+                    i += 3;
+                } else {
+                    hit |= class[i] == c;
+                    i += 1;
+                }
+            }
+            hit != negate && match_name(&p[close + 1..], &n[1..])
+        }
+        Some(&c) => n.first() == Some(&c) && match_name(&p[1..], &n[1..]),
+    }
+}
+
+/// How many worker threads to use when the user did not say: one per core.
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Runs `work` on every item on `jobs` threads and calls `emit` with each
+/// result in item order, as soon as it and every earlier result are ready.
+/// Workers stay at most a small window ahead of the oldest result not yet
+/// emitted, so memory holds a few results, not all of them.
+pub fn for_each_ordered<T, R, W, E>(items: &[T], jobs: usize, work: W, mut emit: E)
+where
+    T: Sync,
+    R: Send,
+    W: Fn(&T) -> R + Sync,
+    E: FnMut(usize, R),
+{
+    let jobs = jobs.clamp(1, items.len().max(1));
+    if jobs == 1 {
+        for (i, item) in items.iter().enumerate() {
+            emit(i, work(item));
+        }
+        return;
+    }
+    let window = jobs * 4;
+    let next = AtomicUsize::new(0);
+    let emitted = (Mutex::new(0usize), Condvar::new());
+    let (tx, rx) = mpsc::channel::<(usize, R)>();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            let tx = tx.clone();
+            let (next, emitted, work) = (&next, &emitted, &work);
+            scope.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= items.len() {
+                        break;
+                    }
+                    {
+                        let (lock, ready) = emitted;
+                        let mut done = lock.lock().expect("no thread panics while holding this lock");
+                        while i >= *done + window {
+                            done = ready.wait(done).expect("no thread panics while holding this lock");
+                        }
+                    }
+                    if tx.send((i, work(&items[i]))).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut pending = BTreeMap::new();
+        let mut want = 0;
+        for (i, result) in rx {
+            pending.insert(i, result);
+            while let Some(result) = pending.remove(&want) {
+                emit(want, result);
+                want += 1;
+                let (lock, ready) = &emitted;
+                *lock.lock().expect("no thread panics while holding this lock") = want;
+                ready.notify_all();
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matching() {
+        assert!(glob_match("runs/*.trace", "runs/a.trace"));
+        assert!(!glob_match("runs/*.trace", "runs/x/a.trace"));
+        assert!(glob_match("runs/**/*.trace", "runs/x/y/a.trace"));
+        assert!(glob_match("runs/**/*.trace", "runs/a.trace"));
+        assert!(glob_match("ep-?.trace", "ep-1.trace"));
+        assert!(!glob_match("ep-?.trace", "ep-10.trace"));
+        assert!(glob_match("ep-[0-4].trace", "ep-3.trace"));
+        assert!(!glob_match("ep-[!0-4].trace", "ep-3.trace"));
+        assert!(glob_match("./a/*.trace", "a/b.trace"));
+    }
+
+    #[test]
+    fn directories_globs_and_files_expand_sorted_and_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("b/deep")).unwrap();
+        for name in ["b/deep/z.trace", "b/a.trace", "c.trace", "notes.txt", "b/summary.json"] {
+            fs::write(root.join(name), b"x").unwrap();
+        }
+        let r = root.display().to_string();
+        let got = expand_inputs(std::slice::from_ref(&r), TRACE_SUFFIX).unwrap();
+        let rel: Vec<String> = got.iter().map(|p| p.strip_prefix(root).unwrap().display().to_string()).collect();
+        assert_eq!(rel, ["b/a.trace", "b/deep/z.trace", "c.trace"]);
+
+        let got =
+            expand_inputs(&[format!("{r}/**/*.trace"), format!("{r}/c.trace"), format!("{r}/notes.txt")], ".trace")
+                .unwrap();
+        let rel: Vec<String> = got.iter().map(|p| p.strip_prefix(root).unwrap().display().to_string()).collect();
+        assert_eq!(rel, ["b/a.trace", "b/deep/z.trace", "c.trace", "notes.txt"]);
+
+        assert!(matches!(expand_inputs(&[format!("{r}/nope")], ".trace"), Err(InputError::Missing(_))));
+        assert!(matches!(expand_inputs(&[format!("{r}/*.nope")], ".trace"), Err(InputError::NoMatch(_))));
+    }
+
+    #[test]
+    fn ordered_results_whatever_the_finishing_order() {
+        let items: Vec<u64> = (0..200).collect();
+        let mut got = Vec::new();
+        for_each_ordered(
+            &items,
+            4,
+            |&i| {
+                std::thread::sleep(std::time::Duration::from_micros((200 - i) * 20));
+                i * 2
+            },
+            |idx, r| got.push((idx, r)),
+        );
+        let want: Vec<(usize, u64)> = (0..200).map(|i| (i as usize, i * 2)).collect();
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,303 @@
+//! Compiling a parsed query into per-record conditions ("groups") and a
+//! per-step formula over them, and running it over a trace's raw records.
+//!
+//! A group is a maximal sub-expression whose comparisons all read the same
+//! section (and, for `memory_state`, the same key): it holds for a step
+//! when one record of the step satisfies all of it at once. Only the record
+//! kinds some group reads are looked at; every other record is skipped by
+//! its kind, undecoded.
+
+use std::io::Read;
+
+use super::fields::{self, Getter, Section, Target, Val, any_value, compare};
+use super::parser::{Expr, Literal, Op};
+use super::wire::{Malformed, record_body};
+use super::{Match, QueryError};
+use crate::error::TraceError;
+use crate::pb::Header;
+use crate::reader::{RecordKind, TraceReader};
+
+/// A condition on one record of a group's section.
+#[derive(Debug, Clone)]
+pub(super) enum RecExpr {
+    And(Box<RecExpr>, Box<RecExpr>),
+    Or(Box<RecExpr>, Box<RecExpr>),
+    Not(Box<RecExpr>),
+    Compare { getter: Getter, op: Op, literal: Literal },
+    Present(Getter),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Group {
+    pub section: Section,
+    pub memory_key: Option<String>,
+    pub expr: RecExpr,
+}
+
+/// The formula evaluated once per step.
+#[derive(Debug, Clone)]
+pub(super) enum StepExpr {
+    And(Box<StepExpr>, Box<StepExpr>),
+    Or(Box<StepExpr>, Box<StepExpr>),
+    Not(Box<StepExpr>),
+    Group(usize),
+    Context { target: Target, op: Op, literal: Literal },
+}
+
+/// The parsed tree with every path resolved and every literal checked.
+enum Typed {
+    And(Box<Typed>, Box<Typed>),
+    Or(Box<Typed>, Box<Typed>),
+    Not(Box<Typed>),
+    Compare { target: Target, op: Op, literal: Literal },
+    Exists { section: Section, memory_key: Option<String>, getter: Getter },
+}
+
+fn type_check(query: &str, expr: Expr) -> Result<Typed, QueryError> {
+    Ok(match expr {
+        Expr::And(a, b) => Typed::And(Box::new(type_check(query, *a)?), Box::new(type_check(query, *b)?)),
+        Expr::Or(a, b) => Typed::Or(Box::new(type_check(query, *a)?), Box::new(type_check(query, *b)?)),
+        Expr::Not(a) => Typed::Not(Box::new(type_check(query, *a)?)),
+        Expr::Compare { path, op, op_at, literal, literal_at } => {
+            let target = fields::resolve(query, &path, false)?;
+            let literal = fields::check_literal(query, &target, path[0].at, op, op_at, literal, literal_at)?;
+            Typed::Compare { target, op, literal }
+        }
+        Expr::Exists { path } => match fields::resolve(query, &path, true)? {
+            Target::Record { section, memory_key, getter } => Typed::Exists { section, memory_key, getter },
+            Target::Step | Target::Episode(_) => {
+                return Err(QueryError::new(
+                    query,
+                    path[0].at,
+                    "exists() takes a section or a record field, e.g. exists(error_context)".into(),
+                ));
+            }
+        },
+    })
+}
+
+type GroupKey = (Section, Option<String>);
+
+fn group_key(t: &Typed) -> Option<GroupKey> {
+    match t {
+        Typed::Compare { target: Target::Record { section, memory_key, .. }, .. } => {
+            Some((*section, memory_key.clone()))
+        }
+        Typed::Compare { .. } | Typed::Exists { .. } => None,
+        Typed::Not(a) => group_key(a),
+        Typed::And(a, b) | Typed::Or(a, b) => {
+            let (ka, kb) = (group_key(a)?, group_key(b)?);
+            (ka == kb).then_some(ka)
+        }
+    }
+}
+
+fn record_expr(t: Typed) -> RecExpr {
+    match t {
+        Typed::And(a, b) => RecExpr::And(Box::new(record_expr(*a)), Box::new(record_expr(*b))),
+        Typed::Or(a, b) => RecExpr::Or(Box::new(record_expr(*a)), Box::new(record_expr(*b))),
+        Typed::Not(a) => RecExpr::Not(Box::new(record_expr(*a))),
+        Typed::Compare { target: Target::Record { getter, .. }, op, literal } => {
+            RecExpr::Compare { getter, op, literal }
+        }
+        Typed::Compare { .. } | Typed::Exists { .. } => unreachable!("group_key admits only record comparisons"),
+    }
+}
+
+fn step_expr(t: Typed, groups: &mut Vec<Group>) -> StepExpr {
+    if let Some((section, memory_key)) = group_key(&t) {
+        groups.push(Group { section, memory_key, expr: record_expr(t) });
+        return StepExpr::Group(groups.len() - 1);
+    }
+    match t {
+        Typed::And(a, b) => StepExpr::And(Box::new(step_expr(*a, groups)), Box::new(step_expr(*b, groups))),
+        Typed::Or(a, b) => StepExpr::Or(Box::new(step_expr(*a, groups)), Box::new(step_expr(*b, groups))),
+        Typed::Not(a) => StepExpr::Not(Box::new(step_expr(*a, groups))),
+        Typed::Compare { target, op, literal } => StepExpr::Context { target, op, literal },
+        Typed::Exists { section, memory_key, getter } => {
+            groups.push(Group { section, memory_key, expr: RecExpr::Present(getter) });
+            StepExpr::Group(groups.len() - 1)
+        }
+    }
+}
+
+pub(super) fn compile(query: &str, expr: Expr) -> Result<(StepExpr, Vec<Group>), QueryError> {
+    let typed = type_check(query, expr)?;
+    let mut groups = Vec::new();
+    let step = step_expr(typed, &mut groups);
+    Ok((step, groups))
+}
+
+fn eval_record(expr: &RecExpr, body: &[u8]) -> Result<bool, Malformed> {
+    Ok(match expr {
+        RecExpr::And(a, b) => eval_record(a, body)? && eval_record(b, body)?,
+        RecExpr::Or(a, b) => eval_record(a, body)? || eval_record(b, body)?,
+        RecExpr::Not(a) => !eval_record(a, body)?,
+        RecExpr::Compare { getter, op, literal } => any_value(getter, body, &mut |v| compare(v, *op, literal))?,
+        RecExpr::Present(getter) => any_value(getter, body, &mut |v| v.is_set())?,
+    })
+}
+
+fn eval_step(expr: &StepExpr, hits: &[bool], step: u32, header: &Header) -> bool {
+    match expr {
+        StepExpr::And(a, b) => eval_step(a, hits, step, header) && eval_step(b, hits, step, header),
+        StepExpr::Or(a, b) => eval_step(a, hits, step, header) || eval_step(b, hits, step, header),
+        StepExpr::Not(a) => !eval_step(a, hits, step, header),
+        StepExpr::Group(g) => hits[*g],
+        StepExpr::Context { target, op, literal } => {
+            let value = match target {
+                Target::Step => Val::Num(step as f64),
+                Target::Episode(name) => match *name {
+                    "id" => Val::Str(header.episode_id.as_str().into()),
+                    "task" => Val::Str(header.task.as_str().into()),
+                    "variant" => Val::Str(header.variant.as_str().into()),
+                    "namespace" => Val::Str(header.namespace.as_str().into()),
+                    "shard" => Val::Num(header.shard as f64),
+                    "shard_count" => Val::Num(header.shard_count as f64),
+                    "training_step" => Val::Num(header.training_step as f64),
+                    other => unreachable!("resolve admits only known episode fields, not {other}"),
+                },
+                Target::Record { .. } => unreachable!("record comparisons are groups"),
+            };
+            compare(&value, *op, literal)
+        }
+    }
+}
+
+fn section_of(kind: RecordKind) -> Option<Section> {
+    Some(match kind {
+        RecordKind::PlanStep => Section::PlanExecution,
+        RecordKind::MemoryDelta => Section::MemoryState,
+        RecordKind::TokenLogit => Section::TokenLogit,
+        RecordKind::RewardSignal => Section::RewardSignal,
+        RecordKind::ErrorContext => Section::ErrorContext,
+        RecordKind::PolicyTurn => Section::PolicyTurn,
+        RecordKind::Injection => Section::Injection,
+        _ => return None,
+    })
+}
+
+/// The compiled query, ready to run over traces.
+pub(super) struct Program {
+    pub step: StepExpr,
+    pub groups: Vec<Group>,
+    /// Groups by section (indexed by `Section as usize`).
+    by_section: [Vec<usize>; 7],
+}
+
+impl Program {
+    pub fn new(step: StepExpr, groups: Vec<Group>) -> Self {
+        let mut by_section: [Vec<usize>; 7] = Default::default();
+        for (i, g) in groups.iter().enumerate() {
+            by_section[g.section as usize].push(i);
+        }
+        Self { step, groups, by_section }
+    }
+
+    /// Scans every record of `reader`, calling `on_match` for each matching
+    /// step. Damage ends the scan with its error after the steps before it.
+    pub fn run<R: Read>(&self, reader: &mut TraceReader<R>, on_match: &mut dyn FnMut(Match)) -> Result<(), TraceError> {
+        let header = reader.header().clone();
+        let mut hits = vec![false; self.groups.len()];
+        let mut current: Option<u32> = None;
+        let mut step_offset = 0u64;
+        let mut witness: Option<(u64, Section)> = None;
+        let finish = |step: u32,
+                      hits: &[bool],
+                      witness: Option<(u64, Section)>,
+                      step_offset: u64,
+                      on_match: &mut dyn FnMut(Match)| {
+            if eval_step(&self.step, hits, step, &header) {
+                on_match(Match {
+                    episode: header.episode_id.clone(),
+                    step,
+                    offset: witness.map_or(step_offset, |(o, _)| o),
+                    section: witness.map(|(_, s)| s),
+                });
+            }
+        };
+        loop {
+            let (step, hit, bad) = match reader.next_raw() {
+                None => break,
+                Some(Err(e)) => {
+                    if let Some(step) = current {
+                        finish(step, &hits, witness, step_offset, on_match);
+                    }
+                    return Err(e);
+                }
+                Some(Ok(raw)) => {
+                    let step = raw.step;
+                    if current != Some(step) {
+                        if let Some(prev) = current {
+                            finish(prev, &hits, witness, step_offset, on_match);
+                        }
+                        hits.iter_mut().for_each(|h| *h = false);
+                        witness = None;
+                    }
+                    let mut hit = None;
+                    let mut bad = None;
+                    if let Some(section) = section_of(raw.kind) {
+                        let groups = &self.by_section[section as usize];
+                        if !groups.is_empty() && groups.iter().any(|&g| !hits[g]) {
+                            match self.eval_groups(groups, raw.bytes, &mut hits) {
+                                Ok(true) => hit = Some(section),
+                                Ok(false) => {}
+                                Err(Malformed) => bad = Some(section),
+                            }
+                        }
+                    }
+                    (step, hit, bad)
+                }
+            };
+            let offset = reader.frame_offset();
+            if current != Some(step) {
+                current = Some(step);
+                step_offset = offset;
+            }
+            if let Some(section) = bad {
+                return Err(TraceError::Corrupt {
+                    file: reader.file_name().to_string(),
+                    offset,
+                    reason: format!("step {step}: a {} record does not decode", section.name()),
+                });
+            }
+            if let Some(section) = hit
+                && witness.is_none()
+            {
+                witness = Some((offset, section));
+            }
+        }
+        if let Some(step) = current {
+            finish(step, &hits, witness, step_offset, on_match);
+        }
+        Ok(())
+    }
+
+    /// Evaluates the not-yet-satisfied groups of one section on a record;
+    /// true when one of them became satisfied.
+    fn eval_groups(&self, groups: &[usize], record: &[u8], hits: &mut [bool]) -> Result<bool, Malformed> {
+        let body = record_body(record)?;
+        let mut any = false;
+        let mut key: Option<&[u8]> = None;
+        for &g in groups {
+            if hits[g] {
+                continue;
+            }
+            let group = &self.groups[g];
+            if let Some(want) = &group.memory_key {
+                let k = match key {
+                    Some(k) => k,
+                    None => *key.insert(fields::memory_key(body)?),
+                };
+                if k != want.as_bytes() {
+                    continue;
+                }
+            }
+            if eval_record(&group.expr, body)? {
+                hits[g] = true;
+                any = true;
+            }
+        }
+        Ok(any)
+    }
+}

@@ -1,0 +1,187 @@
+//! Tokens of the query language, each with the byte range it came from so
+//! that every error can put a caret under the offending text.
+
+use super::QueryError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tok {
+    Ident(String),
+    Str(String),
+    Num(f64),
+    Dot,
+    LParen,
+    RParen,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    And,
+    Or,
+    Not,
+    True,
+    False,
+    Null,
+    Exists,
+    End,
+}
+
+impl Tok {
+    /// How the token is named in "expected ..., found ..." messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Tok::Ident(s) => format!("'{s}'"),
+            Tok::Str(s) => format!("the string {s:?}"),
+            Tok::Num(n) => format!("the number {n}"),
+            Tok::Dot => "'.'".into(),
+            Tok::LParen => "'('".into(),
+            Tok::RParen => "')'".into(),
+            Tok::Eq => "'=='".into(),
+            Tok::Ne => "'!='".into(),
+            Tok::Lt => "'<'".into(),
+            Tok::Le => "'<='".into(),
+            Tok::Gt => "'>'".into(),
+            Tok::Ge => "'>='".into(),
+            Tok::And => "'and'".into(),
+            Tok::Or => "'or'".into(),
+            Tok::Not => "'not'".into(),
+            Tok::True => "'true'".into(),
+            Tok::False => "'false'".into(),
+            Tok::Null => "'null'".into(),
+            Tok::Exists => "'exists'".into(),
+            Tok::End => "the end of the query".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Token {
+    pub tok: Tok,
+    /// Byte offset of the token's first character in the query.
+    pub at: usize,
+}
+
+pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
+    let bytes = query.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let err = |at: usize, msg: String| QueryError::new(query, at, msg);
+    while i < bytes.len() {
+        let c = bytes[i];
+        let at = i;
+        let two = |s: &[u8]| bytes[i..].starts_with(s);
+        let (tok, len) = match c {
+            b' ' | b'\t' | b'\n' | b'\r' => {
+                i += 1;
+                continue;
+            }
+            b'.' => (Tok::Dot, 1),
+            b'(' => (Tok::LParen, 1),
+            b')' => (Tok::RParen, 1),
+            b'=' if two(b"==") => (Tok::Eq, 2),
+            b'=' => return Err(err(at, "'=' is not an operator; use '==' to compare".into())),
+            b'!' if two(b"!=") => (Tok::Ne, 2),
+            b'!' => (Tok::Not, 1),
+            b'<' if two(b"<=") => (Tok::Le, 2),
+            b'<' => (Tok::Lt, 1),
+            b'>' if two(b">=") => (Tok::Ge, 2),
+            b'>' => (Tok::Gt, 1),
+            b'&' if two(b"&&") => (Tok::And, 2),
+            b'|' if two(b"||") => (Tok::Or, 2),
+            b'"' | b'\'' => {
+                let (s, len) = lex_string(query, at)?;
+                (Tok::Str(s), len)
+            }
+            b'-' | b'0'..=b'9' => {
+                let mut j = i + 1;
+                while j < bytes.len() && bytes[j].is_ascii_digit() {
+                    j += 1;
+                }
+                if j + 1 < bytes.len() && bytes[j] == b'.' && bytes[j + 1].is_ascii_digit() {
+                    j += 1;
+                    while j < bytes.len() && bytes[j].is_ascii_digit() {
+                        j += 1;
+                    }
+                }
+                if j < bytes.len() && (bytes[j] == b'e' || bytes[j] == b'E') {
+                    let mut k = j + 1;
+                    if k < bytes.len() && (bytes[k] == b'+' || bytes[k] == b'-') {
+                        k += 1;
+                    }
+                    if k < bytes.len() && bytes[k].is_ascii_digit() {
+                        while k < bytes.len() && bytes[k].is_ascii_digit() {
+                            k += 1;
+                        }
+                        j = k;
+                    }
+                }
+                let text = &query[i..j];
+                let n: f64 = text.parse().map_err(|_| err(at, format!("'{text}' is not a number")))?;
+                (Tok::Num(n), j - i)
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let mut j = i + 1;
+                while j < bytes.len() && (bytes[j].is_ascii_alphanumeric() || bytes[j] == b'_' || bytes[j] == b'-') {
+                    j += 1;
+                }
+                let word = &query[i..j];
+                let tok = match word {
+                    "and" | "AND" => Tok::And,
+                    "or" | "OR" => Tok::Or,
+                    "not" | "NOT" => Tok::Not,
+                    "true" => Tok::True,
+                    "false" => Tok::False,
+                    "null" => Tok::Null,
+                    "exists" => Tok::Exists,
+                    _ => Tok::Ident(word.to_string()),
+                };
+                (tok, j - i)
+            }
+            _ => {
+                let ch = query[i..].chars().next().expect("i is inside the query");
+                return Err(err(at, format!("unexpected character {ch:?}")));
+            }
+        };
+        out.push(Token { tok, at });
+        i += len;
+    }
+    out.push(Token { tok: Tok::End, at: query.len() });
+    Ok(out)
+}
+
+/// A quoted string starting at `at`: `"..."` or `'...'` with `\"`, `\'`,
+/// `\\`, `\n`, `\t` and `\uXXXX` escapes. Returns the value and the length in bytes.
+fn lex_string(query: &str, at: usize) -> Result<(String, usize), QueryError> {
+    let quote = query.as_bytes()[at] as char;
+    let mut out = String::new();
+    let mut chars = query[at + 1..].char_indices();
+    while let Some((off, c)) = chars.next() {
+        let here = at + 1 + off;
+        match c {
+            c if c == quote => return Ok((out, here + 1 - at)),
+            '\\' => {
+                let Some((_, e)) = chars.next() else { break };
+                match e {
+                    '"' | '\'' | '\\' | '/' => out.push(e),
+                    'n' => out.push('\n'),
+                    't' => out.push('\t'),
+                    'r' => out.push('\r'),
+                    'u' => {
+                        let hex: String = chars.by_ref().take(4).map(|(_, c)| c).collect();
+                        let ch = u32::from_str_radix(&hex, 16)
+                            .ok()
+                            .and_then(char::from_u32)
+                            .ok_or_else(|| QueryError::new(query, here, format!("bad unicode escape '\\u{hex}'")))?;
+                        out.push(ch);
+                    }
+                    other => {
+                        return Err(QueryError::new(query, here, format!("unknown escape '\\{other}' in a string")));
+                    }
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    Err(QueryError::new(query, at, "this string is never closed".into()))
+}

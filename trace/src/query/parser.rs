@@ -1,0 +1,262 @@
+//! The query grammar (precedence: `not` binds tightest, then `and`, then `or`):
+//!
+//! ```text
+//! query   := or END
+//! or      := and (("or" | "||") and)*
+//! and     := unary (("and" | "&&") unary)*
+//! unary   := ("not" | "!") unary | primary
+//! primary := "(" or ")" | "exists" "(" path ")" | path OP literal
+//! path    := name ("." (name | string | integer))*
+//! OP      := "==" | "!=" | "<" | "<=" | ">" | ">="
+//! literal := string | number | "true" | "false" | "null"
+//! ```
+
+use super::QueryError;
+use super::lexer::{Tok, Token, lex};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl Op {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Op::Eq => "==",
+            Op::Ne => "!=",
+            Op::Lt => "<",
+            Op::Le => "<=",
+            Op::Gt => ">",
+            Op::Ge => ">=",
+        }
+    }
+
+    pub fn is_ordering(self) -> bool {
+        !matches!(self, Op::Eq | Op::Ne)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Literal {
+    Str(String),
+    Num(f64),
+    Bool(bool),
+    Null,
+}
+
+impl Literal {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Literal::Str(_) => "a string",
+            Literal::Num(_) => "a number",
+            Literal::Bool(_) => "a boolean",
+            Literal::Null => "null",
+        }
+    }
+}
+
+/// One segment of a path and where it starts in the query.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    pub name: String,
+    pub at: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expr {
+    And(Box<Expr>, Box<Expr>),
+    Or(Box<Expr>, Box<Expr>),
+    Not(Box<Expr>),
+    Compare { path: Vec<Segment>, op: Op, op_at: usize, literal: Literal, literal_at: usize },
+    Exists { path: Vec<Segment> },
+}
+
+pub fn parse(query: &str) -> Result<Expr, QueryError> {
+    let tokens = lex(query)?;
+    let mut p = Parser { query, tokens, pos: 0 };
+    if p.peek() == &Tok::End {
+        return Err(QueryError::new(query, 0, "the query is empty".into()));
+    }
+    let expr = p.or()?;
+    match p.peek() {
+        Tok::End => Ok(expr),
+        Tok::RParen => Err(p.error_here("this ')' has no matching '('".into())),
+        other => Err(p.error_here(format!("expected 'and', 'or' or the end of the query, found {}", other.describe()))),
+    }
+}
+
+struct Parser<'q> {
+    query: &'q str,
+    tokens: Vec<Token>,
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> &Tok {
+        &self.tokens[self.pos].tok
+    }
+
+    fn at(&self) -> usize {
+        self.tokens[self.pos].at
+    }
+
+    fn bump(&mut self) -> Token {
+        let t = self.tokens[self.pos].clone();
+        if self.pos + 1 < self.tokens.len() {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn error_here(&self, message: String) -> QueryError {
+        QueryError::new(self.query, self.at(), message)
+    }
+
+    fn or(&mut self) -> Result<Expr, QueryError> {
+        let mut left = self.and()?;
+        while self.peek() == &Tok::Or {
+            self.bump();
+            let right = self.and()?;
+            left = Expr::Or(Box::new(left), Box::new(right));
+        }
+        Ok(left)
+    }
+
+    fn and(&mut self) -> Result<Expr, QueryError> {
+        let mut left = self.unary()?;
+        while self.peek() == &Tok::And {
+            self.bump();
+            let right = self.unary()?;
+            left = Expr::And(Box::new(left), Box::new(right));
+        }
+        Ok(left)
+    }
+
+    fn unary(&mut self) -> Result<Expr, QueryError> {
+        if self.peek() == &Tok::Not {
+            self.bump();
+            return Ok(Expr::Not(Box::new(self.unary()?)));
+        }
+        self.primary()
+    }
+
+    fn primary(&mut self) -> Result<Expr, QueryError> {
+        match self.peek().clone() {
+            Tok::LParen => {
+                let open = self.at();
+                self.bump();
+                let inner = self.or()?;
+                match self.peek() {
+                    Tok::RParen => {
+                        self.bump();
+                        Ok(inner)
+                    }
+                    Tok::End => Err(QueryError::new(self.query, open, "this '(' is never closed".into())),
+                    other => Err(self.error_here(format!("expected ')', found {}", other.describe()))),
+                }
+            }
+            Tok::Exists => {
+                self.bump();
+                if self.peek() != &Tok::LParen {
+                    return Err(self.error_here(format!("expected '(' after exists, found {}", self.peek().describe())));
+                }
+                self.bump();
+                let path = self.path()?;
+                if self.peek() != &Tok::RParen {
+                    return Err(
+                        self.error_here(format!("expected ')' to close exists(, found {}", self.peek().describe()))
+                    );
+                }
+                self.bump();
+                Ok(Expr::Exists { path })
+            }
+            Tok::Ident(_) => {
+                let path = self.path()?;
+                let op_at = self.at();
+                let op = match self.peek() {
+                    Tok::Eq => Op::Eq,
+                    Tok::Ne => Op::Ne,
+                    Tok::Lt => Op::Lt,
+                    Tok::Le => Op::Le,
+                    Tok::Gt => Op::Gt,
+                    Tok::Ge => Op::Ge,
+                    other => {
+                        return Err(self.error_here(format!(
+                            "expected a comparison (==, !=, <, <=, >, >=) after the path, found {}",
+                            other.describe()
+                        )));
+                    }
+                };
+                self.bump();
+                let literal_at = self.at();
+                let literal = match self.peek().clone() {
+                    Tok::Str(s) => Literal::Str(s),
+                    Tok::Num(n) => Literal::Num(n),
+                    Tok::True => Literal::Bool(true),
+                    Tok::False => Literal::Bool(false),
+                    Tok::Null => Literal::Null,
+                    Tok::Ident(name) => {
+                        return Err(self.error_here(format!(
+                            "expected a value (a \"string\", a number, true, false or null), found '{name}'; quote strings"
+                        )));
+                    }
+                    other => {
+                        return Err(self.error_here(format!(
+                            "expected a value (a \"string\", a number, true, false or null) after '{}', found {}",
+                            op.symbol(),
+                            other.describe()
+                        )));
+                    }
+                };
+                self.bump();
+                Ok(Expr::Compare { path, op, op_at, literal, literal_at })
+            }
+            other => Err(self.error_here(format!(
+                "expected a condition (a path such as plan_execution.tool, exists(...), not, or '('), found {}",
+                other.describe()
+            ))),
+        }
+    }
+
+    fn path(&mut self) -> Result<Vec<Segment>, QueryError> {
+        let mut segments = Vec::new();
+        match self.peek().clone() {
+            Tok::Ident(name) => {
+                segments.push(Segment { name, at: self.at() });
+                self.bump();
+            }
+            other => {
+                return Err(
+                    self.error_here(format!("expected a path such as plan_execution.tool, found {}", other.describe()))
+                );
+            }
+        }
+        while self.peek() == &Tok::Dot {
+            self.bump();
+            let at = self.at();
+            let name = match self.peek().clone() {
+                Tok::Ident(name) | Tok::Str(name) => name,
+                Tok::Num(n) if n >= 0.0 && n.fract() == 0.0 => format!("{n}"),
+                // Keywords are fine as names after a dot (a memory key called "null").
+                Tok::True => "true".into(),
+                Tok::False => "false".into(),
+                Tok::Null => "null".into(),
+                Tok::Exists => "exists".into(),
+                Tok::And => "and".into(),
+                Tok::Or => "or".into(),
+                Tok::Not => "not".into(),
+                other => {
+                    return Err(self.error_here(format!("expected a name after '.', found {}", other.describe())));
+                }
+            };
+            self.bump();
+            segments.push(Segment { name, at });
+        }
+        Ok(segments)
+    }
+}

@@ -1,0 +1,255 @@
+//! The query language: exact messages for bad queries, and evaluation
+//! against traces written by the real writer (true positives and negatives).
+
+use basecamp_trace::pb::{
+    EpisodeEnd, ErrorContext, Header, MemoryDelta, MemorySource, PlanStep, RewardComponent, RewardSignal, StepStatus,
+    TokenLogit, record::Body,
+};
+use basecamp_trace::query::{Match, Query, Section};
+use basecamp_trace::{TraceReader, TraceWriter};
+
+fn error_of(query: &str) -> String {
+    Query::parse(query).expect_err("the query should not compile").to_string()
+}
+
+#[test]
+fn bad_queries_show_the_query_and_a_caret() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "plan_execution.tool = \"x\"",
+            "invalid query: '=' is not an operator; use '==' to compare\n  plan_execution.tool = \"x\"\n                      ^",
+        ),
+        (
+            "latency_ms >",
+            "invalid query: expected a value (a \"string\", a number, true, false or null) after '>', found the end of the query\n  latency_ms >\n              ^",
+        ),
+        (
+            "(exists(error_context) or step > 3",
+            "invalid query: this '(' is never closed\n  (exists(error_context) or step > 3\n  ^",
+        ),
+        (
+            "plan.tool == \"x\"",
+            "invalid query: unknown section or field 'plan'; sections are episode, plan_execution, memory_state, token_logit, reward_signal, error_context, policy_turn, injection; a bare name is a plan_execution field (index, kind, plan_label, tool, call_id, arguments, input_hash, observation, result_hash, response_bytes, status, error_type, error_message, fallback_used, memory_hash_before, memory_hash_after, start_unix_nanos, latency_ms, latency_us, timeout_ms)\n  plan.tool == \"x\"\n  ^",
+        ),
+        (
+            "plan_execution.latency_ms > \"slow\"",
+            "invalid query: this path holds a number; it cannot be compared with a string\n  plan_execution.latency_ms > \"slow\"\n                              ^",
+        ),
+        (
+            "plan_execution.status == \"done\"",
+            "invalid query: unknown value \"done\"; one of unspecified, ok, error, timeout, fallback, rolled_back, refused\n  plan_execution.status == \"done\"\n                           ^",
+        ),
+        (
+            "tool == tracking_api",
+            "invalid query: expected a value (a \"string\", a number, true, false or null), found 'tracking_api'; quote strings\n  tool == tracking_api\n          ^",
+        ),
+        (
+            "exists(step)",
+            "invalid query: exists() takes a section or a record field, e.g. exists(error_context)\n  exists(step)\n         ^",
+        ),
+        (
+            "memory_state == null",
+            "invalid query: compare a field, not the whole section: memory_state.KEY (the value a delta wrote to KEY); or use exists(memory_state)\n  memory_state == null\n  ^",
+        ),
+        (
+            "step > 1 step < 3",
+            "invalid query: expected 'and', 'or' or the end of the query, found 'step'\n  step > 1 step < 3\n           ^",
+        ),
+        ("", "invalid query: the query is empty\n  \n  ^"),
+        ("tool == \"a\")", "invalid query: this ')' has no matching '('\n  tool == \"a\")\n             ^"),
+        (
+            "token_logit.logprob < true",
+            "invalid query: '<' orders numbers and strings, not a boolean\n  token_logit.logprob < true\n                      ^",
+        ),
+        (
+            "error_context.message == \"unterminated",
+            "invalid query: this string is never closed\n  error_context.message == \"unterminated\n                           ^",
+        ),
+        (
+            "plan_execution.tool.name == \"x\"",
+            "invalid query: 'tool' has no fields; remove '.name'\n  plan_execution.tool.name == \"x\"\n                      ^",
+        ),
+        (
+            "reward_signal.accuracy.bonus > 1",
+            "invalid query: a reward component has 'score' and 'weight', not 'bonus'\n  reward_signal.accuracy.bonus > 1\n                         ^",
+        ),
+        // The caret counts characters, not bytes.
+        (
+            "memory_state.\"città\" == 1 and é",
+            "invalid query: unexpected character 'é'\n  memory_state.\"città\" == 1 and é\n                                ^",
+        ),
+    ];
+    for (query, want) in cases {
+        assert_eq!(error_of(query), *want, "query: {query}");
+    }
+}
+
+#[test]
+fn good_queries_compile_and_name_only_the_sections_they_read() {
+    let q = Query::parse("plan_execution.tool == \"tracking_api\" and latency_ms > 800").unwrap();
+    assert_eq!(q.sections(), [Section::PlanExecution]);
+    let q = Query::parse("memory_state.shipping_status == null").unwrap();
+    assert_eq!(q.sections(), [Section::MemoryState]);
+    let q = Query::parse("exists(error_context) or reward_signal.efficiency_penalty < -0.1").unwrap();
+    assert_eq!(q.sections(), [Section::RewardSignal, Section::ErrorContext]);
+    let q = Query::parse("not (step >= 3 && episode.variant != 'b') || !exists(memory_state.x)").unwrap();
+    assert_eq!(q.sections(), [Section::MemoryState]);
+    for ok in [
+        "plan_execution.status == \"STEP_STATUS_TIMEOUT\"",
+        "plan_execution.arguments.order_id == \"A-1\"",
+        "plan_execution.observation.items.0.sku == 'x'",
+        "memory_state.\"user.phone\" != null",
+        "error_context.cause == \"deadline\" and error_context.memory.order.id == 7",
+        "token_logit.logprob < -5.5e0",
+        "reward_signal.tool_call_accuracy.weight >= 0.5 and reward_signal.weighted_sum > 0",
+        "policy_turn.logprobs_missing == true",
+        "injection.trigger == \"live\"",
+        "episode.id == \"ep-1\" and episode.training_step > 100",
+    ] {
+        Query::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+}
+
+fn plan(tool: &str, status: StepStatus, latency_ms: u64) -> Body {
+    Body::PlanStep(PlanStep {
+        tool: tool.into(),
+        status: status as i32,
+        latency_micros: latency_ms * 1000,
+        arguments_json: r#"{"order_id":"A-7","items":[{"sku":"s1"}]}"#.into(),
+        error_type: if status == StepStatus::Timeout { "timeout".into() } else { String::new() },
+        ..Default::default()
+    })
+}
+
+fn delta(key: &str, after: Option<&str>) -> Body {
+    Body::MemoryDelta(MemoryDelta {
+        key: key.into(),
+        before_json: Some("\"x\"".into()),
+        after_json: after.map(str::to_string),
+        source: MemorySource::Tool as i32,
+        origin: "t".into(),
+    })
+}
+
+fn reward(efficiency: f64) -> Body {
+    Body::RewardSignal(RewardSignal {
+        components: vec![
+            RewardComponent { name: "accuracy".into(), score: 1.0, weight: 0.7 },
+            RewardComponent { name: "efficiency_penalty".into(), score: efficiency, weight: 0.3 },
+        ],
+        weighted_sum: 0.7 + 0.3 * efficiency,
+        weight_deltas: vec![],
+    })
+}
+
+/// An episode whose steps are built to hit or miss each example query.
+fn write_episode() -> Vec<u8> {
+    let header = Header { episode_id: "ep-q".into(), variant: "b".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    w.append(0, delta("shipping_status", Some("\"pending\""))).unwrap();
+    w.end_step().unwrap();
+    // 1: a fast tracking_api call; memory written with a real value.
+    w.append(1, plan("tracking_api", StepStatus::Ok, 120)).unwrap();
+    w.append(1, delta("shipping_status", Some("{\"code\":\"in_transit\"}"))).unwrap();
+    w.append(1, reward(-0.05)).unwrap();
+    w.end_step().unwrap();
+    // 2: a slow tracking_api call that timed out, null written, error context.
+    w.append(2, Body::TokenLogit(TokenLogit { token: "ok".into(), logprob: -7.5, token_id: -3, ..Default::default() }))
+        .unwrap();
+    w.append(2, plan("tracking_api", StepStatus::Timeout, 900)).unwrap();
+    w.append(2, delta("shipping_status", Some("null"))).unwrap();
+    w.append(
+        2,
+        Body::ErrorContext(ErrorContext {
+            error_type: "timeout".into(),
+            cause_chain: vec!["tracking_api timed out".into(), "deadline".into()],
+            memory_snapshot_json: [("order".to_string(), "{\"id\":7}".to_string())].into(),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    w.append(2, reward(-0.2)).unwrap();
+    w.end_step().unwrap();
+    // 3: two calls: a slow order_lookup and a fast tracking_api (never one call both).
+    w.append(3, plan("order_lookup", StepStatus::Ok, 950)).unwrap();
+    w.append(3, plan("tracking_api", StepStatus::Ok, 10)).unwrap();
+    w.append(3, delta("other", Some("null"))).unwrap();
+    w.append(3, delta("shipping_status", None)).unwrap();
+    w.end_step().unwrap();
+    w.finish(EpisodeEnd { steps: 3, ..Default::default() }).unwrap()
+}
+
+fn steps_matching(bytes: &[u8], query: &str) -> Vec<u32> {
+    let q = Query::parse(query).unwrap_or_else(|e| panic!("{e}"));
+    let mut reader = TraceReader::new(bytes, "ep.trace").unwrap();
+    let mut out = Vec::new();
+    q.search(&mut reader, &mut |m: Match| out.push(m.step)).unwrap();
+    out
+}
+
+#[test]
+fn queries_find_exactly_the_steps_they_describe() {
+    let bytes = write_episode();
+    let cases: &[(&str, &[u32])] = &[
+        ("memory_state.shipping_status == null", &[2]),
+        ("memory_state.shipping_status != null", &[0, 1]),
+        ("memory_state.shipping_status.code == \"in_transit\"", &[1]),
+        ("exists(memory_state.shipping_status)", &[0, 1, 2, 3]),
+        ("exists(memory_state.other) and not exists(memory_state.missing)", &[3]),
+        ("plan_execution.tool == \"tracking_api\" and latency_ms > 800", &[2]),
+        ("plan_execution.tool == \"tracking_api\"", &[1, 2, 3]),
+        // Step 3 has a slow call and a tracking_api call, but not one call that is both.
+        ("plan_execution.tool == \"order_lookup\" and latency_ms >= 950", &[3]),
+        ("plan_execution.tool == \"tracking_api\" and latency_ms >= 950", &[]),
+        ("exists(error_context)", &[2]),
+        ("not exists(error_context)", &[0, 1, 3]),
+        ("exists(plan_execution.error_type)", &[2]),
+        ("plan_execution.status == \"timeout\"", &[2]),
+        ("not plan_execution.status == \"ok\"", &[2]),
+        ("reward_signal.efficiency_penalty < -0.1", &[2]),
+        ("reward_signal.efficiency_penalty <= -0.05", &[1, 2]),
+        ("reward_signal.accuracy.weight == 0.7 and reward_signal.weighted_sum < 0.66", &[2]),
+        ("reward_signal.missing > 0", &[]),
+        ("error_context.cause == \"deadline\" and error_context.memory.order.id == 7", &[2]),
+        ("token_logit.logprob < -7 and token_logit.token_id == -3", &[2]),
+        ("plan_execution.arguments.items.0.sku == \"s1\" and step <= 1", &[1]),
+        ("episode.variant == \"b\" and step == 0", &[0]),
+        ("episode.variant == \"a\"", &[]),
+        ("(step == 1 or step == 3) and exists(plan_execution)", &[1, 3]),
+        ("tool > \"p\"", &[1, 2, 3]),
+    ];
+    for (query, want) in cases {
+        assert_eq!(steps_matching(&bytes, query), *want, "query: {query}");
+    }
+}
+
+#[test]
+fn a_match_names_the_frame_and_section_of_the_record() {
+    let bytes = write_episode();
+    let q = Query::parse("exists(error_context)").unwrap();
+    let mut reader = TraceReader::new(bytes.as_slice(), "ep.trace").unwrap();
+    let mut got = Vec::new();
+    q.search(&mut reader, &mut |m| got.push(m)).unwrap();
+    assert_eq!(got.len(), 1);
+    let m = &got[0];
+    assert_eq!((m.episode.as_str(), m.step, m.section), ("ep-q", 2, Some(Section::ErrorContext)));
+    // The offset is where step 2's frame starts: reading from there gives step 2 first.
+    let mut indexed = basecamp_trace::IndexedTrace::new(std::io::Cursor::new(bytes.clone()), "ep.trace").unwrap();
+    let step2 = indexed.read_step(2).unwrap();
+    assert!(step2.iter().any(|r| matches!(r.body, Some(Body::ErrorContext(_)))));
+    let frame = &bytes[m.offset as usize..];
+    let header: [u8; 20] = frame[..20].try_into().unwrap();
+    assert!(basecamp_trace::format::FrameHeader::decode(&header).is_ok(), "offset {} is a frame start", m.offset);
+}
+
+#[test]
+fn damage_keeps_the_matches_before_it_and_reports_the_offset() {
+    let bytes = write_episode();
+    let cut = &bytes[..bytes.len() - 40];
+    let q = Query::parse("plan_execution.tool == \"tracking_api\"").unwrap();
+    let mut reader = TraceReader::new(cut, "cut.trace").unwrap();
+    let mut steps = Vec::new();
+    let err = q.search(&mut reader, &mut |m| steps.push(m.step)).unwrap_err();
+    assert!(err.to_string().starts_with("cut.trace: truncated at byte "), "{err}");
+    assert_eq!(steps, [1, 2, 3]);
+}
