@@ -83,6 +83,7 @@ sign kube-scheduler "/CN=system:kube-scheduler"
 sign kwok "/O=system:masters/CN=kwok"
 sign kwok-serving "/CN=kwok" "IP:127.0.0.1,DNS:localhost"
 sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+sign front-proxy-client "/CN=front-proxy-client"
 # Service-account token signing key pair.
 ossl genrsa -out "$PKI/sa.key" 2048
 ossl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
@@ -160,6 +161,10 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
 	--kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
 	--kubelet-certificate-authority="$PKI/ca.crt" \
 	--authorization-mode=Node,RBAC \
+	--requestheader-client-ca-file="$PKI/ca.crt" --requestheader-allowed-names=front-proxy-client \
+	--requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+	--requestheader-extra-headers-prefix=X-Remote-Extra- \
+	--proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
 	--service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
 	--service-account-issuer=https://kubernetes.default.svc.cluster.local \
 	--service-cluster-ip-range=10.96.0.0/16 \
