@@ -44,7 +44,8 @@
 #                 Deployment's pods pass admission; `kubectl auth can-i` as the
 #                 operator's ServiceAccount: what it needs is allowed, and
 #                 neighbours (other namespaces, Secrets, deletes of tasks) are
-#                 not; then uninstall and delete both namespaces.
+#                 not; then uninstall and delete both namespaces (the CRDs
+#                 stay, as Helm leaves CRDs on uninstall).
 #
 # Tools come from scripts/chart-tools.sh (built or installed once into
 # ${BASECAMP_CACHE:-~/.cache/basecamp}/tools). --keep leaves the rendered
@@ -314,7 +315,10 @@ cluster_check() {
   "$kubectl" create namespace "$watched" >/dev/null
   echo "  helm install $release into $ns (PSS restricted enforced), watching $watched"
   "$HELM" install "$release" "$CHART" --namespace "$ns" --kubeconfig "$KUBECONFIG" \
-    --set "watchNamespaces={$watched}" --set operator.replicas=2 --timeout 2m || return 1
+    --set "watchNamespaces={$watched}" --set operator.replicas=2 --timeout 2m >"$WORK/helm-install.log" 2>&1 ||
+    { cat "$WORK/helm-install.log"; return 1; }
+  # The apiserver's warnings (e.g. on CRD schemas) are worth seeing.
+  grep -o 'Warning: [^"]*' "$WORK/helm-install.log" | sort | uniq -c | sed 's/^ */  apiserver (times): /' || true
   # Pods pass Pod Security admission when the ReplicaSet can create them.
   local i pods=0
   for i in $(seq 60); do
@@ -328,6 +332,13 @@ cluster_check() {
     ok=1
   else
     echo "  ok $pods operator pods admitted under PSS restricted"
+    # On kwok nodes the pods run and their probes pass (simulated); on a
+    # cluster without nodes for them this only reports.
+    if "$kubectl" -n "$ns" rollout status "deployment/$release-basecamp" --timeout=60s >/dev/null 2>&1; then
+      echo "  ok deployment/$release-basecamp rolled out"
+    else
+      echo "  note: deployment/$release-basecamp did not become ready within 60 s (no nodes that run it?)"
+    fi
   fi
   # The operator's rights as the authorizer sees them.
   local as=(--as "system:serviceaccount:$ns:$sa") verb resource where want got
