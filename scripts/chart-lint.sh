@@ -41,7 +41,8 @@
 #   cluster       helm install into a fresh namespace that enforces the "restricted"
 #                 Pod Security Standard, watching a second fresh namespace;
 #                 the apiserver accepts every object and the CRDs, the
-#                 Deployment's pods pass admission; `kubectl auth can-i` as the
+#                 Deployment's pods pass admission, the CRDs accept the
+#                 example NOTES.txt points to (server dry run); `kubectl auth can-i` as the
 #                 operator's ServiceAccount: what it needs is allowed, and
 #                 neighbours (other namespaces, Secrets, deletes of tasks) are
 #                 not; then uninstall and delete both namespaces (the CRDs
@@ -338,6 +339,15 @@ cluster_check() {
       echo "  ok deployment/$release-basecamp rolled out"
     else
       echo "  note: deployment/$release-basecamp did not become ready within 60 s (no nodes that run it?)"
+    fi
+  fi
+  # What NOTES.txt tells the user to apply next is accepted by the CRDs.
+  local example="$ROOT/examples/manifests/shipping-support.yaml"
+  if [[ -f "$example" ]]; then
+    if "$kubectl" apply --dry-run=server -n "$watched" -f "$example" >"$WORK/example.log" 2>&1; then
+      echo "  ok the CRDs accept examples/manifests/shipping-support.yaml (server dry run)"
+    else
+      echo "  FAIL the CRDs refuse examples/manifests/shipping-support.yaml:"; sed 's/^/    /' "$WORK/example.log"; ok=1
     fi
   fi
   # The operator's rights as the authorizer sees them.
