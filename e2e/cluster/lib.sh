@@ -6,8 +6,11 @@ CLUSTER_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$CLUSTER_SRC/versions.env"
 
 BASECAMP_CACHE="${BASECAMP_CACHE:-$HOME/.cache/basecamp}"
+# shellcheck disable=SC2034 # used by the scripts that source this file
 K8S_BIN="$BASECAMP_CACHE/k8s/$K8S_VERSION/bin"
+# shellcheck disable=SC2034
 ETCD_BIN="$BASECAMP_CACHE/etcd/$ETCD_VERSION/bin"
+# shellcheck disable=SC2034
 KWOK_BIN="$BASECAMP_CACHE/kwok/$KWOK_VERSION/bin"
 
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }

@@ -61,17 +61,17 @@ read -r ETCD_PORT ETCD_PEER_PORT API_PORT KCM_PORT SCHED_PORT KWOK_PORT <<<"$(pi
 # ---------------------------------------------------------------- PKI
 PKI="$DIR/pki"
 ossl() { openssl "$@" >>"$DIR/logs/openssl.log" 2>&1 || die "openssl $1 failed (see $DIR/logs/openssl.log)"; }
-ossl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=basecamp-e2e-ca" \
+ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 -subj "/CN=basecamp-e2e-ca" \
 	-keyout "$PKI/ca.key" -out "$PKI/ca.crt"
-# sign NAME SUBJECT [SAN]: a key and a CA-signed certificate.
+# sign NAME SUBJECT [SAN]: an EC P-256 key and a CA-signed certificate.
 sign() {
 	local name="$1" subj="$2" san="${3:-}" ext="$PKI/$1.ext"
 	if [ -n "$san" ]; then
-		printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=%s\n' "$san" >"$ext"
+		printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=%s\n' "$san" >"$ext"
 	else
-		printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >"$ext"
+		printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n' >"$ext"
 	fi
-	ossl req -newkey rsa:2048 -nodes -subj "$subj" -keyout "$PKI/$name.key" -out "$PKI/$name.csr"
+	ossl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "$subj" -keyout "$PKI/$name.key" -out "$PKI/$name.csr"
 	ossl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
 		-days 3650 -extfile "$ext" -out "$PKI/$name.crt"
 }
@@ -84,7 +84,7 @@ sign kwok "/O=system:masters/CN=kwok"
 sign kwok-serving "/CN=kwok" "IP:127.0.0.1,DNS:localhost"
 sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
 sign front-proxy-client "/CN=front-proxy-client"
-# Service-account token signing key pair.
+# Service-account token signing key pair (RSA: RS256 tokens, what most clients expect).
 ossl genrsa -out "$PKI/sa.key" 2048
 ossl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 
@@ -194,26 +194,30 @@ start kwok "$KWOK_BIN/kwok" \
 	--tls-cert-file="$PKI/kwok-serving.crt" --tls-private-key-file="$PKI/kwok-serving.key" \
 	--cidr=10.0.0.1/16 --node-lease-duration-seconds=40
 
+# Nodes go in now; kwok marks them Ready while the controllers start.
+"$KUBECTL" apply -f "$CLUSTER_SRC/nodes.yaml" >"$DIR/logs/nodes-apply.log" 2>&1 ||
+	die "kubectl apply -f nodes.yaml failed: $(cat "$DIR/logs/nodes-apply.log")"
 wait_for kube-controller-manager "kube-controller-manager /healthz" insecure_ok "https://127.0.0.1:$KCM_PORT/healthz"
 wait_for kube-scheduler "kube-scheduler /healthz" insecure_ok "https://127.0.0.1:$SCHED_PORT/healthz"
 wait_for kwok "kwok /healthz" insecure_ok "https://127.0.0.1:$KWOK_PORT/healthz"
 # Pods need the default ServiceAccount (created by kube-controller-manager).
 wait_for kube-controller-manager "ServiceAccount default/default" "$KUBECTL" get serviceaccount default -n default
 
-"$KUBECTL" apply -f "$CLUSTER_SRC/nodes.yaml" >"$DIR/logs/nodes-apply.log" 2>&1 ||
-	die "kubectl apply -f nodes.yaml failed: $(cat "$DIR/logs/nodes-apply.log")"
 all_nodes_ready() {
 	local want have
 	want="$(grep -c '^kind: Node' "$CLUSTER_SRC/nodes.yaml")"
 	have="$("$KUBECTL" get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c '^True$')"
-	[ "$have" -ge "$want" ]
+	[ "$have" -ge "$want" ] &&
+		# and untainted (node lifecycle may add not-ready taints until it sees Ready)
+		[ -z "$("$KUBECTL" get nodes -o jsonpath='{.items[*].spec.taints}')" ]
 }
-wait_for kwok "all $(grep -c '^kind: Node' "$CLUSTER_SRC/nodes.yaml") nodes Ready" all_nodes_ready
+wait_for kwok "all $(grep -c '^kind: Node' "$CLUSTER_SRC/nodes.yaml") nodes Ready and untainted" all_nodes_ready
 
 # ---------------------------------------------------------------- env
 {
 	echo "# Basecamp e2e cluster, written by e2e/cluster/up.sh at $(date -u +%FT%TZ). source this file."
 	printf 'export KUBECONFIG=%q\n' "$DIR/kubeconfig"
+	# shellcheck disable=SC2016 # $PATH expands when env is sourced
 	printf 'export PATH=%q:"$PATH"\n' "$K8S_BIN"
 	printf 'export BASECAMP_E2E_DIR=%q\n' "$DIR"
 	printf 'export BASECAMP_E2E_KUBECTL=%q\n' "$KUBECTL"
