@@ -38,15 +38,16 @@
 #
 # With --cluster, also against the live cluster of $KUBECONFIG (e.g. the e2e
 # control plane: `source <dir>/env` after e2e/cluster/up.sh):
-#   cluster       helm install into a fresh namespace that enforces the "restricted"
-#                 Pod Security Standard, watching a second fresh namespace;
-#                 the apiserver accepts every object and the CRDs, the
-#                 Deployment's pods pass admission, the CRDs accept the
-#                 example NOTES.txt points to (server dry run); `kubectl auth can-i` as the
-#                 operator's ServiceAccount: what it needs is allowed, and
-#                 neighbours (other namespaces, Secrets, deletes of tasks) are
-#                 not; then uninstall and delete both namespaces (the CRDs
-#                 stay, as Helm leaves CRDs on uninstall).
+#   cluster       helm install into a fresh namespace that enforces the
+#                 "restricted" Pod Security Standard, watching a second fresh
+#                 namespace: the apiserver accepts every object and the CRDs;
+#                 the Deployment's pods pass admission (and roll out on kwok
+#                 nodes); the CRDs accept the example NOTES.txt points to
+#                 (server dry run); `kubectl auth can-i` as the operator's
+#                 ServiceAccount allows what it needs and refuses its
+#                 neighbours (other namespaces, Secrets, deleting tasks). Then
+#                 uninstall and delete both namespaces (the CRDs stay: Helm
+#                 leaves CRDs on uninstall).
 #
 # Tools come from scripts/chart-tools.sh (built or installed once into
 # ${BASECAMP_CACHE:-~/.cache/basecamp}/tools). --keep leaves the rendered
