@@ -15,10 +15,9 @@
 #   scripts/chart-tools.sh path helm|validate|promtool|prometheus
 #       Print the tool's path (fails when it is not installed).
 #   scripts/chart-tools.sh env
-#       Print HELM=..., KUBERNETES_VALIDATE=..., KV_PYTHON=..., PROMTOOL=...,
-#       PROMETHEUS=...
-#       lines for `eval "$(scripts/chart-tools.sh env)"` (installs what is
-#       missing).
+#       Print HELM=..., KUBERNETES_VALIDATE=..., KV_PYTHON=... (a Python
+#       with PyYAML and jsonschema), PROMTOOL=..., PROMETHEUS=... lines for
+#       `eval "$(scripts/chart-tools.sh env)"` (installs what is missing).
 #   scripts/chart-tools.sh sync-crds
 #       Copy the generated CRDs (crds/*.yaml) into the chart
 #       (charts/basecamp/crds/), removing chart CRDs that no longer exist.
@@ -65,7 +64,7 @@ install_helm() {
   local tmp
   tmp=$(mktemp -d "$dir/.build.XXXXXX")
   GOMODCACHE="$CACHE_DIR/go/mod" GOCACHE="$CACHE_DIR/go/build" GOBIN="$tmp" \
-    GOFLAGS=-mod=mod CGO_ENABLED=0 \
+    GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0 \
     go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
       -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$HELM_KUBE_MAJOR \
       -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$HELM_KUBE_MINOR \
@@ -157,7 +156,10 @@ cmd_env() {
   cmd_install
   echo "HELM=$(tool_path helm)"
   echo "KUBERNETES_VALIDATE=$(tool_path validate)"
-  echo "KV_PYTHON=$(dirname "$(tool_path validate)")/python"
+  local kv_python
+  kv_python="$(dirname "$(tool_path validate)")/python"
+  [[ -x "$kv_python" ]] || kv_python=$(command -v python3)
+  echo "KV_PYTHON=$kv_python"
   echo "PROMTOOL=$(tool_path promtool)"
   echo "PROMETHEUS=$(tool_path prometheus)"
 }
