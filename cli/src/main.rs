@@ -3,6 +3,7 @@
 //! Each subcommand lives in its own module; `main` only parses arguments,
 //! dispatches, and turns an error into one line on stderr and exit status 1.
 
+mod run;
 mod trace_cmd;
 
 use std::process::ExitCode;
@@ -22,6 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a HarnessTask on this machine (no cluster): every variant and
+    /// shard, traces to ./basecamp-runs/<task>/, a summary table and report.html.
+    Run(run::RunArgs),
     /// Read and inspect .trace files.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
@@ -30,6 +34,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => run::run(args),
         Command::Trace(cmd) => trace_cmd::run(cmd),
     };
     match result {

@@ -1,0 +1,140 @@
+//! Root-cause hints for a variant's failed episodes, read back from their
+//! traces: what a person would grep for, counted. The strongest signal is a
+//! memory key set to `null` — by which source (a tool, a fallback, an
+//! injection) and after which error — because a null in memory silently
+//! derails everything after it. Failures without one are grouped by their
+//! failure class.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use basecamp_trace::pb::{self, record::Body};
+use serde::Serialize;
+
+use super::summary::EpisodeRow;
+
+/// One cluster of failed episodes and the sentence that explains it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RootCause {
+    /// e.g. "in 19 of 19 failed episodes `shipping_status` was set to null by
+    /// the fallback of `track_order` (after timeout x12, rate_limited x7)".
+    pub hint: String,
+    pub episodes: usize,
+    pub of_failed: usize,
+    /// What clusters them: `null:<key>:<source>:<origin>` or `class:<failure_class>`.
+    pub key: String,
+    /// Up to five episode ids, for a first look.
+    pub examples: Vec<String>,
+}
+
+/// What one failed trace says about why.
+#[derive(Debug, Default)]
+struct Evidence {
+    /// The first null write: key, source, origin.
+    null_write: Option<(String, String, String)>,
+    /// Error types of the steps whose fallback was used, by tool.
+    fallback_errors: BTreeMap<String, Vec<String>>,
+    unreadable: Option<String>,
+}
+
+fn evidence(path: &PathBuf) -> Evidence {
+    let mut found = Evidence::default();
+    let contents = match basecamp_trace::read_trace(path) {
+        Ok(c) => c,
+        Err(e) => {
+            found.unreadable = Some(e.to_string());
+            return found;
+        }
+    };
+    for record in &contents.records {
+        match &record.body {
+            Some(Body::MemoryDelta(delta))
+                if found.null_write.is_none() && delta.after_json.as_deref() == Some("null") =>
+            {
+                let source = pb::MemorySource::try_from(delta.source).unwrap_or(pb::MemorySource::Unspecified);
+                found.null_write = Some((delta.key.clone(), source_name(source).to_string(), delta.origin.clone()));
+            }
+            Some(Body::PlanStep(step)) if step.fallback_used => {
+                let error = if step.error_type.is_empty() { "error".to_string() } else { step.error_type.clone() };
+                found.fallback_errors.entry(step.tool.clone()).or_default().push(error);
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+fn source_name(source: pb::MemorySource) -> &'static str {
+    match source {
+        pb::MemorySource::Fallback => "fallback",
+        pb::MemorySource::Tool => "tool",
+        pb::MemorySource::User => "user",
+        pb::MemorySource::Policy => "policy",
+        pb::MemorySource::SystemInjection => "injection",
+        pb::MemorySource::Rollback => "rollback",
+        pb::MemorySource::Initial => "initial memory",
+        pb::MemorySource::Unspecified => "an unknown source",
+    }
+}
+
+/// Clusters `failed` episodes (with their trace paths), largest first.
+pub fn root_causes(failed: &[(&EpisodeRow, PathBuf)]) -> Vec<RootCause> {
+    struct Cluster {
+        ids: Vec<String>,
+        errors: BTreeMap<String, usize>,
+        describe: String,
+    }
+    let mut clusters: BTreeMap<String, Cluster> = BTreeMap::new();
+    for (episode, path) in failed {
+        let found = evidence(path);
+        let (key, describe, errors) = match (&found.unreadable, &found.null_write) {
+            (Some(error), _) => {
+                ("unreadable".to_string(), format!("the trace could not be read ({error})"), Vec::new())
+            }
+            (None, Some((key, source, origin))) => {
+                let by = match source.as_str() {
+                    "fallback" => format!("the fallback of `{origin}`"),
+                    "tool" => format!("tool `{origin}`"),
+                    other if origin.is_empty() => other.to_string(),
+                    other => format!("{other} `{origin}`"),
+                };
+                let errors = found.fallback_errors.get(origin).cloned().unwrap_or_default();
+                (format!("null:{key}:{source}:{origin}"), format!("`{key}` was set to null by {by}"), errors)
+            }
+            (None, None) => {
+                let class = &episode.failure_class;
+                let errors = found.fallback_errors.values().flatten().cloned().collect();
+                (format!("class:{class}"), format!("the episode failed with `{class}`"), errors)
+            }
+        };
+        let cluster =
+            clusters.entry(key).or_insert_with(|| Cluster { ids: Vec::new(), errors: BTreeMap::new(), describe });
+        cluster.ids.push(episode.id.clone());
+        for error in errors {
+            *cluster.errors.entry(error).or_default() += 1;
+        }
+    }
+    let total = failed.len();
+    let mut causes: Vec<RootCause> = clusters
+        .into_iter()
+        .map(|(key, c)| {
+            let mut errors: Vec<(String, usize)> = c.errors.into_iter().collect();
+            errors.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            let after = if errors.is_empty() {
+                String::new()
+            } else {
+                let list: Vec<String> = errors.iter().map(|(e, n)| format!("{e} x{n}")).collect();
+                format!(" (after {})", list.join(", "))
+            };
+            RootCause {
+                hint: format!("in {} of {total} failed episodes {}{after}", c.ids.len(), c.describe),
+                episodes: c.ids.len(),
+                of_failed: total,
+                key,
+                examples: c.ids.iter().take(5).cloned().collect(),
+            }
+        })
+        .collect();
+    causes.sort_by(|a, b| b.episodes.cmp(&a.episodes).then(a.key.cmp(&b.key)));
+    causes
+}

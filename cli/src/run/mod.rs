@@ -1,0 +1,202 @@
+//! `basecamp run PATH`: a HarnessTask run on this machine, no cluster.
+//!
+//! load and validate the manifests (the same checks as the operator) ->
+//! resolve every variant's SandboxConfig -> load the test set -> per
+//! variant, start its services -> run every shard of every variant at once
+//! (the driver the sandbox pod runs) with a progress bar -> summarise:
+//! aggregates, success criteria, A/B deltas and root-cause hints read back
+//! from the traces -> `run.json` and `report.html` in the run directory.
+//!
+//! Ctrl-C stops starting episodes and cuts off the running ones; their
+//! traces stay readable, every shard still writes its `summary.json`, and
+//! the summary table shows what finished.
+
+mod analysis;
+mod report;
+mod summary;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
+use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
+use basecamp_sandbox::run::{check_gpu, load_manifests, load_test_set, resolve_variants, select_task};
+use basecamp_sandbox::services::RunningServices;
+use indicatif::{ProgressBar, ProgressStyle};
+
+pub use summary::RunSummary;
+
+/// Run a HarnessTask locally: every variant and shard on this machine.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Manifest files or directories holding the HarnessTask and its SandboxConfig(s).
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// The HarnessTask to run, when the manifests hold several.
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Run only this variant (default: all of them).
+    #[arg(long)]
+    pub variant: Option<String>,
+    /// Where traces, summaries and the report go (default: ./basecamp-runs/<task>/).
+    #[arg(long, short)]
+    pub out: Option<PathBuf>,
+    /// Shards per variant (default: the task's `shards`).
+    #[arg(long)]
+    pub shards: Option<u32>,
+    /// Episodes at once in each shard.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Exit with status 1 when a variant misses a success criterion.
+    #[arg(long)]
+    pub fail_on_criteria: bool,
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Exit statuses beyond 0 and 1.
+const EXIT_LOST_EPISODES: u8 = 2;
+const EXIT_INTERRUPTED: u8 = 130;
+
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let stop = StopSignal::new();
+    let on_ctrl_c = stop.clone();
+    runtime.spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\nstopping: no new episodes; traces so far stay readable (Ctrl-C again to quit at once)");
+            on_ctrl_c.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(i32::from(EXIT_INTERRUPTED));
+            }
+        }
+    });
+    let summary = runtime.block_on(run_task(&args, stop))?;
+    print!("{}", summary.table());
+    println!("\ntraces, summaries and report: {}", summary.out_dir.display());
+    println!("report: {}", summary.out_dir.join(report::REPORT_FILE).display());
+    Ok(if summary.stopped_early {
+        ExitCode::from(EXIT_INTERRUPTED)
+    } else if summary.lost_episodes() > 0 {
+        ExitCode::from(EXIT_LOST_EPISODES)
+    } else if args.fail_on_criteria && !summary.criteria_met() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One shard of one variant, ready to run.
+struct ShardJob {
+    variant: usize,
+    out_dir: PathBuf,
+    runner: Arc<basecamp_sandbox::episode::EpisodeRunner>,
+    inputs: Vec<basecamp_sandbox::episode::EpisodeInput>,
+}
+
+/// Runs the task and writes `run.json` and `report.html`; the summary is
+/// returned for the table (and for tests).
+pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
+    let (manifests, warnings) = load_manifests(&args.paths).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for warning in &warnings {
+        eprintln!("{warning}");
+    }
+    let loaded = select_task(&manifests, args.task.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let task = &loaded.object;
+    let task_name = task.metadata.name.clone().unwrap_or_default();
+    let namespace = task.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let base_dir = loaded.base_dir();
+    let variants = resolve_variants(&manifests, task, args.variant.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let shard_count = args.shards.or(task.spec.shards).unwrap_or(1);
+    if shard_count == 0 {
+        bail!("--shards must be at least 1");
+    }
+    let out_root = args.out.clone().unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name));
+    std::fs::create_dir_all(&out_root).with_context(|| format!("cannot create {}", out_root.display()))?;
+
+    let test_set =
+        load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let probe = basecamp_gpu::probe::probe_gpus();
+    let mut services = Vec::new();
+    let mut jobs = Vec::new();
+    for (v, variant) in variants.iter().enumerate() {
+        if let Some(warning) = check_gpu(&variant.sandbox, &probe).map_err(|e| anyhow::anyhow!("{e}"))? {
+            eprintln!("warning: variant {}: {warning}", variant.name);
+        }
+        let variant_dir = out_root.join(&variant.name);
+        let running = RunningServices::start(&variant.sandbox.services, &base_dir, &variant_dir.join("services"))
+            .with_context(|| format!("variant {}", variant.name))?;
+        let sandbox = running.expand(&variant.sandbox)?;
+        services.push(running);
+        for shard in 0..shard_count {
+            let rows = test_set.shard(shard, shard_count).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let ctx = RunContext {
+                base_dir: base_dir.clone(),
+                namespace: namespace.clone(),
+                task: task_name.clone(),
+                variant: variant.name.clone(),
+                shard,
+                shard_count,
+                training_step: 0,
+            };
+            let runner =
+                build_runner(&task.spec, &sandbox, &ctx).with_context(|| format!("variant {}", variant.name))?;
+            jobs.push(ShardJob {
+                variant: v,
+                out_dir: variant_dir.join(format!("shard-{shard}")),
+                runner: Arc::new(runner),
+                inputs: rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect(),
+            });
+        }
+    }
+
+    let total: usize = jobs.iter().map(|j| j.inputs.len()).sum();
+    let progress = progress_bar(total as u64, args.no_progress);
+    progress.set_message(format!("{task_name}: {} variant(s) x {shard_count} shard(s)", variants.len()));
+    let started = Instant::now();
+    let mut running = tokio::task::JoinSet::new();
+    for job in jobs {
+        let progress = progress.clone();
+        let stop = stop.clone();
+        let concurrency = args.concurrency;
+        running.spawn(async move {
+            let summary = run_shard(job.runner, job.inputs, &job.out_dir, concurrency, stop, |_| progress.inc(1)).await;
+            (job.variant, job.out_dir, summary)
+        });
+    }
+    let mut shards: Vec<Vec<ShardSummary>> = vec![Vec::new(); variants.len()];
+    while let Some(joined) = running.join_next().await {
+        let (variant, dir, summary) = joined.context("a shard task failed")?;
+        let summary = summary.with_context(|| format!("cannot write the traces of {}", dir.display()))?;
+        shards[variant].push(summary);
+    }
+    progress.finish_and_clear();
+    drop(services);
+    let wall_seconds = started.elapsed().as_secs_f64();
+
+    let criteria = &task.spec.task_definition.success_criteria;
+    let summary = RunSummary::new(&task_name, &out_root, &variants, shards, criteria, wall_seconds);
+    summary.write(&out_root)?;
+    report::write(&summary, &out_root)?;
+    Ok(summary)
+}
+
+fn progress_bar(total: u64, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg}\n[{elapsed_precise}] {wide_bar} {pos}/{len} episodes ({per_sec}, eta {eta})",
+        )
+        .expect("the template is valid"),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}

@@ -1,0 +1,197 @@
+//! `report.html`: the run's summary as one self-contained page (no network
+//! needed): the per-variant table with bars, the A/B comparison, criteria,
+//! root-cause hints, and every episode with a link to its trace file. A
+//! checkbox narrows the episode list to failures.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::summary::{RunSummary, TABLE_METRICS};
+
+pub const REPORT_FILE: &str = "report.html";
+
+pub fn write(summary: &RunSummary, dir: &Path) -> Result<()> {
+    let path = dir.join(REPORT_FILE);
+    std::fs::write(&path, render(summary)).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Backticked names in hints become <code>.
+fn hint_html(hint: &str) -> String {
+    esc(hint)
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| if i % 2 == 1 { format!("<code>{part}</code>") } else { part.to_string() })
+        .collect()
+}
+
+fn num(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// A horizontal bar for a value in [0, 1].
+fn bar(v: Option<f64>) -> String {
+    let Some(v) = v.filter(|v| v.is_finite()) else { return String::new() };
+    let width = (v.clamp(0.0, 1.0) * 120.0).round();
+    format!(
+        r##"<svg width="124" height="10" aria-hidden="true"><rect width="122" height="8" y="1" fill="#eee"/><rect width="{width}" height="8" y="1" fill="#3b7dd8"/></svg>"##
+    )
+}
+
+pub fn render(s: &RunSummary) -> String {
+    let mut h = String::new();
+    let episodes: u32 = s.variants.iter().map(|v| v.aggregate.episodes).sum();
+    let _ = write!(
+        h,
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>basecamp run: {task}</title>
+<style>
+body{{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#222}} h1{{font-size:20px}} h2{{font-size:16px;margin-top:28px}}
+table{{border-collapse:collapse}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left;vertical-align:middle}}
+th{{background:#f5f5f5}} .bad{{color:#b00020;font-weight:600}} .good{{color:#1b7f3b;font-weight:600}} code{{background:#f3f3f3;padding:0 3px}}
+tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
+</style></head><body>
+<h1>basecamp run: {task}</h1>
+<p class="muted">{episodes} episodes in {wall:.1}s ({eps:.1} episodes/s){stopped}</p>
+"#,
+        task = esc(&s.task),
+        wall = s.wall_seconds,
+        eps = s.episodes_per_second,
+        stopped = if s.stopped_early { " — <span class=\"bad\">stopped early, partial results</span>" } else { "" },
+    );
+    h.push_str(
+        "<h2>Variants</h2><table id=\"variants\"><tr><th>variant</th><th>sandbox</th><th>episodes</th><th>failed</th>",
+    );
+    for m in TABLE_METRICS {
+        let _ = write!(h, "<th>{m}</th>");
+    }
+    h.push_str("<th>p50</th><th>p95</th><th>criteria</th></tr>");
+    for v in &s.variants {
+        let a = &v.aggregate;
+        let met = v.criteria.iter().filter(|c| c.met).count();
+        let _ = write!(
+            h,
+            "<tr><td><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td>",
+            esc(&v.name),
+            esc(&v.sandbox),
+            a.episodes,
+            v.failed
+        );
+        for m in TABLE_METRICS {
+            let value = a.value_of(m);
+            let _ = write!(h, "<td>{} {}</td>", num(value), bar(value));
+        }
+        let class = if met == v.criteria.len() { "good" } else { "bad" };
+        let _ = write!(
+            h,
+            "<td>{:.2}s</td><td>{:.2}s</td><td class=\"{class}\">{met}/{} met</td></tr>",
+            a.resolution_time_p50_s,
+            a.resolution_time_p95_s,
+            v.criteria.len()
+        );
+    }
+    h.push_str("</table>");
+
+    if let Some(c) = &s.comparison {
+        let _ = write!(
+            h,
+            "<h2>A/B: {} vs {}</h2><table id=\"comparison\"><tr><th>metric</th><th>{}</th><th>{}</th><th>delta</th></tr>",
+            esc(&c.candidate),
+            esc(&c.baseline),
+            esc(&c.baseline),
+            esc(&c.candidate)
+        );
+        for d in &c.rows {
+            let delta = d.delta_percent.map_or("-".into(), |p| format!("{p:+.1}%"));
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{delta}</td></tr>",
+                esc(&d.metric),
+                num(d.baseline),
+                num(d.candidate)
+            );
+        }
+        h.push_str("</table>");
+    }
+
+    h.push_str("<h2>Success criteria</h2><table id=\"criteria\"><tr><th>variant</th><th>criterion</th><th>observed</th><th>result</th></tr>");
+    for v in &s.variants {
+        for c in &v.criteria {
+            let (class, word) = if c.met { ("good", "met") } else { ("bad", "NOT met") };
+            let observed = c.problem.clone().map_or_else(|| num(c.observed), |p| esc(&p));
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td><code>{}</code></td><td>{observed}</td><td class=\"{class}\">{word}</td></tr>",
+                esc(&v.name),
+                esc(&c.criterion)
+            );
+        }
+    }
+    h.push_str("</table><h2>Why episodes failed</h2>");
+    for v in &s.variants {
+        let _ = write!(
+            h,
+            "<h3>{}: {} of {} failed</h3><ul class=\"causes\">",
+            esc(&v.name),
+            v.failed,
+            v.aggregate.episodes
+        );
+        for cause in &v.root_causes {
+            let _ = write!(
+                h,
+                "<li>{} <span class=\"muted\">e.g. {}</span></li>",
+                hint_html(&cause.hint),
+                esc(&cause.examples.join(", "))
+            );
+        }
+        if v.root_causes.is_empty() {
+            h.push_str("<li class=\"muted\">no failures</li>");
+        }
+        h.push_str("</ul>");
+    }
+
+    h.push_str(
+        "<h2>Episodes</h2><label><input type=\"checkbox\" id=\"only-failed\"> only failed</label>\
+         <table id=\"episodes\"><tr><th>variant</th><th>episode</th><th>outcome</th><th>failure class</th>\
+         <th>tool_call_accuracy</th><th>memory_consistency</th><th>time</th><th>trace</th></tr>",
+    );
+    for v in &s.variants {
+        for e in &v.episodes {
+            let _ = write!(
+                h,
+                "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}s</td><td><a href=\"{}\">{}</a></td></tr>",
+                if e.failed() { "failed" } else { "ok" },
+                esc(&v.name),
+                esc(&e.id),
+                esc(&e.outcome),
+                esc(&e.failure_class),
+                num(Some(e.metrics.tool_call_accuracy)),
+                num(e.metrics.memory_consistency),
+                e.metrics.resolution_time_s,
+                esc(&e.trace),
+                esc(&e.trace)
+            );
+        }
+    }
+    h.push_str(
+        "</table>\n<script>\ndocument.getElementById('only-failed').addEventListener('change', function (ev) {\n  \
+         document.querySelectorAll('#episodes tr.ok').forEach(function (row) { row.style.display = ev.target.checked ? 'none' : ''; });\n});\n\
+         </script>\n</body></html>\n",
+    );
+    h
+}

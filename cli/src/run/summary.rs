@@ -1,0 +1,343 @@
+//! What a local run produced, per variant: the episodes, their aggregate,
+//! the success criteria, A/B deltas and root-cause hints — printed as the
+//! summary table and written as `run.json` (what `report.html` shows).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use basecamp_api::criteria::parse_criterion;
+use basecamp_sandbox::driver::{LostEpisode, ShardSummary};
+use basecamp_sandbox::run::ResolvedVariant;
+use basecamp_trace::metrics::{Aggregate, EpisodeMetrics, aggregate};
+use serde::Serialize;
+
+use super::analysis::{RootCause, root_causes};
+
+pub const RUN_FILE: &str = "run.json";
+
+/// The metrics the table and the A/B comparison show, in order.
+pub const TABLE_METRICS: [&str; 4] = ["tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate"];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub task: String,
+    pub out_dir: PathBuf,
+    pub wall_seconds: f64,
+    pub episodes_per_second: f64,
+    pub stopped_early: bool,
+    pub variants: Vec<VariantSummary>,
+    /// The second variant against the first, when there are two or more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantSummary {
+    pub name: String,
+    pub sandbox: String,
+    pub shards: usize,
+    pub aggregate: Aggregate,
+    pub failed: usize,
+    pub criteria: Vec<CriterionResult>,
+    pub root_causes: Vec<RootCause>,
+    pub episodes: Vec<EpisodeRow>,
+    pub lost: Vec<LostEpisode>,
+    pub interrupted: Vec<String>,
+    pub not_started: Vec<String>,
+}
+
+/// One episode, with its trace path relative to the run directory.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpisodeRow {
+    pub id: String,
+    pub shard: u32,
+    pub outcome: String,
+    pub failure_class: String,
+    pub metrics: EpisodeMetrics,
+    pub trace: String,
+}
+
+impl EpisodeRow {
+    pub fn failed(&self) -> bool {
+        self.failure_class != "ok"
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CriterionResult {
+    pub criterion: String,
+    pub metric: String,
+    pub observed: Option<f64>,
+    pub met: bool,
+    /// Why it could not be evaluated (does not parse, metric not measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub baseline: String,
+    pub candidate: String,
+    pub rows: Vec<Delta>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Delta {
+    pub metric: String,
+    pub baseline: Option<f64>,
+    pub candidate: Option<f64>,
+    /// (candidate - baseline) / |baseline| in percent; `None` when the baseline is 0 or missing.
+    pub delta_percent: Option<f64>,
+}
+
+/// Evaluates each success criterion against a variant's aggregate.
+pub fn evaluate_criteria(criteria: &[String], aggregate: &Aggregate) -> Vec<CriterionResult> {
+    criteria
+        .iter()
+        .map(|text| match parse_criterion(text) {
+            Err(e) => CriterionResult {
+                criterion: text.clone(),
+                metric: String::new(),
+                observed: None,
+                met: false,
+                problem: Some(e.to_string()),
+            },
+            Ok(criterion) => {
+                let observed = aggregate.value_of(&criterion.metric);
+                CriterionResult {
+                    criterion: criterion.text.clone(),
+                    metric: criterion.metric.clone(),
+                    observed,
+                    met: observed.is_some_and(|v| criterion.is_met_by(v)),
+                    problem: observed.is_none().then(|| format!("{} was not measured in this run", criterion.metric)),
+                }
+            }
+        })
+        .collect()
+}
+
+impl RunSummary {
+    pub fn new(
+        task: &str,
+        out_dir: &Path,
+        variants: &[ResolvedVariant],
+        shards: Vec<Vec<ShardSummary>>,
+        criteria: &[String],
+        wall_seconds: f64,
+    ) -> Self {
+        let mut summaries = Vec::new();
+        let mut stopped_early = false;
+        for (variant, mut shard_summaries) in variants.iter().zip(shards) {
+            shard_summaries.sort_by_key(|s| s.shard);
+            let mut episodes = Vec::new();
+            let (mut lost, mut interrupted, mut not_started) = (Vec::new(), Vec::new(), Vec::new());
+            for shard in &shard_summaries {
+                stopped_early |= shard.stopped_early;
+                for e in &shard.episodes {
+                    episodes.push(EpisodeRow {
+                        id: e.id.clone(),
+                        shard: shard.shard,
+                        outcome: e.outcome.clone(),
+                        failure_class: e.failure_class.clone(),
+                        metrics: e.metrics.clone(),
+                        trace: format!("{}/shard-{}/{}", variant.name, shard.shard, e.trace_file),
+                    });
+                }
+                lost.extend(shard.lost.iter().cloned());
+                interrupted.extend(shard.interrupted.iter().cloned());
+                not_started.extend(shard.not_started.iter().cloned());
+            }
+            let aggregate = aggregate(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str())));
+            let failed: Vec<(&EpisodeRow, PathBuf)> =
+                episodes.iter().filter(|e| e.failed()).map(|e| (e, out_dir.join(&e.trace))).collect();
+            summaries.push(VariantSummary {
+                name: variant.name.clone(),
+                sandbox: variant.sandbox_name.clone(),
+                shards: shard_summaries.len(),
+                criteria: evaluate_criteria(criteria, &aggregate),
+                root_causes: root_causes(&failed),
+                failed: failed.len(),
+                aggregate,
+                episodes,
+                lost,
+                interrupted,
+                not_started,
+            });
+        }
+        let episodes: u32 = summaries.iter().map(|v| v.aggregate.episodes).sum();
+        let comparison = (summaries.len() >= 2).then(|| compare(&summaries[0], &summaries[1]));
+        RunSummary {
+            task: task.to_string(),
+            out_dir: out_dir.to_path_buf(),
+            wall_seconds,
+            episodes_per_second: if wall_seconds > 0.0 { f64::from(episodes) / wall_seconds } else { 0.0 },
+            stopped_early,
+            variants: summaries,
+            comparison,
+        }
+    }
+
+    pub fn lost_episodes(&self) -> usize {
+        self.variants.iter().map(|v| v.lost.len()).sum()
+    }
+
+    /// Every criterion of every variant met.
+    pub fn criteria_met(&self) -> bool {
+        self.variants.iter().all(|v| v.criteria.iter().all(|c| c.met))
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(RUN_FILE);
+        let text = serde_json::to_vec_pretty(self).expect("the summary serialises");
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// The summary table, A/B comparison and root-cause hints as text.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let header = [
+            "variant",
+            "episodes",
+            "tool_call_accuracy",
+            "plan_step_f1",
+            "memory_consistency",
+            "error_rate",
+            "p50",
+            "p95",
+            "criteria",
+        ];
+        let mut rows = vec![header.iter().map(|s| s.to_string()).collect::<Vec<_>>()];
+        for v in &self.variants {
+            let a = &v.aggregate;
+            let met = v.criteria.iter().filter(|c| c.met).count();
+            let criteria = if v.criteria.is_empty() {
+                "-".to_string()
+            } else if met == v.criteria.len() {
+                format!("met ({met}/{})", v.criteria.len())
+            } else {
+                format!("NOT met ({met}/{})", v.criteria.len())
+            };
+            let mut row = vec![v.name.clone(), a.episodes.to_string()];
+            row.extend(TABLE_METRICS.iter().map(|m| fmt_value(a.value_of(m))));
+            row.push(format!("{:.2}s", a.resolution_time_p50_s));
+            row.push(format!("{:.2}s", a.resolution_time_p95_s));
+            row.push(criteria);
+            rows.push(row);
+        }
+        out.push_str(&format!(
+            "\n{}: {} episodes in {:.1}s ({:.1} episodes/s){}\n\n",
+            self.task,
+            self.variants.iter().map(|v| v.aggregate.episodes).sum::<u32>(),
+            self.wall_seconds,
+            self.episodes_per_second,
+            if self.stopped_early { " — STOPPED EARLY, partial results" } else { "" }
+        ));
+        out.push_str(&columns(&rows));
+        if let Some(c) = &self.comparison {
+            out.push_str(&format!("\n{} vs {}:\n", c.candidate, c.baseline));
+            let mut rows =
+                vec![vec!["metric".to_string(), c.baseline.clone(), c.candidate.clone(), "delta".to_string()]];
+            for d in &c.rows {
+                rows.push(vec![
+                    d.metric.clone(),
+                    fmt_value(d.baseline),
+                    fmt_value(d.candidate),
+                    d.delta_percent.map_or("-".into(), |p| format!("{p:+.1}%")),
+                ]);
+            }
+            out.push_str(&columns(&rows));
+        }
+        for v in &self.variants {
+            for c in v.criteria.iter().filter(|c| !c.met) {
+                let why = c.problem.clone().unwrap_or_else(|| format!("observed {}", fmt_value(c.observed)));
+                out.push_str(&format!("\n{}: criterion `{}` not met: {why}", v.name, c.criterion));
+            }
+            if v.failed > 0 {
+                out.push_str(&format!("\n{}: {} of {} episodes failed", v.name, v.failed, v.aggregate.episodes));
+                for cause in &v.root_causes {
+                    out.push_str(&format!("\n  - {}", cause.hint));
+                }
+            }
+            if !v.lost.is_empty() {
+                out.push_str(&format!("\n{}: {} episode(s) LOST (trace not written)", v.name, v.lost.len()));
+            }
+            if !v.interrupted.is_empty() || !v.not_started.is_empty() {
+                out.push_str(&format!(
+                    "\n{}: stopped early: {} cut off (partial traces kept), {} not started",
+                    v.name,
+                    v.interrupted.len(),
+                    v.not_started.len()
+                ));
+            }
+        }
+        out.push('\n');
+        out
+    }
+}
+
+fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Comparison {
+    let metrics = TABLE_METRICS.iter().chain(["p95_resolution_time", "success_rate"].iter());
+    Comparison {
+        baseline: baseline.name.clone(),
+        candidate: candidate.name.clone(),
+        rows: metrics
+            .map(|m| {
+                let (a, b) = (baseline.aggregate.value_of(m), candidate.aggregate.value_of(m));
+                let delta_percent = match (a, b) {
+                    (Some(a), Some(b)) if a != 0.0 => Some((b - a) / a.abs() * 100.0),
+                    _ => None,
+                };
+                Delta { metric: m.to_string(), baseline: a, candidate: b, delta_percent }
+            })
+            .collect(),
+    }
+}
+
+fn fmt_value(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// Left-aligned columns separated by two spaces.
+fn columns(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aggregate_with(accuracy: f64) -> Aggregate {
+        Aggregate {
+            episodes: 10,
+            means: [("tool_call_accuracy".to_string(), accuracy)].into(),
+            resolution_time_p50_s: 0.5,
+            resolution_time_p95_s: 2.0,
+            outcomes: [("completed".to_string(), 8)].into(),
+        }
+    }
+
+    #[test]
+    fn criteria_are_evaluated_on_the_aggregate_and_explain_what_is_missing() {
+        let criteria = [
+            "tool_call_accuracy >= 0.9".to_string(),
+            "p95_resolution_time < 3s".to_string(),
+            "success_rate > 0.9".to_string(),
+            "user_satisfaction_score > 0.85".to_string(),
+        ];
+        let results = evaluate_criteria(&criteria, &aggregate_with(0.95));
+        assert_eq!(results.iter().map(|r| r.met).collect::<Vec<_>>(), [true, true, false, false]);
+        assert_eq!(results[2].observed, Some(0.8));
+        assert!(results[3].problem.as_deref().unwrap().contains("user_satisfaction_score was not measured"));
+        let missed = evaluate_criteria(&criteria[..1], &aggregate_with(0.5));
+        assert!(!missed[0].met);
+    }
+}
