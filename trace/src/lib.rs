@@ -13,6 +13,7 @@
 //! - [`json`]: a trace as JSON (the proto3 JSON mapping);
 //! - [`synthetic`]: realistic generated episodes for tests, benchmarks and demos;
 //! - [`query`]: the search language over trace sections;
+//! - [`validate`]: every promise of a trace checked (schema, steps, memory hash chain, rewards);
 //! - [`inputs`]: files, directories and globs as inputs, worked through in parallel in a stable order.
 
 pub mod canonical;
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod query;
 pub mod reader;
 pub mod synthetic;
+pub mod validate;
 pub mod writer;
 
 /// The generated protobuf types of `proto/trace.proto`.

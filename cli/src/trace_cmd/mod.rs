@@ -3,6 +3,7 @@
 mod analyze;
 mod parse;
 mod search;
+mod validate;
 
 use std::process::ExitCode;
 
@@ -16,6 +17,8 @@ pub enum TraceCommand {
     Analyze(analyze::AnalyzeArgs),
     /// Find the steps of many traces that match a query, e.g. 'memory_state.shipping_status == null'.
     Search(search::SearchArgs),
+    /// Check traces: schema, steps in order and ended, statuses, hashes, the memory hash chain, reward sums.
+    Validate(validate::ValidateArgs),
 }
 
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
@@ -23,5 +26,6 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
         TraceCommand::Parse(args) => parse::run(&args),
         TraceCommand::Analyze(args) => analyze::run(&args),
         TraceCommand::Search(args) => search::run(&args),
+        TraceCommand::Validate(args) => validate::run(&args),
     }
 }

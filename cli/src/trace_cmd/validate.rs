@@ -1,0 +1,64 @@
+//! `basecamp trace validate PATHS...`: checks every promise of each trace
+//! (`basecamp_trace::validate`: schema, steps, statuses, hashes, the memory
+//! hash chain, reward sums) and prints one line per finding, naming the
+//! file and the step. Exit status 1 when anything is found.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::validate::validate_file;
+use clap::Args;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct ValidateArgs {
+    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    #[arg(required = true)]
+    paths: Vec<String>,
+    /// Print one JSON object per finding (JSON Lines): file, step, check, message.
+    #[arg(long)]
+    json: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
+}
+
+pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
+    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let (mut findings, mut bad_files) = (0usize, 0usize);
+    let mut result = Ok(());
+    for_each_ordered(
+        &files,
+        args.jobs.unwrap_or_else(default_jobs),
+        |path| validate_file(path),
+        |_, found| {
+            if found.is_empty() || result.is_err() {
+                return;
+            }
+            bad_files += 1;
+            findings += found.len();
+            for f in &found {
+                let written = if args.json {
+                    writeln!(out, "{}", json!({"file": f.file, "step": f.step, "check": f.check, "message": f.message}))
+                } else {
+                    writeln!(out, "{f}")
+                };
+                if let Err(e) = written {
+                    result = Err(e);
+                    return;
+                }
+            }
+        },
+    );
+    result?;
+    out.flush()?;
+    if findings == 0 {
+        eprintln!("{} traces checked: all valid", files.len());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("{} traces checked: {findings} findings in {bad_files} traces", files.len());
+        Ok(ExitCode::FAILURE)
+    }
+}

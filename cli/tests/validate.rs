@@ -1,0 +1,54 @@
+//! `basecamp trace validate` as a user runs it.
+
+use std::process::Command;
+
+use basecamp_trace::pb::record::Body;
+use basecamp_trace::synthetic::{EpisodeShape, generate};
+
+fn basecamp(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
+}
+
+#[test]
+fn valid_traces_exit_0_and_each_finding_names_file_and_step() {
+    let dir = tempfile::tempdir().unwrap();
+    for seed in 1..=3 {
+        let ep = generate(&EpisodeShape { seed, steps: 10, tokens_per_step: 2, ..Default::default() });
+        std::fs::write(dir.path().join(format!("ep-{seed}.trace")), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    }
+    let root = dir.path().display().to_string();
+    let out = basecamp(&["trace", "validate", &root]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(out.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "3 traces checked: all valid\n");
+
+    // Break the hash chain of ep-2 at step 4, and truncate ep-3.
+    let mut ep = generate(&EpisodeShape { seed: 2, steps: 10, tokens_per_step: 2, ..Default::default() });
+    for r in &mut ep.steps[3] {
+        if let Some(Body::PlanStep(p)) = &mut r.body {
+            p.memory_hash_after = vec![1; 32];
+        }
+    }
+    let broken = dir.path().join("ep-2.trace");
+    std::fs::write(&broken, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let cut = dir.path().join("ep-3.trace");
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 30]).unwrap();
+
+    let out = basecamp(&["trace", "validate", &root]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].starts_with(&format!("{}: step 4: memory: hash chain broken: memory_hash_before ", broken.display())),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[1].starts_with(&format!("{}: schema: truncated at byte ", cut.display())), "{}", lines[1]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "3 traces checked: 2 findings in 2 traces\n");
+
+    let out = basecamp(&["trace", "validate", "--json", &broken.display().to_string()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["step"].as_u64(), v["check"].as_str()), (Some(4), Some("memory")));
+}
