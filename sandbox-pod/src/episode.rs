@@ -1,15 +1,22 @@
 //! One episode: the agent loop between the policy and the tool executor,
 //! written to a `.trace` as it runs.
 //!
-//! Per plan step: check memory against the guard, deliver due injections,
-//! ask the policy, record its turn and logits, run each tool call through
-//! the executor under the plan-step deadline, then either accept the step as
-//! the new stable checkpoint or — when the deadline passed — roll memory
-//! back to the last checkpoint and write `rollback_trace.json`. The frame is
-//! closed at the end of every step, so a killed process leaves every
-//! finished step readable. Metrics and the reward are computed at the end.
+//! An [`Episode`] is a step machine: [`EpisodeRunner::start`] writes the
+//! header and initial memory; per plan step [`Episode::advance`] checks
+//! memory against the guard and delivers due injections, then
+//! [`Episode::act`] records the policy's turn and logits, runs each tool
+//! call through the executor under the plan-step deadline, and either
+//! accepts the step as the new stable checkpoint or — when the deadline
+//! passed — rolls memory back to the last checkpoint; [`Episode::finish`]
+//! computes metrics and the reward and closes the trace (with
+//! `rollback_trace.json` next to it after a rollback). The frame is closed
+//! at the end of every step, so a killed process leaves every finished step
+//! readable. Driver mode ([`EpisodeRunner::run`]) asks the policy between
+//! `advance` and `act`; server mode ([`crate::gym`]) takes the answer from
+//! an external trainer.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -55,22 +62,84 @@ pub struct LiveInjection {
 }
 
 /// Live injections waiting for their episode, shared with the HTTP endpoint.
+///
+/// It also knows which episodes can still take one: the episodes a shard
+/// will run (when told, [`LiveInjections::expect_episodes`]) minus those
+/// that finished, so the endpoint can refuse an injection that would never
+/// be delivered instead of accepting it silently.
 #[derive(Debug, Clone, Default)]
-pub struct LiveInjections(Arc<Mutex<BTreeMap<String, VecDeque<LiveInjection>>>>);
+pub struct LiveInjections(Arc<Mutex<LiveState>>);
+
+#[derive(Debug, Default)]
+struct LiveState {
+    queues: BTreeMap<String, VecDeque<LiveInjection>>,
+    /// The episodes that will run here; `None`: any id is accepted.
+    expected: Option<BTreeSet<String>>,
+    finished: BTreeSet<String>,
+}
+
+/// Why [`LiveInjections::offer`] refused an injection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InjectionRefused {
+    #[error("no episode {episode:?} runs here; this sandbox runs {count} episodes ({examples})")]
+    UnknownEpisode { episode: String, count: usize, examples: String },
+    #[error("episode {episode:?} has already finished; an injection can no longer reach it")]
+    Finished { episode: String },
+}
 
 impl LiveInjections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LiveState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `injection` for `episode`, whatever the episode.
     pub fn push(&self, episode: &str, injection: LiveInjection) {
-        let mut queues = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        queues.entry(episode.to_string()).or_default().push_back(injection);
+        self.lock().queues.entry(episode.to_string()).or_default().push_back(injection);
+    }
+
+    /// Declares the episodes that will run: from now on [`offer`](Self::offer)
+    /// refuses any other id.
+    pub fn expect_episodes(&self, ids: impl IntoIterator<Item = String>) {
+        self.lock().expected.get_or_insert_with(BTreeSet::new).extend(ids);
+    }
+
+    /// Queues `injection` when `episode` can still receive it.
+    pub fn offer(&self, episode: &str, injection: LiveInjection) -> Result<(), InjectionRefused> {
+        let mut state = self.lock();
+        if state.finished.contains(episode) {
+            return Err(InjectionRefused::Finished { episode: episode.to_string() });
+        }
+        if let Some(expected) = &state.expected
+            && !expected.contains(episode)
+        {
+            let mut examples: Vec<&str> = expected.iter().take(5).map(String::as_str).collect();
+            if expected.len() > examples.len() {
+                examples.push("…");
+            }
+            return Err(InjectionRefused::UnknownEpisode {
+                episode: episode.to_string(),
+                count: expected.len(),
+                examples: examples.join(", "),
+            });
+        }
+        state.queues.entry(episode.to_string()).or_default().push_back(injection);
+        Ok(())
     }
 
     /// Removes and returns the injections due at `step`.
     fn take_due(&self, episode: &str, step: u32) -> Vec<LiveInjection> {
-        let mut queues = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(queue) = queues.get_mut(episode) else { return Vec::new() };
+        let mut state = self.lock();
+        let Some(queue) = state.queues.get_mut(episode) else { return Vec::new() };
         let (due, later): (Vec<_>, Vec<_>) = queue.drain(..).partition(|i| i.at_step.is_none_or(|s| s <= step));
         queue.extend(later);
         due
+    }
+
+    /// Marks `episode` finished and returns the injections it never received.
+    fn finish(&self, episode: &str) -> Vec<LiveInjection> {
+        let mut state = self.lock();
+        state.finished.insert(episode.to_string());
+        state.queues.remove(episode).map(Vec::from).unwrap_or_default()
     }
 }
 
@@ -151,11 +220,113 @@ struct StepState {
     rollback_traces: Vec<RollbackTrace>,
 }
 
+/// Where an [`Episode`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Started, or between two steps: the next step has not begun.
+    BetweenSteps,
+    /// A step has begun (its injections delivered): waiting for the policy's answer.
+    AwaitingAction,
+    /// Over: [`Episode::finish`] writes the end of the trace.
+    Done(Outcome),
+}
+
+/// What one tool call of a step did, for callers that drive the episode
+/// from outside (the gym-like server's `info`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallReport {
+    pub tool: String,
+    pub call_id: String,
+    pub status: StepStatus,
+    /// The trace's `error_type`, when the call failed.
+    pub error_type: Option<String>,
+    pub latency: Duration,
+    /// The memory keys the call changed, in the order the deltas were applied.
+    pub memory_delta_keys: Vec<String>,
+}
+
+/// What [`Episode::act`] did with one answer of the policy.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepReport {
+    pub step: u32,
+    pub calls: Vec<CallReport>,
+    /// The plan step ran out of time inside a tool call (memory was rolled
+    /// back to the last checkpoint when rollback is enabled).
+    pub plan_step_timed_out: bool,
+}
+
+/// One episode in progress: the step machine that both modes drive.
+///
+/// Driver mode ([`EpisodeRunner::run`]) asks the policy between
+/// [`advance`](Episode::advance) and [`act`](Episode::act); server mode
+/// (the gym-like API) gets the answer from an external trainer instead.
+/// Either way the trace records are the same, written by the same code.
+pub struct Episode {
+    input: EpisodeInput,
+    started: Instant,
+    trace_path: PathBuf,
+    writer: TraceWriter<File>,
+    memory: Memory,
+    guard: MemoryGuard,
+    /// Memory at the end of the last step that finished in time.
+    checkpoint: Memory,
+    messages: Vec<ChatMessage>,
+    /// Which scheduled injections have fired.
+    fired: Vec<bool>,
+    state: StepState,
+    step: u32,
+    phase: Phase,
+    final_answer: String,
+    stop_error: Option<String>,
+    /// Injection ids delivered since [`Episode::take_delivered`] was last called.
+    delivered: Vec<String>,
+}
+
+impl std::fmt::Debug for Episode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Episode")
+            .field("id", &self.input.id)
+            .field("step", &self.step)
+            .field("phase", &self.phase)
+            .field("trace_path", &self.trace_path)
+            .finish_non_exhaustive()
+    }
+}
+
 impl EpisodeRunner {
     /// Runs one episode, writing `<dir>/<id>.trace`. Failures inside the
     /// episode are recorded and end it; only an unwritable trace is an `Err`.
     pub async fn run(&self, input: &EpisodeInput, dir: &Path) -> std::io::Result<EpisodeResult> {
-        let started = Instant::now();
+        let mut episode = self.start(input.clone(), dir)?;
+        while episode.advance(self)? {
+            let deadline = tokio::time::Instant::now() + self.plan_step_timeout;
+            let request =
+                PolicyRequest::new(input.id.clone(), episode.step - 1, episode.messages.clone(), self.tools.clone());
+            match tokio::time::timeout_at(deadline, self.policy.respond(&request)).await {
+                Ok(Ok(response)) => {
+                    episode.act(self, &response, deadline).await?;
+                }
+                Ok(Err(e)) => {
+                    if let Some(metrics) = &self.metrics {
+                        metrics.observe_policy_error(e.category());
+                    }
+                    episode.stop(e.category(), "policy_error", format!("policy failed: {e}"))?;
+                }
+                Err(_) => {
+                    let msg = format!(
+                        "the policy did not answer within the plan-step timeout of {:?}",
+                        self.plan_step_timeout
+                    );
+                    episode.stop("plan_step_timeout", "plan_step_timeout", msg)?;
+                }
+            }
+        }
+        episode.finish(self)
+    }
+
+    /// Starts an episode: creates `<dir>/<id>.trace` with its header and the
+    /// initial memory. No step has begun yet: call [`Episode::advance`].
+    pub fn start(&self, input: EpisodeInput, dir: &Path) -> std::io::Result<Episode> {
         let trace_path = dir.join(format!("{}.trace", file_safe(&input.id)));
         let mut header = self.header.clone();
         header.episode_id = input.id.clone();
@@ -170,229 +341,340 @@ impl EpisodeRunner {
         }
         writer.end_step()?;
 
-        let mut guard = MemoryGuard::new(&mut memory);
-        let mut checkpoint = memory.clone();
+        let guard = MemoryGuard::new(&mut memory);
+        let checkpoint = memory.clone();
         let mut messages: Vec<ChatMessage> = self.system_prompt.iter().map(ChatMessage::system).collect();
         messages.extend(input.messages.iter().cloned());
-        let mut fired: Vec<bool> = vec![false; self.injections.len()];
-        let mut state = StepState {
-            calls: Vec::new(),
-            payloads: VecDeque::new(),
-            last_tokens: VecDeque::new(),
-            warnings: Vec::new(),
-            first_error: None,
-            rollbacks: 0,
-            rollback_traces: Vec::new(),
-        };
-        let mut outcome = Outcome::MaxSteps;
-        let mut final_answer = String::new();
-        let mut stop_error: Option<String> = None;
-        let mut steps_run = 0;
+        Ok(Episode {
+            input,
+            started: Instant::now(),
+            trace_path,
+            writer,
+            memory,
+            guard,
+            checkpoint,
+            messages,
+            fired: vec![false; self.injections.len()],
+            state: StepState {
+                calls: Vec::new(),
+                payloads: VecDeque::new(),
+                last_tokens: VecDeque::new(),
+                warnings: Vec::new(),
+                first_error: None,
+                rollbacks: 0,
+                rollback_traces: Vec::new(),
+            },
+            step: 0,
+            phase: Phase::BetweenSteps,
+            final_answer: String::new(),
+            stop_error: None,
+            delivered: Vec::new(),
+        })
+    }
+}
 
-        for step in 1..=self.max_steps {
-            steps_run = step;
-            if let Err(corruption) = guard.check(&mut memory, Some(&checkpoint)) {
-                let msg = corruption.to_string();
-                self.record_error(&mut writer, step, "memory_corruption", &msg, vec![], &mut memory, &state)?;
-                state.first_error.get_or_insert("memory_corruption".into());
-                stop_error = Some(msg);
-                outcome = Outcome::Error;
-                break;
-            }
-            let deadline = tokio::time::Instant::now() + self.plan_step_timeout;
+impl Episode {
+    pub fn id(&self) -> &str {
+        &self.input.id
+    }
 
-            // Injections due before the policy's turn.
-            for (i, inj) in self.injections.iter().enumerate() {
-                if !fired[i] && inj.when == InjectionWhen::AtStep(step) {
-                    fired[i] = true;
-                    inject(
-                        self.metrics.as_deref(),
-                        &mut writer,
-                        &mut messages,
-                        step,
-                        &inj.id,
-                        InjectionTrigger::AtStep,
-                        &inj.observation,
-                        &inj.description,
-                    )?;
-                }
-            }
-            for live in self.live.take_due(&input.id, step) {
-                inject(
-                    self.metrics.as_deref(),
-                    &mut writer,
-                    &mut messages,
-                    step,
-                    &live.id,
-                    InjectionTrigger::Live,
-                    &live.observation,
-                    "live",
-                )?;
-            }
+    /// The current step (1-based; 0 before the first has begun).
+    pub fn step(&self) -> u32 {
+        self.step
+    }
 
-            let request = PolicyRequest::new(input.id.clone(), step - 1, messages.clone(), self.tools.clone());
-            let response = match tokio::time::timeout_at(deadline, self.policy.respond(&request)).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
-                    if let Some(metrics) = &self.metrics {
-                        metrics.observe_policy_error(e.category());
-                    }
-                    let msg = format!("policy failed: {e}");
-                    self.record_error(&mut writer, step, e.category(), &msg, vec![], &mut memory, &state)?;
-                    state.first_error.get_or_insert("policy_error".into());
-                    stop_error = Some(msg);
-                    outcome = Outcome::Error;
-                    break;
-                }
-                Err(_) => {
-                    let msg = format!(
-                        "the policy did not answer within the plan-step timeout of {:?}",
-                        self.plan_step_timeout
-                    );
-                    self.record_error(&mut writer, step, "plan_step_timeout", &msg, vec![], &mut memory, &state)?;
-                    state.first_error.get_or_insert("plan_step_timeout".into());
-                    stop_error = Some(msg);
-                    outcome = Outcome::Error;
-                    break;
-                }
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done(_))
+    }
+
+    /// The conversation so far, as the policy sees it.
+    pub fn messages(&self) -> &[ChatMessage] {
+        &self.messages
+    }
+
+    /// The episode's memory as a JSON object.
+    pub fn memory(&self) -> Value {
+        self.memory.to_value()
+    }
+
+    pub fn trace_path(&self) -> &Path {
+        &self.trace_path
+    }
+
+    /// The ids of the injections delivered since the last call.
+    pub fn take_delivered(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.delivered)
+    }
+
+    /// Begins the next step: checks memory against the guard and delivers
+    /// the injections due before the policy's turn. False when the episode
+    /// is over (done already, out of steps, or memory found corrupted).
+    pub fn advance(&mut self, runner: &EpisodeRunner) -> std::io::Result<bool> {
+        match self.phase {
+            Phase::Done(_) => return Ok(false),
+            Phase::AwaitingAction => return Ok(true),
+            Phase::BetweenSteps => {}
+        }
+        if self.step >= runner.max_steps {
+            self.phase = Phase::Done(Outcome::MaxSteps);
+            return Ok(false);
+        }
+        self.step += 1;
+        let step = self.step;
+        if let Err(corruption) = self.guard.check(&mut self.memory, Some(&self.checkpoint)) {
+            let msg = corruption.to_string();
+            self.stop("memory_corruption", "memory_corruption", msg)?;
+            return Ok(false);
+        }
+        for (i, inj) in runner.injections.iter().enumerate() {
+            if !self.fired[i] && inj.when == InjectionWhen::AtStep(step) {
+                self.fired[i] = true;
+                self.inject(runner, &inj.id, InjectionTrigger::AtStep, &inj.observation, &inj.description)?;
+            }
+        }
+        self.phase = Phase::AwaitingAction;
+        self.deliver_live(runner)?;
+        Ok(true)
+    }
+
+    /// Delivers the live injections due at the current step, while the
+    /// episode waits for the policy's answer; returns their ids. Server
+    /// mode calls it when an injection arrives between two actions.
+    pub fn deliver_live(&mut self, runner: &EpisodeRunner) -> std::io::Result<Vec<String>> {
+        if self.phase != Phase::AwaitingAction {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::new();
+        for live in runner.live.take_due(&self.input.id, self.step) {
+            self.inject(runner, &live.id, InjectionTrigger::Live, &live.observation, "live")?;
+            ids.push(live.id);
+        }
+        Ok(ids)
+    }
+
+    /// Ends the episode with an error at the current step: recorded in the
+    /// trace's error context, `first_error` classifies it for reports.
+    pub fn stop(&mut self, error_type: &str, first_error: &str, message: String) -> std::io::Result<()> {
+        record_error(&mut self.writer, self.step, error_type, &message, vec![], &mut self.memory, &self.state)?;
+        self.state.first_error.get_or_insert_with(|| first_error.to_string());
+        self.stop_error = Some(message);
+        self.phase = Phase::Done(Outcome::Error);
+        Ok(())
+    }
+
+    /// Ends the episode before it finished (closed by its client, idle too
+    /// long): outcome `cancelled`, `reason` as its error.
+    pub fn cancel(&mut self, reason: String) -> std::io::Result<()> {
+        if self.is_done() {
+            return Ok(());
+        }
+        self.writer.end_step()?;
+        self.stop_error = Some(reason);
+        self.phase = Phase::Done(Outcome::Cancelled);
+        Ok(())
+    }
+
+    /// Plays the policy's answer for the current step: records the turn,
+    /// then either the final answer (the episode is done) or each tool call
+    /// through the executor under `deadline`, with the injections they
+    /// trigger, the rollback when the deadline passes, and the memory
+    /// snapshot; the step's frame is closed at the end.
+    pub async fn act(
+        &mut self,
+        runner: &EpisodeRunner,
+        response: &PolicyResponse,
+        deadline: tokio::time::Instant,
+    ) -> std::io::Result<StepReport> {
+        if self.phase != Phase::AwaitingAction {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("episode {} is not waiting for an action ({:?})", self.input.id, self.phase),
+            ));
+        }
+        let step = self.step;
+        let mut report = StepReport { step, ..Default::default() };
+        record_policy_turn(&mut self.writer, step, response, &mut self.state)?;
+        self.messages.push(response.to_assistant_message());
+
+        if response.is_final() {
+            self.final_answer = response.content.clone().unwrap_or_default();
+            let answer = Value::String(self.final_answer.clone());
+            let hash = self.memory.hash();
+            self.writer.append(
+                step,
+                Body::PlanStep(pb::PlanStep {
+                    index: step,
+                    kind: StepKind::FinalAnswer as i32,
+                    observation_json: canonical_json(&answer),
+                    result_hash: hash_json(&answer).0.to_vec(),
+                    status: StepStatus::Ok as i32,
+                    memory_hash_before: hash.0.to_vec(),
+                    memory_hash_after: hash.0.to_vec(),
+                    start_unix_nanos: unix_nanos(SystemTime::now()),
+                    ..Default::default()
+                }),
+            )?;
+            self.writer.end_step()?;
+            self.phase = Phase::Done(Outcome::Completed);
+            return Ok(report);
+        }
+
+        let mut step_deadline_hit: Option<Value> = None;
+        for call in &response.tool_calls {
+            let arguments = match &call.arguments {
+                ToolArguments::Parsed(v) => Ok(v),
+                ToolArguments::Invalid(bad) => Err(bad.raw.as_str()),
             };
-            self.record_policy_turn(&mut writer, step, &response, &mut state)?;
-            messages.push(response.to_assistant_message());
-
-            if response.is_final() {
-                final_answer = response.content.clone().unwrap_or_default();
-                let answer = Value::String(final_answer.clone());
-                let hash = memory.hash();
-                writer.append(
+            let tool_call = ToolCall { step, call_id: &call.id, plan_label: "", name: &call.name, arguments };
+            let result = tokio::time::timeout_at(deadline, runner.executor.call(tool_call, &mut self.memory)).await;
+            let Ok(outcome_of_call) = result else {
+                // The plan step ran out of time inside this call: the call is abandoned.
+                let timeout_ms = runner.plan_step_timeout.as_millis();
+                let observation =
+                    json!({"error": format!("plan step timed out after {timeout_ms} ms"), "tool": call.name});
+                let hash = self.memory.hash();
+                self.writer.append(
                     step,
                     Body::PlanStep(pb::PlanStep {
                         index: step,
-                        kind: StepKind::FinalAnswer as i32,
-                        observation_json: canonical_json(&answer),
-                        result_hash: hash_json(&answer).0.to_vec(),
-                        status: StepStatus::Ok as i32,
+                        kind: StepKind::ToolCall as i32,
+                        tool: call.name.clone(),
+                        call_id: call.id.clone(),
+                        arguments_json: call.arguments.to_json_text(),
+                        status: StepStatus::RolledBack as i32,
+                        error_type: "plan_step_timeout".into(),
+                        error_message: format!("plan step exceeded {timeout_ms} ms"),
                         memory_hash_before: hash.0.to_vec(),
                         memory_hash_after: hash.0.to_vec(),
-                        start_unix_nanos: unix_nanos(SystemTime::now()),
+                        observation_json: canonical_json(&observation),
+                        timeout_ms: timeout_ms as u64,
                         ..Default::default()
                     }),
                 )?;
-                writer.end_step()?;
-                outcome = Outcome::Completed;
-                break;
-            }
-
-            let mut step_deadline_hit: Option<Value> = None;
-            for call in &response.tool_calls {
-                let arguments = match &call.arguments {
-                    ToolArguments::Parsed(v) => Ok(v),
-                    ToolArguments::Invalid(bad) => Err(bad.raw.as_str()),
-                };
-                let tool_call = ToolCall { step, call_id: &call.id, plan_label: "", name: &call.name, arguments };
-                let result = tokio::time::timeout_at(deadline, self.executor.call(tool_call, &mut memory)).await;
-                let Ok(outcome_of_call) = result else {
-                    // The plan step ran out of time inside this call: the call is abandoned.
-                    let observation = json!({"error": format!("plan step timed out after {} ms", self.plan_step_timeout.as_millis()), "tool": call.name});
-                    let hash = memory.hash();
-                    writer.append(
-                        step,
-                        Body::PlanStep(pb::PlanStep {
-                            index: step,
-                            kind: StepKind::ToolCall as i32,
-                            tool: call.name.clone(),
-                            call_id: call.id.clone(),
-                            arguments_json: call.arguments.to_json_text(),
-                            status: StepStatus::RolledBack as i32,
-                            error_type: "plan_step_timeout".into(),
-                            error_message: format!("plan step exceeded {} ms", self.plan_step_timeout.as_millis()),
-                            memory_hash_before: hash.0.to_vec(),
-                            memory_hash_after: hash.0.to_vec(),
-                            observation_json: canonical_json(&observation),
-                            timeout_ms: self.plan_step_timeout.as_millis() as u64,
-                            ..Default::default()
-                        }),
-                    )?;
-                    state.calls.push((call.name.clone(), call.arguments.as_value().cloned(), true));
-                    step_deadline_hit = Some(observation);
-                    break;
-                };
-                if let Some(metrics) = &self.metrics {
-                    metrics.observe_call(&outcome_of_call);
-                }
-                for body in outcome_of_call.records() {
-                    writer.append(step, body)?;
-                }
-                guard.accept(&mut memory);
-                state.warnings.extend(outcome_of_call.warnings.iter().cloned());
-                let failed = outcome_of_call.status != StepStatus::Ok;
-                state.calls.push((call.name.clone(), call.arguments.as_value().cloned(), failed));
-                state.payloads.push_back(ToolPayload {
+                self.state.calls.push((call.name.clone(), call.arguments.as_value().cloned(), true));
+                report.calls.push(CallReport {
                     tool: call.name.clone(),
-                    arguments_json: outcome_of_call.plan_step.arguments_json.clone(),
-                    response_json: outcome_of_call.plan_step.observation_json.clone(),
-                    status: outcome_of_call.status as i32,
+                    call_id: call.id.clone(),
+                    status: StepStatus::RolledBack,
+                    error_type: Some("plan_step_timeout".into()),
+                    latency: runner.plan_step_timeout,
+                    memory_delta_keys: Vec::new(),
                 });
-                if state.payloads.len() > 3 {
-                    state.payloads.pop_front();
+                step_deadline_hit = Some(observation);
+                break;
+            };
+            if let Some(metrics) = &runner.metrics {
+                metrics.observe_call(&outcome_of_call);
+            }
+            for body in outcome_of_call.records() {
+                self.writer.append(step, body)?;
+            }
+            self.guard.accept(&mut self.memory);
+            let state = &mut self.state;
+            state.warnings.extend(outcome_of_call.warnings.iter().cloned());
+            let failed = outcome_of_call.status != StepStatus::Ok;
+            state.calls.push((call.name.clone(), call.arguments.as_value().cloned(), failed));
+            state.payloads.push_back(ToolPayload {
+                tool: call.name.clone(),
+                arguments_json: outcome_of_call.plan_step.arguments_json.clone(),
+                response_json: outcome_of_call.plan_step.observation_json.clone(),
+                status: outcome_of_call.status as i32,
+            });
+            if state.payloads.len() > 3 {
+                state.payloads.pop_front();
+            }
+            report.calls.push(CallReport {
+                tool: call.name.clone(),
+                call_id: call.id.clone(),
+                status: outcome_of_call.status,
+                error_type: outcome_of_call.error.as_ref().map(|e| e.error_type().to_string()),
+                latency: Duration::from_micros(outcome_of_call.plan_step.latency_micros),
+                memory_delta_keys: outcome_of_call.deltas.iter().map(|d| d.key.clone()).collect(),
+            });
+            if let Some(err) = &outcome_of_call.error {
+                self.state.first_error.get_or_insert_with(|| err.error_type().to_string());
+                if runner.error_context {
+                    record_error(
+                        &mut self.writer,
+                        step,
+                        err.error_type(),
+                        &err.to_string(),
+                        cause_chain(err),
+                        &mut self.memory,
+                        &self.state,
+                    )?;
                 }
-                if let Some(err) = &outcome_of_call.error {
-                    state.first_error.get_or_insert_with(|| err.error_type().to_string());
-                    if self.error_context {
-                        self.record_error(
-                            &mut writer,
-                            step,
-                            err.error_type(),
-                            &err.to_string(),
-                            cause_chain(err),
-                            &mut memory,
-                            &state,
-                        )?;
-                    }
-                }
-                messages.push(ChatMessage::tool(call.id.clone(), outcome_of_call.plan_step.observation_json.clone()));
+            }
+            self.messages.push(ChatMessage::tool(call.id.clone(), outcome_of_call.plan_step.observation_json.clone()));
 
-                for (i, inj) in self.injections.iter().enumerate() {
-                    let due = match &inj.when {
-                        InjectionWhen::AfterTool(tool) => *tool == call.name,
-                        InjectionWhen::MemoryEquals { key, value } => memory.get(key) == Some(value),
-                        InjectionWhen::AtStep(_) => false,
+            for (i, inj) in runner.injections.iter().enumerate() {
+                let due = match &inj.when {
+                    InjectionWhen::AfterTool(tool) => *tool == call.name,
+                    InjectionWhen::MemoryEquals { key, value } => self.memory.get(key) == Some(value),
+                    InjectionWhen::AtStep(_) => false,
+                };
+                if !self.fired[i] && due {
+                    self.fired[i] = true;
+                    let trigger = match inj.when {
+                        InjectionWhen::AfterTool(_) => InjectionTrigger::AfterTool,
+                        _ => InjectionTrigger::MemoryMatch,
                     };
-                    if !fired[i] && due {
-                        fired[i] = true;
-                        let trigger = match inj.when {
-                            InjectionWhen::AfterTool(_) => InjectionTrigger::AfterTool,
-                            _ => InjectionTrigger::MemoryMatch,
-                        };
-                        inject(
-                            self.metrics.as_deref(),
-                            &mut writer,
-                            &mut messages,
-                            step,
-                            &inj.id,
-                            trigger,
-                            &inj.observation,
-                            &inj.description,
-                        )?;
-                    }
+                    self.inject(runner, &inj.id, trigger, &inj.observation, &inj.description)?;
                 }
             }
-
-            if let Some(observation) = step_deadline_hit {
-                state.first_error.get_or_insert("plan_step_timeout".into());
-                if self.rollback_enabled {
-                    self.roll_back(&mut writer, step, &mut memory, &checkpoint, observation, input, &mut state)?;
-                    guard.accept(&mut memory);
-                }
-            } else {
-                checkpoint = memory.clone();
-            }
-            if self.snapshot_interval > 0 && step % self.snapshot_interval == 0 {
-                writer.append(step, Body::MemorySnapshot(memory.to_snapshot()))?;
-            }
-            writer.end_step()?;
         }
 
-        let resolution_time_s = started.elapsed().as_secs_f64();
+        if let Some(observation) = step_deadline_hit {
+            report.plan_step_timed_out = true;
+            self.state.first_error.get_or_insert("plan_step_timeout".into());
+            if runner.rollback_enabled {
+                roll_back(
+                    &mut self.writer,
+                    step,
+                    &mut self.memory,
+                    &self.checkpoint,
+                    observation,
+                    &self.input.id,
+                    runner.plan_step_timeout,
+                    &mut self.state,
+                )?;
+                self.guard.accept(&mut self.memory);
+            }
+        } else {
+            self.checkpoint = self.memory.clone();
+        }
+        if runner.snapshot_interval > 0 && step.is_multiple_of(runner.snapshot_interval) {
+            self.writer.append(step, Body::MemorySnapshot(self.memory.to_snapshot()))?;
+        }
+        self.writer.end_step()?;
+        self.phase = Phase::BetweenSteps;
+        Ok(report)
+    }
+
+    /// Scores the episode, writes its reward and end, and closes the trace
+    /// (plus `rollback_trace.json` when a step was rolled back). An episode
+    /// not done yet ends as `cancelled`.
+    pub fn finish(mut self, runner: &EpisodeRunner) -> std::io::Result<EpisodeResult> {
+        let outcome = match self.phase {
+            Phase::Done(outcome) => outcome,
+            _ => Outcome::Cancelled,
+        };
+        let steps_run = self.step;
+        for undelivered in runner.live.finish(&self.input.id) {
+            let when = undelivered.at_step.map_or_else(|| "its next step".to_string(), |s| format!("step {s}"));
+            self.state.warnings.push(format!(
+                "live injection {} for {when} was never delivered: the episode ended at step {steps_run}",
+                undelivered.id
+            ));
+        }
+        let input = &self.input;
+        let state = &mut self.state;
+        let memory = &mut self.memory;
+        let resolution_time_s = self.started.elapsed().as_secs_f64();
         let expected: Vec<ExpectedCall<'_>> = input
             .expected_calls
             .iter()
@@ -423,130 +705,157 @@ impl EpisodeRunner {
             reward: None,
             steps: steps_run,
         });
-        if let Some(calculator) = &self.rewards {
-            let scores = reward_scores(calculator, &self.reward_sources, &metrics, outcome, self.max_steps);
-            match calculator.signal(self.training_step, &scores) {
+        if let Some(calculator) = &runner.rewards {
+            let scores = reward_scores(calculator, &runner.reward_sources, &metrics, outcome, runner.max_steps);
+            match calculator.signal(runner.training_step, &scores) {
                 Ok(signal) => {
                     metrics.reward = Some(signal.weighted_sum);
-                    writer.append(steps_run, Body::RewardSignal(signal))?;
+                    self.writer.append(steps_run, Body::RewardSignal(signal))?;
                 }
                 Err(e) => state.warnings.push(format!("reward not computed: {e}")),
             }
         }
-        writer.finish(EpisodeEnd {
+        self.writer.finish(EpisodeEnd {
             outcome: outcome as i32,
             end_time_unix_nanos: unix_nanos(SystemTime::now()),
             steps: steps_run,
             final_memory_hash: memory.hash().0.to_vec(),
-            final_answer,
+            final_answer: self.final_answer.clone(),
         })?;
         if !state.rollback_traces.is_empty() {
-            let path = rollback_path(&trace_path);
+            let path = rollback_path(&self.trace_path);
             let text = serde_json::to_vec_pretty(&state.rollback_traces).expect("rollback traces serialize");
             std::fs::write(&path, text)?;
         }
-        let failure_class = failure_class(&state, &metrics);
+        let failure_class = failure_class(state, &metrics);
         Ok(EpisodeResult {
             id: input.id.clone(),
             outcome: outcome_name(outcome).into(),
             metrics,
             failure_class,
-            trace_file: trace_path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+            trace_file: self.trace_path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
             rollbacks: state.rollbacks,
-            warnings: state.warnings,
-            error: stop_error,
+            warnings: std::mem::take(&mut state.warnings),
+            error: self.stop_error.take(),
         })
     }
 
-    fn record_policy_turn<W: std::io::Write>(
-        &self,
-        writer: &mut TraceWriter<W>,
-        step: u32,
-        response: &PolicyResponse,
-        state: &mut StepState,
+    /// Records an injection and adds it to the conversation as a user message.
+    fn inject(
+        &mut self,
+        runner: &EpisodeRunner,
+        id: &str,
+        trigger: InjectionTrigger,
+        observation: &Value,
+        description: &str,
     ) -> std::io::Result<()> {
-        writer.append(step, Body::PolicyTurn(response.to_policy_turn()))?;
-        if response.logprobs_missing() {
-            state.warnings.push(format!("step {step}: the policy's tool-call turn came back without logprobs"));
+        if let Some(metrics) = &runner.metrics {
+            metrics.observe_injection(trigger);
         }
-        for logit in response.token_logits() {
-            state.last_tokens.push_back(logit.clone());
-            if state.last_tokens.len() > 10 {
-                state.last_tokens.pop_front();
-            }
-            writer.append(step, Body::TokenLogit(logit))?;
-        }
-        state.warnings.extend(response.warnings.iter().map(|w| format!("step {step}: {w}")));
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn record_error<W: std::io::Write>(
-        &self,
-        writer: &mut TraceWriter<W>,
-        step: u32,
-        error_type: &str,
-        message: &str,
-        cause_chain: Vec<String>,
-        memory: &mut Memory,
-        state: &StepState,
-    ) -> std::io::Result<()> {
-        writer.append(
-            step,
-            Body::ErrorContext(ErrorContext {
-                error_type: error_type.to_string(),
-                message: message.to_string(),
-                cause_chain,
-                stack: String::new(),
-                memory_snapshot_json: memory.entries().map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
-                last_tool_payloads: state.payloads.iter().cloned().collect(),
+        self.writer.append(
+            self.step,
+            Body::Injection(pb::Injection {
+                id: id.to_string(),
+                trigger: trigger as i32,
+                observation_json: canonical_json(observation),
+                description: description.to_string(),
             }),
         )?;
-        writer.end_step()
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn roll_back<W: std::io::Write>(
-        &self,
-        writer: &mut TraceWriter<W>,
-        step: u32,
-        memory: &mut Memory,
-        checkpoint: &Memory,
-        observation: Value,
-        input: &EpisodeInput,
-        state: &mut StepState,
-    ) -> std::io::Result<()> {
-        let mut modified = BTreeMap::new();
-        let mut patch = MemoryPatch::default();
-        for (key, now, before) in memory.diff(checkpoint) {
-            modified.insert(key.to_string(), json!({"before": before, "after": now}));
-            patch = match before {
-                Some(v) => patch.set(key, v.clone()),
-                None => patch.remove(key),
-            };
-        }
-        for delta in memory.apply(&patch, MemorySource::Rollback, "plan_step_timeout") {
-            writer.append(step, Body::MemoryDelta(delta.to_record()))?;
-        }
-        state.rollbacks += 1;
-        state.rollback_traces.push(RollbackTrace {
-            episode: input.id.clone(),
-            step,
-            plan_step_timeout_ms: self.plan_step_timeout.as_millis() as u64,
-            triggering_observation: observation,
-            modified_keys: modified,
-            last_tokens: state
-                .last_tokens
-                .iter()
-                .map(|t| {
-                    json!({"position": t.position, "token": t.token, "token_id": t.token_id, "logprob": t.logprob,
-                           "top": t.top_tokens.iter().zip(&t.top_logprobs).zip(&t.top_ids)
-                               .map(|((tok, lp), id)| json!({"token": tok, "logprob": lp, "id": id})).collect::<Vec<_>>()})
-                })
-                .collect(),
-        });
+        let text = match observation {
+            Value::String(s) => s.clone(),
+            other => canonical_json(other),
+        };
+        self.messages.push(ChatMessage::user(format!("[injected observation {id}] {text}")));
+        self.delivered.push(id.to_string());
         Ok(())
     }
+}
+
+fn record_policy_turn<W: std::io::Write>(
+    writer: &mut TraceWriter<W>,
+    step: u32,
+    response: &PolicyResponse,
+    state: &mut StepState,
+) -> std::io::Result<()> {
+    writer.append(step, Body::PolicyTurn(response.to_policy_turn()))?;
+    if response.logprobs_missing() {
+        state.warnings.push(format!("step {step}: the policy's tool-call turn came back without logprobs"));
+    }
+    for logit in response.token_logits() {
+        state.last_tokens.push_back(logit.clone());
+        if state.last_tokens.len() > 10 {
+            state.last_tokens.pop_front();
+        }
+        writer.append(step, Body::TokenLogit(logit))?;
+    }
+    state.warnings.extend(response.warnings.iter().map(|w| format!("step {step}: {w}")));
+    Ok(())
+}
+
+fn record_error<W: std::io::Write>(
+    writer: &mut TraceWriter<W>,
+    step: u32,
+    error_type: &str,
+    message: &str,
+    cause_chain: Vec<String>,
+    memory: &mut Memory,
+    state: &StepState,
+) -> std::io::Result<()> {
+    writer.append(
+        step,
+        Body::ErrorContext(ErrorContext {
+            error_type: error_type.to_string(),
+            message: message.to_string(),
+            cause_chain,
+            stack: String::new(),
+            memory_snapshot_json: memory.entries().map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
+            last_tool_payloads: state.payloads.iter().cloned().collect(),
+        }),
+    )?;
+    writer.end_step()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn roll_back<W: std::io::Write>(
+    writer: &mut TraceWriter<W>,
+    step: u32,
+    memory: &mut Memory,
+    checkpoint: &Memory,
+    observation: Value,
+    episode: &str,
+    plan_step_timeout: Duration,
+    state: &mut StepState,
+) -> std::io::Result<()> {
+    let mut modified = BTreeMap::new();
+    let mut patch = MemoryPatch::default();
+    for (key, now, before) in memory.diff(checkpoint) {
+        modified.insert(key.to_string(), json!({"before": before, "after": now}));
+        patch = match before {
+            Some(v) => patch.set(key, v.clone()),
+            None => patch.remove(key),
+        };
+    }
+    for delta in memory.apply(&patch, MemorySource::Rollback, "plan_step_timeout") {
+        writer.append(step, Body::MemoryDelta(delta.to_record()))?;
+    }
+    state.rollbacks += 1;
+    state.rollback_traces.push(RollbackTrace {
+        episode: episode.to_string(),
+        step,
+        plan_step_timeout_ms: plan_step_timeout.as_millis() as u64,
+        triggering_observation: observation,
+        modified_keys: modified,
+        last_tokens: state
+            .last_tokens
+            .iter()
+            .map(|t| {
+                json!({"position": t.position, "token": t.token, "token_id": t.token_id, "logprob": t.logprob,
+                       "top": t.top_tokens.iter().zip(&t.top_logprobs).zip(&t.top_ids)
+                           .map(|((tok, lp), id)| json!({"token": tok, "logprob": lp, "id": id})).collect::<Vec<_>>()})
+            })
+            .collect(),
+    });
+    Ok(())
 }
 
 /// The bounded class a report groups failures by: the first error seen,
@@ -562,37 +871,6 @@ fn failure_class(state: &StepState, metrics: &EpisodeMetrics) -> String {
         return "memory_mismatch".into();
     }
     "ok".into()
-}
-
-#[allow(clippy::too_many_arguments)]
-fn inject<W: std::io::Write>(
-    metrics: Option<&crate::metrics::SandboxMetrics>,
-    writer: &mut TraceWriter<W>,
-    messages: &mut Vec<ChatMessage>,
-    step: u32,
-    id: &str,
-    trigger: InjectionTrigger,
-    observation: &Value,
-    description: &str,
-) -> std::io::Result<()> {
-    if let Some(metrics) = metrics {
-        metrics.observe_injection(trigger);
-    }
-    writer.append(
-        step,
-        Body::Injection(pb::Injection {
-            id: id.to_string(),
-            trigger: trigger as i32,
-            observation_json: canonical_json(observation),
-            description: description.to_string(),
-        }),
-    )?;
-    let text = match observation {
-        Value::String(s) => s.clone(),
-        other => canonical_json(other),
-    };
-    messages.push(ChatMessage::user(format!("[injected observation {id}] {text}")));
-    Ok(())
 }
 
 fn cause_chain(err: &crate::executor::CallError) -> Vec<String> {

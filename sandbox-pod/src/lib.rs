@@ -8,6 +8,7 @@
 //!
 //! - [`tools`]: the tool kinds (`http`, `exec`, `recorded`);
 //! - [`executor`]: one tool call, timed, bounded and recorded;
+//! - [`gym`]: server mode, the gym-like HTTP API for an external trainer;
 //! - [`policy`]: the agent's policy (OpenAI-compatible endpoint, scripted);
 //! - [`rewards`]: named reward components, weighted sums, weight schedules;
 //! - [`services`]: helper processes the tools talk to (a mock API);
@@ -17,6 +18,7 @@ pub mod config;
 pub mod driver;
 pub mod episode;
 pub mod executor;
+pub mod gym;
 pub mod metrics;
 pub mod policy;
 pub mod rewards;

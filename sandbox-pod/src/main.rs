@@ -1,6 +1,7 @@
 //! `basecamp-sandbox`: the runtime inside each sandbox pod (and behind
 //! `basecamp run` locally). `run` executes one shard of a HarnessTask's test
-//! set and writes one `.trace` per episode plus the shard's `summary.json`.
+//! set and writes one `.trace` per episode plus the shard's `summary.json`;
+//! `serve` offers the sandbox to an external trainer over HTTP (server mode).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,6 +22,38 @@ struct Cli {
 enum Command {
     /// Run one shard of a HarnessTask (driver mode).
     Run(RunArgs),
+    /// Serve the sandbox as a gym-like HTTP environment for an external trainer (server mode).
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Manifest files or directories holding the HarnessTask and its SandboxConfig(s).
+    #[arg(long = "config", required = true)]
+    config: Vec<PathBuf>,
+    /// The HarnessTask to serve, when the manifests hold several.
+    #[arg(long)]
+    task: Option<String>,
+    /// The variant to serve (default: the first).
+    #[arg(long)]
+    variant: Option<String>,
+    /// The address to serve the API on, e.g. 127.0.0.1:8090.
+    #[arg(long, env = "BASECAMP_SANDBOX_LISTEN")]
+    listen: SocketAddr,
+    /// Where traces go (default: basecamp-runs/<task>/<variant>/serve).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Episodes open at once; creating one more answers 429.
+    #[arg(long, default_value_t = basecamp_sandbox::gym::DEFAULT_MAX_EPISODES)]
+    max_episodes: usize,
+    /// Close an episode after this long without a request: 90s, 10m, 500ms.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    idle_timeout: std::time::Duration,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d: basecamp_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    d.to_std().filter(|d| !d.is_zero()).ok_or_else(|| format!("{s:?}: give a positive duration such as 90s or 10m"))
 }
 
 #[derive(clap::Args)]
@@ -66,6 +99,68 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run_command(args).await,
+        Command::Serve(args) => serve_command(args).await,
+    }
+}
+
+async fn serve_command(args: ServeArgs) -> ExitCode {
+    use basecamp_sandbox::gym::{Gym, serve, setup};
+    let request = setup::ServeRequest {
+        manifests: args.config,
+        task: args.task,
+        variant: args.variant,
+        out_dir: args.out,
+        max_episodes: args.max_episodes,
+        idle_timeout: args.idle_timeout,
+    };
+    let prepared = match setup::load(&request).await {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            eprintln!("error [{}]: {e}", e.category());
+            return ExitCode::FAILURE;
+        }
+    };
+    for w in &prepared.warnings {
+        eprintln!("{w}");
+    }
+    // The helper services live as long as this binding: until the server stops.
+    let _services = prepared.services;
+    let gym = match Gym::new(prepared.config) {
+        Ok(gym) => gym,
+        Err(e) => {
+            eprintln!("error [TraceIo]: cannot create the trace directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error [Listen]: cannot listen on {}: {e}", args.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
+    println!("serving the sandbox API on http://{addr} (traces in {})", gym.out_dir().display());
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let terminated = async {
+            match term.as_mut() {
+                Some(term) => term.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = terminated => {},
+        }
+        eprintln!("stopping: closing open episodes so their traces are complete");
+    };
+    match serve(listener, gym, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error [Serve]: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

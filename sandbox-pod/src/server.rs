@@ -11,7 +11,13 @@
 //!   `INJECTION_TRIGGER_LIVE` in the trace (and counts it in
 //!   `basecamp_sandbox_injections_total{trigger="live"}` when it is
 //!   delivered, not when it is accepted here). Answers 202 with the
-//!   injection's id, or 400 with a JSON `{"error": …}` that says what to fix.
+//!   injection's id. When the runner declared its episodes
+//!   ([`LiveInjections::expect_episodes`]), an unknown episode is a 404 and
+//!   a finished one a 409.
+//!
+//! Every error is JSON `{"error": {"category": <PascalCase>, "message": …}}`
+//! ([`ApiError`]), the shape server mode ([`crate::gym`]) answers with too;
+//! its routes reuse [`observability`] and [`parse_injection`].
 //!
 //! The server binds nothing itself: [`serve`] runs on the listener the
 //! caller bound (loopback by default, all interfaces in a pod).
@@ -30,7 +36,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::episode::{LiveInjection, LiveInjections};
+use crate::episode::{InjectionRefused, LiveInjection, LiveInjections};
 use crate::metrics::{OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE, SandboxMetrics};
 
 /// The longest episode or injection id the endpoint accepts.
@@ -51,6 +57,33 @@ impl ServerState {
     }
 }
 
+/// An error answer: an HTTP status, a bounded PascalCase category (the
+/// metric label and what clients match on) and a message that says what
+/// to fix. Serialized as `{"error": {"category": …, "message": …}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub category: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, category: &'static str, message: impl Into<String>) -> Self {
+        Self { status, category, message: message.into() }
+    }
+
+    pub fn bad_request(category: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, category, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"category": self.category, "message": self.message}});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
 /// The body of `POST /v1/episodes/{id}/inject`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,14 +98,34 @@ struct InjectRequest {
 const INJECT_BODY_SHAPE: &str =
     r#"expected {"observation": <any JSON>, "at_step": <step number, optional>, "id": <string, optional>}"#;
 
-/// The routes, for embedding in a larger server (the gym-like server mode).
+/// The routes of driver mode: [`observability`] and live injection.
 pub fn router(state: ServerState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/v1/episodes/{episode}/inject", post(inject))
-        .fallback(not_found)
-        .with_state(state)
+    let routes = Router::new().route("/v1/episodes/{episode}/inject", post(inject)).with_state(state.clone());
+    with_fallbacks(
+        routes.merge(observability(state.metrics)),
+        "this sandbox serves GET /metrics, GET /healthz and POST /v1/episodes/{id}/inject",
+    )
+}
+
+/// `GET /metrics` and `GET /healthz`, for both modes.
+pub fn observability(metrics: Arc<SandboxMetrics>) -> Router {
+    Router::new().route("/metrics", get(serve_metrics)).route("/healthz", get(healthz)).with_state(metrics)
+}
+
+/// JSON answers for an unknown path (404 `NoSuchEndpoint`) and a method a
+/// path does not serve (405 `MethodNotAllowed`); `served` lists what is.
+pub fn with_fallbacks(router: Router, served: &'static str) -> Router {
+    router
+        .fallback(move || async move {
+            ApiError::new(StatusCode::NOT_FOUND, "NoSuchEndpoint", format!("no such endpoint; {served}"))
+        })
+        .method_not_allowed_fallback(move || async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!("this endpoint does not serve that method; {served}"),
+            )
+        })
 }
 
 /// Serves [`router`] on `listener` until `shutdown` completes, then lets
@@ -85,16 +138,16 @@ pub async fn serve(
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
-async fn metrics(State(state): State<ServerState>, headers: HeaderMap) -> Response {
+async fn serve_metrics(State(metrics): State<Arc<SandboxMetrics>>, headers: HeaderMap) -> Response {
     let wants_openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.contains("application/openmetrics-text"));
     if wants_openmetrics {
-        ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], state.metrics.encode()).into_response()
+        ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], metrics.encode()).into_response()
     } else {
-        ([(header::CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE)], state.metrics.encode_prometheus_text()).into_response()
+        ([(header::CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE)], metrics.encode_prometheus_text()).into_response()
     }
 }
 
@@ -102,51 +155,55 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn inject(State(state): State<ServerState>, Path(episode): Path<String>, body: Bytes) -> Response {
-    if let Err(problem) = check_id("episode id", &episode) {
-        return bad_request(problem);
-    }
+/// Reads an injection body for `episode`; an injection without an `id`
+/// gets `live-<n>` from `next_id`. Every refusal is a 400 that says what to fix.
+pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Result<LiveInjection, ApiError> {
+    let invalid = |message: String| ApiError::bad_request("InvalidInjection", message);
+    check_id("episode id", episode).map_err(invalid)?;
     // Through `Value` first: serde would also read a struct from a JSON array.
-    let request = match serde_json::from_slice::<Value>(&body) {
+    let request = match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(fields)) => serde_json::from_value::<InjectRequest>(Value::Object(fields)),
         Ok(other) => {
-            return bad_request(format!(
+            return Err(invalid(format!(
                 "the injection body is {}, not an object; {INJECT_BODY_SHAPE}",
                 crate::tools::json_type(&other)
-            ));
+            )));
         }
         Err(e) => Err(e),
     };
-    let request = match request {
-        Ok(r) => r,
-        Err(e) => return bad_request(format!("invalid injection body: {e}; {INJECT_BODY_SHAPE}")),
-    };
+    let request = request.map_err(|e| invalid(format!("invalid injection body: {e}; {INJECT_BODY_SHAPE}")))?;
     if request.observation.is_null() {
-        return bad_request(format!("`observation` is null: give the observation to inject; {INJECT_BODY_SHAPE}"));
+        return Err(invalid(format!("`observation` is null: give the observation to inject; {INJECT_BODY_SHAPE}")));
     }
     let id = match request.id {
-        Some(id) => match check_id("`id`", &id) {
-            Ok(()) => id,
-            Err(problem) => return bad_request(problem),
-        },
-        None => format!("live-{}", state.next_injection.fetch_add(1, Ordering::Relaxed)),
+        Some(id) => {
+            check_id("`id`", &id).map_err(invalid)?;
+            id
+        }
+        None => format!("live-{}", next_id.fetch_add(1, Ordering::Relaxed)),
     };
-    state
-        .live
-        .push(&episode, LiveInjection { id: id.clone(), observation: request.observation, at_step: request.at_step });
-    tracing::info!(episode = %episode, injection = %id, at_step = ?request.at_step, "live injection queued");
-    let body = json!({"id": id, "episode": episode, "at_step": request.at_step});
+    Ok(LiveInjection { id, observation: request.observation, at_step: request.at_step })
+}
+
+async fn inject(State(state): State<ServerState>, Path(episode): Path<String>, body: Bytes) -> Response {
+    let injection = match parse_injection(&episode, &body, &state.next_injection) {
+        Ok(injection) => injection,
+        Err(e) => return e.into_response(),
+    };
+    let (id, at_step) = (injection.id.clone(), injection.at_step);
+    if let Err(refused) = state.live.offer(&episode, injection) {
+        let (status, category) = match &refused {
+            InjectionRefused::UnknownEpisode { .. } => (StatusCode::NOT_FOUND, "UnknownEpisode"),
+            InjectionRefused::Finished { .. } => (StatusCode::CONFLICT, "EpisodeFinished"),
+        };
+        return ApiError::new(status, category, refused.to_string()).into_response();
+    }
+    tracing::info!(episode = %episode, injection = %id, at_step = ?at_step, "live injection queued");
+    let body = json!({"id": id, "episode": episode, "at_step": at_step});
     (StatusCode::ACCEPTED, axum::Json(body)).into_response()
 }
 
-async fn not_found() -> Response {
-    let body = json!({
-        "error": "no such endpoint; this sandbox serves GET /metrics, GET /healthz and POST /v1/episodes/{id}/inject"
-    });
-    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
-}
-
-fn check_id(what: &str, id: &str) -> Result<(), String> {
+pub(crate) fn check_id(what: &str, id: &str) -> Result<(), String> {
     if id.trim().is_empty() {
         return Err(format!("{what} is empty"));
     }
@@ -157,8 +214,4 @@ fn check_id(what: &str, id: &str) -> Result<(), String> {
         return Err(format!("{what} contains control characters"));
     }
     Ok(())
-}
-
-fn bad_request(message: String) -> Response {
-    (StatusCode::BAD_REQUEST, axum::Json(json!({"error": message}))).into_response()
 }

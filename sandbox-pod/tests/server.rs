@@ -373,7 +373,7 @@ async fn metrics_serve_real_tool_calls_with_conventional_names_in_both_formats()
     let response = client().get(server.url("/nope")).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 404);
     let body: Value = response.json().await.unwrap();
-    assert!(body["error"].as_str().unwrap().contains("POST /v1/episodes/{id}/inject"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("POST /v1/episodes/{id}/inject"), "{body}");
     server.shut_down().await;
 }
 
@@ -482,13 +482,14 @@ async fn bad_injection_bodies_get_400_with_a_reason_and_queue_nothing() {
     ] {
         let (status, answer) = post(&url, body).await;
         assert_eq!(status, 400, "{body} -> {answer}");
-        let message = answer["error"].as_str().unwrap_or_else(|| panic!("no error message: {answer}"));
+        assert_eq!(answer["error"]["category"], "InvalidInjection", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_else(|| panic!("no error message: {answer}"));
         assert!(message.contains(expected), "{body} -> {message}");
     }
     let long_id = "x".repeat(300);
     let (status, answer) = post(&server.url(&format!("/v1/episodes/{long_id}/inject")), r#"{"observation": 1}"#).await;
     assert_eq!(status, 400);
-    assert!(answer["error"].as_str().unwrap().contains("episode id is 300 bytes long"), "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("episode id is 300 bytes long"), "{answer}");
 
     let dir = tempfile::tempdir().unwrap();
     let metrics = Some(server.state.metrics.clone());
@@ -498,5 +499,30 @@ async fn bad_injection_bodies_get_400_with_a_reason_and_queue_nothing() {
     assert_eq!(live_injections_in_trace(dir.path()), vec![], "a refused body must not be injected");
     let (_, _, text) = get(&server.url("/metrics"), None).await;
     assert_eq!(sample_value(&text, r#"basecamp_sandbox_injections_total{trigger="live"}"#), None, "{text}");
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_injection_for_an_episode_that_will_not_run_or_has_finished_is_refused() {
+    let server = TestServer::start().await;
+    server.state.live.expect_episodes(["order-7".to_string()]);
+    let (status, answer) = post(&server.url("/v1/episodes/order-8/inject"), r#"{"observation": 1}"#).await;
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(answer["error"]["category"], "UnknownEpisode");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("runs 1 episodes (order-7)"), "{answer}");
+    let (status, _) =
+        post(&server.url("/v1/episodes/order-7/inject"), r#"{"observation": 1, "at_step": 9, "id": "late"}"#).await;
+    assert_eq!(status, 202);
+
+    let dir = tempfile::tempdir().unwrap();
+    let result = runner(dir.path(), server.state.live.clone(), None).run(&episode_input(), dir.path()).await.unwrap();
+    assert!(
+        result.warnings.iter().any(|w| w.contains("live injection late for step 9 was never delivered")),
+        "{:?}",
+        result.warnings
+    );
+    let (status, answer) = post(&server.url("/v1/episodes/order-7/inject"), r#"{"observation": 2}"#).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["category"], "EpisodeFinished");
     server.shut_down().await;
 }

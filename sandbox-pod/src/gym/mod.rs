@@ -1,0 +1,138 @@
+//! Server mode: a gym-like HTTP API through which an external RL trainer
+//! uses the sandbox as its environment. The trainer is the policy: it
+//! creates an episode (a test-set row, or one given inline), receives the
+//! observation (messages, tools, memory), and answers each step with an
+//! action — tool calls or a final answer — that the sandbox plays exactly
+//! as driver mode plays the policy's answer: the same [`Episode`] step
+//! machine, executor, injections, rollback, rewards and trace writer, so a
+//! trace from either mode reads the same.
+//!
+//! - `POST /v1/episodes` -> `{episode_id, observation, memory, …}`;
+//! - `POST /v1/episodes/{id}/step` -> `{observation, reward, done, info}`;
+//! - `POST /v1/episodes/{id}/inject`: driver mode's live injection, same body;
+//! - `POST /v1/episodes/{id}/close` -> the episode's metrics (trace completed);
+//! - `GET /v1/episodes/{id}/trace` -> the `.trace` bytes;
+//! - `GET /v1/episodes`, `GET /v1/episodes/{id}`, `/metrics`, `/healthz`.
+//!
+//! `openapi/sandbox.yaml` documents them; a test holds the router and the
+//! document to each other. Errors are [`ApiError`](crate::server::ApiError)s.
+//! At most `max_episodes` are open at once (429 beyond), and an episode idle
+//! for `idle_timeout` is closed as `cancelled`.
+//!
+//! - [`action`]: an action body as a policy response;
+//! - [`create`]: a create body as an episode input;
+//! - [`registry`]: the episodes, their locks and the open-episode bound;
+//! - [`routes`]: the handlers and the route table;
+//! - [`setup`]: from manifests to a [`Gym`] (`basecamp-sandbox serve`).
+//!
+//! [`Episode`]: crate::episode::Episode
+
+pub mod action;
+pub mod create;
+pub mod registry;
+pub mod routes;
+pub mod setup;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use crate::episode::{EpisodeInput, EpisodeRunner};
+use crate::metrics::SandboxMetrics;
+
+pub use routes::{router, routes};
+
+/// Open episodes at once, by default.
+pub const DEFAULT_MAX_EPISODES: usize = 64;
+/// How long an episode may go without a request before it is closed, by default.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What a server-mode sandbox is built from.
+#[derive(Debug)]
+pub struct GymConfig {
+    pub runner: EpisodeRunner,
+    /// The task's test set, episodes that `row_id` can name.
+    pub rows: Vec<EpisodeInput>,
+    /// The test set's name, for messages.
+    pub test_set_name: String,
+    /// The task's per-tool `compareArgs`, applied to inline episodes.
+    pub compare_args: BTreeMap<String, Vec<String>>,
+    /// Where the traces go.
+    pub out_dir: PathBuf,
+    pub max_episodes: usize,
+    pub idle_timeout: Duration,
+}
+
+/// A server-mode sandbox: the runner, the test set and the episodes.
+#[derive(Debug)]
+pub struct Gym {
+    runner: EpisodeRunner,
+    metrics: Arc<SandboxMetrics>,
+    rows: BTreeMap<String, EpisodeInput>,
+    test_set_name: String,
+    compare_args: BTreeMap<String, Vec<String>>,
+    out_dir: PathBuf,
+    max_episodes: usize,
+    idle_timeout: Duration,
+    registry: registry::Registry,
+    next_injection: AtomicU64,
+}
+
+/// What the handlers share.
+pub type GymState = Arc<Gym>;
+
+impl Gym {
+    /// Builds the sandbox, creating the trace directory. The runner's
+    /// metrics are the ones `/metrics` serves (created when it has none).
+    pub fn new(config: GymConfig) -> std::io::Result<GymState> {
+        std::fs::create_dir_all(&config.out_dir)?;
+        let mut runner = config.runner;
+        let metrics = runner.metrics.get_or_insert_with(|| Arc::new(SandboxMetrics::new())).clone();
+        Ok(Arc::new(Self {
+            runner,
+            metrics,
+            rows: config.rows.into_iter().map(|row| (row.id.clone(), row)).collect(),
+            test_set_name: config.test_set_name,
+            compare_args: config.compare_args,
+            out_dir: config.out_dir,
+            max_episodes: config.max_episodes.max(1),
+            idle_timeout: config.idle_timeout,
+            registry: registry::Registry::default(),
+            next_injection: AtomicU64::new(1),
+        }))
+    }
+
+    pub fn metrics(&self) -> &Arc<SandboxMetrics> {
+        &self.metrics
+    }
+
+    pub fn out_dir(&self) -> &std::path::Path {
+        &self.out_dir
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` completes, closing idle
+/// episodes as it goes; at shutdown every open episode is closed, so each
+/// trace is complete.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    gym: GymState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let reaper_gym = gym.clone();
+    let reaper = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(routes::reaper_period(reaper_gym.idle_timeout));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            reaper_gym.close_idle().await;
+        }
+    });
+    let served = axum::serve(listener, router(gym.clone())).with_graceful_shutdown(shutdown).await;
+    reaper.abort();
+    gym.close_all("the server shut down").await;
+    served
+}

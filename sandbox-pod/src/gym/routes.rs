@@ -1,0 +1,463 @@
+//! The handlers of server mode and the table they are routed from.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get, post};
+use basecamp_trace::pb::StepStatus;
+use serde_json::{Value, json};
+
+use super::action::parse_action;
+use super::create::{Source, inline_input, parse_create};
+use super::registry::{Entry, RegisterError, Slot, SlotStatus, unix_ms};
+use super::{Gym, GymState};
+use crate::episode::{Episode, EpisodeResult, StepReport};
+use crate::metrics::status_label;
+use crate::server::{ApiError, MAX_ID_LEN, observability, parse_injection, with_fallbacks};
+
+/// Every route server mode serves, as `(method, path)`: the API's own
+/// (built into the router from this same list) and `/metrics`, `/healthz`.
+pub fn routes() -> Vec<(Method, &'static str)> {
+    let mut all: Vec<(Method, &'static str)> =
+        api_routes().into_iter().map(|(method, path, _)| (method, path)).collect();
+    all.push((Method::GET, "/metrics"));
+    all.push((Method::GET, "/healthz"));
+    all
+}
+
+fn api_routes() -> Vec<(Method, &'static str, MethodRouter<GymState>)> {
+    vec![
+        (Method::GET, "/v1/episodes", get(list)),
+        (Method::POST, "/v1/episodes", post(create)),
+        (Method::GET, "/v1/episodes/{episode_id}", get(describe)),
+        (Method::POST, "/v1/episodes/{episode_id}/step", post(step)),
+        (Method::POST, "/v1/episodes/{episode_id}/inject", post(inject)),
+        (Method::POST, "/v1/episodes/{episode_id}/close", post(close)),
+        (Method::GET, "/v1/episodes/{episode_id}/trace", get(trace)),
+    ]
+}
+
+const SERVED: &str = "server mode serves GET/POST /v1/episodes, GET /v1/episodes/{id}, POST /v1/episodes/{id}/step, POST /v1/episodes/{id}/inject, POST /v1/episodes/{id}/close, GET /v1/episodes/{id}/trace, GET /metrics and GET /healthz (see openapi/sandbox.yaml)";
+
+/// The server-mode router.
+pub fn router(gym: GymState) -> Router {
+    let mut by_path: BTreeMap<&'static str, MethodRouter<GymState>> = BTreeMap::new();
+    for (_, path, handler) in api_routes() {
+        let merged = match by_path.remove(path) {
+            Some(existing) => existing.merge(handler),
+            None => handler,
+        };
+        by_path.insert(path, merged);
+    }
+    let api = by_path.into_iter().fold(Router::new(), |router, (path, handler)| router.route(path, handler));
+    let metrics = gym.metrics.clone();
+    with_fallbacks(api.with_state(gym).merge(observability(metrics)), SERVED)
+}
+
+fn trace_io(episode: &str, e: &std::io::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "TraceIo",
+        format!("cannot write the trace of episode {episode:?}: {e}; the episode is closed"),
+    )
+}
+
+impl Gym {
+    fn entry(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
+        self.registry.get(id).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "UnknownEpisode",
+                format!("no episode {id:?} here; GET /v1/episodes lists them, POST /v1/episodes creates one"),
+            )
+        })
+    }
+
+    /// Ends the slot's episode: scores it, completes its trace, frees its
+    /// place. `reason` cancels an episode that is not done yet.
+    pub(super) fn finish(&self, entry: &Entry, slot: &mut Slot, reason: Option<String>) -> Result<(), ApiError> {
+        let Some(mut episode) = slot.episode.take() else { return Ok(()) };
+        let id = episode.id().to_string();
+        let step = episode.step();
+        self.registry.release();
+        let finished = match reason {
+            Some(reason) => episode.cancel(reason).and_then(|()| episode.finish(&self.runner)),
+            None => episode.finish(&self.runner),
+        };
+        match finished {
+            Ok(result) => {
+                self.metrics.observe_episode(&result);
+                entry.update(|s| {
+                    s.step = step;
+                    s.done = true;
+                    s.closed = true;
+                    s.state = result.outcome.clone();
+                });
+                slot.result = Some(result);
+                Ok(())
+            }
+            Err(e) => {
+                entry.update(|s| {
+                    s.done = true;
+                    s.closed = true;
+                    s.state = "error".into();
+                });
+                Err(trace_io(&id, &e))
+            }
+        }
+    }
+
+    /// Closes every open episode (the server is shutting down).
+    pub async fn close_all(&self, reason: &str) {
+        for entry in self.registry.all() {
+            let mut slot = entry.slot.lock().await;
+            if slot.episode.is_some()
+                && let Err(e) = self.finish(&entry, &mut slot, Some(reason.to_string()))
+            {
+                tracing::warn!(error = %e.message, "closing an episode at shutdown");
+            }
+        }
+    }
+
+    /// Closes the episodes idle for longer than the idle timeout; those
+    /// busy right now are left for the next round.
+    pub async fn close_idle(&self) {
+        for entry in self.registry.idle(self.idle_timeout) {
+            let Ok(mut slot) = entry.slot.try_lock() else { continue };
+            let reason =
+                format!("closed after {} ms without a request (the idle timeout)", self.idle_timeout.as_millis());
+            if let Err(e) = self.finish(&entry, &mut slot, Some(reason)) {
+                tracing::warn!(error = %e.message, "closing an idle episode");
+            }
+        }
+    }
+}
+
+/// How often the idle reaper looks, for an idle timeout.
+pub fn reaper_period(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
+}
+
+fn result_json(episode_id: &str, result: &EpisodeResult) -> Value {
+    let mut value = serde_json::to_value(result).expect("an episode result serializes");
+    if let Value::Object(fields) = &mut value {
+        fields.remove("id");
+        fields.insert("episode_id".into(), json!(episode_id));
+        fields.insert("reward".into(), json!(result.metrics.reward.unwrap_or(0.0)));
+    }
+    value
+}
+
+fn done_conflict(id: &str, entry: &Entry, slot: &Slot) -> ApiError {
+    let status = entry.status();
+    let how = match &slot.result {
+        Some(result) => format!("ended {} at step {}", result.outcome, result.metrics.steps),
+        None => format!("ended ({})", status.state),
+    };
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "EpisodeDone",
+        format!(
+            "episode {id:?} {how}; it takes no more actions: POST /v1/episodes/{id}/close for its metrics, GET /v1/episodes/{id}/trace for its trace"
+        ),
+    )
+}
+
+async fn list(State(gym): State<GymState>) -> Response {
+    let episodes: Vec<SlotStatus> = gym.registry.all().iter().map(|e| e.status()).collect();
+    axum::Json(json!({"episodes": episodes, "open": gym.registry.open(), "max_episodes": gym.max_episodes}))
+        .into_response()
+}
+
+async fn create(State(gym): State<GymState>, body: Bytes) -> Result<Response, ApiError> {
+    let request = parse_create(&body).map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?;
+    let number = gym.registry.next_number();
+    let (row_id, episode_id) = match (&request.source, request.episode_id) {
+        (_, Some(id)) => {
+            crate::server::check_id("episode_id", &id).map_err(|m| {
+                ApiError::bad_request("InvalidEpisodeRequest", format!("{m} (at most {MAX_ID_LEN} bytes)"))
+            })?;
+            (
+                match &request.source {
+                    Source::Row(row) => Some(row.clone()),
+                    Source::Inline(_) => None,
+                },
+                id,
+            )
+        }
+        (Source::Row(row), None) => (Some(row.clone()), format!("{row}-{number}")),
+        (Source::Inline(_), None) => (None, format!("episode-{number}")),
+    };
+    let input = match request.source {
+        Source::Row(row) => {
+            let mut input = gym.rows.get(&row).cloned().ok_or_else(|| {
+                let mut examples: Vec<&str> = gym.rows.keys().take(5).map(String::as_str).collect();
+                if gym.rows.len() > examples.len() {
+                    examples.push("…");
+                }
+                ApiError::bad_request(
+                    "UnknownTestSetRow",
+                    format!(
+                        "row_id: no row {row:?} in the test set {} ({} rows: {})",
+                        gym.test_set_name,
+                        gym.rows.len(),
+                        examples.join(", ")
+                    ),
+                )
+            })?;
+            input.id = episode_id.clone();
+            input
+        }
+        Source::Inline(fields) => inline_input(&episode_id, fields, &gym.compare_args)
+            .map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?,
+    };
+    let exists = || {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "EpisodeExists",
+            format!(
+                "episode {episode_id:?} exists already; choose another episode_id, or leave it out for a generated one"
+            ),
+        )
+    };
+    if gym.registry.contains(&episode_id) {
+        return Err(exists());
+    }
+    let reservation = gym.registry.reserve(gym.max_episodes).map_err(|e| match e {
+        RegisterError::Full { open, max } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyEpisodes",
+            format!(
+                "{open} episodes are open, the limit is {max}; close one (POST /v1/episodes/{{id}}/close) and retry"
+            ),
+        ),
+        RegisterError::Exists(_) => exists(),
+    })?;
+    let trace_file = format!("{}.trace", crate::episode::file_safe(&episode_id));
+    let entry = Arc::new(Entry {
+        slot: tokio::sync::Mutex::new(Slot { episode: None, result: None }),
+        status: std::sync::Mutex::new(SlotStatus {
+            episode_id: episode_id.clone(),
+            row_id: row_id.clone(),
+            step: 0,
+            done: false,
+            state: "running".into(),
+            closed: false,
+            created_unix_ms: unix_ms(SystemTime::now()),
+            trace_file,
+            last_used: std::time::Instant::now(),
+        }),
+    });
+    let mut slot = entry.slot.try_lock().expect("a slot nobody else has seen yet is unlocked");
+    gym.registry.insert(reservation, &episode_id, entry.clone()).map_err(|_| exists())?;
+
+    let started: std::io::Result<(Episode, bool)> = gym.runner.start(input, &gym.out_dir).and_then(|mut episode| {
+        let running = episode.advance(&gym.runner)?;
+        Ok((episode, running))
+    });
+    let (mut episode, running) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            gym.registry.release();
+            entry.update(|s| {
+                s.done = true;
+                s.closed = true;
+                s.state = "error".into();
+            });
+            return Err(trace_io(&episode_id, &e));
+        }
+    };
+    let injections = episode.take_delivered();
+    let mut body = json!({
+        "episode_id": episode_id,
+        "row_id": row_id,
+        "observation": {
+            "messages": episode.messages(),
+            "tools": gym.runner.tools,
+            "memory": episode.memory(),
+        },
+        "memory": episode.memory(),
+        "step": episode.step(),
+        "max_steps": gym.runner.max_steps,
+        "done": !running,
+        "injections": injections,
+    });
+    let step = episode.step();
+    slot.episode = Some(episode);
+    entry.update(|s| s.step = step);
+    if !running {
+        gym.finish(&entry, &mut slot, None)?;
+        if let Some(result) = &slot.result {
+            body["result"] = result_json(&episode_id, result);
+        }
+    }
+    tracing::info!(episode = %episode_id, row = ?row_id, "episode created");
+    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
+async fn describe(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = gym.entry(&id)?;
+    let slot = entry.slot.lock().await;
+    let mut body = serde_json::to_value(entry.status()).expect("a status serializes");
+    if let Some(episode) = &slot.episode {
+        body["messages"] = json!(episode.messages());
+        body["memory"] = episode.memory();
+    }
+    if let Some(result) = &slot.result {
+        body["result"] = result_json(&id, result);
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+/// The step's `info`: its tool calls, summarised.
+fn step_info(report: &StepReport, injections: &[String]) -> Value {
+    let first_failure = report.calls.iter().find(|c| c.status != StepStatus::Ok);
+    let mut delta_keys: Vec<&str> = Vec::new();
+    for key in report.calls.iter().flat_map(|c| &c.memory_delta_keys) {
+        if !delta_keys.contains(&key.as_str()) {
+            delta_keys.push(key);
+        }
+    }
+    let calls: Vec<Value> = report
+        .calls
+        .iter()
+        .map(|c| {
+            json!({
+                "tool": c.tool,
+                "call_id": c.call_id,
+                "status": status_label(c.status),
+                "error_type": c.error_type,
+                "latency_ms": c.latency.as_secs_f64() * 1000.0,
+                "memory_delta_keys": c.memory_delta_keys,
+            })
+        })
+        .collect();
+    json!({
+        "step": report.step,
+        "status": first_failure.map_or("ok", |c| status_label(c.status)),
+        "error_type": first_failure.and_then(|c| c.error_type.clone()),
+        "latency_ms": report.calls.iter().map(|c| c.latency.as_secs_f64() * 1000.0).sum::<f64>(),
+        "memory_delta_keys": delta_keys,
+        "plan_step_timed_out": report.plan_step_timed_out,
+        "calls": calls,
+        "injections": injections,
+    })
+}
+
+async fn step(State(gym): State<GymState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    let entry = gym.entry(&id)?;
+    let mut slot = entry.slot.lock().await;
+    let Some(episode) = slot.episode.as_mut() else { return Err(done_conflict(&id, &entry, &slot)) };
+    let action =
+        parse_action(&body, episode.step()).map_err(|e| ApiError::bad_request("InvalidAction", e.to_string()))?;
+    let assistant_at = episode.messages().len();
+    let deadline = tokio::time::Instant::now() + gym.runner.plan_step_timeout;
+    let played: std::io::Result<(StepReport, bool)> = async {
+        let report = episode.act(&gym.runner, &action, deadline).await?;
+        let running = episode.advance(&gym.runner)?;
+        Ok((report, running))
+    }
+    .await;
+    let (report, running) = match played {
+        Ok(played) => played,
+        Err(e) => {
+            let error = trace_io(&id, &e);
+            let _ = gym.finish(&entry, &mut slot, Some(format!("the trace could not be written: {e}")));
+            return Err(error);
+        }
+    };
+    let messages = episode.messages().get(assistant_at + 1..).unwrap_or_default().to_vec();
+    let injections = episode.take_delivered();
+    let memory = episode.memory();
+    let step_now = episode.step();
+    let mut info = step_info(&report, &injections);
+    let mut reward = 0.0;
+    if running {
+        entry.update(|s| s.step = step_now);
+    } else {
+        gym.finish(&entry, &mut slot, None)?;
+        if let Some(result) = &slot.result {
+            reward = result.metrics.reward.unwrap_or(0.0);
+            info["outcome"] = json!(result.outcome);
+            info["result"] = result_json(&id, result);
+        }
+    }
+    let body = json!({
+        "observation": {"messages": messages, "memory": memory},
+        "reward": reward,
+        "done": !running,
+        "info": info,
+    });
+    Ok(axum::Json(body).into_response())
+}
+
+async fn inject(State(gym): State<GymState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    let entry = gym.entry(&id)?;
+    let injection = parse_injection(&id, &body, &gym.next_injection)?;
+    let mut slot = entry.slot.lock().await;
+    let Some(episode) = slot.episode.as_mut() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "EpisodeFinished",
+            format!("episode {id:?} has already finished; an injection can no longer reach it"),
+        ));
+    };
+    let (injection_id, at_step) = (injection.id.clone(), injection.at_step);
+    gym.runner.live.push(&id, injection);
+    let before = episode.messages().len();
+    let delivered = episode.deliver_live(&gym.runner).map_err(|e| trace_io(&id, &e))?;
+    episode.take_delivered();
+    let delivered_at_step = delivered.contains(&injection_id).then(|| episode.step());
+    let messages = episode.messages().get(before..).unwrap_or_default().to_vec();
+    entry.update(|_| {});
+    let body = json!({
+        "id": injection_id,
+        "episode": id,
+        "at_step": at_step,
+        "delivered_at_step": delivered_at_step,
+        "observation": {"messages": messages},
+    });
+    Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
+}
+
+async fn close(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = gym.entry(&id)?;
+    let mut slot = entry.slot.lock().await;
+    if let Some(episode) = &slot.episode {
+        let reason = format!("closed by the client at step {}", episode.step());
+        gym.finish(&entry, &mut slot, Some(reason))?;
+    }
+    match &slot.result {
+        Some(result) => Ok(axum::Json(result_json(&id, result)).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "TraceIo",
+            format!("episode {id:?} ended without a result: its trace could not be written"),
+        )),
+    }
+}
+
+async fn trace(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = gym.entry(&id)?;
+    let status = entry.status();
+    let path = gym.out_dir.join(&status.trace_file);
+    let bytes = tokio::fs::read(&path).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "TraceIo",
+            format!("cannot read the trace of episode {id:?} at {}: {e}", path.display()),
+        )
+    })?;
+    let headers = [
+        (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+        (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{}\"", status.trace_file)),
+        (header::HeaderName::from_static("x-basecamp-trace-complete"), status.closed.to_string()),
+    ];
+    Ok((headers, bytes).into_response())
+}

@@ -1,0 +1,88 @@
+//! `basecamp-sandbox serve`: from manifests to a [`GymConfig`].
+//!
+//! The same steps as driver mode's `run` (and its functions): load and
+//! validate the manifests -> pick the task and variant -> resolve the
+//! SandboxConfig and profile -> check the GPU -> load the whole test set ->
+//! start the helper services -> build the runner. The
+//! trainer is the policy here, so the task's policy is never called: its
+//! API key is not loaded (a trainer needs no credentials of the model
+//! under test).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::GymConfig;
+use crate::config::{RunContext, build_runner, episode_input};
+use crate::run::{RunError, check_gpu, load_manifests, load_test_set, resolve_variants, select_task};
+use crate::services::RunningServices;
+
+/// What to serve.
+#[derive(Debug, Clone)]
+pub struct ServeRequest {
+    pub manifests: Vec<PathBuf>,
+    /// The HarnessTask's name; needed only when the manifests hold several.
+    pub task: Option<String>,
+    /// The variant; the first when absent.
+    pub variant: Option<String>,
+    /// Where traces go (default: `basecamp-runs/<task>/<variant>/serve`).
+    pub out_dir: Option<PathBuf>,
+    pub max_episodes: usize,
+    pub idle_timeout: Duration,
+}
+
+/// What [`load`] prepared: the config, the helper services the tools talk
+/// to (running until dropped: keep them for as long as the server serves),
+/// and the warnings found on the way.
+#[derive(Debug)]
+pub struct Prepared {
+    pub config: GymConfig,
+    pub services: RunningServices,
+    pub warnings: Vec<String>,
+}
+
+/// Loads the manifests and prepares everything a [`super::Gym`] needs.
+pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
+    let (manifests, mut warnings) = load_manifests(&request.manifests)?;
+    let loaded = select_task(&manifests, request.task.as_deref())?;
+    let task = &loaded.object;
+    let task_name = task.metadata.name.clone().unwrap_or_default();
+    let base_dir = loaded.base_dir();
+    let variant = resolve_variants(&manifests, task, request.variant.as_deref())?.remove(0);
+    if let Some(warning) = check_gpu(&variant.sandbox, &basecamp_gpu::probe::probe_gpus())? {
+        warnings.push(warning);
+    }
+    let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await?;
+    let compare_args = task.spec.evaluation.compare_args.clone();
+    let rows = test_set.episodes.iter().map(|row| episode_input(row, &compare_args)).collect();
+    let out_dir = request
+        .out_dir
+        .clone()
+        .unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name).join(&variant.name).join("serve"));
+    let services = RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"))?;
+    let sandbox = services.expand(&variant.sandbox)?;
+
+    let mut spec = task.spec.clone();
+    spec.policy.api_key_env = None;
+    spec.policy.api_key_file = None;
+    spec.policy.api_key_secret = None;
+    let ctx = RunContext {
+        base_dir,
+        namespace: task.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        task: task_name,
+        variant: variant.name.clone(),
+        shard: 0,
+        shard_count: 1,
+        training_step: 0,
+    };
+    let runner = build_runner(&spec, &sandbox, &ctx)?;
+    let config = GymConfig {
+        runner,
+        rows,
+        test_set_name: test_set.name.clone(),
+        compare_args,
+        out_dir,
+        max_episodes: request.max_episodes,
+        idle_timeout: request.idle_timeout,
+    };
+    Ok(Prepared { config, services, warnings })
+}

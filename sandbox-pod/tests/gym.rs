@@ -1,0 +1,665 @@
+//! Server mode over real HTTP on 127.0.0.1: an external trainer creates
+//! episodes, steps them with actions, injects observations, closes them and
+//! fetches their traces; the traces read back with the trace library and
+//! match what driver mode writes for the same actions; every error answer.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner, InjectionWhen, LiveInjections, ScheduledInjection};
+use basecamp_sandbox::executor::{Fallback, NullWrites, ToolDef, ToolExecutor};
+use basecamp_sandbox::gym::{Gym, GymConfig, GymState, serve};
+use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
+use basecamp_sandbox::rewards::{ComponentSpec, RewardCalculator, RewardSpec};
+use basecamp_sandbox::tools::Tool;
+use basecamp_sandbox::tools::exec::ExecTool;
+use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
+use basecamp_trace::pb::{Header, InjectionTrigger, Outcome, StepStatus, record::Body};
+use basecamp_trace::{MemoryPatch, Tail, TraceContents, read_trace, read_trace_from};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const SCRIPT: &str = r#"{"episode": "ok", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}, {"content": "It ships tomorrow."}]}
+"#;
+
+const FIXTURE: &str = r#"{"tool": "tracking_api", "arguments": {"order_id": "A-1"}, "response": {"observation": {"status": "in_transit"}, "memory": {"shipping_status": "in_transit"}}}
+{"tool": "tracking_api", "arguments": {"order_id": "SLOW"}, "response": {"status": "late"}, "latency_ms": 2000}
+"#;
+
+/// A runner with a recorded tool (with a fallback), two exec tools (one that
+/// never answers), an after-tool injection and rewards.
+fn runner(dir: &Path) -> EpisodeRunner {
+    let script = dir.join("policy.jsonl");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let mut executor = ToolExecutor::new(NullWrites::Warn);
+    executor.add_tool(
+        "tracking_api",
+        ToolDef {
+            tool: Tool::Recorded(RecordedTool::new("tracking_api", parse_fixture("fixture.jsonl", FIXTURE).unwrap())),
+            timeout: Duration::from_millis(300),
+            fallback: Some(Fallback {
+                observation: json!({"status": "unknown"}),
+                memory_patch: MemoryPatch::default().set("shipping_status", json!("pending")),
+            }),
+            memory_map: Vec::new(),
+        },
+    );
+    let py = |code: &str| Tool::Exec(ExecTool::new(vec!["python3".into(), "-c".into(), code.into()]));
+    executor.add_tool(
+        "note",
+        ToolDef::new(
+            py("import json,sys; a=json.load(sys.stdin); print(json.dumps({'observation': 'noted', 'memory': a}))"),
+            Duration::from_secs(5),
+        ),
+    );
+    executor.add_tool("hang", ToolDef::new(py("import time; time.sleep(60)"), Duration::from_secs(30)));
+    let rewards = RewardCalculator::new(&RewardSpec {
+        components: [
+            ("tool_call_accuracy".to_string(), ComponentSpec { weight: 0.7 }),
+            ("efficiency_penalty".to_string(), ComponentSpec { weight: 0.3 }),
+        ]
+        .into(),
+        schedule: Default::default(),
+    })
+    .unwrap();
+    EpisodeRunner {
+        executor,
+        policy,
+        tools: vec![basecamp_sandbox::policy::ToolSpec::new(
+            "tracking_api",
+            "Look up an order.",
+            json!({"type": "object", "properties": {"order_id": {"type": "string"}}}),
+        )],
+        system_prompt: Some("You are a support agent.".into()),
+        max_steps: 4,
+        plan_step_timeout: Duration::from_millis(1500),
+        rollback_enabled: true,
+        snapshot_interval: 1,
+        error_context: true,
+        injections: vec![ScheduledInjection {
+            id: "policy-note".into(),
+            when: InjectionWhen::AfterTool("tracking_api".into()),
+            observation: json!("Reminder: never promise a date."),
+            description: "after tracking".into(),
+        }],
+        rewards: Some(rewards),
+        reward_sources: Default::default(),
+        training_step: 0,
+        header: Header { task: "shipping".into(), variant: "a".into(), ..Default::default() },
+        live: LiveInjections::default(),
+        metrics: None,
+    }
+}
+
+fn row(id: &str) -> EpisodeInput {
+    EpisodeInput {
+        id: id.into(),
+        messages: vec![ChatMessage::user("Where is my order?")],
+        initial_memory: json!({"order_id": "A-1"}).as_object().cloned().unwrap(),
+        expected_calls: vec![("tracking_api".into(), json!({"order_id": "A-1"}).as_object().cloned().unwrap(), None)],
+        expected_memory: Some(json!({"shipping_status": "in_transit"}).as_object().cloned().unwrap()),
+        expected_memory_hash: None,
+    }
+}
+
+struct TestServer {
+    addr: SocketAddr,
+    gym: GymState,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+    dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    async fn start(max_episodes: usize, idle_timeout: Duration) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let gym = Gym::new(GymConfig {
+            runner: runner(dir.path()),
+            rows: vec![row("ok")],
+            test_set_name: "tests.jsonl".into(),
+            compare_args: Default::default(),
+            out_dir: dir.path().join("traces"),
+            max_episodes,
+            idle_timeout,
+        })
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, gym.clone(), async move {
+            let _ = stopped.await;
+        }));
+        Self { addr, gym, stop: Some(stop), task, dir }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let response = client().post(self.url(path)).body(body.to_string()).send().await.unwrap();
+        json_answer(response).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        json_answer(client().get(self.url(path)).send().await.unwrap()).await
+    }
+
+    async fn trace(&self, episode: &str) -> TraceContents {
+        let response = client().get(self.url(&format!("/v1/episodes/{episode}/trace"))).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert_eq!(response.headers()["content-type"], "application/octet-stream");
+        let bytes = response.bytes().await.unwrap();
+        read_trace_from(&bytes[..], episode).unwrap()
+    }
+
+    /// Stops the server; the directory of its traces lives on in the answer.
+    async fn shut_down(mut self) -> tempfile::TempDir {
+        drop(self.stop.take());
+        let result = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        result.expect("the server stops after the shutdown signal").unwrap().unwrap();
+        self.dir
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap()
+}
+
+async fn json_answer(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("the answer is not JSON ({e}): {text}"));
+    (status, value)
+}
+
+/// Asserts an error answer: status, category, and words of the message.
+fn assert_error(answer: &(u16, Value), status: u16, category: &str, words: &str) {
+    let (got, body) = answer;
+    assert_eq!(*got, status, "{body}");
+    assert_eq!(body["error"]["category"], category, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_else(|| panic!("no message: {body}"));
+    assert!(message.contains(words), "{message:?} does not say {words:?}");
+}
+
+fn kind(body: &Body) -> String {
+    format!("{body:?}").split('(').next().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn a_full_episode_over_http_observes_steps_injects_rewards_and_traces() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+
+    let (status, created) = server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["episode_id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("ok-"), "a generated id names its row: {id}");
+    assert_eq!(created["row_id"], "ok");
+    assert_eq!(created["step"], 1);
+    assert_eq!(created["done"], false);
+    assert_eq!(created["memory"], json!({"order_id": "A-1"}));
+    assert_eq!(
+        created["observation"]["messages"],
+        json!([{"role": "system", "content": "You are a support agent."}, {"role": "user", "content": "Where is my order?"}])
+    );
+    assert_eq!(created["observation"]["tools"][0]["function"]["name"], "tracking_api");
+
+    // A live injection while the episode waits for its first action is delivered at once.
+    let (status, injected) = server
+        .post(&format!("/v1/episodes/{id}/inject"), r#"{"observation": {"notice": "carrier strike"}, "id": "ops-1"}"#)
+        .await;
+    assert_eq!(status, 202, "{injected}");
+    assert_eq!(injected["delivered_at_step"], 1);
+    assert_eq!(
+        injected["observation"]["messages"],
+        json!([{"role": "user", "content": "[injected observation ops-1] {\"notice\":\"carrier strike\"}"}])
+    );
+    // One for a later step waits for it.
+    let (status, later) =
+        server.post(&format!("/v1/episodes/{id}/inject"), r#"{"observation": "hurry", "at_step": 2}"#).await;
+    assert_eq!(status, 202, "{later}");
+    assert_eq!(later["delivered_at_step"], Value::Null);
+    let later_id = later["id"].as_str().unwrap().to_string();
+
+    let (status, stepped) = server
+        .post(
+            &format!("/v1/episodes/{id}/step"),
+            r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}"#,
+        )
+        .await;
+    assert_eq!(status, 200, "{stepped}");
+    assert_eq!(stepped["done"], false);
+    assert_eq!(stepped["reward"], 0.0);
+    let info = &stepped["info"];
+    assert_eq!(info["step"], 1);
+    assert_eq!(info["status"], "ok");
+    assert_eq!(info["error_type"], Value::Null);
+    assert_eq!(info["memory_delta_keys"], json!(["shipping_status"]));
+    assert!(info["latency_ms"].as_f64().unwrap() >= 0.0);
+    assert_eq!(info["calls"][0]["call_id"], "call_0_0");
+    assert_eq!(info["injections"], json!(["policy-note", later_id]), "after-tool, then the one due at step 2");
+    let messages = stepped["observation"]["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[0],
+        json!({"role": "tool", "tool_call_id": "call_0_0", "content": "{\"status\":\"in_transit\"}"})
+    );
+    assert_eq!(messages.len(), 3, "tool result, after-tool injection, step-2 injection: {messages:?}");
+    assert_eq!(stepped["observation"]["memory"], json!({"order_id": "A-1", "shipping_status": "in_transit"}));
+
+    let (status, last) = server.post(&format!("/v1/episodes/{id}/step"), r#"{"content": "It ships tomorrow."}"#).await;
+    assert_eq!(status, 200, "{last}");
+    assert_eq!(last["done"], true);
+    let reward = last["reward"].as_f64().unwrap();
+    assert!((reward - (0.7 - 0.3 * 2.0 / 4.0)).abs() < 1e-9, "{reward}");
+    assert_eq!(last["info"]["outcome"], "completed");
+
+    assert_error(
+        &server.post(&format!("/v1/episodes/{id}/step"), r#"{"content": "again"}"#).await,
+        409,
+        "EpisodeDone",
+        "ended completed at step 2",
+    );
+    assert_error(
+        &server.post(&format!("/v1/episodes/{id}/inject"), r#"{"observation": 1}"#).await,
+        409,
+        "EpisodeFinished",
+        "already finished",
+    );
+
+    let (status, closed) = server.post(&format!("/v1/episodes/{id}/close"), "").await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["episode_id"], id.as_str());
+    assert_eq!(closed["outcome"], "completed");
+    assert_eq!(closed["metrics"]["tool_call_accuracy"], 1.0);
+    assert_eq!(closed["metrics"]["memory_consistency"], 1.0);
+    assert_eq!(closed["reward"], last["reward"]);
+    let (_, again) = server.post(&format!("/v1/episodes/{id}/close"), "").await;
+    assert_eq!(again, closed, "closing twice answers the same metrics");
+
+    let trace = server.trace(&id).await;
+    assert!(matches!(trace.tail, Tail::Complete), "{:?}", trace.tail);
+    assert_eq!(trace.header.episode_id, id);
+    let injections: Vec<(u32, String, i32)> = trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::Injection(i)) => Some((r.step, i.id.clone(), i.trigger)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        injections,
+        vec![
+            (1, "ops-1".to_string(), InjectionTrigger::Live as i32),
+            (1, "policy-note".to_string(), InjectionTrigger::AfterTool as i32),
+            (2, later_id.clone(), InjectionTrigger::Live as i32),
+        ]
+    );
+    let Some(Body::EpisodeEnd(end)) = trace.records.last().and_then(|r| r.body.as_ref()) else {
+        panic!("the trace ends with the episode end")
+    };
+    assert_eq!(end.outcome, Outcome::Completed as i32);
+    assert_eq!(end.final_answer, "It ships tomorrow.");
+    assert!(
+        trace
+            .records
+            .iter()
+            .any(|r| matches!(&r.body, Some(Body::RewardSignal(s)) if (s.weighted_sum - reward).abs() < 1e-9))
+    );
+
+    let (status, listed) = server.get("/v1/episodes").await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["open"], 0);
+    assert_eq!(listed["episodes"][0]["episode_id"], id.as_str());
+    assert_eq!(listed["episodes"][0]["state"], "completed");
+    assert_eq!(listed["episodes"][0]["closed"], true);
+
+    let metrics = client().get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"basecamp_sandbox_injections_total{trigger="live"} 2"#), "{metrics}");
+    assert!(metrics.contains(r#"basecamp_sandbox_episodes_total{outcome="completed"} 1"#), "{metrics}");
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_driver_episode_and_its_actions_replayed_through_the_api_write_the_same_trace() {
+    let driver_dir = tempfile::tempdir().unwrap();
+    let driven = runner(driver_dir.path()).run(&row("ok"), driver_dir.path()).await.unwrap();
+    assert_eq!(driven.outcome, "completed");
+    let driver_trace = read_trace(driver_dir.path().join("ok.trace")).unwrap();
+
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    let (status, created) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "ok"}"#).await;
+    assert_eq!(status, 201, "{created}");
+    for action in [
+        r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}"#,
+        r#"{"content": "It ships tomorrow."}"#,
+    ] {
+        let (status, answer) = server.post("/v1/episodes/ok/step", action).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (_, closed) = server.post("/v1/episodes/ok/close", "").await;
+    assert_eq!(closed["metrics"]["tool_call_accuracy"], driven.metrics.tool_call_accuracy);
+    assert_eq!(closed["reward"], json!(driven.metrics.reward.unwrap()));
+    let served_trace = server.trace("ok").await;
+
+    let shape = |t: &TraceContents| -> Vec<(u32, String)> {
+        t.records.iter().filter_map(|r| r.body.as_ref().map(|b| (r.step, kind(b)))).collect()
+    };
+    assert_eq!(shape(&served_trace), shape(&driver_trace), "the same record kinds at the same steps, in order");
+    let calls = |t: &TraceContents| -> Vec<(String, String, Vec<u8>, Vec<u8>, i32, Vec<u8>)> {
+        t.records
+            .iter()
+            .filter_map(|r| match &r.body {
+                Some(Body::PlanStep(p)) => Some((
+                    p.tool.clone(),
+                    p.call_id.clone(),
+                    p.input_hash.clone(),
+                    p.result_hash.clone(),
+                    p.status,
+                    p.memory_hash_after.clone(),
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(calls(&served_trace), calls(&driver_trace), "the same calls, hashes and statuses");
+    assert_eq!(calls(&served_trace).len(), 2);
+    assert_eq!(served_trace.header.task, driver_trace.header.task);
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_exec_tool_past_the_plan_step_deadline_is_rolled_back_and_reported() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    let (status, created) = server
+        .post("/v1/episodes", r#"{"instruction": "Note this and wait.", "initial_memory": {"order_id": "A-1"}, "expected_tool_calls": [{"name": "note", "arguments": {"k": "v"}}]}"#)
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["episode_id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("episode-"), "{id}");
+    assert_eq!(created["row_id"], Value::Null);
+    let (status, stepped) = server
+        .post(
+            &format!("/v1/episodes/{id}/step"),
+            r#"{"tool_calls": [{"name": "note", "arguments": {"k": "v"}}, {"name": "hang", "arguments": "{}"}]}"#,
+        )
+        .await;
+    assert_eq!(status, 200, "{stepped}");
+    let info = &stepped["info"];
+    assert_eq!(info["status"], "rolled_back");
+    assert_eq!(info["error_type"], "plan_step_timeout");
+    assert_eq!(info["plan_step_timed_out"], true);
+    assert_eq!(info["calls"][0]["memory_delta_keys"], json!(["k"]), "the exec tool's memory patch");
+    assert_eq!(stepped["observation"]["memory"], json!({"order_id": "A-1"}), "rolled back to the checkpoint");
+    assert_eq!(stepped["done"], false);
+
+    // An unknown tool is the executor's refusal, recorded, not a bad request.
+    let (status, refused) =
+        server.post(&format!("/v1/episodes/{id}/step"), r#"{"tool_calls": [{"name": "teleport"}]}"#).await;
+    assert_eq!(status, 200, "{refused}");
+    assert_eq!(refused["info"]["status"], "refused");
+    assert_eq!(refused["info"]["error_type"], "unknown_tool");
+
+    let (_, closed) = server.post(&format!("/v1/episodes/{id}/close"), "").await;
+    assert_eq!(closed["outcome"], "cancelled");
+    assert_eq!(closed["failure_class"], "plan_step_timeout");
+    assert_eq!(closed["rollbacks"], 1);
+    assert!(closed["error"].as_str().unwrap().contains("closed by the client at step 3"), "{closed}");
+    let trace = server.trace(&id).await;
+    assert!(matches!(trace.tail, Tail::Complete));
+    assert!(trace.records.iter().any(
+        |r| matches!(&r.body, Some(Body::PlanStep(p)) if p.tool == "hang" && p.status == StepStatus::RolledBack as i32)
+    ));
+    let Some(Body::EpisodeEnd(end)) = trace.records.last().and_then(|r| r.body.as_ref()) else { panic!("no end") };
+    assert_eq!(end.outcome, Outcome::Cancelled as i32);
+    assert!(server.dir.path().join("traces").join(format!("{id}.rollback_trace.json")).exists());
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn the_last_step_allowed_ends_the_episode_at_max_steps() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    let (_, created) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "loop"}"#).await;
+    assert_eq!(created["episode_id"], "loop");
+    let action = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}"#;
+    for step in 1..=4 {
+        let (status, answer) = server.post("/v1/episodes/loop/step", action).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["done"], step == 4, "step {step}: {answer}");
+    }
+    let (_, listed) = server.get("/v1/episodes/loop").await;
+    assert_eq!(listed["state"], "max_steps");
+    assert_eq!(listed["result"]["metrics"]["steps"], 4);
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn every_error_has_its_status_category_and_a_message_naming_the_problem() {
+    let server = TestServer::start(2, Duration::from_secs(60)).await;
+    for (method, path) in [
+        ("POST", "/v1/episodes/nope/step"),
+        ("POST", "/v1/episodes/nope/inject"),
+        ("POST", "/v1/episodes/nope/close"),
+        ("GET", "/v1/episodes/nope/trace"),
+        ("GET", "/v1/episodes/nope"),
+    ] {
+        let request = if method == "GET" { client().get(server.url(path)) } else { client().post(server.url(path)) };
+        let answer = json_answer(request.body(r#"{"content": "x"}"#).send().await.unwrap()).await;
+        assert_error(&answer, 404, "UnknownEpisode", "no episode \"nope\"");
+    }
+    for (body, category, words) in [
+        (
+            r#"{"row_id": "missing"}"#,
+            "UnknownTestSetRow",
+            "row_id: no row \"missing\" in the test set tests.jsonl (1 rows: ok)",
+        ),
+        (r#"{"row": "ok"}"#, "InvalidEpisodeRequest", "row: unknown field"),
+        (r#"{}"#, "InvalidEpisodeRequest", "row_id: missing"),
+        (r#"{"row_id": "ok", "messages": []}"#, "InvalidEpisodeRequest", "messages: give either `row_id`"),
+        (
+            r#"{"instruction": "hi", "expected_tool_calls": [{"arguments": {}}]}"#,
+            "InvalidEpisodeRequest",
+            "expected_tool_calls[0]",
+        ),
+        (r#"{"instruction": "hi", "episode_id": ""}"#, "InvalidEpisodeRequest", "episode_id is empty"),
+        ("{\"row_id\": ", "InvalidEpisodeRequest", "body: not valid JSON at line 1 column 11"),
+    ] {
+        assert_error(&server.post("/v1/episodes", body).await, 400, category, words);
+    }
+
+    let (status, _) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "a"}"#).await;
+    assert_eq!(status, 201);
+    assert_error(
+        &server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "a"}"#).await,
+        409,
+        "EpisodeExists",
+        "episode \"a\" exists already",
+    );
+    for (body, words) in [
+        (r#"{"tool_calls": [{"arguments": {}}]}"#, "tool_calls[0].name: missing"),
+        (r#"{"tool_calls": "tracking_api"}"#, "tool_calls: is a string, not an array"),
+        (r#"{"content": 3}"#, "content: is a number, not a string"),
+        (r#"{"say": "hi"}"#, "say: unknown field"),
+        ("{", "body: not valid JSON"),
+    ] {
+        assert_error(&server.post("/v1/episodes/a/step", body).await, 400, "InvalidAction", words);
+    }
+    assert_error(
+        &server.post("/v1/episodes/a/inject", r#"{"observation": null}"#).await,
+        400,
+        "InvalidInjection",
+        "`observation` is null",
+    );
+    let (_, state) = server.get("/v1/episodes/a").await;
+    assert_eq!(state["step"], 1, "a refused action plays nothing: {state}");
+
+    let (status, _) = server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!(status, 201);
+    assert_error(
+        &server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await,
+        429,
+        "TooManyEpisodes",
+        "2 episodes are open, the limit is 2",
+    );
+    let (status, _) = server.post("/v1/episodes/a/close", "").await;
+    assert_eq!(status, 200);
+    let (status, created) = server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!(status, 201, "a closed episode frees its place: {created}");
+
+    assert_error(&server.get("/v2/anything").await, 404, "NoSuchEndpoint", "POST /v1/episodes/{id}/step");
+    let answer = json_answer(client().delete(server.url("/v1/episodes")).send().await.unwrap()).await;
+    assert_error(&answer, 405, "MethodNotAllowed", "does not serve that method");
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_idle_episode_is_closed_as_cancelled_and_frees_its_place() {
+    let server = TestServer::start(1, Duration::from_millis(300)).await;
+    let (status, _) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "idle"}"#).await;
+    assert_eq!(status, 201);
+    let mut closed = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (_, state) = server.get("/v1/episodes/idle").await;
+        if state["closed"] == true {
+            assert_eq!(state["state"], "cancelled", "{state}");
+            assert!(state["result"]["error"].as_str().unwrap().contains("the idle timeout"), "{state}");
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "the idle episode was never closed");
+    assert_error(
+        &server.post("/v1/episodes/idle/step", r#"{"content": "late"}"#).await,
+        409,
+        "EpisodeDone",
+        "ended cancelled",
+    );
+    let (status, _) = server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!(status, 201, "the place was freed");
+    let trace = server.trace("idle").await;
+    assert!(matches!(trace.tail, Tail::Complete));
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn shutting_down_completes_the_traces_of_open_episodes() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    let (status, _) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "open"}"#).await;
+    assert_eq!(status, 201);
+    let gym = server.gym.clone();
+    let dir = server.shut_down().await;
+    let trace = read_trace(dir.path().join("traces").join("open.trace")).unwrap();
+    assert!(matches!(trace.tail, Tail::Complete), "{:?}", trace.tail);
+    let Some(Body::EpisodeEnd(end)) = trace.records.last().and_then(|r| r.body.as_ref()) else { panic!("no end") };
+    assert_eq!(end.outcome, Outcome::Cancelled as i32);
+    let metrics = gym.metrics().encode_prometheus_text();
+    assert!(metrics.contains(r#"basecamp_sandbox_episodes_total{outcome="cancelled"} 1"#), "{metrics}");
+}
+
+// ---- the `serve` subcommand --------------------------------------------------
+
+const MANIFEST: &str = r#"
+apiVersion: basecamp.dev/v1alpha1
+kind: SandboxConfig
+metadata:
+  name: tools
+spec:
+  tools:
+    track_order:
+      description: Look up an order.
+      parameters: {type: object, properties: {order_id: {type: string}}}
+      recorded:
+        fixture: fixture.jsonl
+      memoryPatch:
+        shipping_status: /status
+  toolTimeouts:
+    default: 300ms
+  maxSteps: 4
+  planStepTimeout: 5s
+  rewards:
+    components:
+      correctness: {weight: 1.0, source: tool_call_accuracy}
+---
+apiVersion: basecamp.dev/v1alpha1
+kind: HarnessTask
+metadata:
+  name: shipping
+spec:
+  taskDefinition:
+    description: You are a support agent.
+    successCriteria: ["tool_call_accuracy >= 0.5"]
+  evaluation:
+    metrics: [tool_call_accuracy]
+    testSet: tests.jsonl
+  policy:
+    endpoint: http://127.0.0.1:9/v1
+    model: trained-elsewhere
+    apiKeyEnv: BASECAMP_GYM_TEST_KEY_THAT_IS_NEVER_SET
+  sandboxRef: {name: tools}
+"#;
+
+const MANIFEST_FIXTURE: &str = r#"{"tool": "track_order", "arguments": {"order_id": "1"}, "observation": {"status": "in_transit"}}
+"#;
+
+const TESTS: &str = r#"{"id": "ep-1", "instruction": "Where is order 1?", "expected_tool_calls": [{"name": "track_order", "arguments": {"order_id": "1"}}], "expected_memory": {"shipping_status": "in_transit"}}
+"#;
+
+#[tokio::test]
+async fn the_serve_command_serves_a_task_and_completes_open_traces_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("task.yaml"), MANIFEST).unwrap();
+    std::fs::write(project.path().join("fixture.jsonl"), MANIFEST_FIXTURE).unwrap();
+    std::fs::write(project.path().join("tests.jsonl"), TESTS).unwrap();
+    let out = project.path().join("traces");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["serve", "--config"])
+        .arg(project.path())
+        .args(["--listen", "127.0.0.1:0", "--max-episodes", "2", "--idle-timeout", "5m", "--out"])
+        .arg(&out)
+        .env_remove("BASECAMP_SANDBOX_LISTEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first_line).unwrap();
+    let Some(base) = first_line.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_string) else {
+        let _ = child.kill();
+        let output = child.wait_with_output().unwrap();
+        panic!("no address in {first_line:?}; stderr: {}", String::from_utf8_lossy(&output.stderr))
+    };
+    let post = |path: &str, body: &str| {
+        let request = client().post(format!("{base}{path}")).body(body.to_string());
+        async move { json_answer(request.send().await.unwrap()).await }
+    };
+
+    let (status, created) = post("/v1/episodes", r#"{"row_id": "ep-1", "episode_id": "one"}"#).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["observation"]["messages"][0]["content"], "You are a support agent.");
+    assert_eq!(created["observation"]["tools"][0]["function"]["name"], "track_order");
+    let (status, stepped) =
+        post("/v1/episodes/one/step", r#"{"tool_calls": [{"name": "track_order", "arguments": {"order_id": "1"}}]}"#)
+            .await;
+    assert_eq!(status, 200, "{stepped}");
+    assert_eq!(stepped["observation"]["memory"], json!({"shipping_status": "in_transit"}));
+    let (_, done) = post("/v1/episodes/one/step", r#"{"content": "In transit."}"#).await;
+    assert_eq!((done["done"].clone(), done["reward"].clone()), (json!(true), json!(1.0)), "{done}");
+    let (status, _) = post("/v1/episodes", r#"{"row_id": "ep-1", "episode_id": "left-open"}"#).await;
+    assert_eq!(status, 201);
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for (file, outcome) in [("one.trace", Outcome::Completed), ("left-open.trace", Outcome::Cancelled)] {
+        let trace = read_trace(out.join(file)).unwrap();
+        assert!(matches!(trace.tail, Tail::Complete), "{file}: {:?}", trace.tail);
+        let Some(Body::EpisodeEnd(end)) = trace.records.last().and_then(|r| r.body.as_ref()) else { panic!("{file}") };
+        assert_eq!(end.outcome, outcome as i32, "{file}");
+        assert_eq!(trace.header.task, "shipping");
+    }
+}
