@@ -39,6 +39,16 @@ pub const DEFAULT_VARIANT: &str = "default";
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.sandboxRef) != (has(self.variants) && size(self.variants) > 0)",
+        "message": "set exactly one of spec.sandboxRef (one sandbox) and spec.variants (an A/B test)"
+    },
+    {
+        "rule": "!has(self.parallelism) || !has(self.shards) || self.parallelism <= self.shards",
+        "message": "spec.parallelism cannot exceed spec.shards"
+    }
+]))]
 pub struct HarnessTaskSpec {
     /// What the task is and what success means.
     pub task_definition: TaskDefinition,
@@ -56,15 +66,26 @@ pub struct HarnessTaskSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_ref: Option<SandboxRef>,
     /// Shards per variant: the test set is split into this many contiguous
-    /// parts, one pod each (an Indexed Job's completions). Default: 1.
+    /// parts, one pod each (an Indexed Job's completions). At least 1.
+    /// Default: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub shards: Option<u32>,
-    /// Shards of one variant running at once. Default: all of them.
+    /// Shards of one variant running at once, at least 1. Default: all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub parallelism: Option<u32>,
     /// An A/B test: two variants, each with its own sandbox (or profile), run
-    /// on the same test set and compared. Set this or `sandboxRef`.
+    /// on the same test set and compared. Set this or `sandboxRef`. At most
+    /// two, with different names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {
+            "rule": "self.all(v, self.exists_one(w, w.name == v.name))",
+            "message": "variant names must be unique"
+        }
+    ]))]
     pub variants: Vec<Variant>,
     /// Where traces, shard summaries and the report are written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -257,6 +278,7 @@ pub struct SandboxRef {
 pub struct Variant {
     /// The variant's name (a DNS label, e.g. `a`, `baseline`); it appears in
     /// Job names, labels, trace paths and metrics.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub name: String,
     /// The sandbox this variant runs in.
     pub sandbox_ref: SandboxRef,
@@ -333,6 +355,16 @@ pub struct HarnessTaskStatus {
     /// Success-criteria results.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub criteria: Vec<CriterionResult>,
+    /// The shard indexes (by variant) whose `summary.json` is counted in
+    /// `metrics`. Metrics are always recomputed from every summary found in
+    /// the trace destination, so a restarted operator never counts a shard
+    /// twice.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub aggregated_shards: BTreeMap<String, Vec<u32>>,
+    /// A/B deltas (second variant minus first) by metric name, once both
+    /// variants have data.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deltas: BTreeMap<String, f64>,
     /// Where the traces are (`s3://...` or a directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_location: Option<String>,

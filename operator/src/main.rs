@@ -1,14 +1,305 @@
-//! `basecamp-operator`: the controller. The reconcile pipeline arrives with
-//! the operator issue; until then this binary only describes itself.
+//! `basecamp-operator`: `run` the controller, generate or check the CRDs
+//! (`crdgen`), or copy the sandbox binary into a pod's shared volume
+//! (`inject-sandbox`, used by the init container).
 
-use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use basecamp_api::{HarnessTask, SandboxConfig};
+use basecamp_operator::controller::{self, Context};
+use basecamp_operator::leader::LeaderElector;
+use basecamp_operator::metrics::Metrics;
+use basecamp_operator::server::{self, ServerState};
+use basecamp_operator::settings::Settings;
+use basecamp_operator::{crdgen, inject};
+use basecamp_sandbox::storage::{Storage, StorageConfig};
+use clap::{Parser, Subcommand, ValueEnum};
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
 
 /// Reconciles HarnessTask and SandboxConfig resources into GPU-scheduled sandbox Jobs.
 #[derive(Parser)]
 #[command(name = "basecamp-operator", version, about, long_about = None)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() -> anyhow::Result<()> {
-    Cli::parse();
-    anyhow::bail!("basecamp-operator: the controller is not implemented yet")
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controller.
+    Run(RunArgs),
+    /// Write one YAML file per CRD into --out, or check --check for drift (exit 1 naming each drifting file).
+    Crdgen(CrdgenArgs),
+    /// Copy the sandbox binary into a shared volume (the init container of tools-image pods).
+    InjectSandbox(InjectArgs),
+}
+
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct CrdgenArgs {
+    /// Directory to write the CRDs into (e.g. crds).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Directory to compare with what the types generate.
+    #[arg(long)]
+    check: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Namespaces to watch, comma-separated; empty: all namespaces.
+    #[arg(long, env = "BASECAMP_WATCH_NAMESPACES", value_delimiter = ',', default_value = "")]
+    namespaces: Vec<String>,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, env = "BASECAMP_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Run only while holding the Lease `basecamp-operator` (for several replicas).
+    #[arg(long, env = "BASECAMP_LEADER_ELECT")]
+    leader_elect: bool,
+    /// The namespace of the leader Lease (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease and in Events (the pod's name).
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    /// The Basecamp image: sandbox pods run it (and copy the sandbox binary from it into tools images).
+    #[arg(long, env = "BASECAMP_SANDBOX_IMAGE", default_value = "basecamp:dev")]
+    sandbox_image: String,
+    /// An S3-compatible endpoint for the operator and the sandbox pods (none: AWS S3).
+    #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
+    s3_endpoint: Option<String>,
+    /// A Secret in each task's namespace with the pods' S3 credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    #[arg(long, env = "BASECAMP_S3_SECRET")]
+    s3_secret: Option<String>,
+    /// ttlSecondsAfterFinished of the sandbox Jobs.
+    #[arg(long, env = "BASECAMP_JOB_TTL_SECONDS", default_value_t = 604_800)]
+    job_ttl_seconds: i32,
+    /// Retries of one shard (backoffLimitPerIndex).
+    #[arg(long, env = "BASECAMP_SHARD_RETRIES", default_value_t = 2)]
+    shard_retries: i32,
+    /// Log format (the level comes from RUST_LOG, default info).
+    #[arg(long, env = "BASECAMP_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::Args)]
+struct InjectArgs {
+    /// The sandbox binary in this image.
+    #[arg(long, default_value = basecamp_operator::settings::SANDBOX_BINARY_IN_IMAGE)]
+    from: PathBuf,
+    /// Where to put it (on the shared volume).
+    #[arg(long)]
+    to: PathBuf,
+}
+
+fn crdgen_command(args: CrdgenArgs) -> ExitCode {
+    match (args.out, args.check) {
+        (Some(dir), _) => match crdgen::write(&dir) {
+            Ok(paths) => {
+                for path in paths {
+                    println!("wrote {}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error [{}]: {e}", e.category());
+                ExitCode::from(2)
+            }
+        },
+        (None, Some(dir)) => match crdgen::check(&dir) {
+            Ok(drift) if drift.is_empty() => {
+                println!("{}: the CRDs match the types in api/", dir.display());
+                ExitCode::SUCCESS
+            }
+            Ok(drift) => {
+                for d in drift {
+                    eprintln!("error: {d}");
+                }
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("error [{}]: {e}", e.category());
+                ExitCode::from(2)
+            }
+        },
+        (None, None) => ExitCode::from(2),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// Completes when SIGTERM or SIGINT arrives.
+async fn termination() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(signal) => signal,
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the operator");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+async fn run_controller(client: Client, namespace: Option<String>, ctx: Arc<Context>, stop: watch::Receiver<bool>) {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ns = namespace.as_deref();
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=basecamp-operator");
+    let controller = Controller::new(api::<HarnessTask>(&client, ns), watcher::Config::default());
+    let tasks = controller.store();
+    controller
+        .owns(api::<Job>(&client, ns), owned.clone())
+        .owns(api::<ConfigMap>(&client, ns), owned)
+        .watches(api::<SandboxConfig>(&client, ns), watcher::Config::default(), move |sandbox| {
+            controller::tasks_referencing(&tasks.state(), &sandbox)
+        })
+        .graceful_shutdown_on(stopped(stop))
+        .run(controller::reconcile, controller::error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((task, _)) => tracing::debug!(%task, "reconciled"),
+                Err(error) => tracing::warn!(%error, "controller"),
+            }
+        })
+        .await;
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let client = Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (kubeconfig or in-cluster config): {e}"))?;
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(false));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        termination().await;
+        let _ = stop_tx.send(true);
+    });
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {} (--metrics-addr): {e}", args.metrics_addr))?;
+    let state = ServerState { metrics: metrics.clone(), ready: ready.clone() };
+    let server = tokio::spawn(server::serve(listener, state, stopped(stop_rx.clone())));
+    tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz, /readyz");
+
+    let identity = args
+        .pod_name
+        .clone()
+        .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "basecamp-operator".into()));
+    let elector = args.leader_elect.then(|| LeaderElector::new(client.clone(), &args.lease_namespace, &identity));
+    ready.store(true, Ordering::Relaxed);
+    if let Some(elector) = &elector {
+        tracing::info!(namespace = %args.lease_namespace, %identity, "waiting for the leader Lease");
+        tokio::select! {
+            acquired = elector.acquire() => acquired.map_err(|e| anyhow::anyhow!("{e}"))?,
+            () = stopped(stop_rx.clone()) => return Ok(()),
+        }
+    }
+    let settings = Settings {
+        sandbox_image: args.sandbox_image,
+        s3_endpoint: args.s3_endpoint.clone(),
+        s3_secret: args.s3_secret,
+        job_ttl_seconds: args.job_ttl_seconds,
+        backoff_limit_per_index: args.shard_retries,
+    };
+    let mut storage_config = StorageConfig::from_env();
+    if let Some(endpoint) = &args.s3_endpoint {
+        storage_config = storage_config.with_endpoint(endpoint.clone());
+    }
+    let ctx = Arc::new(Context::new(client.clone(), metrics, settings, Storage::new(storage_config), Some(identity)));
+    let namespaces: Vec<Option<String>> = {
+        let named: Vec<String> =
+            args.namespaces.iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
+        if named.is_empty() { vec![None] } else { named.into_iter().map(Some).collect() }
+    };
+    tracing::info!(namespaces = ?namespaces, "starting the HarnessTask controller");
+    let controllers = futures::future::join_all(
+        namespaces.into_iter().map(|ns| run_controller(client.clone(), ns, ctx.clone(), stop_rx.clone())),
+    );
+    let lost = async {
+        match &elector {
+            Some(elector) => elector.keep().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = controllers => {}
+        reason = lost => {
+            anyhow::bail!("lost leadership: {reason}; exiting so that a fresh start campaigns again");
+        }
+    }
+    let _ = server.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Run(args) => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Crdgen(args) => crdgen_command(args),
+        Command::InjectSandbox(args) => match inject::inject_sandbox(&args.from, &args.to) {
+            Ok(bytes) => {
+                println!("copied {} ({bytes} bytes) to {}", args.from.display(), args.to.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
 }

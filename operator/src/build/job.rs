@@ -1,0 +1,295 @@
+//! One Indexed Job per variant: `completions` = shards, each index one pod
+//! running `basecamp-sandbox run ... --shard $(JOB_COMPLETION_INDEX)/N`
+//! (the kubelet expands `$(VAR)` in args from the container's environment,
+//! so no shell is needed).
+//!
+//! Exit codes of `basecamp-sandbox run` drive the pod failure policy:
+//! 1 (the configuration or the node's GPU is refused) fails that index at
+//! once — a retry would fail the same way, and a per-index failure keeps one
+//! lying node from failing the whole Job; 2 (episodes lost) and 3 (upload
+//! failed) are retried up to `backoffLimitPerIndex`; a pod evicted by a
+//! disruption is retried without counting.
+//!
+//! When the SandboxConfig names a tools image, an init container copies the
+//! sandbox binary from the Basecamp image into an emptyDir (as Argo and
+//! Tekton inject their entrypoints), and the sandbox container runs it from
+//! there inside the user's image.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
+    PodFailurePolicyRule,
+};
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource, ObjectFieldSelector,
+    PodSpec, PodTemplateSpec, ResourceRequirements, SecretEnvSource, SecretKeySelector, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ObjectMeta;
+
+use super::affinity::{GPU_RESOURCE, gpu_affinity, gpu_tolerations};
+use super::configmap::MANIFESTS_KEY;
+use super::names::{KUEUE_QUEUE_LABEL, TEMPLATE_HASH_ANNOTATION, config_map_name, job_name, labels, stable_hash};
+use super::security::{container_security_context, pod_security_context};
+use super::{BuildError, BuildInput, ResolvedVariant};
+use crate::settings::{OPERATOR_BINARY_IN_IMAGE, SANDBOX_BINARY_IN_IMAGE};
+
+/// The sandbox container's name (the pod failure policy matches on it).
+pub const SANDBOX_CONTAINER: &str = "sandbox";
+/// The init container that copies the sandbox binary.
+pub const INJECT_CONTAINER: &str = "inject-sandbox";
+/// Where the manifests are mounted.
+pub const CONFIG_DIR: &str = "/etc/basecamp";
+/// The writable working directory (traces are written under it).
+pub const WORK_DIR: &str = "/work";
+/// Where the injected binary lives in a tools image.
+pub const INJECTED_BIN_DIR: &str = "/basecamp/bin";
+/// Env var holding the pod's index; the kubelet expands it in args.
+pub const INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
+/// Exit code of `basecamp-sandbox run`: configuration (or GPU) refused.
+pub const EXIT_CONFIG_ERROR: i32 = 1;
+/// Exit code: episodes lost (their traces could not be written).
+pub const EXIT_LOST_EPISODES: i32 = 2;
+/// Exit code: the upload failed (local copies kept).
+pub const EXIT_UPLOAD_FAILED: i32 = 3;
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount { name: name.into(), mount_path: path.into(), read_only: Some(read_only), ..Default::default() }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), value_from: None }
+}
+
+/// The sandbox's arguments: `run --config ... --shard $(JOB_COMPLETION_INDEX)/N`.
+pub fn sandbox_args(task: &str, variant: &str, shards: u32) -> Vec<String> {
+    [
+        "run",
+        "--config",
+        &format!("{CONFIG_DIR}/{MANIFESTS_KEY}"),
+        "--task",
+        task,
+        "--variant",
+        variant,
+        "--shard",
+        &format!("$({INDEX_ENV})/{shards}"),
+        "--out",
+        &format!("{WORK_DIR}/traces"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn resources(variant: &ResolvedVariant) -> Option<ResourceRequirements> {
+    let mut resources = variant.spec.resources.clone().unwrap_or_default();
+    let gpus = variant.spec.gpu.as_ref().map_or(0, |g| g.gpu_count());
+    if gpus > 0 {
+        let quantity = Quantity(gpus.to_string());
+        resources.requests.get_or_insert_with(BTreeMap::new).insert(GPU_RESOURCE.into(), quantity.clone());
+        resources.limits.get_or_insert_with(BTreeMap::new).insert(GPU_RESOURCE.into(), quantity);
+    }
+    (resources != ResourceRequirements::default()).then_some(resources)
+}
+
+fn sandbox_env(input: &BuildInput<'_>) -> Vec<EnvVar> {
+    let mut vars = vec![
+        EnvVar {
+            name: INDEX_ENV.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.annotations['batch.kubernetes.io/job-completion-index']".into(),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }),
+        },
+        env("HOME", "/tmp"),
+    ];
+    if let Some(endpoint) = &input.settings.s3_endpoint {
+        vars.push(env("AWS_ENDPOINT_URL_S3", endpoint));
+    }
+    if let Some(secret) = &input.task.spec.policy.api_key_secret {
+        vars.push(EnvVar {
+            name: basecamp_sandbox::config::API_KEY_ENV.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret.key.clone().unwrap_or_else(|| "apiKey".into()),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+        });
+    }
+    vars
+}
+
+/// The pod template of one variant.
+pub fn pod_template(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result<PodTemplateSpec, BuildError> {
+    let shards = input.task.spec.shards();
+    let gpu = variant.spec.gpu.clone().unwrap_or_default();
+    let min_cc = gpu
+        .min_compute_capability()
+        .map_err(|source| BuildError::InvalidComputeCapability { variant: variant.name.clone(), source })?;
+    let tools_image = variant.spec.image.clone().filter(|i| !i.trim().is_empty());
+    let mut volumes = vec![
+        Volume {
+            name: "manifests".into(),
+            config_map: Some(ConfigMapVolumeSource { name: config_map_name(input.name), ..Default::default() }),
+            ..Default::default()
+        },
+        empty_dir("work"),
+        empty_dir("tmp"),
+    ];
+    let mut mounts =
+        vec![mount("manifests", CONFIG_DIR, true), mount("work", WORK_DIR, false), mount("tmp", "/tmp", false)];
+    let mut init_containers = Vec::new();
+    let (image, command) = match &tools_image {
+        Some(image) => {
+            volumes.push(empty_dir("basecamp-bin"));
+            mounts.push(mount("basecamp-bin", INJECTED_BIN_DIR, true));
+            let injected = format!("{INJECTED_BIN_DIR}/basecamp-sandbox");
+            init_containers.push(Container {
+                name: INJECT_CONTAINER.into(),
+                image: Some(input.settings.sandbox_image.clone()),
+                command: Some(vec![OPERATOR_BINARY_IN_IMAGE.into()]),
+                args: Some(vec![
+                    "inject-sandbox".into(),
+                    "--from".into(),
+                    SANDBOX_BINARY_IN_IMAGE.into(),
+                    "--to".into(),
+                    injected.clone(),
+                ]),
+                volume_mounts: Some(vec![mount("basecamp-bin", INJECTED_BIN_DIR, false)]),
+                security_context: Some(container_security_context()),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".into(), Quantity("10m".into())),
+                        ("memory".into(), Quantity("32Mi".into())),
+                    ])),
+                    limits: Some(BTreeMap::from([("memory".into(), Quantity("64Mi".into()))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            (image.clone(), injected)
+        }
+        None => (input.settings.sandbox_image.clone(), SANDBOX_BINARY_IN_IMAGE.to_string()),
+    };
+    let sandbox = Container {
+        name: SANDBOX_CONTAINER.into(),
+        image: Some(image),
+        command: Some(vec![command]),
+        args: Some(sandbox_args(input.name, &variant.name, shards)),
+        working_dir: Some(WORK_DIR.into()),
+        env: Some(sandbox_env(input)),
+        env_from: input.settings.s3_secret.as_ref().map(|name| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource { name: name.clone(), optional: Some(true) }),
+                ..Default::default()
+            }]
+        }),
+        resources: resources(variant),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    let needs_gpu = gpu.gpu_count() > 0;
+    Ok(PodTemplateSpec {
+        metadata: Some(ObjectMeta { labels: Some(labels(input.name, Some(&variant.name))), ..Default::default() }),
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            runtime_class_name: variant.spec.runtime_class_name.clone(),
+            security_context: Some(pod_security_context()),
+            affinity: gpu_affinity(&gpu, min_cc),
+            tolerations: needs_gpu.then(gpu_tolerations),
+            init_containers: (!init_containers.is_empty()).then_some(init_containers),
+            containers: vec![sandbox],
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+    })
+}
+
+/// The pod failure policy (see the module docs).
+pub fn pod_failure_policy() -> PodFailurePolicy {
+    let exit_codes = |operator: &str, values: Vec<i32>| PodFailurePolicyOnExitCodesRequirement {
+        container_name: Some(SANDBOX_CONTAINER.into()),
+        operator: operator.into(),
+        values,
+    };
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: "FailIndex".into(),
+                on_exit_codes: Some(exit_codes("In", vec![EXIT_CONFIG_ERROR])),
+                on_pod_conditions: None,
+            },
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_exit_codes: None,
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: Some("True".into()),
+                }]),
+            },
+            PodFailurePolicyRule {
+                action: "Count".into(),
+                on_exit_codes: Some(exit_codes("In", vec![EXIT_LOST_EPISODES, EXIT_UPLOAD_FAILED])),
+                on_pod_conditions: None,
+            },
+        ],
+    }
+}
+
+/// The Job of one variant.
+pub fn job(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result<Job, BuildError> {
+    let shards = input.task.spec.shards();
+    let completions = i32::try_from(shards).unwrap_or(i32::MAX);
+    let parallelism =
+        input.task.spec.parallelism.map_or(completions, |p| i32::try_from(p).unwrap_or(i32::MAX).min(completions));
+    let template = pod_template(input, variant)?;
+    let immutable = serde_json::json!({
+        "template": &template,
+        "completions": completions,
+        "podFailurePolicy": pod_failure_policy(),
+        "backoffLimitPerIndex": input.settings.backoff_limit_per_index,
+    });
+    let hash = stable_hash(immutable.to_string().as_bytes());
+    let mut job_labels = labels(input.name, Some(&variant.name));
+    if let Some(queue) = input.task.spec.queue_name.as_deref().filter(|q| !q.is_empty()) {
+        job_labels.insert(KUEUE_QUEUE_LABEL.into(), queue.into());
+    }
+    Ok(Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(input.name, &variant.name)),
+            namespace: Some(input.namespace.to_string()),
+            labels: Some(job_labels),
+            annotations: Some(BTreeMap::from([(TEMPLATE_HASH_ANNOTATION.to_string(), hash)])),
+            owner_references: Some(vec![input.owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            completion_mode: Some("Indexed".into()),
+            completions: Some(completions),
+            parallelism: Some(parallelism),
+            backoff_limit_per_index: Some(input.settings.backoff_limit_per_index),
+            pod_failure_policy: Some(pod_failure_policy()),
+            ttl_seconds_after_finished: Some(input.settings.job_ttl_seconds),
+            suspend: Some(input.task.spec.suspend),
+            template,
+            ..Default::default()
+        }),
+        status: None,
+    })
+}

@@ -1,0 +1,90 @@
+//! Names and labels of the objects a task owns. Kubernetes caps names of
+//! Jobs (their pods carry the name in a label) and label values at 63
+//! characters; longer names keep a readable prefix and a hash suffix, so
+//! two long names never collide.
+
+use std::collections::BTreeMap;
+
+/// Label: the task's name.
+pub const TASK_LABEL: &str = "basecamp.dev/task";
+/// Label: the variant's name.
+pub const VARIANT_LABEL: &str = "basecamp.dev/variant";
+/// Annotation on a Job: the hash of everything immutable in it; a Job whose
+/// hash differs from the desired one is replaced.
+pub const TEMPLATE_HASH_ANNOTATION: &str = "basecamp.dev/template-hash";
+/// The Kueue queue label.
+pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+
+/// FNV-1a, 64 bits, as 16 hex digits: stable across builds and platforms.
+pub fn stable_hash(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// `text` if it has at most `max` characters, else a prefix, `-` and 8 hex
+/// digits of its hash (a valid DNS label when `text` is one).
+pub fn fit(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let hash = &stable_hash(text.as_bytes())[..8];
+    let prefix: String = text.chars().take(max.saturating_sub(9)).collect();
+    format!("{}-{hash}", prefix.trim_end_matches(['-', '.']))
+}
+
+/// A label value for a name (at most 63 characters).
+pub fn label_value(name: &str) -> String {
+    fit(name, 63)
+}
+
+/// The ConfigMap holding the manifests and resolved sandbox specs.
+pub fn config_map_name(task: &str) -> String {
+    fit(&format!("{task}-sandbox"), 253)
+}
+
+/// The NetworkPolicy of the task's sandbox pods.
+pub fn network_policy_name(task: &str) -> String {
+    fit(&format!("{task}-sandbox"), 253)
+}
+
+/// The Job of one variant: `<task>-<variant>`, at most 63 characters.
+pub fn job_name(task: &str, variant: &str) -> String {
+    fit(&format!("{task}-{variant}"), 63)
+}
+
+/// Labels on everything a task owns (and on its pods).
+pub fn labels(task: &str, variant: Option<&str>) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "basecamp-sandbox".to_string()),
+        ("app.kubernetes.io/instance".to_string(), label_value(task)),
+        ("app.kubernetes.io/component".to_string(), "sandbox".to_string()),
+        ("app.kubernetes.io/part-of".to_string(), "basecamp".to_string()),
+        ("app.kubernetes.io/managed-by".to_string(), crate::FIELD_MANAGER.to_string()),
+        (TASK_LABEL.to_string(), label_value(task)),
+    ]);
+    if let Some(variant) = variant {
+        labels.insert(VARIANT_LABEL.to_string(), label_value(variant));
+    }
+    labels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_names_keep_a_prefix_and_a_hash() {
+        assert_eq!(job_name("eval", "a"), "eval-a");
+        let long = "x".repeat(70);
+        let name = job_name(&long, "baseline");
+        assert_eq!(name.len(), 63);
+        assert_ne!(name, job_name(&long, "candidate"));
+        assert!(name.starts_with("xxxx"));
+        assert_eq!(label_value(&"y".repeat(64)).len(), 63);
+        assert_eq!(stable_hash(b""), "cbf29ce484222325");
+    }
+}

@@ -1,0 +1,164 @@
+//! The NetworkPolicy of a task's sandbox pods: no ingress, and egress only
+//! to DNS, the policy endpoint, the HTTP tools' hosts and S3.
+//!
+//! NetworkPolicy matches IP addresses, not host names. An endpoint given as
+//! an IP literal is allowed as that address (`/32` or `/128`) and port; one
+//! given as a host name opens its port (e.g. 443) to any address, which is
+//! the most a NetworkPolicy can say about a name. Loopback endpoints (a
+//! policy-server sidecar, the sandbox's own services) need no rule, and a
+//! tool URL whose host is a template placeholder is skipped.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::ObjectMeta;
+
+use super::BuildInput;
+use super::names::{TASK_LABEL, label_value, labels, network_policy_name};
+
+/// A place pods must reach: a host (name or IP literal) and a TCP port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Endpoint {
+    /// Host name or IP address (without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+/// Host and port of an `http(s)://` URL (default ports 80 and 443); `None`
+/// for anything else, and for hosts that are template placeholders.
+pub fn endpoint_of(url: &str) -> Option<Endpoint> {
+    let (scheme, rest) = url.trim().split_once("://")?;
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let (host, port) = if let Some(inner) = authority.strip_prefix('[') {
+        let (host, after) = inner.split_once(']')?;
+        (host.to_string(), after.strip_prefix(':'))
+    } else {
+        match authority.split_once(':') {
+            Some((host, port)) => (host.to_string(), Some(port)),
+            None => (authority.to_string(), None),
+        }
+    };
+    if host.is_empty() || host.contains(['{', '}', '$', '(', ')']) {
+        return None;
+    }
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => default_port,
+    };
+    Some(Endpoint { host: host.to_ascii_lowercase(), port })
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Every endpoint the task's pods call: policy, HTTP tools, S3.
+pub fn endpoints(input: &BuildInput<'_>) -> BTreeSet<Endpoint> {
+    let mut urls: Vec<String> = Vec::new();
+    if let Some(endpoint) = &input.task.spec.policy.endpoint {
+        urls.push(endpoint.clone());
+    }
+    for variant in &input.variants {
+        urls.extend(variant.spec.tools.values().filter_map(|tool| tool.http.as_ref()).map(|http| http.url.clone()));
+    }
+    urls.push(input.settings.s3_endpoint.clone().unwrap_or_else(|| "https://s3.amazonaws.com".to_string()));
+    urls.iter().filter_map(|u| endpoint_of(u)).filter(|e| !is_loopback(&e.host)).collect()
+}
+
+fn tcp(port: u16) -> NetworkPolicyPort {
+    NetworkPolicyPort { port: Some(IntOrString::Int(i32::from(port))), protocol: Some("TCP".into()), end_port: None }
+}
+
+fn dns_rule() -> NetworkPolicyEgressRule {
+    let port = |protocol: &str| NetworkPolicyPort {
+        port: Some(IntOrString::Int(53)),
+        protocol: Some(protocol.into()),
+        end_port: None,
+    };
+    NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector::default()),
+            pod_selector: Some(LabelSelector {
+                match_labels: Some([("k8s-app".to_string(), "kube-dns".to_string())].into()),
+                match_expressions: None,
+            }),
+            ip_block: None,
+        }]),
+        ports: Some(vec![port("UDP"), port("TCP")]),
+    }
+}
+
+fn endpoint_rule(endpoint: &Endpoint) -> NetworkPolicyEgressRule {
+    let to = endpoint.host.parse::<IpAddr>().ok().map(|ip| {
+        let cidr = match ip {
+            IpAddr::V4(v4) => format!("{v4}/32"),
+            IpAddr::V6(v6) => format!("{v6}/128"),
+        };
+        vec![NetworkPolicyPeer { ip_block: Some(IPBlock { cidr, except: None }), ..Default::default() }]
+    });
+    NetworkPolicyEgressRule { to, ports: Some(vec![tcp(endpoint.port)]) }
+}
+
+/// The NetworkPolicy.
+pub fn network_policy(input: &BuildInput<'_>) -> NetworkPolicy {
+    let endpoints = endpoints(input);
+    // Host names open only their port; one rule per distinct port suffices.
+    let mut rules = vec![dns_rule()];
+    let mut open_ports = BTreeSet::new();
+    for endpoint in &endpoints {
+        if endpoint.host.parse::<IpAddr>().is_ok() {
+            rules.push(endpoint_rule(endpoint));
+        } else {
+            open_ports.insert(endpoint.port);
+        }
+    }
+    rules.extend(open_ports.into_iter().map(|port| NetworkPolicyEgressRule { to: None, ports: Some(vec![tcp(port)]) }));
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(network_policy_name(input.name)),
+            namespace: Some(input.namespace.to_string()),
+            labels: Some(labels(input.name, None)),
+            owner_references: Some(vec![input.owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some([(TASK_LABEL.to_string(), label_value(input.name))].into()),
+                match_expressions: None,
+            }),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: None,
+            egress: Some(rules),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_from_urls() {
+        let e = |host: &str, port| Some(Endpoint { host: host.into(), port });
+        assert_eq!(endpoint_of("https://api.example.com/v1"), e("api.example.com", 443));
+        assert_eq!(endpoint_of("http://10.0.0.7:8000/v1"), e("10.0.0.7", 8000));
+        assert_eq!(endpoint_of("http://user:pw@Shop.internal"), e("shop.internal", 80));
+        assert_eq!(endpoint_of("http://[fd00::1]:9000/x"), e("fd00::1", 9000));
+        assert_eq!(endpoint_of("http://$(services.mock.host):8080/track"), None);
+        assert_eq!(endpoint_of("http://{host}/track"), None);
+        assert_eq!(endpoint_of("ftp://x"), None);
+        assert_eq!(endpoint_of("http://x:notaport/"), None);
+    }
+}

@@ -1,0 +1,314 @@
+//! Pure build tests: a spec in, the Job, ConfigMap, NetworkPolicy and
+//! affinity out — for compute capability 7.0, 7.5, 8.0, 8.6, 9.0 and none.
+
+use basecamp_api::HarnessTask;
+use basecamp_api::sandbox::SandboxConfigSpec;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn task(spec: Value) -> HarnessTask {
+    serde_json::from_value(json!({
+        "apiVersion": "basecamp.dev/v1alpha1",
+        "kind": "HarnessTask",
+        "metadata": {"name": "eval", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+        "spec": spec,
+    }))
+    .expect("task")
+}
+
+fn base_spec() -> Value {
+    json!({
+        "taskDefinition": {"successCriteria": ["tool_call_accuracy >= 0.9"]},
+        "evaluation": {"testSet": "s3://datasets/shop/tests.jsonl"},
+        "policy": {"endpoint": "http://10.0.0.7:8000/v1", "model": "m", "apiKeySecret": {"name": "policy-key"}},
+        "sandboxRef": {"name": "shop"},
+        "shards": 4,
+        "parallelism": 2,
+        "traces": {"destination": "s3://traces/basecamp"},
+        "suspend": true,
+        "queueName": "gpu-queue",
+    })
+}
+
+fn sandbox(value: Value) -> SandboxConfigSpec {
+    serde_json::from_value(value).expect("sandbox spec")
+}
+
+fn variant(name: &str, spec: SandboxConfigSpec) -> ResolvedVariant {
+    ResolvedVariant { name: name.into(), sandbox_name: "shop".into(), profile: None, spec }
+}
+
+fn gpu_sandbox(min_cc: Option<&str>) -> SandboxConfigSpec {
+    let mut value = json!({
+        "tools": {"track_order": {"http": {"url": "https://shop.example.com/orders/{order_id}"}}},
+        "runtimeClassName": "gvisor",
+    });
+    if let Some(cc) = min_cc {
+        value["gpu"] = json!({"required": true, "minComputeCapability": cc});
+    }
+    sandbox(value)
+}
+
+fn built(task: &HarnessTask, variants: Vec<ResolvedVariant>, settings: &Settings) -> Desired {
+    build(&BuildInput::new(task, variants, settings).expect("input")).expect("build")
+}
+
+fn to_json(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("json")
+}
+
+#[test]
+fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
+    let task = task(base_spec());
+    let settings = Settings {
+        s3_endpoint: Some("http://10.1.2.3:9000".into()),
+        s3_secret: Some("s3".into()),
+        ..Default::default()
+    };
+    let desired = built(&task, vec![variant("default", gpu_sandbox(Some("8.0")))], &settings);
+    assert_eq!(desired.jobs.len(), 1);
+    let job = to_json(&desired.jobs[0]);
+    assert_eq!(job["metadata"]["name"], "eval-default");
+    assert_eq!(job["metadata"]["namespace"], "team-a");
+    assert_eq!(job["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(job["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(job["metadata"]["labels"]["basecamp.dev/task"], "eval");
+    assert_eq!(job["metadata"]["labels"]["basecamp.dev/variant"], "default");
+    assert_eq!(job["metadata"]["labels"]["app.kubernetes.io/managed-by"], "basecamp-operator");
+    assert_eq!(job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "gpu-queue");
+    let spec = &job["spec"];
+    assert_eq!(spec["completionMode"], "Indexed");
+    assert_eq!(spec["completions"], 4);
+    assert_eq!(spec["parallelism"], 2);
+    assert_eq!(spec["suspend"], true);
+    assert_eq!(spec["backoffLimitPerIndex"], 2);
+    assert_eq!(spec["ttlSecondsAfterFinished"], 604_800);
+    let rules = spec["podFailurePolicy"]["rules"].as_array().expect("rules");
+    let action_for = |code: i64| {
+        rules
+            .iter()
+            .find(|r| r["onExitCodes"]["values"].as_array().is_some_and(|v| v.contains(&json!(code))))
+            .map(|r| r["action"].as_str().unwrap_or("").to_string())
+    };
+    assert_eq!(action_for(1).as_deref(), Some("FailIndex"), "a config error is not retried");
+    assert_eq!(action_for(3).as_deref(), Some("Count"), "a failed upload is retried");
+    assert_eq!(action_for(2).as_deref(), Some("Count"));
+    assert!(rules.iter().all(|r| r["onExitCodes"].is_null() || r["onExitCodes"]["containerName"] == "sandbox"));
+
+    let pod = &spec["template"]["spec"];
+    assert_eq!(spec["template"]["metadata"]["labels"]["basecamp.dev/variant"], "default");
+    assert_eq!(pod["restartPolicy"], "Never");
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["runtimeClassName"], "gvisor");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let container = &pod["containers"][0];
+    assert_eq!(container["name"], "sandbox");
+    assert_eq!(container["image"], "basecamp:dev");
+    assert_eq!(container["command"], json!(["/usr/local/bin/basecamp-sandbox"]));
+    assert_eq!(
+        container["args"],
+        json!([
+            "run",
+            "--config",
+            "/etc/basecamp/manifests.yaml",
+            "--task",
+            "eval",
+            "--variant",
+            "default",
+            "--shard",
+            "$(JOB_COMPLETION_INDEX)/4",
+            "--out",
+            "/work/traces"
+        ])
+    );
+    let env = container["env"].as_array().expect("env");
+    let var = |name: &str| env.iter().find(|e| e["name"] == name).cloned().unwrap_or(Value::Null);
+    assert_eq!(
+        var("JOB_COMPLETION_INDEX")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    );
+    assert_eq!(var("AWS_ENDPOINT_URL_S3")["value"], "http://10.1.2.3:9000");
+    assert_eq!(
+        var("BASECAMP_POLICY_API_KEY")["valueFrom"]["secretKeyRef"],
+        json!({"name": "policy-key", "key": "apiKey", "optional": false})
+    );
+    assert_eq!(container["envFrom"][0]["secretRef"]["name"], "s3");
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(container["resources"]["requests"]["nvidia.com/gpu"], "1");
+    assert_eq!(container["resources"]["limits"]["nvidia.com/gpu"], "1");
+    assert_eq!(pod["tolerations"][0]["key"], "nvidia.com/gpu");
+    assert!(pod["initContainers"].is_null(), "no tools image: the Basecamp image runs the sandbox");
+    let mounts: Vec<&str> =
+        container["volumeMounts"].as_array().expect("mounts").iter().filter_map(|m| m["mountPath"].as_str()).collect();
+    assert_eq!(mounts, ["/etc/basecamp", "/work", "/tmp"]);
+    assert_eq!(pod["volumes"][0]["configMap"]["name"], "eval-sandbox");
+}
+
+fn affinity_terms(job: &Job) -> Value {
+    to_json(job)["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"]
+        .clone()
+}
+
+#[test]
+fn affinity_for_compute_capability_7_0_7_5_8_0_8_6_9_0_and_none() {
+    let term = |pairs: &[(&str, &str, &str)]| -> Value {
+        json!({"matchExpressions": pairs.iter().map(|(k, op, v)| json!({"key": k, "operator": op, "values": [v]})).collect::<Vec<_>>()})
+    };
+    let (major, minor) = ("nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor");
+    let cases = [
+        ("7.0", json!([term(&[(major, "Gt", "7")]), term(&[(major, "In", "7")])])),
+        ("7.5", json!([term(&[(major, "Gt", "7")]), term(&[(major, "In", "7"), (minor, "Gt", "4")])])),
+        ("8.0", json!([term(&[(major, "Gt", "8")]), term(&[(major, "In", "8")])])),
+        ("8.6", json!([term(&[(major, "Gt", "8")]), term(&[(major, "In", "8"), (minor, "Gt", "5")])])),
+        ("9.0", json!([term(&[(major, "Gt", "9")]), term(&[(major, "In", "9")])])),
+    ];
+    let task = task(base_spec());
+    let settings = Settings::default();
+    for (cc, expected) in cases {
+        let desired = built(&task, vec![variant("default", gpu_sandbox(Some(cc)))], &settings);
+        assert_eq!(affinity_terms(&desired.jobs[0]), expected, "minComputeCapability {cc}");
+        let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+        assert_eq!(pod["tolerations"][0]["effect"], "NoSchedule", "{cc}");
+    }
+    let desired = built(&task, vec![variant("default", gpu_sandbox(None))], &settings);
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    assert!(pod["affinity"].is_null(), "no GPU requirement: no affinity");
+    assert!(pod["tolerations"].is_null());
+    assert!(pod["containers"][0]["resources"].is_null(), "no GPU requested");
+}
+
+#[test]
+fn a_tools_image_gets_the_sandbox_binary_from_an_init_container() {
+    let task = task(base_spec());
+    let mut spec = gpu_sandbox(None);
+    spec.image = Some("registry.example.com/shop-tools:1.2".into());
+    let desired = built(&task, vec![variant("default", spec)], &Settings::default());
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["name"], "inject-sandbox");
+    assert_eq!(init["image"], "basecamp:dev");
+    assert_eq!(init["command"], json!(["/usr/local/bin/basecamp-operator"]));
+    assert_eq!(
+        init["args"],
+        json!([
+            "inject-sandbox",
+            "--from",
+            "/usr/local/bin/basecamp-sandbox",
+            "--to",
+            "/basecamp/bin/basecamp-sandbox"
+        ])
+    );
+    assert_eq!(init["securityContext"]["readOnlyRootFilesystem"], true);
+    let sandbox = &pod["containers"][0];
+    assert_eq!(sandbox["image"], "registry.example.com/shop-tools:1.2");
+    assert_eq!(sandbox["command"], json!(["/basecamp/bin/basecamp-sandbox"]));
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v["name"] == "basecamp-bin" && v["emptyDir"].is_object())
+    );
+}
+
+#[test]
+fn the_template_hash_changes_with_the_pod_but_not_with_parallelism_or_suspend() {
+    let settings = Settings::default();
+    let hash = |spec: Value, sandbox: SandboxConfigSpec| {
+        let desired = built(&task(spec), vec![variant("default", sandbox)], &settings);
+        desired.jobs[0]
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::TEMPLATE_HASH_ANNOTATION))
+            .cloned()
+            .expect("hash")
+    };
+    let base = hash(base_spec(), gpu_sandbox(Some("8.0")));
+    let mut resumed = base_spec();
+    resumed["suspend"] = json!(false);
+    resumed["parallelism"] = json!(4);
+    assert_eq!(hash(resumed, gpu_sandbox(Some("8.0"))), base);
+    assert_ne!(hash(base_spec(), gpu_sandbox(Some("8.6"))), base);
+    let mut more_shards = base_spec();
+    more_shards["shards"] = json!(8);
+    assert_ne!(hash(more_shards, gpu_sandbox(Some("8.0"))), base);
+}
+
+#[test]
+fn the_manifests_in_the_config_map_load_and_validate_as_the_pod_reads_them() {
+    let mut spec = base_spec();
+    spec.as_object_mut().expect("object").remove("sandboxRef");
+    spec["variants"] = json!([
+        {"name": "baseline", "sandboxRef": {"name": "shop", "profile": "dev"}},
+        {"name": "candidate", "sandboxRef": {"name": "shop", "profile": "prod"}},
+    ]);
+    let task = task(spec);
+    let resolved = |profile: &str, steps: u32| ResolvedVariant {
+        name: if profile == "dev" { "baseline".into() } else { "candidate".into() },
+        sandbox_name: "shop".into(),
+        profile: Some(profile.into()),
+        spec: sandbox(
+            json!({"maxSteps": steps, "tools": {"track_order": {"http": {"url": "https://shop.example.com/o"}}}}),
+        ),
+    };
+    let desired = built(&task, vec![resolved("dev", 5), resolved("prod", 30)], &Settings::default());
+    let data = desired.config_map.data.clone().expect("data");
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["manifests.yaml", "sandbox-baseline.yaml", "sandbox-candidate.yaml"]);
+    assert!(data["sandbox-candidate.yaml"].contains("maxSteps: 30"), "{}", data["sandbox-candidate.yaml"]);
+    let (manifests, load) = basecamp_api::Manifests::parse("/etc/basecamp/manifests.yaml", &data["manifests.yaml"]);
+    assert!(!load.has_errors(), "{:?}", load.problems());
+    assert_eq!(manifests.tasks.len(), 1);
+    let names: Vec<&str> = manifests.sandboxes.iter().filter_map(|s| s.object.metadata.name.as_deref()).collect();
+    assert_eq!(names, ["shop.dev", "shop.prod"]);
+    let pod_task = &manifests.tasks[0].object;
+    assert_eq!(pod_task.metadata.namespace.as_deref(), Some("team-a"));
+    assert_eq!(
+        pod_task.spec.variants[1].sandbox_ref,
+        basecamp_api::task::SandboxRef { name: "shop.prod".into(), profile: None }
+    );
+    let report = manifests.validate();
+    assert!(!report.has_errors(), "{:?}", report.problems());
+    assert_eq!(desired.jobs.len(), 2);
+    assert_eq!(desired.jobs[1].metadata.name.as_deref(), Some("eval-candidate"));
+    assert_eq!(desired.config_map.metadata.owner_references.as_ref().map(Vec::len), Some(1));
+}
+
+#[test]
+fn the_network_policy_allows_dns_policy_tools_and_s3_only() {
+    let task = task(base_spec());
+    let settings = Settings { s3_endpoint: Some("http://minio.storage:9000".into()), ..Default::default() };
+    let desired = built(&task, vec![variant("default", gpu_sandbox(None))], &settings);
+    let policy = to_json(&desired.network_policy);
+    assert_eq!(policy["metadata"]["name"], "eval-sandbox");
+    assert_eq!(policy["spec"]["podSelector"]["matchLabels"], json!({"basecamp.dev/task": "eval"}));
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert!(policy["spec"]["ingress"].is_null(), "no ingress at all");
+    let egress = policy["spec"]["egress"].as_array().expect("egress");
+    assert_eq!(egress[0]["ports"][0], json!({"port": 53, "protocol": "UDP"}));
+    assert_eq!(egress[0]["to"][0]["podSelector"]["matchLabels"]["k8s-app"], "kube-dns");
+    // The policy endpoint is an IP literal: that address and port only.
+    assert!(egress.iter().any(|r| r["to"][0]["ipBlock"]["cidr"] == "10.0.0.7/32" && r["ports"][0]["port"] == 8000));
+    // Host names (the tool on 443, MinIO on 9000) open their ports.
+    let ports: Vec<i64> =
+        egress.iter().filter(|r| r["to"].is_null()).filter_map(|r| r["ports"][0]["port"].as_i64()).collect();
+    assert_eq!(ports, [443, 9000]);
+    assert_eq!(egress.len(), 4);
+}
+
+#[test]
+fn a_task_without_uid_cannot_own_objects() {
+    let mut task = task(base_spec());
+    task.metadata.uid = None;
+    let settings = Settings::default();
+    let err = BuildInput::new(&task, vec![], &settings).expect_err("no uid");
+    assert_eq!(err.category(), "MissingMetadata");
+    assert!(err.to_string().contains("metadata.uid"));
+}

@@ -1,0 +1,133 @@
+//! `apply`: make the cluster hold the desired objects, by server-side apply
+//! with the field manager `basecamp-operator` (forced: the operator owns
+//! these fields). A Job's pod template is immutable, so a Job whose
+//! template hash differs from the desired one (the spec changed) is deleted
+//! and created anew. A Job that finished and was removed by its TTL is not
+//! recreated: the task's status already holds its result.
+
+use basecamp_api::HarnessTaskStatus;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::{Client, ResourceExt};
+
+use crate::FIELD_MANAGER;
+use crate::build::Desired;
+use crate::build::names::{TEMPLATE_HASH_ANNOTATION, VARIANT_LABEL};
+
+/// Why applying failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The API refused or did not answer.
+    #[error("failed to {action} {kind} {namespace}/{name}: {source}")]
+    Api {
+        /// `apply`, `read` or `delete`.
+        action: &'static str,
+        /// The object's kind.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The cause.
+        source: kube::Error,
+    },
+}
+
+impl ApplyError {
+    /// A fixed name for this kind of error.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ApplyError::Api { source, .. } => match super::api_error::category(source) {
+                "Forbidden" => "ApplyForbidden",
+                "Conflict" => "ApplyConflict",
+                "Invalid" => "ApplyInvalid",
+                "ApiUnreachable" => "ApiUnreachable",
+                _ => "ApplyFailed",
+            },
+        }
+    }
+}
+
+/// One variant's Job as it is now (`None`: finished earlier and removed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppliedJob {
+    /// The variant.
+    pub variant: String,
+    /// The Job as the API returned it (with its status).
+    pub job: Option<Job>,
+    /// Whether this reconcile replaced an outdated Job.
+    pub replaced: bool,
+}
+
+fn params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+fn variant_of(job: &Job) -> String {
+    job.labels().get(VARIANT_LABEL).cloned().unwrap_or_default()
+}
+
+/// Whether a variant's Job finished for the current generation (so its absence is expected).
+fn finished_before(status: Option<&HarnessTaskStatus>, generation: Option<i64>, variant: &str) -> bool {
+    status.is_some_and(|s| {
+        s.observed_generation == generation
+            && s.shards.get(variant).is_some_and(|c| c.total > 0 && c.finished() >= c.total)
+    })
+}
+
+/// Applies the ConfigMap, the NetworkPolicy and the Jobs (in that order).
+pub async fn apply(
+    client: &Client,
+    namespace: &str,
+    desired: &Desired,
+    status: Option<&HarnessTaskStatus>,
+    generation: Option<i64>,
+) -> Result<Vec<AppliedJob>, ApplyError> {
+    let err = |action, kind, name: &str| {
+        let namespace = namespace.to_string();
+        let name = name.to_string();
+        move |source| ApplyError::Api { action, kind, namespace, name, source }
+    };
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let name = desired.config_map.name_any();
+    config_maps.patch(&name, &params(), &Patch::Apply(&desired.config_map)).await.map_err(err(
+        "apply",
+        "ConfigMap",
+        &name,
+    ))?;
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
+    let name = desired.network_policy.name_any();
+    policies.patch(&name, &params(), &Patch::Apply(&desired.network_policy)).await.map_err(err(
+        "apply",
+        "NetworkPolicy",
+        &name,
+    ))?;
+
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let mut applied = Vec::new();
+    for want in &desired.jobs {
+        let name = want.name_any();
+        let variant = variant_of(want);
+        let existing = jobs.get_opt(&name).await.map_err(err("read", "Job", &name))?;
+        let want_hash = want.annotations().get(TEMPLATE_HASH_ANNOTATION);
+        let mut replaced = false;
+        match &existing {
+            None if finished_before(status, generation, &variant) => {
+                applied.push(AppliedJob { variant, job: None, replaced });
+                continue;
+            }
+            Some(job) if job.annotations().get(TEMPLATE_HASH_ANNOTATION) != want_hash => {
+                let background =
+                    DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+                jobs.delete(&name, &background).await.map_err(err("delete", "Job", &name))?;
+                replaced = true;
+            }
+            _ => {}
+        }
+        let job = jobs.patch(&name, &params(), &Patch::Apply(want)).await.map_err(err("apply", "Job", &name))?;
+        applied.push(AppliedJob { variant, job: Some(job), replaced });
+    }
+    Ok(applied)
+}

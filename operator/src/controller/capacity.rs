@@ -1,0 +1,155 @@
+//! The GPU capacity check: does any node satisfy a sandbox's GPU
+//! requirement? Pure over a node list (the dereference step lists nodes).
+//! When none does, the task's Degraded condition says what was found, e.g.
+//! `0 of 6 GPU nodes satisfy compute capability >= 8.0; found Tesla-V100 (7.0) x4, T4 (7.5) x2`,
+//! instead of pods pending with a bare `didn't match Pod's node affinity`.
+//! The Jobs are still created: a node pool may grow.
+
+use std::collections::BTreeMap;
+
+use basecamp_api::{ComputeCapability, GpuRequirement};
+use k8s_openapi::api::core::v1::Node;
+
+use crate::build::affinity::{
+    COMPUTE_MAJOR_LABEL, COMPUTE_MINOR_LABEL, GPU_RESOURCE, PRODUCT_LABEL, gpu_affinity, node_matches,
+};
+
+/// The outcome of the check for one requirement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    /// Nodes with NVIDIA GPUs (a product label or allocatable GPUs).
+    pub gpu_nodes: usize,
+    /// Of those, the ones the requirement admits.
+    pub satisfying: usize,
+    /// What is required, e.g. `compute capability >= 8.0`.
+    pub requirement: String,
+    /// What was found, e.g. `Tesla-V100 (7.0) x4, T4 (7.5) x2`.
+    pub found: String,
+}
+
+impl Assessment {
+    /// Whether no node satisfies the requirement.
+    pub fn is_unsatisfiable(&self) -> bool {
+        self.satisfying == 0
+    }
+
+    /// `0 of 6 GPU nodes satisfy compute capability >= 8.0; found ...`.
+    pub fn message(&self) -> String {
+        let found = if self.found.is_empty() { "no GPU nodes".to_string() } else { self.found.clone() };
+        format!("{} of {} GPU nodes satisfy {}; found {found}", self.satisfying, self.gpu_nodes, self.requirement)
+    }
+}
+
+fn is_gpu_node(node: &Node) -> bool {
+    let labelled = node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(PRODUCT_LABEL));
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()))
+        .and_then(|r| r.get(GPU_RESOURCE))
+        .is_some_and(|q| q.0.trim() != "0");
+    labelled || allocatable
+}
+
+fn describe(gpu: &GpuRequirement, min: Option<ComputeCapability>) -> String {
+    let mut parts = Vec::new();
+    if let Some(min) = min {
+        parts.push(format!("compute capability >= {min}"));
+    }
+    if let Some(product) = &gpu.product {
+        parts.push(format!("product {product}"));
+    }
+    if let Some(gib) = gpu.min_memory_gib {
+        parts.push(format!("GPU memory >= {gib} GiB"));
+    }
+    if parts.is_empty() { "the GPU requirement".to_string() } else { parts.join(", ") }
+}
+
+/// Checks `nodes` against a GPU requirement (the same rule as the pods'
+/// node affinity). `None` when the requirement constrains no node label.
+pub fn assess(nodes: &[Node], gpu: &GpuRequirement, min: Option<ComputeCapability>) -> Option<Assessment> {
+    let affinity = gpu_affinity(gpu, min)?;
+    let empty = BTreeMap::new();
+    let gpu_nodes: Vec<&Node> = nodes.iter().filter(|n| is_gpu_node(n)).collect();
+    let satisfying =
+        gpu_nodes.iter().filter(|n| node_matches(n.metadata.labels.as_ref().unwrap_or(&empty), &affinity)).count();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for node in &gpu_nodes {
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        let product = labels.get(PRODUCT_LABEL).map_or("unknown GPU", String::as_str);
+        let cc = match (labels.get(COMPUTE_MAJOR_LABEL), labels.get(COMPUTE_MINOR_LABEL)) {
+            (Some(major), Some(minor)) => format!("{major}.{minor}"),
+            _ => "compute capability unlabelled".to_string(),
+        };
+        *kinds.entry(format!("{product} ({cc})")).or_default() += 1;
+    }
+    let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let found = kinds.iter().map(|(kind, count)| format!("{kind} x{count}")).collect::<Vec<_>>().join(", ");
+    Some(Assessment { gpu_nodes: gpu_nodes.len(), satisfying, requirement: describe(gpu, min), found })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn node(product: Option<&str>, cc: Option<(u32, u32)>, gpus: Option<&str>) -> Node {
+        let mut labels = BTreeMap::new();
+        if let Some(product) = product {
+            labels.insert(PRODUCT_LABEL.to_string(), product.to_string());
+        }
+        if let Some((major, minor)) = cc {
+            labels.insert(COMPUTE_MAJOR_LABEL.to_string(), major.to_string());
+            labels.insert(COMPUTE_MINOR_LABEL.to_string(), minor.to_string());
+        }
+        Node {
+            metadata: kube::api::ObjectMeta { labels: Some(labels), ..Default::default() },
+            status: gpus.map(|g| NodeStatus {
+                allocatable: Some([(GPU_RESOURCE.to_string(), Quantity(g.to_string()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn need(cc: &str) -> (GpuRequirement, Option<ComputeCapability>) {
+        (
+            GpuRequirement { min_compute_capability: Some(cc.into()), ..Default::default() },
+            Some(cc.parse().expect("cc")),
+        )
+    }
+
+    #[test]
+    fn names_what_was_found_when_no_node_qualifies() {
+        let mut nodes: Vec<Node> = (0..4).map(|_| node(Some("Tesla-V100"), Some((7, 0)), Some("8"))).collect();
+        nodes.extend((0..2).map(|_| node(Some("T4"), Some((7, 5)), Some("1"))));
+        nodes.push(node(None, None, None)); // a CPU node
+        let (gpu, min) = need("8.0");
+        let assessment = assess(&nodes, &gpu, min).expect("assessed");
+        assert!(assessment.is_unsatisfiable());
+        assert_eq!(
+            assessment.message(),
+            "0 of 6 GPU nodes satisfy compute capability >= 8.0; found Tesla-V100 (7.0) x4, T4 (7.5) x2"
+        );
+    }
+
+    #[test]
+    fn counts_satisfying_nodes() {
+        let nodes = vec![
+            node(Some("NVIDIA-A100-SXM4-80GB"), Some((8, 0)), Some("8")),
+            node(Some("NVIDIA-H100-80GB-HBM3"), Some((9, 0)), Some("8")),
+            node(Some("T4"), Some((7, 5)), Some("1")),
+            node(None, None, Some("2")), // GPUs, but no discovery labels
+        ];
+        let (gpu, min) = need("8.6");
+        let assessment = assess(&nodes, &gpu, min).expect("assessed");
+        assert_eq!((assessment.satisfying, assessment.gpu_nodes), (1, 4));
+        assert!(!assessment.is_unsatisfiable());
+        assert!(assessment.found.contains("unknown GPU (compute capability unlabelled) x1"), "{}", assessment.found);
+        assert!(assess(&[], &GpuRequirement::default(), None).is_none(), "no constraint: nothing to check");
+        let empty = assess(&[], &gpu, min).expect("assessed");
+        assert_eq!(empty.message(), "0 of 0 GPU nodes satisfy compute capability >= 8.6; found no GPU nodes");
+    }
+}

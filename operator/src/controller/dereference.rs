@@ -1,0 +1,80 @@
+//! `dereference`: read what a task refers to — the SandboxConfigs its
+//! variants name and, when a sandbox asks for particular GPUs, the nodes
+//! (for the capacity check). A missing SandboxConfig is a value here (the
+//! validate step turns it into a clear condition), not an error.
+
+use std::collections::BTreeMap;
+
+use basecamp_api::{HarnessTask, SandboxConfig};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+/// What a task refers to, as read from the API.
+#[derive(Debug, Clone, Default)]
+pub struct World {
+    /// Every SandboxConfig name the task references, and the object when it exists.
+    pub sandboxes: BTreeMap<String, Option<SandboxConfig>>,
+    /// The cluster's nodes, when some sandbox constrains GPUs and the
+    /// operator may list nodes; `None` otherwise.
+    pub nodes: Option<Vec<Node>>,
+}
+
+/// Why the references could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DereferenceError {
+    /// Reading a SandboxConfig failed (other than "not found").
+    #[error("failed to read SandboxConfig {namespace}/{name}: {source}")]
+    Sandbox {
+        /// The namespace.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// The cause.
+        source: kube::Error,
+    },
+}
+
+impl DereferenceError {
+    /// A fixed name for this kind of error.
+    pub fn category(&self) -> &'static str {
+        match self {
+            DereferenceError::Sandbox { source, .. } => super::api_error::category(source),
+        }
+    }
+}
+
+fn constrains_gpus(sandbox: &SandboxConfig) -> bool {
+    let constrains = |gpu: Option<&basecamp_api::GpuRequirement>| {
+        gpu.is_some_and(|g| g.min_compute_capability.is_some() || g.product.is_some() || g.min_memory_gib.is_some())
+    };
+    constrains(sandbox.spec.gpu.as_ref())
+        || sandbox.spec.profiles.values().any(|p| p.0.get("gpu").is_some_and(|g| g.is_object()))
+}
+
+/// Reads the SandboxConfigs (in name order) and, if needed, the nodes.
+pub async fn dereference(client: &Client, task: &HarnessTask) -> Result<World, DereferenceError> {
+    let namespace = task.namespace().unwrap_or_default();
+    let sandboxes_api: Api<SandboxConfig> = Api::namespaced(client.clone(), &namespace);
+    let mut names: Vec<String> = task.spec.effective_variants().into_iter().map(|v| v.sandbox_ref.name).collect();
+    names.sort();
+    names.dedup();
+    let mut world = World::default();
+    for name in names {
+        let found = sandboxes_api.get_opt(&name).await.map_err(|source| DereferenceError::Sandbox {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source,
+        })?;
+        world.sandboxes.insert(name, found);
+    }
+    if world.sandboxes.values().flatten().any(constrains_gpus) {
+        let nodes: Api<Node> = Api::all(client.clone());
+        match nodes.list(&ListParams::default()).await {
+            Ok(list) => world.nodes = Some(list.items),
+            // The capacity check is advice; without node access the Jobs still run.
+            Err(error) => tracing::warn!(%error, "cannot list nodes; skipping the GPU capacity check"),
+        }
+    }
+    Ok(world)
+}

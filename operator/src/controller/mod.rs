@@ -1,0 +1,389 @@
+//! The HarnessTask controller. Each reconcile is a short pipeline:
+//!
+//! ```text
+//! dereference -> validate -> build -> apply -> aggregate -> update_status
+//! ```
+//!
+//! - [`dereference`]: read the SandboxConfigs (and nodes) the task refers to;
+//! - [`validate`]: the shared checks plus the cluster's (pure);
+//! - [`crate::build`]: the desired ConfigMap, Jobs, NetworkPolicy (pure);
+//! - [`apply`]: server-side apply (field manager `basecamp-operator`);
+//! - [`capacity`]: does any node satisfy the GPU requirement (pure);
+//! - [`aggregate`]: finished shards' summaries from S3 into metrics,
+//!   criteria, deltas, `index.json` and `comparison.json`;
+//! - [`status`]: phase and conditions (pure), written by SSA on `/status`;
+//! - [`finalizer`]: trace retention on deletion.
+//!
+//! Every failure is an error value with a bounded `category()`: it becomes
+//! an Event (reason = category), a metric label, and a requeue with backoff.
+//! An invalid spec is not an error of the operator: it becomes a Ready=False
+//! condition and an Event saying what to fix, and the task waits for a change.
+
+pub mod aggregate;
+pub mod api_error;
+pub mod apply;
+pub mod capacity;
+pub mod dereference;
+pub mod finalizer;
+pub mod status;
+pub mod validate;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use basecamp_api::task::{HarnessTaskStatus, ShardCounts};
+use basecamp_api::{HarnessTask, SandboxConfig};
+use basecamp_sandbox::storage::{Destination, Storage, UtcDate};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, Resource, ResourceExt};
+
+use crate::build::{self, BuildError, BuildInput, ResolvedVariant};
+use crate::metrics::Metrics;
+use crate::settings::Settings;
+use apply::AppliedJob;
+use status::{AggregatedStatus, Observed};
+use validate::Verdict;
+
+/// Why a reconcile failed; each step's error, with its category.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading references failed.
+    #[error(transparent)]
+    Dereference(#[from] dereference::DereferenceError),
+    /// Building the desired state failed.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// Applying failed.
+    #[error(transparent)]
+    Apply(#[from] apply::ApplyError),
+    /// Writing status failed.
+    #[error(transparent)]
+    Status(#[from] status::StatusError),
+    /// The finalizer failed.
+    #[error(transparent)]
+    Finalizer(#[from] finalizer::FinalizerError),
+}
+
+impl Error {
+    /// The bounded category: Event reason and metric label.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Dereference(e) => e.category(),
+            Error::Build(e) => e.category(),
+            Error::Apply(e) => e.category(),
+            Error::Status(e) => e.category(),
+            Error::Finalizer(e) => e.category(),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// The operator's metrics.
+    pub metrics: Arc<Metrics>,
+    /// Settings that shape the built objects.
+    pub settings: Settings,
+    /// The trace destination's storage (S3).
+    pub storage: Storage,
+    /// Consecutive failures per task, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// A context; Events are reported as `basecamp-operator` (and `instance`).
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        settings: Settings,
+        storage: Storage,
+        instance: Option<String>,
+    ) -> Self {
+        let reporter = Reporter { controller: crate::FIELD_MANAGER.into(), instance };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            settings,
+            storage,
+            failures: Mutex::default(),
+        }
+    }
+
+    async fn publish(&self, task: &HarnessTask, warning: bool, reason: &str, note: &str, action: &str) {
+        let mut note = note.to_string();
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let event = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.to_string(),
+            note: Some(note),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &task.object_ref(&())).await {
+            tracing::warn!(%error, reason, "cannot publish an Event");
+        }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn key(task: &HarnessTask) -> String {
+    format!("{}/{}", task.namespace().unwrap_or_default(), task.name_any())
+}
+
+fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+fn today() -> UtcDate {
+    UtcDate::from_system_time(std::time::SystemTime::now())
+        .unwrap_or_else(|_| UtcDate::new(1970, 1, 1).expect("a real date"))
+}
+
+/// Reconciles one task (the function given to the Controller).
+pub async fn reconcile(task: Arc<HarnessTask>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = pipeline(&task, &ctx).await;
+    match &result {
+        Ok(_) => {
+            ctx.failures().remove(&key(&task));
+        }
+        Err(error) => {
+            tracing::warn!(task = %key(&task), category = error.category(), %error, "reconcile failed");
+            ctx.publish(&task, true, error.category(), &error.to_string(), "Reconcile").await;
+        }
+    }
+    ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref().err().map(Error::category));
+    result
+}
+
+/// The requeue after a failure: 5 s, doubling per consecutive failure, at most 5 minutes.
+pub fn error_policy(task: Arc<HarnessTask>, _error: &Error, ctx: Arc<Context>) -> Action {
+    let mut failures = ctx.failures();
+    let count = failures.entry(key(&task)).or_insert(0);
+    *count = count.saturating_add(1);
+    Action::requeue(backoff(*count))
+}
+
+/// The backoff after `failures` consecutive failures.
+pub fn backoff(failures: u32) -> Duration {
+    let seconds = 5u64.saturating_mul(1u64 << failures.saturating_sub(1).min(10));
+    Duration::from_secs(seconds.min(300))
+}
+
+async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
+    if task.metadata.deletion_timestamp.is_some() {
+        return finalize(task, ctx).await;
+    }
+    finalizer::ensure(&ctx.client, task).await?;
+    let world = dereference::dereference(&ctx.client, task).await?;
+    let (variants, warnings) = match validate::check(task, &world) {
+        Verdict::Valid { variants, warnings } => (variants, warnings),
+        Verdict::Invalid(report) => return reject(task, ctx, &report).await,
+    };
+    let capacity_problem = capacity_problem(&world, &variants);
+    let desired = build::build(&BuildInput::new(task, variants, &ctx.settings)?)?;
+    let namespace = task.namespace().unwrap_or_default();
+    let applied =
+        apply::apply(&ctx.client, &namespace, &desired, task.status.as_ref(), task.metadata.generation).await?;
+    for replaced in applied.iter().filter(|a| a.replaced) {
+        let note =
+            format!("the spec changed; the Job of variant {} was replaced and its shards run again", replaced.variant);
+        ctx.publish(task, false, "JobReplaced", &note, "Apply").await;
+    }
+    let shards = shard_states(task, &applied);
+    let aggregated = aggregate_step(task, ctx, &applied, &shards).await;
+    let observed = Observed {
+        task,
+        shards,
+        capacity_problem,
+        warnings: warnings.iter().map(ToString::to_string).collect(),
+        aggregated,
+        now: now(),
+    };
+    let status = status::compute(&observed);
+    update_status(task, ctx, &status).await?;
+    Ok(next_action(&status))
+}
+
+/// An invalid spec: a condition and an Event saying what to fix; no objects.
+async fn reject(task: &HarnessTask, ctx: &Context, report: &basecamp_api::Report) -> Result<Action, Error> {
+    let reason = validate::reason(report);
+    let message = validate::summarize(report, 4000);
+    let status = status::invalid(task, reason, &message, &now());
+    update_status(task, ctx, &status).await?;
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+fn capacity_problem(world: &dereference::World, variants: &[ResolvedVariant]) -> Option<String> {
+    let nodes = world.nodes.as_ref()?;
+    let problems: Vec<String> = variants
+        .iter()
+        .filter_map(|v| {
+            let gpu = v.spec.gpu.as_ref()?;
+            let assessment = capacity::assess(nodes, gpu, gpu.min_compute_capability().ok().flatten())?;
+            assessment.is_unsatisfiable().then(|| format!("variant {}: {}", v.name, assessment.message()))
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// Shard counts by variant: from the Job, or from status when the Job
+/// finished and its TTL removed it.
+fn shard_states(task: &HarnessTask, applied: &[AppliedJob]) -> Vec<(String, ShardCounts)> {
+    let total = task.spec.shards();
+    applied
+        .iter()
+        .map(|a| {
+            let counts = match &a.job {
+                Some(job) => status::shard_counts(job, total),
+                None => task
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.shards.get(&a.variant).copied())
+                    .unwrap_or(ShardCounts { total, ..Default::default() }),
+            };
+            (a.variant.clone(), counts)
+        })
+        .collect()
+}
+
+fn previous_aggregation(status: Option<&HarnessTaskStatus>) -> AggregatedStatus {
+    let Some(status) = status else { return AggregatedStatus::default() };
+    AggregatedStatus {
+        metrics: status.metrics.clone(),
+        criteria: status.criteria.clone(),
+        deltas: status.deltas.clone(),
+        aggregated_shards: status.aggregated_shards.clone(),
+        trace_location: status.trace_location.clone(),
+        error: None,
+        complete: status.trace_location.is_some(),
+    }
+}
+
+/// Summaries older than the Job (with 10 minutes for clock skew) belong to a replaced Job.
+const CLOCK_SKEW_NANOS: i64 = 600 * 1_000_000_000;
+
+async fn aggregate_step(
+    task: &HarnessTask,
+    ctx: &Context,
+    applied: &[AppliedJob],
+    shards: &[(String, ShardCounts)],
+) -> AggregatedStatus {
+    let previous = previous_aggregation(task.status.as_ref());
+    let mut completed: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    let mut not_before_nanos = BTreeMap::new();
+    for a in applied {
+        let indexes: BTreeSet<u32> = match &a.job {
+            Some(job) => status::parse_indexes(job.status.as_ref().and_then(|s| s.completed_indexes.as_deref()))
+                .into_iter()
+                .collect(),
+            None => previous.aggregated_shards.get(&a.variant).map(|s| s.iter().copied().collect()).unwrap_or_default(),
+        };
+        if let Some(created) = a.job.as_ref().and_then(|j| j.creation_timestamp()) {
+            let nanos = i64::try_from(created.0.as_nanosecond()).unwrap_or(i64::MAX);
+            not_before_nanos.insert(a.variant.clone(), nanos.saturating_sub(CLOCK_SKEW_NANOS));
+        }
+        if !indexes.is_empty() {
+            completed.insert(a.variant.clone(), indexes);
+        }
+    }
+    let all_finished = !shards.is_empty() && shards.iter().all(|(_, c)| c.total > 0 && c.finished() >= c.total);
+    let counted: BTreeMap<String, Vec<u32>> =
+        completed.iter().map(|(v, s)| (v.clone(), s.iter().copied().collect())).collect();
+    if completed.is_empty() {
+        return AggregatedStatus::default();
+    }
+    if counted == previous.aggregated_shards && (!all_finished || previous.complete) {
+        return previous;
+    }
+    let Some(destination) =
+        task.spec.traces.as_ref().and_then(|t| t.destination.as_deref()).and_then(|d| Destination::parse(d).ok())
+    else {
+        return AggregatedStatus::default();
+    };
+    let created =
+        task.creation_timestamp().and_then(|t| UtcDate::from_unix_seconds(t.0.as_second()).ok()).unwrap_or_else(today);
+    let namespace = task.namespace().unwrap_or_default();
+    let name = task.name_any();
+    let request = aggregate::Request {
+        namespace: &namespace,
+        task: &name,
+        destination,
+        days: (created, today()),
+        variants: shards.iter().map(|(v, _)| v.clone()).collect(),
+        completed,
+        not_before_nanos,
+        all_finished,
+        criteria: &task.spec.task_definition.success_criteria,
+    };
+    aggregate::run(&ctx.storage, &ctx.metrics, &request, &previous).await
+}
+
+async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatus) -> Result<(), Error> {
+    let old = task.status.clone().unwrap_or_default();
+    if &old != new {
+        status::write(&ctx.client, task, new).await?;
+    }
+    for transition in status::transitions(&old.conditions, &new.conditions) {
+        ctx.publish(task, transition.warning, &transition.reason, &transition.note, "UpdateStatus").await;
+    }
+    ctx.metrics.record_task(&task.namespace().unwrap_or_default(), &task.name_any(), new);
+    Ok(())
+}
+
+fn next_action(status: &HarnessTaskStatus) -> Action {
+    use basecamp_api::task::TaskPhase;
+    let degraded = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == basecamp_api::task::condition_types::DEGRADED && c.status == "True");
+    match status.phase {
+        Some(TaskPhase::Succeeded | TaskPhase::Failed) if !degraded => Action::await_change(),
+        _ => Action::requeue(Duration::from_secs(30)),
+    }
+}
+
+async fn finalize(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
+    if let Some(outcome) = finalizer::cleanup(&ctx.client, &ctx.storage, &ctx.metrics, task, today()).await? {
+        let (reason, note) = match outcome {
+            finalizer::Cleanup::Retained(note) => ("TracesRetained", note),
+            finalizer::Cleanup::Deleted(_, note) => ("TracesDeleted", note),
+        };
+        ctx.publish(task, false, reason, &note, "Finalize").await;
+    }
+    Ok(Action::await_change())
+}
+
+/// The tasks that reference a SandboxConfig (the Controller's mapper for
+/// SandboxConfig changes).
+pub fn tasks_referencing(tasks: &[Arc<HarnessTask>], sandbox: &SandboxConfig) -> Vec<ObjectRef<HarnessTask>> {
+    let name = sandbox.name_any();
+    let namespace = sandbox.namespace();
+    tasks
+        .iter()
+        .filter(|t| {
+            t.namespace() == namespace && t.spec.effective_variants().iter().any(|v| v.sandbox_ref.name == name)
+        })
+        .map(|t| ObjectRef::from_obj(t.as_ref()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

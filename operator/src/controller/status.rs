@@ -1,0 +1,416 @@
+//! `update_status`: the task's observed state, computed purely from what
+//! the previous steps saw, then written by server-side apply on the status
+//! subresource. Conditions follow `metav1.Condition`: a bounded reason, a
+//! message for people, `observedGeneration`, and a `lastTransitionTime`
+//! that only moves when the condition's status changes. Each change of a
+//! condition becomes an Event (see [`transitions`]).
+
+use std::collections::BTreeMap;
+
+use basecamp_api::HarnessTask;
+use basecamp_api::task::{CriterionResult, HarnessTaskStatus, ShardCounts, TaskPhase, condition_types};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use crate::FIELD_MANAGER;
+
+/// Why the status could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The status patch failed.
+    #[error("failed to update the status of HarnessTask {namespace}/{name}: {source}")]
+    Patch {
+        /// The namespace.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// The cause.
+        source: kube::Error,
+    },
+}
+
+impl StatusError {
+    /// A fixed name for this kind of error.
+    pub fn category(&self) -> &'static str {
+        match self {
+            StatusError::Patch { source, .. } => match super::api_error::category(source) {
+                "ApiUnreachable" => "ApiUnreachable",
+                _ => "StatusUpdateFailed",
+            },
+        }
+    }
+}
+
+/// A condition as the pipeline decides it (time and generation are added here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The condition type.
+    pub type_: &'static str,
+    /// True or false.
+    pub status: bool,
+    /// A bounded PascalCase reason.
+    pub reason: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+impl Decided {
+    /// A condition.
+    pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { type_, status, reason, message: message.into() }
+    }
+}
+
+/// The condition list: each decided condition, keeping the previous
+/// `lastTransitionTime` when its status did not change.
+pub fn conditions(previous: &[Condition], decided: &[Decided], generation: Option<i64>, now: &Time) -> Vec<Condition> {
+    decided
+        .iter()
+        .map(|d| {
+            let status = if d.status { "True" } else { "False" };
+            let since = previous
+                .iter()
+                .find(|c| c.type_ == d.type_ && c.status == status)
+                .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+            Condition {
+                type_: d.type_.to_string(),
+                status: status.to_string(),
+                reason: d.reason.to_string(),
+                message: d.message.clone(),
+                observed_generation: generation,
+                last_transition_time: since,
+            }
+        })
+        .collect()
+}
+
+/// Parses a Job's `completedIndexes`/`failedIndexes` ("1,3-5") into indexes.
+pub fn parse_indexes(text: Option<&str>) -> Vec<u32> {
+    let mut indexes = Vec::new();
+    for part in text.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    indexes.extend(a..=b.min(a.saturating_add(100_000)));
+                }
+            }
+            None => indexes.extend(part.parse::<u32>().ok()),
+        }
+    }
+    indexes
+}
+
+/// Shard counts of one variant from its Job.
+pub fn shard_counts(job: &Job, total: u32) -> ShardCounts {
+    let status = job.status.clone().unwrap_or_default();
+    let succeeded = u32::try_from(parse_indexes(status.completed_indexes.as_deref()).len()).unwrap_or(u32::MAX);
+    let failed = u32::try_from(parse_indexes(status.failed_indexes.as_deref()).len()).unwrap_or(u32::MAX);
+    let job_failed = status.conditions.iter().flatten().any(|c| c.type_ == "Failed" && c.status == "True");
+    // A Job that failed as a whole (e.g. deadline) leaves the rest unfinished: count them failed.
+    let failed = if job_failed { total.saturating_sub(succeeded).max(failed) } else { failed };
+    let running = if job_failed { 0 } else { u32::try_from(status.active.unwrap_or(0).max(0)).unwrap_or(0) };
+    ShardCounts { total, succeeded: succeeded.min(total), failed: failed.min(total), running: running.min(total) }
+}
+
+/// What the aggregation step contributes to status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AggregatedStatus {
+    /// Metrics by variant.
+    pub metrics: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Criteria results (empty until every shard finished).
+    pub criteria: Vec<CriterionResult>,
+    /// A/B deltas.
+    pub deltas: BTreeMap<String, f64>,
+    /// Shard indexes counted, by variant.
+    pub aggregated_shards: BTreeMap<String, Vec<u32>>,
+    /// Where index.json and comparison.json are.
+    pub trace_location: Option<String>,
+    /// The error that stopped aggregation this time (category, message).
+    pub error: Option<(&'static str, String)>,
+    /// Whether index.json and comparison.json are written for the final results.
+    pub complete: bool,
+}
+
+/// Everything the status is computed from.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    /// The task.
+    pub task: &'a HarnessTask,
+    /// Shard counts by variant, in variant order.
+    pub shards: Vec<(String, ShardCounts)>,
+    /// `Some(message)` when no node satisfies a GPU requirement.
+    pub capacity_problem: Option<String>,
+    /// Validation warnings, one line each.
+    pub warnings: Vec<String>,
+    /// Aggregation results.
+    pub aggregated: AggregatedStatus,
+    /// Now.
+    pub now: Time,
+}
+
+fn accuracy_text(metrics: &BTreeMap<String, BTreeMap<String, f64>>, variants: &[String]) -> Option<String> {
+    let values: Vec<(String, f64)> = variants
+        .iter()
+        .filter_map(|v| metrics.get(v).and_then(|m| m.get("tool_call_accuracy")).map(|a| (v.clone(), *a)))
+        .collect();
+    match values.as_slice() {
+        [] => None,
+        [(_, a)] if variants.len() == 1 => Some(format!("{a:.3}")),
+        _ => Some(values.iter().map(|(v, a)| format!("{v}={a:.3}")).collect::<Vec<_>>().join(" ")),
+    }
+}
+
+/// The status of a runnable task.
+pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
+    use condition_types::*;
+    let task = observed.task;
+    let previous = task.status.clone().unwrap_or_default();
+    let variants: Vec<String> = observed.shards.iter().map(|(v, _)| v.clone()).collect();
+    let total: u32 = observed.shards.iter().map(|(_, c)| c.total).sum();
+    let finished: u32 = observed.shards.iter().map(|(_, c)| c.finished()).sum();
+    let failed: u32 = observed.shards.iter().map(|(_, c)| c.failed).sum();
+    let running: u32 = observed.shards.iter().map(|(_, c)| c.running).sum();
+    let all_finished = total > 0 && finished >= total;
+    let aggregated = &observed.aggregated;
+    let criteria_met = aggregated.criteria.iter().all(|c| c.met);
+    let done = all_finished && aggregated.complete;
+
+    let phase = if failed > 0 && all_finished {
+        TaskPhase::Failed
+    } else if done {
+        if criteria_met { TaskPhase::Succeeded } else { TaskPhase::Failed }
+    } else if task.spec.suspend && running == 0 && finished == 0 {
+        TaskPhase::Suspended
+    } else if running > 0 || finished > 0 {
+        TaskPhase::Running
+    } else {
+        TaskPhase::Pending
+    };
+
+    let warnings = if observed.warnings.is_empty() {
+        String::new()
+    } else {
+        format!("; warnings: {}", observed.warnings.join("; "))
+    };
+    let mut decided =
+        vec![Decided::new(READY, true, "Resolved", format!("sandboxes resolved, objects applied{warnings}"))];
+    decided.push(match phase {
+        TaskPhase::Suspended => {
+            Decided::new(PROGRESSING, false, "Suspended", "the Jobs are suspended (spec.suspend or Kueue admission)")
+        }
+        TaskPhase::Pending => Decided::new(PROGRESSING, true, "ShardsPending", format!("0 of {total} shards started")),
+        TaskPhase::Running if all_finished => {
+            Decided::new(PROGRESSING, true, "Aggregating", "every shard finished; aggregating their summaries")
+        }
+        TaskPhase::Running => Decided::new(
+            PROGRESSING,
+            true,
+            "ShardsRunning",
+            format!("{finished}/{total} shards finished, {running} running"),
+        ),
+        _ => Decided::new(PROGRESSING, false, "Finished", format!("{finished}/{total} shards finished")),
+    });
+    let degraded = if let Some((reason, message)) = &aggregated.error {
+        Decided::new(DEGRADED, true, reason, message.clone())
+    } else if let Some(message) = &observed.capacity_problem {
+        Decided::new(DEGRADED, true, "InsufficientGpuCapacity", message.clone())
+    } else if failed > 0 {
+        Decided::new(DEGRADED, true, "ShardFailed", format!("{failed} of {total} shards failed after their retries"))
+    } else {
+        Decided::new(DEGRADED, false, "AsExpected", "")
+    };
+    decided.push(degraded);
+    let unmet: Vec<String> = aggregated
+        .criteria
+        .iter()
+        .filter(|c| !c.met)
+        .map(|c| format!("{} {}", c.variant, c.message.clone().unwrap_or_else(|| c.criterion.clone())))
+        .collect();
+    match phase {
+        TaskPhase::Succeeded => {
+            decided.push(Decided::new(
+                SUCCEEDED,
+                true,
+                "CriteriaMet",
+                format!("every shard finished and all {} criteria are met", aggregated.criteria.len()),
+            ));
+            decided.push(Decided::new(FAILED, false, "AsExpected", ""));
+        }
+        TaskPhase::Failed if failed > 0 => {
+            decided.push(Decided::new(SUCCEEDED, false, "ShardsFailed", ""));
+            decided.push(Decided::new(
+                FAILED,
+                true,
+                "ShardsFailed",
+                format!("{failed} of {total} shards failed; see the Jobs' pods and the traces"),
+            ));
+        }
+        TaskPhase::Failed => {
+            decided.push(Decided::new(SUCCEEDED, false, "CriteriaNotMet", ""));
+            decided.push(Decided::new(FAILED, true, "CriteriaNotMet", unmet.join("; ")));
+        }
+        _ => {
+            decided.push(Decided::new(SUCCEEDED, false, "NotFinished", ""));
+            decided.push(Decided::new(FAILED, false, "AsExpected", ""));
+        }
+    }
+    let generation = task.metadata.generation;
+    HarnessTaskStatus {
+        phase: Some(phase),
+        conditions: conditions(&previous.conditions, &decided, generation, &observed.now),
+        observed_generation: generation,
+        shards: observed.shards.iter().cloned().collect(),
+        shards_summary: Some(format!("{finished}/{total}")),
+        variants_summary: Some(variants.join(",")),
+        accuracy: accuracy_text(&aggregated.metrics, &variants),
+        metrics: aggregated.metrics.clone(),
+        criteria: aggregated.criteria.clone(),
+        aggregated_shards: aggregated.aggregated_shards.clone(),
+        deltas: aggregated.deltas.clone(),
+        trace_location: aggregated.trace_location.clone(),
+        report_url: previous.report_url,
+    }
+}
+
+/// The status of a task that cannot run.
+pub fn invalid(task: &HarnessTask, reason: &'static str, message: &str, now: &Time) -> HarnessTaskStatus {
+    use condition_types::*;
+    let previous = task.status.clone().unwrap_or_default();
+    let decided = [
+        Decided::new(READY, false, reason, message),
+        Decided::new(PROGRESSING, false, reason, "fix the spec; nothing runs until it is valid"),
+        Decided::new(DEGRADED, false, "AsExpected", ""),
+        Decided::new(SUCCEEDED, false, reason, ""),
+        Decided::new(FAILED, true, reason, message),
+    ];
+    let generation = task.metadata.generation;
+    HarnessTaskStatus {
+        phase: Some(TaskPhase::Failed),
+        conditions: conditions(&previous.conditions, &decided, generation, now),
+        observed_generation: generation,
+        ..previous
+    }
+}
+
+/// A condition change worth an Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    /// Warning (something went wrong) or Normal.
+    pub warning: bool,
+    /// The condition's reason.
+    pub reason: String,
+    /// `Type=Status: message`.
+    pub note: String,
+}
+
+fn is_bad(condition: &Condition) -> bool {
+    let truthy = condition.status == "True";
+    match condition.type_.as_str() {
+        condition_types::DEGRADED | condition_types::FAILED => truthy,
+        condition_types::READY => !truthy,
+        _ => false,
+    }
+}
+
+/// The conditions that changed status or reason, as Events.
+pub fn transitions(previous: &[Condition], current: &[Condition]) -> Vec<Transition> {
+    let mut reasons = std::collections::BTreeSet::new();
+    current
+        .iter()
+        .filter(|c| !previous.iter().any(|p| p.type_ == c.type_ && p.status == c.status && p.reason == c.reason))
+        // A condition appearing in its quiet state (Degraded=False, ...) is not news.
+        .filter(|c| !(c.status == "False" && !is_bad(c) && !previous.iter().any(|p| p.type_ == c.type_)))
+        .map(|c| Transition {
+            warning: is_bad(c),
+            reason: c.reason.clone(),
+            note: if c.message.is_empty() {
+                format!("{}={}", c.type_, c.status)
+            } else {
+                format!("{}={}: {}", c.type_, c.status, c.message)
+            },
+        })
+        // Ready=False and Failed=True of one invalid spec share a reason: one Event says it.
+        .filter(|t| reasons.insert(t.reason.clone()))
+        .collect()
+}
+
+/// Writes the status by server-side apply on the status subresource.
+pub async fn write(client: &Client, task: &HarnessTask, status: &HarnessTaskStatus) -> Result<(), StatusError> {
+    let namespace = task.namespace().unwrap_or_default();
+    let name = task.name_any();
+    let api: Api<HarnessTask> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({
+        "apiVersion": basecamp_api::API_VERSION,
+        "kind": "HarnessTask",
+        "status": status,
+    });
+    api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| StatusError::Patch { namespace, name, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::batch::v1::JobStatus;
+
+    fn time(seconds: i64) -> Time {
+        Time(jiff::Timestamp::from_second(seconds).expect("time"))
+    }
+
+    #[test]
+    fn last_transition_time_moves_only_when_the_status_changes() {
+        let first = conditions(&[], &[Decided::new("Ready", true, "Resolved", "ok")], Some(1), &time(100));
+        let same = conditions(&first, &[Decided::new("Ready", true, "Resolved", "still ok")], Some(2), &time(200));
+        assert_eq!(same[0].last_transition_time, time(100));
+        assert_eq!(same[0].observed_generation, Some(2));
+        let flipped = conditions(&same, &[Decided::new("Ready", false, "UnknownSandbox", "x")], Some(2), &time(300));
+        assert_eq!(flipped[0].last_transition_time, time(300));
+    }
+
+    #[test]
+    fn indexes_and_shard_counts_come_from_the_job() {
+        assert_eq!(parse_indexes(Some("0,2-4,7")), [0, 2, 3, 4, 7]);
+        assert_eq!(parse_indexes(None), Vec::<u32>::new());
+        let job = Job {
+            status: Some(JobStatus {
+                completed_indexes: Some("0-1".into()),
+                failed_indexes: Some("3".into()),
+                active: Some(1),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(shard_counts(&job, 4), ShardCounts { total: 4, succeeded: 2, failed: 1, running: 1 });
+    }
+
+    #[test]
+    fn transitions_report_changes_and_skip_quiet_initial_conditions() {
+        let now = time(1);
+        let first = conditions(
+            &[],
+            &[Decided::new("Ready", true, "Resolved", ""), Decided::new("Degraded", false, "AsExpected", "")],
+            None,
+            &now,
+        );
+        let events = transitions(&[], &first);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, "Resolved");
+        assert!(!events[0].warning);
+        let later = conditions(
+            &first,
+            &[Decided::new("Ready", true, "Resolved", ""), Decided::new("Degraded", true, "S3Unavailable", "down")],
+            None,
+            &now,
+        );
+        let events = transitions(&first, &later);
+        assert_eq!(
+            events,
+            [Transition { warning: true, reason: "S3Unavailable".into(), note: "Degraded=True: down".into() }]
+        );
+        assert!(transitions(&later, &later).is_empty());
+    }
+}

@@ -1,0 +1,566 @@
+//! Mocked-API scenarios in the style of controller-rs's ApiServerVerifier:
+//! the Client talks to a tower-test mock; each scenario scripts the calls
+//! the operator must make, in order, answers each one, fails on any other
+//! call, and a timeout catches a call that never comes. S3 is real (s3s-fs
+//! on loopback) or down (a closed port).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use basecamp_api::HarnessTask;
+use basecamp_sandbox::storage::{Storage, UtcDate};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::build::{BuildInput, ResolvedVariant};
+use crate::metrics::Metrics;
+use crate::settings::Settings;
+use crate::testing::{BUCKET, S3Server, storage_down};
+
+type Mock = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+enum Reply {
+    /// This status and body.
+    Json(u16, Value),
+    /// The request's body back (server-side apply of a whole object).
+    Echo,
+    /// The request's body with these fields merged in (status, timestamps).
+    EchoWith(Value),
+}
+
+struct Call {
+    method: &'static str,
+    path: String,
+    reply: Reply,
+}
+
+fn call(method: &'static str, path: &str, reply: Reply) -> Call {
+    Call { method, path: path.to_string(), reply }
+}
+
+#[derive(Debug)]
+struct Seen {
+    uri: String,
+    body: Value,
+}
+
+const TASK: &str = "/apis/basecamp.dev/v1alpha1/namespaces/team-a/harnesstasks/eval";
+const SANDBOX: &str = "/apis/basecamp.dev/v1alpha1/namespaces/team-a/sandboxconfigs/shop";
+const CONFIG_MAP: &str = "/api/v1/namespaces/team-a/configmaps/eval-sandbox";
+const NETWORK_POLICY: &str = "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/eval-sandbox";
+const JOB: &str = "/apis/batch/v1/namespaces/team-a/jobs/eval-default";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team-a/events";
+
+fn not_found() -> Reply {
+    Reply::Json(
+        404,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+fn merge(mut base: Value, extra: &Value) -> Value {
+    basecamp_api::profile::merge_patch(&mut base, extra);
+    base
+}
+
+async fn verify(mut handle: Mock, script: Vec<Call>) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    for expected in script {
+        let Some((request, send)) = handle.next_request().await else {
+            panic!("the operator stopped calling the API; expected {} {}", expected.method, expected.path);
+        };
+        let method = request.method().to_string();
+        let uri = request.uri().to_string();
+        let path = request.uri().path().to_string();
+        let bytes = request.into_body().collect().await.expect("request body").to_bytes();
+        let body: Value =
+            if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            (expected.method, expected.path.as_str()),
+            "unexpected call {method} {uri}\nbody: {body}"
+        );
+        let (status, reply) = match &expected.reply {
+            Reply::Json(status, value) => (*status, value.clone()),
+            Reply::Echo => (200, body.clone()),
+            Reply::EchoWith(extra) => (200, merge(body.clone(), extra)),
+        };
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&reply).expect("json")))
+            .expect("response");
+        send.send_response(response);
+        seen.push(Seen { uri, body });
+    }
+    if let Ok(Some((request, _))) = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await {
+        panic!("an unexpected extra call: {} {}", request.method(), request.uri());
+    }
+    seen
+}
+
+struct Outcome {
+    result: Result<Action, Error>,
+    seen: Vec<Seen>,
+    ctx: Arc<Context>,
+}
+
+async fn scenario(task: &Value, storage: Storage, script: Vec<Call>) -> Outcome {
+    let task: HarnessTask = serde_json::from_value(task.clone()).expect("task fixture");
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context::new(client, Arc::new(Metrics::new()), Settings::default(), storage, None));
+    let verifier = tokio::spawn(verify(handle, script));
+    let result = tokio::time::timeout(Duration::from_secs(30), reconcile(Arc::new(task), ctx.clone()))
+        .await
+        .expect("reconcile did not finish within 30 s");
+    let seen =
+        match tokio::time::timeout(Duration::from_secs(10), verifier).await.expect("a scripted API call never came") {
+            Ok(seen) => seen,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("verifier: {e}"),
+        };
+    Outcome { result, seen, ctx }
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+fn spec() -> Value {
+    json!({
+        "taskDefinition": {"successCriteria": ["tool_call_accuracy >= 0.9"]},
+        "evaluation": {"testSet": "s3://datasets/shop/tests.jsonl"},
+        "policy": {"endpoint": "http://10.0.0.7:8000/v1", "model": "m"},
+        "sandboxRef": {"name": "shop"},
+        "shards": 2,
+        "traces": {"destination": format!("s3://{BUCKET}/traces")},
+    })
+}
+
+fn task(spec: Value, finalizer: bool) -> Value {
+    json!({
+        "apiVersion": "basecamp.dev/v1alpha1",
+        "kind": "HarnessTask",
+        "metadata": {
+            "name": "eval", "namespace": "team-a", "uid": "uid-1", "generation": 1, "resourceVersion": "7",
+            "creationTimestamp": now_rfc3339(),
+            "finalizers": if finalizer { json!(["basecamp.dev/traces"]) } else { json!([]) },
+        },
+        "spec": spec,
+    })
+}
+
+fn sandbox() -> Value {
+    json!({
+        "apiVersion": "basecamp.dev/v1alpha1", "kind": "SandboxConfig",
+        "metadata": {"name": "shop", "namespace": "team-a"},
+        "spec": {"tools": {"track_order": {"http": {"url": "https://shop.example.com/orders/{order_id}"}}}},
+    })
+}
+
+/// The Job the operator builds for `task` (to answer GETs of an existing Job).
+fn built_job(task: &Value) -> Value {
+    let task: HarnessTask = serde_json::from_value(task.clone()).expect("task");
+    let sandbox: basecamp_api::SandboxConfig = serde_json::from_value(sandbox()).expect("sandbox");
+    let variants = vec![ResolvedVariant {
+        name: "default".into(),
+        sandbox_name: "shop".into(),
+        profile: None,
+        spec: sandbox.spec,
+    }];
+    let settings = Settings::default();
+    let desired = crate::build::build(&BuildInput::new(&task, variants, &settings).expect("input")).expect("build");
+    serde_json::to_value(&desired.jobs[0]).expect("json")
+}
+
+fn event_reasons(seen: &[Seen]) -> Vec<(String, String)> {
+    seen.iter()
+        .filter(|s| s.uri.starts_with(EVENTS))
+        .map(|s| {
+            (s.body["type"].as_str().unwrap_or("").to_string(), s.body["reason"].as_str().unwrap_or("").to_string())
+        })
+        .collect()
+}
+
+fn status_patch(seen: &[Seen]) -> Value {
+    seen.iter()
+        .find(|s| s.uri.starts_with(&format!("{TASK}/status")))
+        .map(|s| s.body["status"].clone())
+        .expect("a status patch")
+}
+
+fn condition(status: &Value, type_: &str) -> Value {
+    status["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == type_)).cloned().unwrap_or(Value::Null)
+}
+
+fn event() -> Call {
+    call("POST", EVENTS, Reply::Echo)
+}
+
+/// The calls of a valid task up to and including the Job's apply.
+fn apply_calls(job_get: Reply, job_status: Value) -> Vec<Call> {
+    vec![
+        call("GET", SANDBOX, Reply::Json(200, sandbox())),
+        call("PATCH", CONFIG_MAP, Reply::Echo),
+        call("PATCH", NETWORK_POLICY, Reply::Echo),
+        call("GET", JOB, job_get),
+        call(
+            "PATCH",
+            JOB,
+            Reply::EchoWith(json!({"metadata": {"creationTimestamp": now_rfc3339()}, "status": job_status})),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn create_adds_the_finalizer_applies_the_objects_and_reports_pending() {
+    let fresh = task(spec(), false);
+    let with_finalizer = task(spec(), true);
+    let mut script = vec![call("PATCH", TASK, Reply::Json(200, with_finalizer.clone()))];
+    script.extend(apply_calls(not_found(), json!({})));
+    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, with_finalizer)), event(), event()]);
+    let out = scenario(&fresh, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let seen = &out.seen;
+    assert_eq!(seen[0].body["metadata"]["finalizers"], json!(["basecamp.dev/traces"]));
+    assert_eq!(seen[0].body["metadata"]["resourceVersion"], "7", "the finalizer patch is a compare-and-swap");
+    assert!(
+        seen[2].uri.contains("fieldManager=basecamp-operator") && seen[2].uri.contains("force=true"),
+        "{}",
+        seen[2].uri
+    );
+    assert!(seen[2].body["data"]["manifests.yaml"].as_str().is_some_and(|m| m.contains("kind: SandboxConfig")));
+    assert_eq!(seen[3].body["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(seen[5].body["spec"]["completions"], 2);
+    assert_eq!(seen[5].body["spec"]["completionMode"], "Indexed");
+    let status = status_patch(seen);
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(status["shardsSummary"], "0/2");
+    assert_eq!(status["shards"]["default"], json!({"total": 2, "succeeded": 0, "failed": 0, "running": 0}));
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+    assert_eq!(condition(&status, "Progressing")["reason"], "ShardsPending");
+    assert_eq!(event_reasons(seen), [("Normal".into(), "Resolved".into()), ("Normal".into(), "ShardsPending".into())]);
+    assert!(out.ctx.metrics.encode().contains(r#"basecamp_tasks{phase="Pending"} 1"#));
+}
+
+#[tokio::test]
+async fn a_spec_change_replaces_the_job_and_keeps_transition_times() {
+    let old = task(spec(), true);
+    let mut new_spec = spec();
+    new_spec["shards"] = json!(4);
+    let mut new = task(new_spec, true);
+    new["metadata"]["generation"] = json!(2);
+    new["status"] = json!({
+        "phase": "Running", "observedGeneration": 1,
+        "shards": {"default": {"total": 2, "succeeded": 0, "failed": 0, "running": 2}},
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Resolved", "message": "", "lastTransitionTime": "2026-01-02T03:04:05Z", "observedGeneration": 1},
+            {"type": "Progressing", "status": "True", "reason": "ShardsRunning", "message": "", "lastTransitionTime": "2026-01-02T03:04:05Z", "observedGeneration": 1},
+        ],
+    });
+    let old_job = merge(built_job(&old), &json!({"status": {"active": 2}}));
+    let mut script = apply_calls(Reply::Json(200, old_job), json!({}));
+    script.insert(
+        4,
+        call(
+            "DELETE",
+            JOB,
+            Reply::Json(200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200})),
+        ),
+    );
+    script.extend([event(), call("PATCH", &format!("{TASK}/status"), Reply::Json(200, new.clone())), event()]);
+    let out = scenario(&new, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let seen = &out.seen;
+    assert_eq!(seen[4].body["propagationPolicy"], "Background");
+    assert_eq!(seen[5].body["spec"]["completions"], 4);
+    assert!(
+        seen[1].body["data"]["manifests.yaml"].as_str().is_some_and(|m| m.contains("shards: 4")),
+        "{}",
+        seen[1].body
+    );
+    let status = status_patch(seen);
+    assert_eq!(status["observedGeneration"], 2);
+    assert_eq!(status["shardsSummary"], "0/4");
+    assert_eq!(
+        condition(&status, "Ready")["lastTransitionTime"],
+        "2026-01-02T03:04:05Z",
+        "unchanged status keeps its time"
+    );
+    assert_eq!(condition(&status, "Ready")["observedGeneration"], 2);
+    assert_ne!(condition(&status, "Progressing")["reason"], "ShardsRunning");
+    assert_eq!(
+        event_reasons(seen),
+        [("Normal".into(), "JobReplaced".into()), ("Normal".into(), "ShardsPending".into())]
+    );
+}
+
+#[tokio::test]
+async fn a_failed_shard_degrades_the_task_with_a_warning() {
+    let current = task(spec(), true);
+    let job = built_job(&current);
+    let status = json!({"active": 1, "failed": 3, "failedIndexes": "1"});
+    let mut script = apply_calls(Reply::Json(200, merge(job, &json!({"status": status}))), status.clone());
+    script.extend([
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+        event(),
+        event(),
+    ]);
+    let out = scenario(&current, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["shards"]["default"], json!({"total": 2, "succeeded": 0, "failed": 1, "running": 1}));
+    assert_eq!(condition(&status, "Degraded")["reason"], "ShardFailed");
+    assert_eq!(condition(&status, "Degraded")["message"], "1 of 2 shards failed after their retries");
+    assert_eq!(event_reasons(&out.seen)[2], ("Warning".into(), "ShardFailed".into()));
+    let metrics = out.ctx.metrics.encode();
+    assert!(
+        metrics.contains(r#"basecamp_shards{namespace="team-a",task="eval",variant="default",state="failed"} 1"#),
+        "{metrics}"
+    );
+}
+
+fn finished_job_status() -> Value {
+    json!({"succeeded": 1, "completedIndexes": "0", "conditions": [{"type": "Complete", "status": "True"}]})
+}
+
+#[tokio::test]
+async fn s3_down_during_aggregation_is_a_degraded_condition_and_a_warning() {
+    let mut one_shard = spec();
+    one_shard["shards"] = json!(1);
+    let current = task(one_shard, true);
+    let job = merge(built_job(&current), &json!({"status": finished_job_status()}));
+    let mut script = apply_calls(Reply::Json(200, job), finished_job_status());
+    script.extend([
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+        event(),
+        event(),
+    ]);
+    let out = scenario(&current, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Running", "not finished until the summaries are read");
+    assert_eq!(condition(&status, "Progressing")["reason"], "Aggregating");
+    let degraded = condition(&status, "Degraded");
+    assert_eq!(degraded["reason"], "S3Unavailable");
+    assert!(
+        degraded["message"].as_str().is_some_and(|m| m.contains("failed to list the shard summaries")),
+        "{degraded}"
+    );
+    assert_eq!(event_reasons(&out.seen)[2], ("Warning".into(), "S3Unavailable".into()));
+    assert!(out.ctx.metrics.encode().contains(r#"basecamp_s3_operation_errors_total{operation="list"} 1"#));
+    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(30))), "retried");
+}
+
+#[tokio::test]
+async fn finished_shards_are_aggregated_into_status_and_the_task_succeeds() {
+    let server = S3Server::start();
+    let storage = server.storage();
+    let mut one_shard = spec();
+    one_shard["shards"] = json!(1);
+    let current = task(one_shard, true);
+    let today = UtcDate::from_system_time(std::time::SystemTime::now()).expect("today");
+    let summary = json!({
+        "namespace": "team-a", "task": "eval", "variant": "default", "shard": 0, "shard_count": 1,
+        "started_unix_nanos": i64::try_from(jiff::Timestamp::now().as_nanosecond()).expect("nanos"), "wall_seconds": 1.0,
+        "aggregate": {"episodes": 1, "means": {}, "resolution_time_p50_s": 1.0, "resolution_time_p95_s": 1.0, "outcomes": {}},
+        "episodes": [{"id": "e1", "outcome": "final_answer", "failure_class": "ok", "trace_file": "e1.trace", "rollbacks": 0, "warnings": [],
+                      "metrics": {"tool_call_accuracy": 1.0, "tool_call_accuracy_lenient": 1.0, "plan_step_f1": 1.0, "error_rate": 0.0,
+                                  "resolution_time_s": 1.5, "tool_calls": 1, "steps": 2}}],
+        "lost": [],
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("summary.json"), summary.to_string()).expect("write");
+    let key = format!(
+        "traces/{:04}/{:02}/{:02}/team-a/eval/default/0/summary.json",
+        today.year(),
+        today.month(),
+        today.day()
+    );
+    let to = basecamp_sandbox::storage::Destination::parse(&format!("s3://{BUCKET}/{key}")).expect("dest");
+    storage.upload_file(&dir.path().join("summary.json"), &to).await.into_result().expect("upload");
+
+    let job = merge(built_job(&current), &json!({"status": finished_job_status()}));
+    let mut script = apply_calls(Reply::Json(200, job), finished_job_status());
+    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())), event(), event()]);
+    let out = scenario(&current, storage.clone(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Succeeded", "{status}");
+    assert_eq!(status["metrics"]["default"]["tool_call_accuracy"], 1.0);
+    assert_eq!(status["accuracy"], "1.000");
+    assert_eq!(status["criteria"][0]["met"], true);
+    assert_eq!(status["aggregatedShards"]["default"], json!([0]));
+    assert_eq!(status["traceLocation"], format!("s3://{BUCKET}/traces/reports/team-a/eval/"));
+    assert_eq!(condition(&status, "Succeeded")["reason"], "CriteriaMet");
+    assert_eq!(
+        event_reasons(&out.seen),
+        [("Normal".into(), "Resolved".into()), ("Normal".into(), "CriteriaMet".into())]
+    );
+    let metrics = out.ctx.metrics.encode();
+    assert!(
+        metrics.contains(r#"basecamp_task_tool_call_accuracy{namespace="team-a",task="eval",variant="default"} 1.0"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"basecamp_task_criteria_met{namespace="team-a",task="eval",variant="default"} 1"#),
+        "{metrics}"
+    );
+    let index = storage
+        .fetch(
+            &basecamp_sandbox::storage::Destination::parse(&format!(
+                "s3://{BUCKET}/traces/reports/team-a/eval/index.json"
+            ))
+            .expect("d"),
+        )
+        .await
+        .expect("index.json written");
+    assert!(String::from_utf8_lossy(&index).contains("e1.trace"));
+}
+
+#[tokio::test]
+async fn an_unknown_sandbox_config_is_a_condition_and_a_warning() {
+    let current = task(spec(), true);
+    let script = vec![
+        call("GET", SANDBOX, not_found()),
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+    ];
+    let out = scenario(&current, storage_down(), script).await;
+    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))));
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Failed");
+    let ready = condition(&status, "Ready");
+    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("UnknownSandbox")));
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec.sandboxRef.name") && m.contains("\"shop\" not found")),
+        "{ready}"
+    );
+    assert_eq!(
+        event_reasons(&out.seen),
+        [("Warning".into(), "UnknownSandbox".into())],
+        "one Event for Ready=False and Failed=True"
+    );
+    let note = out.seen.iter().find(|s| s.uri.starts_with(EVENTS)).map(|s| s.body["note"].clone()).expect("event");
+    assert!(note.as_str().is_some_and(|n| n.contains("not found")), "{note}");
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_a_condition_naming_the_field() {
+    let mut local = spec();
+    local["evaluation"]["testSet"] = json!("tests/shop.jsonl");
+    local["shards"] = json!(0);
+    let current = task(local, true);
+    let script = vec![
+        call("GET", SANDBOX, Reply::Json(200, sandbox())),
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+    ];
+    let out = scenario(&current, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let ready = condition(&status_patch(&out.seen), "Ready");
+    assert_eq!(ready["status"], "False");
+    let message = ready["message"].as_str().unwrap_or("");
+    assert!(message.contains("spec.shards"), "{message}");
+    assert!(message.contains("spec.evaluation.testSet") && message.contains("s3://"), "{message}");
+    assert_eq!(event_reasons(&out.seen)[0].0, "Warning");
+}
+
+fn deleting(retention: &str) -> Value {
+    let mut with_retention = spec();
+    with_retention["traces"]["retention"] = json!(retention);
+    let mut task = task(with_retention, true);
+    task["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+    task["metadata"]["finalizers"] = json!(["basecamp.dev/traces", "example.com/keep"]);
+    task
+}
+
+#[tokio::test]
+async fn deletion_with_retain_keeps_the_traces_and_releases_the_finalizer() {
+    let current = deleting("Retain");
+    let out =
+        scenario(&current, storage_down(), vec![call("PATCH", TASK, Reply::Json(200, current.clone())), event()]).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    assert_eq!(
+        out.seen[0].body["metadata"]["finalizers"],
+        json!(["example.com/keep"]),
+        "only our finalizer is removed"
+    );
+    assert_eq!(event_reasons(&out.seen), [("Normal".into(), "TracesRetained".into())]);
+}
+
+#[tokio::test]
+async fn deletion_with_delete_removes_the_task_prefix_only() {
+    let server = S3Server::start();
+    let storage = server.storage();
+    let today = UtcDate::from_system_time(std::time::SystemTime::now()).expect("today");
+    let day = format!("{:04}/{:02}/{:02}", today.year(), today.month(), today.day());
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("f"), b"x").expect("write");
+    for key in [
+        format!("traces/{day}/team-a/eval/default/0/summary.json"),
+        format!("traces/{day}/team-a/eval/default/0/e1.trace"),
+        "traces/reports/team-a/eval/index.json".to_string(),
+        format!("traces/{day}/team-a/eval-2/default/0/e1.trace"),
+    ] {
+        let to = basecamp_sandbox::storage::Destination::parse(&format!("s3://{BUCKET}/{key}")).expect("dest");
+        storage.upload_file(&dir.path().join("f"), &to).await.into_result().expect("upload");
+    }
+    let current = deleting("Delete");
+    let out =
+        scenario(&current, storage.clone(), vec![call("PATCH", TASK, Reply::Json(200, current.clone())), event()])
+            .await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    assert_eq!(event_reasons(&out.seen), [("Normal".into(), "TracesDeleted".into())]);
+    let note = out.seen[1].body["note"].as_str().unwrap_or("").to_string();
+    assert!(note.contains("deleted 3 objects"), "{note}");
+    let left = storage
+        .list(&basecamp_sandbox::storage::Destination::parse(&format!("s3://{BUCKET}/traces")).expect("d"))
+        .await
+        .expect("list");
+    let left: Vec<&str> = left.iter().map(|o| o.relative.as_str()).collect();
+    assert_eq!(left, [format!("{day}/team-a/eval-2/default/0/e1.trace")], "another task's traces stay");
+}
+
+#[tokio::test]
+async fn deletion_with_delete_and_s3_down_keeps_the_finalizer_and_retries() {
+    let current = deleting("Delete");
+    let out = scenario(&current, storage_down(), vec![event()]).await;
+    let error = out.result.expect_err("the deletion must be retried");
+    assert_eq!(error.category(), "S3Unavailable");
+    assert!(error.to_string().contains("the task is kept until they are deleted"), "{error}");
+    assert_eq!(event_reasons(&out.seen), [("Warning".into(), "S3Unavailable".into())]);
+    assert!(out.ctx.metrics.encode().contains(r#"basecamp_reconcile_errors_total{category="S3Unavailable"} 1"#));
+}
+
+#[test]
+fn sandbox_changes_map_to_the_tasks_that_reference_them() {
+    let a: HarnessTask = serde_json::from_value(task(spec(), true)).expect("task");
+    let mut other_spec = spec();
+    other_spec["sandboxRef"] = json!({"name": "other"});
+    let mut b_value = task(other_spec, true);
+    b_value["metadata"]["name"] = json!("unrelated");
+    let b: HarnessTask = serde_json::from_value(b_value).expect("task");
+    let sandbox: basecamp_api::SandboxConfig = serde_json::from_value(sandbox()).expect("sandbox");
+    let refs = tasks_referencing(&[Arc::new(a), Arc::new(b)], &sandbox);
+    assert_eq!(refs.len(), 1);
+    assert_eq!(refs[0].name, "eval");
+}
+
+#[test]
+fn backoff_doubles_up_to_five_minutes() {
+    let waits: Vec<u64> = [1, 2, 3, 7, 20].iter().map(|n| backoff(*n).as_secs()).collect();
+    assert_eq!(waits, [5, 10, 20, 300, 300]);
+}

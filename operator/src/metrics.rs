@@ -1,0 +1,400 @@
+//! The operator's Prometheus metrics (prometheus-client), served on
+//! `/metrics`. Names are fixed (the Helm chart's dashboards use them) and
+//! labels are bounded: namespace/task/variant exist per task and are
+//! removed when the task is deleted; `phase`, `state`, `category` and
+//! `operation` take a fixed set of values.
+//!
+//! - gauges per variant: `basecamp_task_tool_call_accuracy`,
+//!   `basecamp_task_plan_step_f1`, `basecamp_task_memory_consistency`,
+//!   `basecamp_task_error_rate`, `basecamp_task_resolution_seconds_p95`,
+//!   `basecamp_task_episodes`, `basecamp_task_criteria_met` (1/0);
+//! - `basecamp_tasks{phase}`, `basecamp_shards{namespace,task,variant,state}`;
+//! - `basecamp_reconcile_duration_seconds` (histogram),
+//!   `basecamp_reconcile_errors_total{category}`;
+//! - `basecamp_s3_operation_errors_total{operation}`,
+//!   `basecamp_s3_operation_duration_seconds{operation}` (histogram).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use basecamp_api::task::{HarnessTaskStatus, TaskPhase};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// `application/openmetrics-text`.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// `text/plain; version=0.0.4`.
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Every task phase, for `basecamp_tasks{phase}`.
+pub const PHASES: [TaskPhase; 5] =
+    [TaskPhase::Pending, TaskPhase::Running, TaskPhase::Succeeded, TaskPhase::Failed, TaskPhase::Suspended];
+/// Every shard state, for `basecamp_shards{state}`.
+pub const SHARD_STATES: [&str; 4] = ["pending", "running", "succeeded", "failed"];
+/// S3 operations, for the `operation` label.
+pub const S3_OPERATIONS: [&str; 4] = ["list", "get", "put", "delete"];
+
+/// Labels of per-variant series.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VariantLabels {
+    /// The task's namespace.
+    pub namespace: String,
+    /// The task.
+    pub task: String,
+    /// The variant.
+    pub variant: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabels {
+    namespace: String,
+    task: String,
+    variant: String,
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CategoryLabels {
+    category: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Gauge name -> status metric it shows.
+const VARIANT_GAUGES: [(&str, &str, &str); 6] = [
+    (
+        "basecamp_task_tool_call_accuracy",
+        "tool_call_accuracy",
+        "Mean strict tool-call accuracy of the variant's episodes",
+    ),
+    ("basecamp_task_plan_step_f1", "plan_step_f1", "Mean plan-step F1 of the variant's episodes"),
+    ("basecamp_task_memory_consistency", "memory_consistency", "Mean memory consistency of the variant's episodes"),
+    ("basecamp_task_error_rate", "error_rate", "Mean tool-call error rate of the variant's episodes"),
+    (
+        "basecamp_task_resolution_seconds_p95",
+        "resolution_time_p95_s",
+        "95th percentile episode resolution time, in seconds",
+    ),
+    ("basecamp_task_episodes", "episodes", "Episodes aggregated for the variant"),
+];
+
+/// The operator's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    variant_gauges: Vec<(&'static str, Family<VariantLabels, FloatGauge>)>,
+    criteria_met: Family<VariantLabels, Gauge>,
+    shards: Family<ShardLabels, Gauge>,
+    tasks: Family<PhaseLabels, Gauge>,
+    reconcile_duration: Histogram,
+    reconcile_errors: Family<CategoryLabels, Counter>,
+    s3_errors: Family<OperationLabels, Counter>,
+    s3_duration: Family<OperationLabels, Histogram>,
+    known: Mutex<Known>,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    phases: BTreeMap<(String, String), TaskPhase>,
+    variants: BTreeMap<(String, String), BTreeSet<String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let mut variant_gauges = Vec::new();
+        for (name, key, help) in VARIANT_GAUGES {
+            let family = Family::<VariantLabels, FloatGauge>::default();
+            registry.register(name, help, family.clone());
+            variant_gauges.push((key, family));
+        }
+        let criteria_met = Family::<VariantLabels, Gauge>::default();
+        registry.register(
+            "basecamp_task_criteria_met",
+            "1 when every success criterion is met for the variant, else 0",
+            criteria_met.clone(),
+        );
+        let shards = Family::<ShardLabels, Gauge>::default();
+        registry.register("basecamp_shards", "Shards of a variant by state", shards.clone());
+        let tasks = Family::<PhaseLabels, Gauge>::default();
+        registry.register("basecamp_tasks", "HarnessTasks by phase", tasks.clone());
+        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        registry.register_with_unit(
+            "basecamp_reconcile_duration",
+            "Time of one reconcile",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        let reconcile_errors = Family::<CategoryLabels, Counter>::default();
+        registry.register(
+            "basecamp_reconcile_errors",
+            "Reconciles that failed, by error category",
+            reconcile_errors.clone(),
+        );
+        let s3_errors = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "basecamp_s3_operation_errors",
+            "S3 operations that failed after their retries",
+            s3_errors.clone(),
+        );
+        let s3_duration = Family::<OperationLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.005, 2.0, 14))) as fn() -> Histogram,
+        );
+        registry.register_with_unit(
+            "basecamp_s3_operation_duration",
+            "Time of S3 operations, retries included",
+            Unit::Seconds,
+            s3_duration.clone(),
+        );
+        let metrics = Self {
+            registry,
+            variant_gauges,
+            criteria_met,
+            shards,
+            tasks,
+            reconcile_duration,
+            reconcile_errors,
+            s3_errors,
+            s3_duration,
+            known: Mutex::default(),
+        };
+        for phase in PHASES {
+            metrics.tasks.get_or_create(&PhaseLabels { phase: phase.as_str() }).set(0);
+        }
+        metrics
+    }
+
+    /// One reconcile's time, and its error category if it failed.
+    pub fn observe_reconcile(&self, took: Duration, error_category: Option<&'static str>) {
+        self.reconcile_duration.observe(took.as_secs_f64());
+        if let Some(category) = error_category {
+            self.reconcile_errors.get_or_create(&CategoryLabels { category }).inc();
+        }
+    }
+
+    /// One S3 operation (`list`, `get`, `put`, `delete`).
+    pub fn observe_s3(&self, operation: &'static str, took: Duration, failed: bool) {
+        self.s3_duration.get_or_create(&OperationLabels { operation }).observe(took.as_secs_f64());
+        if failed {
+            self.s3_errors.get_or_create(&OperationLabels { operation }).inc();
+        }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn refresh_phase_counts(&self, known: &Known) {
+        for phase in PHASES {
+            let count = known.phases.values().filter(|p| **p == phase).count();
+            self.tasks
+                .get_or_create(&PhaseLabels { phase: phase.as_str() })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Shows a task's status: phase, shard states and metrics per variant.
+    pub fn record_task(&self, namespace: &str, task: &str, status: &HarnessTaskStatus) {
+        let mut known = self.known();
+        let key = (namespace.to_string(), task.to_string());
+        let variants: BTreeSet<String> = status.shards.keys().chain(status.metrics.keys()).cloned().collect();
+        // Variants no longer in the spec lose their series.
+        if let Some(old) = known.variants.get(&key) {
+            for gone in old.difference(&variants) {
+                self.remove_variant(namespace, task, gone);
+            }
+        }
+        for variant in &variants {
+            let labels = VariantLabels { namespace: namespace.into(), task: task.into(), variant: variant.clone() };
+            let metrics = status.metrics.get(variant);
+            for (key, family) in &self.variant_gauges {
+                match metrics.and_then(|m| m.get(*key)) {
+                    Some(value) if value.is_finite() => {
+                        family.get_or_create(&labels).set(*value);
+                    }
+                    _ => {
+                        family.remove(&labels);
+                    }
+                }
+            }
+            let results: Vec<bool> = status.criteria.iter().filter(|c| &c.variant == variant).map(|c| c.met).collect();
+            if results.is_empty() {
+                self.criteria_met.remove(&labels);
+            } else {
+                self.criteria_met.get_or_create(&labels).set(i64::from(results.iter().all(|m| *m)));
+            }
+            if let Some(counts) = status.shards.get(variant) {
+                let pending = counts.total.saturating_sub(counts.finished()).saturating_sub(counts.running);
+                for (state, value) in [
+                    ("pending", pending),
+                    ("running", counts.running),
+                    ("succeeded", counts.succeeded),
+                    ("failed", counts.failed),
+                ] {
+                    let labels =
+                        ShardLabels { namespace: namespace.into(), task: task.into(), variant: variant.clone(), state };
+                    self.shards.get_or_create(&labels).set(i64::from(value));
+                }
+            }
+        }
+        known.variants.insert(key.clone(), variants);
+        if let Some(phase) = status.phase {
+            known.phases.insert(key, phase);
+        }
+        self.refresh_phase_counts(&known);
+    }
+
+    fn remove_variant(&self, namespace: &str, task: &str, variant: &str) {
+        let labels = VariantLabels { namespace: namespace.into(), task: task.into(), variant: variant.into() };
+        for (_, family) in &self.variant_gauges {
+            family.remove(&labels);
+        }
+        self.criteria_met.remove(&labels);
+        for state in SHARD_STATES {
+            self.shards.remove(&ShardLabels {
+                namespace: namespace.into(),
+                task: task.into(),
+                variant: variant.into(),
+                state,
+            });
+        }
+    }
+
+    /// Removes every series of a deleted task.
+    pub fn forget_task(&self, namespace: &str, task: &str) {
+        let mut known = self.known();
+        let key = (namespace.to_string(), task.to_string());
+        for variant in known.variants.remove(&key).unwrap_or_default() {
+            self.remove_variant(namespace, task, &variant);
+        }
+        known.phases.remove(&key);
+        self.refresh_phase_counts(&known);
+    }
+
+    /// OpenMetrics text (ends with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing into a String cannot fail");
+        out
+    }
+
+    /// Prometheus text format 0.0.4.
+    pub fn encode_prometheus_text(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            .expect("writing into a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use basecamp_api::task::{CriterionResult, ShardCounts};
+
+    fn status() -> HarnessTaskStatus {
+        HarnessTaskStatus {
+            phase: Some(TaskPhase::Running),
+            shards: [("a".to_string(), ShardCounts { total: 4, succeeded: 2, failed: 0, running: 1 })].into(),
+            metrics: [(
+                "a".to_string(),
+                [("tool_call_accuracy".to_string(), 0.75), ("episodes".to_string(), 20.0)].into(),
+            )]
+            .into(),
+            criteria: vec![CriterionResult {
+                variant: "a".into(),
+                criterion: "x".into(),
+                met: false,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn task_series_appear_and_are_removed_with_the_task() {
+        let metrics = Metrics::new();
+        metrics.record_task("team", "eval", &status());
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"basecamp_task_tool_call_accuracy{namespace="team",task="eval",variant="a"} 0.75"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"basecamp_task_episodes{namespace="team",task="eval",variant="a"} 20.0"#), "{text}");
+        assert!(text.contains(r#"basecamp_task_criteria_met{namespace="team",task="eval",variant="a"} 0"#), "{text}");
+        assert!(
+            text.contains(r#"basecamp_shards{namespace="team",task="eval",variant="a",state="pending"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"basecamp_tasks{phase="Running"} 1"#), "{text}");
+        assert!(!text.contains("basecamp_task_plan_step_f1{"), "no data, no series: {text}");
+        metrics.forget_task("team", "eval");
+        let text = metrics.encode();
+        assert!(!text.contains(r#"task="eval""#), "{text}");
+        assert!(text.contains(r#"basecamp_tasks{phase="Running"} 0"#), "{text}");
+    }
+
+    #[test]
+    fn operational_metrics_have_the_documented_names() {
+        let metrics = Metrics::new();
+        metrics.observe_reconcile(Duration::from_millis(12), Some("ApplyFailed"));
+        metrics.observe_s3("list", Duration::from_millis(3), true);
+        let text = metrics.encode_prometheus_text();
+        for name in [
+            "basecamp_reconcile_duration_seconds_bucket",
+            r#"basecamp_reconcile_errors_total{category="ApplyFailed"} 1"#,
+            r#"basecamp_s3_operation_errors_total{operation="list"} 1"#,
+            r#"basecamp_s3_operation_duration_seconds_count{operation="list"} 1"#,
+        ] {
+            assert!(text.contains(name), "{name} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn promtool_accepts_the_metrics_when_installed() {
+        let Ok(output) = std::process::Command::new("promtool").arg("--version").output() else {
+            eprintln!("promtool not installed; skipping the lint (apt-get install prometheus)");
+            return;
+        };
+        assert!(output.status.success());
+        let metrics = Metrics::new();
+        metrics.record_task("team", "eval", &status());
+        metrics.observe_reconcile(Duration::from_millis(12), Some("ApplyFailed"));
+        metrics.observe_s3("get", Duration::from_millis(3), false);
+        let mut child = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool runs");
+        use std::io::Write;
+        child.stdin.take().expect("stdin").write_all(metrics.encode_prometheus_text().as_bytes()).expect("write");
+        let out = child.wait_with_output().expect("promtool finishes");
+        let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && report.trim().is_empty(), "promtool check metrics:\n{report}");
+    }
+}

@@ -1,0 +1,38 @@
+//! What the operator was started with that shapes the objects it builds:
+//! the sandbox image, how pods reach S3, and Job retry and clean-up limits.
+
+/// Where the `basecamp-sandbox` binary lives in the Basecamp image.
+pub const SANDBOX_BINARY_IN_IMAGE: &str = "/usr/local/bin/basecamp-sandbox";
+/// Where the `basecamp-operator` binary lives in the Basecamp image (the
+/// init container uses its `inject-sandbox` command: the image has no shell
+/// and no `cp`).
+pub const OPERATOR_BINARY_IN_IMAGE: &str = "/usr/local/bin/basecamp-operator";
+
+/// Settings that reach the built objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The Basecamp image (sandbox binary, operator binary).
+    pub sandbox_image: String,
+    /// An S3-compatible endpoint passed to pods as `AWS_ENDPOINT_URL_S3`
+    /// and allowed by the NetworkPolicy; `None` for AWS S3 (HTTPS, 443).
+    pub s3_endpoint: Option<String>,
+    /// A Secret in the task's namespace whose keys become the sandbox's
+    /// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, ...).
+    pub s3_secret: Option<String>,
+    /// `ttlSecondsAfterFinished` of the Jobs.
+    pub job_ttl_seconds: i32,
+    /// `backoffLimitPerIndex`: retries of one shard.
+    pub backoff_limit_per_index: i32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            sandbox_image: "basecamp:dev".into(),
+            s3_endpoint: None,
+            s3_secret: None,
+            job_ttl_seconds: 7 * 24 * 3600,
+            backoff_limit_per_index: 2,
+        }
+    }
+}
