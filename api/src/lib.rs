@@ -9,7 +9,8 @@
 //!   specs (durations, success criteria, S3 URIs).
 //! - [`testset`], [`fixture`], [`jsonl`]: JSONL files the spec points to.
 //! - [`crd`]: the generated CRDs and a structural-schema check.
-//! - [`manifest`]: reading multi-document YAML manifests from files.
+//! - [`manifest`]: reading multi-document YAML manifests from files;
+//!   [`harness_json`]: the JSON harness form, converted to a manifest.
 //! - [`validate`]: every check, returning a [`Report`] of [`Problem`]s.
 
 pub mod crd;
@@ -17,6 +18,7 @@ pub mod criteria;
 pub mod duration;
 pub mod fixture;
 pub mod gpu;
+pub mod harness_json;
 pub mod jsonl;
 pub mod manifest;
 pub mod problem;

@@ -3,6 +3,7 @@
 //! Each subcommand lives in its own module; `main` only parses arguments,
 //! dispatches, and turns an error into one line on stderr and exit status 1.
 
+mod harness;
 mod run;
 mod trace_cmd;
 
@@ -26,6 +27,9 @@ enum Command {
     /// Run a HarnessTask on this machine (no cluster): every variant and
     /// shard, traces to ./basecamp-runs/<task>/, a summary table and report.html.
     Run(run::RunArgs),
+    /// Validate HarnessTask/SandboxConfig manifests; convert the JSON harness form.
+    #[command(subcommand)]
+    Harness(harness::HarnessCommand),
     /// Read and inspect .trace files.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Harness(cmd) => harness::run(cmd),
         Command::Trace(cmd) => trace_cmd::run(cmd),
     };
     match result {

@@ -1,0 +1,202 @@
+//! The JSON harness form — `{"task_definition", "data_pipeline",
+//! "training_config", "evaluation"}` with snake_case keys, as harness files
+//! are often written — converted to a HarnessTask manifest, so it gets
+//! exactly the checks (and words) of a YAML manifest.
+//!
+//! Conversion is mechanical: each snake_case key becomes the camelCase field
+//! of the HarnessTask spec (`batch_size` -> `batchSize`), `task_definition.goal`
+//! becomes its `description`, and `metadata.name` is derived from
+//! `task_definition.name` (`e_commerce_support_v4` -> `e-commerce-support-v4`).
+//! Keys Basecamp adds to the form — `sandbox` (a SandboxConfig name, or
+//! `{name, profile}`), `policy`, `variants`, `shards`, `traces` — convert
+//! the same way. Unknown keys are not dropped: they reach the manifest and
+//! are reported as unknown fields, with the original (snake_case) path.
+
+use serde_json::{Map, Value};
+
+use crate::problem::{Location, Problem, Report, Rule};
+
+/// JSON keys whose values are user data, copied as they are (no renaming inside).
+const VERBATIM: [&str; 4] = ["lr_schedule", "compare_args", "success_criteria", "metrics"];
+
+/// The result of converting one JSON harness file.
+#[derive(Debug, Clone)]
+pub struct Converted {
+    /// The HarnessTask manifest as a JSON value (`apiVersion`, `kind`, `metadata`, `spec`).
+    pub manifest: Value,
+    /// Problems found while converting (not the validation problems).
+    pub report: Report,
+}
+
+/// Whether `text` looks like the JSON harness form (an object with `task_definition`).
+pub fn is_harness_json(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+        && serde_json::from_str::<Value>(text).is_ok_and(|v| v.get("task_definition").is_some())
+}
+
+fn camel(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    let mut upper = false;
+    for c in key.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `spec.dataPipeline.batchSize` -> `data_pipeline.batch_size`: a manifest
+/// field path as the JSON form spells it.
+pub fn json_path(manifest_path: &str) -> String {
+    let path = manifest_path.strip_prefix("spec.").unwrap_or(manifest_path);
+    let path =
+        if path.starts_with("sandboxRef") { path.replacen("sandboxRef", "sandbox", 1) } else { path.to_string() };
+    let mut out = String::with_capacity(path.len() + 8);
+    for c in path.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn rename(value: &Value, verbatim: bool) -> Value {
+    match value {
+        Value::Object(map) if !verbatim => Value::Object(
+            map.iter().map(|(k, v)| (camel(k), rename(v, VERBATIM.contains(&k.as_str())))).collect::<Map<_, _>>(),
+        ),
+        Value::Array(items) if !verbatim => Value::Array(items.iter().map(|v| rename(v, false)).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A DNS-1123 name from a display name: lowercase, `_`/spaces to `-`.
+fn object_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .collect::<String>()
+        .split('-')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("-");
+    out.truncate(63);
+    out.trim_end_matches('-').to_string()
+}
+
+/// Converts the JSON harness `text` (from `file`) into a HarnessTask
+/// manifest. `sandbox` overrides (or supplies) the SandboxConfig reference.
+pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
+    let mut report = Report::new();
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            let location =
+                Location::File { file: file.to_string(), line: Some(e.line() as u64), column: Some(e.column() as u64) };
+            report.push(Problem::error_at(Rule::InvalidManifest, location, format!("invalid JSON: {e}")));
+            return Converted { manifest: Value::Null, report };
+        }
+    };
+    let Some(object) = value.as_object() else {
+        report.push(Problem::error_at(
+            Rule::InvalidManifest,
+            Location::line(file, 1),
+            "a harness file holds one JSON object with task_definition, data_pipeline, training_config and evaluation",
+        ));
+        return Converted { manifest: Value::Null, report };
+    };
+    let mut spec = Map::new();
+    for (key, value) in object {
+        match key.as_str() {
+            "sandbox" => {
+                let reference = match value {
+                    Value::String(name) => serde_json::json!({ "name": name }),
+                    other => rename(other, false),
+                };
+                spec.insert("sandboxRef".into(), reference);
+            }
+            "task_definition" => {
+                let mut definition = rename(value, false);
+                if let Some(map) = definition.as_object_mut()
+                    && let Some(goal) = map.remove("goal")
+                {
+                    map.entry("description").or_insert(goal);
+                }
+                spec.insert("taskDefinition".into(), definition);
+            }
+            other => {
+                spec.insert(camel(other), rename(value, VERBATIM.contains(&other)));
+            }
+        }
+    }
+    if let Some(name) = sandbox {
+        spec.insert("sandboxRef".into(), serde_json::json!({ "name": name }));
+    }
+    // The form has no policy section; an empty one lets validation say what
+    // a policy needs instead of stopping at "missing field".
+    spec.entry("policy").or_insert_with(|| Value::Object(Map::new()));
+    let display_name = object.get("task_definition").and_then(|d| d.get("name")).and_then(Value::as_str).unwrap_or("");
+    let name = object_name(display_name);
+    if name.is_empty() {
+        report.push(
+            Problem::error(
+                Rule::InvalidName,
+                "task_definition.name",
+                "task_definition.name is missing or has no letters or digits; it names the HarnessTask",
+            )
+            .in_object(file),
+        );
+    }
+    let manifest = serde_json::json!({
+        "apiVersion": crate::API_VERSION,
+        "kind": "HarnessTask",
+        "metadata": { "name": name },
+        "spec": Value::Object(spec),
+    });
+    Converted { manifest, report }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ARTICLE: &str = r#"{ "task_definition": { "name": "e_commerce_support_v4", "goal": "resolve user complaints about delayed shipping", "success_criteria": ["user_satisfaction_score > 0.85", "avg_resolution_time < 90s"] }, "data_pipeline": { "source": "s3://ds-logs/ecommerce-v3/", "preprocessor": "deepseek.harness.preprocess.shipping_delay_filter", "batch_size": 64 }, "training_config": { "model_id": "deepseek-v4.1-agent-base", "optimizer": "paged_adamw_32bit", "lr_schedule": {"type": "cosine", "warmup_steps": 200} }, "evaluation": { "metrics": ["tool_call_accuracy", "plan_step_f1", "memory_consistency"], "test_set": "s3://ds-eval/ecommerce-delay-test.jsonl" } }"#;
+
+    #[test]
+    fn the_articles_harness_converts_field_by_field() {
+        assert!(is_harness_json(ARTICLE));
+        let converted = convert("harness.json", ARTICLE, Some("shipping-tools"));
+        assert!(converted.report.problems().is_empty(), "{:?}", converted.report);
+        let m = &converted.manifest;
+        assert_eq!(m["metadata"]["name"], "e-commerce-support-v4");
+        assert_eq!(m["spec"]["taskDefinition"]["description"], "resolve user complaints about delayed shipping");
+        assert_eq!(m["spec"]["dataPipeline"]["batchSize"], 64);
+        assert_eq!(m["spec"]["trainingConfig"]["modelId"], "deepseek-v4.1-agent-base");
+        // User data inside lrSchedule keeps its keys.
+        assert_eq!(m["spec"]["trainingConfig"]["lrSchedule"]["warmup_steps"], 200);
+        assert_eq!(m["spec"]["evaluation"]["testSet"], "s3://ds-eval/ecommerce-delay-test.jsonl");
+        assert_eq!(m["spec"]["sandboxRef"]["name"], "shipping-tools");
+    }
+
+    #[test]
+    fn paths_map_back_to_the_json_spelling() {
+        assert_eq!(json_path("spec.dataPipeline.batchSize"), "data_pipeline.batch_size");
+        assert_eq!(json_path("spec.sandboxRef.name"), "sandbox.name");
+        assert_eq!(json_path("spec.taskDefinition.successCriteria[1]"), "task_definition.success_criteria[1]");
+    }
+
+    #[test]
+    fn invalid_json_names_line_and_column() {
+        let converted = convert("h.json", "{\n  \"task_definition\": {,\n}", None);
+        let text = converted.report.problems()[0].to_string();
+        assert!(text.contains("h.json:2") && text.contains("invalid JSON"), "{text}");
+    }
+}

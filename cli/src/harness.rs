@@ -1,0 +1,168 @@
+//! `basecamp harness validate | convert`: every check the operator and the
+//! sandbox make (the one shared validation function, the same words), over
+//! YAML manifests, directories and the JSON harness form.
+//!
+//! A JSON harness file (`task_definition`, `data_pipeline`,
+//! `training_config`, `evaluation`) is converted to a HarnessTask first; its
+//! problems are reported with the JSON spelling of each field
+//! (`data_pipeline.batch_size`) and the file's name.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use basecamp_api::harness_json::{self, Converted};
+use basecamp_api::{Location, Manifests, Problem, Report};
+use clap::Subcommand;
+
+#[derive(Subcommand, Debug)]
+pub enum HarnessCommand {
+    /// Check manifests (files or directories; YAML or JSON harness files)
+    /// and print every problem at once with its field path or file:line.
+    /// Exit status 1 on any error.
+    Validate {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// The SandboxConfig a JSON harness file runs in (it has no field for it).
+        #[arg(long)]
+        sandbox: Option<String>,
+    },
+    /// Convert a JSON harness file into a HarnessTask manifest (YAML on stdout, or -o FILE).
+    Convert {
+        file: PathBuf,
+        /// The SandboxConfig the task runs in (`spec.sandboxRef.name`).
+        #[arg(long)]
+        sandbox: Option<String>,
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+    },
+}
+
+pub fn run(command: HarnessCommand) -> Result<ExitCode> {
+    match command {
+        HarnessCommand::Validate { paths, sandbox } => validate(&paths, sandbox.as_deref()),
+        HarnessCommand::Convert { file, sandbox, out } => convert(&file, sandbox.as_deref(), out.as_deref()),
+    }
+}
+
+fn is_json_harness(path: &Path) -> Option<String> {
+    if !path.is_file() {
+        return None;
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    (path.extension().is_some_and(|e| e == "json") || harness_json::is_harness_json(&text)).then_some(text)
+}
+
+/// A JSON harness file, converted and parsed as a manifest.
+struct JsonHarness {
+    file: String,
+    /// `HarnessTask/<name>`, how validation names the converted task.
+    object: String,
+}
+
+fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
+    let (yaml, json): (Vec<&PathBuf>, Vec<&PathBuf>) = paths.iter().partition(|p| is_json_harness(p).is_none());
+    let (mut manifests, mut report) =
+        if yaml.is_empty() { (Manifests::default(), Report::new()) } else { Manifests::load(&yaml) };
+    let mut converted_files = Vec::new();
+    for path in json {
+        let file = path.display().to_string();
+        let text = is_json_harness(path).expect("partitioned as JSON");
+        let Converted { manifest, report: problems } = harness_json::convert(&file, &text, sandbox);
+        report.extend(problems);
+        if manifest.is_null() {
+            continue;
+        }
+        let (more, parse_problems) = Manifests::parse(&file, &manifest.to_string());
+        for problem in parse_problems.problems() {
+            report.push(to_json_spelling(problem.clone(), &file, None));
+        }
+        for task in &more.tasks {
+            let name = task.object.metadata.name.clone().unwrap_or_default();
+            converted_files.push(JsonHarness { file: file.clone(), object: format!("HarnessTask/{name}") });
+        }
+        manifests.tasks.extend(more.tasks);
+        manifests.sandboxes.extend(more.sandboxes);
+    }
+    for problem in manifests.validate().problems() {
+        let from_json = converted_files.iter().find(|j| problem.object.as_deref() == Some(j.object.as_str()));
+        report.push(match from_json {
+            Some(j) => to_json_spelling(problem.clone(), &j.file, Some(&j.object)),
+            None => problem.clone(),
+        });
+    }
+    let errors = report.errors().count();
+    let warnings = report.problems().len() - errors;
+    for problem in report.problems() {
+        println!("{problem}");
+    }
+    let objects = manifests.tasks.len() + manifests.sandboxes.len();
+    let summary =
+        format!("{errors} error(s), {warnings} warning(s) in {objects} object(s) from {} path(s)", paths.len());
+    if errors > 0 {
+        eprintln!("{summary}");
+        Ok(ExitCode::FAILURE)
+    } else {
+        println!("ok: {summary}");
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// A problem of a converted JSON harness, told in the JSON file's terms.
+fn to_json_spelling(mut problem: Problem, file: &str, object: Option<&str>) -> Problem {
+    problem.location = match problem.location {
+        Location::Field(path) => Location::Field(harness_json::json_path(&path)),
+        // Lines of the generated manifest mean nothing to the user.
+        Location::File { file: f, .. } if f == file => Location::File { file: f, line: None, column: None },
+        other => other,
+    };
+    if let Some(object) = object {
+        problem.object = Some(format!("{file} ({object})"));
+    }
+    // Field paths quoted in the message, too.
+    problem.message = problem
+        .message
+        .split(' ')
+        .map(|word| {
+            let bare = word.trim_end_matches(['.', ',', ';', '?']);
+            let quoted = bare.len() > 2
+                && bare.starts_with('"')
+                && bare.ends_with('"')
+                && bare[1..bare.len() - 1].chars().all(|c| c.is_ascii_alphanumeric());
+            if word.starts_with("spec.") || (quoted && word.chars().any(|c| c.is_ascii_uppercase())) {
+                harness_json::json_path(word)
+            } else {
+                word.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    problem
+}
+
+fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<ExitCode> {
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {name}"))?;
+    let converted = harness_json::convert(&name, &text, sandbox);
+    if converted.report.has_errors() || converted.manifest.is_null() {
+        for problem in converted.report.problems() {
+            eprintln!("{problem}");
+        }
+        bail!("{name} cannot be converted");
+    }
+    let yaml = serde_saphyr::to_string(&converted.manifest).context("cannot write YAML")?;
+    let yaml = format!("# Converted from {name} by `basecamp harness convert`.\n{yaml}");
+    match out {
+        Some(path) => std::fs::write(path, &yaml).with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{yaml}"),
+    }
+    if sandbox.is_none() && converted.manifest["spec"].get("sandboxRef").is_none() {
+        eprintln!("note: the task names no SandboxConfig yet; add spec.sandboxRef (or convert with --sandbox NAME)");
+    }
+    if converted.manifest["spec"]["policy"].as_object().is_some_and(|p| p.is_empty()) {
+        eprintln!(
+            "note: the task has no policy yet; set spec.policy.endpoint (OpenAI-compatible) or spec.policy.scripted"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,135 @@
+//! `basecamp harness validate | convert` and the bad-input paths of
+//! `basecamp run`, through the real binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn basecamp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+#[test]
+fn a_manifest_with_five_mistakes_reports_all_five_with_their_places() {
+    let broken = repo("examples/manifests/broken/shipping-broken.yaml");
+    let output = basecamp(&["harness", "validate", broken.to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    for expected in [
+        "shipping-broken.yaml:23: spec.planStepTimout: unknown field \"planStepTimout\"",
+        "spec.taskDefinition.successCriteria[1]: success criterion \"avg_resolution_time < 90 seconds\" does not parse at column 26",
+        "spec.dataPipeline.source: \"s3://ds-logs/ecommerce-v3/?versionId=abc123\" has a query string",
+        "spec.shards: shards is 0",
+        "spec.fallbacks.track_ordr: a fallback names tool \"track_ordr\"",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    assert!(out.contains("5 error(s)"), "{out}");
+}
+
+#[test]
+fn the_example_manifests_are_valid_and_the_null_fallback_is_warned_about() {
+    let output = basecamp(&["harness", "validate", repo("examples/ecommerce").to_str().unwrap()]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("SandboxConfig/shipping-a: spec.fallbacks.track_order.memoryPatch.shipping_status"), "{out}");
+    assert!(out.contains("0 error(s), 1 warning(s) in 3 object(s)"), "{out}");
+}
+
+const HARNESS: &str = r#"{
+  "task_definition": {"name": "e_commerce_support_v4", "goal": "resolve delayed shipping", "success_criteria": ["tool_call_accuracy >= 0.9"]},
+  "data_pipeline": {"source": "s3://ds-logs/ecommerce-v3/", "batch_size": 64},
+  "training_config": {"model_id": "base", "resume_frm": "s3://ckpt/last/"},
+  "evaluation": {"metrics": ["tool_call_accuracy"], "test_set": "tests.jsonl"},
+  "policy": {"scripted": "policy.jsonl"}
+}"#;
+
+#[test]
+fn a_json_harness_is_validated_in_its_own_spelling_and_converts_to_a_valid_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo("examples/ecommerce");
+    for file in ["tests.jsonl", "policy.jsonl", "sandbox-b.yaml"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    let harness = dir.path().join("harness.json");
+    std::fs::write(&harness, HARNESS).unwrap();
+    let sandbox = dir.path().join("sandbox-b.yaml");
+    let (h, s) = (harness.to_str().unwrap(), sandbox.to_str().unwrap());
+
+    let output = basecamp(&["harness", "validate", h, s, "--sandbox", "shipping-b"]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains("training_config.resume_frm: unknown field \"resume_frm\""), "{out}");
+    assert!(out.contains("Did you mean \"resume_from\"?"), "{out}");
+    assert!(out.contains("1 error(s)"), "{out}");
+
+    let fixed = dir.path().join("fixed.json");
+    std::fs::write(&fixed, HARNESS.replace("resume_frm", "resume_from")).unwrap();
+    let converted = dir.path().join("task.yaml");
+    let output = basecamp(&[
+        "harness",
+        "convert",
+        fixed.to_str().unwrap(),
+        "--sandbox",
+        "shipping-b",
+        "-o",
+        converted.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", text(&output));
+    let yaml = std::fs::read_to_string(&converted).unwrap();
+    assert!(yaml.contains("name: e-commerce-support-v4") && yaml.contains("resumeFrom: s3://ckpt/last/"), "{yaml}");
+    let output = basecamp(&["harness", "validate", converted.to_str().unwrap(), s]);
+    assert!(output.status.success(), "the converted manifest is valid: {}", text(&output));
+}
+
+#[test]
+fn a_missing_sandbox_config_is_named_by_validate_and_by_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let task = std::fs::read_to_string(repo("examples/ecommerce/task.yaml")).unwrap();
+    std::fs::write(dir.path().join("task.yaml"), task).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let output = basecamp(&["harness", "validate", path]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains("shipping-a") && out.contains("shipping-b"), "both missing sandboxes are named: {out}");
+    let output = basecamp(&["run", path, "--no-progress", "--out", dir.path().join("out").to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains("shipping-a"), "{out}");
+}
+
+#[test]
+fn a_test_set_on_an_unreachable_s3_endpoint_fails_with_the_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo("examples/ecommerce");
+    for file in ["policy.jsonl", "sandbox-a.yaml"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    let task = std::fs::read_to_string(example.join("task.yaml"))
+        .unwrap()
+        .replace("testSet: tests.jsonl", "testSet: s3://eval-sets/shipping/tests.jsonl")
+        .replace("    - name: b\n      sandboxRef: {name: shipping-b}\n", "");
+    std::fs::write(dir.path().join("task.yaml"), task).unwrap();
+    // Port 9 (discard) on loopback: nothing listens there.
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", dir.path().to_str().unwrap(), "--no-progress"])
+        .env("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains("test set s3://eval-sets/shipping/tests.jsonl"), "{out}");
+    assert!(out.contains("127.0.0.1:9") || out.to_lowercase().contains("connect"), "says it could not connect: {out}");
+    assert!(!dir.path().join("basecamp-runs").join("shipping-delay-ab").join("a").join("shard-0").exists());
+}
