@@ -1,0 +1,136 @@
+//! `basecamp run examples/ecommerce` end to end: the real binary, the real
+//! tracking service (a local process), real HTTP and exec tools. The A/B
+//! story is asserted on what the run measured, not on constants.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce")
+}
+
+fn traces_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "trace") {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+fn variant<'a>(run: &'a Value, name: &str) -> &'a Value {
+    run["variants"].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap()
+}
+
+#[test]
+fn the_ecommerce_ab_run_shows_the_null_fallback_in_a_and_b_fixing_it() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example().to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let (a, b) = (variant(&run, "a"), variant(&run, "b"));
+    assert_eq!(a["aggregate"]["episodes"], 60);
+    assert_eq!(b["aggregate"]["episodes"], 60);
+
+    // A fails on the orders the tracking service is slow or rate-limited for…
+    let a_failed = a["failed"].as_u64().unwrap();
+    assert!(a_failed >= 10, "A's 800 ms timeout and no retry must fail some episodes: {stdout}");
+    // …and its failures cluster on shipping_status = null written by the fallback.
+    let top = &a["root_causes"][0];
+    assert_eq!(top["key"], "null:shipping_status:fallback:track_order", "{stdout}");
+    assert!(top["episodes"].as_u64().unwrap() * 10 >= a_failed * 9, "at least 90% of A's failures: {stdout}");
+    let hint = top["hint"].as_str().unwrap();
+    assert!(hint.contains("`shipping_status` was set to null by the fallback of `track_order`"), "{hint}");
+    assert!(hint.contains("timeout") && hint.contains("rate_limited"), "both causes are counted: {hint}");
+
+    // B never writes the null, and is measurably better.
+    let b_null = b["root_causes"].as_array().unwrap().iter().any(|c| c["key"].as_str().unwrap().starts_with("null:"));
+    assert!(!b_null, "{stdout}");
+    let consistency = |v: &Value| v["aggregate"]["means"]["memory_consistency"].as_f64().unwrap();
+    assert!(consistency(b) > consistency(a) + 0.05, "{stdout}");
+    assert!(b["failed"].as_u64().unwrap() < a_failed, "{stdout}");
+    let delta =
+        run["comparison"]["rows"].as_array().unwrap().iter().find(|r| r["metric"] == "memory_consistency").unwrap();
+    assert!(delta["delta_percent"].as_f64().unwrap() > 5.0);
+
+    // The table printed it; the report and every trace are there.
+    assert!(stdout.contains("b vs a:") && stdout.contains("memory_consistency"), "{stdout}");
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(report.contains("id=\"comparison\"") && report.contains("<code>shipping_status</code>"));
+    let traces = traces_under(out.path());
+    assert_eq!(traces.len(), 120);
+    for trace in &traces {
+        let contents = basecamp_trace::read_trace(trace).unwrap();
+        assert!(contents.damage().is_none(), "{} is complete", trace.display());
+    }
+    for v in ["a", "b"] {
+        for shard in 0..2 {
+            assert!(out.path().join(format!("{v}/shard-{shard}/summary.json")).is_file());
+        }
+    }
+}
+
+#[test]
+fn ctrl_c_during_a_run_leaves_readable_traces_and_a_partial_summary() {
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example().to_str().unwrap(), "--no-progress", "--concurrency", "1"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until episodes are under way, then interrupt as a terminal would.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while traces_under(out.path()).len() < 6 {
+        assert!(Instant::now() < deadline, "no traces appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let output = loop {
+        if child.try_wait().unwrap().is_some() {
+            break child.wait_with_output().unwrap();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the run did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(130), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("STOPPED EARLY"), "{stdout}");
+
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["stopped_early"], true);
+    let finished: u64 =
+        run["variants"].as_array().unwrap().iter().map(|v| v["aggregate"]["episodes"].as_u64().unwrap()).sum();
+    assert!(finished < 120, "the run was cut short");
+    for v in ["a", "b"] {
+        for shard in 0..2 {
+            let summary = out.path().join(format!("{v}/shard-{shard}/summary.json"));
+            let summary: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+            assert_eq!(summary["stopped_early"], true, "{v}/{shard}");
+        }
+    }
+    // Every trace on disk reads: complete, or a truncated prefix — never an error.
+    let traces = traces_under(out.path());
+    assert!(traces.len() as u64 >= finished);
+    for trace in traces {
+        let contents = basecamp_trace::read_trace(&trace).unwrap_or_else(|e| panic!("{}: {e}", trace.display()));
+        assert!(!contents.records.is_empty(), "{} holds at least its header", trace.display());
+    }
+}
