@@ -54,7 +54,7 @@ pub const SUMMARY_FILE: &str = "summary.json";
 
 /// How one episode's task ended.
 enum Ended {
-    Ran(std::io::Result<EpisodeResult>),
+    Ran(Box<std::io::Result<EpisodeResult>>),
     Interrupted,
     NotStarted,
 }
@@ -92,7 +92,7 @@ pub async fn run_shard(
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => (index, input.id, Ended::Interrupted),
-                result = runner.run(&input, &dir) => (index, input.id, Ended::Ran(result)),
+                result = runner.run(&input, &dir) => (index, input.id, Ended::Ran(Box::new(result))),
             }
         });
     }
@@ -101,13 +101,13 @@ pub async fn run_shard(
     let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok((index, _, Ended::Ran(Ok(result)))) => {
-                on_done(&result);
-                done.push((index, result));
-            }
-            Ok((_, id, Ended::Ran(Err(e)))) => {
-                lost.push(LostEpisode { id, error: format!("cannot write the trace: {e}") })
-            }
+            Ok((index, id, Ended::Ran(result))) => match *result {
+                Ok(result) => {
+                    on_done(&result);
+                    done.push((index, result));
+                }
+                Err(e) => lost.push(LostEpisode { id, error: format!("cannot write the trace: {e}") }),
+            },
             Ok((index, id, Ended::Interrupted)) => interrupted.push((index, id)),
             Ok((index, id, Ended::NotStarted)) => not_started.push((index, id)),
             Err(e) => lost.push(LostEpisode { id: "?".into(), error: format!("episode task failed: {e}") }),
