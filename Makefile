@@ -13,7 +13,7 @@ BIN_DIR := $(TARGET_DIR)/debug
 DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e bench bench-trace bench-sandbox bench-logits demo image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e bench bench-trace bench-sandbox bench-logits demo demo-trace image fuzz clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -63,7 +63,10 @@ bench-sandbox: ## Executor overhead vs a direct call, timeout lateness, episodes
 bench-logits: ## CPU logit analytics (fused vs scalar loop); the GPU run is gpu/bench/run_device.sh
 	$(CARGO) bench -p basecamp-gpu --bench logits
 
-demo: ## Write a realistic synthetic episode and read it back with `basecamp trace parse`
+demo: ## The main job: run the e-commerce A/B example locally (no cluster), summary table + report.html
+	$(CARGO) run -q -p basecamp-cli -- run examples/ecommerce --out $(DEMO_DIR)/ecommerce
+
+demo-trace: ## Write a realistic synthetic episode and read it back with `basecamp trace parse`
 	mkdir -p $(DEMO_DIR)
 	$(CARGO) run -q -p basecamp-trace --example synthetic_episode -- $(DEMO_DIR)/episode.trace 42 50
 	$(CARGO) run -q -p basecamp-cli -- trace parse $(DEMO_DIR)/episode.trace > $(DEMO_DIR)/episode.json
