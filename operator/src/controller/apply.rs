@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 
 use crate::FIELD_MANAGER;
 use crate::build::Desired;
-use crate::build::names::{TEMPLATE_HASH_ANNOTATION, VARIANT_LABEL};
+use crate::build::names::{KUEUE_QUEUE_LABEL, TEMPLATE_HASH_ANNOTATION, VARIANT_LABEL};
 
 /// Why applying failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +77,25 @@ fn finished_before(status: Option<&HarnessTaskStatus>, generation: Option<i64>, 
     })
 }
 
+/// The Job to apply, given the one that exists. With a Kueue queue, Kueue
+/// owns `suspend` once the Job exists (it unsuspends on admission and may
+/// suspend on preemption): a Job queued through Kueue is created suspended
+/// and its live `suspend` is kept, so a forced apply never suspends an
+/// admitted workload. Without a queue, `spec.suspend` drives it directly.
+pub fn with_live_suspend(want: &Job, existing: Option<&Job>) -> Job {
+    let mut want = want.clone();
+    let queued = want.labels().contains_key(KUEUE_QUEUE_LABEL);
+    if let Some(spec) = want.spec.as_mut()
+        && queued
+    {
+        spec.suspend = match existing {
+            Some(live) => live.spec.as_ref().and_then(|s| s.suspend),
+            None => Some(true),
+        };
+    }
+    want
+}
+
 /// Applies the ConfigMap, the NetworkPolicy and the Jobs (in that order).
 pub async fn apply(
     client: &Client,
@@ -126,8 +145,46 @@ pub async fn apply(
             }
             _ => {}
         }
-        let job = jobs.patch(&name, &params(), &Patch::Apply(want)).await.map_err(err("apply", "Job", &name))?;
+        let want = with_live_suspend(want, existing.as_ref().filter(|_| !replaced));
+        let job = jobs.patch(&name, &params(), &Patch::Apply(&want)).await.map_err(err("apply", "Job", &name))?;
         applied.push(AppliedJob { variant, job: Some(job), replaced });
     }
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::batch::v1::JobSpec;
+    use kube::api::ObjectMeta;
+
+    fn job(queue: bool, suspend: bool) -> Job {
+        let labels =
+            if queue { [(KUEUE_QUEUE_LABEL.to_string(), "gpu".to_string())].into() } else { Default::default() };
+        Job {
+            metadata: ObjectMeta { labels: Some(labels), ..Default::default() },
+            spec: Some(JobSpec { suspend: Some(suspend), ..Default::default() }),
+            status: None,
+        }
+    }
+
+    fn suspend(job: &Job) -> Option<bool> {
+        job.spec.as_ref().and_then(|s| s.suspend)
+    }
+
+    #[test]
+    fn kueue_owns_suspend_once_the_job_exists() {
+        assert_eq!(suspend(&with_live_suspend(&job(true, false), None)), Some(true), "created suspended for admission");
+        let admitted = job(true, false);
+        assert_eq!(
+            suspend(&with_live_suspend(&job(true, true), Some(&admitted))),
+            Some(false),
+            "never re-suspends an admitted Job"
+        );
+        assert_eq!(
+            suspend(&with_live_suspend(&job(false, false), Some(&job(false, true)))),
+            Some(false),
+            "no queue: the spec decides"
+        );
+    }
 }

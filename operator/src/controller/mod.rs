@@ -213,6 +213,10 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         task,
         shards,
         capacity_problem,
+        suspended: applied
+            .iter()
+            .filter_map(|a| a.job.as_ref())
+            .any(|j| j.spec.as_ref().and_then(|s| s.suspend) == Some(true)),
         warnings: warnings.iter().map(ToString::to_string).collect(),
         aggregated,
         now: now(),

@@ -142,6 +142,8 @@ pub struct Observed<'a> {
     pub shards: Vec<(String, ShardCounts)>,
     /// `Some(message)` when no node satisfies a GPU requirement.
     pub capacity_problem: Option<String>,
+    /// Whether the Jobs are suspended now (spec.suspend, or waiting for Kueue admission).
+    pub suspended: bool,
     /// Validation warnings, one line each.
     pub warnings: Vec<String>,
     /// Aggregation results.
@@ -181,7 +183,7 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         TaskPhase::Failed
     } else if done {
         if criteria_met { TaskPhase::Succeeded } else { TaskPhase::Failed }
-    } else if task.spec.suspend && running == 0 && finished == 0 {
+    } else if observed.suspended && running == 0 {
         TaskPhase::Suspended
     } else if running > 0 || finished > 0 {
         TaskPhase::Running
@@ -314,14 +316,17 @@ fn is_bad(condition: &Condition) -> bool {
     }
 }
 
+/// Reasons of conditions that say "nothing to report".
+const QUIET_REASONS: [&str; 2] = ["AsExpected", "NotFinished"];
+
 /// The conditions that changed status or reason, as Events.
 pub fn transitions(previous: &[Condition], current: &[Condition]) -> Vec<Transition> {
     let mut reasons = std::collections::BTreeSet::new();
     current
         .iter()
         .filter(|c| !previous.iter().any(|p| p.type_ == c.type_ && p.status == c.status && p.reason == c.reason))
-        // A condition appearing in its quiet state (Degraded=False, ...) is not news.
-        .filter(|c| !(c.status == "False" && !is_bad(c) && !previous.iter().any(|p| p.type_ == c.type_)))
+        // A condition appearing in its quiet state (Degraded=False AsExpected, ...) is not news.
+        .filter(|c| !QUIET_REASONS.contains(&c.reason.as_str()) || previous.iter().any(|p| p.type_ == c.type_))
         .map(|c| Transition {
             warning: is_bad(c),
             reason: c.reason.clone(),

@@ -392,7 +392,12 @@ async fn finished_shards_are_aggregated_into_status_and_the_task_succeeds() {
 
     let job = merge(built_job(&current), &json!({"status": finished_job_status()}));
     let mut script = apply_calls(Reply::Json(200, job), finished_job_status());
-    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())), event(), event()]);
+    script.extend([
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+        event(),
+        event(),
+    ]);
     let out = scenario(&current, storage.clone(), script).await;
     assert!(out.result.is_ok(), "{:?}", out.result.err());
     let status = status_patch(&out.seen);
@@ -405,7 +410,11 @@ async fn finished_shards_are_aggregated_into_status_and_the_task_succeeds() {
     assert_eq!(condition(&status, "Succeeded")["reason"], "CriteriaMet");
     assert_eq!(
         event_reasons(&out.seen),
-        [("Normal".into(), "Resolved".into()), ("Normal".into(), "CriteriaMet".into())]
+        [
+            ("Normal".into(), "Resolved".into()),
+            ("Normal".into(), "Finished".into()),
+            ("Normal".into(), "CriteriaMet".into())
+        ]
     );
     let metrics = out.ctx.metrics.encode();
     assert!(
@@ -543,6 +552,22 @@ async fn deletion_with_delete_and_s3_down_keeps_the_finalizer_and_retries() {
     assert!(error.to_string().contains("the task is kept until they are deleted"), "{error}");
     assert_eq!(event_reasons(&out.seen), [("Warning".into(), "S3Unavailable".into())]);
     assert!(out.ctx.metrics.encode().contains(r#"basecamp_reconcile_errors_total{category="S3Unavailable"} 1"#));
+}
+
+#[tokio::test]
+async fn a_suspended_task_waits_in_phase_suspended() {
+    let mut suspended = spec();
+    suspended["suspend"] = json!(true);
+    let current = task(suspended, true);
+    let mut script = apply_calls(not_found(), json!({}));
+    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())), event(), event()]);
+    let out = scenario(&current, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    assert_eq!(out.seen[4].body["spec"]["suspend"], true);
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Suspended");
+    assert_eq!(condition(&status, "Progressing")["reason"], "Suspended");
+    assert_eq!(event_reasons(&out.seen)[1], ("Normal".into(), "Suspended".into()));
 }
 
 #[test]
