@@ -14,6 +14,7 @@
 //! - [`synthetic`]: realistic generated episodes for tests, benchmarks and demos;
 //! - [`query`]: the search language over trace sections;
 //! - [`validate`]: every promise of a trace checked (schema, steps, memory hash chain, rewards);
+//! - [`redact`]: personal data replaced by salted hashes, the trace kept valid;
 //! - [`inputs`]: files, directories and globs as inputs, worked through in parallel in a stable order.
 
 pub mod canonical;
@@ -25,6 +26,7 @@ pub mod memory;
 pub mod metrics;
 pub mod query;
 pub mod reader;
+pub mod redact;
 pub mod synthetic;
 pub mod validate;
 pub mod writer;

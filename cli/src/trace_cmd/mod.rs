@@ -2,6 +2,7 @@
 
 mod analyze;
 mod parse;
+mod redact;
 mod search;
 mod validate;
 
@@ -19,6 +20,8 @@ pub enum TraceCommand {
     Search(search::SearchArgs),
     /// Check traces: schema, steps in order and ended, statuses, hashes, the memory hash chain, reward sums.
     Validate(validate::ValidateArgs),
+    /// Copy traces with PII fields and patterns replaced by salted hashes, still valid traces.
+    Redact(redact::RedactArgs),
 }
 
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
@@ -27,5 +30,6 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
         TraceCommand::Analyze(args) => analyze::run(&args),
         TraceCommand::Search(args) => search::run(&args),
         TraceCommand::Validate(args) => validate::run(&args),
+        TraceCommand::Redact(args) => redact::run(&args),
     }
 }

@@ -1,0 +1,137 @@
+//! `basecamp trace redact PATHS... --pii-fields a,b [--patterns email,phone] -o OUTDIR`:
+//! copies of traces with personal data replaced by salted hashes
+//! (`basecamp_trace::redact`), each still a valid trace. Inputs are never
+//! modified; each output is written to a temporary name and renamed when
+//! complete, so a failure leaves no half-redacted file.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use basecamp_trace::TraceReader;
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::redact::{Pattern, RedactStats, Redactor};
+use clap::Args;
+
+#[derive(Args)]
+pub struct RedactArgs {
+    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    #[arg(required = true)]
+    paths: Vec<String>,
+    /// Memory keys and JSON fields (at any depth) whose values are replaced, e.g. user_phone,user_address.
+    #[arg(long, value_delimiter = ',', value_name = "FIELDS")]
+    pii_fields: Vec<String>,
+    /// Patterns replaced inside every string: email, phone.
+    #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
+    patterns: Vec<String>,
+    /// Salt of the hashes (same salt, same tokens across runs); default: random, so tokens join only within this run.
+    #[arg(long)]
+    salt: Option<String>,
+    /// Directory for the redacted traces (created if missing); files keep their names.
+    #[arg(long, short = 'o', value_name = "OUTDIR")]
+    out: PathBuf,
+    /// Worker threads (default: one per core).
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
+}
+
+pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
+    let patterns = args
+        .patterns
+        .iter()
+        .map(|p| Pattern::from_name(p).with_context(|| format!("unknown pattern {p:?}; patterns are email, phone")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.pii_fields.is_empty() && patterns.is_empty() {
+        bail!("nothing to redact: give --pii-fields, --patterns or both");
+    }
+    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    let outputs = output_paths(&files, &args.out)?;
+    let salt = match &args.salt {
+        Some(s) => s.as_bytes().to_vec(),
+        None => Redactor::random_salt(),
+    };
+    let redactor = Redactor::new(args.pii_fields.iter().cloned(), patterns, salt);
+    let jobs: Vec<(&PathBuf, &PathBuf)> = files.iter().zip(&outputs).collect();
+    let mut failed = 0usize;
+    let mut total = RedactStats::default();
+    for_each_ordered(
+        &jobs,
+        args.jobs.unwrap_or_else(default_jobs),
+        |(input, output)| redact_one(&redactor, input, output),
+        |i, result| {
+            let (input, output) = jobs[i];
+            match result {
+                Ok(stats) => {
+                    total.records += stats.records;
+                    total.replaced += stats.replaced;
+                    println!(
+                        "{} -> {}: {} values replaced in {} records",
+                        input.display(),
+                        output.display(),
+                        stats.replaced,
+                        stats.records
+                    );
+                }
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("error: {e:#}");
+                }
+            }
+        },
+    );
+    println!(
+        "{} traces redacted, {} values replaced{}",
+        files.len() - failed,
+        total.replaced,
+        if args.salt.is_none() { " (random salt)" } else { "" }
+    );
+    Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// OUTDIR/<file name> for each input; two inputs with one name, or an
+/// output that is its own input, are refused before anything is written.
+fn output_paths(files: &[PathBuf], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut seen: HashMap<PathBuf, &Path> = HashMap::new();
+    let mut outputs = Vec::with_capacity(files.len());
+    for file in files {
+        let name = file.file_name().with_context(|| format!("{}: not a file name", file.display()))?;
+        let output = out.join(name);
+        if let Some(other) = seen.insert(output.clone(), file) {
+            bail!(
+                "{} and {} would both be written to {}; redact them into different directories",
+                other.display(),
+                file.display(),
+                output.display()
+            );
+        }
+        if let (Ok(a), Ok(b)) = (fs::canonicalize(file), fs::canonicalize(&output))
+            && a == b
+        {
+            bail!("{}: the output would overwrite the input; choose another -o directory", file.display());
+        }
+        outputs.push(output);
+    }
+    Ok(outputs)
+}
+
+fn redact_one(redactor: &Redactor, input: &Path, output: &Path) -> anyhow::Result<RedactStats> {
+    let reader = TraceReader::open(input)?;
+    let tmp = output.with_extension("trace.partial");
+    let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let result = redactor.redact(reader, BufWriter::new(file), &output.display().to_string());
+    match result {
+        Ok(stats) => {
+            fs::rename(&tmp, output)
+                .with_context(|| format!("cannot rename {} to {}", tmp.display(), output.display()))?;
+            Ok(stats)
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e.into())
+        }
+    }
+}

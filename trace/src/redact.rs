@@ -1,0 +1,509 @@
+//! `basecamp trace redact`: a copy of a trace with personal data replaced
+//! by salted hashes, still a valid trace.
+//!
+//! What is replaced, by `redacted:` and the first 16 hex digits of
+//! sha256(salt, 0, value) — the same value gives the same token within one
+//! run (one salt), so joins across steps and files still work:
+//!
+//! - the values of the **PII fields**: memory keys of that name (deltas,
+//!   snapshots, error-context memory) and object keys of that name at any
+//!   depth of any JSON the trace holds (tool arguments, observations, the
+//!   policy's tool calls — including JSON nested in JSON strings —, payloads,
+//!   injections, memory values);
+//! - **pattern** matches (`email`, `phone`) inside every string: free-text
+//!   fields (policy content, error messages and causes, final answer, token
+//!   strings, ...) and string values inside JSON. Numbers in JSON are not
+//!   strings and are left alone; a value split over several generated
+//!   tokens is not recognised in the token_logit section.
+//!
+//! Everything derived from a replaced value is recomputed so the output is a
+//! valid trace (`validate` passes on it when it passed on the input): the
+//! argument and result hashes, every memory hash (memory is replayed from
+//! the original and the redacted deltas side by side, and each recorded
+//! hash is mapped to the hash of the same state redacted), snapshots, the
+//! final memory hash, and the index (the output is written by the writer,
+//! with the same step frames).
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use crate::canonical::{canonical_json, hash_json};
+use crate::error::TraceError;
+use crate::memory::{Memory, MemoryPatch};
+use crate::pb::{self, MemorySource, Record, record::Body};
+use crate::reader::{Tail, TraceReader};
+use crate::writer::TraceWriter;
+
+/// A pattern recognised inside strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pattern {
+    /// `local@domain.tld`.
+    Email,
+    /// 7 to 15 digits, optionally with a leading `+` and ` -.()` between
+    /// groups; without separators at least 10 digits (so ids and counts stay).
+    Phone,
+}
+
+impl Pattern {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "email" => Some(Self::Email),
+            "phone" => Some(Self::Phone),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedactError {
+    #[error(transparent)]
+    Read(#[from] TraceError),
+    #[error("{file}: cannot write the redacted trace: {source}")]
+    Write {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What to replace, and the salt of this run.
+#[derive(Debug, Clone)]
+pub struct Redactor {
+    pii_fields: BTreeSet<String>,
+    patterns: Vec<Pattern>,
+    salt: Vec<u8>,
+}
+
+/// How much one trace's redaction replaced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedactStats {
+    pub records: u64,
+    /// Values (fields, memory values, pattern matches) replaced.
+    pub replaced: u64,
+}
+
+impl Redactor {
+    pub fn new(pii_fields: impl IntoIterator<Item = String>, mut patterns: Vec<Pattern>, salt: Vec<u8>) -> Self {
+        // E-mail first: an address's digits are not a phone number.
+        patterns.sort();
+        patterns.dedup();
+        Self { pii_fields: pii_fields.into_iter().collect(), patterns, salt }
+    }
+
+    /// A random salt (from the operating system), for runs that do not give one.
+    pub fn random_salt() -> Vec<u8> {
+        let mut salt = vec![0u8; 16];
+        let filled = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut salt)).is_ok();
+        if !filled {
+            // No /dev/urandom: the process's randomly keyed hasher and the clock.
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+            );
+            salt[..8].copy_from_slice(&h.finish().to_le_bytes());
+        }
+        salt
+    }
+
+    /// The token that replaces `text`.
+    pub fn token(&self, text: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(&self.salt);
+        h.update([0u8]);
+        h.update(text.as_bytes());
+        format!("redacted:{}", &hex::encode(h.finalize())[..16])
+    }
+
+    fn token_of_value(&self, value: &Value) -> Value {
+        match value {
+            Value::String(s) => Value::String(self.token(s)),
+            other => Value::String(self.token(&canonical_json(other))),
+        }
+    }
+
+    /// Replaces pattern matches in free text.
+    fn text(&self, s: &mut String, n: &mut u64) {
+        for &p in &self.patterns {
+            let spans = match p {
+                Pattern::Email => email_spans(s),
+                Pattern::Phone => phone_spans(s),
+            };
+            if spans.is_empty() {
+                continue;
+            }
+            let mut out = String::with_capacity(s.len());
+            let mut last = 0;
+            for (a, b) in spans {
+                out.push_str(&s[last..a]);
+                out.push_str(&self.token(&s[a..b]));
+                last = b;
+                *n += 1;
+            }
+            out.push_str(&s[last..]);
+            *s = out;
+        }
+    }
+
+    fn json(&self, v: &mut Value, n: &mut u64) {
+        match v {
+            Value::Object(map) => {
+                for (k, val) in map.iter_mut() {
+                    if self.pii_fields.contains(k) && !matches!(val, Value::String(s) if s.starts_with("redacted:")) {
+                        *val = self.token_of_value(val);
+                        *n += 1;
+                    } else {
+                        self.json(val, n);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.json(item, n)),
+            Value::String(s) => {
+                // JSON inside a string (a tool call's "arguments"): redact inside it.
+                let trimmed = s.trim_start();
+                if (trimmed.starts_with('{') || trimmed.starts_with('['))
+                    && let Ok(mut inner) = serde_json::from_str::<Value>(s)
+                {
+                    let before = *n;
+                    self.json(&mut inner, n);
+                    if *n != before {
+                        *s = canonical_json(&inner);
+                    }
+                    return;
+                }
+                self.text(s, n);
+            }
+            _ => {}
+        }
+    }
+
+    /// Redacts JSON text; text that is not JSON is treated as free text.
+    /// Unchanged text is returned as it was (not re-serialised).
+    fn json_text(&self, text: &mut String, n: &mut u64) {
+        if text.is_empty() {
+            return;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(mut value) => {
+                let before = *n;
+                self.json(&mut value, n);
+                if *n != before {
+                    *text = canonical_json(&value);
+                }
+            }
+            Err(_) => self.text(text, n),
+        }
+    }
+
+    /// A memory value (canonical JSON) of `key`: all of it when the key is a PII field.
+    fn memory_value(&self, key: &str, text: &mut String, n: &mut u64) {
+        if self.pii_fields.contains(key) {
+            if let Ok(value) = serde_json::from_str::<Value>(text) {
+                *text = canonical_json(&self.token_of_value(&value));
+            } else {
+                *text = canonical_json(&Value::String(self.token(text)));
+            }
+            *n += 1;
+        } else {
+            self.json_text(text, n);
+        }
+    }
+
+    /// Redacts one trace from `reader` into `out`. A damaged input is an
+    /// error (naming file and offset); nothing half-redacted is finished.
+    pub fn redact<R: Read, W: Write>(
+        &self,
+        mut reader: TraceReader<R>,
+        out: W,
+        out_name: &str,
+    ) -> Result<RedactStats, RedactError> {
+        let write_err = |source| RedactError::Write { file: out_name.to_string(), source };
+        let mut header = reader.header().clone();
+        self.text(&mut header.episode_id, &mut 0);
+        let mut writer = TraceWriter::new(out, header, crate::writer::DEFAULT_ZSTD_LEVEL).map_err(write_err)?;
+        let mut state = MemoryMap::new();
+        let mut stats = RedactStats::default();
+        let mut step_records: Vec<Record> = Vec::new();
+        let mut end: Option<pb::EpisodeEnd> = None;
+        for record in reader.by_ref() {
+            let record = record?;
+            if step_records.first().is_some_and(|r| r.step != record.step) {
+                self.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
+            }
+            match record.body {
+                Some(Body::EpisodeEnd(e)) => end = Some(e),
+                _ => step_records.push(record),
+            }
+        }
+        if let Some(Tail::Damaged(e)) = reader.tail() {
+            return Err(e.clone().into());
+        }
+        self.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
+        let mut end = end.unwrap_or_default();
+        end.final_memory_hash = state.map(&end.final_memory_hash);
+        self.text(&mut end.final_answer, &mut stats.replaced);
+        writer.finish(end).map_err(write_err)?;
+        Ok(stats)
+    }
+
+    fn flush_step<W: Write>(
+        &self,
+        records: &mut Vec<Record>,
+        state: &mut MemoryMap,
+        stats: &mut RedactStats,
+        writer: &mut TraceWriter<W>,
+    ) -> std::io::Result<()> {
+        // (index in `records`, original memory_hash_after) of the plan step whose deltas follow.
+        let mut pending_after: Option<(usize, Vec<u8>)> = None;
+        let n = &mut stats.replaced;
+        for i in 0..records.len() {
+            if matches!(records[i].body, Some(Body::PlanStep(_)))
+                && let Some((at, after)) = pending_after.take()
+            {
+                set_after(&mut records[at], state.map(&after));
+            }
+            match records[i].body.as_mut() {
+                Some(Body::PlanStep(p)) => {
+                    self.plan_step(p, n);
+                    p.memory_hash_before = state.map(&p.memory_hash_before);
+                    pending_after = Some((i, std::mem::take(&mut p.memory_hash_after)));
+                }
+                Some(Body::MemoryDelta(d)) => {
+                    let original = d.clone();
+                    for text in [&mut d.before_json, &mut d.after_json].into_iter().flatten() {
+                        self.memory_value(&original.key, text, n);
+                    }
+                    state.apply(&original, d);
+                }
+                Some(Body::MemorySnapshot(s)) => {
+                    for (k, v) in s.entries_json.iter_mut() {
+                        self.memory_value(k, v, n);
+                    }
+                    let entries: serde_json::Map<String, Value> = s
+                        .entries_json
+                        .iter()
+                        .map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap_or(Value::String(v.clone()))))
+                        .collect();
+                    s.memory_hash = Memory::from_object(&entries).hash().0.to_vec();
+                }
+                Some(Body::TokenLogit(t)) => {
+                    self.text(&mut t.token, n);
+                    t.top_tokens.iter_mut().for_each(|s| self.text(s, n));
+                }
+                Some(Body::PolicyTurn(t)) => {
+                    self.text(&mut t.content, n);
+                    self.json_text(&mut t.tool_calls_json, n);
+                }
+                Some(Body::ErrorContext(e)) => {
+                    self.text(&mut e.message, n);
+                    self.text(&mut e.stack, n);
+                    e.cause_chain.iter_mut().for_each(|s| self.text(s, n));
+                    for (k, v) in e.memory_snapshot_json.iter_mut() {
+                        self.memory_value(k, v, n);
+                    }
+                    for payload in &mut e.last_tool_payloads {
+                        self.json_text(&mut payload.arguments_json, n);
+                        self.json_text(&mut payload.response_json, n);
+                    }
+                }
+                Some(Body::Injection(inj)) => {
+                    self.json_text(&mut inj.observation_json, n);
+                    self.text(&mut inj.description, n);
+                }
+                Some(Body::RewardSignal(_) | Body::Header(_) | Body::EpisodeEnd(_)) | None => {}
+            }
+        }
+        if let Some((at, after)) = pending_after.take() {
+            set_after(&mut records[at], state.map(&after));
+        }
+        for record in records.drain(..) {
+            stats.records += 1;
+            writer.write_record(&record)?;
+        }
+        writer.end_step()
+    }
+
+    fn plan_step(&self, p: &mut pb::PlanStep, n: &mut u64) {
+        let before = *n;
+        self.json_text(&mut p.arguments_json, n);
+        let args_changed = *n != before;
+        let mid = *n;
+        self.json_text(&mut p.observation_json, n);
+        let observation_changed = *n != mid;
+        self.text(&mut p.error_message, n);
+        let rehash = |text: &str, stored: &mut Vec<u8>| {
+            if let Ok(value) = serde_json::from_str::<Value>(text)
+                && !stored.is_empty()
+            {
+                *stored = hash_json(&value).0.to_vec();
+            }
+        };
+        if args_changed {
+            rehash(&p.arguments_json, &mut p.input_hash);
+        }
+        if observation_changed {
+            rehash(&p.observation_json, &mut p.result_hash);
+            p.response_bytes = p.observation_json.len() as u64;
+        }
+    }
+}
+
+fn set_after(record: &mut Record, hash: Vec<u8>) {
+    if let Some(Body::PlanStep(p)) = record.body.as_mut() {
+        p.memory_hash_after = hash;
+    }
+}
+
+/// Memory replayed twice, from the original and from the redacted deltas,
+/// and the map from each state's original hash to its redacted hash.
+struct MemoryMap {
+    original: Memory,
+    redacted: Memory,
+    hashes: HashMap<Vec<u8>, Vec<u8>>,
+}
+
+impl MemoryMap {
+    fn new() -> Self {
+        let mut original = Memory::new();
+        let mut redacted = Memory::new();
+        let mut hashes = HashMap::new();
+        hashes.insert(original.hash().0.to_vec(), redacted.hash().0.to_vec());
+        Self { original, redacted, hashes }
+    }
+
+    fn apply(&mut self, original: &pb::MemoryDelta, redacted: &pb::MemoryDelta) {
+        fn patch(d: &pb::MemoryDelta) -> MemoryPatch {
+            match d.after_json.as_deref().map(|t| serde_json::from_str::<Value>(t).unwrap_or(Value::String(t.into()))) {
+                Some(value) => MemoryPatch::default().set(d.key.clone(), value),
+                None => MemoryPatch::default().remove(d.key.clone()),
+            }
+        }
+        self.original.apply(&patch(original), MemorySource::Tool, "");
+        self.redacted.apply(&patch(redacted), MemorySource::Tool, "");
+        self.hashes.insert(self.original.hash().0.to_vec(), self.redacted.hash().0.to_vec());
+    }
+
+    /// The redacted hash of the state `original` names; an unknown state
+    /// (memory changed without a delta) gets the current redacted hash, so
+    /// no hash of unredacted memory is ever written.
+    fn map(&mut self, original: &[u8]) -> Vec<u8> {
+        if original.is_empty() {
+            return Vec::new();
+        }
+        match self.hashes.get(original) {
+            Some(h) => h.clone(),
+            None => self.redacted.hash().0.to_vec(),
+        }
+    }
+}
+
+/// Byte spans of e-mail addresses.
+fn email_spans(s: &str) -> Vec<(usize, usize)> {
+    let b = s.as_bytes();
+    let local = |c: u8| c.is_ascii_alphanumeric() || b"._%+-".contains(&c);
+    let domain = |c: u8| c.is_ascii_alphanumeric() || c == b'.' || c == b'-';
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (at, _) in s.match_indices('@') {
+        let mut start = at;
+        while start > 0 && local(b[start - 1]) {
+            start -= 1;
+        }
+        let mut end = at + 1;
+        while end < b.len() && domain(b[end]) {
+            end += 1;
+        }
+        while end > at + 1 && (b[end - 1] == b'.' || b[end - 1] == b'-') {
+            end -= 1;
+        }
+        let host = &s[at + 1..end];
+        let tld_ok = host.rsplit_once('.').is_some_and(|(name, tld)| {
+            !name.is_empty() && tld.len() >= 2 && tld.bytes().all(|c| c.is_ascii_alphabetic())
+        });
+        if start < at && tld_ok && out.last().is_none_or(|&(_, e)| e <= start) {
+            out.push((start, end));
+        }
+    }
+    out
+}
+
+/// Byte spans of phone numbers (see [`Pattern::Phone`]).
+fn phone_spans(s: &str) -> Vec<(usize, usize)> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let starts = b[i].is_ascii_digit()
+            || ((b[i] == b'+' || b[i] == b'(') && b.get(i + 1).is_some_and(|c| c.is_ascii_digit()));
+        let boundary = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.' || b[i - 1] == b'_');
+        if !(starts && boundary) {
+            i += 1;
+            continue;
+        }
+        let (mut j, mut digits, mut separators, mut last_digit_end) = (i, 0usize, 0usize, i);
+        while j < b.len() {
+            let c = b[j];
+            if c.is_ascii_digit() {
+                digits += 1;
+                last_digit_end = j + 1;
+            } else if b" -.()".contains(&c) || (c == b'+' && j == i) {
+                if j > i && !(b[j - 1].is_ascii_digit() || b" -.()+".contains(&b[j - 1])) {
+                    break;
+                }
+                if c != b'+' {
+                    separators += 1;
+                }
+            } else {
+                break;
+            }
+            j += 1;
+        }
+        let end = last_digit_end;
+        let glued = end < b.len() && (b[end].is_ascii_alphabetic() || b[end] == b'_');
+        let ok = (7..=15).contains(&digits) && (separators > 0 || digits >= 10 || b[i] == b'+') && !glued;
+        if ok {
+            out.push((i, end));
+            i = end;
+        } else {
+            i = j.max(i + 1);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emails_are_found_with_their_exact_spans() {
+        let s = "write to jane.doe+x@mail.example.com, or bob@example.org. Not a@b or @x.io";
+        let found: Vec<&str> = email_spans(s).into_iter().map(|(a, b)| &s[a..b]).collect();
+        assert_eq!(found, ["jane.doe+x@mail.example.com", "bob@example.org"]);
+    }
+
+    #[test]
+    fn phones_are_found_and_ids_and_decimals_are_not() {
+        let s = "call +1 415-555-0134 or (415) 555.0199 or 4155550123; order A-1037, 3.14159, 1234567, 2026";
+        let found: Vec<&str> = phone_spans(s).into_iter().map(|(a, b)| &s[a..b]).collect();
+        assert_eq!(found, ["+1 415-555-0134", "(415) 555.0199", "4155550123"]);
+    }
+
+    #[test]
+    fn json_fields_nested_json_and_patterns_are_replaced_deterministically() {
+        let r = Redactor::new(["user_phone".to_string()], vec![Pattern::Email], b"salt".to_vec());
+        let mut text =
+            r#"{"args":"{\"user_phone\":\"555\"}","note":"mail a@example.com","user_phone":{"n":1}}"#.to_string();
+        let mut n = 0;
+        r.json_text(&mut text, &mut n);
+        assert_eq!(n, 3);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let inner: Value = serde_json::from_str(v["args"].as_str().unwrap()).unwrap();
+        assert_eq!(inner["user_phone"], Value::String(r.token("555")));
+        assert_eq!(v["note"], Value::String(format!("mail {}", r.token("a@example.com"))));
+        assert_eq!(v["user_phone"], Value::String(r.token(r#"{"n":1}"#)));
+        assert_ne!(r.token("555"), Redactor::new([], vec![], b"other".to_vec()).token("555"));
+    }
+}

@@ -1,0 +1,206 @@
+//! Redaction: no original value survives anywhere in the decompressed
+//! output, the output is a valid trace, and tokens are stable within a run.
+
+use basecamp_trace::format::{FRAME_HEADER_LEN, FrameHeader, PREAMBLE_LEN};
+use basecamp_trace::memory::{Memory, MemoryPatch};
+use basecamp_trace::pb::{
+    EpisodeEnd, ErrorContext, Header, MemorySource, PlanStep, PolicyTurn, StepKind, StepStatus, ToolPayload,
+    record::Body,
+};
+use basecamp_trace::redact::{Pattern, Redactor};
+use basecamp_trace::validate::validate_reader;
+use basecamp_trace::{TraceReader, TraceWriter, canonical_json, hash_json, read_trace_from};
+use serde_json::json;
+
+const PHONE: &str = "+1 415-555-0134";
+const ADDRESS: &str = "1 Infinite Loop, Cupertino";
+const EMAIL: &str = "jane.doe@example.com";
+const OTHER_PHONE: &str = "(650) 555.0199";
+
+/// A small but complete episode carrying personal data in every place it can hide.
+fn pii_episode() -> Vec<u8> {
+    let header = Header { episode_id: "ep-pii".into(), top_k: 1, ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let mut memory = Memory::new();
+    let initial = json!({"user_phone": PHONE, "user_address": {"street": ADDRESS}, "order_id": "A-1"});
+    for d in memory.apply(&MemoryPatch::from_object(initial.as_object().unwrap()), MemorySource::Initial, "test_set") {
+        w.append(0, Body::MemoryDelta(d.to_record())).unwrap();
+    }
+    w.end_step().unwrap();
+
+    let args = json!({"user_phone": PHONE, "order_id": "A-1", "contact": {"email": EMAIL}});
+    let observation = json!({"status": "in_transit", "note": format!("customer called from {OTHER_PHONE}")});
+    w.append(
+        1,
+        Body::PolicyTurn(PolicyTurn {
+            content: format!("I will email {EMAIL} and call {PHONE}."),
+            tool_calls_json:
+                json!([{"id": "c1", "function": {"name": "tracking_api", "arguments": canonical_json(&args)}}])
+                    .to_string(),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    w.append(
+        1,
+        Body::TokenLogit(basecamp_trace::pb::TokenLogit {
+            token: EMAIL.into(),
+            top_tokens: vec![EMAIL.into()],
+            top_ids: vec![5],
+            top_logprobs: vec![-0.1],
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let before = memory.hash();
+    let patch = MemoryPatch::default()
+        .set("user_phone", json!(OTHER_PHONE))
+        .set("shipping_status", json!({"status": "in_transit", "contact": EMAIL}));
+    let deltas = memory.apply(&patch, MemorySource::Tool, "tracking_api");
+    w.append(
+        1,
+        Body::PlanStep(PlanStep {
+            index: 1,
+            kind: StepKind::ToolCall as i32,
+            tool: "tracking_api".into(),
+            arguments_json: canonical_json(&args),
+            input_hash: hash_json(&args).0.to_vec(),
+            observation_json: canonical_json(&observation),
+            result_hash: hash_json(&observation).0.to_vec(),
+            status: StepStatus::Ok as i32,
+            memory_hash_before: before.0.to_vec(),
+            memory_hash_after: memory.hash().0.to_vec(),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    for d in &deltas {
+        w.append(1, Body::MemoryDelta(d.to_record())).unwrap();
+    }
+    w.append(
+        1,
+        Body::ErrorContext(ErrorContext {
+            error_type: "tool_error".into(),
+            message: format!("lookup for {EMAIL} failed"),
+            cause_chain: vec![format!("no record for {PHONE}")],
+            memory_snapshot_json: memory.entries().map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
+            last_tool_payloads: vec![ToolPayload {
+                tool: "tracking_api".into(),
+                arguments_json: canonical_json(&args),
+                response_json: canonical_json(&observation),
+                status: StepStatus::Ok as i32,
+            }],
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    w.append(1, Body::MemorySnapshot(memory.to_snapshot())).unwrap();
+    w.end_step().unwrap();
+    let end = EpisodeEnd {
+        outcome: 1,
+        steps: 1,
+        final_memory_hash: memory.hash().0.to_vec(),
+        final_answer: format!("We will call you at {PHONE}."),
+        ..Default::default()
+    };
+    w.finish(end).unwrap()
+}
+
+/// Every byte the trace's frames decompress to.
+fn decompressed(trace: &[u8]) -> Vec<u8> {
+    let mut at = PREAMBLE_LEN;
+    let mut out = Vec::new();
+    while at + FRAME_HEADER_LEN <= trace.len() {
+        let Ok(h) = FrameHeader::decode(trace[at..at + FRAME_HEADER_LEN].try_into().unwrap()) else { break };
+        let payload = &trace[at + FRAME_HEADER_LEN..at + FRAME_HEADER_LEN + h.compressed_len as usize];
+        out.extend(zstd::bulk::decompress(payload, h.raw_len as usize).unwrap());
+        at += FRAME_HEADER_LEN + h.compressed_len as usize;
+    }
+    out
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+fn redact(input: &[u8], redactor: &Redactor) -> Vec<u8> {
+    let reader = TraceReader::new(input, "in.trace").unwrap();
+    let mut out = Vec::new();
+    redactor.redact(reader, &mut out, "out.trace").unwrap();
+    out
+}
+
+fn redactor(salt: &[u8]) -> Redactor {
+    Redactor::new(
+        ["user_phone".to_string(), "user_address".to_string()],
+        vec![Pattern::Email, Pattern::Phone],
+        salt.to_vec(),
+    )
+}
+
+#[test]
+fn no_original_value_survives_and_the_output_is_valid() {
+    let input = pii_episode();
+    let plain = decompressed(&input);
+    // The input holds every value, so the check below can fail.
+    for value in [PHONE, ADDRESS, EMAIL, OTHER_PHONE, "Cupertino", "415-555", "jane.doe"] {
+        assert!(contains(&plain, value), "the input should contain {value}");
+    }
+    assert!(validate_reader(TraceReader::new(input.as_slice(), "in.trace").unwrap()).is_empty());
+
+    let r = redactor(b"test-salt");
+    let output = redact(&input, &r);
+    let bytes = decompressed(&output);
+    for value in [PHONE, ADDRESS, EMAIL, OTHER_PHONE, "Cupertino", "415-555", "555.0199", "jane.doe", "example.com"] {
+        assert!(!contains(&bytes, value), "{value:?} survived redaction");
+        assert!(!contains(&output, value), "{value:?} is in the output file");
+    }
+    let findings = validate_reader(TraceReader::new(output.as_slice(), "out.trace").unwrap());
+    assert!(findings.is_empty(), "the redacted trace is not valid: {findings:#?}");
+
+    // What is not personal data is untouched, and tokens are joinable.
+    let trace = read_trace_from(output.as_slice(), "out.trace").unwrap();
+    let text = serde_json::to_string(&trace.records).unwrap();
+    assert!(text.contains("in_transit") && text.contains("A-1") && text.contains("tracking_api"));
+    let phone_token = r.token(PHONE);
+    let plan = trace
+        .records
+        .iter()
+        .find_map(|rec| match &rec.body {
+            Some(Body::PlanStep(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let args: serde_json::Value = serde_json::from_str(&plan.arguments_json).unwrap();
+    assert_eq!(args["user_phone"], json!(phone_token));
+    let initial_phone = trace
+        .records
+        .iter()
+        .find_map(|rec| match &rec.body {
+            Some(Body::MemoryDelta(d)) if d.key == "user_phone" => d.after_json.clone(),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(initial_phone, canonical_json(&json!(phone_token)), "a memory value and an argument field join");
+    assert_eq!(args["contact"]["email"], json!(r.token(EMAIL)));
+}
+
+#[test]
+fn the_salt_decides_the_tokens() {
+    let input = pii_episode();
+    let a1 = redact(&input, &redactor(b"a"));
+    let a2 = redact(&input, &redactor(b"a"));
+    let b = redact(&input, &redactor(b"b"));
+    assert_eq!(decompressed(&a1), decompressed(&a2), "same salt, same output");
+    assert!(contains(&decompressed(&a1), &redactor(b"a").token(PHONE)));
+    assert!(!contains(&decompressed(&b), &redactor(b"a").token(PHONE)));
+}
+
+#[test]
+fn a_damaged_input_is_refused_with_its_offset() {
+    let input = pii_episode();
+    let cut = &input[..input.len() - 20];
+    let mut out = Vec::new();
+    let err = redactor(b"s").redact(TraceReader::new(cut, "cut.trace").unwrap(), &mut out, "out.trace").unwrap_err();
+    assert!(err.to_string().starts_with("cut.trace: truncated at byte "), "{err}");
+}
