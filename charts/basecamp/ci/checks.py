@@ -406,7 +406,7 @@ def cmd_assert(which, rendered):
         one(docs, "ClusterRoleBinding", "release-name-basecamp")
         if by_kind(docs, "Role") and [r["metadata"]["name"] for r in by_kind(docs, "Role")] != ["release-name-basecamp-leader-election"]:
             problem(f"unexpected Roles: {[name_of(r) for r in by_kind(docs, 'Role')]}")
-        for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "PodDisruptionBudget"):
+        for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "PodDisruptionBudget", "NetworkPolicy"):
             if by_kind(docs, kind):
                 problem(f"{kind} is rendered although off by default")
         if any(k.startswith("AWS_") for k in env):
@@ -460,6 +460,14 @@ def cmd_assert(which, rendered):
             if pm["spec"]["namespaceSelector"] != {"matchNames": ["agents-dev", "agents-prod"]}:
                 problem("PodMonitor does not select the watched namespaces")
         one(docs, "ServiceMonitor")
+        netpol = one(docs, "NetworkPolicy")
+        if netpol:
+            ingress = netpol["spec"]["ingress"]
+            if len(ingress) != 1 or ingress[0]["ports"] != [{"port": "metrics", "protocol": "TCP"}] or \
+                    ingress[0].get("from") != [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]:
+                problem(f"the operator NetworkPolicy does not admit only the monitoring namespace to the metrics port: {ingress}")
+            if netpol["spec"]["egress"] != [{}]:
+                problem(f"the operator NetworkPolicy does not allow all egress by default: {netpol['spec']['egress']}")
         rule = one(docs, "PrometheusRule")
         if rule:
             alerts = {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}

@@ -98,6 +98,9 @@ schema = {
       "strategy": obj({"type": s(enum=["RollingUpdate", "Recreate"]), "rollingUpdate": anyobj}),
       "podDisruptionBudget": obj({"enabled": b(), "minAvailable": {"type": ["integer", "string"]}}),
     }, required=["replicas", "logLevel", "logFormat", "metricsPort"]),
+    "networkPolicy": obj({"enabled": b("A NetworkPolicy for the operator pods"),
+                          "metricsFrom": arr(anyobj, "NetworkPolicyPeers allowed to scrape; empty: any"),
+                          "egress": arr(anyobj, "NetworkPolicyEgressRules; empty: all egress")}),
     "leaderElection": obj({"enabled": b("Pass --leader-elect (a Lease in the release namespace)")}),
     "watchNamespaces": arr(k8s_name, "Namespaces to watch; empty: all", uniqueItems=True),
     "sandbox": obj({"image": image_ref("Sandbox image repository; empty: image.repository"),
@@ -151,7 +154,7 @@ schema = {
         "labels": strmap, "annotations": strmap}),
     }, required=["traceViewerUrl"]),
   },
-  "required": ["image", "operator", "leaderElection", "watchNamespaces", "s3", "serviceAccount",
+  "required": ["image", "operator", "networkPolicy", "leaderElection", "watchNamespaces", "s3", "serviceAccount",
                "rbac", "metrics", "prometheusRule", "grafana"],
 }
 # Cross-field rules (replicas > 1 needs leader election, ...) are the
