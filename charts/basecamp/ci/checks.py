@@ -409,6 +409,8 @@ def cmd_assert(which, rendered):
         for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "PodDisruptionBudget", "NetworkPolicy"):
             if by_kind(docs, kind):
                 problem(f"{kind} is rendered although off by default")
+        if env.get("RUST_LOG", {}).get("value") != "info,kube=warn":
+            problem(f"RUST_LOG default is not info,kube=warn: {env.get('RUST_LOG')}")
         if any(k.startswith("AWS_") for k in env):
             problem(f"AWS_* env set although s3.* is empty: {sorted(k for k in env if k.startswith('AWS_'))}")
     else:
