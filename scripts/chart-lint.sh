@@ -320,7 +320,8 @@ cluster_check() {
     --set "watchNamespaces={$watched}" --set operator.replicas=2 --timeout 2m >"$WORK/helm-install.log" 2>&1 ||
     { cat "$WORK/helm-install.log"; return 1; }
   # The apiserver's warnings (e.g. on CRD schemas) are worth seeing.
-  grep -o 'Warning: [^"]*' "$WORK/helm-install.log" | sort | uniq -c | sed 's/^ */  apiserver (times): /' || true
+  sed -n -e 's/.*"\(Warning: .*\)"$/\1/p' -e 't' -e 's/.*\(Warning: .*\)$/\1/p' "$WORK/helm-install.log" |
+    sed 's/\\"/"/g' | sort | uniq -c | sed 's/^ *\([0-9]*\) /  apiserver (x\1): /' || true
   # Pods pass Pod Security admission when the ReplicaSet can create them.
   local i pods=0
   for i in $(seq 60); do
