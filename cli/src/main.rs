@@ -3,8 +3,10 @@
 //! Each subcommand lives in its own module; `main` only parses arguments,
 //! dispatches, and turns an error into one line on stderr and exit status 1.
 
+mod ab;
 mod harness;
 mod run;
+mod sandbox_cmd;
 mod trace_cmd;
 
 use std::process::ExitCode;
@@ -30,9 +32,15 @@ enum Command {
     /// Validate HarnessTask/SandboxConfig manifests; convert the JSON harness form.
     #[command(subcommand)]
     Harness(harness::HarnessCommand),
+    /// Compare two runs (or the two variants of one run).
+    #[command(subcommand)]
+    Ab(ab::AbCommand),
     /// Read and inspect .trace files.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
+    /// Talk to a running sandbox: inject an observation into an episode.
+    #[command(subcommand)]
+    Sandbox(sandbox_cmd::SandboxCommand),
 }
 
 fn main() -> ExitCode {
@@ -40,7 +48,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Harness(cmd) => harness::run(cmd),
+        Command::Ab(cmd) => ab::run(cmd),
         Command::Trace(cmd) => trace_cmd::run(cmd),
+        Command::Sandbox(cmd) => sandbox_cmd::run(cmd),
     };
     match result {
         Ok(code) => code,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use basecamp_trace::metrics::{Aggregate, aggregate};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -16,7 +16,7 @@ use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner};
 use crate::executor::unix_nanos;
 
 /// A shard's `summary.json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShardSummary {
     pub namespace: String,
     pub task: String,
@@ -27,6 +27,7 @@ pub struct ShardSummary {
     pub wall_seconds: f64,
     pub aggregate: Aggregate,
     pub episodes: Vec<EpisodeResult>,
+    #[serde(default)]
     /// Episodes whose trace could not be written, with the error.
     pub lost: Vec<LostEpisode>,
     /// True when the run was stopped (Ctrl-C) before every episode finished.
@@ -44,7 +45,7 @@ pub struct ShardSummary {
 /// Stops a run early (Ctrl-C): cancel it and every shard winds down.
 pub type StopSignal = tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LostEpisode {
     pub id: String,
     pub error: String,

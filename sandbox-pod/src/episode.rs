@@ -182,7 +182,7 @@ pub struct EpisodeInput {
 }
 
 /// What an episode produced.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct EpisodeResult {
     pub id: String,
     pub outcome: String,

@@ -13,7 +13,7 @@
 
 mod analysis;
 mod report;
-mod summary;
+pub mod summary;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

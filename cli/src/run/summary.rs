@@ -116,6 +116,54 @@ pub fn evaluate_criteria(criteria: &[String], aggregate: &Aggregate) -> Vec<Crit
         .collect()
 }
 
+impl VariantSummary {
+    /// One variant from its shards' summaries; `shards` pairs each summary
+    /// with its directory relative to `root` (where its traces are).
+    pub fn from_shards(
+        name: &str,
+        sandbox: &str,
+        mut shards: Vec<(ShardSummary, PathBuf)>,
+        criteria: &[String],
+        root: &Path,
+    ) -> Self {
+        shards.sort_by_key(|(s, _)| s.shard);
+        let mut episodes = Vec::new();
+        let (mut lost, mut interrupted, mut not_started) = (Vec::new(), Vec::new(), Vec::new());
+        for (shard, dir) in &shards {
+            for e in &shard.episodes {
+                let trace = dir.join(&e.trace_file).to_string_lossy().into_owned();
+                episodes.push(EpisodeRow {
+                    id: e.id.clone(),
+                    shard: shard.shard,
+                    outcome: e.outcome.clone(),
+                    failure_class: e.failure_class.clone(),
+                    metrics: e.metrics.clone(),
+                    trace,
+                });
+            }
+            lost.extend(shard.lost.iter().cloned());
+            interrupted.extend(shard.interrupted.iter().cloned());
+            not_started.extend(shard.not_started.iter().cloned());
+        }
+        let aggregate = aggregate(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str())));
+        let failed: Vec<(&EpisodeRow, PathBuf)> =
+            episodes.iter().filter(|e| e.failed()).map(|e| (e, root.join(&e.trace))).collect();
+        VariantSummary {
+            name: name.to_string(),
+            sandbox: sandbox.to_string(),
+            shards: shards.len(),
+            criteria: evaluate_criteria(criteria, &aggregate),
+            root_causes: root_causes(&failed),
+            failed: failed.len(),
+            aggregate,
+            episodes,
+            lost,
+            interrupted,
+            not_started,
+        }
+    }
+}
+
 impl RunSummary {
     pub fn new(
         task: &str,
@@ -127,42 +175,22 @@ impl RunSummary {
     ) -> Self {
         let mut summaries = Vec::new();
         let mut stopped_early = false;
-        for (variant, mut shard_summaries) in variants.iter().zip(shards) {
-            shard_summaries.sort_by_key(|s| s.shard);
-            let mut episodes = Vec::new();
-            let (mut lost, mut interrupted, mut not_started) = (Vec::new(), Vec::new(), Vec::new());
-            for shard in &shard_summaries {
-                stopped_early |= shard.stopped_early;
-                for e in &shard.episodes {
-                    episodes.push(EpisodeRow {
-                        id: e.id.clone(),
-                        shard: shard.shard,
-                        outcome: e.outcome.clone(),
-                        failure_class: e.failure_class.clone(),
-                        metrics: e.metrics.clone(),
-                        trace: format!("{}/shard-{}/{}", variant.name, shard.shard, e.trace_file),
-                    });
-                }
-                lost.extend(shard.lost.iter().cloned());
-                interrupted.extend(shard.interrupted.iter().cloned());
-                not_started.extend(shard.not_started.iter().cloned());
-            }
-            let aggregate = aggregate(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str())));
-            let failed: Vec<(&EpisodeRow, PathBuf)> =
-                episodes.iter().filter(|e| e.failed()).map(|e| (e, out_dir.join(&e.trace))).collect();
-            summaries.push(VariantSummary {
-                name: variant.name.clone(),
-                sandbox: variant.sandbox_name.clone(),
-                shards: shard_summaries.len(),
-                criteria: evaluate_criteria(criteria, &aggregate),
-                root_causes: root_causes(&failed),
-                failed: failed.len(),
-                aggregate,
-                episodes,
-                lost,
-                interrupted,
-                not_started,
-            });
+        for (variant, shard_summaries) in variants.iter().zip(shards) {
+            stopped_early |= shard_summaries.iter().any(|s| s.stopped_early);
+            let with_dirs = shard_summaries
+                .into_iter()
+                .map(|s| {
+                    let dir = Path::new(&variant.name).join(format!("shard-{}", s.shard));
+                    (s, dir)
+                })
+                .collect();
+            summaries.push(VariantSummary::from_shards(
+                &variant.name,
+                &variant.sandbox_name,
+                with_dirs,
+                criteria,
+                out_dir,
+            ));
         }
         let episodes: u32 = summaries.iter().map(|v| v.aggregate.episodes).sum();
         let comparison = (summaries.len() >= 2).then(|| compare(&summaries[0], &summaries[1]));
@@ -275,7 +303,7 @@ impl RunSummary {
     }
 }
 
-fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Comparison {
+pub fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Comparison {
     let metrics = TABLE_METRICS.iter().chain(["p95_resolution_time", "success_rate"].iter());
     Comparison {
         baseline: baseline.name.clone(),
@@ -293,12 +321,12 @@ fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Comparison 
     }
 }
 
-fn fmt_value(v: Option<f64>) -> String {
+pub fn fmt_value(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
 /// Left-aligned columns separated by two spaces.
-fn columns(rows: &[Vec<String>]) -> String {
+pub fn columns(rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0))
         .collect();

@@ -1,0 +1,144 @@
+//! `basecamp ab compare A [B]`: two runs (or the two variants of one run)
+//! side by side — the metric table with deltas, and how their failures'
+//! root causes differ — from the shards' `summary.json` files and traces.
+//!
+//! `A` and `B` are directories holding shard summaries at any depth (a
+//! `basecamp run` variant directory, a downloaded S3 prefix). With only `A`,
+//! it must be a run directory with exactly two variant subdirectories; the
+//! first (by name) is the baseline.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
+
+use crate::run::summary::{Comparison, VariantSummary, columns, compare, fmt_value};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum AbCommand {
+    /// The A/B table (metric, A, B, delta %) and a root-cause comparison.
+    Compare {
+        /// The baseline run directory (or a run with two variants when B is absent).
+        a: PathBuf,
+        /// The candidate run directory.
+        b: Option<PathBuf>,
+        /// Print the comparison as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(command: AbCommand) -> Result<ExitCode> {
+    let AbCommand::Compare { a, b, json } = command;
+    let (baseline, candidate) = match b {
+        Some(b) => (side(&a)?, side(&b)?),
+        None => {
+            let mut variants: Vec<PathBuf> = std::fs::read_dir(&a)
+                .with_context(|| format!("cannot read {}", a.display()))?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir() && !summaries_under(p).is_empty())
+                .collect();
+            variants.sort();
+            if variants.len() != 2 {
+                bail!(
+                    "{} holds {} variant directories with shard summaries; compare two runs with `basecamp ab compare A B`",
+                    a.display(),
+                    variants.len()
+                );
+            }
+            (side(&variants[0])?, side(&variants[1])?)
+        }
+    };
+    let comparison = compare(&baseline, &candidate);
+    if json {
+        let out = serde_json::json!({ "comparison": comparison, "baseline": baseline, "candidate": candidate });
+        println!("{}", serde_json::to_string_pretty(&out).expect("serialisable"));
+    } else {
+        print!("{}", render(&comparison, &baseline, &candidate));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every `summary.json` under `dir`, sorted.
+fn summaries_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.file_name().is_some_and(|n| n == SUMMARY_FILE) {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// One side of the comparison, named after its directory.
+fn side(dir: &Path) -> Result<VariantSummary> {
+    let files = summaries_under(dir);
+    if files.is_empty() {
+        bail!(
+            "{}: no {SUMMARY_FILE} below this directory; give a `basecamp run` output or a variant directory",
+            dir.display()
+        );
+    }
+    let mut shards = Vec::new();
+    for file in files {
+        let text = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        let summary: ShardSummary =
+            serde_json::from_slice(&text).with_context(|| format!("{} is not a shard summary", file.display()))?;
+        let relative = file.parent().and_then(|p| p.strip_prefix(dir).ok()).unwrap_or(Path::new("")).to_path_buf();
+        shards.push((summary, relative));
+    }
+    let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let sandbox = shards.first().map(|(s, _)| format!("{}/{}", s.task, s.variant)).unwrap_or_default();
+    Ok(VariantSummary::from_shards(&name, &sandbox, shards, &[], dir))
+}
+
+fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
+    let mut out = format!(
+        "{} ({} episodes, {} failed) vs {} ({} episodes, {} failed)\n\n",
+        b.name, b.aggregate.episodes, b.failed, a.name, a.aggregate.episodes, a.failed
+    );
+    let mut rows = vec![vec!["metric".to_string(), a.name.clone(), b.name.clone(), "delta".to_string()]];
+    for d in &c.rows {
+        rows.push(vec![
+            d.metric.clone(),
+            fmt_value(d.baseline),
+            fmt_value(d.candidate),
+            d.delta_percent.map_or("-".into(), |p| format!("{p:+.1}%")),
+        ]);
+    }
+    out.push_str(&columns(&rows));
+    // Root causes side by side: each cluster's size in A and in B.
+    let mut clusters: BTreeMap<&str, (usize, usize, &str)> = BTreeMap::new();
+    for cause in &a.root_causes {
+        clusters.entry(&cause.key).or_insert((0, 0, &cause.hint)).0 = cause.episodes;
+    }
+    for cause in &b.root_causes {
+        clusters.entry(&cause.key).or_insert((0, 0, &cause.hint)).1 = cause.episodes;
+    }
+    if !clusters.is_empty() {
+        out.push_str("\nfailure root causes (episodes in each):\n");
+        let mut rows = vec![vec!["cause".to_string(), a.name.clone(), b.name.clone()]];
+        let mut sorted: Vec<_> = clusters.into_iter().collect();
+        sorted.sort_by(|x, y| (y.1.0 + y.1.1).cmp(&(x.1.0 + x.1.1)));
+        for (key, (in_a, in_b, _)) in &sorted {
+            rows.push(vec![key.to_string(), in_a.to_string(), in_b.to_string()]);
+        }
+        out.push_str(&columns(&rows));
+        for (_, (in_a, in_b, hint)) in sorted.iter().take(3) {
+            let fixed = if *in_b == 0 { format!(" — gone in {}", b.name) } else { String::new() };
+            let (who, _) = if in_a >= in_b { (&a.name, in_a) } else { (&b.name, in_b) };
+            out.push_str(&format!("  {who}: {hint}{fixed}\n"));
+        }
+    }
+    out
+}
