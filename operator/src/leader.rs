@@ -184,6 +184,80 @@ impl LeaderElector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{Reply, call, verify};
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/basecamp-operator";
+
+    async fn attempt(script: Vec<crate::testing::Call>) -> (Result<bool, LeaderError>, Vec<crate::testing::Seen>) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let elector = LeaderElector::new(Client::new(service, "default"), "ops", "me");
+        let verifier = tokio::spawn(verify(handle, script));
+        let result =
+            tokio::time::timeout(Duration::from_secs(10), elector.try_acquire_or_renew()).await.expect("finished");
+        let seen = match verifier.await {
+            Ok(seen) => seen,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        (result, seen)
+    }
+
+    fn lease(holder: &str, renewed: Timestamp) -> serde_json::Value {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": LEASE_NAME, "namespace": "ops", "resourceVersion": "41"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": MicroTime(renewed), "leaseTransitions": 3},
+        })
+    }
+
+    #[tokio::test]
+    async fn creates_the_lease_when_there_is_none() {
+        let not_found =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
+        let (result, seen) = attempt(vec![
+            call("GET", LEASE, Reply::Json(404, not_found)),
+            call("POST", "/apis/coordination.k8s.io/v1/namespaces/ops/leases", Reply::Echo),
+        ])
+        .await;
+        assert!(result.expect("no error"));
+        assert_eq!(seen[1].body["spec"]["holderIdentity"], "me");
+        assert_eq!(seen[1].body["spec"]["leaseDurationSeconds"], 15);
+    }
+
+    #[tokio::test]
+    async fn waits_while_another_replica_holds_a_live_lease() {
+        let (result, _) = attempt(vec![call("GET", LEASE, Reply::Json(200, lease("other", Timestamp::now())))]).await;
+        assert!(!result.expect("no error"));
+    }
+
+    #[tokio::test]
+    async fn takes_over_an_expired_lease_with_a_compare_and_swap() {
+        let expired = Timestamp::now() - jiff::SignedDuration::from_secs(60);
+        let (result, seen) = attempt(vec![
+            call("GET", LEASE, Reply::Json(200, lease("other", expired))),
+            call("PUT", LEASE, Reply::Echo),
+        ])
+        .await;
+        assert!(result.expect("no error"));
+        assert_eq!(seen[1].body["metadata"]["resourceVersion"], "41");
+        assert_eq!(seen[1].body["spec"]["holderIdentity"], "me");
+        assert_eq!(seen[1].body["spec"]["leaseTransitions"], 4);
+    }
+
+    #[tokio::test]
+    async fn losing_the_race_is_not_an_error() {
+        let expired = Timestamp::now() - jiff::SignedDuration::from_secs(60);
+        let conflict =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409});
+        let (result, _) = attempt(vec![
+            call("GET", LEASE, Reply::Json(200, lease("other", expired))),
+            call("PUT", LEASE, Reply::Json(409, conflict)),
+        ])
+        .await;
+        assert!(!result.expect("no error"));
+    }
 
     fn spec(holder: &str, renewed: i64, duration: i32) -> LeaseSpec {
         LeaseSpec {

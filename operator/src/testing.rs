@@ -3,6 +3,9 @@
 //! retries. The binary comes from `$BASECAMP_S3S_FS` or
 //! `${BASECAMP_CACHE:-~/.cache/basecamp}/s3s-fs/bin/s3s-fs`; without it the
 //! tests fail and say to run `scripts/s3-server.sh install`.
+//!
+//! And a mocked API server in the style of controller-rs's
+//! ApiServerVerifier: [`verify`] answers a script of expected calls.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -10,6 +13,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use basecamp_sandbox::storage::{RetryPolicy, StaticCredentials, Storage, StorageConfig};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use serde_json::Value;
 
 /// The bucket every test server holds.
 pub const BUCKET: &str = "basecamp-test";
@@ -125,4 +132,82 @@ pub fn storage_at(endpoint: &str, attempts: u32) -> Storage {
 /// A storage client for a port nothing listens on: S3 is down.
 pub fn storage_down() -> Storage {
     storage_at(&format!("http://127.0.0.1:{}", free_port()), 1)
+}
+
+/// The test side of a mocked API server.
+pub type Mock = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// How a scripted call is answered.
+pub enum Reply {
+    /// This status and body.
+    Json(u16, Value),
+    /// The request's body back (server-side apply of a whole object).
+    Echo,
+    /// The request's body with these fields merged in (status, timestamps).
+    EchoWith(Value),
+}
+
+/// One expected API call and its answer.
+pub struct Call {
+    method: &'static str,
+    path: String,
+    reply: Reply,
+}
+
+/// An expected call: method, path (without query), answer.
+pub fn call(method: &'static str, path: &str, reply: Reply) -> Call {
+    Call { method, path: path.to_string(), reply }
+}
+
+/// A call as it was made.
+#[derive(Debug)]
+pub struct Seen {
+    /// Path and query.
+    pub uri: String,
+    /// The JSON body (null when empty).
+    pub body: Value,
+}
+
+/// `base` with a JSON merge patch applied.
+pub fn merge(mut base: Value, extra: &Value) -> Value {
+    basecamp_api::profile::merge_patch(&mut base, extra);
+    base
+}
+
+/// Answers the scripted calls in order; panics on any other call, and on
+/// an extra call within 200 ms after the script.
+pub async fn verify(mut handle: Mock, script: Vec<Call>) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    for expected in script {
+        let Some((request, send)) = handle.next_request().await else {
+            panic!("the operator stopped calling the API; expected {} {}", expected.method, expected.path);
+        };
+        let method = request.method().to_string();
+        let uri = request.uri().to_string();
+        let path = request.uri().path().to_string();
+        let bytes = request.into_body().collect().await.expect("request body").to_bytes();
+        let body: Value =
+            if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            (expected.method, expected.path.as_str()),
+            "unexpected call {method} {uri}\nbody: {body}"
+        );
+        let (status, reply) = match &expected.reply {
+            Reply::Json(status, value) => (*status, value.clone()),
+            Reply::Echo => (200, body.clone()),
+            Reply::EchoWith(extra) => (200, merge(body.clone(), extra)),
+        };
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&reply).expect("json")))
+            .expect("response");
+        send.send_response(response);
+        seen.push(Seen { uri, body });
+    }
+    if let Ok(Some((request, _))) = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await {
+        panic!("an unexpected extra call: {} {}", request.method(), request.uri());
+    }
+    seen
 }

@@ -10,7 +10,6 @@ use std::time::Duration;
 use basecamp_api::HarnessTask;
 use basecamp_sandbox::storage::{Storage, UtcDate};
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use kube::Client;
 use kube::client::Body;
 use kube::runtime::controller::Action;
@@ -20,34 +19,7 @@ use super::*;
 use crate::build::{BuildInput, ResolvedVariant};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
-use crate::testing::{BUCKET, S3Server, storage_down};
-
-type Mock = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
-enum Reply {
-    /// This status and body.
-    Json(u16, Value),
-    /// The request's body back (server-side apply of a whole object).
-    Echo,
-    /// The request's body with these fields merged in (status, timestamps).
-    EchoWith(Value),
-}
-
-struct Call {
-    method: &'static str,
-    path: String,
-    reply: Reply,
-}
-
-fn call(method: &'static str, path: &str, reply: Reply) -> Call {
-    Call { method, path: path.to_string(), reply }
-}
-
-#[derive(Debug)]
-struct Seen {
-    uri: String,
-    body: Value,
-}
+use crate::testing::{BUCKET, Call, Reply, S3Server, Seen, call, merge, storage_down, verify};
 
 const TASK: &str = "/apis/basecamp.dev/v1alpha1/namespaces/team-a/harnesstasks/eval";
 const SANDBOX: &str = "/apis/basecamp.dev/v1alpha1/namespaces/team-a/sandboxconfigs/shop";
@@ -61,47 +33,6 @@ fn not_found() -> Reply {
         404,
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
     )
-}
-
-fn merge(mut base: Value, extra: &Value) -> Value {
-    basecamp_api::profile::merge_patch(&mut base, extra);
-    base
-}
-
-async fn verify(mut handle: Mock, script: Vec<Call>) -> Vec<Seen> {
-    let mut seen = Vec::new();
-    for expected in script {
-        let Some((request, send)) = handle.next_request().await else {
-            panic!("the operator stopped calling the API; expected {} {}", expected.method, expected.path);
-        };
-        let method = request.method().to_string();
-        let uri = request.uri().to_string();
-        let path = request.uri().path().to_string();
-        let bytes = request.into_body().collect().await.expect("request body").to_bytes();
-        let body: Value =
-            if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
-        assert_eq!(
-            (method.as_str(), path.as_str()),
-            (expected.method, expected.path.as_str()),
-            "unexpected call {method} {uri}\nbody: {body}"
-        );
-        let (status, reply) = match &expected.reply {
-            Reply::Json(status, value) => (*status, value.clone()),
-            Reply::Echo => (200, body.clone()),
-            Reply::EchoWith(extra) => (200, merge(body.clone(), extra)),
-        };
-        let response = Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-            .expect("response");
-        send.send_response(response);
-        seen.push(Seen { uri, body });
-    }
-    if let Ok(Some((request, _))) = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await {
-        panic!("an unexpected extra call: {} {}", request.method(), request.uri());
-    }
-    seen
 }
 
 struct Outcome {
