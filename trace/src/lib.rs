@@ -15,8 +15,10 @@
 //! - [`query`]: the search language over trace sections;
 //! - [`validate`]: every promise of a trace checked (schema, steps, memory hash chain, rewards);
 //! - [`redact`]: personal data replaced by salted hashes, the trace kept valid;
+//! - [`archive`]: `.tar.zst` archives of traces with an index for extracting one alone;
 //! - [`inputs`]: files, directories and globs as inputs, worked through in parallel in a stable order.
 
+pub mod archive;
 pub mod canonical;
 pub mod error;
 pub mod format;

@@ -1,6 +1,7 @@
 //! `basecamp trace ...`: the trace tools.
 
 mod analyze;
+mod archive;
 mod parse;
 mod redact;
 mod search;
@@ -22,6 +23,8 @@ pub enum TraceCommand {
     Validate(validate::ValidateArgs),
     /// Copy traces with PII fields and patterns replaced by salted hashes, still valid traces.
     Redact(redact::RedactArgs),
+    /// Pack traces into FILE.tar.zst with an index; `archive list FILE`, `archive extract FILE EPISODE -o DIR`.
+    Archive(archive::ArchiveArgs),
 }
 
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
@@ -31,5 +34,6 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
         TraceCommand::Search(args) => search::run(&args),
         TraceCommand::Validate(args) => validate::run(&args),
         TraceCommand::Redact(args) => redact::run(&args),
+        TraceCommand::Archive(args) => archive::run(&args),
     }
 }

@@ -1,0 +1,169 @@
+//! `basecamp trace archive PATHS... -o FILE.tar.zst`, `archive list FILE`,
+//! `archive extract FILE EPISODE|NAME... -o DIR`: trace archives that any
+//! `zstd -d | tar x` unpacks, with an index (`basecamp_trace::archive`) so
+//! `extract` reads and decompresses only the members it returns.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use basecamp_trace::archive::{ArchiveReader, ArchiveWriter, PreparedMember, prepare_member};
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct ArchiveArgs {
+    #[command(subcommand)]
+    action: Option<ArchiveAction>,
+    /// Trace files, directories (searched recursively for *.trace) or glob patterns to archive.
+    #[arg(required = true)]
+    paths: Vec<String>,
+    /// The archive to write (conventionally FILE.tar.zst).
+    #[arg(long, short = 'o', value_name = "FILE", required = true)]
+    out: Option<PathBuf>,
+    /// Worker threads compressing members (default: one per core).
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
+}
+
+#[derive(Subcommand)]
+enum ArchiveAction {
+    /// List the traces in an archive (from its index only).
+    List {
+        file: PathBuf,
+        /// One JSON object per member (JSON Lines).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Extract traces by episode id or member name, reading only their frames.
+    Extract {
+        file: PathBuf,
+        /// Episode ids or member names (with or without .trace).
+        #[arg(required = true, value_name = "EPISODE|NAME")]
+        keys: Vec<String>,
+        /// Directory to write them to (created if missing).
+        #[arg(long, short = 'o', value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+pub fn run(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
+    match &args.action {
+        Some(ArchiveAction::List { file, json }) => list(file, *json),
+        Some(ArchiveAction::Extract { file, keys, out }) => extract(file, keys, out),
+        None => create(args),
+    }
+}
+
+fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
+    let out = args.out.as_ref().expect("clap requires -o when archiving");
+    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let mut names = std::collections::HashMap::new();
+    for file in &files {
+        let name = file.file_name().with_context(|| format!("{}: not a file name", file.display()))?;
+        let name = name.to_string_lossy().into_owned();
+        if let Some(other) = names.insert(name.clone(), file) {
+            bail!("{} and {} have the same name {name}; archive them separately", other.display(), file.display());
+        }
+    }
+    let tmp = out.with_extension("partial");
+    let sink = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut writer = ArchiveWriter::new(BufWriter::new(sink));
+    let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
+    let prepare = |path: &PathBuf| -> anyhow::Result<PreparedMember> {
+        let data = fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let name = path.file_name().expect("checked above").to_string_lossy();
+        Ok(prepare_member(&path.display().to_string(), &name, &data)?)
+    };
+    for_each_ordered(&files, args.jobs.unwrap_or_else(default_jobs), prepare, |i, prepared| match prepared {
+        Ok(member) => {
+            if !member.member().complete {
+                eprintln!(
+                    "warning: {}: the trace is not complete (a killed writer?); archived as it is",
+                    files[i].display()
+                );
+            }
+            input_bytes += member.member().bytes;
+            if write_error.is_none()
+                && let Err(e) = writer.append(member)
+            {
+                write_error = Some(e);
+            }
+        }
+        Err(e) => {
+            failed += 1;
+            eprintln!("error: {e:#}");
+        }
+    });
+    let count = writer.members().len();
+    let result = match write_error {
+        Some(e) => Err(e),
+        None => writer.finish().and_then(|mut w| w.flush()),
+    };
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", out.display()));
+    }
+    fs::rename(&tmp, out).with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    let size = fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    println!("archived {count} traces ({input_bytes} bytes) into {} ({size} bytes)", out.display());
+    Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+fn list(file: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
+    let reader = ArchiveReader::open(file)?;
+    let mut out = std::io::stdout().lock();
+    if !as_json {
+        writeln!(
+            out,
+            "{:<32} {:<24} {:<20} {:<8} {:>6} {:>9} {:>12}",
+            "NAME", "EPISODE", "TASK", "VARIANT", "STEPS", "COMPLETE", "BYTES"
+        )?;
+    }
+    for m in reader.members() {
+        if as_json {
+            writeln!(out, "{}", json!(m))?;
+        } else {
+            writeln!(
+                out,
+                "{:<32} {:<24} {:<20} {:<8} {:>6} {:>9} {:>12}",
+                m.name,
+                m.episode,
+                m.task,
+                m.variant,
+                m.steps,
+                if m.complete { "yes" } else { "no" },
+                m.bytes
+            )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode> {
+    let mut reader = ArchiveReader::open(file)?;
+    let mut wanted = Vec::new();
+    for key in keys {
+        let found: Vec<_> = reader.find(key).into_iter().cloned().collect();
+        if found.is_empty() {
+            bail!(
+                "{}: no trace named {key:?} or of episode {key:?} ({} traces; see `basecamp trace archive list`)",
+                file.display(),
+                reader.members().len()
+            );
+        }
+        wanted.extend(found);
+    }
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for member in wanted {
+        let data = reader.read_member(&member)?;
+        let path = dir.join(&member.name);
+        fs::write(&path, data).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("extracted {} (episode {}) -> {}", member.name, member.episode, path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,63 @@
+//! `basecamp trace archive`, `archive list` and `archive extract` as a user runs them.
+
+use std::process::Command;
+
+use basecamp_trace::synthetic::{EpisodeShape, generate};
+
+fn basecamp(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
+}
+
+#[test]
+fn archive_list_and_extract_one_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let traces = dir.path().join("traces");
+    std::fs::create_dir_all(traces.join("b")).unwrap();
+    for seed in 1..=4 {
+        let ep = generate(&EpisodeShape { seed, steps: 6, tokens_per_step: 5, ..Default::default() });
+        let sub = if seed > 2 { "b/" } else { "" };
+        std::fs::write(traces.join(format!("{sub}ep-{seed}.trace")), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    }
+    std::fs::write(traces.join("summary.json"), "{}").unwrap();
+    let archive = dir.path().join("run.tar.zst");
+    let (t, a) = (traces.display().to_string(), archive.display().to_string());
+
+    let out = basecamp(&["trace", "archive", &t, "-o", &a]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("archived 4 traces ("));
+
+    let out = basecamp(&["trace", "archive", "list", &a]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert!(lines[0].starts_with("NAME"));
+    // Directory order: b/ sorts before ep-1.trace.
+    assert!(lines[1].starts_with("ep-3.trace"), "{stdout}");
+    assert!(lines[3].starts_with("ep-1.trace") && lines[3].contains("ep-0001") && lines[3].contains(" yes "), "{stdout}");
+
+    let dest = dir.path().join("out");
+    let d = dest.display().to_string();
+    let out = basecamp(&["trace", "archive", "extract", &a, "ep-0003", "-o", &d]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(dest.join("ep-3.trace")).unwrap(), std::fs::read(traces.join("b/ep-3.trace")).unwrap());
+    assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 1);
+
+    let out = basecamp(&["trace", "archive", "extract", &a, "ep-9", "-o", &d]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "error: {a}: no trace named \"ep-9\" or of episode \"ep-9\" (4 traces; see `basecamp trace archive list`)\n"
+        )
+    );
+
+    // The extracted trace is intact; the archive is an ordinary tar.zst.
+    let out = basecamp(&["trace", "validate", &dest.join("ep-3.trace").display().to_string()]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = basecamp(&["trace", "archive", "list", &t]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot read")
+            || String::from_utf8_lossy(&out.stderr).contains("Is a directory")
+    );
+}

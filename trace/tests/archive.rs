@@ -1,0 +1,86 @@
+//! Archives: any tar.zst tool unpacks them; one member comes out alone,
+//! even when another member is damaged.
+
+use std::io::{Cursor, Write};
+use std::process::{Command, Stdio};
+
+use basecamp_trace::archive::{ArchiveError, ArchiveReader, ArchiveWriter, INDEX_NAME, prepare_member};
+use basecamp_trace::synthetic::{EpisodeShape, generate};
+
+fn traces() -> Vec<(String, Vec<u8>)> {
+    (1..=3)
+        .map(|seed| {
+            let ep = generate(&EpisodeShape { seed, steps: 8, tokens_per_step: 20, ..Default::default() });
+            (format!("ep-{seed}.trace"), ep.write_to(Vec::new(), 3).unwrap())
+        })
+        .collect()
+}
+
+fn archive(traces: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut w = ArchiveWriter::new(Vec::new());
+    for (name, data) in traces {
+        w.append(prepare_member(name, name, data).unwrap()).unwrap();
+    }
+    w.finish().unwrap()
+}
+
+#[test]
+fn the_index_lists_members_and_each_comes_out_identical() {
+    let traces = traces();
+    let bytes = archive(&traces);
+    let mut r = ArchiveReader::new(Cursor::new(bytes), "a.tar.zst").unwrap();
+    let names: Vec<&str> = r.members().iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["ep-1.trace", "ep-2.trace", "ep-3.trace"]);
+    let m = r.members()[1].clone();
+    assert_eq!((m.episode.as_str(), m.steps, m.complete), ("ep-0002", 8, true));
+    assert_eq!(r.find("ep-0002"), [&m]);
+    assert_eq!(r.find("ep-2"), [&m]);
+    assert!(r.find("ep-9").is_empty());
+    for (i, (_, data)) in traces.iter().enumerate() {
+        let member = r.members()[i].clone();
+        assert_eq!(&r.read_member(&member).unwrap(), data);
+    }
+}
+
+#[test]
+fn any_zstd_and_tar_unpack_it() {
+    let traces = traces();
+    let bytes = archive(&traces);
+    // The concatenated frames (the skippable locator included) are one tar stream.
+    let tar = zstd::stream::decode_all(bytes.as_slice()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new("tar").arg("-x").arg("-C").arg(dir.path()).stdin(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(&tar).unwrap();
+    assert!(child.wait().unwrap().success());
+    for (name, data) in &traces {
+        assert_eq!(&std::fs::read(dir.path().join(name)).unwrap(), data);
+    }
+    assert!(dir.path().join(INDEX_NAME).exists());
+}
+
+#[test]
+fn one_member_is_read_without_touching_the_others() {
+    let traces = traces();
+    let mut bytes = archive(&traces);
+    let r = ArchiveReader::new(Cursor::new(bytes.clone()), "a.tar.zst").unwrap();
+    let (first, third) = (r.members()[0].clone(), r.members()[2].clone());
+    // Destroy the first member's frame entirely.
+    for b in &mut bytes[first.frame_offset as usize..(first.frame_offset + first.frame_len) as usize] {
+        *b = 0xAA;
+    }
+    let mut r = ArchiveReader::new(Cursor::new(bytes), "a.tar.zst").unwrap();
+    assert_eq!(r.read_member(&third).unwrap(), traces[2].1);
+    let err = r.read_member(&first).unwrap_err();
+    assert!(matches!(err, ArchiveError::Damaged { .. }));
+    assert_eq!(err.to_string(), "a.tar.zst: member ep-1.trace (frame at byte 0) is damaged: not a zstd frame");
+}
+
+#[test]
+fn a_file_that_is_not_an_archive_is_one_clear_error() {
+    let err =
+        ArchiveReader::new(Cursor::new(b"plain text, no locator at all........".to_vec()), "x.tar.zst").err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "x.tar.zst: not a basecamp trace archive: no index locator at the end (made by another tool?)"
+    );
+}
