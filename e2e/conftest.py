@@ -1,0 +1,257 @@
+"""Session fixtures: the cluster (started by scripts/e2e.sh), the chart
+installed with helm, the operator run here as the chart's ServiceAccount,
+the task namespace with the e-commerce test set on S3, and the pod player.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kube import ROOT, WORK, E2EError, Kube, s3_client, wait_until  # noqa: E402
+from play import Player, container_env  # noqa: E402
+
+RELEASE = "basecamp"
+RELEASE_NS = "basecamp"
+SA = "basecamp"  # the chart's full name for release "basecamp"
+TASK_NS = "e2e"
+S3_SECRET = "basecamp-s3"
+TEST_SET_KEY = "testsets/ecommerce/tests.jsonl"
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def need(var: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        pytest.exit(f"{var} is not set: run the e2e tests through scripts/e2e.sh", returncode=2)
+    return value
+
+
+@pytest.fixture(scope="session")
+def kube() -> Kube:
+    return Kube(need("KUBECONFIG"))
+
+
+@pytest.fixture(scope="session")
+def s3():
+    return s3_client()
+
+
+@pytest.fixture(scope="session")
+def bucket() -> str:
+    return need("BASECAMP_E2E_S3_BUCKET")
+
+
+def secret_manifest(namespace: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": S3_SECRET, "namespace": namespace},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": need("BASECAMP_E2E_S3_ACCESS_KEY"),
+            "AWS_SECRET_ACCESS_KEY": need("BASECAMP_E2E_S3_SECRET_KEY"),
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def chart(kube: Kube) -> dict:
+    """`helm install` of charts/basecamp pointing the operator at the S3 server.
+    Returns the values used and the operator's Deployment."""
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE_NS}})
+    kube.apply(secret_manifest(RELEASE_NS))
+    values = {
+        "operator": {"logFormat": "text", "logLevel": "info,basecamp_operator=debug,kube=warn"},
+        "s3": {
+            "endpoint": need("BASECAMP_E2E_S3_ENDPOINT"),
+            "region": "us-east-1",
+            "credentials": {"existingSecret": S3_SECRET},
+        },
+        "sandbox": {"s3Secret": S3_SECRET, "image": {"repository": "basecamp", "tag": "e2e"}},
+        "image": {"tag": "e2e"},
+    }
+    values_file = WORK / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    helm = need("BASECAMP_E2E_HELM")
+    p = subprocess.run(
+        [helm, "upgrade", "--install", RELEASE, str(ROOT / "charts/basecamp"), "-n", RELEASE_NS, "-f", str(values_file),
+         "--wait", "--timeout", "120s"],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ),
+    )
+    if p.returncode != 0:
+        raise E2EError(f"helm install failed: {p.stderr}\n{p.stdout}")
+    deployment = kube.json("deployment", SA, "-n", RELEASE_NS)
+    return {"values": values, "deployment": deployment, "helm_output": p.stdout}
+
+
+def sa_kubeconfig(kube: Kube) -> Path:
+    """A kubeconfig that authenticates as the operator's ServiceAccount with a
+    token from the TokenRequest API, so RBAC really applies."""
+    token = kube.run("create", "token", SA, "-n", RELEASE_NS, "--duration=3h").out.strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": need("BASECAMP_E2E_API_SERVER"),
+                                                 "certificate-authority": need("BASECAMP_E2E_CA")}}],
+        "users": [{"name": SA, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "e2e", "user": SA, "namespace": RELEASE_NS}}],
+        "current-context": "operator",
+    }
+    path = WORK / "operator.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+class Operator:
+    """The real basecamp-operator, run here with the command line and
+    environment of the chart's Deployment (its pod, which kwok schedules but
+    does not run, gives the downward-API values)."""
+
+    def __init__(self, kube: Kube, deployment: dict, kubeconfig: Path):
+        self.kube = kube
+        self.kubeconfig = kubeconfig
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        pod = wait_until("the operator Deployment's pod to be Running on a kwok node",
+                         lambda: [p for p in kube.items("pods", "-n", RELEASE_NS, "-l", selector)
+                                  if p["status"].get("phase") == "Running"], timeout=120)[0]
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == "operator")
+        self.env = container_env(kube, pod, container)
+        self.args = []
+        for arg in container.get("args") or []:
+            if arg.startswith("--metrics-addr="):
+                arg = f"--metrics-addr=127.0.0.1:{self.port}"
+            self.args.append(arg)
+        from play import expand
+
+        self.args = [expand(a, self.env) for a in self.args]
+        self.pod_name = pod["metadata"]["name"]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "the operator is already running"
+        self.starts += 1
+        log = open(WORK / f"operator-{self.starts}.log", "w")
+        env = {"PATH": os.environ["PATH"], "HOME": str(WORK), "KUBECONFIG": str(self.kubeconfig), **self.env}
+        binary = Path(need("BASECAMP_E2E_BIN")) / "basecamp-operator"
+        self.proc = subprocess.Popen([str(binary), *self.args], env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_until("the operator's /readyz", self.ready, timeout=60)
+
+    def ready(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise E2EError(f"the operator exited (code {self.proc.returncode if self.proc else None}); "
+                           f"log: {WORK}/operator-{self.starts}.log")
+        try:
+            return requests.get(self.url + "/readyz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def metrics(self) -> str:
+        return requests.get(self.url + "/metrics", timeout=5).text
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def log(self) -> str:
+        return (WORK / f"operator-{self.starts}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def operator(kube: Kube, chart: dict):
+    op = Operator(kube, chart["deployment"], sa_kubeconfig(kube))
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture(scope="session")
+def task_ns(kube: Kube, s3, bucket: str) -> str:
+    """The namespace tasks run in: the sandbox pods' S3 Secret, and the
+    e-commerce test set uploaded to S3."""
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TASK_NS}})
+    kube.apply(secret_manifest(TASK_NS))
+    s3.upload_file(str(ROOT / "examples/ecommerce/tests.jsonl"), bucket, TEST_SET_KEY)
+    return TASK_NS
+
+
+@pytest.fixture(scope="session")
+def player(kube: Kube) -> Player:
+    return Player(kube, Path(need("BASECAMP_E2E_BIN")) / "basecamp-sandbox", ROOT / "examples/ecommerce")
+
+
+def ecommerce_manifests(name: str, bucket: str, *, gpu: dict | None = None, retention: str | None = None,
+                        shards: int = 2, variants: tuple[str, ...] = ("a", "b")) -> list[dict]:
+    """The HarnessTask and SandboxConfigs of examples/ecommerce, renamed
+    `<name>`, `<name>-a`, `<name>-b`, with the test set and the trace
+    destination on S3, and optionally a GPU requirement and a retention."""
+    src = ROOT / "examples/ecommerce"
+    task = yaml.safe_load((src / "task.yaml").read_text())
+    docs = []
+    for variant in variants:
+        sandbox = yaml.safe_load((src / f"sandbox-{variant}.yaml").read_text())
+        sandbox["metadata"]["name"] = f"{name}-{variant}"
+        if gpu is not None:
+            sandbox["spec"]["gpu"] = gpu
+        docs.append(sandbox)
+    task["metadata"]["name"] = name
+    task["spec"]["evaluation"]["testSet"] = f"s3://{bucket}/{TEST_SET_KEY}"
+    task["spec"]["traces"] = {"destination": f"s3://{bucket}/traces"}
+    if retention:
+        task["spec"]["traces"]["retention"] = retention
+    task["spec"]["variants"] = [{"name": v, "sandboxRef": {"name": f"{name}-{v}"}} for v in variants]
+    task["spec"]["shards"] = shards
+    task["spec"]["parallelism"] = shards
+    docs.append(task)
+    return docs
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Keep the played pods' logs only when something failed.
+    if exitstatus == 0 and os.environ.get("BASECAMP_E2E_KEEP") != "1":
+        shutil.rmtree(WORK / "play", ignore_errors=True)
+
+
+def timed(what: str):
+    """Context manager printing how long a step took (pytest -s / -rA shows it)."""
+
+    class _T:
+        def __enter__(self):
+            self.t = time.monotonic()
+            return self
+
+        def __exit__(self, *exc):
+            print(f"[timing] {what}: {time.monotonic() - self.t:.1f}s")
+
+    return _T()
