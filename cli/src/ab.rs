@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
 
-use crate::run::summary::{Comparison, VariantSummary, columns, compare, fmt_value};
+use crate::run::summary::{Comparison, VariantSummary, columns, compare};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum AbCommand {
@@ -107,16 +107,7 @@ fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
         "{} ({} episodes, {} failed) vs {} ({} episodes, {} failed)\n\n",
         b.name, b.aggregate.episodes, b.failed, a.name, a.aggregate.episodes, a.failed
     );
-    let mut rows = vec![vec!["metric".to_string(), a.name.clone(), b.name.clone(), "delta".to_string()]];
-    for d in &c.rows {
-        rows.push(vec![
-            d.metric.clone(),
-            fmt_value(d.baseline),
-            fmt_value(d.candidate),
-            d.delta_percent.map_or("-".into(), |p| format!("{p:+.1}%")),
-        ]);
-    }
-    out.push_str(&columns(&rows));
+    out.push_str(&c.table());
     // Root causes side by side: each cluster's size in A and in B.
     let mut clusters: BTreeMap<&str, (usize, usize, &str)> = BTreeMap::new();
     for cause in &a.root_causes {

@@ -263,17 +263,7 @@ impl RunSummary {
         out.push_str(&columns(&rows));
         if let Some(c) = &self.comparison {
             out.push_str(&format!("\n{} vs {}:\n", c.candidate, c.baseline));
-            let mut rows =
-                vec![vec!["metric".to_string(), c.baseline.clone(), c.candidate.clone(), "delta".to_string()]];
-            for d in &c.rows {
-                rows.push(vec![
-                    d.metric.clone(),
-                    fmt_value(d.baseline),
-                    fmt_value(d.candidate),
-                    d.delta_percent.map_or("-".into(), |p| format!("{p:+.1}%")),
-                ]);
-            }
-            out.push_str(&columns(&rows));
+            out.push_str(&c.table());
         }
         for v in &self.variants {
             for c in v.criteria.iter().filter(|c| !c.met) {
@@ -300,6 +290,23 @@ impl RunSummary {
         }
         out.push('\n');
         out
+    }
+}
+
+impl Comparison {
+    /// metric | baseline | candidate | delta %, as aligned text.
+    pub fn table(&self) -> String {
+        let mut rows =
+            vec![vec!["metric".to_string(), self.baseline.clone(), self.candidate.clone(), "delta".to_string()]];
+        for d in &self.rows {
+            rows.push(vec![
+                d.metric.clone(),
+                fmt_value(d.baseline),
+                fmt_value(d.candidate),
+                d.delta_percent.map_or("-".into(), |p| format!("{p:+.1}%")),
+            ]);
+        }
+        columns(&rows)
     }
 }
 
