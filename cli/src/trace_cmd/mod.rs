@@ -2,6 +2,7 @@
 
 mod analyze;
 mod archive;
+mod cleanup;
 mod parse;
 mod redact;
 mod search;
@@ -25,6 +26,8 @@ pub enum TraceCommand {
     Redact(redact::RedactArgs),
     /// Pack traces into FILE.tar.zst with an index; `archive list FILE`, `archive extract FILE EPISODE -o DIR`.
     Archive(archive::ArchiveArgs),
+    /// Delete traces older than an age (a dry run unless --delete); never checkpoints or summaries.
+    Cleanup(cleanup::CleanupArgs),
 }
 
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
@@ -35,5 +38,6 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
         TraceCommand::Validate(args) => validate::run(&args),
         TraceCommand::Redact(args) => redact::run(&args),
         TraceCommand::Archive(args) => archive::run(&args),
+        TraceCommand::Cleanup(args) => cleanup::run(&args),
     }
 }
