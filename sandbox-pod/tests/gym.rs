@@ -185,6 +185,10 @@ fn assert_error(answer: &(u16, Value), status: u16, category: &str, words: &str)
     assert!(message.contains(words), "{message:?} does not say {words:?}");
 }
 
+/// A plan step as compared across modes: tool, call id, input and result
+/// hashes, status, memory hash after.
+type PlanStepRow = (String, String, Vec<u8>, Vec<u8>, i32, Vec<u8>);
+
 fn kind(body: &Body) -> String {
     format!("{body:?}").split('(').next().unwrap_or_default().to_string()
 }
@@ -349,7 +353,7 @@ async fn a_driver_episode_and_its_actions_replayed_through_the_api_write_the_sam
         t.records.iter().filter_map(|r| r.body.as_ref().map(|b| (r.step, kind(b)))).collect()
     };
     assert_eq!(shape(&served_trace), shape(&driver_trace), "the same record kinds at the same steps, in order");
-    let calls = |t: &TraceContents| -> Vec<(String, String, Vec<u8>, Vec<u8>, i32, Vec<u8>)> {
+    let calls = |t: &TraceContents| -> Vec<PlanStepRow> {
         t.records
             .iter()
             .filter_map(|r| match &r.body {

@@ -20,6 +20,7 @@
 //! for `idle_timeout` is closed as `cancelled`.
 //!
 //! - [`action`]: an action body as a policy response;
+//! - [`client`]: a client of the API (both modes), for `basecamp sandbox inject`;
 //! - [`create`]: a create body as an episode input;
 //! - [`registry`]: the episodes, their locks and the open-episode bound;
 //! - [`routes`]: the handlers and the route table;
@@ -28,6 +29,7 @@
 //! [`Episode`]: crate::episode::Episode
 
 pub mod action;
+pub mod client;
 pub mod create;
 pub mod registry;
 pub mod routes;
