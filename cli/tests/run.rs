@@ -82,6 +82,16 @@ fn the_ecommerce_ab_run_shows_the_null_fallback_in_a_and_b_fixing_it() {
             assert!(out.path().join(format!("{v}/shard-{shard}/summary.json")).is_file());
         }
     }
+
+    // `ab compare` reads the same story back from the shard summaries and traces.
+    let compare =
+        Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["ab", "compare"]).arg(out.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&compare.stdout);
+    assert!(compare.status.success(), "{text}");
+    let cluster = text.lines().find(|l| l.starts_with("null:shipping_status:fallback:track_order")).expect(&text);
+    let counts: Vec<&str> = cluster.split_whitespace().skip(1).collect();
+    assert_eq!(counts, [top["episodes"].to_string().as_str(), "0"], "{text}");
+    assert!(text.contains("gone in b"), "{text}");
 }
 
 #[test]
