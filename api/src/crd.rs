@@ -14,7 +14,41 @@ use crate::task::HarnessTask;
 
 /// Both CRDs: HarnessTask, then SandboxConfig.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![HarnessTask::crd(), SandboxConfig::crd()]
+    vec![with_kubernetes_formats(HarnessTask::crd()), with_kubernetes_formats(SandboxConfig::crd())]
+}
+
+/// The CRD with schemars' unsigned integer formats (`uint32`, ...), which the
+/// apiserver does not know and warns about on every apply, replaced by the
+/// OpenAPI ones (`int32` for 8/16 bits, `int64` for 32/64 bits; the
+/// `minimum: 0` schemars adds keeps them unsigned).
+pub fn with_kubernetes_formats(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) else { continue };
+        let Ok(mut value) = serde_json::to_value(&*schema) else { continue };
+        replace_formats(&mut value);
+        if let Ok(fixed) = serde_json::from_value(value) {
+            *schema = fixed;
+        }
+    }
+    crd
+}
+
+fn replace_formats(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let replacement = match map.get("format").and_then(serde_json::Value::as_str) {
+                Some("uint8" | "uint16") => Some("int32"),
+                Some("uint32" | "uint64" | "uint") => Some("int64"),
+                _ => None,
+            };
+            if let Some(format) = replacement {
+                map.insert("format".into(), format.into());
+            }
+            map.values_mut().for_each(replace_formats);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(replace_formats),
+        _ => {}
+    }
 }
 
 /// A CRD as YAML.
@@ -32,7 +66,7 @@ pub fn schema_of(kind: &str) -> Option<&'static serde_json::Value> {
         _ => return None,
     };
     Some(cell.get_or_init(|| {
-        let crd = make();
+        let crd = with_kubernetes_formats(make());
         let schema =
             crd.spec.versions.first().and_then(|v| v.schema.as_ref()).and_then(|s| s.open_api_v3_schema.as_ref());
         serde_json::to_value(schema).unwrap_or(serde_json::Value::Null)
@@ -153,6 +187,16 @@ mod tests {
         let sandbox = columns(crd_json(&SandboxConfig::crd()));
         let names: Vec<&str> = sandbox.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["GPU", "MinCC", "Age"]);
+    }
+
+    #[test]
+    fn integer_formats_are_ones_the_apiserver_knows() {
+        for crd in all() {
+            let yaml = to_yaml(&crd).expect("yaml");
+            assert!(!yaml.contains("format: uint"), "{yaml}");
+        }
+        let task = schema_of("HarnessTask").expect("schema");
+        assert_eq!(task["properties"]["spec"]["properties"]["shards"]["format"], "int64");
     }
 
     #[test]

@@ -110,7 +110,9 @@ pub fn shard_counts(job: &Job, total: u32) -> ShardCounts {
     let job_failed = status.conditions.iter().flatten().any(|c| c.type_ == "Failed" && c.status == "True");
     // A Job that failed as a whole (e.g. deadline) leaves the rest unfinished: count them failed.
     let failed = if job_failed { total.saturating_sub(succeeded).max(failed) } else { failed };
-    let running = if job_failed { 0 } else { u32::try_from(status.active.unwrap_or(0).max(0)).unwrap_or(0) };
+    // Running = pods Ready; `active` also counts pods still waiting for a node.
+    let running = status.ready.or(status.active).unwrap_or(0).max(0);
+    let running = if job_failed { 0 } else { u32::try_from(running).unwrap_or(0) };
     ShardCounts { total, succeeded: succeeded.min(total), failed: failed.min(total), running: running.min(total) }
 }
 
@@ -325,8 +327,11 @@ pub fn transitions(previous: &[Condition], current: &[Condition]) -> Vec<Transit
     current
         .iter()
         .filter(|c| !previous.iter().any(|p| p.type_ == c.type_ && p.status == c.status && p.reason == c.reason))
-        // A condition appearing in its quiet state (Degraded=False AsExpected, ...) is not news.
-        .filter(|c| !QUIET_REASONS.contains(&c.reason.as_str()) || previous.iter().any(|p| p.type_ == c.type_))
+        // A quiet condition (Degraded=False AsExpected, ...) is news only when its status flipped.
+        .filter(|c| {
+            !QUIET_REASONS.contains(&c.reason.as_str())
+                || previous.iter().any(|p| p.type_ == c.type_ && p.status != c.status)
+        })
         .map(|c| Transition {
             warning: is_bad(c),
             reason: c.reason.clone(),
@@ -390,6 +395,37 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(shard_counts(&job, 4), ShardCounts { total: 4, succeeded: 2, failed: 1, running: 1 });
+    }
+
+    #[test]
+    fn a_fixed_spec_reports_failed_cleared_but_not_a_quiet_reason_change() {
+        let now = time(1);
+        let invalid = conditions(
+            &[],
+            &[
+                Decided::new("Succeeded", false, "UnknownSandbox", ""),
+                Decided::new("Failed", true, "UnknownSandbox", "x"),
+            ],
+            None,
+            &now,
+        );
+        let fixed = conditions(
+            &invalid,
+            &[Decided::new("Succeeded", false, "NotFinished", ""), Decided::new("Failed", false, "AsExpected", "")],
+            None,
+            &now,
+        );
+        let events = transitions(&invalid, &fixed);
+        assert_eq!(events, [Transition { warning: false, reason: "AsExpected".into(), note: "Failed=False".into() }]);
+    }
+
+    #[test]
+    fn running_shards_are_ready_pods_not_pods_waiting_for_a_node() {
+        let job = Job {
+            status: Some(JobStatus { active: Some(2), ready: Some(0), ..Default::default() }),
+            ..Default::default()
+        };
+        assert_eq!(shard_counts(&job, 2), ShardCounts { total: 2, succeeded: 0, failed: 0, running: 0 });
     }
 
     #[test]

@@ -237,7 +237,7 @@ async fn a_spec_change_replaces_the_job_and_keeps_transition_times() {
 async fn a_failed_shard_degrades_the_task_with_a_warning() {
     let current = task(spec(), true);
     let job = built_job(&current);
-    let status = json!({"active": 1, "failed": 3, "failedIndexes": "1"});
+    let status = json!({"active": 1, "ready": 1, "failed": 3, "failedIndexes": "1"});
     let mut script = apply_calls(Reply::Json(200, merge(job, &json!({"status": status}))), status.clone());
     script.extend([
         call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
