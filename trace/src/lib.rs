@@ -16,6 +16,7 @@
 //! - [`validate`]: every promise of a trace checked (schema, steps, memory hash chain, rewards);
 //! - [`redact`]: personal data replaced by salted hashes, the trace kept valid;
 //! - [`archive`]: `.tar.zst` archives of traces with an index for extracting one alone;
+//! - [`otlp`]: traces as OpenTelemetry GenAI spans (OTLP/JSON);
 //! - [`inputs`]: files, directories and globs as inputs, worked through in parallel in a stable order.
 
 pub mod archive;
@@ -26,6 +27,7 @@ pub mod inputs;
 pub mod json;
 pub mod memory;
 pub mod metrics;
+pub mod otlp;
 pub mod query;
 pub mod reader;
 pub mod redact;

@@ -3,6 +3,7 @@
 mod analyze;
 mod archive;
 mod cleanup;
+mod export;
 mod parse;
 mod redact;
 mod search;
@@ -18,6 +19,9 @@ pub enum TraceCommand {
     Parse(parse::ParseArgs),
     /// Top-k log-probabilities, entropy and KL(A || B) per token from raw logits (safetensors).
     Analyze(analyze::AnalyzeArgs),
+    /// Re-execute an episode with its recorded policy outputs and tool responses; report
+    /// "identical" or the first divergence (step, field, recorded vs replayed).
+    Replay(crate::replay::ReplayArgs),
     /// Find the steps of many traces that match a query, e.g. 'memory_state.shipping_status == null'.
     Search(search::SearchArgs),
     /// Check traces: schema, steps in order and ended, statuses, hashes, the memory hash chain, reward sums.
@@ -28,16 +32,20 @@ pub enum TraceCommand {
     Archive(archive::ArchiveArgs),
     /// Delete traces older than an age (a dry run unless --delete); never checkpoints or summaries.
     Cleanup(cleanup::CleanupArgs),
+    /// Export traces as OpenTelemetry GenAI spans (OTLP/JSON lines): --otlp.
+    Export(export::ExportArgs),
 }
 
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TraceCommand::Parse(args) => parse::run(&args),
         TraceCommand::Analyze(args) => analyze::run(&args),
+        TraceCommand::Replay(args) => crate::replay::run(args),
         TraceCommand::Search(args) => search::run(&args),
         TraceCommand::Validate(args) => validate::run(&args),
         TraceCommand::Redact(args) => redact::run(&args),
         TraceCommand::Archive(args) => archive::run(&args),
         TraceCommand::Cleanup(args) => cleanup::run(&args),
+        TraceCommand::Export(args) => export::run(&args),
     }
 }

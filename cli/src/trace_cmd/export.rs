@@ -1,0 +1,71 @@
+//! `basecamp trace export --otlp PATHS... [-o FILE]`: traces as OpenTelemetry
+//! GenAI spans (`basecamp_trace::otlp`), one OTLP/JSON
+//! `ExportTraceServiceRequest` per trace per line — the OTLP file
+//! exporter's format, which collectors (`otlpjsonfile` receiver) read.
+//! A damaged trace is exported as far as it reads, with one error line.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use basecamp_trace::TraceReader;
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::otlp::export;
+use clap::Args;
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// Export as OTLP/JSON (OpenTelemetry GenAI spans); the only format so far.
+    #[arg(long)]
+    otlp: bool,
+    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    #[arg(required = true)]
+    paths: Vec<String>,
+    /// Write to this file instead of stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Worker threads (default: one per core).
+    #[arg(long, short = 'j')]
+    jobs: Option<usize>,
+}
+
+pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
+    if !args.otlp {
+        bail!("choose a format: --otlp (OpenTelemetry GenAI spans as OTLP/JSON)");
+    }
+    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let mut out: Box<dyn Write> = match &args.out {
+        Some(path) => {
+            Box::new(BufWriter::new(File::create(path).with_context(|| format!("cannot create {}", path.display()))?))
+        }
+        None => Box::new(BufWriter::new(io::stdout().lock())),
+    };
+    let mut failed = false;
+    let mut write_error = None;
+    let convert = |path: &PathBuf| match TraceReader::open(path) {
+        Ok(reader) => {
+            let (doc, damage) = export(reader);
+            (Some(doc.to_string()), damage)
+        }
+        Err(e) => (None, Some(e)),
+    };
+    for_each_ordered(&files, args.jobs.unwrap_or_else(default_jobs), convert, |_, (line, damage)| {
+        if let Some(line) = line
+            && write_error.is_none()
+            && let Err(e) = writeln!(out, "{line}")
+        {
+            write_error = Some(e);
+        }
+        if let Some(e) = damage {
+            failed = true;
+            eprintln!("error: {e}");
+        }
+    });
+    if let Some(e) = write_error {
+        return Err(e).context("cannot write the export");
+    }
+    out.flush().context("cannot write the export")?;
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}

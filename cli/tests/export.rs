@@ -1,0 +1,44 @@
+//! `basecamp trace export --otlp` as a user runs it.
+
+use std::process::Command;
+
+use basecamp_trace::synthetic::{EpisodeShape, generate};
+use serde_json::Value;
+
+fn basecamp(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
+}
+
+#[test]
+fn one_otlp_request_per_trace_in_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    for seed in 1..=3 {
+        let ep = generate(&EpisodeShape { seed, steps: 5, tokens_per_step: 2, ..Default::default() });
+        std::fs::write(dir.path().join(format!("ep-{seed}.trace")), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    }
+    let d = dir.path().display().to_string();
+    let out = basecamp(&["trace", "export", "--otlp", &d]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    for (i, doc) in lines.iter().enumerate() {
+        let spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().unwrap();
+        assert_eq!(spans.len(), 6, "the agent span and 5 tool spans");
+        let conversation =
+            spans[0]["attributes"].as_array().unwrap().iter().find(|a| a["key"] == "gen_ai.conversation.id").unwrap();
+        assert_eq!(conversation["value"]["stringValue"], format!("ep-000{}", i + 1));
+    }
+    // -o writes the same to a file.
+    let file = dir.path().join("spans.jsonl");
+    let out = basecamp(&["trace", "export", "--otlp", &d, "-o", &file.display().to_string()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 3);
+
+    let out = basecamp(&["trace", "export", &d]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: choose a format: --otlp (OpenTelemetry GenAI spans as OTLP/JSON)\n"
+    );
+}
