@@ -161,6 +161,20 @@ impl LeaderElector {
         }
     }
 
+    /// Gives the Lease up (on graceful shutdown), so another replica takes
+    /// over at once instead of after `leaseDurationSeconds`. Best effort.
+    pub async fn release(&self) -> Result<(), LeaderError> {
+        let Some(mut lease) = self.api.get_opt(LEASE_NAME).await.map_err(self.err("read"))? else { return Ok(()) };
+        let Some(spec) = lease.spec.as_mut().filter(|s| s.holder_identity.as_deref() == Some(self.identity.as_str()))
+        else {
+            return Ok(());
+        };
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        self.api.replace(LEASE_NAME, &PostParams::default(), &lease).await.map(|_| ()).map_err(self.err("release"))
+    }
+
     /// Renews until a renewal fails or is lost; returns why leadership ended.
     pub async fn keep(&self) -> String {
         let mut failing_since: Option<std::time::Instant> = None;
@@ -244,6 +258,33 @@ mod tests {
         assert_eq!(seen[1].body["metadata"]["resourceVersion"], "41");
         assert_eq!(seen[1].body["spec"]["holderIdentity"], "me");
         assert_eq!(seen[1].body["spec"]["leaseTransitions"], 4);
+    }
+
+    #[tokio::test]
+    async fn release_gives_up_only_our_own_lease() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let elector = LeaderElector::new(Client::new(service, "default"), "ops", "me");
+        let script =
+            vec![call("GET", LEASE, Reply::Json(200, lease("me", Timestamp::now()))), call("PUT", LEASE, Reply::Echo)];
+        let verifier = tokio::spawn(verify(handle, script));
+        elector.release().await.expect("released");
+        let seen = verifier.await.expect("verifier");
+        assert!(seen[1].body["spec"]["holderIdentity"].is_null());
+        assert_eq!(
+            decide(
+                Some(&serde_json::from_value(seen[1].body["spec"].clone()).expect("spec")),
+                "other",
+                Timestamp::now()
+            ),
+            Decision::TakeOver
+        );
+
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let elector = LeaderElector::new(Client::new(service, "default"), "ops", "me");
+        let verifier =
+            tokio::spawn(verify(handle, vec![call("GET", LEASE, Reply::Json(200, lease("other", Timestamp::now())))]));
+        elector.release().await.expect("nothing to release");
+        verifier.await.expect("no write to another replica's Lease");
     }
 
     #[tokio::test]

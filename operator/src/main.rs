@@ -196,6 +196,10 @@ async fn run_controller(client: Client, namespace: Option<String>, ctx: Arc<Cont
         .for_each(|result| async move {
             match result {
                 Ok((task, _)) => tracing::debug!(%task, "reconciled"),
+                // A task deleted while queued: nothing to do.
+                Err(kube::runtime::controller::Error::ObjectNotFound(task)) => {
+                    tracing::debug!(%task, "gone before its reconcile")
+                }
                 Err(error) => tracing::warn!(%error, "controller"),
             }
         })
@@ -266,6 +270,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         reason = lost => {
             anyhow::bail!("lost leadership: {reason}; exiting so that a fresh start campaigns again");
         }
+    }
+    if let Some(elector) = &elector
+        && let Err(error) = elector.release().await
+    {
+        tracing::warn!(%error, "cannot release the Lease; another replica takes over when it expires");
     }
     let _ = server.await;
     tracing::info!("stopped");
