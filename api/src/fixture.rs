@@ -6,9 +6,11 @@
 //! {"tool": "track_order", "arguments": {"order_id": "1043"}, "observation": {"error": "timeout"}, "timeout": true}
 //! ```
 //!
-//! `tool` and `observation` are required; `arguments` (default `{}`),
-//! `memoryPatch` (memory key -> value) and `timeout` (true: the call times
-//! out and the tool's fallback applies) are optional. One file may hold
+//! `tool` is required, and `observation` unless the entry fails;
+//! `arguments` (default `{}`), `memoryPatch` (memory key -> value),
+//! `timeout` (true: the call times out and the tool's fallback applies) and
+//! `error` with an optional `errorType` (the call fails as the trace of a
+//! real call recorded it, e.g. `rate_limited`) are optional. One file may hold
 //! entries for several tools; validation checks that each names a tool the
 //! sandbox defines.
 
@@ -29,6 +31,7 @@ pub struct FixtureEntry {
     #[serde(default)]
     pub arguments: serde_json::Map<String, serde_json::Value>,
     /// What the tool returns.
+    #[serde(default)]
     pub observation: serde_json::Value,
     /// Memory writes made with the answer.
     #[serde(default)]
@@ -36,6 +39,13 @@ pub struct FixtureEntry {
     /// True: the call times out instead of answering.
     #[serde(default)]
     pub timeout: bool,
+    /// The call fails with this message instead of answering.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The failure's type as a trace records it (`rate_limited`,
+    /// `http_status`, ...); default `tool_error`.
+    #[serde(default)]
+    pub error_type: Option<String>,
     /// 1-based line in the file (not read from the file).
     #[serde(skip)]
     pub line: u64,

@@ -5,6 +5,7 @@
 
 mod ab;
 mod harness;
+mod replay;
 mod run;
 mod sandbox_cmd;
 mod trace_cmd;

@@ -607,6 +607,7 @@ fn hanging_executor() -> ToolExecutor {
             response: json!({"status": "too late"}),
             latency_ms: NEVER_MS,
             error: None,
+            error_type: None,
         };
         let tool = Tool::Recorded(RecordedTool::new("hang", [never]));
         executor.add_tool(hang_name(ms), ToolDef::new(tool, Duration::from_millis(ms)));
@@ -845,6 +846,7 @@ fn episode_runner(dir: &Path) -> EpisodeRunner {
                          "memory": {"shipping_status": status}}),
         latency_ms: 0,
         error: None,
+        error_type: None,
     });
     let mut executor = ToolExecutor::new(NullWrites::Warn);
     executor.add_tool(

@@ -228,7 +228,8 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
                 },
                 // A recorded timeout never answers: the executor's timeout and the fallback apply.
                 latency_ms: if e.timeout { 24 * 3600 * 1000 } else { 0 },
-                error: None,
+                error: e.error,
+                error_type: e.error_type,
             });
             Tool::Recorded(RecordedTool::new(name, recordings))
         } else {

@@ -22,6 +22,9 @@ pub enum TraceCommand {
     /// Re-execute an episode with its recorded policy outputs and tool responses; report
     /// "identical" or the first divergence (step, field, recorded vs replayed).
     Replay(crate::replay::ReplayArgs),
+    /// Re-execute an episode with its recorded policy outputs and tool responses; report
+    /// "identical" or the first divergence (step, field, recorded vs replayed).
+    Replay(crate::replay::ReplayArgs),
     /// Find the steps of many traces that match a query, e.g. 'memory_state.shipping_status == null'.
     Search(search::SearchArgs),
     /// Check traces: schema, steps in order and ended, statuses, hashes, the memory hash chain, reward sums.
@@ -40,6 +43,7 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TraceCommand::Parse(args) => parse::run(&args),
         TraceCommand::Analyze(args) => analyze::run(&args),
+        TraceCommand::Replay(args) => crate::replay::run(args),
         TraceCommand::Replay(args) => crate::replay::run(args),
         TraceCommand::Search(args) => search::run(&args),
         TraceCommand::Validate(args) => validate::run(&args),

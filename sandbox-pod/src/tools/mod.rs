@@ -113,7 +113,26 @@ pub enum ToolError {
     Arguments(String),
     #[error("{0}")]
     Failed(String),
+    /// A failure replayed from a fixture or trace, keeping its recorded type.
+    #[error("{message}")]
+    Recorded { error_type: &'static str, message: String },
 }
+
+/// Every `error_type` a tool call can have, for mapping recorded names back.
+pub const TOOL_ERROR_TYPES: [&str; 12] = [
+    "timeout",
+    "exit_status",
+    "invalid_json",
+    "invalid_output",
+    "response_too_large",
+    "http_status",
+    "rate_limited",
+    "transport",
+    "spawn",
+    "no_recording",
+    "bad_arguments",
+    "tool_error",
+];
 
 fn stderr_suffix(stderr: &str) -> String {
     if stderr.is_empty() { String::new() } else { format!("; stderr: {stderr}") }
@@ -135,6 +154,7 @@ impl ToolError {
             Self::NoRecording(_) => "no_recording",
             Self::Arguments(_) => "bad_arguments",
             Self::Failed(_) => "tool_error",
+            Self::Recorded { error_type, .. } => error_type,
         }
     }
 }

@@ -37,6 +37,10 @@ pub struct Recording {
     pub latency_ms: u64,
     #[serde(default)]
     pub error: Option<String>,
+    /// The recorded failure's type (one of [`super::TOOL_ERROR_TYPES`]);
+    /// absent or unknown: `tool_error`.
+    #[serde(default)]
+    pub error_type: Option<String>,
 }
 
 #[derive(Debug)]
@@ -108,7 +112,11 @@ impl RecordedTool {
             tokio::time::sleep(Duration::from_millis(r.latency_ms)).await;
         }
         if let Some(error) = &r.error {
-            return Err(ToolError::Failed(error.clone()));
+            let known = r.error_type.as_deref().and_then(|t| super::TOOL_ERROR_TYPES.iter().find(|k| **k == t));
+            return Err(match known {
+                Some(error_type) => ToolError::Recorded { error_type, message: error.clone() },
+                None => ToolError::Failed(error.clone()),
+            });
         }
         let bytes = serde_json::to_vec(&r.response).map(|b| b.len() as u64).unwrap_or(0);
         ToolOutput::from_json(r.response.clone(), bytes)

@@ -1,0 +1,405 @@
+//! `basecamp trace replay FILE --config MANIFEST...`: re-executes a recorded
+//! episode through the sandbox — the same executor, memory policy,
+//! fallbacks, rewards and metrics — with the policy's recorded outputs and
+//! the tools' recorded responses, then compares the new trace with the old
+//! one and reports "identical" or the first divergence (step, field,
+//! recorded vs replayed).
+//!
+//! The manifests give what a trace does not hold: the SandboxConfig (memory
+//! patches, fallbacks, timeouts, rewards) and the test-set row (the input
+//! and the expectations the metrics are scored against). Every tool becomes
+//! a `recorded` tool answering in call order from the trace: a call that
+//! timed out times out again, one that failed fails with the same error
+//! type, so the fallback path is exercised for real. A divergence therefore
+//! means the sandbox or its configuration no longer does what it did when
+//! the trace was written.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, anyhow, bail};
+use basecamp_api::task::PolicySpec;
+use basecamp_api::tool::{RecordedMatch, RecordedTool};
+use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
+use basecamp_sandbox::run::{load_manifests, load_test_set, resolve_variants, select_task};
+use basecamp_trace::pb::{self, record::Body};
+use serde_json::{Value, json};
+
+/// Re-execute a recorded episode and report the first divergence.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// The .trace file to replay.
+    pub file: PathBuf,
+    /// The manifests the episode ran with (HarnessTask, SandboxConfig, test set).
+    #[arg(long = "config", required = true)]
+    pub config: Vec<PathBuf>,
+    /// The variant (default: the trace header's).
+    #[arg(long)]
+    pub variant: Option<String>,
+    /// Keep the replayed trace here (default: a temporary directory, removed).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The first place two traces differ.
+#[derive(Debug, PartialEq)]
+pub struct Divergence {
+    pub record: usize,
+    pub step: u32,
+    pub section: &'static str,
+    pub field: &'static str,
+    pub recorded: String,
+    pub replayed: String,
+}
+
+pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+    let recorded =
+        basecamp_trace::read_trace(&args.file).map_err(|e| anyhow!("cannot replay {}: {e}", args.file.display()))?;
+    if let Some(damage) = recorded.damage() {
+        bail!(
+            "cannot replay {}: the trace is incomplete ({damage}); replay needs a finished episode",
+            args.file.display()
+        );
+    }
+    let header = recorded.header.clone();
+    let (scratch, keep) = match &args.out {
+        Some(dir) => (dir.clone(), true),
+        None => {
+            (std::env::temp_dir().join(format!("basecamp-replay-{}-{}", std::process::id(), header.episode_id)), false)
+        }
+    };
+    std::fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let replayed = runtime.block_on(replay(&args, &recorded.records, &header, &scratch));
+    if !keep {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    let replayed = replayed?;
+    let compared = comparable(&recorded.records).count();
+    match first_divergence(&recorded.records, &replayed) {
+        None => {
+            println!(
+                "identical: {} ({compared} records: plan steps, memory deltas, rewards, episode end)",
+                args.file.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(d) => {
+            println!(
+                "diverged: {} at step {} (record {} of {compared}, {}): {} recorded {} vs replayed {}",
+                args.file.display(),
+                d.step,
+                d.record + 1,
+                d.section,
+                d.field,
+                d.recorded,
+                d.replayed
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn replay(
+    args: &ReplayArgs,
+    records: &[pb::Record],
+    header: &pb::Header,
+    scratch: &Path,
+) -> Result<Vec<pb::Record>> {
+    let err = |e: basecamp_sandbox::run::RunError| anyhow!("{e}");
+    let (manifests, _warnings) = load_manifests(&args.config).map_err(err)?;
+    let loaded = select_task(&manifests, Some(header.task.as_str())).map_err(err)?;
+    let task = &loaded.object;
+    let variant_name = args.variant.clone().unwrap_or_else(|| header.variant.clone());
+    let variant = resolve_variants(&manifests, task, Some(&variant_name)).map_err(err)?.remove(0);
+    let base_dir = loaded.base_dir();
+    let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(err)?;
+    let row = test_set.episodes.iter().find(|e| e.id == header.episode_id).ok_or_else(|| {
+        anyhow!("episode {} is not in the test set {}", header.episode_id, task.spec.evaluation.test_set)
+    })?;
+
+    let fixture = scratch.join("replay-tools.jsonl");
+    std::fs::write(&fixture, tool_fixture(records)?)?;
+    let script = scratch.join("replay-policy.jsonl");
+    std::fs::write(&script, policy_script(records)?)?;
+
+    let mut sandbox = variant.sandbox.clone();
+    sandbox.services.clear();
+    for tool in sandbox.tools.values_mut() {
+        tool.http = None;
+        tool.exec = None;
+        tool.recorded = Some(RecordedTool {
+            fixture: fixture.to_string_lossy().into_owned(),
+            match_by: Some(RecordedMatch::Sequence),
+        });
+    }
+    let mut spec = task.spec.clone();
+    spec.policy = PolicySpec { scripted: Some(script.to_string_lossy().into_owned()), ..Default::default() };
+    let ctx = RunContext {
+        base_dir: scratch.to_path_buf(),
+        namespace: header.namespace.clone(),
+        task: header.task.clone(),
+        variant: variant.name.clone(),
+        shard: header.shard,
+        shard_count: header.shard_count,
+        training_step: header.training_step,
+    };
+    let runner = build_runner(&spec, &sandbox, &ctx).map_err(|e| anyhow!("cannot build the replay sandbox: {e}"))?;
+    let input = episode_input(row, &spec.evaluation.compare_args);
+    let out = scratch.join("replayed");
+    std::fs::create_dir_all(&out)?;
+    let result = runner.run(&input, &out).await.context("cannot write the replayed trace")?;
+    let trace = out.join(&result.trace_file);
+    let contents = basecamp_trace::read_trace(&trace).map_err(|e| anyhow!("the replayed trace does not read: {e}"))?;
+    Ok(contents.records)
+}
+
+fn parse_json(text: &str, what: &str) -> Result<Value> {
+    if text.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_str(text).with_context(|| format!("the trace's {what} is not JSON"))
+}
+
+/// The tools' recorded answers, in call order, as a fixture.
+fn tool_fixture(records: &[pb::Record]) -> Result<String> {
+    let mut lines = String::new();
+    for record in records {
+        let Some(Body::PlanStep(step)) = &record.body else { continue };
+        if step.kind != pb::StepKind::ToolCall as i32 || step.tool.is_empty() {
+            continue;
+        }
+        let arguments = parse_json(&step.arguments_json, "tool arguments")?;
+        let mut entry = json!({"tool": step.tool, "arguments": arguments});
+        let ok = step.status == pb::StepStatus::Ok as i32 && !step.fallback_used;
+        if ok {
+            entry["observation"] = parse_json(&step.observation_json, "tool observation")?;
+        } else if step.error_type == "timeout" {
+            entry["timeout"] = json!(true);
+        } else {
+            let error_type = if step.error_type.is_empty() { "tool_error" } else { step.error_type.as_str() };
+            entry["error"] = json!(step.error_message);
+            entry["errorType"] = json!(error_type);
+        }
+        lines.push_str(&entry.to_string());
+        lines.push('\n');
+    }
+    Ok(lines)
+}
+
+/// The policy's recorded turns (with their token logprobs) as a script.
+fn policy_script(records: &[pb::Record]) -> Result<String> {
+    let mut turns: Vec<Value> = Vec::new();
+    for record in records {
+        match &record.body {
+            Some(Body::PolicyTurn(turn)) => {
+                let mut response = json!({});
+                if !turn.content.is_empty() {
+                    response["content"] = json!(turn.content);
+                }
+                let calls = parse_json(&turn.tool_calls_json, "policy tool calls")?;
+                if let Some(calls) = calls.as_array().filter(|c| !c.is_empty()) {
+                    let scripted: Vec<Value> = calls
+                        .iter()
+                        .map(|c| {
+                            json!({"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                        })
+                        .collect();
+                    response["tool_calls"] = Value::Array(scripted);
+                }
+                if response.as_object().is_some_and(|o| o.is_empty()) {
+                    response["content"] = json!("");
+                }
+                if !turn.finish_reason.is_empty() {
+                    response["finish_reason"] = json!(turn.finish_reason);
+                }
+                turns.push(response);
+            }
+            Some(Body::TokenLogit(token)) => {
+                let Some(turn) = turns.last_mut() else { continue };
+                let top: Vec<Value> = token
+                    .top_tokens
+                    .iter()
+                    .zip(&token.top_logprobs)
+                    .zip(token.top_ids.iter().map(Some).chain(std::iter::repeat(None)))
+                    .map(|((t, lp), id)| match id.filter(|id| **id >= 0) {
+                        Some(id) => json!({"token": t, "logprob": lp, "token_id": id}),
+                        None => json!({"token": t, "logprob": lp}),
+                    })
+                    .collect();
+                let mut entry = json!({"token": token.token, "logprob": token.logprob, "top_logprobs": top});
+                if token.token_id >= 0 {
+                    entry["token_id"] = json!(token.token_id);
+                }
+                match turn.get_mut("logprobs").and_then(Value::as_array_mut) {
+                    Some(list) => list.push(entry),
+                    None => turn["logprobs"] = json!([entry]),
+                }
+            }
+            _ => {}
+        }
+    }
+    if turns.is_empty() {
+        bail!("the trace holds no policy turns to replay");
+    }
+    Ok(turns.iter().map(|t| format!("{t}\n")).collect())
+}
+
+/// The records a replay must reproduce (timing and logits are left out).
+fn comparable(records: &[pb::Record]) -> impl Iterator<Item = &pb::Record> {
+    records.iter().filter(|r| {
+        matches!(
+            r.body,
+            Some(
+                Body::PlanStep(_)
+                    | Body::MemoryDelta(_)
+                    | Body::RewardSignal(_)
+                    | Body::Injection(_)
+                    | Body::EpisodeEnd(_)
+            )
+        )
+    })
+}
+
+fn hex8(bytes: &[u8]) -> String {
+    if bytes.is_empty() { "(none)".into() } else { hex::encode(&bytes[..bytes.len().min(8)]) }
+}
+
+/// (section, [(field, value)]) of a comparable record.
+fn fields(record: &pb::Record) -> (&'static str, Vec<(&'static str, String)>) {
+    match &record.body {
+        Some(Body::PlanStep(s)) => (
+            "plan_execution",
+            vec![
+                ("kind", s.kind.to_string()),
+                ("tool", s.tool.clone()),
+                ("input_hash", hex8(&s.input_hash)),
+                ("status", s.status.to_string()),
+                ("error_type", s.error_type.clone()),
+                ("fallback_used", s.fallback_used.to_string()),
+                ("result_hash", hex8(&s.result_hash)),
+                ("memory_hash_before", hex8(&s.memory_hash_before)),
+                ("memory_hash_after", hex8(&s.memory_hash_after)),
+            ],
+        ),
+        Some(Body::MemoryDelta(d)) => (
+            "memory_state",
+            vec![
+                ("key", d.key.clone()),
+                ("before", d.before_json.clone().unwrap_or_else(|| "(absent)".into())),
+                ("after", d.after_json.clone().unwrap_or_else(|| "(absent)".into())),
+                ("source", d.source.to_string()),
+                ("origin", d.origin.clone()),
+            ],
+        ),
+        Some(Body::RewardSignal(r)) => {
+            let mut f = vec![("weighted_sum", format!("{:.9}", r.weighted_sum))];
+            f.extend(r.components.iter().map(|c| ("component", format!("{}={:.9}x{:.9}", c.name, c.score, c.weight))));
+            ("reward_signal", f)
+        }
+        Some(Body::Injection(i)) => {
+            ("injection", vec![("id", i.id.clone()), ("observation", i.observation_json.clone())])
+        }
+        Some(Body::EpisodeEnd(e)) => (
+            "episode_end",
+            vec![
+                ("outcome", e.outcome.to_string()),
+                ("steps", e.steps.to_string()),
+                ("final_memory_hash", hex8(&e.final_memory_hash)),
+            ],
+        ),
+        _ => ("other", Vec::new()),
+    }
+}
+
+/// The first differing memory delta of `step` in two record runs.
+fn first_delta_divergence(a: &[&pb::Record], b: &[&pb::Record], step: u32) -> Option<Divergence> {
+    let deltas = |records: &[&pb::Record]| -> Vec<(usize, pb::Record)> {
+        records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.step == step && matches!(r.body, Some(Body::MemoryDelta(_))))
+            .map(|(i, r)| (i, (*r).clone()))
+            .collect()
+    };
+    let (da, db) = (deltas(a), deltas(b));
+    for k in 0..da.len().max(db.len()) {
+        let (Some((i, x)), Some((_, y))) = (da.get(k), db.get(k)) else {
+            let count = |d: &Vec<(usize, pb::Record)>| format!("{} memory deltas", d.len());
+            return Some(Divergence {
+                record: da.get(k).or(db.get(k)).map_or(0, |(i, _)| *i),
+                step,
+                section: "memory_state",
+                field: "deltas",
+                recorded: count(&da),
+                replayed: count(&db),
+            });
+        };
+        let ((_, fx), (_, fy)) = (fields(x), fields(y));
+        if let Some(((field, vx), (_, vy))) = fx.iter().zip(&fy).find(|((_, vx), (_, vy))| vx != vy) {
+            let key = fx.first().map_or(String::new(), |(_, k)| k.clone());
+            let (recorded, replayed) =
+                if *field == "key" { (vx.clone(), vy.clone()) } else { (format!("{key}={vx}"), format!("{key}={vy}")) };
+            return Some(Divergence { record: *i, step, section: "memory_state", field, recorded, replayed });
+        }
+    }
+    None
+}
+
+/// The first difference between the comparable records of two traces.
+pub fn first_divergence(recorded: &[pb::Record], replayed: &[pb::Record]) -> Option<Divergence> {
+    let (a, b): (Vec<_>, Vec<_>) = (comparable(recorded).collect(), comparable(replayed).collect());
+    for i in 0..a.len().max(b.len()) {
+        let (Some(x), Some(y)) = (a.get(i), b.get(i)) else {
+            let missing = |r: Option<&&pb::Record>| r.map_or("(no record)".to_string(), |r| fields(r).0.to_string());
+            return Some(Divergence {
+                record: i,
+                step: a.get(i).or(b.get(i)).map_or(0, |r| r.step),
+                section: "records",
+                field: "record",
+                recorded: missing(a.get(i)),
+                replayed: missing(b.get(i)),
+            });
+        };
+        let ((section_x, fx), (section_y, fy)) = (fields(x), fields(y));
+        if section_x != section_y {
+            return Some(Divergence {
+                record: i,
+                step: x.step,
+                section: "records",
+                field: "section",
+                recorded: section_x.into(),
+                replayed: section_y.into(),
+            });
+        }
+        for ((field, vx), (_, vy)) in fx.iter().zip(&fy) {
+            if vx != vy {
+                // A memory hash says that memory differs; the step's deltas say how.
+                if field.starts_with("memory_hash")
+                    && let Some(delta) = first_delta_divergence(&a[i..], &b[i..], x.step)
+                {
+                    return Some(Divergence { record: i + delta.record, ..delta });
+                }
+                return Some(Divergence {
+                    record: i,
+                    step: x.step,
+                    section: section_x,
+                    field,
+                    recorded: vx.clone(),
+                    replayed: vy.clone(),
+                });
+            }
+        }
+        if fx.len() != fy.len() {
+            return Some(Divergence {
+                record: i,
+                step: x.step,
+                section: section_x,
+                field: "component",
+                recorded: fx.len().to_string(),
+                replayed: fy.len().to_string(),
+            });
+        }
+    }
+    None
+}
