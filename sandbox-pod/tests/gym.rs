@@ -429,14 +429,47 @@ async fn the_last_step_allowed_ends_the_episode_at_max_steps() {
     let (_, created) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "loop"}"#).await;
     assert_eq!(created["episode_id"], "loop");
     let action = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}"#;
+    let with_logprobs = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}], "model": "trainee", "logprobs": [{"token": "track", "logprob": -0.1, "token_id": 7, "top_logprobs": [{"token": "track", "logprob": -0.1, "token_id": 7}, {"token": "look", "logprob": -2.5}]}, {"token": "ing", "logprob": -0.01}]}"#;
     for step in 1..=4 {
-        let (status, answer) = server.post("/v1/episodes/loop/step", action).await;
+        let body = if step == 1 { with_logprobs } else { action };
+        let (status, answer) = server.post("/v1/episodes/loop/step", body).await;
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["done"], step == 4, "step {step}: {answer}");
     }
     let (_, listed) = server.get("/v1/episodes/loop").await;
     assert_eq!(listed["state"], "max_steps");
     assert_eq!(listed["result"]["metrics"]["steps"], 4);
+    let missing = listed["result"]["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w.as_str().unwrap().contains("without logprobs"));
+    assert_eq!(missing.count(), 3, "steps 2-4 came without logprobs: {listed}");
+    let trace = server.trace("loop").await;
+    let logits: Vec<(u32, String, i32, Vec<String>)> = trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::TokenLogit(t)) => Some((r.step, t.token.clone(), t.token_id, t.top_tokens.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        logits,
+        vec![
+            (1, "track".to_string(), 7, vec!["track".to_string(), "look".to_string()]),
+            (1, "ing".to_string(), -1, vec![])
+        ]
+    );
+    let models: Vec<String> = trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::PolicyTurn(p)) => Some(p.model.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(models, ["trainee", "external", "external", "external"]);
     server.shut_down().await;
 }
 
