@@ -1,4 +1,4 @@
-//! `basecamp trace parse FILE --output json`.
+//! `basecamp trace parse FILE --output json|html`.
 //!
 //! A damaged file still prints what could be recovered (a crashed pod's
 //! trace is still evidence), then one line naming the file and byte offset
@@ -16,6 +16,8 @@ use clap::{Args, ValueEnum};
 pub enum OutputFormat {
     /// The proto3 JSON mapping of every record.
     Json,
+    /// One self-contained HTML page: step timeline, memory deltas, rewards, errors, tokens.
+    Html,
 }
 
 #[derive(Args)]
@@ -38,6 +40,9 @@ pub fn run(args: &ParseArgs) -> anyhow::Result<ExitCode> {
             let mut out = io::stdout().lock();
             serde_json::to_writer_pretty(&mut out, &doc)?;
             writeln!(out)?;
+        }
+        OutputFormat::Html => {
+            io::stdout().lock().write_all(basecamp_trace::html::trace_to_html(&name, &trace).as_bytes())?;
         }
     }
     Ok(match trace.damage() {
