@@ -120,7 +120,7 @@ fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
         out.push_str("\nfailure root causes (episodes in each):\n");
         let mut rows = vec![vec!["cause".to_string(), a.name.clone(), b.name.clone()]];
         let mut sorted: Vec<_> = clusters.into_iter().collect();
-        sorted.sort_by(|x, y| (y.1.0 + y.1.1).cmp(&(x.1.0 + x.1.1)));
+        sorted.sort_by_key(|(_, (in_a, in_b, _))| std::cmp::Reverse(in_a + in_b));
         for (key, (in_a, in_b, _)) in &sorted {
             rows.push(vec![key.to_string(), in_a.to_string(), in_b.to_string()]);
         }
