@@ -53,10 +53,14 @@ impl std::fmt::Display for Finding {
 
 /// Validates one file.
 pub fn validate_file(path: &Path) -> Vec<Finding> {
-    let name = path.display().to_string();
-    match TraceReader::open(path) {
+    validate_opened(&path.display().to_string(), TraceReader::open(path))
+}
+
+/// Validates a trace whose opening (preamble and header) may have failed.
+pub fn validate_opened<R: Read>(file: &str, opened: Result<TraceReader<R>, TraceError>) -> Vec<Finding> {
+    match opened {
         Ok(reader) => validate_reader(reader),
-        Err(e) => vec![Finding { file: name, step: None, check: "schema", message: unreadable(&e) }],
+        Err(e) => vec![Finding { file: file.to_string(), step: None, check: "schema", message: unreadable(&e) }],
     }
 }
 

@@ -10,16 +10,18 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use basecamp_trace::archive::{ArchiveReader, ArchiveWriter, PreparedMember, prepare_member};
-use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use clap::{Args, Subcommand};
 use serde_json::json;
+
+use super::sources::{Source, Sources};
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ArchiveArgs {
     #[command(subcommand)]
     action: Option<ArchiveAction>,
-    /// Trace files, directories (searched recursively for *.trace) or glob patterns to archive.
+    /// Trace files, directories (searched recursively for *.trace), glob patterns or s3://BUCKET/PREFIX to archive.
     #[arg(required = true)]
     paths: Vec<String>,
     /// The archive to write (conventionally FILE.tar.zst).
@@ -61,30 +63,28 @@ pub fn run(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
 
 fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     let out = args.out.as_ref().expect("clap requires -o when archiving");
-    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let sources = Sources::resolve(&args.paths)?;
+    let files = &sources.items;
     let mut names = std::collections::HashMap::new();
-    for file in &files {
-        let name = file.file_name().with_context(|| format!("{}: not a file name", file.display()))?;
-        let name = name.to_string_lossy().into_owned();
-        if let Some(other) = names.insert(name.clone(), file) {
-            bail!("{} and {} have the same name {name}; archive them separately", other.display(), file.display());
+    for file in files {
+        if let Some(other) = names.insert(file.file_name(), &file.name) {
+            bail!("{other} and {} have the same name {}; archive them separately", file.name, file.file_name());
         }
     }
     let tmp = out.with_extension("partial");
     let sink = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let mut writer = ArchiveWriter::new(BufWriter::new(sink));
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
-    let prepare = |path: &PathBuf| -> anyhow::Result<PreparedMember> {
-        let data = fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let name = path.file_name().expect("checked above").to_string_lossy();
-        Ok(prepare_member(&path.display().to_string(), &name, &data)?)
+    let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {
+        let data = sources.read_bytes(source)?;
+        Ok(prepare_member(&source.name, source.file_name(), &data)?)
     };
-    for_each_ordered(&files, args.jobs.unwrap_or_else(default_jobs), prepare, |i, prepared| match prepared {
+    for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), prepare, |i, prepared| match prepared {
         Ok(member) => {
             if !member.member().complete {
                 eprintln!(
                     "warning: {}: the trace is not complete (a killed writer?); archived as it is",
-                    files[i].display()
+                    files[i].name
                 );
             }
             input_bytes += member.member().bytes;

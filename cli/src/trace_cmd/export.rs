@@ -10,17 +10,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use basecamp_trace::TraceReader;
-use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use basecamp_trace::otlp::export;
 use clap::Args;
+
+use super::sources::{Source, Sources};
 
 #[derive(Args)]
 pub struct ExportArgs {
     /// Export as OTLP/JSON (OpenTelemetry GenAI spans); the only format so far.
     #[arg(long)]
     otlp: bool,
-    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
     paths: Vec<String>,
     /// Write to this file instead of stdout.
@@ -35,7 +36,8 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     if !args.otlp {
         bail!("choose a format: --otlp (OpenTelemetry GenAI spans as OTLP/JSON)");
     }
-    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let sources = Sources::resolve(&args.paths)?;
+    let files = &sources.items;
     let mut out: Box<dyn Write> = match &args.out {
         Some(path) => {
             Box::new(BufWriter::new(File::create(path).with_context(|| format!("cannot create {}", path.display()))?))
@@ -44,7 +46,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     };
     let mut failed = false;
     let mut write_error = None;
-    let convert = |path: &PathBuf| match TraceReader::open(path) {
+    let convert = |source: &Source| match sources.open(source) {
         Ok(reader) => {
             let (doc, damage) = export(reader);
             (Some(doc.to_string()), damage)

@@ -7,6 +7,7 @@ mod export;
 mod parse;
 mod redact;
 mod search;
+mod sources;
 mod validate;
 
 use std::process::ExitCode;
@@ -19,9 +20,6 @@ pub enum TraceCommand {
     Parse(parse::ParseArgs),
     /// Top-k log-probabilities, entropy and KL(A || B) per token from raw logits (safetensors).
     Analyze(analyze::AnalyzeArgs),
-    /// Re-execute an episode with its recorded policy outputs and tool responses; report
-    /// "identical" or the first divergence (step, field, recorded vs replayed).
-    Replay(crate::replay::ReplayArgs),
     /// Re-execute an episode with its recorded policy outputs and tool responses; report
     /// "identical" or the first divergence (step, field, recorded vs replayed).
     Replay(crate::replay::ReplayArgs),
@@ -43,7 +41,6 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TraceCommand::Parse(args) => parse::run(&args),
         TraceCommand::Analyze(args) => analyze::run(&args),
-        TraceCommand::Replay(args) => crate::replay::run(args),
         TraceCommand::Replay(args) => crate::replay::run(args),
         TraceCommand::Search(args) => search::run(&args),
         TraceCommand::Validate(args) => validate::run(&args),

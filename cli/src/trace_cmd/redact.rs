@@ -11,14 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use basecamp_trace::TraceReader;
-use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use basecamp_trace::redact::{Pattern, RedactStats, Redactor};
 use clap::Args;
 
+use super::sources::{Source, Sources};
+
 #[derive(Args)]
 pub struct RedactArgs {
-    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
     paths: Vec<String>,
     /// Memory keys and JSON fields (at any depth) whose values are replaced, e.g. user_phone,user_address.
@@ -47,21 +48,22 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     if args.pii_fields.is_empty() && patterns.is_empty() {
         bail!("nothing to redact: give --pii-fields, --patterns or both");
     }
-    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let sources = Sources::resolve(&args.paths)?;
+    let files = &sources.items;
     fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
-    let outputs = output_paths(&files, &args.out)?;
+    let outputs = output_paths(files, &args.out)?;
     let salt = match &args.salt {
         Some(s) => s.as_bytes().to_vec(),
         None => Redactor::random_salt(),
     };
     let redactor = Redactor::new(args.pii_fields.iter().cloned(), patterns, salt);
-    let jobs: Vec<(&PathBuf, &PathBuf)> = files.iter().zip(&outputs).collect();
+    let jobs: Vec<(&Source, &PathBuf)> = files.iter().zip(&outputs).collect();
     let mut failed = 0usize;
     let mut total = RedactStats::default();
     for_each_ordered(
         &jobs,
         args.jobs.unwrap_or_else(default_jobs),
-        |(input, output)| redact_one(&redactor, input, output),
+        |(input, output)| redact_one(&redactor, &sources, input, output),
         |i, result| {
             let (input, output) = jobs[i];
             match result {
@@ -70,7 +72,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                     total.replaced += stats.replaced;
                     println!(
                         "{} -> {}: {} values replaced in {} records",
-                        input.display(),
+                        input.name,
                         output.display(),
                         stats.replaced,
                         stats.records
@@ -94,32 +96,30 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
 
 /// OUTDIR/<file name> for each input; two inputs with one name, or an
 /// output that is its own input, are refused before anything is written.
-fn output_paths(files: &[PathBuf], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut seen: HashMap<PathBuf, &Path> = HashMap::new();
+fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut seen: HashMap<PathBuf, &str> = HashMap::new();
     let mut outputs = Vec::with_capacity(files.len());
     for file in files {
-        let name = file.file_name().with_context(|| format!("{}: not a file name", file.display()))?;
-        let output = out.join(name);
-        if let Some(other) = seen.insert(output.clone(), file) {
+        let output = out.join(file.file_name());
+        if let Some(other) = seen.insert(output.clone(), &file.name) {
             bail!(
-                "{} and {} would both be written to {}; redact them into different directories",
-                other.display(),
-                file.display(),
+                "{other} and {} would both be written to {}; redact them into different directories",
+                file.name,
                 output.display()
             );
         }
-        if let (Ok(a), Ok(b)) = (fs::canonicalize(file), fs::canonicalize(&output))
+        if let (Ok(a), Ok(b)) = (fs::canonicalize(&file.name), fs::canonicalize(&output))
             && a == b
         {
-            bail!("{}: the output would overwrite the input; choose another -o directory", file.display());
+            bail!("{}: the output would overwrite the input; choose another -o directory", file.name);
         }
         outputs.push(output);
     }
     Ok(outputs)
 }
 
-fn redact_one(redactor: &Redactor, input: &Path, output: &Path) -> anyhow::Result<RedactStats> {
-    let reader = TraceReader::open(input)?;
+fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &Path) -> anyhow::Result<RedactStats> {
+    let reader = sources.open(input)?;
     let tmp = output.with_extension("trace.partial");
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let result = redactor.redact(reader, BufWriter::new(file), &output.display().to_string());

@@ -10,10 +10,12 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
+use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use basecamp_trace::query::{FileMatches, Query};
 use clap::Args;
 use serde_json::json;
+
+use super::sources::{Source, Sources};
 
 /// The query language, shown by `basecamp trace search --help`.
 pub const QUERY_HELP: &str = "\
@@ -60,7 +62,7 @@ Quote a path segment with other characters: memory_state.\"user.phone\".";
 pub struct SearchArgs {
     /// The query, e.g. 'plan_execution.tool == "tracking_api" and latency_ms > 800' (see --help).
     query: String,
-    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
     paths: Vec<String>,
     /// Print one JSON object per match (JSON Lines): file, offset, episode, step, section.
@@ -73,19 +75,20 @@ pub struct SearchArgs {
 
 pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     let query = Query::parse(&args.query)?;
-    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let sources = Sources::resolve(&args.paths)?;
+    let files = &sources.items;
     let mut out = io::BufWriter::new(io::stdout().lock());
     let mut failed = false;
     let mut write_error: Option<io::Error> = None;
     for_each_ordered(
         &files,
         args.jobs.unwrap_or_else(default_jobs),
-        |path| query.search_file(path),
+        |source| search_one(&query, &sources, source),
         |i, found: FileMatches| {
             if write_error.is_some() {
                 return;
             }
-            let file = files[i].display().to_string();
+            let file = &files[i].name;
             for m in &found.matches {
                 let section = m.section.map_or("step", |s| s.name());
                 let written = if args.json {
@@ -114,4 +117,14 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     }
     out.flush()?;
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// The matches in one trace, and the damage that ended its scan.
+fn search_one(query: &Query, sources: &Sources, source: &Source) -> FileMatches {
+    let mut matches = Vec::new();
+    let error = match sources.open(source) {
+        Ok(mut reader) => query.search(&mut reader, &mut |m| matches.push(m)).err(),
+        Err(e) => Some(e),
+    };
+    FileMatches { matches, error }
 }

@@ -6,14 +6,16 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs, for_each_ordered};
-use basecamp_trace::validate::validate_file;
+use basecamp_trace::inputs::{default_jobs, for_each_ordered};
+use basecamp_trace::validate::validate_opened;
 use clap::Args;
 use serde_json::json;
 
+use super::sources::Sources;
+
 #[derive(Args)]
 pub struct ValidateArgs {
-    /// Trace files, directories (searched recursively for *.trace) or glob patterns.
+    /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
     paths: Vec<String>,
     /// Print one JSON object per finding (JSON Lines): file, step, check, message.
@@ -25,14 +27,15 @@ pub struct ValidateArgs {
 }
 
 pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
-    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
+    let sources = Sources::resolve(&args.paths)?;
+    let files = &sources.items;
     let mut out = io::BufWriter::new(io::stdout().lock());
     let (mut findings, mut bad_files) = (0usize, 0usize);
     let mut result = Ok(());
     for_each_ordered(
         &files,
         args.jobs.unwrap_or_else(default_jobs),
-        |path| validate_file(path),
+        |source| validate_opened(&source.name, sources.open(source)),
         |_, found| {
             if found.is_empty() || result.is_err() {
                 return;

@@ -1,0 +1,127 @@
+//! Where the trace commands read traces from: local files, directories and
+//! globs (`basecamp_trace::inputs`), and `s3://BUCKET/PREFIX` (every
+//! `*.trace` object under the prefix, in key order) or `s3://BUCKET/KEY.trace`.
+//!
+//! S3 goes through the sandbox's storage client (`AWS_ENDPOINT_URL_S3`, the
+//! standard credential chain, retries). Objects are fetched one at a time
+//! per worker, when that worker gets to them, so a prefix of any size needs
+//! the memory of a few traces.
+
+use std::fs::File;
+use std::io::{self, BufReader, Cursor, Read};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use basecamp_sandbox::storage::{Destination, Storage, StorageConfig};
+use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
+use basecamp_trace::{TraceError, TraceReader};
+
+/// One trace to read.
+pub struct Source {
+    /// How messages and output name it: the path, or the `s3://` URL.
+    pub name: String,
+    location: Location,
+}
+
+enum Location {
+    Local(PathBuf),
+    S3(Destination),
+}
+
+impl Source {
+    /// The last segment of the name (for outputs named after their input).
+    pub fn file_name(&self) -> &str {
+        self.name.rsplit('/').next().unwrap_or(&self.name)
+    }
+}
+
+/// A reader over either kind of source.
+pub type SourceReader = TraceReader<Box<dyn Read + Send>>;
+
+/// The resolved inputs, and the S3 client when some are on S3.
+pub struct Sources {
+    pub items: Vec<Source>,
+    s3: Option<(tokio::runtime::Runtime, Storage)>,
+}
+
+impl Sources {
+    /// Expands every argument, in order, each source once.
+    pub fn resolve(args: &[String]) -> anyhow::Result<Self> {
+        let mut items = Vec::new();
+        let mut s3 = None;
+        let mut seen = std::collections::HashSet::new();
+        for arg in args {
+            let found: Vec<Source> = if arg.starts_with("s3://") {
+                let (runtime, storage) = match &mut s3 {
+                    Some(client) => client,
+                    None => s3.insert(s3_client()?),
+                };
+                list_s3(runtime, storage, arg)?
+            } else {
+                expand_inputs(std::slice::from_ref(arg), TRACE_SUFFIX)?
+                    .into_iter()
+                    .map(|path| Source { name: path.display().to_string(), location: Location::Local(path) })
+                    .collect()
+            };
+            for source in found {
+                if seen.insert(source.name.clone()) {
+                    items.push(source);
+                }
+            }
+        }
+        Ok(Self { items, s3 })
+    }
+
+    /// The whole trace file.
+    pub fn read_bytes(&self, source: &Source) -> Result<Vec<u8>, TraceError> {
+        match &source.location {
+            Location::Local(path) => std::fs::read(path).map_err(|e| TraceError::io(source.name.clone(), e)),
+            Location::S3(destination) => {
+                let (runtime, storage) = self.s3.as_ref().expect("an s3 source comes with the client that listed it");
+                runtime
+                    .block_on(storage.fetch(destination))
+                    .map_err(|e| TraceError::io(source.name.clone(), io::Error::other(e.to_string())))
+            }
+        }
+    }
+
+    /// A reader positioned after the header: a local file is streamed, an
+    /// S3 object is fetched whole first.
+    pub fn open(&self, source: &Source) -> Result<SourceReader, TraceError> {
+        let inner: Box<dyn Read + Send> = match &source.location {
+            Location::Local(path) => {
+                let file = File::open(path).map_err(|e| TraceError::io(source.name.clone(), e))?;
+                Box::new(BufReader::with_capacity(256 << 10, file))
+            }
+            Location::S3(_) => Box::new(Cursor::new(self.read_bytes(source)?)),
+        };
+        TraceReader::new(inner, source.name.clone())
+    }
+}
+
+fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the S3 client's runtime")?;
+    Ok((runtime, Storage::new(StorageConfig::from_env())))
+}
+
+/// `s3://B/KEY.trace` is one object; anything else is a prefix listed for `*.trace`.
+fn list_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> anyhow::Result<Vec<Source>> {
+    let destination = Destination::parse(arg.trim_end_matches('/'))?;
+    if arg.ends_with(TRACE_SUFFIX) {
+        return Ok(vec![Source { name: arg.to_string(), location: Location::S3(destination) }]);
+    }
+    let objects = runtime.block_on(storage.list(&destination)).with_context(|| format!("cannot list {arg}"))?;
+    let found: Vec<Source> = objects
+        .into_iter()
+        .filter(|o| o.relative.ends_with(TRACE_SUFFIX))
+        .map(|o| Source { name: o.location.to_string(), location: Location::S3(o.location) })
+        .collect();
+    if found.is_empty() {
+        anyhow::bail!("{arg}: no .trace objects under this prefix");
+    }
+    Ok(found)
+}
