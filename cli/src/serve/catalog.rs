@@ -1,0 +1,237 @@
+//! What a directory of runs holds: every episode found under it, with its
+//! task, variant and metrics — from the shard's `summary.json` next to the
+//! trace when there is one (the numbers the sandbox scored against the test
+//! set), else from what the trace itself holds (error rate, resolution
+//! time, reward, steps). Both `basecamp serve` and `basecamp trace report`
+//! start from here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
+use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
+use basecamp_trace::metrics::EpisodeMetrics;
+
+use super::digest::TraceDigest;
+use crate::run::summary::EpisodeRow;
+
+/// The namespace of traces that name none (older local runs).
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// One episode and where its trace is.
+#[derive(Debug, Clone)]
+pub struct EpisodeEntry {
+    pub namespace: String,
+    pub task: String,
+    pub variant: String,
+    pub shard: u32,
+    pub id: String,
+    pub outcome: String,
+    /// `ok`, or the bounded class a report groups failures by.
+    pub failure_class: String,
+    /// Metric name -> value; only the metrics that could be measured.
+    pub metrics: BTreeMap<String, f64>,
+    /// True when the metrics come from a shard summary (scored against the test set).
+    pub from_summary: bool,
+    pub trace: PathBuf,
+    /// The trace's path relative to the catalog root, `/`-separated (for `/raw/...`).
+    pub relative: String,
+    pub started_unix_nanos: i64,
+}
+
+impl EpisodeEntry {
+    pub fn failed(&self) -> bool {
+        self.failure_class != "ok"
+    }
+
+    /// `<variant>/<episode>`: unique within a task, the key of in-page links.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.variant, self.id)
+    }
+
+    /// The row the root-cause analysis of `basecamp run` takes.
+    pub fn row(&self) -> EpisodeRow {
+        EpisodeRow {
+            id: self.id.clone(),
+            shard: self.shard,
+            outcome: self.outcome.clone(),
+            failure_class: self.failure_class.clone(),
+            metrics: EpisodeMetrics::default(),
+            trace: self.relative.clone(),
+        }
+    }
+}
+
+/// The metrics of a summary's episode, by name.
+pub fn metrics_map(m: &EpisodeMetrics) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let mut put = |name: &str, v: Option<f64>| {
+        if let Some(v) = v.filter(|v| v.is_finite()) {
+            out.insert(name.to_string(), v);
+        }
+    };
+    put("tool_call_accuracy", Some(m.tool_call_accuracy));
+    put("tool_call_accuracy_lenient", Some(m.tool_call_accuracy_lenient));
+    put("plan_step_f1", Some(m.plan_step_f1));
+    put("memory_consistency", m.memory_consistency);
+    put("error_rate", Some(m.error_rate));
+    put("resolution_time_s", Some(m.resolution_time_s));
+    put("reward", m.reward);
+    put("tool_calls", Some(f64::from(m.tool_calls)));
+    put("steps", Some(f64::from(m.steps)));
+    out
+}
+
+/// Every episode found, plus what could not be read.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub episodes: Vec<EpisodeEntry>,
+    /// One line per file that was skipped, and why.
+    pub problems: Vec<String>,
+}
+
+/// A task as the task list shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TaskKey {
+    pub namespace: String,
+    pub task: String,
+}
+
+impl Catalog {
+    /// Every trace under `root` (recursively). Traces whose real path lies
+    /// outside `root` (a symlink out of it) are skipped: `serve` shows only
+    /// what is inside its directory.
+    pub fn scan(root: &Path) -> Catalog {
+        let arg = root.display().to_string();
+        let files = match expand_inputs(&[arg], TRACE_SUFFIX) {
+            Ok(files) => files,
+            Err(e) => return Catalog { episodes: Vec::new(), problems: vec![e.to_string()] },
+        };
+        let real_root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        let inside: Vec<PathBuf> =
+            files.into_iter().filter(|f| f.canonicalize().is_ok_and(|real| real.starts_with(&real_root))).collect();
+        Self::from_files(root, &inside)
+    }
+
+    /// The traces named by files, directories and globs (as every trace tool takes them).
+    pub fn from_inputs(args: &[String]) -> anyhow::Result<Catalog> {
+        let files = expand_inputs(args, TRACE_SUFFIX)?;
+        Ok(Self::from_files(Path::new(""), &files))
+    }
+
+    /// `files` with their metrics; `root` is what `relative` paths are relative to.
+    fn from_files(root: &Path, files: &[PathBuf]) -> Catalog {
+        let mut catalog = Catalog::default();
+        // One summary per directory, read once: trace file name -> (summary, episode index).
+        let mut summaries: HashMap<PathBuf, Option<ShardSummary>> = HashMap::new();
+        for file in files {
+            let dir = file.parent().unwrap_or(Path::new("")).to_path_buf();
+            let summary = summaries.entry(dir.clone()).or_insert_with(|| {
+                let path = dir.join(SUMMARY_FILE);
+                let text = std::fs::read(&path).ok()?;
+                match serde_json::from_slice::<ShardSummary>(&text) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        catalog
+                            .problems
+                            .push(format!("{}: not a shard summary ({e}); metrics read from traces", path.display()));
+                        None
+                    }
+                }
+            });
+            let relative = file.strip_prefix(root).unwrap_or(file).to_string_lossy().replace('\\', "/");
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let scored =
+                summary.as_ref().and_then(|s| s.episodes.iter().find(|e| e.trace_file == name).map(|e| (s, e)));
+            let entry = match scored {
+                Some((shard, e)) => EpisodeEntry {
+                    namespace: non_empty(&shard.namespace),
+                    task: shard.task.clone(),
+                    variant: shard.variant.clone(),
+                    shard: shard.shard,
+                    id: e.id.clone(),
+                    outcome: e.outcome.clone(),
+                    failure_class: e.failure_class.clone(),
+                    metrics: metrics_map(&e.metrics),
+                    from_summary: true,
+                    trace: file.clone(),
+                    relative,
+                    started_unix_nanos: shard.started_unix_nanos,
+                },
+                None => match TraceDigest::load(file) {
+                    Ok(digest) => EpisodeEntry {
+                        namespace: non_empty(&digest.header.namespace),
+                        task: digest.header.task.clone(),
+                        variant: digest.header.variant.clone(),
+                        shard: digest.header.shard,
+                        id: digest.header.episode_id.clone(),
+                        outcome: digest.outcome.clone(),
+                        failure_class: digest.failure_class(),
+                        metrics: digest.metrics(),
+                        from_summary: false,
+                        trace: file.clone(),
+                        relative,
+                        started_unix_nanos: digest.header.start_time_unix_nanos,
+                    },
+                    Err(e) => {
+                        catalog.problems.push(e);
+                        continue;
+                    }
+                },
+            };
+            catalog.episodes.push(entry);
+        }
+        catalog.keep_latest();
+        catalog
+    }
+
+    /// The same episode of the same variant found twice (two runs of one
+    /// task in the tree): the newest run's wins, so a task page shows one run.
+    fn keep_latest(&mut self) {
+        let mut newest: HashMap<(String, String, String, String), usize> = HashMap::new();
+        for (i, e) in self.episodes.iter().enumerate() {
+            let key = (e.namespace.clone(), e.task.clone(), e.variant.clone(), e.id.clone());
+            match newest.get(&key) {
+                Some(&j) if self.episodes[j].started_unix_nanos >= e.started_unix_nanos => {}
+                _ => {
+                    newest.insert(key, i);
+                }
+            }
+        }
+        let keep: std::collections::HashSet<usize> = newest.into_values().collect();
+        let superseded = self.episodes.len() - keep.len();
+        if superseded > 0 {
+            self.problems.push(format!("{superseded} episode(s) also found in older runs; showing the newest"));
+        }
+        let mut i = 0;
+        self.episodes.retain(|_| {
+            i += 1;
+            keep.contains(&(i - 1))
+        });
+    }
+
+    /// The tasks, sorted, each with its episodes.
+    pub fn tasks(&self) -> BTreeMap<TaskKey, Vec<&EpisodeEntry>> {
+        let mut out: BTreeMap<TaskKey, Vec<&EpisodeEntry>> = BTreeMap::new();
+        for e in &self.episodes {
+            out.entry(TaskKey { namespace: e.namespace.clone(), task: e.task.clone() }).or_default().push(e);
+        }
+        out
+    }
+
+    /// One task's episodes, by variant (sorted), each variant's episodes by id.
+    pub fn variants_of(&self, namespace: &str, task: &str) -> BTreeMap<String, Vec<&EpisodeEntry>> {
+        let mut out: BTreeMap<String, Vec<&EpisodeEntry>> = BTreeMap::new();
+        for e in self.episodes.iter().filter(|e| e.namespace == namespace && e.task == task) {
+            out.entry(e.variant.clone()).or_default().push(e);
+        }
+        for episodes in out.values_mut() {
+            episodes.sort_by(|a, b| a.id.cmp(&b.id));
+        }
+        out
+    }
+}
+
+fn non_empty(namespace: &str) -> String {
+    if namespace.is_empty() { DEFAULT_NAMESPACE.to_string() } else { namespace.to_string() }
+}

@@ -1,0 +1,403 @@
+//! One episode's trace as HTML: the header, a timeline of its steps
+//! (duration bars, tool-call status, errors), and per step the memory
+//! deltas, the policy turn with its token logits, injections; then the
+//! reward components, the error contexts and how the episode ended.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use basecamp_trace::TraceContents;
+use basecamp_trace::pb::{self, record::Body};
+
+use super::catalog::EpisodeEntry;
+use super::digest::{outcome_name, status_name};
+use super::html::{esc, num};
+
+/// Everything recorded at one step.
+#[derive(Default)]
+struct StepRecords<'a> {
+    plan: Vec<&'a pb::PlanStep>,
+    deltas: Vec<&'a pb::MemoryDelta>,
+    turns: Vec<&'a pb::PolicyTurn>,
+    logits: Vec<&'a pb::TokenLogit>,
+    injections: Vec<&'a pb::Injection>,
+}
+
+fn source_name(source: i32) -> &'static str {
+    match pb::MemorySource::try_from(source).unwrap_or(pb::MemorySource::Unspecified) {
+        pb::MemorySource::Tool => "tool",
+        pb::MemorySource::User => "user",
+        pb::MemorySource::Policy => "policy",
+        pb::MemorySource::SystemInjection => "injection",
+        pb::MemorySource::Fallback => "fallback",
+        pb::MemorySource::Rollback => "rollback",
+        pb::MemorySource::Initial => "initial",
+        pb::MemorySource::Unspecified => "unknown",
+    }
+}
+
+fn kind_name(kind: i32) -> &'static str {
+    match pb::StepKind::try_from(kind).unwrap_or(pb::StepKind::Unspecified) {
+        pb::StepKind::ToolCall => "tool call",
+        pb::StepKind::FinalAnswer => "final answer",
+        pb::StepKind::PolicyError => "policy error",
+        pb::StepKind::Unspecified => "step",
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(max).collect();
+    format!("{cut}… ({} chars)", text.chars().count())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Background for a token by its probability: green when sure, red when not.
+fn token_color(logprob: f32) -> String {
+    let p = f64::from(logprob).exp().clamp(0.0, 1.0);
+    let hue = (p * 120.0).round();
+    format!("hsl({hue},70%,85%)")
+}
+
+/// The view's HTML (no page shell). At most `token_cap` token logits are
+/// drawn (the rest are counted); `raw` links the trace bytes when given.
+pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw: Option<&str>) -> String {
+    let header = &trace.header;
+    let mut steps: BTreeMap<u32, StepRecords<'_>> = BTreeMap::new();
+    let mut rewards = Vec::new();
+    let mut errors = Vec::new();
+    let mut end = None;
+    for record in &trace.records {
+        let at = steps.entry(record.step).or_default();
+        match &record.body {
+            Some(Body::PlanStep(p)) => at.plan.push(p),
+            Some(Body::MemoryDelta(d)) => at.deltas.push(d),
+            Some(Body::PolicyTurn(t)) => at.turns.push(t),
+            Some(Body::TokenLogit(t)) => at.logits.push(t),
+            Some(Body::Injection(i)) => at.injections.push(i),
+            Some(Body::RewardSignal(r)) => rewards.push((record.step, r)),
+            Some(Body::ErrorContext(e)) => errors.push((record.step, e)),
+            Some(Body::EpisodeEnd(e)) => end = Some(e),
+            _ => {}
+        }
+    }
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<h1>episode <code>{}</code></h1><p class=\"muted\">task <code>{}/{}</code>, variant <b>{}</b>, shard {} of {}, training step {}, config <code>{}</code>{}</p>",
+        esc(&header.episode_id),
+        esc(&entry.namespace),
+        esc(&header.task),
+        esc(&header.variant),
+        header.shard,
+        header.shard_count.max(1),
+        header.training_step,
+        esc(&hex(&header.config_hash).chars().take(12).collect::<String>()),
+        raw.map_or(String::new(), |r| format!(" · <a href=\"{}\" class=\"raw\">raw .trace</a>", esc(r)))
+    );
+    let outcome = end.map_or("unfinished", |e| outcome_name(e.outcome));
+    let _ = write!(
+        h,
+        "<p>outcome <b>{}</b> · failure class <span class=\"{}\">{}</span> · file <code>{}</code></p>",
+        esc(outcome),
+        if entry.failed() { "bad" } else { "good" },
+        esc(&entry.failure_class),
+        esc(&entry.relative)
+    );
+    if let Some(damage) = trace.damage() {
+        let _ = write!(h, "<div class=\"hint bad\">the trace ends early: {}</div>", esc(&damage.to_string()));
+    }
+    if !entry.metrics.is_empty() {
+        h.push_str("<div class=\"metrics\">");
+        for (name, v) in &entry.metrics {
+            let value = if name == "steps" || name == "tool_calls" { format!("{v:.0}") } else { num(Some(*v)) };
+            let _ = write!(h, "<span><code>{}</code> <b>{value}</b></span>", esc(name));
+        }
+        let _ = write!(
+            h,
+            "</div><p class=\"muted\">metrics from {}</p>",
+            if entry.from_summary {
+                "the shard's summary.json (scored against the test set)"
+            } else {
+                "the trace alone"
+            }
+        );
+    }
+
+    // Timeline.
+    let max_ms = steps
+        .values()
+        .flat_map(|s| s.plan.iter().map(|p| p.latency_micros as f64 / 1000.0))
+        .fold(0.0_f64, f64::max)
+        .max(1e-9);
+    h.push_str("<h2>Timeline</h2><table class=\"timeline-steps\"><tr><th>step</th><th>kind</th><th>tool</th><th>status</th><th>duration</th><th>timeout</th><th>error</th><th>memory</th></tr>");
+    for (index, s) in steps.iter().filter(|(i, _)| **i > 0) {
+        for p in &s.plan {
+            let status = pb::StepStatus::try_from(p.status).unwrap_or(pb::StepStatus::Unspecified);
+            let ms = p.latency_micros as f64 / 1000.0;
+            let width = (ms / max_ms * 220.0).max(1.0);
+            let nulls = s.deltas.iter().filter(|d| d.after_json.as_deref() == Some("null")).count();
+            let _ = write!(
+                h,
+                "<tr class=\"step-row\" data-step=\"{index}\" data-status=\"{st}\"><td><a href=\"#s{index}\">{index}</a></td><td>{}</td><td>{}</td><td><span class=\"status {st}\">{st}</span>{}</td>\
+                 <td><svg width=\"226\" height=\"12\"><rect width=\"{width:.1}\" height=\"10\" y=\"1\" fill=\"{}\"/></svg> {ms:.1} ms</td><td>{}</td><td>{}</td><td>{} delta(s){}</td></tr>",
+                kind_name(p.kind),
+                if p.tool.is_empty() { "-".to_string() } else { format!("<code>{}</code>", esc(&p.tool)) },
+                if p.fallback_used && status != pb::StepStatus::Fallback {
+                    " <span class=\"warn\">fallback used</span>"
+                } else {
+                    ""
+                },
+                if status == pb::StepStatus::Ok { "#3b7dd8" } else { "#b00020" },
+                if p.timeout_ms > 0 { format!("{} ms", p.timeout_ms) } else { "-".into() },
+                if p.error_type.is_empty() {
+                    String::new()
+                } else {
+                    format!("<b>{}</b> {}", esc(&p.error_type), esc(&p.error_message))
+                },
+                s.deltas.len(),
+                if nulls > 0 { format!(" <span class=\"bad\">{nulls} null</span>") } else { String::new() },
+                st = status_name(status),
+            );
+        }
+    }
+    h.push_str("</table>");
+
+    // Per step.
+    h.push_str("<h2>Steps</h2>");
+    let mut tokens_drawn = 0usize;
+    let mut tokens_left = 0usize;
+    for (index, s) in &steps {
+        let _ = write!(
+            h,
+            "<div class=\"panel\" id=\"s{index}\"><b>{}</b>",
+            if *index == 0 { "before the first step".to_string() } else { format!("step {index}") }
+        );
+        for p in &s.plan {
+            let _ = write!(
+                h,
+                " — {} <code>{}</code> <span class=\"status {}\">{}</span><div class=\"kv\">arguments: {}\nobservation: {}\nmemory hash {} → {}</div>",
+                kind_name(p.kind),
+                esc(&p.tool),
+                status_name(pb::StepStatus::try_from(p.status).unwrap_or(pb::StepStatus::Unspecified)),
+                status_name(pb::StepStatus::try_from(p.status).unwrap_or(pb::StepStatus::Unspecified)),
+                esc(&clip(&p.arguments_json, 600)),
+                esc(&clip(&p.observation_json, 600)),
+                esc(&hex(&p.memory_hash_before).chars().take(12).collect::<String>()),
+                esc(&hex(&p.memory_hash_after).chars().take(12).collect::<String>()),
+            );
+        }
+        for i in &s.injections {
+            let _ = write!(
+                h,
+                "<div class=\"hint\">injection <code>{}</code>: {} <span class=\"kv\">{}</span></div>",
+                esc(&i.id),
+                esc(&i.description),
+                esc(&clip(&i.observation_json, 400))
+            );
+        }
+        if !s.deltas.is_empty() {
+            h.push_str("<table class=\"memory\"><tr><th>memory key</th><th>before</th><th>after</th><th>source</th><th>origin</th></tr>");
+            for d in &s.deltas {
+                let null = d.after_json.as_deref() == Some("null");
+                let _ = write!(
+                    h,
+                    "<tr{}><td><code>{}</code></td><td class=\"kv\">{}</td><td class=\"kv\">{}</td><td>{}</td><td>{}</td></tr>",
+                    if null { " class=\"nullw\"" } else { "" },
+                    esc(&d.key),
+                    esc(&clip(d.before_json.as_deref().unwrap_or("(absent)"), 200)),
+                    esc(&clip(d.after_json.as_deref().unwrap_or("(removed)"), 200)),
+                    source_name(d.source),
+                    esc(&d.origin)
+                );
+            }
+            h.push_str("</table>");
+        }
+        for t in &s.turns {
+            let _ = write!(
+                h,
+                "<div class=\"kv\">policy <code>{}</code> ({} ms, finish {}, {}+{} tokens){}: {}{}</div>",
+                esc(&t.model),
+                t.latency_micros as f64 / 1000.0,
+                esc(&t.finish_reason),
+                t.prompt_tokens,
+                t.completion_tokens,
+                if t.logprobs_missing { " <span class=\"bad\">logprobs missing</span>" } else { "" },
+                esc(&clip(&t.content, 600)),
+                if t.tool_calls_json.is_empty() {
+                    String::new()
+                } else {
+                    format!("\ntool calls: {}", esc(&clip(&t.tool_calls_json, 600)))
+                }
+            );
+        }
+        if !s.logits.is_empty() {
+            let room = token_cap.saturating_sub(tokens_drawn);
+            let shown = s.logits.len().min(room);
+            tokens_drawn += shown;
+            tokens_left += s.logits.len() - shown;
+            let _ = write!(
+                h,
+                "<details class=\"logits\" open><summary>token logits ({} tokens)</summary><div>",
+                s.logits.len()
+            );
+            for t in &s.logits[..shown] {
+                let alts: Vec<String> =
+                    t.top_tokens.iter().zip(&t.top_logprobs).map(|(tok, lp)| format!("{tok:?} {lp:.3}")).collect();
+                let _ = write!(
+                    h,
+                    "<span class=\"tok\" style=\"background:{}\" title=\"#{} id {} logprob {:.3}&#10;top-k: {}\">{}</span>",
+                    token_color(t.logprob),
+                    t.position,
+                    t.token_id,
+                    t.logprob,
+                    esc(&alts.join(", ")),
+                    esc(&t.token)
+                );
+            }
+            h.push_str("</div>");
+            if shown > 0 {
+                h.push_str("<table class=\"topk\"><tr><th>#</th><th>token</th><th>logprob</th><th>top-k alternatives</th></tr>");
+                for t in &s.logits[..shown] {
+                    let alts: Vec<String> = t
+                        .top_tokens
+                        .iter()
+                        .zip(&t.top_logprobs)
+                        .zip(t.top_ids.iter().chain(std::iter::repeat(&-1)))
+                        .map(|((tok, lp), id)| {
+                            format!(
+                                "<code>{}</code> {lp:.3}{}",
+                                esc(tok),
+                                if *id >= 0 { format!(" (id {id})") } else { String::new() }
+                            )
+                        })
+                        .collect();
+                    let _ = write!(
+                        h,
+                        "<tr><td>{}</td><td><code>{}</code></td><td>{:.3}</td><td>{}</td></tr>",
+                        t.position,
+                        esc(&t.token),
+                        t.logprob,
+                        alts.join(" · ")
+                    );
+                }
+                h.push_str("</table>");
+            }
+            if shown < s.logits.len() {
+                let _ = write!(
+                    h,
+                    "<p class=\"muted\">{} more token(s) of this step not drawn here</p>",
+                    s.logits.len() - shown
+                );
+            }
+            h.push_str("</details>");
+        }
+        h.push_str("</div>");
+    }
+    if tokens_left > 0 {
+        let _ = write!(
+            h,
+            "<p class=\"muted\">{tokens_drawn} token logits drawn, {tokens_left} more in the trace (<code>basecamp serve</code> or <code>basecamp trace parse</code> shows them all)</p>"
+        );
+    }
+
+    // Rewards.
+    h.push_str("<h2>Reward</h2>");
+    if rewards.is_empty() {
+        h.push_str("<p class=\"muted\">no reward signal recorded</p>");
+    }
+    for (step, r) in &rewards {
+        let _ = write!(
+            h,
+            "<table class=\"reward\"><tr><th>component (step {step})</th><th>score</th><th>weight</th><th>weight × score</th></tr>"
+        );
+        for c in &r.components {
+            let _ = write!(
+                h,
+                "<tr><td><code>{}</code></td><td>{:.3}</td><td{}>{}</td><td>{:.3}</td></tr>",
+                esc(&c.name),
+                c.score,
+                if c.weight < 0.0 { " class=\"warn\"" } else { "" },
+                c.weight,
+                c.score * c.weight
+            );
+        }
+        let _ = write!(h, "<tr><th>weighted sum</th><th></th><th></th><th>{:.3}</th></tr></table>", r.weighted_sum);
+        for d in &r.weight_deltas {
+            let _ = write!(
+                h,
+                "<p>weight of <code>{}</code>: {} → {} at training step {}</p>",
+                esc(&d.component),
+                d.old_weight,
+                d.new_weight,
+                d.training_step
+            );
+        }
+    }
+
+    // Errors.
+    h.push_str("<h2>Errors</h2>");
+    if errors.is_empty() {
+        h.push_str("<p class=\"good\">no error context recorded</p>");
+    }
+    for (step, e) in &errors {
+        let _ = write!(
+            h,
+            "<div class=\"panel error\"><b class=\"bad\">{}</b> at step {step}: {}",
+            esc(&e.error_type),
+            esc(&e.message)
+        );
+        if !e.cause_chain.is_empty() {
+            h.push_str("<ol class=\"causes\">");
+            for c in &e.cause_chain {
+                let _ = write!(h, "<li>{}</li>", esc(c));
+            }
+            h.push_str("</ol>");
+        }
+        if !e.stack.is_empty() {
+            let _ = write!(h, "<pre class=\"kv\">{}</pre>", esc(&clip(&e.stack, 4000)));
+        }
+        if !e.memory_snapshot_json.is_empty() {
+            h.push_str("<table><tr><th>memory at the error</th><th>value</th></tr>");
+            let sorted: BTreeMap<_, _> = e.memory_snapshot_json.iter().collect();
+            for (k, v) in sorted {
+                let _ = write!(
+                    h,
+                    "<tr{}><td><code>{}</code></td><td class=\"kv\">{}</td></tr>",
+                    if v == "null" { " class=\"nullw\"" } else { "" },
+                    esc(k),
+                    esc(&clip(v, 300))
+                );
+            }
+            h.push_str("</table>");
+        }
+        for p in &e.last_tool_payloads {
+            let _ = write!(
+                h,
+                "<div class=\"kv\">payload <code>{}</code> [{}]: {} → {}</div>",
+                esc(&p.tool),
+                status_name(pb::StepStatus::try_from(p.status).unwrap_or(pb::StepStatus::Unspecified)),
+                esc(&clip(&p.arguments_json, 300)),
+                esc(&clip(&p.response_json, 300))
+            );
+        }
+        h.push_str("</div>");
+    }
+
+    if let Some(e) = end {
+        let _ = write!(
+            h,
+            "<h2>End</h2><p>{} after {} step(s); final memory <code>{}</code></p><div class=\"kv\">{}</div>",
+            outcome_name(e.outcome),
+            e.steps,
+            esc(&hex(&e.final_memory_hash).chars().take(12).collect::<String>()),
+            esc(&clip(&e.final_answer, 1000))
+        );
+    }
+    h
+}

@@ -1,0 +1,211 @@
+//! `basecamp serve [DIR] --listen ADDR`: the reports, read-only, from a
+//! directory (a `basecamp run` output or a tree of them), at stable URLs
+//! that status fields and Grafana data links point to:
+//!
+//! - `/` — the task list;
+//! - `/tasks/<namespace>/<task>[?variant=V&metric=M&cluster_by=K]` — metrics
+//!   per variant, hints, timeline, correlations, failure clusters;
+//! - `/tasks/<namespace>/<task>/episodes/<variant>/<episode>` — one trace;
+//! - `/raw/<path>` — a `.trace` (or `.json`) file's bytes.
+//!
+//! Every request reads the directory afresh (a run still writing shows up
+//! as it lands). Nothing outside DIR is ever read: `/raw/` refuses `..`
+//! and any path whose real location (symlinks resolved) leaves DIR, and
+//! the scan skips traces that resolve outside it.
+
+pub mod catalog;
+pub mod digest;
+pub mod episode;
+pub mod html;
+pub mod insights;
+mod pages;
+
+use std::net::SocketAddr;
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use axum::Router;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+
+use catalog::Catalog;
+
+/// Serve reports and traces from a directory, read-only.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// A `basecamp run` output directory, or a tree of them.
+    #[arg(default_value = ".")]
+    pub dir: PathBuf,
+    /// Address to listen on (port 0 picks a free port; the URL is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+}
+
+struct Served {
+    /// The directory, its symlinks resolved: everything served lies below it.
+    root: PathBuf,
+}
+
+pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    let root = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("{}: cannot serve it: no such directory", args.dir.display()))?;
+    if !root.is_dir() {
+        bail!("{}: not a directory; give a `basecamp run` output directory", args.dir.display());
+    }
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr().context("cannot read the listening address")?;
+        println!("serving {} at http://{addr}/", root.display());
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        axum::serve(listener, router(root)).await.context("the server stopped")
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn router(root: PathBuf) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/tasks/{namespace}/{task}", get(task))
+        .route("/tasks/{namespace}/{task}/episodes/{variant}/{episode}", get(episode))
+        .route("/raw/{*path}", get(raw))
+        .fallback(|| async { not_found("no such page; start at /") })
+        .with_state(Arc::new(Served { root }))
+}
+
+fn not_found(what: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Html(html::page(
+            "not found",
+            &format!("<h1>404</h1><p>{}</p><p><a href=\"/\">all tasks</a></p>", html::esc(what)),
+        )),
+    )
+        .into_response()
+}
+
+fn bad_request(what: &str) -> Response {
+    (StatusCode::BAD_REQUEST, Html(html::page("bad request", &format!("<h1>400</h1><p>{}</p>", html::esc(what)))))
+        .into_response()
+}
+
+/// Runs blocking file work off the async threads.
+async fn blocking(work: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        (StatusCode::INTERNAL_SERVER_ERROR, format!("the page could not be rendered: {e}")).into_response()
+    })
+}
+
+async fn index(State(s): State<Arc<Served>>) -> Response {
+    blocking(move || Html(pages::index(&Catalog::scan(&s.root), &s.root.display().to_string())).into_response()).await
+}
+
+async fn task(
+    State(s): State<Arc<Served>>,
+    UrlPath((namespace, task)): UrlPath<(String, String)>,
+    Query(query): Query<pages::TaskQuery>,
+) -> Response {
+    blocking(move || match pages::task(&Catalog::scan(&s.root), &namespace, &task, &query) {
+        None => not_found(&format!("no task {namespace}/{task} under this directory")),
+        Some(Err(problem)) => bad_request(&problem),
+        Some(Ok(page)) => Html(page).into_response(),
+    })
+    .await
+}
+
+async fn episode(
+    State(s): State<Arc<Served>>,
+    UrlPath((namespace, task, variant, episode)): UrlPath<(String, String, String, String)>,
+) -> Response {
+    blocking(move || match pages::episode_page(&Catalog::scan(&s.root), &namespace, &task, &variant, &episode) {
+        None => not_found(&format!("no episode {variant}/{episode} in task {namespace}/{task}")),
+        Some(page) => Html(page).into_response(),
+    })
+    .await
+}
+
+/// Why a `/raw/` path is refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// `..`, an absolute path or a symlink that leads out of the directory.
+    Escapes,
+    /// Not a `.trace` or `.json` file.
+    NotServed,
+    Missing,
+}
+
+/// The file `/raw/<relative>` names, confined to `root` (already canonical).
+pub fn confined(root: &Path, relative: &str) -> Result<PathBuf, Refused> {
+    if relative.contains('\0') || relative.contains('\\') {
+        return Err(Refused::Escapes);
+    }
+    let path = Path::new(relative);
+    if !path.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(Refused::Escapes);
+    }
+    let served = path.extension().is_some_and(|e| e == "trace" || e == "json");
+    let real = root.join(path).canonicalize().map_err(|_| Refused::Missing)?;
+    if !real.starts_with(root) {
+        return Err(Refused::Escapes);
+    }
+    if !served || !real.is_file() {
+        return Err(Refused::NotServed);
+    }
+    Ok(real)
+}
+
+async fn raw(State(s): State<Arc<Served>>, UrlPath(path): UrlPath<String>) -> Response {
+    blocking(move || match confined(&s.root, &path) {
+        Err(Refused::Escapes) => bad_request(&format!("{path}: the path leaves the served directory")),
+        Err(Refused::NotServed) => not_found(&format!("{path}: only .trace and .json files are served")),
+        Err(Refused::Missing) => not_found(&format!("{path}: no such file")),
+        Ok(file) => match std::fs::read(&file) {
+            Ok(bytes) => {
+                let kind = if path.ends_with(".json") { "application/json" } else { "application/octet-stream" };
+                ([(header::CONTENT_TYPE, kind)], bytes).into_response()
+            }
+            Err(e) => not_found(&format!("{path}: cannot read: {e}")),
+        },
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_paths_stay_inside_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("a/shard-0")).unwrap();
+        std::fs::write(root.join("a/shard-0/x.trace"), b"t").unwrap();
+        std::fs::write(root.join("a/shard-0/notes.txt"), b"n").unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.trace"), b"s").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret.trace"), root.join("a/link.trace")).unwrap();
+
+        assert_eq!(confined(&root, "a/shard-0/x.trace"), Ok(root.join("a/shard-0/x.trace")));
+        assert_eq!(confined(&root, "../x.trace"), Err(Refused::Escapes));
+        assert_eq!(confined(&root, "a/../../x.trace"), Err(Refused::Escapes));
+        assert_eq!(
+            confined(&root, "a/./shard-0/x.trace"),
+            Ok(root.join("a/shard-0/x.trace")),
+            "`.` is dropped by components()"
+        );
+        assert_eq!(confined(&root, "/etc/passwd"), Err(Refused::Escapes));
+        assert_eq!(confined(&root, "a/link.trace"), Err(Refused::Escapes));
+        assert_eq!(confined(&root, "a/shard-0/notes.txt"), Err(Refused::NotServed));
+        assert_eq!(confined(&root, "a/shard-0/none.trace"), Err(Refused::Missing));
+    }
+}

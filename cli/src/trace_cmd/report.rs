@@ -1,0 +1,90 @@
+//! `basecamp trace report PATHS --metric M [--cluster-by K] [-o FILE]`: one
+//! self-contained HTML file (inline CSS, JS and SVG; nothing fetched) about
+//! a set of traces: per task and variant, the root-cause hints, the per-step
+//! timeline, the correlations of M with every other metric, the failed
+//! episodes clustered by K, and every episode's trace view in the page.
+//!
+//! PATHS are trace files, directories (a `basecamp run` output) or globs.
+//! Episode metrics come from the shard `summary.json` next to the traces
+//! when there is one, else from what each trace holds.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+
+use super::html::{Group, render};
+use crate::serve::catalog::Catalog;
+use crate::serve::insights::{ClusterBy, Loaded, compute, metric_names};
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Trace files, directories (searched recursively) or glob patterns.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+    /// The metric the report is about: correlations are computed against it.
+    #[arg(long, default_value = "tool_call_accuracy")]
+    pub metric: String,
+    /// What failed episodes are clustered by.
+    #[arg(long, value_enum, default_value_t = ClusterBy::MemoryState)]
+    pub cluster_by: ClusterBy,
+    /// The HTML file to write.
+    #[arg(long, short, default_value = "trace_report.html")]
+    pub output: PathBuf,
+}
+
+pub fn run(args: &ReportArgs) -> Result<ExitCode> {
+    let catalog = Catalog::from_inputs(&args.paths)?;
+    if catalog.episodes.is_empty() {
+        let why =
+            if catalog.problems.is_empty() { String::new() } else { format!(": {}", catalog.problems.join("; ")) };
+        bail!("no readable traces in {}{why}", args.paths.join(" "));
+    }
+    // Groups: one per task and variant, in order.
+    let mut groups: BTreeMap<(String, String, String), Vec<&_>> = BTreeMap::new();
+    for e in &catalog.episodes {
+        groups.entry((e.namespace.clone(), e.task.clone(), e.variant.clone())).or_default().push(e);
+    }
+    let mut loaded_groups = Vec::new();
+    for ((namespace, task, variant), mut entries) in groups {
+        entries.sort_by(|a, b| a.id.cmp(&b.id));
+        let loaded: Vec<Loaded<'_>> = entries.iter().map(|e| Loaded::load(e)).collect();
+        loaded_groups.push((namespace, task, variant, entries, loaded));
+    }
+    let known: std::collections::BTreeSet<String> =
+        loaded_groups.iter().flat_map(|(_, _, _, _, loaded)| metric_names(loaded)).collect();
+    if !known.contains(&args.metric) {
+        bail!(
+            "--metric {}: no episode has this metric; these do: {}",
+            args.metric,
+            known.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let mut rendered = Vec::new();
+    for (namespace, task, variant, entries, loaded) in &loaded_groups {
+        let insights = compute(loaded, &args.metric, args.cluster_by);
+        let traces = entries.iter().map(|e| basecamp_trace::read_trace(&e.trace).map_err(|e| e.to_string())).collect();
+        rendered.push(Group { namespace, task, variant, entries: entries.clone(), insights, traces });
+    }
+    let html = render(&rendered, &args.paths, &catalog.problems);
+    std::fs::write(&args.output, html).with_context(|| format!("cannot write {}", args.output.display()))?;
+    let episodes: usize = rendered.iter().map(|g| g.entries.len()).sum();
+    let failed: usize = rendered.iter().map(|g| g.insights.failed).sum();
+    println!(
+        "wrote {}: {episodes} episodes ({failed} failed) in {} task variant(s), metric {}, failures clustered by {}",
+        args.output.display(),
+        rendered.len(),
+        args.metric,
+        args.cluster_by.name()
+    );
+    for g in &rendered {
+        for hint in g.insights.hints.iter().take(3) {
+            println!("  {}/{}: {}", g.task, g.variant, hint);
+        }
+    }
+    for problem in &catalog.problems {
+        eprintln!("warning: {problem}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

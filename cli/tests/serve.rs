@@ -1,0 +1,235 @@
+//! `basecamp serve` over plain HTTP: the real binary on 127.0.0.1 serving a
+//! tree of runs written with the real trace writer; status codes, what the
+//! pages say, the raw bytes, and that nothing outside the directory leaks.
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fixtures::{EPISODES, NAMESPACE, TASK, TRACE_ONLY_TASK, pearson, shard_dir, write_run};
+
+/// A running `basecamp serve`, stopped when dropped.
+pub struct Server {
+    child: Child,
+    pub addr: String,
+}
+
+impl Server {
+    pub fn start(dir: &Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["serve", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("basecamp serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.trim().strip_suffix('/'))
+            .unwrap_or_else(|| panic!("serve printed no URL: {line:?}"))
+            .to_string();
+        Server { child, addr }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Response {
+    pub status: u16,
+    pub headers: String,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One GET with the path sent exactly as given (no client-side normalising of `..`).
+pub fn get(addr: &str, path: &str) -> Response {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response");
+    let headers = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = headers.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut body = raw[split + 4..].to_vec();
+    if headers.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    Response { status, headers, body }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[line_end + 2..line_end + 2 + size]);
+        data = &data[line_end + 2 + size + 2..];
+    }
+}
+
+fn task_path() -> String {
+    format!("/tasks/{NAMESPACE}/{TASK}")
+}
+
+#[test]
+fn pages_are_served_at_stable_urls_with_what_the_traces_say() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let server = Server::start(dir.path());
+
+    let index = get(&server.addr, "/");
+    assert_eq!(index.status, 200);
+    assert!(index.headers.to_ascii_lowercase().contains("content-type: text/html"), "{}", index.headers);
+    let text = index.text();
+    assert!(text.contains(&format!("href=\"/tasks/{NAMESPACE}/{TASK}\"")), "{text}");
+    assert!(text.contains(&format!("href=\"/tasks/{NAMESPACE}/{TRACE_ONLY_TASK}\"")));
+    assert!(text.contains(&format!("href=\"/tasks/{NAMESPACE}/{TASK}?variant=a\"")));
+
+    // The task page: both variants' metrics, the memory null story, the reward-weight hint.
+    let page = get(&server.addr, &task_path());
+    assert_eq!(page.status, 200);
+    let text = page.text();
+    assert!(text.contains("data-variant=\"a\"") && text.contains("data-variant=\"b\""));
+    assert!(
+        text.contains(
+            "in 4 of 4 failed episodes <code>shipping_status</code> was set to null by the fallback of \
+             <code>track_order</code> (after timeout x4)"
+        ),
+        "the root cause of variant a is missing"
+    );
+    assert!(text.contains("reward component <code>efficiency</code> (weight -0.2) correlates negatively"), "{text}");
+    assert!(text.contains("step 1 (<code>track_order</code>) is the weakest: 8 of 12 tool calls succeeded (67%)"));
+    // The episode links of the Grafana URL scheme.
+    assert!(text.contains(&format!("href=\"/tasks/{NAMESPACE}/{TASK}/episodes/a/ep-000\"")));
+
+    // ?variant= selects one; an unknown one is a 400 that names the variants.
+    let only_b = get(&server.addr, &format!("{}?variant=b", task_path())).text();
+    assert!(only_b.contains("id=\"variant-b\"") && !only_b.contains("id=\"variant-a\""));
+    assert!(only_b.contains("no failed episodes"));
+    let unknown = get(&server.addr, &format!("{}?variant=zz", task_path()));
+    assert_eq!(unknown.status, 400);
+    assert!(unknown.text().contains("has no variant `zz` (it has: a, b)"));
+    let bad_key = get(&server.addr, &format!("{}?cluster_by=colour", task_path()));
+    assert_eq!(bad_key.status, 400);
+
+    // The correlation shown is Pearson's r of the data: tool_call_accuracy vs steps.
+    let page =
+        get(&server.addr, &format!("{}?variant=a&metric=tool_call_accuracy&cluster_by=tool", task_path())).text();
+    let steps: Vec<f64> = (0..EPISODES).map(|i| if fixtures::fails("a", i) { 2.0 } else { 3.0 }).collect();
+    let accuracy: Vec<f64> = (0..EPISODES).map(|i| if fixtures::fails("a", i) { 0.5 } else { 1.0 }).collect();
+    let r = pearson(&steps, &accuracy);
+    assert!((r - 1.0).abs() < 1e-9, "steps determine accuracy here: {r}");
+    assert!(page.contains("<tr><td><code>steps</code></td><td><b>+1.000</b></td><td>12</td></tr>"), "{page}");
+    assert!(page.contains("in 4 of 4 failed episodes <code>track_order</code> failed first (timeout x4)"));
+
+    assert_eq!(get(&server.addr, &format!("/tasks/{NAMESPACE}/nope")).status, 404);
+    assert_eq!(get(&server.addr, "/nothing/here").status, 404);
+}
+
+#[test]
+fn an_episode_page_shows_its_trace_and_links_the_raw_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let server = Server::start(dir.path());
+
+    let page = get(&server.addr, &format!("{}/episodes/a/ep-000", task_path()));
+    assert_eq!(page.status, 200);
+    let text = page.text();
+    for expected in [
+        "<h1>episode <code>ep-000</code></h1>",
+        "data-status=\"fallback\"",                  // the timeline row of the failed call
+        "<b>timeout</b> tool track_order timed out", // its error
+        "<tr class=\"nullw\"><td><code>shipping_status</code>", // the memory delta to null
+        "title=\"#1 id 101 logprob -0.900",          // a token with its logit
+        "<code>efficiency</code></td><td>2.000</td><td class=\"warn\">-0.2</td>", // reward components
+        "deadline elapsed",                          // the error's cause chain
+        "metrics from the shard's summary.json",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?}");
+    }
+    let raw_href = format!("/raw/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-000.trace");
+    assert!(text.contains(&format!("href=\"{raw_href}\"")));
+    let raw = get(&server.addr, &raw_href);
+    assert_eq!(raw.status, 200);
+    assert_eq!(raw.body, std::fs::read(shard_dir(dir.path(), TASK, "a").join("ep-000.trace")).unwrap());
+    assert!(raw.headers.to_ascii_lowercase().contains("content-type: application/octet-stream"));
+
+    // Traces without a summary: the metrics the trace holds.
+    let trace_only = get(&server.addr, &format!("/tasks/{NAMESPACE}/{TRACE_ONLY_TASK}/episodes/a/ep-001")).text();
+    assert!(trace_only.contains("metrics from the trace alone"));
+    assert!(trace_only.contains("<code>resolution_time_s</code> <b>1.510</b>"), "{trace_only}");
+
+    assert_eq!(get(&server.addr, &format!("{}/episodes/a/ep-999", task_path())).status, 404);
+    assert_eq!(get(&server.addr, &format!("{}/episodes/c/ep-000", task_path())).status, 404);
+}
+
+#[test]
+fn nothing_outside_the_directory_is_served() {
+    let outer = tempfile::tempdir().unwrap();
+    let served = outer.path().join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    write_run(&served);
+    // A secret next to the served directory, and a symlink from inside to it.
+    std::fs::write(outer.path().join("secret.trace"), b"not for you").unwrap();
+    std::fs::write(outer.path().join("secret.json"), b"{\"password\":1}").unwrap();
+    std::os::unix::fs::symlink(outer.path().join("secret.trace"), served.join("link.trace")).unwrap();
+    std::fs::write(served.join("notes.txt"), b"plain text").unwrap();
+    let server = Server::start(&served);
+
+    for path in [
+        "/raw/../secret.trace",
+        "/raw/..%2fsecret.trace",
+        "/raw/%2e%2e/secret.json",
+        "/raw/2026/../../secret.trace",
+        "/raw/2026/%2E%2E/%2E%2E/secret.json",
+        "/raw//etc/passwd",
+        "/raw/link.trace",
+    ] {
+        let r = get(&server.addr, path);
+        assert_eq!(r.status, 400, "{path} must be refused");
+        assert!(r.text().contains("leaves the served directory"), "{path}");
+        assert!(!r.text().contains("not for you") && !r.text().contains("password"));
+    }
+    assert_eq!(get(&server.addr, "/raw/notes.txt").status, 404, "only .trace and .json files");
+    assert_eq!(get(&server.addr, "/raw/missing.trace").status, 404);
+    // The symlinked trace is not listed as an episode either.
+    let index = get(&server.addr, "/").text();
+    assert!(!index.contains("link"));
+    // And the path of a real file still works.
+    let summary = format!("/raw/2026/11/30/{NAMESPACE}/{TASK}/b/shard-0/summary.json");
+    let r = get(&server.addr, &summary);
+    assert_eq!(r.status, 200);
+    assert!(r.headers.to_ascii_lowercase().contains("content-type: application/json"));
+}
+
+#[test]
+fn a_missing_directory_is_one_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["serve", "/no/such/dir", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/no/such/dir: cannot serve it: no such directory"), "{stderr}");
+}
