@@ -323,8 +323,7 @@ const QUIET_REASONS: [&str; 2] = ["AsExpected", "NotFinished"];
 
 /// The conditions that changed status or reason, as Events.
 pub fn transitions(previous: &[Condition], current: &[Condition]) -> Vec<Transition> {
-    let mut reasons = std::collections::BTreeSet::new();
-    current
+    let all: Vec<Transition> = current
         .iter()
         .filter(|c| !previous.iter().any(|p| p.type_ == c.type_ && p.status == c.status && p.reason == c.reason))
         // A quiet condition (Degraded=False AsExpected, ...) is news only when its status flipped.
@@ -341,9 +340,19 @@ pub fn transitions(previous: &[Condition], current: &[Condition]) -> Vec<Transit
                 format!("{}={}: {}", c.type_, c.status, c.message)
             },
         })
-        // Ready=False and Failed=True of one invalid spec share a reason: one Event says it.
-        .filter(|t| reasons.insert(t.reason.clone()))
-        .collect()
+        .collect();
+    // Conditions sharing a reason (Ready=False and Failed=True of an invalid
+    // spec, Succeeded=False and Failed=True of failed shards) make one Event:
+    // the warning, if one of them is.
+    let mut events: Vec<Transition> = Vec::new();
+    for transition in &all {
+        if events.iter().any(|e| e.reason == transition.reason) {
+            continue;
+        }
+        let chosen = all.iter().filter(|t| t.reason == transition.reason).find(|t| t.warning).unwrap_or(transition);
+        events.push(chosen.clone());
+    }
+    events
 }
 
 /// Writes the status by server-side apply on the status subresource.
@@ -417,6 +426,29 @@ mod tests {
         );
         let events = transitions(&invalid, &fixed);
         assert_eq!(events, [Transition { warning: false, reason: "AsExpected".into(), note: "Failed=False".into() }]);
+    }
+
+    #[test]
+    fn conditions_sharing_a_reason_make_one_warning_event() {
+        let now = time(1);
+        let failed = conditions(
+            &[],
+            &[
+                Decided::new("Succeeded", false, "ShardsFailed", ""),
+                Decided::new("Failed", true, "ShardsFailed", "1 of 1 shards failed"),
+            ],
+            None,
+            &now,
+        );
+        let events = transitions(&[], &failed);
+        assert_eq!(
+            events,
+            [Transition {
+                warning: true,
+                reason: "ShardsFailed".into(),
+                note: "Failed=True: 1 of 1 shards failed".into()
+            }]
+        );
     }
 
     #[test]
