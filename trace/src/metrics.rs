@@ -213,9 +213,8 @@ impl Aggregate {
             "episodes" => Some(f64::from(self.episodes)),
             "p50_resolution_time" | "resolution_time_p50" => Some(self.resolution_time_p50_s),
             "p95_resolution_time" | "resolution_time_p95" => Some(self.resolution_time_p95_s),
-            "success_rate" | "completion_rate" => (self.episodes > 0).then(|| {
-                f64::from(self.outcomes.get("completed").copied().unwrap_or(0)) / f64::from(self.episodes)
-            }),
+            "success_rate" | "completion_rate" => (self.episodes > 0)
+                .then(|| f64::from(self.outcomes.get("completed").copied().unwrap_or(0)) / f64::from(self.episodes)),
             "resolution_time" => self.means.get("resolution_time_s").copied(),
             _ => self.means.get(name).copied(),
         }
