@@ -4,6 +4,7 @@
 //! dispatches, and turns an error into one line on stderr and exit status 1.
 
 mod ab;
+mod data;
 mod harness;
 mod replay;
 mod run;
@@ -36,6 +37,9 @@ enum Command {
     /// Compare two runs (or the two variants of one run).
     #[command(subcommand)]
     Ab(ab::AbCommand),
+    /// Training data from traces: `data preprocess` into (state, action, reward) batches.
+    #[command(subcommand)]
+    Data(data::DataCommand),
     /// Read and inspect .trace files.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Harness(cmd) => harness::run(cmd),
         Command::Ab(cmd) => ab::run(cmd),
+        Command::Data(cmd) => data::run(cmd),
         Command::Trace(cmd) => trace_cmd::run(cmd),
         Command::Sandbox(cmd) => sandbox_cmd::run(cmd),
     };

@@ -78,6 +78,26 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
     if p.is_absolute() { p.to_path_buf() } else { base.join(p) }
 }
 
+/// The sandbox's reward calculator and each component's metric source
+/// (`None` without reward components). Preprocessors score with the same one.
+pub fn reward_calculator(
+    sandbox: &SandboxConfigSpec,
+) -> Result<Option<(RewardCalculator, BTreeMap<String, String>)>, ConfigError> {
+    let Some(r) = sandbox.rewards.as_ref().filter(|r| !r.components.is_empty()) else { return Ok(None) };
+    let spec = RewardSpec {
+        components: r.components.iter().map(|(n, c)| (n.clone(), ComponentSpec { weight: c.weight })).collect(),
+        schedule: WeightSchedule(
+            r.weight_schedule
+                .iter()
+                .map(|c| ScheduleEntry { at_training_step: c.at_training_step, weights: c.weights.clone() })
+                .collect(),
+        ),
+    };
+    let calculator = RewardCalculator::new(&spec).map_err(|e| ConfigError::Rewards(e.to_string()))?;
+    let sources = r.components.iter().filter_map(|(n, c)| Some((n.clone(), c.source.clone()?))).collect();
+    Ok(Some((calculator, sources)))
+}
+
 /// Builds the runner for one variant. `sandbox` must be resolved (profile applied).
 pub fn build_runner(
     task: &HarnessTaskSpec,
@@ -98,22 +118,9 @@ pub fn build_runner(
         .collect();
     let policy = Policy::from_config(&policy_config(&task.policy, &ctx.base_dir)?)
         .map_err(|e| ConfigError::Policy(e.to_string()))?;
-    let (rewards, reward_sources) = match &sandbox.rewards {
-        Some(r) if !r.components.is_empty() => {
-            let spec = RewardSpec {
-                components: r.components.iter().map(|(n, c)| (n.clone(), ComponentSpec { weight: c.weight })).collect(),
-                schedule: WeightSchedule(
-                    r.weight_schedule
-                        .iter()
-                        .map(|c| ScheduleEntry { at_training_step: c.at_training_step, weights: c.weights.clone() })
-                        .collect(),
-                ),
-            };
-            let calculator = RewardCalculator::new(&spec).map_err(|e| ConfigError::Rewards(e.to_string()))?;
-            let sources = r.components.iter().filter_map(|(n, c)| Some((n.clone(), c.source.clone()?))).collect();
-            (Some(calculator), sources)
-        }
-        _ => (None, BTreeMap::new()),
+    let (rewards, reward_sources) = match reward_calculator(sandbox)? {
+        Some((calculator, sources)) => (Some(calculator), sources),
+        None => (None, BTreeMap::new()),
     };
     let injections = sandbox
         .injections

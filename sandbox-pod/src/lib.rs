@@ -11,6 +11,7 @@
 //! - [`gym`]: server mode, the gym-like HTTP API for an external trainer;
 //! - [`policy`]: the agent's policy (OpenAI-compatible endpoint, scripted);
 //! - [`rewards`]: named reward components, weighted sums, weight schedules;
+//! - [`preprocess`]: traces into (state, action, reward) training rows;
 //! - [`services`]: helper processes the tools talk to (a mock API);
 //! - [`storage`]: where traces go (local directory, S3).
 
@@ -21,6 +22,7 @@ pub mod executor;
 pub mod gym;
 pub mod metrics;
 pub mod policy;
+pub mod preprocess;
 pub mod rewards;
 pub mod run;
 pub mod server;

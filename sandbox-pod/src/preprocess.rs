@@ -1,0 +1,395 @@
+//! Preprocessors (`dataPipeline.preprocessor`): traces into training rows
+//! of `(state, action, reward)`.
+//!
+//! Each finished step of a trace becomes one *raw record* — the step's
+//! action (tool call or final answer), its observation and status, memory
+//! before and after, the deltas and their sources, and on the last step the
+//! episode's reward components — and a preprocessor turns each raw record
+//! into a triple:
+//!
+//! - `builtin:trajectory`: state = memory before the step (+ step index and
+//!   the previous observation), action = the tool call or the final answer,
+//!   reward = 0 until the last step, which carries the episode reward;
+//! - `exec:PROGRAM ARGS...`: a subprocess reading one raw record per line
+//!   on stdin and writing one `[state, action, reward]` JSON line per record;
+//! - `python:package.module.function`: a Python function `f(record) ->
+//!   (state_dict, action_dict, reward)`, run through the same protocol.
+//!
+//! Rewards are always scored by the sandbox's own [`RewardCalculator`] (the
+//! components' raw scores from the trace, the weights in force at the
+//! training step), never by a second implementation — the classic way a
+//! preprocessor's reward drifts from what the sandbox rewarded. A user
+//! preprocessor gets that reward in the raw record (`episode_reward`).
+//!
+//! Before a run, [`Subprocess::preflight`] imports/starts the preprocessor
+//! and checks its answer on one record: a wrong shape fails with the record,
+//! what came back and what was expected.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::str::FromStr;
+
+use basecamp_trace::TraceContents;
+use basecamp_trace::pb::{self, record::Body};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::rewards::RewardCalculator;
+
+/// The built-in trajectory preprocessor's name.
+pub const TRAJECTORY: &str = "builtin:trajectory";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PreprocessError {
+    #[error("preprocessor {0:?} is not one of builtin:trajectory, exec:PROGRAM ARGS..., python:module.function")]
+    Unknown(String),
+    #[error("preprocessor {name}: cannot start: {message}")]
+    Start { name: String, message: String },
+    #[error(
+        "preprocessor {name} returned {got} for record {record}; expected [state_dict, action_dict, reward] \
+         (a tuple of two objects and a number)"
+    )]
+    Shape { name: String, record: String, got: String },
+    #[error("preprocessor {name} failed on record {record}: {message}")]
+    Failed { name: String, record: String, message: String },
+    #[error("reward: {0}")]
+    Reward(String),
+}
+
+impl PreprocessError {
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Unknown(_) => "UnknownPreprocessor",
+            Self::Start { .. } => "PreprocessorStart",
+            Self::Shape { .. } => "PreprocessorShape",
+            Self::Failed { .. } => "PreprocessorFailed",
+            Self::Reward(_) => "RewardsConfig",
+        }
+    }
+}
+
+/// Which preprocessor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Preprocessor {
+    Trajectory,
+    Exec(Vec<String>),
+    Python { module: String, function: String },
+}
+
+impl FromStr for Preprocessor {
+    type Err = PreprocessError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let unknown = || PreprocessError::Unknown(s.to_string());
+        if s == TRAJECTORY {
+            return Ok(Self::Trajectory);
+        }
+        if let Some(command) = s.strip_prefix("exec:") {
+            let argv: Vec<String> = command.split_whitespace().map(String::from).collect();
+            return if argv.is_empty() { Err(unknown()) } else { Ok(Self::Exec(argv)) };
+        }
+        if let Some(path) = s.strip_prefix("python:") {
+            let (module, function) = path.rsplit_once('.').ok_or_else(unknown)?;
+            let ident = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if module.split('.').all(ident) && ident(function) {
+                return Ok(Self::Python { module: module.into(), function: function.into() });
+            }
+        }
+        Err(unknown())
+    }
+}
+
+impl std::fmt::Display for Preprocessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Trajectory => f.write_str(TRAJECTORY),
+            Self::Exec(argv) => write!(f, "exec:{}", argv.join(" ")),
+            Self::Python { module, function } => write!(f, "python:{module}.{function}"),
+        }
+    }
+}
+
+/// One training row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub episode: String,
+    pub step: u32,
+    pub state: Value,
+    pub action: Value,
+    pub reward: f64,
+}
+
+fn json_or_text(text: &str) -> Value {
+    if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.into()))
+    }
+}
+
+/// The episode reward of a trace: its recorded components scored by
+/// `calculator` at `training_step` (the recorded weighted sum when the
+/// sandbox has no reward configuration).
+pub fn episode_reward(
+    signal: &pb::RewardSignal,
+    calculator: Option<&RewardCalculator>,
+    training_step: u64,
+) -> Result<f64, PreprocessError> {
+    let Some(calculator) = calculator else { return Ok(signal.weighted_sum) };
+    let scores: BTreeMap<String, f64> = signal.components.iter().map(|c| (c.name.clone(), c.score)).collect();
+    let rescored = calculator.signal(training_step, &scores).map_err(|e| PreprocessError::Reward(e.to_string()))?;
+    Ok(rescored.weighted_sum)
+}
+
+/// The raw records of one trace: one per finished plan step, in order.
+pub fn raw_records(
+    trace: &TraceContents,
+    calculator: Option<&RewardCalculator>,
+    training_step: u64,
+) -> Result<Vec<Value>, PreprocessError> {
+    let header = &trace.header;
+    let mut memory: Map<String, Value> = Map::new();
+    let mut records: Vec<Value> = Vec::new();
+    let mut last_observation = Value::Null;
+    for record in &trace.records {
+        match &record.body {
+            Some(Body::PlanStep(step)) => {
+                let kind = pb::StepKind::try_from(step.kind).unwrap_or(pb::StepKind::Unspecified);
+                let status = pb::StepStatus::try_from(step.status).unwrap_or(pb::StepStatus::Unspecified);
+                let action = match kind {
+                    pb::StepKind::ToolCall => {
+                        json!({"type": "tool_call", "tool": step.tool, "arguments": json_or_text(&step.arguments_json)})
+                    }
+                    pb::StepKind::FinalAnswer => {
+                        json!({"type": "final_answer", "content": json_or_text(&step.observation_json)})
+                    }
+                    _ => json!({"type": "policy_error", "error": step.error_message}),
+                };
+                let observation = json_or_text(&step.observation_json);
+                records.push(json!({
+                    "episode": header.episode_id,
+                    "task": header.task,
+                    "variant": header.variant,
+                    "step": record.step,
+                    "action": action,
+                    "observation": observation,
+                    "previous_observation": last_observation,
+                    "status": status.as_str_name().trim_start_matches("STEP_STATUS_").to_ascii_lowercase(),
+                    "error_type": step.error_type,
+                    "fallback_used": step.fallback_used,
+                    "latency_ms": step.latency_micros as f64 / 1000.0,
+                    "memory_before": Value::Object(memory.clone()),
+                    "memory_after": Value::Null,
+                    "memory_deltas": [],
+                }));
+                last_observation = observation;
+            }
+            Some(Body::MemoryDelta(delta)) => {
+                let after = delta.after_json.as_deref().map(json_or_text);
+                match &after {
+                    Some(value) => memory.insert(delta.key.clone(), value.clone()),
+                    None => memory.remove(&delta.key),
+                };
+                let source = pb::MemorySource::try_from(delta.source).unwrap_or(pb::MemorySource::Unspecified);
+                if let Some(current) = records.last_mut().filter(|r| r["step"] == record.step) {
+                    if let Some(deltas) = current["memory_deltas"].as_array_mut() {
+                        deltas.push(json!({
+                            "key": delta.key,
+                            "before": delta.before_json.as_deref().map(json_or_text),
+                            "after": after,
+                            "source": source.as_str_name().trim_start_matches("MEMORY_SOURCE_").to_ascii_lowercase(),
+                        }));
+                    }
+                }
+            }
+            Some(Body::RewardSignal(signal)) => {
+                if let Some(last) = records.last_mut() {
+                    let components: Map<String, Value> = signal
+                        .components
+                        .iter()
+                        .map(|c| (c.name.clone(), json!({"score": c.score, "weight": c.weight})))
+                        .collect();
+                    last["reward_components"] = Value::Object(components);
+                    last["episode_reward"] = json!(episode_reward(signal, calculator, training_step)?);
+                }
+            }
+            _ => {}
+        }
+        // Memory after a step is memory before the next record of another step.
+        if let Some(last) = records.last_mut() {
+            last["memory_after"] = Value::Object(memory.clone());
+        }
+    }
+    Ok(records)
+}
+
+/// `builtin:trajectory` on one raw record.
+pub fn trajectory_row(record: &Value) -> Row {
+    Row {
+        episode: record["episode"].as_str().unwrap_or_default().to_string(),
+        step: record["step"].as_u64().unwrap_or(0) as u32,
+        state: json!({
+            "memory": record["memory_before"],
+            "step": record["step"],
+            "previous_observation": record["previous_observation"],
+        }),
+        action: record["action"].clone(),
+        reward: record["episode_reward"].as_f64().unwrap_or(0.0),
+    }
+}
+
+/// A user's preprocessor as a subprocess: JSON lines in, JSON lines out.
+pub struct Subprocess {
+    name: String,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// Calls `module.function(record)` per line; errors come back as objects.
+const PYTHON_SHIM: &str = r#"
+import importlib, json, sys
+module, function = sys.argv[1], sys.argv[2]
+f = getattr(importlib.import_module(module), function)
+for line in sys.stdin:
+    record = json.loads(line)
+    try:
+        out = f(record)
+    except Exception as e:
+        print(json.dumps({"__error__": "%s: %s" % (type(e).__name__, e)}), flush=True)
+        continue
+    try:
+        print(json.dumps(list(out) if isinstance(out, tuple) else out), flush=True)
+    except (TypeError, ValueError) as e:
+        print(json.dumps({"__error__": "the result is not JSON (%s): %r" % (e, out)}), flush=True)
+"#;
+
+fn excerpt(value: &Value) -> String {
+    let text = value.to_string();
+    if text.len() > 300 { format!("{}…", &text[..text.floor_char_boundary(300)]) } else { text }
+}
+
+impl Subprocess {
+    /// Starts `preprocessor` (not the built-in) with `workdir` as working
+    /// directory and on `PYTHONPATH`.
+    pub fn start(preprocessor: &Preprocessor, workdir: &Path) -> Result<Self, PreprocessError> {
+        let name = preprocessor.to_string();
+        let mut command = match preprocessor {
+            Preprocessor::Trajectory => {
+                return Err(PreprocessError::Start { name, message: "the built-in needs no subprocess".into() });
+            }
+            Preprocessor::Exec(argv) => {
+                let mut c = Command::new(&argv[0]);
+                c.args(&argv[1..]);
+                c
+            }
+            Preprocessor::Python { module, function } => {
+                let mut c = Command::new("python3");
+                c.args(["-c", PYTHON_SHIM, module, function]);
+                c
+            }
+        };
+        let python_path = match std::env::var("PYTHONPATH") {
+            Ok(existing) if !existing.is_empty() => format!("{}:{existing}", workdir.display()),
+            _ => workdir.display().to_string(),
+        };
+        let mut child = command
+            .current_dir(workdir)
+            .env("PYTHONPATH", python_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| PreprocessError::Start { name: name.clone(), message: e.to_string() })?;
+        let stdin = child.stdin.take().expect("stdin is piped");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+        Ok(Self { name, child, stdin, stdout })
+    }
+
+    /// What the process said on stderr, once it has exited.
+    fn exit_message(&mut self) -> String {
+        let _ = self.child.kill();
+        let mut stderr = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+        }
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+        let tail: Vec<&str> = stderr.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("it exited ({status}): {}", if tail.is_empty() { "no output".into() } else { tail.join(" | ") })
+    }
+
+    /// One raw record in, one row out, its shape checked.
+    pub fn call(&mut self, record: &Value) -> Result<Row, PreprocessError> {
+        let failed = |s: &mut Self, message: String| PreprocessError::Failed {
+            name: s.name.clone(),
+            record: excerpt(record),
+            message,
+        };
+        if writeln!(self.stdin, "{record}").and_then(|_| self.stdin.flush()).is_err() {
+            let message = self.exit_message();
+            return Err(failed(self, message));
+        }
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line).map_or(true, |n| n == 0) {
+            let message = self.exit_message();
+            return Err(failed(self, message));
+        }
+        let answer: Value = serde_json::from_str(line.trim())
+            .map_err(|e| failed(self, format!("it printed {:?}, which is not JSON ({e})", line.trim())))?;
+        if let Some(error) = answer.get("__error__").and_then(Value::as_str) {
+            return Err(failed(self, error.to_string()));
+        }
+        let shape_error =
+            || PreprocessError::Shape { name: self.name.clone(), record: excerpt(record), got: excerpt(&answer) };
+        let [state, action, reward] = answer.as_array().map(Vec::as_slice).unwrap_or_default() else {
+            return Err(shape_error());
+        };
+        let (true, true, Some(reward)) = (state.is_object(), action.is_object(), reward.as_f64()) else {
+            return Err(shape_error());
+        };
+        Ok(Row {
+            episode: record["episode"].as_str().unwrap_or_default().to_string(),
+            step: record["step"].as_u64().unwrap_or(0) as u32,
+            state: state.clone(),
+            action: action.clone(),
+            reward,
+        })
+    }
+
+    /// Starts the preprocessor and checks its answer on `sample` before a run.
+    pub fn preflight(preprocessor: &Preprocessor, workdir: &Path, sample: &Value) -> Result<Self, PreprocessError> {
+        let mut process = Self::start(preprocessor, workdir)?;
+        process.call(sample)?;
+        Ok(process)
+    }
+}
+
+impl Drop for Subprocess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preprocessor_names_parse_and_bad_ones_say_what_is_accepted() {
+        assert_eq!("builtin:trajectory".parse::<Preprocessor>().unwrap(), Preprocessor::Trajectory);
+        assert_eq!(
+            "python:shop.prep.shipping_delay_filter".parse::<Preprocessor>().unwrap(),
+            Preprocessor::Python { module: "shop.prep".into(), function: "shipping_delay_filter".into() }
+        );
+        assert_eq!(
+            "exec:python3 prep.py".parse::<Preprocessor>().unwrap(),
+            Preprocessor::Exec(vec!["python3".into(), "prep.py".into()])
+        );
+        for bad in ["shipping_delay_filter", "python:nofunction", "exec:", "python:a b.c"] {
+            let err = bad.parse::<Preprocessor>().unwrap_err();
+            assert!(err.to_string().contains("builtin:trajectory, exec:"), "{err}");
+        }
+    }
+}
