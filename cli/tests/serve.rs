@@ -4,89 +4,13 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/http.rs"]
+mod http;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use fixtures::{EPISODES, NAMESPACE, TASK, TRACE_ONLY_TASK, pearson, shard_dir, write_run};
-
-/// A running `basecamp serve`, stopped when dropped.
-pub struct Server {
-    child: Child,
-    pub addr: String,
-}
-
-impl Server {
-    pub fn start(dir: &Path) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-            .args(["serve", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("basecamp serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.trim().strip_suffix('/'))
-            .unwrap_or_else(|| panic!("serve printed no URL: {line:?}"))
-            .to_string();
-        Server { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub struct Response {
-    pub status: u16,
-    pub headers: String,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// One GET with the path sent exactly as given (no client-side normalising of `..`).
-pub fn get(addr: &str, path: &str) -> Response {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response");
-    let headers = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let status = headers.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut body = raw[split + 4..].to_vec();
-    if headers.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    Response { status, headers, body }
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&data[line_end + 2..line_end + 2 + size]);
-        data = &data[line_end + 2 + size + 2..];
-    }
-}
+use http::{Server, get};
 
 fn task_path() -> String {
     format!("/tasks/{NAMESPACE}/{TASK}")

@@ -145,7 +145,7 @@ pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw
             let _ = write!(
                 h,
                 "<tr class=\"step-row\" data-step=\"{index}\" data-status=\"{st}\"><td><a href=\"#s{index}\">{index}</a></td><td>{}</td><td>{}</td><td><span class=\"status {st}\">{st}</span>{}</td>\
-                 <td><svg width=\"226\" height=\"12\"><rect width=\"{width:.1}\" height=\"10\" y=\"1\" fill=\"{}\"/></svg> {ms:.1} ms</td><td>{}</td><td>{}</td><td>{} delta(s){}</td></tr>",
+                 <td style=\"white-space:nowrap\"><svg width=\"226\" height=\"12\"><rect width=\"{width:.1}\" height=\"10\" y=\"1\" fill=\"{}\"/></svg> {ms:.1} ms</td><td>{}</td><td>{}</td><td>{} delta(s){}</td></tr>",
                 kind_name(p.kind),
                 if p.tool.is_empty() { "-".to_string() } else { format!("<code>{}</code>", esc(&p.tool)) },
                 if p.fallback_used && status != pb::StepStatus::Fallback {

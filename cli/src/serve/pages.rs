@@ -43,8 +43,10 @@ pub fn index(catalog: &Catalog, dir: &str) -> String {
             let links: Vec<String> = variants
                 .iter()
                 .map(|v| {
+                    let failed = episodes.iter().filter(|e| e.variant == *v && e.failed()).count();
+                    let total = episodes.iter().filter(|e| e.variant == *v).count();
                     format!(
-                        "<a href=\"{}?variant={}\">{}</a>",
+                        "<a href=\"{}?variant={}\">{}</a> <span class=\"muted\">({failed}/{total} failed)</span>",
                         esc(&task_url(&key.namespace, &key.task)),
                         url_segment(v),
                         esc(v)
@@ -57,7 +59,7 @@ pub fn index(catalog: &Catalog, dir: &str) -> String {
                 esc(&key.namespace),
                 esc(&task_url(&key.namespace, &key.task)),
                 esc(&key.task),
-                links.join(" "),
+                links.join(" · "),
                 episodes.len(),
                 if failed > 0 { "bad" } else { "good" }
             );
