@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
@@ -206,6 +206,27 @@ async fn run_controller(client: Client, namespace: Option<String>, ctx: Arc<Cont
         .await;
 }
 
+/// A reflector of the cluster's nodes (metadata and status), for the GPU
+/// capacity check without a list per reconcile. Without RBAC to watch
+/// nodes it never becomes ready and the check is skipped with a warning.
+fn node_cache(
+    client: Client,
+    stop: watch::Receiver<bool>,
+) -> kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node> {
+    let (reader, writer) = kube::runtime::reflector::store();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+    let stream = kube::runtime::reflector(writer, watcher(nodes, watcher::Config::default().any_semantic()))
+        .default_backoff()
+        .take_until(stopped(stop))
+        .for_each(|event| async move {
+            if let Err(error) = event {
+                tracing::debug!(%error, "node watch");
+            }
+        });
+    tokio::spawn(stream);
+    reader
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let client = Client::try_default()
@@ -249,7 +270,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(endpoint) = &args.s3_endpoint {
         storage_config = storage_config.with_endpoint(endpoint.clone());
     }
-    let ctx = Arc::new(Context::new(client.clone(), metrics, settings, Storage::new(storage_config), Some(identity)));
+    let mut context = Context::new(client.clone(), metrics, settings, Storage::new(storage_config), Some(identity));
+    context.node_cache = Some(node_cache(client.clone(), stop_rx.clone()));
+    let ctx = Arc::new(context);
     let namespaces: Vec<Option<String>> = {
         let named: Vec<String> =
             args.namespaces.iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();

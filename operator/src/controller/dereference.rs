@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use basecamp_api::{HarnessTask, SandboxConfig};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 /// What a task refers to, as read from the API.
@@ -52,8 +53,17 @@ fn constrains_gpus(sandbox: &SandboxConfig) -> bool {
         || sandbox.spec.profiles.values().any(|p| p.0.get("gpu").is_some_and(|g| g.is_object()))
 }
 
-/// Reads the SandboxConfigs (in name order) and, if needed, the nodes.
-pub async fn dereference(client: &Client, task: &HarnessTask) -> Result<World, DereferenceError> {
+/// How long a reconcile waits for the node cache's first listing.
+const NODE_CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads the SandboxConfigs (in name order) and, if needed, the nodes:
+/// from `node_cache` (a reflector the operator keeps) when there is one,
+/// else by listing them.
+pub async fn dereference(
+    client: &Client,
+    task: &HarnessTask,
+    node_cache: Option<&Store<Node>>,
+) -> Result<World, DereferenceError> {
     let namespace = task.namespace().unwrap_or_default();
     let sandboxes_api: Api<SandboxConfig> = Api::namespaced(client.clone(), &namespace);
     let mut names: Vec<String> = task.spec.effective_variants().into_iter().map(|v| v.sandbox_ref.name).collect();
@@ -69,6 +79,15 @@ pub async fn dereference(client: &Client, task: &HarnessTask) -> Result<World, D
         world.sandboxes.insert(name, found);
     }
     if world.sandboxes.values().flatten().any(constrains_gpus) {
+        if let Some(cache) = node_cache {
+            match tokio::time::timeout(NODE_CACHE_WAIT, cache.wait_until_ready()).await {
+                Ok(Ok(())) => world.nodes = Some(cache.state().iter().map(|n| n.as_ref().clone()).collect()),
+                _ => tracing::warn!(
+                    "the node cache is not ready (can the operator watch nodes?); skipping the GPU capacity check"
+                ),
+            }
+            return Ok(world);
+        }
         let nodes: Api<Node> = Api::all(client.clone());
         match nodes.list(&ListParams::default()).await {
             Ok(list) => world.nodes = Some(list.items),

@@ -35,10 +35,11 @@ use std::time::{Duration, Instant};
 use basecamp_api::task::{HarnessTaskStatus, ShardCounts};
 use basecamp_api::{HarnessTask, SandboxConfig};
 use basecamp_sandbox::storage::{Destination, Storage, UtcDate};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::build::{self, BuildError, BuildInput, ResolvedVariant};
@@ -93,6 +94,9 @@ pub struct Context {
     pub settings: Settings,
     /// The trace destination's storage (S3).
     pub storage: Storage,
+    /// A cache of the cluster's nodes (for the GPU capacity check); without
+    /// it, nodes are listed when a sandbox constrains GPUs.
+    pub node_cache: Option<Store<Node>>,
     /// Consecutive failures per task, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -113,6 +117,7 @@ impl Context {
             metrics,
             settings,
             storage,
+            node_cache: None,
             failures: Mutex::default(),
         }
     }
@@ -192,7 +197,7 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         return finalize(task, ctx).await;
     }
     finalizer::ensure(&ctx.client, task).await?;
-    let world = dereference::dereference(&ctx.client, task).await?;
+    let world = dereference::dereference(&ctx.client, task, ctx.node_cache.as_ref()).await?;
     let (variants, warnings) = match validate::check(task, &world) {
         Verdict::Valid { variants, warnings } => (variants, warnings),
         Verdict::Invalid(report) => return reject(task, ctx, &report).await,
@@ -352,6 +357,9 @@ async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatu
     Ok(())
 }
 
+/// When to look again. Job changes wake the task anyway (the controller
+/// owns its Jobs), so a healthy running task is only re-checked every five
+/// minutes; a degraded one (S3 down, summaries missing) every 30 seconds.
 fn next_action(status: &HarnessTaskStatus) -> Action {
     use basecamp_api::task::TaskPhase;
     let degraded = status
@@ -359,8 +367,9 @@ fn next_action(status: &HarnessTaskStatus) -> Action {
         .iter()
         .any(|c| c.type_ == basecamp_api::task::condition_types::DEGRADED && c.status == "True");
     match status.phase {
-        Some(TaskPhase::Succeeded | TaskPhase::Failed) if !degraded => Action::await_change(),
-        _ => Action::requeue(Duration::from_secs(30)),
+        _ if degraded => Action::requeue(Duration::from_secs(30)),
+        Some(TaskPhase::Succeeded | TaskPhase::Failed) => Action::await_change(),
+        _ => Action::requeue(Duration::from_secs(300)),
     }
 }
 

@@ -501,6 +501,46 @@ async fn a_suspended_task_waits_in_phase_suspended() {
     assert_eq!(event_reasons(&out.seen)[1], ("Normal".into(), "Suspended".into()));
 }
 
+#[tokio::test]
+async fn no_node_satisfying_the_gpu_requirement_is_a_degraded_condition_naming_what_was_found() {
+    let current = task(spec(), true);
+    let mut gpu_sandbox = sandbox();
+    gpu_sandbox["spec"]["gpu"] = json!({"required": true, "minComputeCapability": "9.0"});
+    let node = |name: &str, product: &str, major: &str, minor: &str| {
+        json!({"metadata": {"name": name, "labels": {
+            "nvidia.com/gpu.product": product, "nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor}}})
+    };
+    let nodes = json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [
+        node("v100-0", "Tesla-V100", "7", "0"), node("a100-0", "A100", "8", "0"), node("a100-1", "A100", "8", "0"),
+        {"metadata": {"name": "cpu-0", "labels": {}}},
+    ]});
+    let mut script = apply_calls(not_found(), json!({}));
+    script[0] = call("GET", SANDBOX, Reply::Json(200, gpu_sandbox));
+    script.insert(1, call("GET", "/api/v1/nodes", Reply::Json(200, nodes)));
+    script.extend([
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+        event(),
+        event(),
+    ]);
+    let out = scenario(&current, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let job = &out.seen[5].body;
+    assert_eq!(
+        job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"],
+        json!(["9"])
+    );
+    let degraded = condition(&status_patch(&out.seen), "Degraded");
+    assert_eq!(degraded["reason"], "InsufficientGpuCapacity");
+    assert_eq!(
+        degraded["message"],
+        "variant default: 0 of 3 GPU nodes satisfy compute capability >= 9.0; found A100 (8.0) x2, Tesla-V100 (7.0) x1"
+    );
+    assert_eq!(event_reasons(&out.seen)[2], ("Warning".into(), "InsufficientGpuCapacity".into()));
+    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(30))), "checked again soon");
+}
+
 #[test]
 fn sandbox_changes_map_to_the_tasks_that_reference_them() {
     let a: HarnessTask = serde_json::from_value(task(spec(), true)).expect("task");
