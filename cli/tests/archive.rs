@@ -31,15 +31,24 @@ fn archive_list_and_extract_one_trace() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 5, "{stdout}");
     assert!(lines[0].starts_with("NAME"));
-    // Directory order: b/ sorts before ep-1.trace.
-    assert!(lines[1].starts_with("ep-3.trace"), "{stdout}");
-    assert!(lines[3].starts_with("ep-1.trace") && lines[3].contains("ep-0001") && lines[3].contains(" yes "), "{stdout}");
+    // Directory order (b/ sorts before ep-1.trace); members keep their path below the directory.
+    assert!(lines[1].starts_with("b/ep-3.trace"), "{stdout}");
+    assert!(
+        lines[3].starts_with("ep-1.trace") && lines[3].contains("ep-0001") && lines[3].contains(" yes "),
+        "{stdout}"
+    );
 
     let dest = dir.path().join("out");
     let d = dest.display().to_string();
     let out = basecamp(&["trace", "archive", "extract", &a, "ep-0003", "-o", &d]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::read(dest.join("ep-3.trace")).unwrap(), std::fs::read(traces.join("b/ep-3.trace")).unwrap());
+    assert_eq!(std::fs::read(dest.join("b/ep-3.trace")).unwrap(), std::fs::read(traces.join("b/ep-3.trace")).unwrap());
+    // By name, with or without directories and .trace.
+    for key in ["ep-4", "b/ep-4.trace"] {
+        let out = basecamp(&["trace", "archive", "extract", &a, key, "-o", &d]);
+        assert_eq!(out.status.code(), Some(0), "{key}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(dest.join("b/ep-4.trace").exists());
     assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 1);
 
     let out = basecamp(&["trace", "archive", "extract", &a, "ep-9", "-o", &d]);
@@ -52,7 +61,7 @@ fn archive_list_and_extract_one_trace() {
     );
 
     // The extracted trace is intact; the archive is an ordinary tar.zst.
-    let out = basecamp(&["trace", "validate", &dest.join("ep-3.trace").display().to_string()]);
+    let out = basecamp(&["trace", "validate", &dest.join("b/ep-3.trace").display().to_string()]);
     assert_eq!(out.status.code(), Some(0));
     let out = basecamp(&["trace", "archive", "list", &t]);
     assert_eq!(out.status.code(), Some(1));

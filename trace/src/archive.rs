@@ -38,17 +38,13 @@ const MAX_MEMBER_BYTES: u64 = 16 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
-    #[error("{file}: {source}")]
-    Io {
-        file: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("{file}: {cause}")]
+    Io { file: String, cause: io::Error },
     #[error("{file}: not a basecamp trace archive: {reason}")]
     NotAnArchive { file: String, reason: String },
     #[error("{file}: member {name} (frame at byte {offset}) is damaged: {reason}")]
     Damaged { file: String, name: String, offset: u64, reason: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Trace(#[from] TraceError),
     #[error("{file}: member name {name:?} is longer than the 100 bytes a tar header holds")]
     NameTooLong { file: String, name: String },
@@ -106,7 +102,7 @@ pub fn prepare_member(file: &str, name: &str, data: &[u8]) -> Result<PreparedMem
     let steps = reader.steps_recovered();
     let entry = tar_entry(file, name, data)?;
     let frame =
-        zstd::bulk::compress(&entry, ZSTD_LEVEL).map_err(|source| ArchiveError::Io { file: file.into(), source })?;
+        zstd::bulk::compress(&entry, ZSTD_LEVEL).map_err(|cause| ArchiveError::Io { file: file.into(), cause })?;
     Ok(PreparedMember {
         member: Member {
             name: name.to_string(),
@@ -235,7 +231,7 @@ pub struct ArchiveReader<R> {
 impl ArchiveReader<std::fs::File> {
     pub fn open(path: &std::path::Path) -> Result<Self, ArchiveError> {
         let file = path.display().to_string();
-        let f = std::fs::File::open(path).map_err(|source| ArchiveError::Io { file: file.clone(), source })?;
+        let f = std::fs::File::open(path).map_err(|cause| ArchiveError::Io { file: file.clone(), cause })?;
         Self::new(f, file)
     }
 }
@@ -244,7 +240,7 @@ impl<R: Read + Seek> ArchiveReader<R> {
     /// Reads the locator and the index, nothing else.
     pub fn new(mut inner: R, file: impl Into<String>) -> Result<Self, ArchiveError> {
         let file = file.into();
-        let io = |source| ArchiveError::Io { file: file.clone(), source };
+        let io = |cause| ArchiveError::Io { file: file.clone(), cause };
         let not = |reason: &str| ArchiveError::NotAnArchive { file: file.clone(), reason: reason.into() };
         let len = inner.seek(SeekFrom::End(0)).map_err(io)?;
         if len < LOCATOR_LEN as u64 {
@@ -281,11 +277,13 @@ impl<R: Read + Seek> ArchiveReader<R> {
         &self.members
     }
 
-    /// Members whose name, name without `.trace`, or episode id is `key`.
+    /// Members whose name or episode id is `key`; a name matches with or
+    /// without its directories and its `.trace`.
     pub fn find(&self, key: &str) -> Vec<&Member> {
+        let matches = |name: &str| name == key || name.strip_suffix(".trace") == Some(key);
         self.members
             .iter()
-            .filter(|m| m.name == key || m.name.strip_suffix(".trace") == Some(key) || m.episode == key)
+            .filter(|m| matches(&m.name) || matches(m.name.rsplit('/').next().unwrap_or(&m.name)) || m.episode == key)
             .collect()
     }
 

@@ -24,12 +24,8 @@ pub enum InputError {
     Missing(String),
     #[error("{0}: no files match this pattern")]
     NoMatch(String),
-    #[error("{path}: cannot list directory: {source}")]
-    List {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("{path}: cannot list directory: {cause}")]
+    List { path: String, cause: io::Error },
     #[error("{0}: s3:// inputs are not supported by this command yet; download them first (aws s3 sync)")]
     S3(String),
     #[error("no input files given")]
@@ -41,11 +37,28 @@ pub enum InputError {
 /// Directories contribute files whose names end with `suffix`; a file named
 /// directly is taken whatever its name.
 pub fn expand_inputs<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<PathBuf>, InputError> {
+    Ok(expand_inputs_named(args, suffix)?.into_iter().map(|input| input.path).collect())
+}
+
+/// A file to process and its name relative to the argument that found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    pub path: PathBuf,
+    /// `/`-separated: relative to the directory named, to the glob's fixed
+    /// prefix, or the file name for a file named directly. Outputs that
+    /// mirror their inputs (redact, archive) use it, so `a/shard-0/ep.trace`
+    /// and `b/shard-0/ep.trace` stay apart.
+    pub relative: String,
+}
+
+/// Like [`expand_inputs`], with each file's [`Input::relative`] name.
+pub fn expand_inputs_named<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<Input>, InputError> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for arg in args {
         let arg = arg.as_ref();
         let mut found = Vec::new();
+        let base: PathBuf;
         if arg.starts_with("s3://") {
             return Err(InputError::S3(arg.to_string()));
         } else if is_glob(arg) {
@@ -53,6 +66,7 @@ pub fn expand_inputs<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<Path
             if found.is_empty() {
                 return Err(InputError::NoMatch(arg.to_string()));
             }
+            base = PathBuf::from(glob_base(arg));
         } else {
             let path = Path::new(arg);
             match fs::metadata(path) {
@@ -60,10 +74,21 @@ pub fn expand_inputs<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<Path
                 Ok(_) => found.push(path.to_path_buf()),
                 Err(_) => return Err(InputError::Missing(arg.to_string())),
             }
+            base = if path.is_dir() {
+                path.to_path_buf()
+            } else {
+                path.parent().map(Path::to_path_buf).unwrap_or_default()
+            };
         }
         for path in found {
             if seen.insert(path.clone()) {
-                out.push(path);
+                let relative = path.strip_prefix(&base).unwrap_or(&path);
+                let relative: Vec<String> = relative
+                    .components()
+                    .filter(|c| matches!(c, std::path::Component::Normal(_)))
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                out.push(Input { relative: relative.join("/"), path });
             }
         }
     }
@@ -73,6 +98,14 @@ pub fn expand_inputs<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<Path
     Ok(out)
 }
 
+/// The components of a glob pattern before the first wildcard.
+fn glob_base(pattern: &str) -> String {
+    let components: Vec<&str> = pattern.split('/').collect();
+    let literal = components.iter().take_while(|c| !is_glob(c)).count();
+    let base = components[..literal].join("/");
+    if base.is_empty() && pattern.starts_with('/') { "/".to_string() } else { base }
+}
+
 fn is_glob(arg: &str) -> bool {
     arg.contains(['*', '?', '['])
 }
@@ -80,7 +113,7 @@ fn is_glob(arg: &str) -> bool {
 /// Every file under `dir` whose name ends with `suffix`, sorted by path.
 /// Symbolic links to directories are not followed (no cycles).
 fn walk(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
-    let list = |source| InputError::List { path: dir.display().to_string(), source };
+    let list = |cause| InputError::List { path: dir.display().to_string(), cause };
     let mut entries: Vec<_> = fs::read_dir(dir).map_err(list)?.collect::<Result<_, _>>().map_err(list)?;
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
@@ -101,9 +134,8 @@ fn walk(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) -> Result<(), InputErr
 /// wildcards and matches each path against the whole pattern. A directory
 /// that matches contributes its traces.
 fn expand_glob(pattern: &str, suffix: &str, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
-    let components: Vec<&str> = pattern.split('/').collect();
-    let literal = components.iter().take_while(|c| !is_glob(c)).count();
-    let base = components[..literal].join("/");
+    let base = glob_base(pattern);
+    let base = if base == "/" { String::new() } else { base };
     let root = if base.is_empty() {
         if pattern.starts_with('/') { "/".to_string() } else { ".".to_string() }
     } else {
@@ -134,7 +166,7 @@ fn expand_glob(pattern: &str, suffix: &str, out: &mut Vec<PathBuf>) -> Result<()
 
 /// Every file and directory under `dir` (not `dir` itself), sorted.
 fn walk_all(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), InputError> {
-    let list = |source| InputError::List { path: dir.display().to_string(), source };
+    let list = |cause| InputError::List { path: dir.display().to_string(), cause };
     let mut entries: Vec<_> = fs::read_dir(dir).map_err(list)?.collect::<Result<_, _>>().map_err(list)?;
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
@@ -304,6 +336,14 @@ mod tests {
                 .unwrap();
         let rel: Vec<String> = got.iter().map(|p| p.strip_prefix(root).unwrap().display().to_string()).collect();
         assert_eq!(rel, ["b/a.trace", "b/deep/z.trace", "c.trace", "notes.txt"]);
+
+        let named =
+            expand_inputs_named(&[r.clone(), format!("{r}/b/*.trace"), format!("{r}/c.trace")], ".trace").unwrap();
+        let rel: Vec<&str> = named.iter().map(|i| i.relative.as_str()).collect();
+        assert_eq!(rel, ["b/a.trace", "b/deep/z.trace", "c.trace"], "first found, first named");
+        let named = expand_inputs_named(&[format!("{r}/b/**/*.trace")], ".trace").unwrap();
+        let rel: Vec<&str> = named.iter().map(|i| i.relative.as_str()).collect();
+        assert_eq!(rel, ["a.trace", "deep/z.trace"]);
 
         assert!(matches!(expand_inputs(&[format!("{r}/nope")], ".trace"), Err(InputError::Missing(_))));
         assert!(matches!(expand_inputs(&[format!("{r}/*.nope")], ".trace"), Err(InputError::NoMatch(_))));

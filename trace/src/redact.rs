@@ -61,12 +61,8 @@ impl Pattern {
 pub enum RedactError {
     #[error(transparent)]
     Read(#[from] TraceError),
-    #[error("{file}: cannot write the redacted trace: {source}")]
-    Write {
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{file}: cannot write the redacted trace: {cause}")]
+    Write { file: String, cause: std::io::Error },
 }
 
 /// What to replace, and the salt of this run.
@@ -75,6 +71,9 @@ pub struct Redactor {
     pii_fields: BTreeSet<String>,
     patterns: Vec<Pattern>,
     salt: Vec<u8>,
+    /// For the trace being redacted: the PII field values found in it and
+    /// their tokens, longest first, replaced wherever they recur in text.
+    known: Vec<(String, String)>,
 }
 
 /// How much one trace's redaction replaced.
@@ -90,7 +89,7 @@ impl Redactor {
         // E-mail first: an address's digits are not a phone number.
         patterns.sort();
         patterns.dedup();
-        Self { pii_fields: pii_fields.into_iter().collect(), patterns, salt }
+        Self { pii_fields: pii_fields.into_iter().collect(), patterns, salt, known: Vec::new() }
     }
 
     /// A random salt (from the operating system), for runs that do not give one.
@@ -125,8 +124,15 @@ impl Redactor {
         }
     }
 
-    /// Replaces pattern matches in free text.
+    /// Replaces the trace's known PII values, then pattern matches, in free text.
     fn text(&self, s: &mut String, n: &mut u64) {
+        for (value, token) in &self.known {
+            let count = s.matches(value.as_str()).count();
+            if count > 0 {
+                *s = s.replace(value.as_str(), token);
+                *n += count as u64;
+            }
+        }
         for &p in &self.patterns {
             let spans = match p {
                 Pattern::Email => email_spans(s),
@@ -212,41 +218,140 @@ impl Redactor {
         }
     }
 
-    /// Redacts one trace from `reader` into `out`. A damaged input is an
-    /// error (naming file and offset); nothing half-redacted is finished.
+    /// Redacts one trace from `reader` into `out`. The trace (one episode)
+    /// is read whole first: the PII values it holds are collected, so that
+    /// where they recur in free text (a final answer quoting an order id)
+    /// they are replaced too. A damaged input is an error (naming file and
+    /// offset); nothing half-redacted is finished.
     pub fn redact<R: Read, W: Write>(
         &self,
         mut reader: TraceReader<R>,
         out: W,
         out_name: &str,
     ) -> Result<RedactStats, RedactError> {
-        let write_err = |source| RedactError::Write { file: out_name.to_string(), source };
-        let mut header = reader.header().clone();
-        self.text(&mut header.episode_id, &mut 0);
-        let mut writer = TraceWriter::new(out, header, crate::writer::DEFAULT_ZSTD_LEVEL).map_err(write_err)?;
-        let mut state = MemoryMap::new();
-        let mut stats = RedactStats::default();
-        let mut step_records: Vec<Record> = Vec::new();
+        let write_err = |cause| RedactError::Write { file: out_name.to_string(), cause };
+        let mut records: Vec<Record> = Vec::new();
         let mut end: Option<pb::EpisodeEnd> = None;
         for record in reader.by_ref() {
             let record = record?;
-            if step_records.first().is_some_and(|r| r.step != record.step) {
-                self.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
-            }
             match record.body {
                 Some(Body::EpisodeEnd(e)) => end = Some(e),
-                _ => step_records.push(record),
+                _ => records.push(record),
             }
         }
         if let Some(Tail::Damaged(e)) = reader.tail() {
             return Err(e.clone().into());
         }
-        self.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
+        let mut this = self.clone();
+        this.known = self.known_values(&records);
+        let mut header = reader.header().clone();
+        this.text(&mut header.episode_id, &mut 0);
+        let mut writer = TraceWriter::new(out, header, crate::writer::DEFAULT_ZSTD_LEVEL).map_err(write_err)?;
+        let mut state = MemoryMap::new();
+        let mut stats = RedactStats::default();
+        let mut step_records: Vec<Record> = Vec::new();
+        for record in records {
+            if step_records.first().is_some_and(|r| r.step != record.step) {
+                this.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
+            }
+            step_records.push(record);
+        }
+        this.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
         let mut end = end.unwrap_or_default();
         end.final_memory_hash = state.map(&end.final_memory_hash);
-        self.text(&mut end.final_answer, &mut stats.replaced);
+        this.text(&mut end.final_answer, &mut stats.replaced);
         writer.finish(end).map_err(write_err)?;
         Ok(stats)
+    }
+
+    /// The string values of PII fields and memory keys in these records,
+    /// with their tokens, longest first. Values shorter than 4 characters,
+    /// or made only of hex digits (they could occur inside a token), are
+    /// left to the field and pattern rules.
+    fn known_values(&self, records: &[Record]) -> Vec<(String, String)> {
+        let mut found = BTreeSet::new();
+        let from_text = |text: &str, found: &mut BTreeSet<String>| {
+            if let Ok(value) = serde_json::from_str::<Value>(text) {
+                self.collect_pii(&value, false, found);
+            }
+        };
+        for record in records {
+            match &record.body {
+                Some(Body::MemoryDelta(d)) => {
+                    for text in [&d.before_json, &d.after_json].into_iter().flatten() {
+                        if self.pii_fields.contains(&d.key) {
+                            if let Ok(value) = serde_json::from_str::<Value>(text) {
+                                self.collect_pii(&value, true, &mut found);
+                            }
+                        } else {
+                            from_text(text, &mut found);
+                        }
+                    }
+                }
+                Some(Body::MemorySnapshot(s)) => {
+                    for (k, v) in &s.entries_json {
+                        if let Ok(value) = serde_json::from_str::<Value>(v) {
+                            self.collect_pii(&value, self.pii_fields.contains(k), &mut found);
+                        }
+                    }
+                }
+                Some(Body::PlanStep(p)) => {
+                    from_text(&p.arguments_json, &mut found);
+                    from_text(&p.observation_json, &mut found);
+                }
+                Some(Body::PolicyTurn(t)) => from_text(&t.tool_calls_json, &mut found),
+                Some(Body::ErrorContext(e)) => {
+                    for (k, v) in &e.memory_snapshot_json {
+                        if let Ok(value) = serde_json::from_str::<Value>(v) {
+                            self.collect_pii(&value, self.pii_fields.contains(k), &mut found);
+                        }
+                    }
+                    for p in &e.last_tool_payloads {
+                        from_text(&p.arguments_json, &mut found);
+                        from_text(&p.response_json, &mut found);
+                    }
+                }
+                Some(Body::Injection(i)) => from_text(&i.observation_json, &mut found),
+                _ => {}
+            }
+        }
+        let mut known: Vec<(String, String)> = found
+            .into_iter()
+            .filter(|v| v.chars().count() >= 4 && !v.chars().all(|c| c.is_ascii_hexdigit()))
+            .map(|v| {
+                let token = self.token(&v);
+                (v, token)
+            })
+            .collect();
+        known.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        known
+    }
+
+    /// Collects string leaves that are PII: everything under a PII field
+    /// (`inside`), at any depth, including JSON nested in strings.
+    fn collect_pii(&self, value: &Value, inside: bool, found: &mut BTreeSet<String>) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    self.collect_pii(v, inside || self.pii_fields.contains(k), found);
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| self.collect_pii(v, inside, found)),
+            Value::String(s) => {
+                let trimmed = s.trim_start();
+                if (trimmed.starts_with('{') || trimmed.starts_with('['))
+                    && let Ok(inner) = serde_json::from_str::<Value>(s)
+                {
+                    self.collect_pii(&inner, inside, found);
+                } else if inside {
+                    found.insert(s.clone());
+                }
+            }
+            Value::Number(n) if inside => {
+                found.insert(n.to_string());
+            }
+            _ => {}
+        }
     }
 
     fn flush_step<W: Write>(
@@ -462,7 +567,10 @@ fn phone_spans(s: &str) -> Vec<(usize, usize)> {
         }
         let end = last_digit_end;
         let glued = end < b.len() && (b[end].is_ascii_alphabetic() || b[end] == b'_');
-        let ok = (7..=15).contains(&digits) && (separators > 0 || digits >= 10 || b[i] == b'+') && !glued;
+        let ok = (7..=15).contains(&digits)
+            && (separators > 0 || digits >= 10 || b[i] == b'+')
+            && !glued
+            && !looks_like_date(&s[i..end]);
         if ok {
             out.push((i, end));
             i = end;
@@ -471,6 +579,16 @@ fn phone_spans(s: &str) -> Vec<(usize, usize)> {
         }
     }
     out
+}
+
+/// `2026-12-03`, `03/12/2026`, `3.12.26`: three digit groups shaped like a date.
+fn looks_like_date(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(['-', '/', '.']).collect();
+    if parts.len() != 3 || !parts.iter().all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit())) {
+        return false;
+    }
+    let len: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+    matches!(len.as_slice(), [4, 1..=2, 1..=2] | [1..=2, 1..=2, 2] | [1..=2, 1..=2, 4])
 }
 
 #[cfg(test)]
@@ -486,7 +604,7 @@ mod tests {
 
     #[test]
     fn phones_are_found_and_ids_and_decimals_are_not() {
-        let s = "call +1 415-555-0134 or (415) 555.0199 or 4155550123; order A-1037, 3.14159, 1234567, 2026";
+        let s = "call +1 415-555-0134 or (415) 555.0199 or 4155550123; order A-1037, 3.14159, 1234567, 2026, eta 2026-12-03 or 03/12/2026";
         let found: Vec<&str> = phone_spans(s).into_iter().map(|(a, b)| &s[a..b]).collect();
         assert_eq!(found, ["+1 415-555-0134", "(415) 555.0199", "4155550123"]);
     }

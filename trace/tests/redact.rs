@@ -29,7 +29,8 @@ fn pii_episode() -> Vec<u8> {
     w.end_step().unwrap();
 
     let args = json!({"user_phone": PHONE, "order_id": "A-1", "contact": {"email": EMAIL}});
-    let observation = json!({"status": "in_transit", "note": format!("customer called from {OTHER_PHONE}")});
+    let observation =
+        json!({"status": "in_transit", "note": format!("customer at {ADDRESS} called from {OTHER_PHONE}")});
     w.append(
         1,
         Body::PolicyTurn(PolicyTurn {
@@ -100,7 +101,8 @@ fn pii_episode() -> Vec<u8> {
         outcome: 1,
         steps: 1,
         final_memory_hash: memory.hash().0.to_vec(),
-        final_answer: format!("We will call you at {PHONE}."),
+        // A PII field's value quoted in free text is found by its value, not by a pattern.
+        final_answer: format!("We will call you at {PHONE} and ship to {ADDRESS}."),
         ..Default::default()
     };
     w.finish(end).unwrap()

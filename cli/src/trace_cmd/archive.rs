@@ -24,7 +24,8 @@ pub struct ArchiveArgs {
     /// Trace files, directories (searched recursively for *.trace), glob patterns or s3://BUCKET/PREFIX to archive.
     #[arg(required = true)]
     paths: Vec<String>,
-    /// The archive to write (conventionally FILE.tar.zst).
+    /// The archive to write (conventionally FILE.tar.zst). Members are named by their path below the
+    /// directory, glob prefix or S3 prefix given.
     #[arg(long, short = 'o', value_name = "FILE", required = true)]
     out: Option<PathBuf>,
     /// Worker threads compressing members (default: one per core).
@@ -67,8 +68,8 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     let files = &sources.items;
     let mut names = std::collections::HashMap::new();
     for file in files {
-        if let Some(other) = names.insert(file.file_name(), &file.name) {
-            bail!("{other} and {} have the same name {}; archive them separately", file.name, file.file_name());
+        if let Some(other) = names.insert(file.relative.as_str(), &file.name) {
+            bail!("{other} and {} would both be archived as {}; archive them separately", file.name, file.relative);
         }
     }
     let tmp = out.with_extension("partial");
@@ -77,7 +78,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
     let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {
         let data = sources.read_bytes(source)?;
-        Ok(prepare_member(&source.name, source.file_name(), &data)?)
+        Ok(prepare_member(&source.name, &source.relative, &data)?)
     };
     for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), prepare, |i, prepared| match prepared {
         Ok(member) => {
@@ -161,7 +162,19 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for member in wanted {
         let data = reader.read_member(&member)?;
-        let path = dir.join(&member.name);
+        // Member names come from the archive: refuse any that would leave DIR.
+        let relative = Path::new(&member.name);
+        if relative.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+            bail!(
+                "{}: member name {:?} is not a relative path below the output directory",
+                file.display(),
+                member.name
+            );
+        }
+        let path = dir.join(relative);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        }
         fs::write(&path, data).with_context(|| format!("cannot write {}", path.display()))?;
         println!("extracted {} (episode {}) -> {}", member.name, member.episode, path.display());
     }

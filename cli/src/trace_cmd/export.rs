@@ -53,7 +53,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => (None, Some(e)),
     };
-    for_each_ordered(&files, args.jobs.unwrap_or_else(default_jobs), convert, |_, (line, damage)| {
+    for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), convert, |_, (line, damage)| {
         if let Some(line) = line
             && write_error.is_none()
             && let Err(e) = writeln!(out, "{line}")

@@ -31,7 +31,8 @@ pub struct RedactArgs {
     /// Salt of the hashes (same salt, same tokens across runs); default: random, so tokens join only within this run.
     #[arg(long)]
     salt: Option<String>,
-    /// Directory for the redacted traces (created if missing); files keep their names.
+    /// Directory for the redacted traces (created if missing); each keeps its path below the directory,
+    /// glob prefix or S3 prefix given.
     #[arg(long, short = 'o', value_name = "OUTDIR")]
     out: PathBuf,
     /// Worker threads (default: one per core).
@@ -100,7 +101,7 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut seen: HashMap<PathBuf, &str> = HashMap::new();
     let mut outputs = Vec::with_capacity(files.len());
     for file in files {
-        let output = out.join(file.file_name());
+        let output = out.join(&file.relative);
         if let Some(other) = seen.insert(output.clone(), &file.name) {
             bail!(
                 "{other} and {} would both be written to {}; redact them into different directories",
@@ -120,6 +121,9 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &Path) -> anyhow::Result<RedactStats> {
     let reader = sources.open(input)?;
+    if let Some(parent) = output.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    }
     let tmp = output.with_extension("trace.partial");
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let result = redactor.redact(reader, BufWriter::new(file), &output.display().to_string());

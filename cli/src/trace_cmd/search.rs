@@ -81,7 +81,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     let mut write_error: Option<io::Error> = None;
     for_each_ordered(
-        &files,
+        files,
         args.jobs.unwrap_or_else(default_jobs),
         |source| search_one(&query, &sources, source),
         |i, found: FileMatches| {

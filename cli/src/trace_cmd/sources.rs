@@ -13,13 +13,17 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use basecamp_sandbox::storage::{Destination, Storage, StorageConfig};
-use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
+use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs_named};
 use basecamp_trace::{TraceError, TraceReader};
 
 /// One trace to read.
 pub struct Source {
     /// How messages and output name it: the path, or the `s3://` URL.
     pub name: String,
+    /// `/`-separated, relative to the argument that found it (the directory,
+    /// the glob's fixed prefix, the S3 prefix); the file name for a file
+    /// named directly. Mirrored by outputs, so `a/ep.trace` and `b/ep.trace` stay apart.
+    pub relative: String,
     location: Location,
 }
 
@@ -28,12 +32,7 @@ enum Location {
     S3(Destination),
 }
 
-impl Source {
-    /// The last segment of the name (for outputs named after their input).
-    pub fn file_name(&self) -> &str {
-        self.name.rsplit('/').next().unwrap_or(&self.name)
-    }
-}
+impl Source {}
 
 /// A reader over either kind of source.
 pub type SourceReader = TraceReader<Box<dyn Read + Send>>;
@@ -58,9 +57,13 @@ impl Sources {
                 };
                 list_s3(runtime, storage, arg)?
             } else {
-                expand_inputs(std::slice::from_ref(arg), TRACE_SUFFIX)?
+                expand_inputs_named(std::slice::from_ref(arg), TRACE_SUFFIX)?
                     .into_iter()
-                    .map(|path| Source { name: path.display().to_string(), location: Location::Local(path) })
+                    .map(|input| Source {
+                        name: input.path.display().to_string(),
+                        relative: input.relative,
+                        location: Location::Local(input.path),
+                    })
                     .collect()
             };
             for source in found {
@@ -112,13 +115,14 @@ fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> {
 fn list_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> anyhow::Result<Vec<Source>> {
     let destination = Destination::parse(arg.trim_end_matches('/'))?;
     if arg.ends_with(TRACE_SUFFIX) {
-        return Ok(vec![Source { name: arg.to_string(), location: Location::S3(destination) }]);
+        let relative = arg.rsplit('/').next().unwrap_or(arg).to_string();
+        return Ok(vec![Source { name: arg.to_string(), relative, location: Location::S3(destination) }]);
     }
     let objects = runtime.block_on(storage.list(&destination)).with_context(|| format!("cannot list {arg}"))?;
     let found: Vec<Source> = objects
         .into_iter()
         .filter(|o| o.relative.ends_with(TRACE_SUFFIX))
-        .map(|o| Source { name: o.location.to_string(), location: Location::S3(o.location) })
+        .map(|o| Source { name: o.location.to_string(), relative: o.relative, location: Location::S3(o.location) })
         .collect();
     if found.is_empty() {
         anyhow::bail!("{arg}: no .trace objects under this prefix");

@@ -33,7 +33,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     let (mut findings, mut bad_files) = (0usize, 0usize);
     let mut result = Ok(());
     for_each_ordered(
-        &files,
+        files,
         args.jobs.unwrap_or_else(default_jobs),
         |source| validate_opened(&source.name, sources.open(source)),
         |_, found| {
