@@ -19,7 +19,8 @@
 //! `null`. `exists(PATH)` holds when some record of the step has PATH with a
 //! value (for scalar fields: not the proto default — a non-empty string, a
 //! non-zero number, `true`); `exists(SECTION)` when the step has a record of
-//! that section. Combine with `and` (`&&`), `or` (`||`), `not` (`!`) and
+//! that section; `exists(memory_state.KEY)` when the step changed KEY (a
+//! removal included). Combine with `and` (`&&`), `or` (`||`), `not` (`!`) and
 //! parentheses; `not` binds tightest, then `and`, then `or`.
 //!
 //! **One record at a time.** A sub-expression whose comparisons all read the
