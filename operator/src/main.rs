@@ -91,6 +91,9 @@ struct RunArgs {
     /// Retries of one shard (backoffLimitPerIndex).
     #[arg(long, env = "BASECAMP_SHARD_RETRIES", default_value_t = 2)]
     shard_retries: i32,
+    /// Where `basecamp serve` runs (e.g. https://basecamp.example.com); status.reportUrl links each task's page.
+    #[arg(long, env = "BASECAMP_REPORT_BASE_URL")]
+    report_base_url: Option<String>,
     /// Log format (the level comes from RUST_LOG, default info).
     #[arg(long, env = "BASECAMP_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -265,6 +268,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         s3_secret: args.s3_secret,
         job_ttl_seconds: args.job_ttl_seconds,
         backoff_limit_per_index: args.shard_retries,
+        report_base_url: args.report_base_url,
     };
     let mut storage_config = StorageConfig::from_env();
     if let Some(endpoint) = &args.s3_endpoint {

@@ -23,6 +23,8 @@ pub struct Settings {
     pub job_ttl_seconds: i32,
     /// `backoffLimitPerIndex`: retries of one shard.
     pub backoff_limit_per_index: i32,
+    /// Where `basecamp serve` runs; `status.reportUrl` links the task's page there.
+    pub report_base_url: Option<String>,
 }
 
 impl Default for Settings {
@@ -33,6 +35,7 @@ impl Default for Settings {
             s3_secret: None,
             job_ttl_seconds: 7 * 24 * 3600,
             backoff_limit_per_index: 2,
+            report_base_url: None,
         }
     }
 }

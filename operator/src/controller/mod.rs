@@ -224,6 +224,7 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
             .any(|j| j.spec.as_ref().and_then(|s| s.suspend) == Some(true)),
         warnings: warnings.iter().map(ToString::to_string).collect(),
         aggregated,
+        report_url: status::report_url(ctx.settings.report_base_url.as_deref(), &namespace, &task.name_any()),
         now: now(),
     };
     let status = status::compute(&observed);

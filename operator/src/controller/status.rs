@@ -150,8 +150,16 @@ pub struct Observed<'a> {
     pub warnings: Vec<String>,
     /// Aggregation results.
     pub aggregated: AggregatedStatus,
+    /// The task's page on `basecamp serve`, when the operator knows where it runs.
+    pub report_url: Option<String>,
     /// Now.
     pub now: Time,
+}
+
+/// The task's page on `basecamp serve` at `base` (`<base>/tasks/<namespace>/<task>`).
+pub fn report_url(base: Option<&str>, namespace: &str, task: &str) -> Option<String> {
+    let base = base?.trim().trim_end_matches('/');
+    (!base.is_empty()).then(|| format!("{base}/tasks/{namespace}/{task}"))
 }
 
 fn accuracy_text(metrics: &BTreeMap<String, BTreeMap<String, f64>>, variants: &[String]) -> Option<String> {
@@ -274,7 +282,7 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         aggregated_shards: aggregated.aggregated_shards.clone(),
         deltas: aggregated.deltas.clone(),
         trace_location: aggregated.trace_location.clone(),
-        report_url: previous.report_url,
+        report_url: observed.report_url.clone(),
     }
 }
 
@@ -449,6 +457,16 @@ mod tests {
                 note: "Failed=True: 1 of 1 shards failed".into()
             }]
         );
+    }
+
+    #[test]
+    fn the_report_url_points_at_basecamp_serve() {
+        assert_eq!(
+            report_url(Some("https://basecamp.example.com/"), "team-a", "eval").as_deref(),
+            Some("https://basecamp.example.com/tasks/team-a/eval")
+        );
+        assert_eq!(report_url(None, "team-a", "eval"), None);
+        assert_eq!(report_url(Some(" "), "team-a", "eval"), None);
     }
 
     #[test]
