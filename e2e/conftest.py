@@ -29,6 +29,7 @@ SA = "basecamp"  # the chart's full name for release "basecamp"
 TASK_NS = "e2e"
 S3_SECRET = "basecamp-s3"
 TEST_SET_KEY = "testsets/ecommerce/tests.jsonl"
+POLICY_KEY = "testsets/ecommerce/policy.jsonl"
 
 
 def free_port() -> int:
@@ -203,6 +204,7 @@ def task_ns(kube: Kube, s3, bucket: str) -> str:
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TASK_NS}})
     kube.apply(secret_manifest(TASK_NS))
     s3.upload_file(str(ROOT / "examples/ecommerce/tests.jsonl"), bucket, TEST_SET_KEY)
+    s3.upload_file(str(ROOT / "examples/ecommerce/policy.jsonl"), bucket, POLICY_KEY)
     return TASK_NS
 
 
@@ -212,10 +214,11 @@ def player(kube: Kube) -> Player:
 
 
 def ecommerce_manifests(name: str, bucket: str, *, gpu: dict | None = None, retention: str | None = None,
-                        shards: int = 2, variants: tuple[str, ...] = ("a", "b")) -> list[dict]:
+                        shards: int = 2, variants: tuple[str, ...] = ("a", "b"),
+                        criteria: list[str] | None = None) -> list[dict]:
     """The HarnessTask and SandboxConfigs of examples/ecommerce, renamed
-    `<name>`, `<name>-a`, `<name>-b`, with the test set and the trace
-    destination on S3, and optionally a GPU requirement and a retention."""
+    `<name>`, `<name>-a`, `<name>-b`, with the test set, the scripted policy
+    and the trace destination on S3, and optionally a GPU requirement and a retention."""
     src = ROOT / "examples/ecommerce"
     task = yaml.safe_load((src / "task.yaml").read_text())
     docs = []
@@ -226,7 +229,11 @@ def ecommerce_manifests(name: str, bucket: str, *, gpu: dict | None = None, rete
             sandbox["spec"]["gpu"] = gpu
         docs.append(sandbox)
     task["metadata"]["name"] = name
+    if criteria is not None:
+        task["spec"]["taskDefinition"]["successCriteria"] = criteria
     task["spec"]["evaluation"]["testSet"] = f"s3://{bucket}/{TEST_SET_KEY}"
+    # Pods have no local files of the task: the operator wants the scripted policy on S3 too.
+    task["spec"]["policy"]["scripted"] = f"s3://{bucket}/{POLICY_KEY}"
     task["spec"]["traces"] = {"destination": f"s3://{bucket}/traces"}
     if retention:
         task["spec"]["traces"]["retention"] = retention
@@ -235,6 +242,14 @@ def ecommerce_manifests(name: str, bucket: str, *, gpu: dict | None = None, rete
     task["spec"]["parallelism"] = shards
     docs.append(task)
     return docs
+
+
+def delete_tasks(kube: Kube, namespace: str, names: list[str], timeout: int = 60) -> None:
+    """Deletes tasks left by an earlier run against a kept cluster (the
+    operator, running, removes their finalizers)."""
+    if names:
+        kube.run("delete", "harnesstask", *names, "-n", namespace, "--ignore-not-found", "--wait=true",
+                 f"--timeout={timeout}s", timeout=timeout + 10)
 
 
 def pytest_sessionfinish(session, exitstatus):
