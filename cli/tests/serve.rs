@@ -51,6 +51,10 @@ fn pages_are_served_at_stable_urls_with_what_the_traces_say() {
     let only_b = get(&server.addr, &format!("{}?variant=b", task_path())).text();
     assert!(only_b.contains("id=\"variant-b\"") && !only_b.contains("id=\"variant-a\""));
     assert!(only_b.contains("no failed episodes"));
+    // A data link of a series without a variant label sends an empty one: all variants.
+    let empty = get(&server.addr, &format!("{}?variant=", task_path()));
+    assert_eq!(empty.status, 200);
+    assert!(empty.text().contains("id=\"variant-a\"") && empty.text().contains("id=\"variant-b\""));
     let unknown = get(&server.addr, &format!("{}?variant=zz", task_path()));
     assert_eq!(unknown.status, 400);
     assert!(unknown.text().contains("has no variant `zz` (it has: a, b)"));

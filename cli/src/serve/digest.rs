@@ -195,3 +195,86 @@ impl TraceDigest {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use basecamp_trace::pb::{EpisodeEnd, MemoryDelta, PlanStep, PolicyTurn, Record, RewardComponent, RewardSignal};
+
+    fn record(step: u32, body: Body) -> Record {
+        Record { step, body: Some(body) }
+    }
+
+    fn delta(key: &str, after: &str, source: pb::MemorySource) -> Body {
+        Body::MemoryDelta(MemoryDelta {
+            key: key.into(),
+            after_json: Some(after.into()),
+            source: source as i32,
+            origin: "track_order".into(),
+            ..Default::default()
+        })
+    }
+
+    fn call(index: u32, status: pb::StepStatus, error: &str, micros: u64) -> Body {
+        Body::PlanStep(PlanStep {
+            index,
+            kind: pb::StepKind::ToolCall as i32,
+            tool: "track_order".into(),
+            status: status as i32,
+            error_type: error.into(),
+            latency_micros: micros,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_null_counts_against_memory_until_a_real_value_replaces_it() {
+        let header = Header { start_time_unix_nanos: 1_000_000_000, ..Default::default() };
+        let records = [
+            record(0, delta("status", "null", pb::MemorySource::Initial)),
+            record(1, Body::PolicyTurn(PolicyTurn { latency_micros: 500, ..Default::default() })),
+            record(1, call(1, pb::StepStatus::Fallback, "timeout", 800_000)),
+            record(1, delta("shipping_status", "null", pb::MemorySource::Fallback)),
+            record(2, call(2, pb::StepStatus::Ok, "", 20_000)),
+            record(2, delta("shipping_status", "\"pending\"", pb::MemorySource::Tool)),
+            record(
+                2,
+                Body::RewardSignal(RewardSignal {
+                    components: vec![RewardComponent { name: "efficiency".into(), score: 2.0, weight: -0.5 }],
+                    weighted_sum: -1.0,
+                    ..Default::default()
+                }),
+            ),
+            record(
+                2,
+                Body::EpisodeEnd(EpisodeEnd {
+                    outcome: pb::Outcome::Completed as i32,
+                    end_time_unix_nanos: 3_500_000_000,
+                    ..Default::default()
+                }),
+            ),
+        ];
+        let d = TraceDigest::from_records(header, &records, None);
+        assert_eq!(d.steps.len(), 2);
+        assert!(!d.steps[0].memory_ok, "the fallback's null holds after step 1 (an initial null does not count)");
+        assert!(d.steps[1].memory_ok, "step 2 replaced it");
+        assert_eq!(d.steps[0].duration_ms, 800.5, "tool latency plus the policy turn");
+        assert_eq!(d.failure_class(), "timeout");
+        let m = d.metrics();
+        assert_eq!(m["error_rate"], 0.5);
+        assert_eq!(m["resolution_time_s"], 2.5);
+        assert_eq!(m["reward"], -1.0);
+        assert_eq!(m["tool_calls"], 2.0);
+        assert_eq!(d.reward_components(), vec![("efficiency".to_string(), 2.0, -0.5)]);
+    }
+
+    #[test]
+    fn an_unfinished_trace_fails_as_unfinished_or_damaged() {
+        let records = [record(1, call(1, pb::StepStatus::Ok, "", 10))];
+        let d = TraceDigest::from_records(Header::default(), &records, None);
+        assert_eq!(d.failure_class(), "unfinished");
+        assert!(!d.metrics().contains_key("resolution_time_s"), "no end, no resolution time (never NaN)");
+        let d = TraceDigest::from_records(Header::default(), &records, Some("truncated at byte 90".into()));
+        assert_eq!(d.failure_class(), "damaged_trace");
+    }
+}

@@ -90,6 +90,12 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
     if variants.is_empty() {
         return None;
     }
+    // A data link whose series has no variant label sends `?variant=`: all variants.
+    let query = &TaskQuery {
+        variant: query.variant.clone().filter(|v| !v.is_empty()),
+        metric: query.metric.clone().filter(|m| !m.is_empty()),
+        cluster_by: query.cluster_by.clone().filter(|c| !c.is_empty()),
+    };
     if let Some(v) = &query.variant
         && !variants.contains_key(v)
     {
