@@ -200,6 +200,9 @@ pub fn pod_template(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result
         resources: resources(variant),
         security_context: Some(container_security_context()),
         volume_mounts: Some(mounts),
+        // `kubectl describe pod` then shows the sandbox's last error line
+        // (e.g. "GPU arch not supported ...") without reading logs.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
     let needs_gpu = gpu.gpu_count() > 0;

@@ -105,6 +105,7 @@ fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
     assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
     let container = &pod["containers"][0];
     assert_eq!(container["name"], "sandbox");
+    assert_eq!(container["terminationMessagePolicy"], "FallbackToLogsOnError");
     assert_eq!(container["image"], "basecamp:dev");
     assert_eq!(container["command"], json!(["/usr/local/bin/basecamp-sandbox"]));
     assert_eq!(
