@@ -253,3 +253,114 @@ fn damage_keeps_the_matches_before_it_and_reports_the_offset() {
     assert!(err.to_string().starts_with("cut.trace: truncated at byte "), "{err}");
     assert_eq!(steps, [1, 2, 3]);
 }
+
+mod never_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        /// Any text either compiles or is an error whose caret lies inside the query.
+        #[test]
+        fn any_query_text(text in "[ -~éß\\t]{0,40}") {
+            if let Err(e) = Query::parse(&text) {
+                prop_assert!(e.at <= text.len());
+                prop_assert!(text.is_char_boundary(e.at));
+                let shown = e.to_string();
+                prop_assert!(shown.starts_with("invalid query: "));
+            }
+        }
+
+        /// Queries built from the grammar's pieces never panic either.
+        #[test]
+        fn grammar_shaped_queries(parts in proptest::collection::vec(prop_oneof![
+            Just("plan_execution.tool"), Just("latency_ms"), Just("memory_state.k"), Just("exists(error_context)"),
+            Just("reward_signal.r"), Just("=="), Just("<"), Just(">="), Just("and"), Just("or"), Just("not"),
+            Just("("), Just(")"), Just("\"x\""), Just("3"), Just("-1.5"), Just("null"), Just("true"), Just("."),
+        ], 0..12)) {
+            let text = parts.join(" ");
+            let _ = Query::parse(&text);
+        }
+
+        /// A damaged trace is searched up to the damage, never panicking.
+        #[test]
+        fn flipped_bytes_in_a_trace(flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..4)) {
+            let mut bytes = write_episode();
+            for (at, x) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] ^= x;
+            }
+            let q = Query::parse("memory_state.shipping_status == null or plan_execution.tool > \"a\" or exists(error_context) \
+                                  or reward_signal.accuracy < 2 or token_logit.logprob < 0 or error_context.memory.order.id == 7").unwrap();
+            if let Ok(mut reader) = TraceReader::new(bytes.as_slice(), "x.trace") {
+                let _ = q.search(&mut reader, &mut |_| {});
+            }
+        }
+
+        /// Records whose frames are intact but whose bodies are garbage (a
+        /// buggy writer): the evaluator reads fields straight from the bytes
+        /// and must report, not panic.
+        #[test]
+        fn garbage_record_bodies(field in 3u32..=10, body in proptest::collection::vec(any::<u8>(), 0..48)) {
+            let bytes = trace_with_raw_record(1, field, &body);
+            let q = Query::parse("memory_state.k == null or plan_execution.tool > \"a\" or exists(error_context) \
+                                  or reward_signal.r < 2 or token_logit.logprob < 0 or error_context.memory.k.x == 7 \
+                                  or policy_turn.model == \"m\" or injection.trigger == \"live\" or error_context.cause == \"c\"").unwrap();
+            let mut reader = TraceReader::new(bytes.as_slice(), "g.trace").unwrap();
+            let result = q.search(&mut reader, &mut |_| {});
+            if let Err(e) = result {
+                let text = e.to_string();
+                prop_assert!(text.starts_with("g.trace: "), "{}", text);
+            }
+        }
+    }
+}
+
+/// A trace file built by hand: the header frame, then one frame holding a
+/// record of `step` whose body field `field` carries `body` verbatim.
+fn trace_with_raw_record(step: u32, field: u32, body: &[u8]) -> Vec<u8> {
+    use basecamp_trace::format::{FrameHeader, FrameKind, preamble};
+    use basecamp_trace::pb::Record;
+    use prost::Message;
+    let frame = |payload: &[u8]| {
+        let compressed = zstd::bulk::compress(payload, 3).unwrap();
+        let header = FrameHeader {
+            kind: FrameKind::Records,
+            compressed_len: compressed.len() as u32,
+            raw_len: payload.len() as u32,
+            payload_crc: crc32fast::hash(&compressed),
+        };
+        [header.encode().to_vec(), compressed].concat()
+    };
+    let header = Record {
+        step: 0,
+        body: Some(Body::Header(Header { episode_id: "g".into(), schema_major: 1, ..Default::default() })),
+    };
+    let mut record = Vec::new();
+    prost::encoding::encode_varint(1 << 3, &mut record); // field 1 (step), varint
+    prost::encoding::encode_varint(u64::from(step), &mut record);
+    prost::encoding::encode_varint(u64::from(field << 3 | 2), &mut record);
+    prost::encoding::encode_varint(body.len() as u64, &mut record);
+    record.extend_from_slice(body);
+    let mut payload = Vec::new();
+    prost::encoding::encode_varint(record.len() as u64, &mut payload);
+    payload.extend_from_slice(&record);
+    [preamble().to_vec(), frame(&header.encode_length_delimited_to_vec()), frame(&payload)].concat()
+}
+
+#[test]
+fn a_record_body_that_does_not_decode_is_named_by_step_and_section() {
+    // Field 1 with wire type 7: no protobuf reader accepts it.
+    let bytes = trace_with_raw_record(1, 3, &[0x0f, 0x00]);
+    let q = Query::parse("plan_execution.tool == \"x\"").unwrap();
+    let mut reader = TraceReader::new(bytes.as_slice(), "g.trace").unwrap();
+    let err = q.search(&mut reader, &mut |_| {}).unwrap_err();
+    assert!(err.to_string().starts_with("g.trace: corrupt frame at byte "), "{err}");
+    assert!(err.to_string().ends_with(": step 1: a plan_execution record does not decode"), "{err}");
+    // A query that does not read plan steps skips the record undecoded.
+    let q = Query::parse("reward_signal.r > 0").unwrap();
+    let mut reader = TraceReader::new(bytes.as_slice(), "g.trace").unwrap();
+    let err = q.search(&mut reader, &mut |_| {}).unwrap_err();
+    assert!(err.to_string().starts_with("g.trace: truncated at byte "), "{err}");
+}
