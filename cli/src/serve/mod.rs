@@ -8,6 +8,10 @@
 //! - `/tasks/<namespace>/<task>/episodes/<variant>/<episode>` — one trace;
 //! - `/raw/<path>` — a `.trace` (or `.json`) file's bytes.
 //!
+//! DIR may be an `s3://BUCKET/PREFIX`: its traces and summaries are
+//! mirrored into a local directory (`--cache`), refreshed every
+//! `--refresh` seconds, and served from there.
+//!
 //! Every request reads the directory afresh (a run still writing shows up
 //! as it lands). Nothing outside DIR is ever read: `/raw/` refuses `..`
 //! and any path whose real location (symlinks resolved) leaves DIR, and
@@ -18,6 +22,7 @@ pub mod digest;
 pub mod episode;
 pub mod html;
 pub mod insights;
+mod mirror;
 mod pages;
 
 use std::net::SocketAddr;
@@ -37,12 +42,19 @@ use catalog::Catalog;
 /// Serve reports and traces from a directory, read-only.
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// A `basecamp run` output directory, or a tree of them.
+    /// A `basecamp run` output directory, a tree of them, or an `s3://BUCKET/PREFIX`
+    /// where the operator uploads them (AWS_ENDPOINT_URL_S3 and the usual credentials apply).
     #[arg(default_value = ".")]
-    pub dir: PathBuf,
+    pub dir: String,
     /// Address to listen on (port 0 picks a free port; the URL is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// For an s3:// DIR: the local mirror (default: a new directory under the system's temp dir).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// For an s3:// DIR: seconds between refreshes of the mirror.
+    #[arg(long, default_value_t = 30)]
+    pub refresh: u64,
 }
 
 struct Served {
@@ -51,15 +63,43 @@ struct Served {
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
-    let root = args
-        .dir
-        .canonicalize()
-        .with_context(|| format!("{}: cannot serve it: no such directory", args.dir.display()))?;
-    if !root.is_dir() {
-        bail!("{}: not a directory; give a `basecamp run` output directory", args.dir.display());
-    }
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let dir = if args.dir.starts_with("s3://") {
+        let cache = match &args.cache {
+            Some(dir) => dir.clone(),
+            None => std::env::temp_dir().join(format!("basecamp-serve-{}", std::process::id())),
+        };
+        let mirror = mirror::Mirror::new(&args.dir, cache)?;
+        let first = runtime.block_on(mirror.sync())?;
+        eprintln!(
+            "mirrored {} into {}: {} file(s) fetched, {} unchanged",
+            args.dir,
+            mirror.dir.display(),
+            first.fetched,
+            first.unchanged
+        );
+        for refused in &first.refused {
+            eprintln!("warning: not mirrored: {refused}");
+        }
+        let dir = mirror.dir.clone();
+        let every = std::time::Duration::from_secs(args.refresh.max(1));
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = mirror.sync().await {
+                    eprintln!("warning: refreshing the mirror failed (serving what is there): {e:#}");
+                }
+            }
+        });
+        dir
+    } else {
+        PathBuf::from(&args.dir)
+    };
+    let root = dir.canonicalize().with_context(|| format!("{}: cannot serve it: no such directory", dir.display()))?;
+    if !root.is_dir() {
+        bail!("{}: not a directory; give a `basecamp run` output directory", dir.display());
+    }
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

@@ -17,8 +17,14 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &Path) -> Server {
+        Self::start_with(&["serve", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"], &[])
+    }
+
+    /// `basecamp ARGS` (a `serve` command line) with extra environment variables.
+    pub fn start_with(args: &[&str], envs: &[(&str, String)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-            .args(["serve", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -1,0 +1,94 @@
+//! `basecamp serve s3://BUCKET/PREFIX`: the prefix's traces and summaries
+//! (`*.trace`, `*.json`) mirrored into a local directory, then served from
+//! there like any run directory. The mirror is refreshed in the background;
+//! an object is fetched again only when its size changed. Keys are checked
+//! segment by segment before they become local paths, so no key (`a/../..`)
+//! can write outside the mirror.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use basecamp_sandbox::storage::{Destination, Storage, StorageConfig, validate_segment};
+
+pub struct Mirror {
+    storage: Storage,
+    prefix: Destination,
+    pub dir: PathBuf,
+}
+
+/// What one refresh did.
+#[derive(Debug, Default)]
+pub struct Synced {
+    pub fetched: usize,
+    pub unchanged: usize,
+    /// Keys that were not mirrored, and why.
+    pub refused: Vec<String>,
+}
+
+/// The local path of a key relative to the prefix, or why it has none.
+pub fn local_path(dir: &Path, relative: &str) -> Result<PathBuf, String> {
+    let mut path = dir.to_path_buf();
+    for segment in relative.split('/') {
+        validate_segment("key", segment).map_err(|e| e.to_string())?;
+        path.push(segment);
+    }
+    Ok(path)
+}
+
+fn mirrored(relative: &str) -> bool {
+    relative.ends_with(".trace") || relative.ends_with(".json")
+}
+
+impl Mirror {
+    /// A mirror of `url` (an `s3://` prefix) in `dir`, created when missing.
+    pub fn new(url: &str, dir: PathBuf) -> Result<Mirror> {
+        let prefix = Destination::parse(url)?;
+        if !prefix.is_s3() {
+            bail!("{url}: not an s3:// prefix");
+        }
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create the mirror directory {}", dir.display()))?;
+        Ok(Mirror { storage: Storage::new(StorageConfig::from_env()), prefix, dir })
+    }
+
+    pub async fn sync(&self) -> Result<Synced> {
+        let objects = self.storage.list(&self.prefix).await.with_context(|| format!("cannot list {}", self.prefix))?;
+        let mut synced = Synced::default();
+        for object in objects.iter().filter(|o| mirrored(&o.relative)) {
+            let local = match local_path(&self.dir, &object.relative) {
+                Ok(path) => path,
+                Err(why) => {
+                    synced.refused.push(format!("{}: {why}", object.location));
+                    continue;
+                }
+            };
+            if std::fs::metadata(&local).is_ok_and(|m| m.len() == object.size) {
+                synced.unchanged += 1;
+                continue;
+            }
+            if let Some(parent) = local.parent() {
+                std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+            }
+            self.storage
+                .fetch_to_file(&object.location, &local)
+                .await
+                .with_context(|| format!("cannot fetch {}", object.location))?;
+            synced.fetched += 1;
+        }
+        Ok(synced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_cannot_leave_the_mirror() {
+        let dir = Path::new("/mirror");
+        assert_eq!(local_path(dir, "2026/a/shard-0/ep.trace").unwrap(), Path::new("/mirror/2026/a/shard-0/ep.trace"));
+        for key in ["../x.trace", "a/../../x.trace", "a//x.trace", "./x.trace", "a\\..\\x.trace", ""] {
+            assert!(local_path(dir, key).is_err(), "{key:?} must be refused");
+        }
+    }
+}
