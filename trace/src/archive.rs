@@ -33,8 +33,9 @@ const BLOCK: usize = 512;
 const ZSTD_LEVEL: i32 = 3;
 /// Largest index accepted when reading (bounds the allocation for a hostile file).
 const MAX_INDEX_BYTES: u64 = 256 << 20;
-/// Largest member accepted when reading.
-const MAX_MEMBER_BYTES: u64 = 16 << 30;
+/// Largest member accepted when reading (no trace comes near it; it bounds
+/// the allocation a hostile index or frame header could ask for).
+const MAX_MEMBER_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
@@ -296,8 +297,12 @@ impl<R: Read + Seek> ArchiveReader<R> {
             offset: member.frame_offset,
             reason,
         };
-        let entry =
-            read_frame(&mut self.inner, member.frame_offset, member.frame_len, MAX_MEMBER_BYTES).map_err(damaged)?;
+        if member.bytes > MAX_MEMBER_BYTES {
+            return Err(damaged(format!("the index says {} bytes, limit is {MAX_MEMBER_BYTES}", member.bytes)));
+        }
+        // The tar entry: a header block and the data padded to whole blocks.
+        let entry_len = BLOCK as u64 + member.bytes.div_ceil(BLOCK as u64) * BLOCK as u64;
+        let entry = read_frame(&mut self.inner, member.frame_offset, member.frame_len, entry_len).map_err(damaged)?;
         let (name, data) = untar(&entry).map_err(damaged)?;
         if name != member.name || data.len() as u64 != member.bytes {
             return Err(damaged(format!(

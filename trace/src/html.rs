@@ -85,7 +85,7 @@ pub fn trace_to_html(file: &str, trace: &TraceContents) -> String {
     }
     if let Some(e) = end {
         let outcome = Outcome::try_from(e.outcome).map_or("unknown", |o| o.as_str_name());
-        let secs = (e.end_time_unix_nanos - header.start_time_unix_nanos) as f64 / 1e9;
+        let secs = e.end_time_unix_nanos.saturating_sub(header.start_time_unix_nanos) as f64 / 1e9;
         let _ = write!(
             h,
             "<span><b>outcome</b> {}</span><span><b>steps</b> {}</span><span><b>duration</b> {secs:.3} s</span>",

@@ -86,7 +86,7 @@ pub fn export<R: Read>(mut reader: TraceReader<R>) -> (Value, Option<TraceError>
             Some(Body::PlanStep(p)) if p.kind == StepKind::ToolCall as i32 => {
                 calls += 1;
                 let span_start = if p.start_unix_nanos > 0 { p.start_unix_nanos as u64 } else { last_time };
-                let span_end = span_start + p.latency_micros * 1000;
+                let span_end = span_start.saturating_add(p.latency_micros.saturating_mul(1000));
                 last_time = last_time.max(span_end);
                 let status = StepStatus::try_from(p.status).unwrap_or(StepStatus::Unspecified);
                 let failed = status != StepStatus::Ok;

@@ -345,12 +345,21 @@ impl Validator {
                 }
             }
             Some((end_step, end)) => {
-                for step in 1..=end.steps {
+                // Steps past the last record are one finding, not one per step.
+                let last_recorded = self.last_step;
+                for step in 1..=end.steps.min(last_recorded) {
                     if !self.steps_with_outcome.contains(&step) {
                         self.finding(step, "steps", "step never ended: no plan step or error context recorded".into());
                     }
                 }
-                if let Some(&beyond) = self.steps_with_outcome.range(end.steps + 1..).next() {
+                if end.steps > last_recorded {
+                    self.finding(
+                        end_step,
+                        "steps",
+                        format!("the episode end says {} steps, but records stop at step {last_recorded}", end.steps),
+                    );
+                }
+                if let Some(&beyond) = self.steps_with_outcome.range(end.steps.saturating_add(1)..).next() {
                     self.finding(
                         beyond,
                         "steps",

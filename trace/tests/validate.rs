@@ -134,3 +134,12 @@ fn a_truncated_file_is_one_finding_with_its_offset() {
     let line = found[0].to_string();
     assert!(line.starts_with(&format!("{}: schema: truncated at byte ", path.display())), "{line}");
 }
+
+#[test]
+fn an_episode_end_claiming_more_steps_than_recorded_is_one_finding() {
+    let mut ep = episode();
+    ep.end.steps = u32::MAX;
+    let found = findings(&ep);
+    assert_eq!(summary(&found), [(Some(12), "steps")], "{found:#?}");
+    assert_eq!(found[0].message, format!("the episode end says {} steps, but records stop at step 12", u32::MAX));
+}
