@@ -51,6 +51,8 @@ pub enum RunError {
     Selection(String),
     #[error("test set {location}: {message}")]
     TestSet { location: String, message: String },
+    #[error("scripted policy {location}: {message}")]
+    ScriptedPolicy { location: String, message: String },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
@@ -67,6 +69,7 @@ impl RunError {
             Self::Invalid(_) => "InvalidSpec",
             Self::Selection(_) => "NoSuchTaskOrVariant",
             Self::TestSet { .. } => "TestSetUnavailable",
+            Self::ScriptedPolicy { .. } => "PolicyUnavailable",
             Self::Config(e) => e.category(),
             Self::Service(e) => e.category(),
             Self::Gpu(e) => e.category(),
@@ -187,7 +190,8 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
 
     let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await?;
     let rows = test_set.shard(request.shard, request.shard_count).map_err(|e| RunError::Selection(e.to_string()))?;
-    let inputs = rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect();
+    let inputs: Vec<crate::episode::EpisodeInput> =
+        rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect();
 
     let out_dir = request.out_dir.clone().unwrap_or_else(|| {
         Path::new("basecamp-runs").join(&task_name).join(&variant.name).join(format!("shard-{}", request.shard))
@@ -204,10 +208,18 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         shard_count: request.shard_count,
         training_step: 0,
     };
-    let mut runner = build_runner(&task.spec, &sandbox, &ctx)?;
+    // In a cluster the operator requires `policy.scripted` on S3 (pods have
+    // no local copy): fetch it next to the shard's output, outside what is uploaded.
+    let mut spec = task.spec.clone();
+    if let Some(location) = spec.policy.scripted.clone().filter(|s| s.starts_with("s3://")) {
+        spec.policy.scripted = Some(fetch_scripted_policy(&location, &out_dir).await?.display().to_string());
+    }
+    let mut runner = build_runner(&spec, &sandbox, &ctx)?;
     let metrics = Arc::new(SandboxMetrics::new());
     runner.metrics = Some(metrics.clone());
     let live = LiveInjections::default();
+    // Live injection for an id this shard does not run is a 404, not a silent no-op.
+    live.expect_episodes(inputs.iter().map(|i| i.id.clone()));
     runner.live = live.clone();
     let runner = Arc::new(runner);
 
@@ -279,6 +291,22 @@ pub async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, R
     }
     let path = if Path::new(location).is_absolute() { PathBuf::from(location) } else { base_dir.join(location) };
     TestSet::load(&path).map_err(|e| err(e.to_string()))
+}
+
+/// Downloads an `s3://` scripted policy to `<out_dir>.policy.jsonl` (beside
+/// the output directory, so it is not uploaded with the traces).
+async fn fetch_scripted_policy(location: &str, out_dir: &Path) -> Result<PathBuf, RunError> {
+    let err = |message: String| RunError::ScriptedPolicy { location: location.to_string(), message };
+    let destination = Destination::parse(location).map_err(|e| err(e.to_string()))?;
+    let bytes = Storage::new(StorageConfig::from_env()).fetch(&destination).await.map_err(|e| err(e.to_string()))?;
+    let mut name = out_dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".policy.jsonl");
+    let path = out_dir.with_file_name(name);
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| err(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    std::fs::write(&path, bytes).map_err(|e| err(format!("cannot write {}: {e}", path.display())))?;
+    Ok(std::path::absolute(&path).unwrap_or(path))
 }
 
 #[cfg(test)]
