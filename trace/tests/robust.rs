@@ -1,0 +1,45 @@
+//! The trace tools on damaged input: whatever the bytes, validate, redact,
+//! the OTLP export and the HTML page finish with findings or errors, never a panic.
+
+use basecamp_trace::otlp::export;
+use basecamp_trace::redact::{Pattern, Redactor};
+use basecamp_trace::synthetic::{EpisodeShape, generate};
+use basecamp_trace::validate::validate_reader;
+use basecamp_trace::{TraceReader, html::trace_to_html, read_trace_from};
+use proptest::prelude::*;
+
+fn trace() -> Vec<u8> {
+    generate(&EpisodeShape { seed: 9, steps: 6, tokens_per_step: 3, ..Default::default() })
+        .write_to(Vec::new(), 3)
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn damaged_traces_never_panic(cut in 0.0f64..1.0, flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..3)) {
+        let mut bytes = trace();
+        for (at, x) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] ^= x;
+        }
+        bytes.truncate(((bytes.len() as f64) * (0.5 + cut / 2.0)) as usize);
+        let open = || TraceReader::new(bytes.as_slice(), "d.trace");
+        if let Ok(reader) = open() {
+            let findings = validate_reader(reader);
+            prop_assert!(!findings.is_empty(), "a damaged trace has findings");
+        }
+        if let Ok(reader) = open() {
+            let _ = export(reader);
+        }
+        if let Ok(reader) = open() {
+            let redactor = Redactor::new(["order_id".to_string()], vec![Pattern::Email, Pattern::Phone], b"s".to_vec());
+            let _ = redactor.redact(reader, Vec::new(), "out.trace");
+        }
+        if let Ok(contents) = read_trace_from(bytes.as_slice(), "d.trace") {
+            let html = trace_to_html("d.trace", &contents);
+            prop_assert!(html.ends_with("</html>\n"));
+        }
+    }
+}
