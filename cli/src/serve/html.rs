@@ -193,7 +193,7 @@ pub fn timeline_svg(steps: &[StepStat], id: &str) -> String {
 /// One scatter plot: x against y, each point an episode (red when it
 /// failed) linking to its trace view, with the least-squares line.
 pub fn scatter_svg(c: &Correlation, entries: &[&EpisodeEntry], link: &dyn Fn(&EpisodeEntry) -> String) -> String {
-    let (w, h, pad) = (260.0_f64, 180.0_f64, 30.0_f64);
+    let (w, h, pad) = (266.0_f64, 180.0_f64, 36.0_f64);
     let range = |vals: Vec<f64>| {
         let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -227,7 +227,7 @@ pub fn scatter_svg(c: &Correlation, entries: &[&EpisodeEntry], link: &dyn Fn(&Ep
         hh = h + 8.0,
         axy = h - pad + 8.0,
         lx = h + 2.0,
-        ty = pad + 3.0,
+        ty = 2.0,
         x = esc(&c.x),
         y = esc(&c.y),
     );
