@@ -277,6 +277,19 @@ fn an_s3_prefix_is_mirrored_served_and_refreshed() {
     assert_eq!(raw.status, 200);
     assert_eq!(raw.body, std::fs::read(a.join("ep-003.trace")).unwrap());
 
+    // `trace report` reads the same prefix.
+    let out = tempfile::tempdir().unwrap();
+    let report = out.path().join("r.html");
+    let result = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "report", "s3://runs/traces", "--metric", "error_rate", "-o", report.to_str().unwrap()])
+        .envs(s3.env())
+        .output()
+        .unwrap();
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains("in 4 of 4 failed episodes <code>shipping_status</code> was set to null"));
+    assert!(html.contains("metrics from the shard's summary.json"));
+
     // Variant b lands in the bucket later: the mirror picks it up.
     let b = shard_dir(staging.path(), TASK, "b");
     copy_tree(&b, &prefix.join(b.strip_prefix(staging.path()).unwrap()));

@@ -22,7 +22,7 @@ pub mod digest;
 pub mod episode;
 pub mod html;
 pub mod insights;
-mod mirror;
+pub mod mirror;
 mod pages;
 
 use std::net::SocketAddr;

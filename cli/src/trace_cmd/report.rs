@@ -4,7 +4,9 @@
 //! timeline, the correlations of M with every other metric, the failed
 //! episodes clustered by K, and every episode's trace view in the page.
 //!
-//! PATHS are trace files, directories (a `basecamp run` output) or globs.
+//! PATHS are trace files, directories (a `basecamp run` output), globs, or
+//! `s3://BUCKET/PREFIX` (its traces and summaries are fetched into a
+//! temporary directory first).
 //! Episode metrics come from the shard `summary.json` next to the traces
 //! when there is one, else from what each trace holds.
 
@@ -17,6 +19,7 @@ use anyhow::{Context, Result, bail};
 use super::html::{Group, render};
 use crate::serve::catalog::Catalog;
 use crate::serve::insights::{ClusterBy, Loaded, compute, metric_names};
+use crate::serve::mirror::Mirror;
 
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
@@ -35,7 +38,37 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: &ReportArgs) -> Result<ExitCode> {
-    let catalog = Catalog::from_inputs(&args.paths)?;
+    let mut fetched = Vec::new();
+    let result = report(args, &mut fetched);
+    for dir in fetched {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    result
+}
+
+/// Mirrors an `s3://` input into a new temporary directory (recorded in `fetched`).
+fn local_input(input: &str, fetched: &mut Vec<PathBuf>) -> Result<String> {
+    if !input.starts_with("s3://") {
+        return Ok(input.to_string());
+    }
+    let dir = std::env::temp_dir().join(format!("basecamp-report-{}-{}", std::process::id(), fetched.len()));
+    fetched.push(dir.clone());
+    let mirror = Mirror::new(input, dir.clone())?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
+    let synced = runtime.block_on(mirror.sync())?;
+    for refused in &synced.refused {
+        eprintln!("warning: not fetched: {refused}");
+    }
+    if synced.fetched == 0 {
+        bail!("{input}: no .trace or .json objects under this prefix");
+    }
+    Ok(dir.display().to_string())
+}
+
+fn report(args: &ReportArgs, fetched: &mut Vec<PathBuf>) -> Result<ExitCode> {
+    let inputs = args.paths.iter().map(|p| local_input(p, fetched)).collect::<Result<Vec<_>>>()?;
+    let catalog = Catalog::from_inputs(&inputs)?;
     if catalog.episodes.is_empty() {
         let why =
             if catalog.problems.is_empty() { String::new() } else { format!(": {}", catalog.problems.join("; ")) };
