@@ -189,12 +189,71 @@ class Operator:
         return (WORK / f"operator-{self.starts}.log").read_text(errors="replace")
 
 
+class Prometheus:
+    """Debian's prometheus scraping the operator on loopback every second
+    (job `basecamp-metrics`, the metrics Service's name, as the chart's
+    ServiceMonitor would name it; honor_labels as the ServiceMonitor sets)."""
+
+    def __init__(self, binary: str, target: str):
+        self.port = free_port()
+        data = WORK / "prometheus"
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True)
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "basecamp-metrics", "honor_labels": True,
+                                "static_configs": [{"targets": [target]}]}],
+        }
+        (data / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={data / 'prometheus.yml'}", f"--storage.tsdb.path={data / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=open(WORK / "prometheus.log", "w"), stderr=subprocess.STDOUT)
+        wait_until("prometheus /-/ready", self.ready, timeout=60)
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise E2EError(f"prometheus exited ({self.proc.returncode}); log: {WORK}/prometheus.log")
+        try:
+            return requests.get(f"http://127.0.0.1:{self.port}/-/ready", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def query(self, expr: str) -> list:
+        r = requests.get(f"http://127.0.0.1:{self.port}/api/v1/query", params={"query": expr}, timeout=10)
+        body = r.json()
+        if body.get("status") != "success":
+            raise E2EError(f"prometheus query failed: {expr}: {body}")
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 @pytest.fixture(scope="session")
 def operator(kube: Kube, chart: dict):
     op = Operator(kube, chart["deployment"], sa_kubeconfig(kube))
     op.start()
     yield op
     op.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prometheus(request):
+    """Started with the operator (when prometheus is installed), so the
+    dashboards test sees the whole run's series."""
+    binary = os.environ.get("BASECAMP_E2E_PROMETHEUS")
+    if not binary or not any("operator" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    op = request.getfixturevalue("operator")
+    prom = Prometheus(binary, f"127.0.0.1:{op.port}")
+    yield prom
+    prom.stop()
 
 
 @pytest.fixture(scope="session")
