@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench bench-trace bench-sandbox bench-logits demo demo-trace image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench bench-trace bench-sandbox bench-logits bench-search demo demo-trace image fuzz clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -64,13 +64,16 @@ e2e-cluster-smoke: ## Bounded self-test of the control plane: GPU affinity sched
 e2e: ## End-to-end tests on a real control plane (arrives with the e2e issue)
 	@echo "e2e: the real-cluster tests arrive with their own issue" && exit 1
 
-bench: bench-trace bench-sandbox bench-logits ## Every benchmark; results under bench/results/
+bench: bench-trace bench-sandbox bench-logits bench-search ## Every benchmark; results under bench/results/
 
 bench-trace: ## Trace write/read throughput, delta vs snapshot size, zstd vs gzip
 	$(CARGO) bench -p basecamp-trace --bench trace
 
 bench-sandbox: ## Executor overhead vs a direct call, timeout lateness, episodes/s
 	$(CARGO) bench -p basecamp-sandbox --bench sandbox
+
+bench-search: ## trace search over >= 1 GB of traces vs the same traces as JSON Lines filtered by jq (about 4 minutes)
+	$(CARGO) bench -p basecamp-trace --bench search
 
 bench-logits: ## CPU logit analytics (fused vs scalar loop); the GPU run is gpu/bench/run_device.sh
 	$(CARGO) bench -p basecamp-gpu --bench logits
