@@ -423,7 +423,7 @@ pub fn insight_sections(
             e.shard,
             esc(&e.outcome),
             if e.failed() { format!("<span class=\"bad\">{}</span>", esc(&e.failure_class)) } else { "ok".into() },
-            num(e.metrics.get(&insights.metric).copied()),
+            num(insights.values.get(i).and_then(|v| v.get(&insights.metric)).copied()),
             fixed.iter().map(|m| format!("<td>{}</td>", num(e.metrics.get(*m).copied()))).collect::<String>(),
             e.metrics.get("resolution_time_s").map_or("-".into(), |s| format!("{s:.2}s")),
             esc(&e.relative),

@@ -132,6 +132,8 @@ pub struct Insights {
     pub hints: Vec<String>,
     /// Traces that could not be read, with why.
     pub unreadable: Vec<String>,
+    /// Each episode's metrics with its `reward.<component>` scores, by group index.
+    pub values: Vec<BTreeMap<String, f64>>,
 }
 
 /// Pearson's r over paired values; `Err` says why it is undefined.
@@ -184,6 +186,7 @@ pub fn compute(group: &[Loaded<'_>], metric: &str, cluster_by: ClusterBy) -> Ins
     insights.correlations = correlations(&values, metric);
     insights.clusters = clusters(group, cluster_by);
     insights.hints = hints(group, &values, &insights);
+    insights.values = values;
     insights
 }
 
