@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench bench-trace bench-sandbox bench-logits bench-search demo demo-trace image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench bench-trace bench-sandbox bench-logits bench-search demo demo-trace browser image fuzz clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -35,8 +35,12 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test-deps: ## Build the real test servers the tests start (s3s-fs), cached in $(BASECAMP_CACHE)
+test-deps: ## Build the real test servers the tests start (s3s-fs), cached in $(BASECAMP_CACHE); Debian's chromium for the browser tests
 	bash scripts/s3-server.sh install
+	bash scripts/browser.sh install
+
+browser: ## Debian's chromium for the browser tests of the report and serve
+	bash scripts/browser.sh install
 
 unit: ## Unit and integration tests of every crate
 	$(CARGO) test --workspace

@@ -9,6 +9,7 @@ mod harness;
 mod replay;
 mod run;
 mod sandbox_cmd;
+mod serve;
 mod trace_cmd;
 
 use std::process::ExitCode;
@@ -46,6 +47,8 @@ enum Command {
     /// Talk to a running sandbox: inject an observation into an episode.
     #[command(subcommand)]
     Sandbox(sandbox_cmd::SandboxCommand),
+    /// Serve the reports and traces of a run directory, read-only, at stable URLs (Grafana links here).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Data(cmd) => data::run(cmd),
         Command::Trace(cmd) => trace_cmd::run(cmd),
         Command::Sandbox(cmd) => sandbox_cmd::run(cmd),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(code) => code,

@@ -78,11 +78,14 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
     if p.is_absolute() { p.to_path_buf() } else { base.join(p) }
 }
 
+/// Reward component -> the metric it scores (`source`).
+pub type RewardSources = BTreeMap<String, String>;
+
 /// The sandbox's reward calculator and each component's metric source
 /// (`None` without reward components). Preprocessors score with the same one.
 pub fn reward_calculator(
     sandbox: &SandboxConfigSpec,
-) -> Result<Option<(RewardCalculator, BTreeMap<String, String>)>, ConfigError> {
+) -> Result<Option<(RewardCalculator, RewardSources)>, ConfigError> {
     let Some(r) = sandbox.rewards.as_ref().filter(|r| !r.components.is_empty()) else { return Ok(None) };
     let spec = RewardSpec {
         components: r.components.iter().map(|(n, c)| (n.clone(), ComponentSpec { weight: c.weight })).collect(),

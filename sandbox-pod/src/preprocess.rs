@@ -192,15 +192,15 @@ pub fn raw_records(
                     None => memory.remove(&delta.key),
                 };
                 let source = pb::MemorySource::try_from(delta.source).unwrap_or(pb::MemorySource::Unspecified);
-                if let Some(current) = records.last_mut().filter(|r| r["step"] == record.step) {
-                    if let Some(deltas) = current["memory_deltas"].as_array_mut() {
-                        deltas.push(json!({
-                            "key": delta.key,
-                            "before": delta.before_json.as_deref().map(json_or_text),
-                            "after": after,
-                            "source": source.as_str_name().trim_start_matches("MEMORY_SOURCE_").to_ascii_lowercase(),
-                        }));
-                    }
+                if let Some(current) = records.last_mut().filter(|r| r["step"] == record.step)
+                    && let Some(deltas) = current["memory_deltas"].as_array_mut()
+                {
+                    deltas.push(json!({
+                        "key": delta.key,
+                        "before": delta.before_json.as_deref().map(json_or_text),
+                        "after": after,
+                        "source": source.as_str_name().trim_start_matches("MEMORY_SOURCE_").to_ascii_lowercase(),
+                    }));
                 }
             }
             Some(Body::RewardSignal(signal)) => {

@@ -11,7 +11,7 @@
 //! traces stay readable, every shard still writes its `summary.json`, and
 //! the summary table shows what finished.
 
-mod analysis;
+pub(crate) mod analysis;
 mod report;
 pub mod summary;
 

@@ -4,8 +4,10 @@ mod analyze;
 mod archive;
 mod cleanup;
 mod export;
+mod html;
 mod parse;
 mod redact;
+mod report;
 mod search;
 mod sources;
 mod validate;
@@ -23,6 +25,8 @@ pub enum TraceCommand {
     /// Re-execute an episode with its recorded policy outputs and tool responses; report
     /// "identical" or the first divergence (step, field, recorded vs replayed).
     Replay(crate::replay::ReplayArgs),
+    /// One self-contained HTML report: per-step timeline, metric correlations, failure clusters, root-cause hints.
+    Report(report::ReportArgs),
     /// Find the steps of many traces that match a query, e.g. 'memory_state.shipping_status == null'.
     Search(search::SearchArgs),
     /// Check traces: schema, steps in order and ended, statuses, hashes, the memory hash chain, reward sums.
@@ -42,6 +46,7 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
         TraceCommand::Parse(args) => parse::run(&args),
         TraceCommand::Analyze(args) => analyze::run(&args),
         TraceCommand::Replay(args) => crate::replay::run(args),
+        TraceCommand::Report(args) => report::run(&args),
         TraceCommand::Search(args) => search::run(&args),
         TraceCommand::Validate(args) => validate::run(&args),
         TraceCommand::Redact(args) => redact::run(&args),
