@@ -329,3 +329,12 @@ def timed(what: str):
             print(f"[timing] {what}: {time.monotonic() - self.t:.1f}s")
 
     return _T()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Benchmarks (bench_*.py) run only with BASECAMP_E2E_BENCH=1, and last."""
+    bench = [i for i in items if Path(str(i.fspath)).name.startswith("bench_")]
+    if os.environ.get("BASECAMP_E2E_BENCH") != "1":
+        for item in bench:
+            item.add_marker(pytest.mark.skip(reason="a benchmark: set BASECAMP_E2E_BENCH=1"))
+    items[:] = [i for i in items if i not in bench] + bench

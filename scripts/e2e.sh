@@ -17,7 +17,8 @@
 # Environment:
 #   BASECAMP_E2E_WORK      state directory (default ${TMPDIR:-/tmp}/basecamp-e2e-run)
 #   BASECAMP_E2E_KEEP=1    keep the cluster and S3 running after the tests
-#   BASECAMP_E2E_BENCH=1   also run the 1,000-task operator benchmark
+#   BASECAMP_E2E_BENCH=1   also run the 1,000-task operator benchmark (e2e/bench_operator.py,
+#                          writes bench/results/operator.json); `-k scale` runs only it
 #   E2E_TIMEOUT            overall bound in seconds for pytest (default 2400)
 set -euo pipefail
 
