@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench bench-trace bench-sandbox bench-logits bench-search demo demo-trace browser image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-logits bench-search demo demo-trace browser image fuzz clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -65,8 +65,11 @@ e2e-cluster-down: ## Stop the control plane started by e2e-cluster
 e2e-cluster-smoke: ## Bounded self-test of the control plane: GPU affinity scheduling, playing kwok pods
 	BASECAMP_CACHE=$(BASECAMP_CACHE) bash e2e/cluster/smoke.sh
 
-e2e: ## End-to-end tests on a real control plane (arrives with the e2e issue)
-	@echo "e2e: the real-cluster tests arrive with their own issue" && exit 1
+e2e: ## End-to-end tests on the real control plane: helm install + RBAC, the real operator as its ServiceAccount, GPU scheduling, pods played by the real sandbox against s3s-fs, Prometheus, restarts
+	BASECAMP_CACHE=$(BASECAMP_CACHE) bash scripts/e2e.sh
+
+bench-operator: ## 1,000 HarnessTasks at once on the real control plane: time to every Job, reconcile p50/p99, peak RSS (bench/results/operator.json)
+	BASECAMP_CACHE=$(BASECAMP_CACHE) BASECAMP_E2E_BENCH=1 bash scripts/e2e.sh -k scale
 
 bench: bench-trace bench-sandbox bench-logits bench-search ## Every benchmark; results under bench/results/
 
