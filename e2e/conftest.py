@@ -40,6 +40,12 @@ def free_port() -> int:
     return port
 
 
+def record_pid(name: str, pid: int) -> None:
+    """scripts/e2e.sh's trap stops what is recorded here if pytest itself is killed."""
+    (WORK / "pids").mkdir(parents=True, exist_ok=True)
+    (WORK / "pids" / name).write_text(f"{pid}\n")
+
+
 def need(var: str) -> str:
     value = os.environ.get(var)
     if not value:
@@ -161,6 +167,7 @@ class Operator:
         env = {"PATH": os.environ["PATH"], "HOME": str(WORK), "KUBECONFIG": str(self.kubeconfig), **self.env}
         binary = Path(need("BASECAMP_E2E_BIN")) / "basecamp-operator"
         self.proc = subprocess.Popen([str(binary), *self.args], env=env, stdout=log, stderr=subprocess.STDOUT)
+        record_pid("basecamp-operator", self.proc.pid)
         wait_until("the operator's /readyz", self.ready, timeout=60)
 
     def ready(self) -> bool:
@@ -209,6 +216,7 @@ class Prometheus:
             [binary, f"--config.file={data / 'prometheus.yml'}", f"--storage.tsdb.path={data / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=open(WORK / "prometheus.log", "w"), stderr=subprocess.STDOUT)
+        record_pid("prometheus", self.proc.pid)
         wait_until("prometheus /-/ready", self.ready, timeout=60)
 
     def ready(self) -> bool:

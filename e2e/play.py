@@ -98,12 +98,17 @@ class Player:
         with open(log, "w") as out:
             out.write(f"$ {' '.join(argv)}\n# env: {sorted(env)}\n")
             out.flush()
+            proc = subprocess.Popen(argv, cwd=workdir, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+            pid_file = WORK / "pids" / f"sandbox-{ns}-{name}"
+            pid_file.parent.mkdir(parents=True, exist_ok=True)
+            pid_file.write_text(f"{proc.pid}\n")  # scripts/e2e.sh stops it if pytest is killed
             try:
-                code = subprocess.run(
-                    argv, cwd=workdir, env=run_env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
-                ).returncode
+                code = proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
                 code = 137
+            pid_file.unlink(missing_ok=True)
         seconds = time.monotonic() - t0
         self.finish(pod, code, started)
         played = Played(name, env.get("JOB_COMPLETION_INDEX", "?"), code, seconds, log)

@@ -33,12 +33,36 @@ T0=$SECONDS
 log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# stop_recorded: the operator, sandboxes and prometheus the tests started (pids in
+# $WORK/pids, written by e2e/conftest.py), in case pytest was killed first.
+stop_recorded() {
+	local f pid pids=()
+	for f in "$WORK"/pids/*; do
+		[ -f "$f" ] || continue
+		pid="$(cat "$f")"
+		case "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" in
+		*basecamp-operator* | *basecamp-sandbox* | *prometheus*) kill "$pid" 2>/dev/null && pids+=("$pid") ;;
+		esac
+		rm -f "$f"
+	done
+	# A sandbox on SIGTERM still flushes and uploads; 10 s, then SIGKILL.
+	local deadline=$((SECONDS + 10)) alive
+	while :; do
+		alive=0
+		for pid in "${pids[@]}"; do ! kill -0 "$pid" 2>/dev/null || alive=1; done
+		if [ $alive -eq 0 ] || [ $SECONDS -ge $deadline ]; then break; fi
+		sleep 0.5
+	done
+	for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+}
+
 # shellcheck disable=SC2317 # invoked by the EXIT trap
 cleanup() {
 	local rc=$?
 	if [ "${BASECAMP_E2E_KEEP:-0}" = 1 ]; then
 		log "BASECAMP_E2E_KEEP=1: leaving the cluster ($CLUSTER_DIR) and S3 ($S3_DATA) running"
 	else
+		stop_recorded
 		[ ! -f "$S3_DATA.s3s-fs.pid" ] || scripts/s3-server.sh stop "$S3_DATA" >/dev/null 2>&1 || true
 		if [ "$rc" -eq 0 ]; then
 			e2e/cluster/down.sh "$CLUSTER_DIR" --purge >/dev/null 2>&1 || true
@@ -55,6 +79,7 @@ trap 'exit 130' INT TERM
 
 mkdir -p "$WORK"
 # A previous run's leftovers (a kept cluster, an S3 server) are stopped first.
+stop_recorded
 [ ! -f "$S3_DATA.s3s-fs.pid" ] || scripts/s3-server.sh stop "$S3_DATA" >/dev/null 2>&1 || true
 e2e/cluster/down.sh "$CLUSTER_DIR" --purge >/dev/null 2>&1 || true
 rm -rf "$S3_DATA" "$WORK/play"
