@@ -33,6 +33,12 @@ T0=$SECONDS
 log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# The test driver's Python modules (pytest, boto3, requests, PyYAML).
+if ! python3 -c 'import pytest, boto3, requests, yaml' 2>/dev/null; then
+	log "installing the e2e driver's Python modules (pytest boto3 requests pyyaml)"
+	python3 -m pip install --quiet pytest boto3 requests pyyaml || die "cannot install pytest boto3 requests pyyaml with pip"
+fi
+
 # stop_recorded: the operator, sandboxes and prometheus the tests started (pids in
 # $WORK/pids, written by e2e/conftest.py), in case pytest was killed first.
 stop_recorded() {
