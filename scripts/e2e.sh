@@ -46,7 +46,7 @@ stop_recorded() {
 	for f in "$WORK"/pids/*; do
 		[ -f "$f" ] || continue
 		pid="$(cat "$f")"
-		case "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" in
+		case "$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" in
 		*basecamp-operator* | *basecamp-sandbox* | *prometheus*) kill "$pid" 2>/dev/null && pids+=("$pid") ;;
 		esac
 		rm -f "$f"
