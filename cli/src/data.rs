@@ -14,6 +14,7 @@ use basecamp_sandbox::config::reward_calculator;
 use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, trajectory_row};
 use basecamp_sandbox::rewards::RewardCalculator;
 use basecamp_sandbox::run::{load_manifests, resolve_variants, select_task};
+use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
@@ -49,32 +50,6 @@ pub struct PreprocessArgs {
 pub fn run(command: DataCommand) -> Result<ExitCode> {
     let DataCommand::Preprocess(args) = command;
     preprocess(&args)
-}
-
-fn traces_in(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut found = Vec::new();
-    for path in paths {
-        if path.is_file() {
-            found.push(path.clone());
-            continue;
-        }
-        if !path.is_dir() {
-            bail!("{}: no such file or directory", path.display());
-        }
-        let mut stack = vec![path.clone()];
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))?.flatten() {
-                let p = entry.path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|e| e == "trace") {
-                    found.push(p);
-                }
-            }
-        }
-    }
-    found.sort();
-    Ok(found)
 }
 
 /// Preprocessor, batch size, reward calculator and working directory from
@@ -133,7 +108,8 @@ impl Batches {
 
 fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     let (preprocessor, batch_size, calculator, workdir) = settings(args)?;
-    let traces = traces_in(&args.paths)?;
+    let paths: Vec<String> = args.paths.iter().map(|p| p.display().to_string()).collect();
+    let traces = expand_inputs(&paths, TRACE_SUFFIX)?;
     if traces.is_empty() {
         bail!(
             "no .trace files under {}",
