@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    // Read at run time: a build script reused from a cache built elsewhere
+    // (another checkout path) must still find this checkout's proto.
+    let proto_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../proto");
     let proto_file = proto_dir.join("trace.proto");
     println!("cargo:rerun-if-changed={}", proto_file.display());
 
