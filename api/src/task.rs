@@ -181,9 +181,99 @@ pub struct TrainingConfig {
     /// Training command (argv).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
-    /// GPUs for training.
+    /// GPUs for training (`nvidia.com/gpu` on the trainer pod; placed on
+    /// nodes of the first variant's `minComputeCapability`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
+    /// Where the trainer writes checkpoints: one `step-N/` prefix each,
+    /// finished by a `COMPLETE` object (see `completionMarker`). Default:
+    /// `<traces.destination>/checkpoints/<namespace>/<task>/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<String>,
+    /// The object that marks a checkpoint as fully written. Default: `COMPLETE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_marker: Option<String>,
+    /// Checkpoints evaluated at the same time (each runs the test set in
+    /// sandboxes, one Job per variant). Default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent_evaluations: Option<u32>,
+}
+
+impl TrainingConfig {
+    /// The completion marker's file name (default `COMPLETE`).
+    pub fn completion_marker(&self) -> &str {
+        self.completion_marker.as_deref().filter(|m| !m.is_empty()).unwrap_or(DEFAULT_COMPLETION_MARKER)
+    }
+
+    /// Checkpoints evaluated at once (default 1).
+    pub fn max_concurrent_evaluations(&self) -> u32 {
+        self.max_concurrent_evaluations.unwrap_or(1).max(1)
+    }
+}
+
+/// The object that marks a checkpoint `step-N/` as complete, by default.
+pub const DEFAULT_COMPLETION_MARKER: &str = "COMPLETE";
+
+/// A policy server started next to the sandbox in every evaluation pod (a
+/// native sidecar, e.g. vLLM), serving the checkpoint under test on
+/// localhost. The sandbox waits until `readinessPath` answers 200.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyServer {
+    /// The server's image, e.g. `vllm/vllm-openai:v0.11.0`.
+    pub image: String,
+    /// The command (argv); default: the image's entrypoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments. `$(BASECAMP_CHECKPOINT)` (the checkpoint's location; the
+    /// model id or `resumeFrom` when not evaluating a checkpoint),
+    /// `$(BASECAMP_STEP)` and `$(BASECAMP_POLICY_PORT)` are expanded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// The loopback port it listens on. Default: 8000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<u16>,
+    /// Path answering 200 once the model is loaded. Default: `/v1/models`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_path: Option<String>,
+    /// How long loading may take before the pod fails. Default: 10m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_timeout: Option<Duration>,
+    /// GPUs for the server (`nvidia.com/gpu`). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+impl PolicyServer {
+    /// The port (default 8000).
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(8000)
+    }
+
+    /// The readiness path (default `/v1/models`).
+    pub fn readiness_path(&self) -> &str {
+        self.readiness_path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/v1/models")
+    }
+
+    /// The startup timeout (default 10 minutes).
+    pub fn startup_timeout(&self) -> Duration {
+        self.startup_timeout.unwrap_or(Duration::from_secs(600))
+    }
+
+    /// The OpenAI-compatible base URL it serves: `http://127.0.0.1:PORT/v1`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port())
+    }
+
+    /// The URL the sandbox polls before its first episode.
+    pub fn readiness_url(&self) -> String {
+        format!("http://127.0.0.1:{}{}", self.port(), self.readiness_path())
+    }
 }
 
 /// The test set and what is measured on it.
@@ -241,9 +331,19 @@ pub struct PolicySpec {
     /// (for tests and replay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scripted: Option<String>,
+    /// A policy server run in each sandbox pod (e.g. vLLM serving the
+    /// checkpoint under evaluation). Without `endpoint`, the policy is
+    /// called at its `http://127.0.0.1:PORT/v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<PolicyServer>,
 }
 
 impl PolicySpec {
+    /// The endpoint called: `endpoint`, else the policy server's.
+    pub fn effective_endpoint(&self) -> Option<String> {
+        self.endpoint.clone().or_else(|| self.server.as_ref().map(PolicyServer::endpoint))
+    }
+
     /// The request timeout (default 60 s).
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout.unwrap_or(Duration::from_secs(60))
@@ -371,6 +471,91 @@ pub struct HarnessTaskStatus {
     /// URL of the HTML report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_url: Option<String>,
+    /// The training loop, for tasks with `trainingConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<TrainingStatus>,
+}
+
+/// How many evaluated checkpoints `status.training.history` keeps (the
+/// newest); every one is in `<dest>/reports/<ns>/<task>/steps.json`.
+pub const TRAINING_HISTORY_LIMIT: usize = 20;
+
+/// The training loop's state: the trainer Job and the checkpoint evaluations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingStatus {
+    /// Pending, Running, Succeeded or Failed (the trainer Job's state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<TaskPhase>,
+    /// The trainer Job's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// Why the trainer (or its preprocessor) failed, from the pod's
+    /// termination message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Where the preprocessed dataset is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// Where checkpoints are written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<String>,
+    /// The step of `resumeFrom` (checkpoints up to it are not evaluated again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from_step: Option<u64>,
+    /// Complete checkpoints found after `resumedFromStep`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints_found: Option<u32>,
+    /// The newest evaluated step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_step: Option<u64>,
+    /// Steps whose evaluation Jobs run now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evaluating: Vec<u64>,
+    /// Complete checkpoints waiting for an evaluation slot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<u64>,
+    /// The newest evaluated checkpoints, oldest first (at most
+    /// [`TRAINING_HISTORY_LIMIT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<CheckpointEvaluation>,
+}
+
+/// One evaluated checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointEvaluation {
+    /// The training step.
+    pub step: u64,
+    /// The checkpoint's location.
+    pub checkpoint: String,
+    /// Succeeded (every shard finished), or Failed.
+    pub phase: TaskPhase,
+    /// Aggregated metrics by variant (metric name -> value).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Whether every success criterion held, for every variant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub criteria_met: Option<bool>,
+    /// The evaluation's report (its traces are under the run name `<task>@step-N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_url: Option<String>,
+    /// When its last shard finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+/// The run name under which the evaluation of checkpoint `step` of `task`
+/// writes traces and reports: `<task>@step-<N>` (`@` cannot appear in an
+/// object name, so it never collides with a task).
+pub fn checkpoint_run_name(task: &str, step: u64) -> String {
+    format!("{task}@step-{step}")
+}
+
+/// The step of a checkpoint prefix's last segment `step-N` (`step-000100` too).
+pub fn parse_checkpoint_step(segment: &str) -> Option<u64> {
+    let digits = segment.trim_end_matches('/').rsplit('/').next()?.strip_prefix("step-")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
 }
 
 /// Task phase.

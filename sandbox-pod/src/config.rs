@@ -269,7 +269,8 @@ fn policy_config(spec: &PolicySpec, base_dir: &Path) -> Result<PolicyConfig, Con
     if let Some(script) = &spec.scripted {
         return Ok(PolicyConfig::Scripted(ScriptedConfig { path: resolve(base_dir, script) }));
     }
-    let endpoint = spec.endpoint.clone().ok_or_else(|| ConfigError::Policy("set endpoint or scripted".into()))?;
+    let endpoint =
+        spec.effective_endpoint().ok_or_else(|| ConfigError::Policy("set endpoint, server or scripted".into()))?;
     let mut config = OpenAiConfig::new(endpoint, spec.model.clone().unwrap_or_default());
     config.api_key = if let Some(env) = &spec.api_key_env {
         ApiKeySource::Env(env.clone())

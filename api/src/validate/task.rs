@@ -51,11 +51,7 @@ pub(super) fn validate(
             ));
         }
     }
-    if let Some(training) = &task.training_config
-        && let Some(resume_from) = &training.resume_from
-    {
-        check_s3(&mut problems, "spec.trainingConfig.resumeFrom", resume_from, false);
-    }
+    check_training(task, &mut problems);
 
     // Evaluation.
     let test_set_path = task.evaluation.test_set.trim();
@@ -228,22 +224,121 @@ fn check_s3(problems: &mut Vec<Problem>, path: &str, value: &str, data_pipeline:
     }
 }
 
+fn check_policy_server(
+    server: &crate::task::PolicyServer,
+    policy: &crate::task::PolicySpec,
+    problems: &mut Vec<Problem>,
+) {
+    if server.image.trim().is_empty() {
+        problems.push(Problem::error(
+            Rule::InvalidPolicy,
+            "spec.policy.server.image",
+            "the policy server needs an image, e.g. vllm/vllm-openai",
+        ));
+    }
+    if server.port == Some(0) {
+        problems.push(Problem::error(Rule::OutOfRange, "spec.policy.server.port", "port 0; give the server's port"));
+    }
+    if !server.readiness_path().starts_with('/') {
+        problems.push(Problem::error(
+            Rule::InvalidUrl,
+            "spec.policy.server.readinessPath",
+            format!("{:?} is not a path; write it as /v1/models", server.readiness_path()),
+        ));
+    }
+    if server.startup_timeout.is_some_and(|d| !d.is_positive()) {
+        problems.push(Problem::error(
+            Rule::NonPositiveDuration,
+            "spec.policy.server.startupTimeout",
+            "the startup timeout is not positive; give the time loading the model may take, e.g. 10m",
+        ));
+    }
+    if let Some(endpoint) = &policy.endpoint {
+        let local = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"]
+            .iter()
+            .any(|p| endpoint.starts_with(&format!("{p}{}", server.port())));
+        if !local {
+            problems.push(Problem::warning(
+                Rule::InvalidPolicy,
+                "spec.policy.endpoint",
+                format!(
+                    "the policy server listens on port {} in the pod, but the endpoint {endpoint} is elsewhere; omit `endpoint` to call the server",
+                    server.port()
+                ),
+            ));
+        }
+    }
+}
+
+fn check_training(task: &HarnessTaskSpec, problems: &mut Vec<Problem>) {
+    let Some(training) = &task.training_config else { return };
+    if let Some(resume_from) = &training.resume_from {
+        check_s3(problems, "spec.trainingConfig.resumeFrom", resume_from, false);
+    }
+    if let Some(checkpoints) = &training.checkpoints {
+        check_s3(problems, "spec.trainingConfig.checkpoints", checkpoints, false);
+    }
+    if training.completion_marker.as_deref().is_some_and(|m| m.is_empty() || m.contains('/')) {
+        problems.push(Problem::error(
+            Rule::InvalidManifest,
+            "spec.trainingConfig.completionMarker",
+            "the completion marker is an object name inside step-N/, without '/', e.g. COMPLETE",
+        ));
+    }
+    if training.max_concurrent_evaluations == Some(0) {
+        problems.push(Problem::error(
+            Rule::OutOfRange,
+            "spec.trainingConfig.maxConcurrentEvaluations",
+            "0 evaluations at once would never evaluate a checkpoint; use 1 or more",
+        ));
+    }
+    if training.gpus == Some(0) {
+        problems.push(Problem::warning(
+            Rule::InvalidGpu,
+            "spec.trainingConfig.gpus",
+            "gpus: 0 requests no GPU; omit it for a CPU trainer",
+        ));
+    }
+    if training.image.is_none() {
+        if !training.command.is_empty() {
+            problems.push(Problem::error(
+                Rule::InvalidManifest,
+                "spec.trainingConfig.command",
+                "a trainer command needs the `image` it runs in",
+            ));
+        }
+        return;
+    }
+    let destination = task.traces.as_ref().and_then(|t| t.destination.as_deref());
+    if training.checkpoints.is_none() && destination.is_none() {
+        problems.push(Problem::error(
+            Rule::InvalidTraces,
+            "spec.trainingConfig.checkpoints",
+            "the trainer needs a checkpoint location: set trainingConfig.checkpoints or traces.destination (s3://...)",
+        ));
+    }
+}
+
 fn check_policy(task: &HarnessTaskSpec, ctx: &ValidationContext<'_>, problems: &mut Vec<Problem>) {
     let policy = &task.policy;
-    match (&policy.endpoint, &policy.scripted) {
-        (None, None) => problems.push(Problem::error(
+    let served = policy.endpoint.is_some() || policy.server.is_some();
+    match (served, &policy.scripted) {
+        (false, None) => problems.push(Problem::error(
             Rule::InvalidPolicy,
             "spec.policy",
-            "the policy needs an `endpoint` (an OpenAI-compatible URL) or `scripted` (a JSONL file of responses)",
+            "the policy needs an `endpoint` (an OpenAI-compatible URL), a `server` run in the pod, or `scripted` (a JSONL file of responses)",
         )),
-        (Some(_), Some(_)) => problems.push(Problem::error(
+        (true, Some(_)) => problems.push(Problem::error(
             Rule::InvalidPolicy,
             "spec.policy",
-            "set either `endpoint` or `scripted`, not both",
+            "set either `endpoint`/`server` or `scripted`, not both",
         )),
         _ => {}
     }
-    if let Some(endpoint) = &policy.endpoint {
+    if let Some(server) = &policy.server {
+        check_policy_server(server, policy, problems);
+    }
+    if let Some(endpoint) = &policy.effective_endpoint() {
         let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("https://"));
         if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) || endpoint.chars().any(char::is_whitespace) {
             problems.push(Problem::error(

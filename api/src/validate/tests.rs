@@ -477,3 +477,46 @@ impl Tap for serde_json::Value {
         self
     }
 }
+
+#[test]
+fn a_policy_server_alone_is_a_policy_and_its_endpoint_is_derived() {
+    let mut value = good_task();
+    value["policy"] = json!({"model": "m", "server": {"image": "vllm/vllm-openai", "port": 8100}});
+    let report = check_task(value.clone(), good_sandbox());
+    assert!(report.is_empty(), "{report}");
+    assert_eq!(task(value).policy.effective_endpoint().as_deref(), Some("http://127.0.0.1:8100/v1"));
+}
+
+#[test]
+fn a_policy_server_with_a_scripted_policy_or_without_an_image_is_refused() {
+    let mut value = good_task();
+    value["policy"] = json!({"scripted": "policy.jsonl", "server": {"image": " "}});
+    let report = check_task(value, good_sandbox());
+    let messages = report.to_string();
+    assert!(messages.contains("not both"), "{messages}");
+    assert!(messages.contains("spec.policy.server.image"), "{messages}");
+}
+
+#[test]
+fn a_trainer_needs_a_checkpoint_location_and_positive_concurrency() {
+    let report = check_task(
+        with(
+            good_task(),
+            json!({"trainingConfig": {"image": "trainer:1", "maxConcurrentEvaluations": 0, "completionMarker": "a/b"}}),
+        ),
+        good_sandbox(),
+    );
+    let messages = report.to_string();
+    assert!(messages.contains("spec.trainingConfig.checkpoints"), "{messages}");
+    assert!(messages.contains("traces.destination"), "{messages}");
+    assert!(messages.contains("spec.trainingConfig.maxConcurrentEvaluations"), "{messages}");
+    assert!(messages.contains("spec.trainingConfig.completionMarker"), "{messages}");
+}
+
+#[test]
+fn a_trainer_command_without_an_image_is_refused() {
+    let report =
+        check_task(with(good_task(), json!({"trainingConfig": {"command": ["python3", "train.py"]}})), good_sandbox());
+    let problem = only(&report, Rule::InvalidManifest);
+    assert_eq!(field(&problem), "spec.trainingConfig.command");
+}

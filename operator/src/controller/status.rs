@@ -283,6 +283,7 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         deltas: aggregated.deltas.clone(),
         trace_location: aggregated.trace_location.clone(),
         report_url: observed.report_url.clone(),
+        training: previous.training.clone(),
     }
 }
 
