@@ -389,8 +389,8 @@ def cmd_assert(which, rendered):
         return
     dep, c, args, env, crds = got
     dashboards = [cm for cm in by_kind(docs, "ConfigMap") if cm["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
-    if len(dashboards) != 3:
-        problem(f"expected 3 dashboard ConfigMaps labelled grafana_dashboard=1, found {len(dashboards)}")
+    if len(dashboards) != 4:
+        problem(f"expected 4 dashboard ConfigMaps labelled grafana_dashboard=1, found {len(dashboards)}")
     if which == "default":
         if dep["spec"]["replicas"] != 1:
             problem("default replicas is not 1")
@@ -570,6 +570,9 @@ CONTRACT = {
         "basecamp_task_tool_call_accuracy", "basecamp_task_plan_step_f1", "basecamp_task_memory_consistency",
         "basecamp_task_error_rate", "basecamp_task_resolution_seconds_p95", "basecamp_task_episodes",
         "basecamp_task_criteria_met")},
+    **{f"basecamp_checkpoint_{m}": ("gauge", VARIANT, OPERATOR_TARGET) for m in (
+        "tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate")},
+    "basecamp_checkpoint_step": ("gauge", ("namespace", "task"), OPERATOR_TARGET),
     "basecamp_tasks": ("gauge", ("phase",), OPERATOR_TARGET),
     "basecamp_shards": ("gauge", VARIANT + ("state",), OPERATOR_TARGET),
     "basecamp_reconcile_duration_seconds": ("histogram", (), OPERATOR_TARGET),
@@ -675,6 +678,14 @@ def cmd_synth(out):
     for metric, value in gauges.items():
         family(f"basecamp_task_{metric}", "gauge",
                [(l, (lambda i, v=value, k=k: v * (1 - 0.1 * k))) for k, l in enumerate(variants)])
+    # A checkpoint every 20 samples (5 minutes), 10 training steps apart.
+    family("basecamp_checkpoint_step", "gauge",
+           [(dict(op, namespace="agents-dev", task="shipping"), lambda i: 10 * (i // 20 + 1))])
+    for metric, value in gauges.items():
+        if metric in ("tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate"):
+            family(f"basecamp_checkpoint_{metric}", "gauge",
+                   [(l, (lambda i, v=value, k=k: round(v * (0.5 + 0.02 * (i // 20)) * (1 - 0.1 * k), 4)))
+                    for k, l in enumerate(variants)])
     family("up", "gauge", [(dict(op, namespace="basecamp"), lambda i: 1)])
     family("basecamp_tasks", "gauge", [(dict(op, phase=p), lambda i: 2) for p in ("Running", "Succeeded")])
     family("basecamp_shards", "gauge", [(dict(l, state=s), lambda i: 3) for l in variants

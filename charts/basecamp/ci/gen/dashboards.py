@@ -1,5 +1,5 @@
 """Writes charts/basecamp/dashboards/*.json (or into the directory named as
-the first argument): the three Grafana dashboards. Edit this, not the JSON:
+the first argument): the four Grafana dashboards. Edit this, not the JSON:
 scripts/chart-lint.sh fails when the committed dashboards differ from what
 this writes. (A dashboard edited in Grafana can still be exported over the
 JSON; then port the change here.)"""
@@ -393,8 +393,77 @@ def operator():
                                    include_all=True)], refresh="30s", time_from="now-6h")
 
 
+CHECKPOINT_METRICS = [
+    ("Tool call accuracy", "tool_call_accuracy"),
+    ("Plan step F1", "plan_step_f1"),
+    ("Memory consistency", "memory_consistency"),
+    ("Error rate", "error_rate"),
+]
+
+
+def xychart(title, targets, x_field, desc="", links=None, unit="percentunit"):
+    """Points (x = the field named x_field, y = every other field), the
+    queries joined on their timestamps: each scrape is one (step, value) pair."""
+    defaults = {"unit": unit, "min": 0, "max": 1,
+                "custom": {"show": "points+lines", "pointSize": {"fixed": 7}, "lineWidth": 1}}
+    if links:
+        defaults["links"] = links
+    return {"type": "xychart", "title": title, "description": desc, "targets": targets,
+            "transformations": [{"id": "joinByField", "options": {"byField": "Time", "mode": "outer"}}],
+            "fieldConfig": {"defaults": defaults, "overrides": [
+                {"matcher": {"id": "byName", "options": x_field},
+                 "properties": [{"id": "unit", "value": "none"}, {"id": "min"}, {"id": "max"}]}]},
+            "options": {"seriesMapping": "auto", "dims": {"x": x_field},
+                        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                        "tooltip": {"mode": "single"}}}
+
+
+def training():
+    sel_t = 'namespace=~"$namespace", task=~"$task"'
+    sel = sel_t + ', variant=~"$variant"'
+    step = f"max by (namespace, task) (basecamp_checkpoint_step{{{sel_t}}})"
+    step_link = {"title": "Open the trace report of step ${__data.fields.step}",
+                 "url": "${traceviewer}/tasks/${namespace}/${task}@step-${__data.fields.step}",
+                 "targetBlank": True}
+    b = Board()
+    b.row("Task graph: metrics against the training step")
+    for title, metric in CHECKPOINT_METRICS:
+        b.add(xychart(f"{title} against training step",
+                      [target(step, "step", ref="A"),
+                       target(f"basecamp_checkpoint_{metric}{{{sel}}}", "{{variant}}", ref="B")],
+                      "step", links=[step_link],
+                      desc=f"{metric} of each evaluated checkpoint (basecamp_checkpoint_{metric}) against its "
+                           "training step (basecamp_checkpoint_step). Click a point for that checkpoint's trace report."),
+              12, 9)
+    b.row("Checkpoints over time")
+    b.add(stat("Newest evaluated step", [target(f"basecamp_checkpoint_step{{{sel_t}}}", "{{task}}", instant=True)],
+               desc="The newest checkpoint whose evaluation finished (status.training.latestStep). "
+                    "Click it for that checkpoint's trace report.",
+               links=[{"title": "Open the trace report of ${__field.labels.task} step ${__value.raw}",
+                       "url": "${traceviewer}/tasks/${__field.labels.namespace}/${__field.labels.task}@step-${__value.raw}",
+                       "targetBlank": True}]), 6, 8)
+    b.add(timeseries("Evaluated step over time", [target(f"basecamp_checkpoint_step{{{sel_t}}}", "{{task}}")],
+                     minv=0, desc="How far training got, as evaluated: the newest evaluated step over time."), 9, 8)
+    b.add(timeseries("Newest checkpoint's tool call accuracy",
+                     [target(f"basecamp_checkpoint_tool_call_accuracy{{{sel}}}", "{{task}} · {{variant}}")],
+                     unit="percentunit", minv=0, maxv=1,
+                     desc="tool_call_accuracy of the newest evaluated checkpoint over time."), 9, 8)
+    return dashboard("basecamp-training", "Basecamp / Training",
+                     "The training loop of one HarnessTask: every evaluated checkpoint's metrics against its "
+                     "training step (the task graph); each point links to that checkpoint's trace report.",
+                     b, [var_datasource(),
+                         var_query("namespace", "Namespace", "label_values(basecamp_checkpoint_step, namespace)",
+                                   multi=False, include_all=False),
+                         var_query("task", "Task",
+                                   'label_values(basecamp_checkpoint_step{namespace=~"$namespace"}, task)',
+                                   multi=False, include_all=False),
+                         var_query("variant", "Variant",
+                                   'label_values(basecamp_checkpoint_tool_call_accuracy{namespace=~"$namespace", task=~"$task"}, variant)'),
+                         var_traceviewer()], time_from="now-7d")
+
+
 os.makedirs(OUT, exist_ok=True)
-for name, fn in (("evaluation", evaluation), ("sandbox", sandbox), ("operator", operator)):
+for name, fn in (("evaluation", evaluation), ("sandbox", sandbox), ("operator", operator), ("training", training)):
     with open(os.path.join(OUT, f"basecamp-{name}.json"), "w") as f:
         json.dump(fn(), f, indent=2, ensure_ascii=False)
         f.write("\n")
