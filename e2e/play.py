@@ -18,6 +18,25 @@ For one Running pod:
   * the binary's exit status becomes the pod's phase (Succeeded on 0, else
     Failed) with the container's terminated state and exit code, a status
     patch as e2e/cluster/smoke.sh shows, so the Job controller counts it.
+
+Trainer pods (label basecamp.dev/role=trainer, operator/TRAINING.md) are
+played container by container, as the kubelet runs them:
+  * `inject-*` init containers copy Basecamp's binaries into their emptyDir:
+    here the locally built binaries are linked into the directory standing
+    for that volume;
+  * every other init container (`dataset`: `/basecamp/bin/basecamp data
+    preprocess ...`) and then the `trainer` container run their command and
+    args (`$(VAR)` expanded, mount paths rewritten to the volumes'
+    directories) in a working directory holding the trainer image's files
+    (examples/training), with the container's env; an init container that
+    fails stops the pod there, as with restartPolicy Never;
+  * the pod's terminal status carries initContainerStatuses and
+    containerStatuses with each container's terminated state and exit code,
+    and, for a failed container with terminationMessagePolicy
+    FallbackToLogsOnError, `message` = the tail of its log (the last 80 lines,
+    at most 2048 bytes), as the kubelet sets it.
+`Background` plays every pod of a selector as it starts, so a trainer that
+sleeps between checkpoints runs while the evaluation pods it causes are played.
 """
 
 from __future__ import annotations
@@ -40,6 +59,12 @@ from kube import WORK, E2EError, Kube
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 SANDBOX_CONTAINER = "sandbox"
+ROLE_LABEL = "basecamp.dev/role"
+TRAINER_ROLE = "trainer"
+# The kubelet's FallbackToLogsOnError: at most this many lines and bytes of the log's tail.
+TERMINATION_LOG_LINES = 80
+TERMINATION_LOG_BYTES = 2048
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 @dataclass
@@ -49,6 +74,19 @@ class Played:
     exit_code: int
     seconds: float
     log: Path
+    labels: dict[str, str] = field(default_factory=dict)
+    # Trainer pods: every container run, in order, with its exit code.
+    containers: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Ran:
+    """One container run here: its exit code and times."""
+    name: str
+    exit_code: int
+    started: datetime
+    finished: datetime
+    log: Path
 
 
 @dataclass
@@ -56,6 +94,8 @@ class Player:
     kube: Kube
     sandbox_bin: Path
     files: Path  # the example's directory (tools/, services/, policy.jsonl)
+    basecamp_bin: Path | None = None  # the `basecamp` CLI (a trainer pod's dataset init container)
+    training_files: Path | None = None  # the trainer image's files (examples/training)
     played: dict[str, Played] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -111,7 +151,7 @@ class Player:
             pid_file.unlink(missing_ok=True)
         seconds = time.monotonic() - t0
         self.finish(pod, code, started)
-        played = Played(name, env.get("JOB_COMPLETION_INDEX", "?"), code, seconds, log)
+        played = Played(name, env.get("JOB_COMPLETION_INDEX", "?"), code, seconds, log, dict(meta.get("labels") or {}))
         with self.lock:
             self.played[name] = played
         return played
@@ -120,7 +160,7 @@ class Player:
         """Writes the container's exit as the pod's terminal status."""
         name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
         container = next(c for c in pod["spec"]["containers"] if c["name"] == SANDBOX_CONTAINER)
-        fmt = "%Y-%m-%dT%H:%M:%SZ"
+        fmt = TIME_FORMAT
         status = {
             "phase": "Succeeded" if code == 0 else "Failed",
             "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted" if code == 0 else "PodFailed"}],
@@ -170,9 +210,216 @@ class Player:
                 for pod in self.running_unplayed(namespace, selector):
                     with self.lock:  # taken: the next listing skips it
                         self.played[pod["metadata"]["name"]] = Played(pod["metadata"]["name"], "?", -1, 0, Path())
-                    futures.append(pool.submit(self.play, pod))
+                    futures.append(pool.submit(self.play_pod, pod))
                 time.sleep(0.5)
         return [f.result() for f in futures]
+
+    def play_pod(self, pod: dict) -> Played:
+        """A trainer pod as a trainer, anything else as a sandbox pod."""
+        if (pod["metadata"].get("labels") or {}).get(ROLE_LABEL) == TRAINER_ROLE:
+            return self.play_trainer(pod)
+        return self.play(pod)
+
+    def play_trainer(self, pod: dict, timeout: float = 600) -> Played:
+        """Runs a trainer pod's init containers, then its containers, here (see
+        the module docs), and records the outcome on the pod."""
+        meta, spec = pod["metadata"], pod["spec"]
+        name, ns = meta["name"], meta["namespace"]
+        if self.basecamp_bin is None or self.training_files is None:
+            raise E2EError(f"pod {name}: a trainer pod needs Player.basecamp_bin and Player.training_files")
+        root = WORK / "play" / ns / name
+        shutil.rmtree(root, ignore_errors=True)
+        image_dir = root / "image"  # the trainer image's WORKDIR
+        shutil.copytree(self.training_files, image_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        volume_dirs = self.volume_dirs(pod, root / "volumes")
+        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        ran: list[Ran] = []
+        for container in spec.get("initContainers") or []:
+            if container.get("restartPolicy") == "Always":
+                raise E2EError(f"pod {name}: sidecar {container['name']} in a trainer pod is not played")
+            if container["name"].startswith("inject-"):
+                ran.append(self.inject(container, volume_dirs, root))
+            else:
+                ran.append(self.run_container(pod, container, volume_dirs, image_dir, root, deadline))
+            if ran[-1].exit_code != 0:
+                break
+        else:
+            for container in spec["containers"]:
+                ran.append(self.run_container(pod, container, volume_dirs, image_dir, root, deadline))
+        self.finish_containers(pod, ran)
+        failed = next((r for r in ran if r.exit_code != 0), None)
+        played = Played(name, TRAINER_ROLE, failed.exit_code if failed else 0, time.monotonic() - t0,
+                        (failed or ran[-1]).log, dict(meta.get("labels") or {}), {r.name: r.exit_code for r in ran})
+        with self.lock:
+            self.played[name] = played
+        return played
+
+    def volume_dirs(self, pod: dict, base: Path) -> dict[str, Path]:
+        """One local directory per volume: a ConfigMap's files written out, emptyDirs empty."""
+        dirs: dict[str, Path] = {}
+        ns = pod["metadata"]["namespace"]
+        for volume in pod["spec"].get("volumes") or []:
+            path = base / volume["name"]
+            path.mkdir(parents=True)
+            if "configMap" in volume:
+                cm = self.kube.json("configmap", volume["configMap"]["name"], "-n", ns)
+                for key, text in (cm.get("data") or {}).items():
+                    (path / key).write_text(text)
+            elif "emptyDir" not in volume:
+                raise E2EError(f"pod {pod['metadata']['name']}: volume {volume['name']} is neither a ConfigMap "
+                               f"nor an emptyDir: not played")
+            dirs[volume["name"]] = path
+        return dirs
+
+    def inject(self, container: dict, volume_dirs: dict[str, Path], root: Path) -> Ran:
+        """An `inject-*` init container copies Basecamp's binaries into its
+        emptyDir: the local builds are linked there instead."""
+        started = datetime.now(timezone.utc)
+        binaries = {"basecamp": self.basecamp_bin, "basecamp-sandbox": self.sandbox_bin}
+        log = root / f"{container['name']}.log"
+        lines = []
+        for mount in container.get("volumeMounts") or []:
+            if mount.get("readOnly"):
+                continue
+            for binary, local in binaries.items():
+                if local is not None:
+                    (volume_dirs[mount["name"]] / binary).symlink_to(local)
+                    lines.append(f"{mount['mountPath']}/{binary} -> {local}")
+        log.write_text("\n".join(lines) + "\n")
+        return Ran(container["name"], 0, started, datetime.now(timezone.utc), log)
+
+    def run_container(self, pod: dict, container: dict, volume_dirs: dict[str, Path], image_dir: Path, root: Path,
+                      deadline: float) -> Ran:
+        """Runs one container's command and args here, in the image's
+        directory (or its workingDir's volume), with its env."""
+        name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        prefixes = [(m["mountPath"], str(volume_dirs[m["name"]])) for m in container.get("volumeMounts") or []]
+        env = container_env(self.kube, pod, container)
+        argv = [rewrite(expand(a, env), prefixes) for a in [*(container.get("command") or []),
+                                                            *(container.get("args") or [])]]
+        if not argv:
+            raise E2EError(f"pod {name}: container {container['name']} has no command (an image entrypoint "
+                           "cannot be played)")
+        cwd = image_dir
+        working_dir = container.get("workingDir")
+        if working_dir:
+            mounted = rewrite(working_dir, prefixes)
+            cwd = Path(mounted) if mounted != working_dir else image_dir
+        log = root / f"{container['name']}.log"
+        (root / f"{container['name']}.cmd").write_text(f"$ {' '.join(argv)}\n# cwd: {cwd}\n# env: {sorted(env)}\n")
+        run_env = {"PATH": os.environ["PATH"], **env}
+        started = datetime.now(timezone.utc)
+        with open(log, "w") as out:
+            proc = subprocess.Popen(argv, cwd=cwd, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+            pid_file = WORK / "pids" / f"trainer-{ns}-{name}-{container['name']}"
+            pid_file.parent.mkdir(parents=True, exist_ok=True)
+            pid_file.write_text(f"{proc.pid}\n")
+            try:
+                code = proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code = 137
+            pid_file.unlink(missing_ok=True)
+        return Ran(container["name"], code, started, datetime.now(timezone.utc), log)
+
+    def finish_containers(self, pod: dict, ran: list[Ran]) -> None:
+        """Writes a multi-container pod's terminal status: one terminated
+        state per container run, `waiting` for those never started."""
+        name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        spec = pod["spec"]
+        by_name = {r.name: r for r in ran}
+        ok = all(r.exit_code == 0 for r in ran)
+        init_ok = all(by_name.get(c["name"]) is not None and by_name[c["name"]].exit_code == 0
+                      for c in spec.get("initContainers") or [])
+
+        def state(container: dict, initializing: bool) -> dict:
+            r = by_name.get(container["name"])
+            base = {"name": container["name"], "image": container.get("image", ""), "imageID": "", "ready": False,
+                    "restartCount": 0, "started": False}
+            if r is None:
+                return {**base, "state": {"waiting": {"reason": "PodInitializing" if initializing else "Error"}}}
+            terminated = {
+                "exitCode": r.exit_code,
+                "reason": "Completed" if r.exit_code == 0 else "Error",
+                "startedAt": r.started.strftime(TIME_FORMAT),
+                "finishedAt": r.finished.strftime(TIME_FORMAT),
+            }
+            if r.exit_code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                terminated["message"] = termination_message(r.log)
+            return {**base, "state": {"terminated": terminated}}
+
+        conditions = [{"type": "Ready", "status": "False", "reason": "PodCompleted" if ok else "PodFailed"}]
+        if not init_ok:
+            conditions.append({"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized"})
+        status = {
+            "phase": "Succeeded" if ok else "Failed",
+            "conditions": conditions,
+            "initContainerStatuses": [state(c, False) for c in spec.get("initContainers") or []],
+            "containerStatuses": [state(c, not init_ok) for c in spec["containers"]],
+        }
+        self.kube.run("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge", "-p",
+                      json.dumps({"status": status}))
+
+
+def termination_message(log: Path) -> str:
+    """The kubelet's FallbackToLogsOnError message: the log's last 80 lines, at most 2048 bytes of them."""
+    data = log.read_bytes()
+    lines = data.splitlines(keepends=True)[-TERMINATION_LOG_LINES:]
+    tail = b"".join(lines)[-TERMINATION_LOG_BYTES:]
+    return tail.decode(errors="replace")
+
+
+class Background:
+    """Plays every pod matching `selector` in `namespace` as it becomes
+    Running, in background threads, until stopped: a long trainer runs while
+    the evaluation pods its checkpoints cause are played."""
+
+    def __init__(self, player: Player, namespace: str, selector: str, parallel: int = 3, timeout: float = 900):
+        self.player, self.namespace, self.selector = player, namespace, selector
+        self.deadline = time.monotonic() + timeout
+        self.pool = ThreadPoolExecutor(parallel)
+        self.futures: list[Future] = []
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name=f"play {selector}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                if time.monotonic() > self.deadline:
+                    raise E2EError(f"playing {self.selector} in {self.namespace} ran past its deadline")
+                for pod in self.player.running_unplayed(self.namespace, self.selector):
+                    with self.player.lock:
+                        self.player.played[pod["metadata"]["name"]] = Played(pod["metadata"]["name"], "?", -1, 0,
+                                                                             Path())
+                    self.futures.append(self.pool.submit(self.player.play_pod, pod))
+                self.stopping.wait(0.5)
+        except BaseException as e:  # reported by results()/stop()
+            self.error = e
+
+    def results(self) -> list[Played]:
+        """What has finished so far (a failed play raises here)."""
+        if self.error is not None:
+            raise self.error
+        return [f.result() for f in list(self.futures) if f.done()]
+
+    def running(self) -> int:
+        return sum(1 for f in list(self.futures) if not f.done())
+
+    def stop(self, timeout: float = 120) -> list[Played]:
+        """Stops looking for new pods, waits (bounded) for those being played."""
+        self.stopping.set()
+        self.thread.join(10)
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.running():
+            raise E2EError(f"{self.running()} pods of {self.selector} still playing {timeout:.0f}s after stop")
+        return self.results()
 
 
 def container_env(kube: Kube, pod: dict, container: dict) -> dict[str, str]:
