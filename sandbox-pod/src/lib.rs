@@ -12,6 +12,7 @@
 //! - [`policy`]: the agent's policy (OpenAI-compatible endpoint, scripted);
 //! - [`rewards`]: named reward components, weighted sums, weight schedules;
 //! - [`preprocess`]: traces into (state, action, reward) training rows;
+//! - [`readiness`]: waiting for the policy server before the first episode;
 //! - [`services`]: helper processes the tools talk to (a mock API);
 //! - [`storage`]: where traces go (local directory, S3).
 
@@ -23,6 +24,7 @@ pub mod gym;
 pub mod metrics;
 pub mod policy;
 pub mod preprocess;
+pub mod readiness;
 pub mod rewards;
 pub mod run;
 pub mod server;

@@ -82,6 +82,10 @@ struct RunArgs {
     /// Keep traces local even when the task names an S3 destination.
     #[arg(long)]
     no_upload: bool,
+    /// Evaluate training checkpoint step-N: traces and summary.json go under the run name
+    /// `<task>@step-N` and reward weights are those of training step N.
+    #[arg(long, value_name = "N")]
+    checkpoint_step: Option<u64>,
 }
 
 fn parse_shard(s: &str) -> Result<(u32, u32), String> {
@@ -175,6 +179,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         concurrency: args.concurrency,
         listen: args.listen,
         upload: !args.no_upload,
+        checkpoint_step: args.checkpoint_step,
         stop: basecamp_sandbox::driver::StopSignal::new(),
     };
     // SIGTERM (a pod being evicted) or Ctrl-C: stop starting episodes, flush

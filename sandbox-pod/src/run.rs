@@ -3,9 +3,17 @@
 //! load and validate the manifests (the same checks as the operator and
 //! `basecamp harness validate`) -> resolve the variant's SandboxConfig and
 //! profile -> load the test set (local or `s3://`) and take this shard ->
-//! start the sandbox's services -> build the runner -> run the episodes (optionally serving `/metrics` and
-//! live injection) -> write `summary.json` -> upload to the task's trace
-//! destination, keeping the local copy and reporting any file that failed.
+//! start the sandbox's services -> build the runner -> wait for the policy
+//! server (`spec.policy.server`) -> run the episodes (optionally serving
+//! `/metrics` and live injection) -> write `summary.json` -> upload to the
+//! task's trace destination, keeping the local copy and reporting any file
+//! that failed.
+//!
+//! With `checkpoint_step: Some(N)` (the operator's evaluation of checkpoint
+//! `step-N`, operator/TRAINING.md) the shard runs as the run
+//! `<task>@step-N`: that name is the task in the traces' headers and in
+//! `summary.json`, and the partition the files are uploaded under; the
+//! reward weights and the headers' `training_step` are N's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -38,6 +46,8 @@ pub struct RunRequest {
     pub listen: Option<std::net::SocketAddr>,
     /// Upload to the task's `traces.destination` when it names one.
     pub upload: bool,
+    /// Evaluate training checkpoint `step-N`: run as `<task>@step-N` at training step N.
+    pub checkpoint_step: Option<u64>,
     /// Set to stop early (Ctrl-C): no new episodes start, running ones are
     /// cut off with their traces flushed, and the summary says so.
     pub stop: StopSignal,
@@ -59,6 +69,8 @@ pub enum RunError {
     Service(#[from] ServiceError),
     #[error(transparent)]
     Gpu(#[from] basecamp_gpu::requirement::GpuRequirementError),
+    #[error(transparent)]
+    PolicyServer(#[from] crate::readiness::NotReady),
     #[error("cannot run the shard: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -73,6 +85,7 @@ impl RunError {
             Self::Config(e) => e.category(),
             Self::Service(e) => e.category(),
             Self::Gpu(e) => e.category(),
+            Self::PolicyServer(e) => e.category(),
             Self::Io(_) => "TraceIo",
         }
     }
@@ -180,6 +193,11 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let loaded = select_task(&manifests, request.task.as_deref())?;
     let task = &loaded.object;
     let task_name = task.metadata.name.clone().unwrap_or_default();
+    // The name traces, summary and upload partition carry: the task, or the checkpoint's run.
+    let run_name = match request.checkpoint_step {
+        Some(step) => basecamp_api::task::checkpoint_run_name(&task_name, step),
+        None => task_name.clone(),
+    };
     let namespace = task.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let base_dir = loaded.base_dir();
     let variant = resolve_variants(&manifests, task, request.variant.as_deref())?.remove(0);
@@ -194,7 +212,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect();
 
     let out_dir = request.out_dir.clone().unwrap_or_else(|| {
-        Path::new("basecamp-runs").join(&task_name).join(&variant.name).join(format!("shard-{}", request.shard))
+        Path::new("basecamp-runs").join(&run_name).join(&variant.name).join(format!("shard-{}", request.shard))
     });
     let services = RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"))?;
     let sandbox = services.expand(&variant.sandbox)?;
@@ -202,11 +220,11 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let ctx = RunContext {
         base_dir: base_dir.clone(),
         namespace: namespace.clone(),
-        task: task_name.clone(),
+        task: run_name.clone(),
         variant: variant.name.clone(),
         shard: request.shard,
         shard_count: request.shard_count,
-        training_step: 0,
+        training_step: request.checkpoint_step.unwrap_or(0),
     };
     // In a cluster the operator requires `policy.scripted` on S3 (pods have
     // no local copy): fetch it next to the shard's output, outside what is uploaded.
@@ -222,6 +240,12 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     live.expect_episodes(inputs.iter().map(|i| i.id.clone()));
     runner.live = live.clone();
     let runner = Arc::new(runner);
+
+    // A stop while waiting goes straight to the summary: every episode not started.
+    tokio::select! {
+        ready = crate::readiness::wait_for_policy_server(&spec.policy) => { ready?; }
+        _ = request.stop.cancelled() => {}
+    }
 
     let (stop_server, server) = match request.listen {
         Some(addr) => {
@@ -251,7 +275,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         Some(dest) if request.upload => {
             let destination = Destination::parse(dest).map_err(|e| RunError::Selection(e.to_string()))?;
             let date = UtcDate::from_system_time(started).map_err(|e| RunError::Selection(e.to_string()))?;
-            let partition = ShardPartition::new(date, &namespace, &task_name, &variant.name, request.shard)
+            let partition = ShardPartition::new(date, &namespace, &run_name, &variant.name, request.shard)
                 .map_err(|e| RunError::Selection(e.to_string()))?;
             let storage = Storage::new(StorageConfig::from_env());
             Some(storage.upload_dir(&out_dir, &destination.for_shard(&partition)).await)

@@ -29,6 +29,12 @@ spec:
       memoryPatch: {shipping_status: pending}
   maxSteps: 4
   planStepTimeout: 5s
+  rewards:
+    components:
+      correctness: {weight: 1.0, source: tool_call_accuracy}
+    weightSchedule:
+      - atTrainingStep: 20
+        weights: {correctness: 2.0}
 ---
 apiVersion: basecamp.dev/v1alpha1
 kind: HarnessTask
@@ -146,4 +152,64 @@ fn a_bad_shard_argument_is_explained() {
     let run = sandbox(&["run", "--config", "x.yaml", "--shard", "2/2"]);
     assert!(!run.status.success());
     assert!(String::from_utf8_lossy(&run.stderr).contains("the index must be below the count"));
+}
+
+#[test]
+fn a_checkpoint_evaluation_runs_as_task_at_step_n_with_that_steps_weights() {
+    let project = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), dest.path());
+    let manifest = project.path().join("task.yaml");
+    let out_dir = out.path().join("shard-0");
+    let run = sandbox(&[
+        "run",
+        "--config",
+        manifest.to_str().unwrap(),
+        "--shard",
+        "0/2",
+        "--checkpoint-step",
+        "30",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("shipping@step-30/default shard 0/2: 2 episodes"), "{stdout}");
+
+    // summary.json names the run, as the operator aggregates it.
+    let summary: Value = serde_json::from_slice(&std::fs::read(out_dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["task"], "shipping@step-30");
+    // Step 30 is past the schedule's step 20: correctness weighs 2.0 (1.0 before).
+    assert_eq!(summary["episodes"][0]["metrics"]["tool_call_accuracy"], 1.0);
+    assert_eq!(summary["episodes"][0]["metrics"]["reward"], 2.0, "{}", summary["episodes"][0]);
+
+    let trace = read_trace(out_dir.join("ep-1.trace")).unwrap();
+    assert_eq!(trace.header.training_step, 30);
+    assert_eq!(trace.header.task, "shipping@step-30");
+
+    // Uploaded under <dest>/<yyyy>/<mm>/<dd>/<namespace>/<task>@step-30/<variant>/<shard>/.
+    let uploaded: Vec<_> = walk(dest.path());
+    assert!(uploaded.iter().any(|p| p.ends_with("/default/shipping@step-30/default/0/summary.json")), "{uploaded:?}");
+    assert!(uploaded.iter().any(|p| p.ends_with("/default/shipping@step-30/default/0/ep-1.trace")), "{uploaded:?}");
+    assert!(!uploaded.iter().any(|p| p.contains("/shipping/")), "nothing under the task's own name: {uploaded:?}");
+
+    // Without the flag the same shard is the task's own, at step 0's weights.
+    let plain = out.path().join("plain");
+    let run = sandbox(&[
+        "run",
+        "--config",
+        manifest.to_str().unwrap(),
+        "--shard",
+        "0/2",
+        "--no-upload",
+        "--out",
+        plain.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let summary: Value = serde_json::from_slice(&std::fs::read(plain.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["task"], "shipping");
+    assert_eq!(summary["episodes"][0]["metrics"]["reward"], 1.0);
+    assert_eq!(read_trace(plain.join("ep-1.trace")).unwrap().header.training_step, 0);
 }

@@ -2,7 +2,8 @@
 //!
 //! load and validate the manifests (the same checks as the operator) ->
 //! resolve every variant's SandboxConfig -> load the test set -> per
-//! variant, start its services -> run every shard of every variant at once
+//! variant, start its services -> wait for the policy server
+//! (`spec.policy.server`, when it names one) -> run every shard of every variant at once
 //! (the driver the sandbox pod runs) with a progress bar -> summarise:
 //! aggregates, success criteria, A/B deltas and root-cause hints read back
 //! from the traces -> `run.json` and `report.html` in the run directory.
@@ -153,6 +154,12 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
                 inputs: rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect(),
             });
         }
+    }
+
+    // Ctrl-C while waiting goes straight to the summaries: every episode not started.
+    tokio::select! {
+        ready = basecamp_sandbox::readiness::wait_for_policy_server(&task.spec.policy) => { ready?; }
+        _ = stop.cancelled() => {}
     }
 
     let total: usize = jobs.iter().map(|j| j.inputs.len()).sum();

@@ -3,10 +3,12 @@
 //! The same steps as driver mode's `run` (and its functions): load and
 //! validate the manifests -> pick the task and variant -> resolve the
 //! SandboxConfig and profile -> check the GPU -> load the whole test set ->
-//! start the helper services -> build the runner. The
-//! trainer is the policy here, so the task's policy is never called: its
-//! API key is not loaded (a trainer needs no credentials of the model
-//! under test).
+//! start the helper services -> build the runner -> wait for the policy
+//! server. The trainer is the policy here, so the task's policy is never
+//! called: its API key is not loaded (a trainer needs no credentials of the
+//! model under test). A `policy.server` sidecar is still waited for, as in
+//! driver mode, so the API is served only once the pod's model is loaded
+//! (a trainer may query it) and a server that never starts fails the pod.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -75,6 +77,7 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         training_step: 0,
     };
     let runner = build_runner(&spec, &sandbox, &ctx)?;
+    crate::readiness::wait_for_policy_server(&spec.policy).await?;
     let config = GymConfig {
         runner,
         rows,

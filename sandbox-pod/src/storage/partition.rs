@@ -257,6 +257,17 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_run_name_is_one_segment() {
+        // operator/TRAINING.md: the evaluation of step N writes under `<task>@step-N`.
+        let date = UtcDate::new(2026, 1, 5).expect("valid");
+        let partition = ShardPartition::new(date, "team-a", "ecommerce-eval@step-30", "baseline", 0).expect("valid");
+        assert_eq!(
+            partition.object_key("traces", "summary.json").expect("valid"),
+            "traces/2026/01/05/team-a/ecommerce-eval@step-30/baseline/0/summary.json"
+        );
+    }
+
+    #[test]
     fn refuses_bad_segments() {
         let date = UtcDate::new(2026, 1, 5).expect("valid");
         for bad in ["", "a/b", "..", ".", "a\nb", "a\\b"] {
