@@ -277,7 +277,9 @@ def task_ns(kube: Kube, s3, bucket: str) -> str:
 
 @pytest.fixture(scope="session")
 def player(kube: Kube) -> Player:
-    return Player(kube, Path(need("BASECAMP_E2E_BIN")) / "basecamp-sandbox", ROOT / "examples/ecommerce")
+    binaries = Path(need("BASECAMP_E2E_BIN"))
+    return Player(kube, binaries / "basecamp-sandbox", ROOT / "examples/ecommerce",
+                  basecamp_bin=binaries / "basecamp", training_files=ROOT / "examples/training")
 
 
 def ecommerce_manifests(name: str, bucket: str, *, gpu: dict | None = None, retention: str | None = None,

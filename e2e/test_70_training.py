@@ -1,0 +1,344 @@
+"""The training loop (operator/TRAINING.md) on the cluster, with the trainer
+fixture of examples/training and the scripted policy standing in for the
+served checkpoint.
+
+`trainloop` (examples/training/task.yaml on variant a's SandboxConfig, 2
+shards): the traces to train on and a previous run's checkpoint `step-10/`
+are seeded in S3, `resumeFrom` points at it. The trainer pod is played in
+the background (its `dataset` init container is the real `basecamp data
+preprocess` reading the traces from S3; the trainer writes step-20, -30 and
+-40 two seconds apart), and so is every evaluation pod as it appears. Right
+after step 20's evaluation pods finish the operator is SIGKILLed and started
+again. Then: the trainer Succeeded; steps 20, 30, 40 were each evaluated
+exactly once (one Job per variant, shards x variants pods played), step 10
+never; status.training.history, steps.json, one report per step, trace keys
+under `trainloop@step-N/`, and the checkpoint gauges on /metrics (and in
+Prometheus).
+
+`trainbroken`: the same task with `preprocessor: python:no_such_module.fn`.
+The trainer pod fails in its `dataset` init container; the preprocessor's
+own message reaches status.training.message and a Warning Event
+`TrainerFailed`, the task fails, and no checkpoint is evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import POLICY_KEY, TEST_SET_KEY, delete_tasks, need, timed
+from kube import ROOT, WORK, E2EError, Kube, s3_json, s3_keys, wait_until
+from play import Background, Player
+from test_60_dashboards import concrete
+from test_60_dashboards import queries as dashboard_queries
+
+NAME = "trainloop"
+BROKEN = "trainbroken"
+SHARDS = 2
+VARIANTS = ("default",)  # sandboxRef: one variant, named "default"
+RESUMED = 10
+STEPS = (20, 30, 40)
+SEED_PREFIX = "seed/ecommerce-traces/"  # the dataset's source
+TASK_LABEL = "basecamp.dev/task"
+STEP_LABEL = "basecamp.dev/step"
+ROLE_LABEL = "basecamp.dev/role"
+TEST_SET_ROWS = 60
+
+
+def checkpoint_root(bucket: str, ns: str, name: str) -> str:
+    """TRAINING.md's default `C`: <traces.destination>/checkpoints/<ns>/<task>/."""
+    return f"s3://{bucket}/traces/checkpoints/{ns}/{name}/"
+
+
+def key_of(uri: str, bucket: str) -> str:
+    return uri.removeprefix(f"s3://{bucket}/")
+
+
+def training_manifests(name: str, bucket: str, ns: str, *, preprocessor: str | None = None,
+                       resume: bool = True) -> list[dict]:
+    """examples/training/task.yaml and examples/ecommerce/sandbox-a.yaml,
+    renamed, with every location on the e2e bucket."""
+    task = yaml.safe_load((ROOT / "examples/training/task.yaml").read_text())
+    sandbox = yaml.safe_load((ROOT / "examples/ecommerce/sandbox-a.yaml").read_text())
+    sandbox["metadata"]["name"] = f"{name}-a"
+    spec = task["spec"]
+    task["metadata"]["name"] = name
+    spec["sandboxRef"] = {"name": f"{name}-a"}
+    spec["shards"] = SHARDS
+    spec["evaluation"]["testSet"] = f"s3://{bucket}/{TEST_SET_KEY}"
+    spec["policy"]["scripted"] = f"s3://{bucket}/{POLICY_KEY}"
+    spec["traces"] = {"destination": f"s3://{bucket}/traces"}
+    spec["dataPipeline"]["source"] = f"s3://{bucket}/{SEED_PREFIX}"
+    if preprocessor:
+        spec["dataPipeline"]["preprocessor"] = preprocessor
+    training = spec["trainingConfig"]
+    if resume:
+        training["resumeFrom"] = f"{checkpoint_root(bucket, ns, name)}step-{RESUMED}/"
+    else:
+        training.pop("resumeFrom", None)
+    assert training["command"][:2] == ["python3", "trainer.py"], training["command"]
+    return [sandbox, task]
+
+
+def clean_s3(s3, bucket: str, ns: str, names: list[str]) -> None:
+    """Removes what an earlier run against a kept cluster left for these tasks."""
+    doomed = []
+    for key in s3_keys(s3, bucket, "traces/"):
+        if any(f"/{ns}/{n}/" in key or f"/{ns}/{n}@step-" in key for n in names):
+            doomed.append(key)
+    for i in range(0, len(doomed), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in doomed[i:i + 1000]]})
+
+
+def seed(s3, bucket: str, ns: str) -> None:
+    """Traces to train on (one local `basecamp run` of the example, uploaded)
+    and the checkpoint `step-10/` that `trainloop` resumes from."""
+    out = WORK / "training-seed"
+    if not list(out.glob("**/*.trace")):
+        binary = Path(need("BASECAMP_E2E_BIN")) / "basecamp"
+        subprocess.run([str(binary), "run", str(ROOT / "examples/ecommerce"), "--variant", "b", "--shards", "1",
+                        "--out", str(out), "--no-progress"], check=True, capture_output=True, timeout=180)
+    traces = sorted(out.glob("**/*.trace"))
+    assert len(traces) == TEST_SET_ROWS, f"{len(traces)} traces in {out}"
+    for path in traces:
+        s3.upload_file(str(path), bucket, SEED_PREFIX + str(path.relative_to(out)))
+    step = key_of(checkpoint_root(bucket, ns, NAME), bucket) + f"step-{RESUMED}/"
+    s3.put_object(Bucket=bucket, Key=step + "model.json", Body=json.dumps({"step": RESUMED, "loss": 1.5}).encode())
+    s3.put_object(Bucket=bucket, Key=step + "COMPLETE", Body=b"{}")
+
+
+def task(kube: Kube, ns: str, name: str) -> dict:
+    return kube.json("harnesstask", name, "-n", ns)
+
+
+def training(kube: Kube, ns: str, name: str) -> dict:
+    return (task(kube, ns, name).get("status") or {}).get("training") or {}
+
+
+def history_steps(kube: Kube, ns: str, name: str) -> list[int]:
+    return [h["step"] for h in training(kube, ns, name).get("history") or []]
+
+
+def gauge(text: str, metric: str, **labels: str) -> float | None:
+    """The value of `metric` with these labels (any order) in Prometheus text format."""
+    for line in text.splitlines():
+        m = re.match(rf"^{metric}\{{([^}}]*)\}} (\S+)$", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            return float(m.group(2))
+    return None
+
+
+@pytest.fixture(scope="module")
+def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) -> dict:
+    """Runs the scenario once; the tests below check what it left."""
+    ns = task_ns
+    delete_tasks(kube, ns, [NAME, BROKEN])
+    clean_s3(s3, bucket, ns, [NAME, BROKEN])
+    with timed("seeding traces and step-10"):
+        seed(s3, bucket, ns)
+    kube.apply(training_manifests(NAME, bucket, ns)
+               + training_manifests(BROKEN, bucket, ns, preprocessor="python:no_such_module.fn", resume=False),
+               "-n", ns)
+    good = Background(player, ns, f"{TASK_LABEL}={NAME}", parallel=4, timeout=600)
+    broken = Background(player, ns, f"{TASK_LABEL}={BROKEN}", parallel=2, timeout=600)
+    facts: dict = {"ns": ns}
+    try:
+        first = STEPS[0]
+
+        def first_evaluation_played():
+            done = [p for p in good.results() if p.labels.get(STEP_LABEL) == str(first)]
+            return done if len(done) == SHARDS * len(VARIANTS) else None
+
+        with timed(f"trainer start to step {first}'s evaluation pods finished"):
+            done = wait_until(f"step {first}'s {SHARDS * len(VARIANTS)} evaluation pods played",
+                              first_evaluation_played, timeout=240)
+        assert all(p.exit_code == 0 for p in done), [(p.pod, p.exit_code, p.log.read_text()[-2000:]) for p in done]
+        code = operator.stop(signal.SIGKILL)
+        facts["history_at_kill"] = history_steps(kube, ns, NAME)
+        print(f"operator SIGKILLed (exit {code}) right after step {first}'s evaluation pods finished; "
+              f"history then: {facts['history_at_kill']}")
+        time.sleep(2)
+        operator.start()
+        print(f"operator restarted (start #{operator.starts})")
+
+        def loop_done():
+            tr = training(kube, ns, NAME)
+            finished = (tr.get("phase") in ("Succeeded", "Failed") and history_steps(kube, ns, NAME) == list(STEPS)
+                        and not tr.get("evaluating") and not tr.get("queued"))
+            return tr if finished else None
+
+        with timed("restart to every checkpoint evaluated"):
+            facts["training"] = wait_until(f"{NAME}: trainer finished, steps {STEPS} in status.training.history",
+                                           loop_done, timeout=300)
+
+        def task_done():
+            t = task(kube, ns, NAME)
+            return t if (t.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
+
+        facts["task"] = wait_until(f"{NAME} to finish", task_done, timeout=120)
+        # Quiet for a poll interval and more: nothing new may start after the loop finished.
+        time.sleep(12)
+        facts["played"] = good.stop()
+        facts["played_broken"] = broken.stop()
+    finally:
+        good.stopping.set()
+        broken.stopping.set()
+    facts["operator_log"] = operator.log()
+    return facts
+
+
+def evaluation_pods(played, step: int) -> list:
+    return [p for p in played if p.labels.get(ROLE_LABEL) == "evaluation" and p.labels.get(STEP_LABEL) == str(step)]
+
+
+def test_trainer_resumed_and_succeeded(kube: Kube, loop, s3, bucket: str):
+    ns = loop["ns"]
+    [trainer] = [p for p in loop["played"] if p.labels.get(ROLE_LABEL) == "trainer"]
+    log = trainer.log.read_text()
+    print(f"trainer pod {trainer.pod}: {trainer.containers} in {trainer.seconds:.1f}s\n{log}")
+    assert trainer.containers.get("dataset") == 0 and trainer.containers.get("trainer") == 0, trainer.containers
+    assert f"resuming from step {RESUMED}" in log and f"checkpoint step {STEPS[-1]}" in log, log
+    [job] = kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={NAME},{ROLE_LABEL}=trainer")
+    assert job["spec"].get("backoffLimit") == 0, job["spec"].get("backoffLimit")
+    assert job["status"].get("succeeded") == 1, job["status"]
+    assert job["metadata"]["ownerReferences"][0]["name"] == NAME
+    tr = loop["training"]
+    assert tr["phase"] == "Succeeded", tr
+    assert tr.get("resumedFromStep") == RESUMED, tr
+    # The dataset the init container wrote from the traces on S3, and what the trainer read from it.
+    root = key_of(checkpoint_root(bucket, ns, NAME), bucket)
+    dataset = s3_json(s3, bucket, root + "dataset/dataset.json")
+    assert dataset["rows"] > 0 and dataset["batch_size"] == 16, dataset
+    model = s3_json(s3, bucket, root + f"step-{STEPS[-1]}/model.json")
+    assert model["resumed_from_step"] == RESUMED and model["dataset"]["rows"] == dataset["rows"], model
+
+
+def test_each_checkpoint_evaluated_exactly_once(kube: Kube, loop):
+    ns = loop["ns"]
+    played = loop["played"]
+    counts = {step: len(evaluation_pods(played, step)) for step in (RESUMED, *STEPS)}
+    print("evaluation pods played per step:", counts, "; history when the operator was killed:",
+          loop["history_at_kill"])
+    assert counts == {RESUMED: 0, **{s: SHARDS * len(VARIANTS) for s in STEPS}}, counts
+    failed = [(p.pod, p.exit_code) for p in played if p.exit_code != 0]
+    assert not failed, failed
+    jobs = kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={NAME},{ROLE_LABEL}=evaluation")
+    per_step: dict[str, list[str]] = {}
+    for job in jobs:
+        per_step.setdefault(job["metadata"]["labels"][STEP_LABEL], []).append(job["metadata"]["name"])
+    assert {k: sorted(v) for k, v in per_step.items()} == {
+        str(s): sorted(f"{NAME}-s{s}-{v}" for v in VARIANTS) for s in STEPS}, per_step
+    for job in jobs:
+        assert job["status"].get("succeeded") == SHARDS and not job["status"].get("failed"), job["status"]
+    pods = kube.items("pods", "-n", ns, "-l", f"{TASK_LABEL}={NAME},{ROLE_LABEL}=evaluation")
+    assert len(pods) == SHARDS * len(VARIANTS) * len(STEPS), [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        args = next(c for c in pod["spec"]["containers"] if c["name"] == "sandbox")["args"]
+        step = pod["metadata"]["labels"][STEP_LABEL]
+        assert args[args.index("--checkpoint-step") + 1] == step, args
+
+
+def test_history_and_steps_json(loop, s3, bucket: str):
+    ns = loop["ns"]
+    tr = loop["training"]
+    print(json.dumps({k: v for k, v in tr.items() if k != "history"}, indent=1))
+    history = tr["history"]
+    assert [h["step"] for h in history] == list(STEPS), history
+    for h in history:
+        assert h["phase"] == "Succeeded", h
+        assert h["checkpoint"] == f"{checkpoint_root(bucket, ns, NAME)}step-{h['step']}/", h
+        for v in VARIANTS:
+            assert 0.0 <= h["metrics"][v]["tool_call_accuracy"] <= 1.0, h
+    assert tr.get("latestStep") == STEPS[-1], tr
+    steps = s3_json(s3, bucket, f"traces/reports/{ns}/{NAME}/steps.json")
+    assert [s["step"] for s in steps] == list(STEPS), steps
+    assert [s["metrics"] for s in steps] == [h["metrics"] for h in history]
+
+
+def test_a_report_and_traces_per_step(loop, s3, bucket: str):
+    ns = loop["ns"]
+    all_keys = s3_keys(s3, bucket, "traces/")
+    assert not [k for k in all_keys if f"{NAME}@step-{RESUMED}/" in k], "step 10 was evaluated"
+    for step in STEPS:
+        run = f"{NAME}@step-{step}"
+        rows = s3_json(s3, bucket, f"traces/reports/{ns}/{run}/index.json")
+        rows = rows if isinstance(rows, list) else rows.get("rows") or rows.get("episodes")
+        assert len(rows) == TEST_SET_ROWS * len(VARIANTS), (step, len(rows))
+        assert len({(r["variant"], r["id"]) for r in rows}) == len(rows), f"step {step}: an episode counted twice"
+        traces = [k for k in all_keys if re.search(rf"/{ns}/{re.escape(run)}/[^/]+/[^/]+/", k) and k.endswith(".trace")]
+        assert len(traces) == TEST_SET_ROWS * len(VARIANTS), (step, len(traces))
+        summaries = [k for k in all_keys if f"/{ns}/{run}/" in k and k.endswith("summary.json")]
+        assert len(summaries) == SHARDS * len(VARIANTS), (step, summaries)
+
+
+def test_checkpoint_gauges(operator, loop, prometheus):
+    ns = loop["ns"]
+    text = operator.metrics()
+    step = gauge(text, "basecamp_checkpoint_step", namespace=ns, task=NAME)
+    accuracy = gauge(text, "basecamp_checkpoint_tool_call_accuracy", namespace=ns, task=NAME, variant=VARIANTS[0])
+    checkpoint_lines = [line for line in text.splitlines() if line.startswith("basecamp_checkpoint_")]
+    assert step == STEPS[-1], checkpoint_lines
+    assert accuracy is not None and 0.0 <= accuracy <= 1.0, checkpoint_lines
+    if prometheus is None:
+        return
+    selector = f'{{namespace="{ns}",task="{NAME}"}}'
+
+    def newest_step_scraped():
+        result = prometheus.query(f"basecamp_checkpoint_step{selector}")
+        return result if result and float(result[0]["value"][1]) == STEPS[-1] else None
+
+    wait_until(f"basecamp_checkpoint_step{selector} == {STEPS[-1]} in Prometheus", newest_step_scraped, timeout=30)
+    # The gauge went through the earlier steps too: what the Training dashboard plots against.
+    earliest = prometheus.query(f"min_over_time(basecamp_checkpoint_step{selector}[15m])")
+    assert float(earliest[0]["value"][1]) <= STEPS[1], earliest
+    empty = []
+    for title, expr in dashboard_queries("basecamp-training.json"):
+        if not prometheus.query(concrete(expr)):
+            empty.append(f"{title}: {concrete(expr)}")
+    assert not empty, "Training dashboard queries without data:\n  " + "\n  ".join(empty)
+
+
+def test_task_finished_after_the_loop(loop):
+    st = loop["task"]["status"]
+    print(json.dumps({k: st.get(k) for k in ("phase", "shards", "metrics")}, indent=1))
+    # The variant's own Jobs (the policy as configured) ran as for any task; a's tool_call_accuracy meets 0.9.
+    assert st["phase"] == "Succeeded", st
+    assert st["shards"]["default"] == {"total": SHARDS, "succeeded": SHARDS, "failed": 0, "running": 0}, st["shards"]
+
+
+def test_broken_preprocessor_fails_the_trainer_with_its_message(kube: Kube, loop, s3, bucket: str):
+    ns = loop["ns"]
+    trainers = [p for p in loop["played_broken"] if p.labels.get(ROLE_LABEL) == "trainer"]
+    assert [p.containers for p in trainers] == [{"inject-basecamp": 0, "dataset": 1}], trainers
+
+    def failed():
+        t = task(kube, ns, BROKEN)
+        tr = (t.get("status") or {}).get("training") or {}
+        return t if tr.get("phase") == "Failed" and t["status"].get("phase") == "Failed" else None
+
+    try:
+        t = wait_until(f"{BROKEN}: training and task Failed", failed, timeout=60)
+    except E2EError:
+        raise E2EError(f"{BROKEN} did not fail: {json.dumps(task(kube, ns, BROKEN).get('status'), indent=1)}")
+    tr = t["status"]["training"]
+    print(f"{BROKEN} status.training.message: {tr.get('message')}")
+    message = tr.get("message") or ""
+    assert "No module named 'no_such_module'" in message, message
+    assert "python:no_such_module.fn" in message, message
+    [job] = kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={BROKEN},{ROLE_LABEL}=trainer")
+    assert job["status"].get("failed") == 1 and not job["status"].get("succeeded"), job["status"]
+    events = kube.events(ns, BROKEN)
+    warnings = [e for e in events if e["type"] == "Warning" and e["reason"] == "TrainerFailed"]
+    assert warnings, [(e["type"], e["reason"], e.get("message")) for e in events]
+    assert "no_such_module" in (warnings[0].get("message") or warnings[0].get("note") or ""), warnings[0]
+    assert not kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={BROKEN},{ROLE_LABEL}=evaluation")
+    assert not tr.get("history") and not tr.get("evaluating"), tr
+    assert not [k for k in s3_keys(s3, bucket, key_of(checkpoint_root(bucket, ns, BROKEN), bucket))
+                if "/step-" in k], "the broken trainer wrote checkpoints"
