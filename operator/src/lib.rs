@@ -7,6 +7,8 @@
 //!   from a spec alone — pure, no API calls;
 //! - [`controller`]: the reconcile pipeline
 //!   `dereference -> validate -> build -> apply -> update_status`;
+//! - [`training`]: the training loop — trainer Job, checkpoint discovery,
+//!   checkpoint evaluations (operator/TRAINING.md);
 //! - [`metrics`], [`server`]: `/metrics`, `/healthz`, `/readyz`;
 //! - [`leader`]: leader election on a coordination.k8s.io Lease;
 //! - [`settings`]: what the operator was started with.
@@ -19,6 +21,7 @@ pub mod leader;
 pub mod metrics;
 pub mod server;
 pub mod settings;
+pub mod training;
 
 /// The field manager of every server-side apply, and the Event reporter.
 pub const FIELD_MANAGER: &str = "basecamp-operator";

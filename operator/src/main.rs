@@ -94,6 +94,9 @@ struct RunArgs {
     /// Where `basecamp serve` runs (e.g. https://basecamp.example.com); status.reportUrl links each task's page.
     #[arg(long, env = "BASECAMP_REPORT_BASE_URL")]
     report_base_url: Option<String>,
+    /// Seconds between looks at a training task while its trainer runs or checkpoint evaluations are pending.
+    #[arg(long, env = "BASECAMP_CHECKPOINT_POLL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_poll_seconds: u64,
     /// Log format (the level comes from RUST_LOG, default info).
     #[arg(long, env = "BASECAMP_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -269,6 +272,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         job_ttl_seconds: args.job_ttl_seconds,
         backoff_limit_per_index: args.shard_retries,
         report_base_url: args.report_base_url,
+        checkpoint_poll_seconds: args.checkpoint_poll_seconds,
     };
     let mut storage_config = StorageConfig::from_env();
     if let Some(endpoint) = &args.s3_endpoint {

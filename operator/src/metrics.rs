@@ -9,6 +9,10 @@
 //!   `basecamp_task_error_rate`, `basecamp_task_resolution_seconds_p95`,
 //!   `basecamp_task_episodes`, `basecamp_task_criteria_met` (1/0);
 //! - `basecamp_tasks{phase}`, `basecamp_shards{namespace,task,variant,state}`;
+//! - training tasks: `basecamp_checkpoint_step{namespace,task}`, the newest
+//!   evaluated step, and that step's metrics per variant,
+//!   `basecamp_checkpoint_tool_call_accuracy`, ... (the step is a gauge,
+//!   never a label, so series stay bounded);
 //! - `basecamp_reconcile_duration_seconds` (histogram),
 //!   `basecamp_reconcile_errors_total{category}`;
 //! - `basecamp_s3_operation_errors_total{operation}`,
@@ -49,6 +53,15 @@ pub struct VariantLabels {
     pub task: String,
     /// The variant.
     pub variant: String,
+}
+
+/// Labels of per-task series.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    /// The task's namespace.
+    pub namespace: String,
+    /// The task.
+    pub task: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -94,12 +107,36 @@ const VARIANT_GAUGES: [(&str, &str, &str); 6] = [
     ("basecamp_task_episodes", "episodes", "Episodes aggregated for the variant"),
 ];
 
+/// Checkpoint gauge name -> the evaluated step's metric it shows.
+const CHECKPOINT_GAUGES: [(&str, &str, &str); 6] = [
+    (
+        "basecamp_checkpoint_tool_call_accuracy",
+        "tool_call_accuracy",
+        "Mean strict tool-call accuracy of the newest evaluated checkpoint, by variant",
+    ),
+    ("basecamp_checkpoint_plan_step_f1", "plan_step_f1", "Mean plan-step F1 of the newest evaluated checkpoint"),
+    (
+        "basecamp_checkpoint_memory_consistency",
+        "memory_consistency",
+        "Mean memory consistency of the newest evaluated checkpoint",
+    ),
+    ("basecamp_checkpoint_error_rate", "error_rate", "Mean tool-call error rate of the newest evaluated checkpoint"),
+    (
+        "basecamp_checkpoint_resolution_seconds_p95",
+        "resolution_time_p95_s",
+        "95th percentile episode resolution time of the newest evaluated checkpoint, in seconds",
+    ),
+    ("basecamp_checkpoint_episodes", "episodes", "Episodes of the newest evaluated checkpoint's evaluation"),
+];
+
 /// The operator's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     variant_gauges: Vec<(&'static str, Family<VariantLabels, FloatGauge>)>,
     criteria_met: Family<VariantLabels, Gauge>,
+    checkpoint_step: Family<TaskLabels, Gauge>,
+    checkpoint_gauges: Vec<(&'static str, Family<VariantLabels, FloatGauge>)>,
     shards: Family<ShardLabels, Gauge>,
     tasks: Family<PhaseLabels, Gauge>,
     reconcile_duration: Histogram,
@@ -113,6 +150,7 @@ pub struct Metrics {
 struct Known {
     phases: BTreeMap<(String, String), TaskPhase>,
     variants: BTreeMap<(String, String), BTreeSet<String>>,
+    checkpoint_variants: BTreeMap<(String, String), BTreeSet<String>>,
 }
 
 impl Default for Metrics {
@@ -137,6 +175,18 @@ impl Metrics {
             "1 when every success criterion is met for the variant, else 0",
             criteria_met.clone(),
         );
+        let checkpoint_step = Family::<TaskLabels, Gauge>::default();
+        registry.register(
+            "basecamp_checkpoint_step",
+            "The training step of the newest evaluated checkpoint",
+            checkpoint_step.clone(),
+        );
+        let mut checkpoint_gauges = Vec::new();
+        for (name, key, help) in CHECKPOINT_GAUGES {
+            let family = Family::<VariantLabels, FloatGauge>::default();
+            registry.register(name, help, family.clone());
+            checkpoint_gauges.push((key, family));
+        }
         let shards = Family::<ShardLabels, Gauge>::default();
         registry.register("basecamp_shards", "Shards of a variant by state", shards.clone());
         let tasks = Family::<PhaseLabels, Gauge>::default();
@@ -173,6 +223,8 @@ impl Metrics {
             registry,
             variant_gauges,
             criteria_met,
+            checkpoint_step,
+            checkpoint_gauges,
             shards,
             tasks,
             reconcile_duration,
@@ -261,10 +313,54 @@ impl Metrics {
             }
         }
         known.variants.insert(key.clone(), variants);
+        self.record_checkpoint(&mut known, namespace, task, status);
         if let Some(phase) = status.phase {
             known.phases.insert(key, phase);
         }
         self.refresh_phase_counts(&known);
+    }
+
+    /// The newest evaluated checkpoint's step and metrics.
+    fn record_checkpoint(&self, known: &mut Known, namespace: &str, task: &str, status: &HarnessTaskStatus) {
+        let key = (namespace.to_string(), task.to_string());
+        let newest = status.training.as_ref().and_then(|t| t.history.last());
+        let variants: BTreeSet<String> = newest.map(|e| e.metrics.keys().cloned().collect()).unwrap_or_default();
+        for gone in known.checkpoint_variants.get(&key).into_iter().flatten().filter(|v| !variants.contains(*v)) {
+            self.remove_checkpoint_variant(namespace, task, gone);
+        }
+        let task_labels = TaskLabels { namespace: namespace.into(), task: task.into() };
+        match newest {
+            Some(evaluation) => {
+                self.checkpoint_step
+                    .get_or_create(&task_labels)
+                    .set(i64::try_from(evaluation.step).unwrap_or(i64::MAX));
+                for (variant, metrics) in &evaluation.metrics {
+                    let labels =
+                        VariantLabels { namespace: namespace.into(), task: task.into(), variant: variant.clone() };
+                    for (key, family) in &self.checkpoint_gauges {
+                        match metrics.get(*key) {
+                            Some(value) if value.is_finite() => {
+                                family.get_or_create(&labels).set(*value);
+                            }
+                            _ => {
+                                family.remove(&labels);
+                            }
+                        }
+                    }
+                }
+            }
+            None => {
+                self.checkpoint_step.remove(&task_labels);
+            }
+        }
+        known.checkpoint_variants.insert(key, variants);
+    }
+
+    fn remove_checkpoint_variant(&self, namespace: &str, task: &str, variant: &str) {
+        let labels = VariantLabels { namespace: namespace.into(), task: task.into(), variant: variant.into() };
+        for (_, family) in &self.checkpoint_gauges {
+            family.remove(&labels);
+        }
     }
 
     fn remove_variant(&self, namespace: &str, task: &str, variant: &str) {
@@ -290,6 +386,10 @@ impl Metrics {
         for variant in known.variants.remove(&key).unwrap_or_default() {
             self.remove_variant(namespace, task, &variant);
         }
+        for variant in known.checkpoint_variants.remove(&key).unwrap_or_default() {
+            self.remove_checkpoint_variant(namespace, task, &variant);
+        }
+        self.checkpoint_step.remove(&TaskLabels { namespace: namespace.into(), task: task.into() });
         known.phases.remove(&key);
         self.refresh_phase_counts(&known);
     }

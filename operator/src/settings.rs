@@ -1,8 +1,12 @@
 //! What the operator was started with that shapes the objects it builds:
-//! the sandbox image, how pods reach S3, and Job retry and clean-up limits.
+//! the sandbox image, how pods reach S3, Job retry and clean-up limits, and
+//! how often a training task's checkpoints are polled.
 
 /// Where the `basecamp-sandbox` binary lives in the Basecamp image.
 pub const SANDBOX_BINARY_IN_IMAGE: &str = "/usr/local/bin/basecamp-sandbox";
+/// Where the `basecamp` CLI lives in the Basecamp image (the trainer pod's
+/// `inject-basecamp` init container copies it for `basecamp data preprocess`).
+pub const CLI_BINARY_IN_IMAGE: &str = "/usr/local/bin/basecamp";
 /// Where the `basecamp-operator` binary lives in the Basecamp image (the
 /// init container uses its `inject-sandbox` command: the image has no shell
 /// and no `cp`).
@@ -25,6 +29,9 @@ pub struct Settings {
     pub backoff_limit_per_index: i32,
     /// Where `basecamp serve` runs; `status.reportUrl` links the task's page there.
     pub report_base_url: Option<String>,
+    /// How often a training task is looked at while its trainer runs or
+    /// checkpoint evaluations are queued or running, in seconds.
+    pub checkpoint_poll_seconds: u64,
 }
 
 impl Default for Settings {
@@ -36,6 +43,7 @@ impl Default for Settings {
             job_ttl_seconds: 7 * 24 * 3600,
             backoff_limit_per_index: 2,
             report_base_url: None,
+            checkpoint_poll_seconds: 10,
         }
     }
 }

@@ -14,6 +14,13 @@
 //! sandbox binary from the Basecamp image into an emptyDir (as Argo and
 //! Tekton inject their entrypoints), and the sandbox container runs it from
 //! there inside the user's image.
+//!
+//! The same builder makes a checkpoint evaluation's Job (see
+//! [`CheckpointUnderTest`] and `crate::training`): the variant's pod with
+//! `--checkpoint-step N`, `BASECAMP_CHECKPOINT` and `BASECAMP_STEP`, named
+//! `<task>-s<N>-<variant>` and labelled with the step. With
+//! `policy.server`, every such pod also runs the policy-server sidecar
+//! ([`super::policy_server`]).
 
 use std::collections::BTreeMap;
 
@@ -30,7 +37,11 @@ use kube::api::ObjectMeta;
 
 use super::affinity::{GPU_RESOURCE, gpu_affinity, gpu_tolerations};
 use super::configmap::MANIFESTS_KEY;
-use super::names::{KUEUE_QUEUE_LABEL, TEMPLATE_HASH_ANNOTATION, config_map_name, job_name, labels, stable_hash};
+use super::names::{
+    CHECKPOINT_ANNOTATION, KUEUE_QUEUE_LABEL, ROLE_EVALUATION, ROLE_LABEL, STEP_LABEL, TEMPLATE_HASH_ANNOTATION,
+    config_map_name, job_name, labels, stable_hash,
+};
+use super::policy_server::{self, CHECKPOINT_ENV, STEP_ENV, Served};
 use super::security::{container_security_context, pod_security_context};
 use super::{BuildError, BuildInput, ResolvedVariant};
 use crate::settings::{OPERATOR_BINARY_IN_IMAGE, SANDBOX_BINARY_IN_IMAGE};
@@ -54,6 +65,27 @@ pub const EXIT_LOST_EPISODES: i32 = 2;
 /// Exit code: the upload failed (local copies kept).
 pub const EXIT_UPLOAD_FAILED: i32 = 3;
 
+/// A checkpoint whose evaluation a Job runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointUnderTest {
+    /// The training step.
+    pub step: u64,
+    /// Where the checkpoint is, `C/step-N/`.
+    pub location: String,
+}
+
+impl CheckpointUnderTest {
+    /// The Job of `variant`'s evaluation of this checkpoint:
+    /// `<task>-s<N>-<variant>` (at most 63 characters).
+    pub fn job_name(&self, task: &str, variant: &str) -> String {
+        job_name(task, &format!("s{}-{variant}", self.step))
+    }
+
+    fn labels(&self) -> [(String, String); 2] {
+        [(STEP_LABEL.to_string(), self.step.to_string()), (ROLE_LABEL.to_string(), ROLE_EVALUATION.to_string())]
+    }
+}
+
 fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount { name: name.into(), mount_path: path.into(), read_only: Some(read_only), ..Default::default() }
 }
@@ -66,9 +98,10 @@ fn env(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), value_from: None }
 }
 
-/// The sandbox's arguments: `run --config ... --shard $(JOB_COMPLETION_INDEX)/N`.
-pub fn sandbox_args(task: &str, variant: &str, shards: u32) -> Vec<String> {
-    [
+/// The sandbox's arguments: `run --config ... --shard $(JOB_COMPLETION_INDEX)/N`,
+/// and `--checkpoint-step N` when it evaluates a checkpoint.
+pub fn sandbox_args(task: &str, variant: &str, shards: u32, step: Option<u64>) -> Vec<String> {
+    let mut args: Vec<String> = [
         "run",
         "--config",
         &format!("{CONFIG_DIR}/{MANIFESTS_KEY}"),
@@ -83,7 +116,11 @@ pub fn sandbox_args(task: &str, variant: &str, shards: u32) -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect();
+    if let Some(step) = step {
+        args.extend(["--checkpoint-step".to_string(), step.to_string()]);
+    }
+    args
 }
 
 fn resources(variant: &ResolvedVariant) -> Option<ResourceRequirements> {
@@ -97,7 +134,7 @@ fn resources(variant: &ResolvedVariant) -> Option<ResourceRequirements> {
     (resources != ResourceRequirements::default()).then_some(resources)
 }
 
-fn sandbox_env(input: &BuildInput<'_>) -> Vec<EnvVar> {
+fn sandbox_env(input: &BuildInput<'_>, checkpoint: Option<&CheckpointUnderTest>) -> Vec<EnvVar> {
     let mut vars = vec![
         EnvVar {
             name: INDEX_ENV.into(),
@@ -112,6 +149,10 @@ fn sandbox_env(input: &BuildInput<'_>) -> Vec<EnvVar> {
         },
         env("HOME", "/tmp"),
     ];
+    if let Some(checkpoint) = checkpoint {
+        vars.push(env(CHECKPOINT_ENV, &checkpoint.location));
+        vars.push(env(STEP_ENV, &checkpoint.step.to_string()));
+    }
     if let Some(endpoint) = &input.settings.s3_endpoint {
         vars.push(env("AWS_ENDPOINT_URL_S3", endpoint));
     }
@@ -132,8 +173,25 @@ fn sandbox_env(input: &BuildInput<'_>) -> Vec<EnvVar> {
     vars
 }
 
-/// The pod template of one variant.
-pub fn pod_template(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result<PodTemplateSpec, BuildError> {
+/// What the policy-server sidecar serves in the variants' own Jobs: the
+/// checkpoint training resumes from, else the model id (the trainer's,
+/// else the policy's), at the resumed step (0 without one).
+pub fn served_by_default(input: &BuildInput<'_>) -> Served {
+    let spec = &input.task.spec;
+    let training = spec.training_config.as_ref();
+    let resume_from = training.and_then(|t| t.resume_from.clone());
+    let step = resume_from.as_deref().and_then(basecamp_api::task::parse_checkpoint_step).unwrap_or(0);
+    let checkpoint =
+        resume_from.or_else(|| training.and_then(|t| t.model_id.clone())).or_else(|| spec.policy.model.clone());
+    Served { checkpoint, step: Some(step) }
+}
+
+/// The pod template of one variant (evaluating `checkpoint` when given).
+pub fn pod_template(
+    input: &BuildInput<'_>,
+    variant: &ResolvedVariant,
+    checkpoint: Option<&CheckpointUnderTest>,
+) -> Result<PodTemplateSpec, BuildError> {
     let shards = input.task.spec.shards();
     let gpu = variant.spec.gpu.clone().unwrap_or_default();
     let min_cc = gpu
@@ -188,9 +246,9 @@ pub fn pod_template(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result
         name: SANDBOX_CONTAINER.into(),
         image: Some(image),
         command: Some(vec![command]),
-        args: Some(sandbox_args(input.name, &variant.name, shards)),
+        args: Some(sandbox_args(input.name, &variant.name, shards, checkpoint.map(|c| c.step))),
         working_dir: Some(WORK_DIR.into()),
-        env: Some(sandbox_env(input)),
+        env: Some(sandbox_env(input, checkpoint)),
         env_from: input.settings.s3_secret.as_ref().map(|name| {
             vec![EnvFromSource {
                 secret_ref: Some(SecretEnvSource { name: name.clone(), optional: Some(true) }),
@@ -205,9 +263,21 @@ pub fn pod_template(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let needs_gpu = gpu.gpu_count() > 0;
+    let server = input.task.spec.policy.server.as_ref();
+    if let Some(server) = server {
+        let served = match checkpoint {
+            Some(c) => Served { checkpoint: Some(c.location.clone()), step: Some(c.step) },
+            None => served_by_default(input),
+        };
+        // After `inject-sandbox`: init containers start in order, and the
+        // sandbox starts once the sidecar's startup probe passed.
+        init_containers.push(policy_server::sidecar(server, &served, "tmp"));
+    }
+    let needs_gpu = gpu.gpu_count() > 0 || server.and_then(|s| s.gpus).unwrap_or(0) > 0;
+    let mut pod_labels = labels(input.name, Some(&variant.name));
+    pod_labels.extend(checkpoint.iter().flat_map(|c| c.labels()));
     Ok(PodTemplateSpec {
-        metadata: Some(ObjectMeta { labels: Some(labels(input.name, Some(&variant.name))), ..Default::default() }),
+        metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
         spec: Some(PodSpec {
             restart_policy: Some("Never".into()),
             automount_service_account_token: Some(false),
@@ -257,11 +327,20 @@ pub fn pod_failure_policy() -> PodFailurePolicy {
 
 /// The Job of one variant.
 pub fn job(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result<Job, BuildError> {
+    job_for(input, variant, None)
+}
+
+/// The Job of one variant, or of its evaluation of `checkpoint`.
+pub fn job_for(
+    input: &BuildInput<'_>,
+    variant: &ResolvedVariant,
+    checkpoint: Option<&CheckpointUnderTest>,
+) -> Result<Job, BuildError> {
     let shards = input.task.spec.shards();
     let completions = i32::try_from(shards).unwrap_or(i32::MAX);
     let parallelism =
         input.task.spec.parallelism.map_or(completions, |p| i32::try_from(p).unwrap_or(i32::MAX).min(completions));
-    let template = pod_template(input, variant)?;
+    let template = pod_template(input, variant, checkpoint)?;
     let immutable = serde_json::json!({
         "template": &template,
         "completions": completions,
@@ -270,15 +349,24 @@ pub fn job(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result<Job, Bui
     });
     let hash = stable_hash(immutable.to_string().as_bytes());
     let mut job_labels = labels(input.name, Some(&variant.name));
+    job_labels.extend(checkpoint.iter().flat_map(|c| c.labels()));
     if let Some(queue) = input.task.spec.queue_name.as_deref().filter(|q| !q.is_empty()) {
         job_labels.insert(KUEUE_QUEUE_LABEL.into(), queue.into());
     }
+    let mut annotations = BTreeMap::from([(TEMPLATE_HASH_ANNOTATION.to_string(), hash)]);
+    if let Some(checkpoint) = checkpoint {
+        annotations.insert(CHECKPOINT_ANNOTATION.to_string(), checkpoint.location.clone());
+    }
+    let name = match checkpoint {
+        Some(checkpoint) => checkpoint.job_name(input.name, &variant.name),
+        None => job_name(input.name, &variant.name),
+    };
     Ok(Job {
         metadata: ObjectMeta {
-            name: Some(job_name(input.name, &variant.name)),
+            name: Some(name),
             namespace: Some(input.namespace.to_string()),
             labels: Some(job_labels),
-            annotations: Some(BTreeMap::from([(TEMPLATE_HASH_ANNOTATION.to_string(), hash)])),
+            annotations: Some(annotations),
             owner_references: Some(vec![input.owner.clone()]),
             ..Default::default()
         },

@@ -8,6 +8,7 @@
 //! - [`job`]: the Indexed Job, its pod, the pod failure policy;
 //! - [`affinity`]: GPU node affinity from `minComputeCapability`;
 //! - [`security`]: the pods' secure defaults;
+//! - [`policy_server`]: the policy-server sidecar (`policy.server`);
 //! - [`network_policy`]: egress to DNS, the policy, tools and S3 only;
 //! - [`names`]: names, labels and the template hash.
 
@@ -16,6 +17,7 @@ pub mod configmap;
 pub mod job;
 pub mod names;
 pub mod network_policy;
+pub mod policy_server;
 pub mod security;
 
 use basecamp_api::sandbox::SandboxConfigSpec;

@@ -9,6 +9,17 @@ use std::collections::BTreeMap;
 pub const TASK_LABEL: &str = "basecamp.dev/task";
 /// Label: the variant's name.
 pub const VARIANT_LABEL: &str = "basecamp.dev/variant";
+/// Label: what a pod does for the task: `trainer` or `evaluation` (the
+/// variants' own sandbox pods carry none).
+pub const ROLE_LABEL: &str = "basecamp.dev/role";
+/// Label: the training step a checkpoint evaluation evaluates.
+pub const STEP_LABEL: &str = "basecamp.dev/step";
+/// Role of the trainer Job and its pod.
+pub const ROLE_TRAINER: &str = "trainer";
+/// Role of checkpoint evaluation Jobs and their pods.
+pub const ROLE_EVALUATION: &str = "evaluation";
+/// Annotation on an evaluation Job: the checkpoint it evaluates (`C/step-N/`).
+pub const CHECKPOINT_ANNOTATION: &str = "basecamp.dev/checkpoint";
 /// Annotation on a Job: the hash of everything immutable in it; a Job whose
 /// hash differs from the desired one is replaced.
 pub const TEMPLATE_HASH_ANNOTATION: &str = "basecamp.dev/template-hash";

@@ -7,6 +7,10 @@
 //! the most a NetworkPolicy can say about a name. Loopback endpoints (a
 //! policy-server sidecar, the sandbox's own services) need no rule, and a
 //! tool URL whose host is a template placeholder is skipped.
+//!
+//! The trainer pod of a training task (`basecamp.dev/role=trainer`) is not
+//! selected: it runs the user's training code, which fetches base models
+//! and writes checkpoints wherever its configuration says.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -14,12 +18,12 @@ use std::net::IpAddr;
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 
 use super::BuildInput;
-use super::names::{TASK_LABEL, label_value, labels, network_policy_name};
+use super::names::{ROLE_LABEL, ROLE_TRAINER, TASK_LABEL, label_value, labels, network_policy_name};
 
 /// A place pods must reach: a host (name or IP literal) and a TCP port.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -136,7 +140,11 @@ pub fn network_policy(input: &BuildInput<'_>) -> NetworkPolicy {
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector {
                 match_labels: Some([(TASK_LABEL.to_string(), label_value(input.name))].into()),
-                match_expressions: None,
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: ROLE_LABEL.to_string(),
+                    operator: "NotIn".to_string(),
+                    values: Some(vec![ROLE_TRAINER.to_string()]),
+                }]),
             }),
             policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
             ingress: None,

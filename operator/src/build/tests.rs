@@ -290,6 +290,11 @@ fn the_network_policy_allows_dns_policy_tools_and_s3_only() {
     let policy = to_json(&desired.network_policy);
     assert_eq!(policy["metadata"]["name"], "eval-sandbox");
     assert_eq!(policy["spec"]["podSelector"]["matchLabels"], json!({"basecamp.dev/task": "eval"}));
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchExpressions"],
+        json!([{"key": "basecamp.dev/role", "operator": "NotIn", "values": ["trainer"]}]),
+        "the trainer pod is not a sandbox"
+    );
     assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
     assert!(policy["spec"]["ingress"].is_null(), "no ingress at all");
     let egress = policy["spec"]["egress"].as_array().expect("egress");

@@ -280,7 +280,7 @@ pub fn variant_metrics(aggregate: &Aggregate, lost: usize) -> BTreeMap<String, f
     metrics
 }
 
-async fn timed<T>(
+pub(crate) async fn timed<T>(
     metrics: &Metrics,
     operation: &'static str,
     future: impl Future<Output = Result<T, StorageError>>,
@@ -389,7 +389,8 @@ pub fn combine(found: &Found, variants: &[String]) -> (VariantMetrics, Vec<Index
     (metrics, rows, aggregates)
 }
 
-async fn write_json(
+/// Writes `value` as pretty JSON to `to` (through a temporary file).
+pub(crate) async fn write_json(
     storage: &Storage,
     metrics: &Metrics,
     to: &Destination,

@@ -127,29 +127,45 @@ pub async fn apply(
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
     let mut applied = Vec::new();
     for want in &desired.jobs {
-        let name = want.name_any();
         let variant = variant_of(want);
-        let existing = jobs.get_opt(&name).await.map_err(err("read", "Job", &name))?;
-        let want_hash = want.annotations().get(TEMPLATE_HASH_ANNOTATION);
-        let mut replaced = false;
-        match &existing {
-            None if finished_before(status, generation, &variant) => {
-                applied.push(AppliedJob { variant, job: None, replaced });
-                continue;
-            }
-            Some(job) if job.annotations().get(TEMPLATE_HASH_ANNOTATION) != want_hash => {
-                let background =
-                    DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
-                jobs.delete(&name, &background).await.map_err(err("delete", "Job", &name))?;
-                replaced = true;
-            }
-            _ => {}
-        }
-        let want = with_live_suspend(want, existing.as_ref().filter(|_| !replaced));
-        let job = jobs.patch(&name, &params(), &Patch::Apply(&want)).await.map_err(err("apply", "Job", &name))?;
-        applied.push(AppliedJob { variant, job: Some(job), replaced });
+        let (job, replaced) = apply_job(&jobs, namespace, want, finished_before(status, generation, &variant)).await?;
+        applied.push(AppliedJob { variant, job, replaced });
     }
     Ok(applied)
+}
+
+/// Applies one Job: an outdated one (its template hash differs) is deleted
+/// and created anew; a missing one is not recreated when `finished_before`
+/// (its TTL removed it after it finished). Returns the Job as the API has
+/// it (`None`: finished and gone) and whether it was replaced.
+pub async fn apply_job(
+    jobs: &Api<Job>,
+    namespace: &str,
+    want: &Job,
+    finished_before: bool,
+) -> Result<(Option<Job>, bool), ApplyError> {
+    let name = want.name_any();
+    let err = |action| {
+        let namespace = namespace.to_string();
+        let name = name.clone();
+        move |source| ApplyError::Api { action, kind: "Job", namespace, name, source }
+    };
+    let existing = jobs.get_opt(&name).await.map_err(err("read"))?;
+    let want_hash = want.annotations().get(TEMPLATE_HASH_ANNOTATION);
+    let mut replaced = false;
+    match &existing {
+        None if finished_before => return Ok((None, false)),
+        Some(job) if job.annotations().get(TEMPLATE_HASH_ANNOTATION) != want_hash => {
+            let background =
+                DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+            jobs.delete(&name, &background).await.map_err(err("delete"))?;
+            replaced = true;
+        }
+        _ => {}
+    }
+    let want = with_live_suspend(want, existing.as_ref().filter(|_| !replaced));
+    let job = jobs.patch(&name, &params(), &Patch::Apply(&want)).await.map_err(err("apply"))?;
+    Ok((Some(job), replaced))
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@
 //! - [`aggregate`]: finished shards' summaries from S3 into metrics,
 //!   criteria, deltas, `index.json` and `comparison.json`;
 //! - [`status`]: phase and conditions (pure), written by SSA on `/status`;
+//! - [`crate::training`]: for a task that trains, the trainer Job and the
+//!   checkpoint evaluations (after `apply`, before `update_status`);
 //! - [`finalizer`]: trace retention on deletion.
 //!
 //! Every failure is an error value with a bounded `category()`: it becomes
@@ -67,6 +69,9 @@ pub enum Error {
     /// The finalizer failed.
     #[error(transparent)]
     Finalizer(#[from] finalizer::FinalizerError),
+    /// The training loop failed.
+    #[error(transparent)]
+    Training(#[from] crate::training::TrainingError),
 }
 
 impl Error {
@@ -78,6 +83,7 @@ impl Error {
             Error::Apply(e) => e.category(),
             Error::Status(e) => e.category(),
             Error::Finalizer(e) => e.category(),
+            Error::Training(e) => e.category(),
         }
     }
 }
@@ -156,7 +162,7 @@ fn now() -> Time {
     Time(jiff::Timestamp::now())
 }
 
-fn today() -> UtcDate {
+pub(crate) fn today() -> UtcDate {
     UtcDate::from_system_time(std::time::SystemTime::now())
         .unwrap_or_else(|_| UtcDate::new(1970, 1, 1).expect("a real date"))
 }
@@ -203,7 +209,8 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         Verdict::Invalid(report) => return reject(task, ctx, &report).await,
     };
     let capacity_problem = capacity_problem(&world, &variants);
-    let desired = build::build(&BuildInput::new(task, variants, &ctx.settings)?)?;
+    let input = BuildInput::new(task, variants, &ctx.settings)?;
+    let desired = build::build(&input)?;
     let namespace = task.namespace().unwrap_or_default();
     let applied =
         apply::apply(&ctx.client, &namespace, &desired, task.status.as_ref(), task.metadata.generation).await?;
@@ -214,6 +221,11 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     }
     let shards = shard_states(task, &applied);
     let aggregated = aggregate_step(task, ctx, &applied, &shards).await;
+    let training = crate::training::reconcile(&ctx.client, &ctx.storage, &ctx.metrics, &input).await?;
+    for evaluation in training.iter().flat_map(|t| t.evaluated.iter()) {
+        let note = crate::training::evaluation::evaluated_note(evaluation);
+        ctx.publish(task, false, "CheckpointEvaluated", &note, "Evaluate").await;
+    }
     let observed = Observed {
         task,
         shards,
@@ -225,11 +237,12 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         warnings: warnings.iter().map(ToString::to_string).collect(),
         aggregated,
         report_url: status::report_url(ctx.settings.report_base_url.as_deref(), &namespace, &task.name_any()),
+        training: training.map(|t| t.observed),
         now: now(),
     };
     let status = status::compute(&observed);
     update_status(task, ctx, &status).await?;
-    Ok(next_action(&status))
+    Ok(next_action(&status, Duration::from_secs(ctx.settings.checkpoint_poll_seconds.max(1))))
 }
 
 /// An invalid spec: a condition and an Event saying what to fix; no objects.
@@ -288,7 +301,7 @@ fn previous_aggregation(status: Option<&HarnessTaskStatus>) -> AggregatedStatus 
 }
 
 /// Summaries older than the Job (with 10 minutes for clock skew) belong to a replaced Job.
-const CLOCK_SKEW_NANOS: i64 = 600 * 1_000_000_000;
+pub(crate) const CLOCK_SKEW_NANOS: i64 = 600 * 1_000_000_000;
 
 async fn aggregate_step(
     task: &HarnessTask,
@@ -360,14 +373,18 @@ async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatu
 
 /// When to look again. Job changes wake the task anyway (the controller
 /// owns its Jobs), so a healthy running task is only re-checked every five
-/// minutes; a degraded one (S3 down, summaries missing) every 30 seconds.
-fn next_action(status: &HarnessTaskStatus) -> Action {
+/// minutes; a degraded one (S3 down, summaries missing) every 30 seconds;
+/// a training task whose trainer runs or whose checkpoint evaluations are
+/// pending every `checkpoint_poll` (new checkpoints wake nothing).
+pub fn next_action(status: &HarnessTaskStatus, checkpoint_poll: Duration) -> Action {
     use basecamp_api::task::TaskPhase;
     let degraded = status
         .conditions
         .iter()
         .any(|c| c.type_ == basecamp_api::task::condition_types::DEGRADED && c.status == "True");
+    let training = status.training.as_ref().is_some_and(status::training_busy);
     match status.phase {
+        _ if training => Action::requeue(checkpoint_poll.min(Duration::from_secs(30))),
         _ if degraded => Action::requeue(Duration::from_secs(30)),
         Some(TaskPhase::Succeeded | TaskPhase::Failed) => Action::await_change(),
         _ => Action::requeue(Duration::from_secs(300)),

@@ -4,11 +4,15 @@
 //! message for people, `observedGeneration`, and a `lastTransitionTime`
 //! that only moves when the condition's status changes. Each change of a
 //! condition becomes an Event (see [`transitions`]).
+//!
+//! A training task (see `crate::training`) is not finished while its
+//! trainer runs or checkpoint evaluations are queued or running, and a
+//! failed trainer fails it (reason `TrainerFailed`, with the pod's message).
 
 use std::collections::BTreeMap;
 
 use basecamp_api::HarnessTask;
-use basecamp_api::task::{CriterionResult, HarnessTaskStatus, ShardCounts, TaskPhase, condition_types};
+use basecamp_api::task::{CriterionResult, HarnessTaskStatus, ShardCounts, TaskPhase, TrainingStatus, condition_types};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
@@ -135,6 +139,47 @@ pub struct AggregatedStatus {
     pub complete: bool,
 }
 
+/// What the training step contributes to status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainingObserved {
+    /// `status.training`.
+    pub status: TrainingStatus,
+    /// An S3 problem that held the loop back this time (category, message).
+    pub problem: Option<(&'static str, String)>,
+}
+
+impl TrainingObserved {
+    /// Whether the trainer failed, and why.
+    pub fn trainer_failure(&self) -> Option<String> {
+        (self.status.phase == Some(TaskPhase::Failed))
+            .then(|| self.status.message.clone().unwrap_or_else(|| "the trainer failed".to_string()))
+    }
+}
+
+/// Whether a training loop still has work: the trainer has not finished,
+/// or checkpoint evaluations are running or queued.
+pub fn training_busy(training: &TrainingStatus) -> bool {
+    matches!(training.phase, Some(TaskPhase::Pending | TaskPhase::Running))
+        || !training.evaluating.is_empty()
+        || !training.queued.is_empty()
+}
+
+fn training_summary(training: &TrainingStatus) -> String {
+    let phase = training.phase.map_or("Pending", TaskPhase::as_str);
+    let steps = |steps: &[u64]| steps.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+    let mut text = format!("trainer {phase}");
+    if !training.evaluating.is_empty() {
+        text.push_str(&format!("; evaluating step {}", steps(&training.evaluating)));
+    }
+    if !training.queued.is_empty() {
+        text.push_str(&format!("; queued step {}", steps(&training.queued)));
+    }
+    if let Some(step) = training.latest_step {
+        text.push_str(&format!("; latest evaluated step {step}"));
+    }
+    text
+}
+
 /// Everything the status is computed from.
 #[derive(Debug, Clone)]
 pub struct Observed<'a> {
@@ -152,6 +197,8 @@ pub struct Observed<'a> {
     pub aggregated: AggregatedStatus,
     /// The task's page on `basecamp serve`, when the operator knows where it runs.
     pub report_url: Option<String>,
+    /// The training loop, for a task that trains.
+    pub training: Option<TrainingObserved>,
     /// Now.
     pub now: Time,
 }
@@ -200,18 +247,41 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
     } else {
         TaskPhase::Pending
     };
+    let training = observed.training.as_ref();
+    let trainer_failure = training.and_then(TrainingObserved::trainer_failure);
+    let training_busy = training.is_some_and(|t| training_busy(&t.status));
+    // The training loop comes on top of the variants' Jobs: a failed
+    // trainer fails the task; a busy loop keeps it from finishing.
+    let phase = match (phase, training) {
+        _ if trainer_failure.is_some() => TaskPhase::Failed,
+        (TaskPhase::Suspended, _) => TaskPhase::Suspended,
+        (TaskPhase::Pending, Some(t))
+            if t.status.phase == Some(TaskPhase::Pending) && t.status.evaluating.is_empty() =>
+        {
+            TaskPhase::Pending
+        }
+        (_, Some(_)) if training_busy => TaskPhase::Running,
+        (phase, _) => phase,
+    };
 
     let warnings = if observed.warnings.is_empty() {
         String::new()
     } else {
         format!("; warnings: {}", observed.warnings.join("; "))
     };
+    let training_text = training.filter(|_| training_busy).map(|t| training_summary(&t.status));
     let mut decided =
         vec![Decided::new(READY, true, "Resolved", format!("sandboxes resolved, objects applied{warnings}"))];
     decided.push(match phase {
         TaskPhase::Suspended => {
             Decided::new(PROGRESSING, false, "Suspended", "the Jobs are suspended (spec.suspend or Kueue admission)")
         }
+        TaskPhase::Pending | TaskPhase::Running if training_text.is_some() => Decided::new(
+            PROGRESSING,
+            true,
+            "Training",
+            format!("{}; {finished}/{total} shards finished", training_text.clone().unwrap_or_default()),
+        ),
         TaskPhase::Pending => Decided::new(PROGRESSING, true, "ShardsPending", format!("0 of {total} shards started")),
         TaskPhase::Running if all_finished => {
             Decided::new(PROGRESSING, true, "Aggregating", "every shard finished; aggregating their summaries")
@@ -225,6 +295,8 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         _ => Decided::new(PROGRESSING, false, "Finished", format!("{finished}/{total} shards finished")),
     });
     let degraded = if let Some((reason, message)) = &aggregated.error {
+        Decided::new(DEGRADED, true, reason, message.clone())
+    } else if let Some((reason, message)) = training.and_then(|t| t.problem.as_ref()) {
         Decided::new(DEGRADED, true, reason, message.clone())
     } else if let Some(message) = &observed.capacity_problem {
         Decided::new(DEGRADED, true, "InsufficientGpuCapacity", message.clone())
@@ -249,6 +321,10 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
                 format!("every shard finished and all {} criteria are met", aggregated.criteria.len()),
             ));
             decided.push(Decided::new(FAILED, false, "AsExpected", ""));
+        }
+        TaskPhase::Failed if trainer_failure.is_some() => {
+            decided.push(Decided::new(SUCCEEDED, false, "TrainerFailed", ""));
+            decided.push(Decided::new(FAILED, true, "TrainerFailed", trainer_failure.clone().unwrap_or_default()));
         }
         TaskPhase::Failed if failed > 0 => {
             decided.push(Decided::new(SUCCEEDED, false, "ShardsFailed", ""));
@@ -283,7 +359,10 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         deltas: aggregated.deltas.clone(),
         trace_location: aggregated.trace_location.clone(),
         report_url: observed.report_url.clone(),
-        training: previous.training.clone(),
+        training: match training {
+            Some(t) => Some(t.status.clone()),
+            None => previous.training.clone(),
+        },
     }
 }
 

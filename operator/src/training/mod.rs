@@ -1,0 +1,349 @@
+//! The training loop (operator/TRAINING.md): for a task whose
+//! `trainingConfig` names an `image`, run the trainer, watch its
+//! checkpoints and evaluate each complete one in sandboxes.
+//!
+//! Pure parts first, then one reconcile step that the controller runs
+//! after `apply` and before `update_status`:
+//!
+//! - [`locations`]: the checkpoint root `C`, the dataset, `steps.json`;
+//! - [`trainer`]: the trainer Job, its phase and failure message;
+//! - [`checkpoints`]: complete checkpoints, which to evaluate now, history;
+//! - [`evaluation`]: the evaluation Jobs of a step and its result;
+//! - [`reconcile`]: apply the trainer Job, read the evaluation Jobs, read
+//!   `steps.json` (before anything is started, so a restart never repeats
+//!   a step), aggregate the steps whose shards all finished, list `C`,
+//!   start the next steps, and report `status.training`.
+//!
+//! API failures are errors of the reconcile (an Event and a backoff); S3
+//! failures are a `problem` (a Degraded condition) and the loop goes on
+//! with what it knows, starting nothing it cannot account for.
+
+pub mod checkpoints;
+pub mod evaluation;
+pub mod locations;
+pub mod trainer;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use basecamp_api::task::{CheckpointEvaluation, TaskPhase, TrainingStatus, checkpoint_run_name};
+use basecamp_sandbox::storage::{Destination, FailureKind, Storage, UtcDate};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use crate::build::job::CheckpointUnderTest;
+use crate::build::{BuildError, BuildInput};
+use crate::controller::aggregate::{self, timed, write_json};
+use crate::controller::apply::{ApplyError, apply_job};
+use crate::controller::status::{AggregatedStatus, TrainingObserved};
+use crate::controller::{CLOCK_SKEW_NANOS, api_error, today};
+use crate::metrics::Metrics;
+use checkpoints::{Plan, complete_checkpoints, merge, newest, parse_steps, plan};
+use evaluation::FinishedStep;
+use locations::{Locations, checkpoint_location};
+
+/// Why the training step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainingError {
+    /// Applying a Job failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// Building a Job failed.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// Listing the training's Jobs or the trainer's pods failed.
+    #[error("failed to list the {what} of HarnessTask {namespace}/{task}: {source}")]
+    List {
+        /// `evaluation Jobs` or `trainer pods`.
+        what: &'static str,
+        /// The task's namespace.
+        namespace: String,
+        /// The task.
+        task: String,
+        /// The cause.
+        source: kube::Error,
+    },
+}
+
+impl TrainingError {
+    /// A fixed name for this kind of error.
+    pub fn category(&self) -> &'static str {
+        match self {
+            TrainingError::Apply(e) => e.category(),
+            TrainingError::Build(e) => e.category(),
+            TrainingError::List { source, .. } => match api_error::category(source) {
+                "Forbidden" => "ListForbidden",
+                "ApiUnreachable" => "ApiUnreachable",
+                _ => "ListFailed",
+            },
+        }
+    }
+}
+
+/// What the training step saw and did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// `status.training` and any S3 problem, for `update_status`.
+    pub observed: TrainingObserved,
+    /// Steps evaluated by this reconcile (one `CheckpointEvaluated` Event each).
+    pub evaluated: Vec<CheckpointEvaluation>,
+}
+
+/// Whether the task trains: `trainingConfig.image` is set.
+pub fn is_training(input: &BuildInput<'_>) -> bool {
+    input.task.spec.training_config.as_ref().and_then(|t| t.image.as_deref()).is_some_and(|i| !i.trim().is_empty())
+}
+
+fn storage_problem(action: &str, error: &basecamp_sandbox::storage::StorageError) -> (&'static str, String) {
+    let category = if error.is_retryable() { "S3Unavailable" } else { "S3Refused" };
+    (category, format!("failed to {action}: {error}"))
+}
+
+/// Reads `steps.json` (absent: nothing evaluated yet).
+async fn read_steps(
+    storage: &Storage,
+    metrics: &Metrics,
+    file: &Destination,
+) -> Result<Vec<CheckpointEvaluation>, (&'static str, String)> {
+    match timed(metrics, "get", storage.fetch(file)).await {
+        Ok(bytes) => parse_steps(&bytes).map_err(|e| {
+            ("StepsFileCorrupt", format!("{file} is not a JSON array of checkpoint evaluations: {e}; fix or remove it"))
+        }),
+        Err(error) if error.kind() == Some(FailureKind::NotFound) => Ok(Vec::new()),
+        Err(error) => Err(storage_problem("read the evaluated steps", &error)),
+    }
+}
+
+/// Aggregates run `<task>@step-N` from its Jobs (the task's own aggregation code).
+async fn aggregate_step(
+    storage: &Storage,
+    metrics: &Metrics,
+    input: &BuildInput<'_>,
+    traces: &Destination,
+    step: u64,
+    jobs: &BTreeMap<String, Job>,
+    variants: &[String],
+) -> AggregatedStatus {
+    let run = checkpoint_run_name(input.name, step);
+    let created = jobs.values().filter_map(|j| j.creation_timestamp()).map(|t| t.0).min();
+    let first_day = created.and_then(|t| UtcDate::from_unix_seconds(t.as_second()).ok()).unwrap_or_else(today);
+    let not_before_nanos = jobs
+        .iter()
+        .filter_map(|(variant, job)| {
+            let created = job.creation_timestamp()?;
+            let nanos = i64::try_from(created.0.as_nanosecond()).unwrap_or(i64::MAX);
+            Some((variant.clone(), nanos.saturating_sub(CLOCK_SKEW_NANOS)))
+        })
+        .collect();
+    let request = aggregate::Request {
+        namespace: input.namespace,
+        task: &run,
+        destination: traces.clone(),
+        days: (first_day, today()),
+        variants: variants.to_vec(),
+        completed: evaluation::completed_indexes(jobs),
+        not_before_nanos,
+        all_finished: true,
+        criteria: &input.task.spec.task_definition.success_criteria,
+    };
+    aggregate::run(storage, metrics, &request, &AggregatedStatus::default()).await
+}
+
+/// The training step (see the module docs). `None` for a task that does not train.
+pub async fn reconcile(
+    client: &Client,
+    storage: &Storage,
+    metrics: &Metrics,
+    input: &BuildInput<'_>,
+) -> Result<Option<Observation>, TrainingError> {
+    if !is_training(input) {
+        return Ok(None);
+    }
+    let task = input.task;
+    let namespace = input.namespace;
+    let previous = task.status.as_ref().and_then(|s| s.training.clone()).unwrap_or_default();
+    let locations = match Locations::of(task, namespace, input.name) {
+        Ok(locations) => locations,
+        Err(error) => {
+            let observed = TrainingObserved {
+                status: TrainingStatus { message: Some(error.to_string()), ..previous },
+                problem: Some(("InvalidCheckpointLocation", error.to_string())),
+            };
+            return Ok(Some(Observation { observed, evaluated: Vec::new() }));
+        }
+    };
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let list_error = |what| {
+        move |source| TrainingError::List {
+            what,
+            namespace: namespace.to_string(),
+            task: input.name.to_string(),
+            source,
+        }
+    };
+
+    // The trainer.
+    let trainer_name = trainer::trainer_job_name(input.name);
+    let mut trainer_job = None;
+    if let Some(want) = trainer::trainer_job(input, &locations)? {
+        let generation_seen = task.status.as_ref().and_then(|s| s.observed_generation) == task.metadata.generation;
+        let finished_before =
+            generation_seen && matches!(previous.phase, Some(TaskPhase::Succeeded | TaskPhase::Failed));
+        trainer_job = apply_job(&jobs, namespace, &want, finished_before).await?.0;
+    }
+    let trainer_done = trainer_job.as_ref().is_some_and(|job| {
+        job.status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .any(|c| c.type_ == "Complete" && c.status == "True")
+    });
+    let pods = if trainer_job.is_some() && !trainer_done {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let selector = format!("batch.kubernetes.io/job-name={trainer_name}");
+        pods.list(&ListParams::default().labels(&selector)).await.map_err(list_error("trainer pods"))?.items
+    } else {
+        Vec::new()
+    };
+    let (phase, message) = trainer::trainer_state(trainer_job.as_ref(), &pods, previous.phase);
+
+    // The evaluations: what runs, what was evaluated.
+    let listed = jobs
+        .list(&ListParams::default().labels(&evaluation::selector(input.name)))
+        .await
+        .map_err(list_error("evaluation Jobs"))?
+        .items;
+    let by_step = evaluation::by_step(listed);
+    let variants: Vec<String> = input.variants.iter().map(|v| v.name.clone()).collect();
+    let shards = task.spec.shards();
+    let mut problem: Option<(&'static str, String)> = None;
+    let recorded = match (&locations.steps_file, &locations.traces) {
+        (Some(file), Some(_)) => match read_steps(storage, metrics, file).await {
+            Ok(recorded) => Some(recorded),
+            Err(found) => {
+                problem = Some(found);
+                None
+            }
+        },
+        _ => {
+            problem = Some((
+                "NoTraceDestination",
+                "checkpoint evaluations write traces and reports: set spec.traces.destination (s3://...)".to_string(),
+            ));
+            None
+        }
+    };
+    let mut evaluated: BTreeSet<u64> = previous.history.iter().map(|e| e.step).collect();
+    evaluated.extend(recorded.iter().flatten().map(|e| e.step));
+
+    // Steps whose every shard finished: aggregate, then record.
+    let mut new = Vec::new();
+    if let (Some(recorded), Some(traces), Some(file)) = (&recorded, &locations.traces, &locations.steps_file) {
+        for (step, step_jobs) in &by_step {
+            if evaluated.contains(step) || !evaluation::step_finished(step_jobs, &variants, shards) {
+                continue;
+            }
+            let aggregated = aggregate_step(storage, metrics, input, traces, *step, step_jobs, &variants).await;
+            if let Some((category, message)) = &aggregated.error {
+                problem = Some((category, format!("checkpoint step {step}: {message}")));
+                continue;
+            }
+            let finished = FinishedStep {
+                step: *step,
+                checkpoint: evaluation::checkpoint_of(step_jobs).unwrap_or_default(),
+                any_failed: evaluation::step_shards(step_jobs, shards).values().any(|c| c.failed > 0),
+                finished_at: evaluation::finished_at(step_jobs),
+            };
+            new.push(evaluation::evaluation(
+                &finished,
+                &aggregated,
+                input.settings.report_base_url.as_deref(),
+                namespace,
+                input.name,
+            ));
+        }
+        if !new.is_empty() {
+            let all = merge(&[recorded, &new]);
+            match write_json(storage, metrics, file, &all).await {
+                Ok(()) => evaluated.extend(new.iter().map(|e| e.step)),
+                Err(error) => {
+                    problem = Some((error.category(), format!("failed to record the evaluated steps: {error}")));
+                    new.clear();
+                }
+            }
+        }
+    }
+
+    // Complete checkpoints, and the next steps to evaluate.
+    let marker = task
+        .spec
+        .training_config
+        .as_ref()
+        .map_or(basecamp_api::task::DEFAULT_COMPLETION_MARKER, |t| t.completion_marker());
+    let listing = timed(metrics, "list", storage.list(&locations.checkpoints_destination)).await;
+    let complete = match &listing {
+        Ok(objects) => complete_checkpoints(objects.iter().map(|o| o.relative.as_str()), marker),
+        Err(error) => {
+            problem = Some(storage_problem(&format!("list the checkpoints under {}", locations.checkpoints), error));
+            BTreeMap::new()
+        }
+    };
+    let running: BTreeSet<u64> = by_step.keys().copied().filter(|s| !evaluated.contains(s)).collect();
+    let max = task.spec.training_config.as_ref().map_or(1, |t| t.max_concurrent_evaluations());
+    let mut next: Plan = plan(&complete, locations.resumed_from_step, &evaluated, &running, max);
+    if recorded.is_none() {
+        // Without steps.json nothing may start: it could be evaluated already.
+        let mut waiting = std::mem::take(&mut next.start);
+        waiting.append(&mut next.queued);
+        next.queued = waiting;
+    }
+    let checkpoint = |step: u64, jobs: Option<&BTreeMap<String, Job>>| {
+        let location = jobs
+            .and_then(evaluation::checkpoint_of)
+            .or_else(|| complete.get(&step).map(|segment| checkpoint_location(&locations.checkpoints, segment)))?;
+        Some(CheckpointUnderTest { step, location })
+    };
+    for step in &next.start {
+        let Some(under_test) = checkpoint(*step, None) else { continue };
+        for job in evaluation::evaluation_jobs(input, &under_test)? {
+            apply_job(&jobs, namespace, &job, false).await?;
+        }
+    }
+    // A step started by an operator that stopped half-way: its missing variants.
+    for step in &running {
+        let step_jobs = by_step.get(step);
+        if variants.iter().all(|v| step_jobs.is_some_and(|j| j.contains_key(v))) || recorded.is_none() {
+            continue;
+        }
+        let Some(under_test) = checkpoint(*step, step_jobs) else { continue };
+        for job in evaluation::evaluation_jobs(input, &under_test)? {
+            let variant = job.labels().get(crate::build::names::VARIANT_LABEL).cloned().unwrap_or_default();
+            if step_jobs.is_some_and(|j| j.contains_key(&variant)) {
+                continue;
+            }
+            apply_job(&jobs, namespace, &job, false).await?;
+        }
+    }
+
+    let mut evaluating: Vec<u64> = running.iter().copied().chain(next.start.iter().copied()).collect();
+    evaluating.sort_unstable();
+    evaluating.dedup();
+    let history = newest(&merge(&[recorded.as_deref().unwrap_or_default(), &previous.history, &new]));
+    let status = TrainingStatus {
+        phase: Some(phase),
+        job: Some(trainer_name),
+        message,
+        dataset: locations.dataset.clone(),
+        checkpoints: Some(locations.checkpoints.clone()),
+        resumed_from_step: locations.resumed_from_step,
+        checkpoints_found: if listing.is_ok() { Some(next.found) } else { previous.checkpoints_found },
+        latest_step: history.last().map(|e| e.step),
+        evaluating,
+        queued: next.queued,
+        history,
+    };
+    Ok(Some(Observation { observed: TrainingObserved { status, problem }, evaluated: new }))
+}
+
+#[cfg(test)]
+mod tests;
