@@ -116,7 +116,8 @@ def test_trainer_pod_runs_dataset_then_trainer(binaries: Path, traces: Path, tmp
     played = player.play_trainer(trainer_pod("good", traces, tmp_path / "ckpt"))
     assert played.containers == {"inject-basecamp": 0, "dataset": 0, "trainer": 0}, played
     dataset = json.loads((tmp_path / "ckpt/dataset/dataset.json").read_text())
-    assert dataset["rows"] > 0 and dataset["batch_size"] == 16  # the task's dataPipeline.batchSize, from the ConfigMap
+    # The task's dataPipeline.batchSize, read from the ConfigMap's manifests.
+    assert dataset["rows"] > 0 and dataset.get("batchSize", dataset.get("batch_size")) == 16, dataset
     for step in (10, 20):
         assert json.loads((tmp_path / f"ckpt/step-{step}/model.json").read_text())["dataset"]["rows"] == dataset["rows"]
         assert (tmp_path / f"ckpt/step-{step}/COMPLETE").exists()

@@ -50,6 +50,7 @@ TASK_LABEL = "basecamp.dev/task"
 STEP_LABEL = "basecamp.dev/step"
 ROLE_LABEL = "basecamp.dev/role"
 TEST_SET_ROWS = 60
+TRAINER_INTERVAL_S = 5  # seconds between checkpoints
 
 
 def checkpoint_root(bucket: str, ns: str, name: str) -> str:
@@ -83,7 +84,10 @@ def training_manifests(name: str, bucket: str, ns: str, *, preprocessor: str | N
         training["resumeFrom"] = f"{checkpoint_root(bucket, ns, name)}step-{RESUMED}/"
     else:
         training.pop("resumeFrom", None)
-    assert training["command"][:2] == ["python3", "trainer.py"], training["command"]
+    command = training["command"]
+    assert command[:2] == ["python3", "trainer.py"], command
+    # Longer than the example's 2 s, so that checkpoints are evaluated while the trainer still runs.
+    command[command.index("--interval") + 1] = str(TRAINER_INTERVAL_S)
     return [sandbox, task]
 
 
@@ -152,7 +156,13 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
     try:
         first = STEPS[0]
 
+        phases_seen: list[str] = []
+        facts["trainer_phases_seen"] = phases_seen
+
         def first_evaluation_played():
+            phase = training(kube, ns, NAME).get("phase")
+            if phase and (not phases_seen or phases_seen[-1] != phase):
+                phases_seen.append(phase)
             done = [p for p in good.results() if p.labels.get(STEP_LABEL) == str(first)]
             return done if len(done) == SHARDS * len(VARIANTS) else None
 
@@ -212,10 +222,14 @@ def test_trainer_resumed_and_succeeded(kube: Kube, loop, s3, bucket: str):
     tr = loop["training"]
     assert tr["phase"] == "Succeeded", tr
     assert tr.get("resumedFromStep") == RESUMED, tr
+    # status.training followed the trainer while it ran (not only once it finished).
+    assert "Running" in loop["trainer_phases_seen"], loop["trainer_phases_seen"]
     # The dataset the init container wrote from the traces on S3, and what the trainer read from it.
     root = key_of(checkpoint_root(bucket, ns, NAME), bucket)
     dataset = s3_json(s3, bucket, root + "dataset/dataset.json")
-    assert dataset["rows"] > 0 and dataset["batch_size"] == 16, dataset
+    print("dataset.json:", {k: v for k, v in dataset.items() if k != "batches"})
+    assert dataset["rows"] > 0 and dataset.get("batchSize", dataset.get("batch_size")) == 16, dataset
+    assert dataset.get("version") == "v1" and dataset.get("source") == f"s3://{bucket}/{SEED_PREFIX}", dataset
     model = s3_json(s3, bucket, root + f"step-{STEPS[-1]}/model.json")
     assert model["resumed_from_step"] == RESUMED and model["dataset"]["rows"] == dataset["rows"], model
 
