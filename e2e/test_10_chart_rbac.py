@@ -14,6 +14,7 @@ ALLOWED = [
     ("update", "harnesstasks.basecamp.dev/finalizers", None),
     *[(v, "sandboxconfigs.basecamp.dev", None) for v in ("get", "list", "watch")],
     *[(v, "jobs.batch", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
+    *[(v, "pods", None) for v in ("get", "list")],  # read-only: the trainer pod's termination message
     *[(v, "configmaps", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "networkpolicies.networking.k8s.io", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "events.events.k8s.io", None) for v in ("create", "patch")],
@@ -31,6 +32,10 @@ DENIED = [
     ("create", "pods/exec", TASK_NS),
     ("create", "pods", TASK_NS),
     ("delete", "pods", None),
+    ("watch", "pods", None),
+    ("patch", "pods", None),
+    ("create", "pods/exec", None),
+    ("get", "pods/log", TASK_NS),
     ("create", "harnesstasks.basecamp.dev", None),
     ("delete", "harnesstasks.basecamp.dev", None),
     ("create", "sandboxconfigs.basecamp.dev", None),

@@ -457,6 +457,40 @@ mod tests {
         assert!(text.contains(r#"basecamp_tasks{phase="Running"} 0"#), "{text}");
     }
 
+    fn training_status(steps: &[(u64, f64)]) -> HarnessTaskStatus {
+        use basecamp_api::task::{CheckpointEvaluation, TrainingStatus};
+        let history = steps
+            .iter()
+            .map(|(step, accuracy)| CheckpointEvaluation {
+                step: *step,
+                checkpoint: format!("s3://b/c/step-{step}/"),
+                phase: TaskPhase::Succeeded,
+                metrics: [("a".to_string(), [("tool_call_accuracy".to_string(), *accuracy)].into())].into(),
+                criteria_met: None,
+                report_url: None,
+                finished_at: None,
+            })
+            .collect();
+        HarnessTaskStatus { training: Some(TrainingStatus { history, ..Default::default() }), ..status() }
+    }
+
+    #[test]
+    fn checkpoint_gauges_show_the_newest_evaluated_step_and_go_with_the_task() {
+        let metrics = Metrics::new();
+        metrics.record_task("team", "train", &training_status(&[]));
+        assert!(!metrics.encode().contains("basecamp_checkpoint_step{"), "nothing evaluated, no series");
+        metrics.record_task("team", "train", &training_status(&[(20, 0.5), (30, 0.625)]));
+        let text = metrics.encode();
+        assert!(text.contains(r#"basecamp_checkpoint_step{namespace="team",task="train"} 30"#), "{text}");
+        assert!(
+            text.contains(r#"basecamp_checkpoint_tool_call_accuracy{namespace="team",task="train",variant="a"} 0.625"#),
+            "{text}"
+        );
+        metrics.forget_task("team", "train");
+        let text = metrics.encode();
+        assert!(!text.contains(r#"task="train""#), "{text}");
+    }
+
     #[test]
     fn operational_metrics_have_the_documented_names() {
         let metrics = Metrics::new();
@@ -482,6 +516,7 @@ mod tests {
         assert!(output.status.success());
         let metrics = Metrics::new();
         metrics.record_task("team", "eval", &status());
+        metrics.record_task("team", "train", &training_status(&[(20, 0.5)]));
         metrics.observe_reconcile(Duration::from_millis(12), Some("ApplyFailed"));
         metrics.observe_s3("get", Duration::from_millis(3), false);
         let mut child = std::process::Command::new("promtool")
