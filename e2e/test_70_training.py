@@ -204,6 +204,12 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
     return facts
 
 
+def task_events(kube: Kube, t: dict) -> list[dict]:
+    """This task's Events (not those of an earlier task of the same name on a kept cluster)."""
+    return [e for e in kube.events(t["metadata"]["namespace"], t["metadata"]["name"])
+            if e["involvedObject"].get("uid") == t["metadata"]["uid"]]
+
+
 def evaluation_pods(played, step: int) -> list:
     return [p for p in played if p.labels.get(ROLE_LABEL) == "evaluation" and p.labels.get(STEP_LABEL) == str(step)]
 
@@ -257,6 +263,15 @@ def test_each_checkpoint_evaluated_exactly_once(kube: Kube, loop):
         args = next(c for c in pod["spec"]["containers"] if c["name"] == "sandbox")["args"]
         step = pod["metadata"]["labels"][STEP_LABEL]
         assert args[args.index("--checkpoint-step") + 1] == step, args
+
+
+def test_an_event_per_evaluated_checkpoint(kube: Kube, loop):
+    events = [e for e in task_events(kube, loop["task"]) if e["reason"] == "CheckpointEvaluated"]
+    notes = [e.get("message") or e.get("note") or "" for e in events]
+    print("CheckpointEvaluated:", *(f"{n} (series {(e.get('series') or {}).get('count', 1)})"
+                                    for n, e in zip(notes, events)), sep="\n  ")
+    for step in STEPS:
+        assert any(f"checkpoint step {step} evaluated" in n for n in notes), (step, notes)
 
 
 def test_history_and_steps_json(loop, s3, bucket: str):
@@ -348,7 +363,7 @@ def test_broken_preprocessor_fails_the_trainer_with_its_message(kube: Kube, loop
     assert "python:no_such_module.fn" in message, message
     [job] = kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={BROKEN},{ROLE_LABEL}=trainer")
     assert job["status"].get("failed") == 1 and not job["status"].get("succeeded"), job["status"]
-    events = kube.events(ns, BROKEN)
+    events = task_events(kube, t)
     warnings = [e for e in events if e["type"] == "Warning" and e["reason"] == "TrainerFailed"]
     assert warnings, [(e["type"], e["reason"], e.get("message")) for e in events]
     assert "no_such_module" in (warnings[0].get("message") or warnings[0].get("note") or ""), warnings[0]
