@@ -198,10 +198,21 @@ pub async fn reconcile(
             .flat_map(|s| s.conditions.iter().flatten())
             .any(|c| c.type_ == "Complete" && c.status == "True")
     });
+    let mut problem: Option<(&'static str, String)> = None;
+    // The pods only add detail (the failure message, an image that cannot
+    // be pulled): without the right to read them the loop goes on.
     let pods = if trainer_job.is_some() && !trainer_done {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let selector = format!("batch.kubernetes.io/job-name={trainer_name}");
-        pods.list(&ListParams::default().labels(&selector)).await.map_err(list_error("trainer pods"))?.items
+        match pods.list(&ListParams::default().labels(&selector)).await.map_err(list_error("trainer pods")) {
+            Ok(list) => list.items,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the trainer's pods; status.training.message stays empty");
+                problem =
+                    Some(("TrainerPodsUnreadable", format!("{error}; grant get/list on pods (operator/RBAC.md)")));
+                Vec::new()
+            }
+        }
     } else {
         Vec::new()
     };
@@ -216,7 +227,6 @@ pub async fn reconcile(
     let by_step = evaluation::by_step(listed);
     let variants: Vec<String> = input.variants.iter().map(|v| v.name.clone()).collect();
     let shards = task.spec.shards();
-    let mut problem: Option<(&'static str, String)> = None;
     let recorded = match (&locations.steps_file, &locations.traces) {
         (Some(file), Some(_)) => match read_steps(storage, metrics, file).await {
             Ok(recorded) => Some(recorded),

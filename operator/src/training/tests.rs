@@ -785,7 +785,7 @@ mod against_s3 {
     }
 
     #[tokio::test]
-    async fn a_failed_shard_fails_the_step_and_s3_down_starts_nothing() {
+    async fn a_failed_shard_fails_the_step_and_s3_down_or_forbidden_pods_start_nothing() {
         let server = S3Server::start();
         let storage = server.storage();
         seed(&storage).await;
@@ -806,6 +806,14 @@ mod against_s3 {
         drop(server);
 
         let mut script = trainer_calls(true);
+        script[2] = call(
+            "GET",
+            PODS,
+            Reply::Json(
+                403,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "pods is forbidden"}),
+            ),
+        );
         script.push(call("GET", JOBS, list("JobList", vec![])));
         let (observation, _) = step(&task, crate::testing::storage_down(), script).await;
         let observation = observation.expect("a training task");
@@ -813,5 +821,10 @@ mod against_s3 {
         assert_eq!(category, "S3Unavailable");
         assert!(message.contains("checkpoints"), "{message}");
         assert!(observation.observed.status.evaluating.is_empty(), "nothing started without steps.json");
+        assert_eq!(
+            observation.observed.status.phase,
+            Some(TaskPhase::Running),
+            "unreadable pods: the Job says Running"
+        );
     }
 }
