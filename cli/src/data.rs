@@ -2,37 +2,63 @@
 //! reward)` rows as JSON Lines in batches of `dataPipeline.batchSize` — with
 //! the task's preprocessor (`builtin:trajectory`, `exec:...`,
 //! `python:module.function`; see `basecamp_sandbox::preprocess`). With
-//! `--config`, the preprocessor, batch size and the reward weights (the
-//! sandbox's own calculator, at `--training-step`) come from the manifests.
+//! `--config`, the source, version, preprocessor, batch size and the reward
+//! weights (the sandbox's own calculator, at `--training-step`) come from
+//! the manifests.
+//!
+//! inputs (files, directories, globs, `s3://` prefixes; the trace commands'
+//! [`Sources`]) -> preflight the preprocessor on the first record -> rows
+//! into `batch-00000.jsonl`, ... -> `dataset.json`, written last: it marks
+//! the dataset complete (operator/TRAINING.md, "Locations"). An `s3://`
+//! output is staged in a temporary directory and uploaded with the
+//! sandbox's storage client (retries), the batches first and `dataset.json`
+//! only once they all arrived.
+//!
+//! The trainer pod's `dataset` init container runs this with
+//! `FallbackToLogsOnError`, so a failure's message, the last thing on
+//! stderr, becomes the pod's termination message: messages stay short.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use basecamp_sandbox::config::reward_calculator;
 use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, trajectory_row};
 use basecamp_sandbox::rewards::RewardCalculator;
 use basecamp_sandbox::run::{load_manifests, resolve_variants, select_task};
-use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
+use basecamp_sandbox::storage::{Destination, Storage, StorageConfig, UtcDate};
+
+use crate::trace_cmd::sources::Sources;
+
+/// The file that describes a dataset and marks it complete.
+pub const DATASET_FILE: &str = "dataset.json";
+
+/// Failed uploads named one by one in the error; the rest are counted.
+const FAILURES_SHOWN: usize = 3;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
-    /// Turn traces (files or directories) into (state, action, reward) JSONL batches.
+    /// Turn traces (files, directories, globs, s3:// prefixes) into (state, action, reward) JSONL batches.
     Preprocess(PreprocessArgs),
 }
 
 #[derive(clap::Args, Debug)]
 pub struct PreprocessArgs {
-    /// Trace files or directories (searched recursively for *.trace).
-    #[arg(required = true)]
-    pub paths: Vec<PathBuf>,
-    /// Where the batches go: DIR/batch-00000.jsonl, ... and DIR/dataset.json.
+    /// Traces: files, directories (searched recursively), globs, or s3://BUCKET/PREFIX/
+    /// (every *.trace under it). Default: the manifest's dataPipeline.source.
+    pub inputs: Vec<String>,
+    /// Where the batches go: DIR or s3://BUCKET/PREFIX/, holding batch-00000.jsonl, ... and
+    /// dataset.json (written last).
     #[arg(long, short)]
-    pub out: PathBuf,
-    /// The HarnessTask manifests: preprocessor, batch size and reward weights come from them.
+    pub out: String,
+    /// The HarnessTask manifests: source, version, preprocessor, batch size and reward weights come from them.
     #[arg(long = "config")]
     pub config: Vec<PathBuf>,
+    /// The HarnessTask, when the manifests hold several.
+    #[arg(long)]
+    pub task: Option<String>,
     /// The variant whose SandboxConfig scores rewards (default: the first).
     #[arg(long)]
     pub variant: Option<String>,
@@ -42,6 +68,9 @@ pub struct PreprocessArgs {
     /// Rows per batch file (overrides the manifest's dataPipeline.batchSize; default 64).
     #[arg(long)]
     pub batch_size: Option<u32>,
+    /// The source data's version, recorded in dataset.json (default: the manifest's dataPipeline.version).
+    #[arg(long)]
+    pub version: Option<String>,
     /// The training step whose reward weights apply.
     #[arg(long, default_value_t = 0)]
     pub training_step: u64,
@@ -52,27 +81,60 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
     preprocess(&args)
 }
 
-/// Preprocessor, batch size, reward calculator and working directory from
-/// the flags and (optionally) the manifests.
-fn settings(args: &PreprocessArgs) -> Result<(Preprocessor, usize, Option<RewardCalculator>, PathBuf)> {
+/// What the flags and (optionally) the manifests settle.
+struct Settings {
+    preprocessor: Preprocessor,
+    batch_size: usize,
+    calculator: Option<RewardCalculator>,
+    /// The working directory (and `PYTHONPATH` entry) of a user preprocessor.
+    workdir: PathBuf,
+    inputs: Vec<String>,
+    version: Option<String>,
+}
+
+fn settings(args: &PreprocessArgs) -> Result<Settings> {
     let (mut name, mut batch, mut calculator, mut workdir) = (None, None, None, std::env::current_dir()?);
+    let (mut source, mut version) = (None, None);
     if !args.config.is_empty() {
         let (manifests, _) = load_manifests(&args.config).map_err(|e| anyhow!("{e}"))?;
-        let loaded = select_task(&manifests, None).map_err(|e| anyhow!("{e}"))?;
+        let loaded = select_task(&manifests, args.task.as_deref()).map_err(|e| anyhow!("{e}"))?;
         let task = &loaded.object;
         workdir = loaded.base_dir();
         if let Some(pipeline) = &task.spec.data_pipeline {
             name = pipeline.preprocessor.clone();
             batch = pipeline.batch_size;
+            version = pipeline.version.clone();
+            // A local source is relative to the manifest, as the test set is.
+            source = Some(match pipeline.source.as_str() {
+                s3 if s3.starts_with("s3://") => s3.to_string(),
+                path => workdir.join(path).display().to_string(),
+            });
         }
         let variant =
             resolve_variants(&manifests, task, args.variant.as_deref()).map_err(|e| anyhow!("{e}"))?.remove(0);
         calculator = reward_calculator(&variant.sandbox).map_err(|e| anyhow!("{e}"))?.map(|(c, _)| c);
     }
+    let inputs = match (args.inputs.is_empty(), source) {
+        (false, _) => args.inputs.clone(),
+        (true, Some(source)) => vec![source],
+        (true, None) if args.config.is_empty() => {
+            bail!(
+                "name the traces to preprocess (files, directories, s3:// prefixes), or give --config with a task whose spec.dataPipeline.source names them"
+            )
+        }
+        (true, None) => bail!(
+            "the task has no spec.dataPipeline.source; name the traces to preprocess (files, directories, s3:// prefixes)"
+        ),
+    };
     let name = args.preprocessor.clone().or(name).unwrap_or_else(|| "builtin:trajectory".into());
-    let preprocessor: Preprocessor = name.parse()?;
-    let batch = args.batch_size.or(batch).unwrap_or(64).max(1) as usize;
-    Ok((preprocessor, batch, calculator, workdir))
+    Ok(Settings {
+        preprocessor: name.parse()?,
+        batch_size: args.batch_size.or(batch).unwrap_or(64).max(1) as usize,
+        calculator,
+        workdir,
+        inputs,
+        version: args.version.clone().or(version),
+    })
 }
 
 /// Writes rows into numbered batch files.
@@ -104,47 +166,108 @@ impl Batches {
         self.rows += 1;
         Ok(())
     }
+
+    fn finish(&mut self) -> Result<()> {
+        if let Some(mut last) = self.current.take() {
+            last.flush()?;
+        }
+        Ok(())
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect()
+    }
+}
+
+/// Where the dataset goes, and where it is written first.
+enum Output {
+    Local(PathBuf),
+    /// Staged in `staging` (batches in `staging/batches/`), then uploaded.
+    S3 {
+        destination: Destination,
+        staging: PathBuf,
+    },
+}
+
+impl Output {
+    fn new(out: &str) -> Result<Self> {
+        if !out.starts_with("s3://") {
+            return Ok(Self::Local(PathBuf::from(out)));
+        }
+        let destination = Destination::parse(out.trim_end_matches('/'))?;
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+        let staging = std::env::temp_dir().join(format!("basecamp-dataset-{}-{nanos}", std::process::id()));
+        Ok(Self::S3 { destination, staging })
+    }
+
+    /// The directory batch files are written to.
+    fn batch_dir(&self) -> PathBuf {
+        match self {
+            Self::Local(dir) => dir.clone(),
+            Self::S3 { staging, .. } => staging.join("batches"),
+        }
+    }
+
+    /// Where `dataset.json` is written locally.
+    fn dataset_file(&self) -> PathBuf {
+        match self {
+            Self::Local(dir) => dir.join(DATASET_FILE),
+            Self::S3 { staging, .. } => staging.join(DATASET_FILE),
+        }
+    }
+
+    fn display(&self) -> String {
+        match self {
+            Self::Local(dir) => dir.display().to_string(),
+            Self::S3 { destination, .. } => format!("{destination}/"),
+        }
+    }
 }
 
 fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
-    let (preprocessor, batch_size, calculator, workdir) = settings(args)?;
-    let paths: Vec<String> = args.paths.iter().map(|p| p.display().to_string()).collect();
-    let traces = expand_inputs(&paths, TRACE_SUFFIX)?;
-    if traces.is_empty() {
-        bail!(
-            "no .trace files under {}",
-            args.paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        );
+    let settings = settings(args)?;
+    let output = Output::new(&args.out)?;
+    let sources = Sources::resolve(&settings.inputs)?;
+    if sources.items.is_empty() {
+        bail!("no .trace files under {}", settings.inputs.join(", "));
     }
-    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    let batch_dir = output.batch_dir();
+    std::fs::create_dir_all(&batch_dir).with_context(|| format!("cannot create {}", batch_dir.display()))?;
+    // A dataset.json left by an earlier run would mark a half-rewritten directory complete.
+    match std::fs::remove_file(output.dataset_file()) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("cannot remove the old {}", output.dataset_file().display()));
+        }
+        _ => {}
+    }
     let mut batches =
-        Batches { dir: args.out.clone(), size: batch_size, in_current: 0, files: Vec::new(), current: None, rows: 0 };
+        Batches { dir: batch_dir, size: settings.batch_size, in_current: 0, files: Vec::new(), current: None, rows: 0 };
     let mut process: Option<Subprocess> = None;
     let mut skipped = Vec::new();
-    for path in &traces {
-        let contents = match basecamp_trace::read_trace(path) {
+    for source in &sources.items {
+        // A trace that cannot be fetched is an error (the dataset would silently
+        // lack it); one that cannot be read is skipped and listed.
+        let bytes = sources.read_bytes(source).with_context(|| format!("cannot read {}", source.name))?;
+        let contents = match basecamp_trace::read_trace_from(Cursor::new(bytes), source.name.clone()) {
             Ok(c) if c.damage().is_none() => c,
             Ok(c) => {
-                skipped.push(format!(
-                    "{}: incomplete ({})",
-                    path.display(),
-                    c.damage().map(|d| d.to_string()).unwrap_or_default()
-                ));
+                let damage = c.damage().map(|d| d.to_string()).unwrap_or_default();
+                skipped.push(format!("{}: incomplete ({damage})", source.name));
                 continue;
             }
             Err(e) => {
-                skipped.push(format!("{}: {e}", path.display()));
+                skipped.push(format!("{}: {e}", source.name));
                 continue;
             }
         };
-        let records = raw_records(&contents, calculator.as_ref(), args.training_step)?;
+        let records = raw_records(&contents, settings.calculator.as_ref(), args.training_step)?;
         for record in &records {
-            let row = match &preprocessor {
+            let row = match &settings.preprocessor {
                 Preprocessor::Trajectory => trajectory_row(record),
                 other => {
                     if process.is_none() {
                         // Preflight: import/start and check the shape on the first record.
-                        process = Some(Subprocess::preflight(other, &workdir, record)?);
+                        process = Some(Subprocess::preflight(other, &settings.workdir, record)?);
                     }
                     process.as_mut().expect("started above").call(record)?
                 }
@@ -152,28 +275,83 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
             batches.push(&row)?;
         }
     }
-    if let Some(mut last) = batches.current.take() {
-        last.flush()?;
-    }
-    let manifest = serde_json::json!({
-        "preprocessor": preprocessor.to_string(),
-        "training_step": args.training_step,
-        "batch_size": batch_size,
+    batches.finish()?;
+    let traces = sources.items.len() - skipped.len();
+    let dataset = serde_json::json!({
+        "source": settings.inputs.join(", "),
+        "version": settings.version,
+        "preprocessor": settings.preprocessor.to_string(),
+        "format": "jsonl",
+        "batchSize": settings.batch_size,
         "rows": batches.rows,
-        "traces": traces.len() - skipped.len(),
+        "traces": traces,
+        "batches": batches.names(),
         "skipped": skipped,
-        "batches": batches.files.iter().map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect::<Vec<_>>(),
+        "trainingStep": args.training_step,
+        "createdAt": utc_now_rfc3339()?,
     });
-    std::fs::write(args.out.join("dataset.json"), serde_json::to_vec_pretty(&manifest)?)?;
+    let dataset_file = output.dataset_file();
+    std::fs::write(&dataset_file, serde_json::to_vec_pretty(&dataset)?)
+        .with_context(|| format!("cannot write {}", dataset_file.display()))?;
+    if let Output::S3 { destination, staging } = &output {
+        upload(&batches, staging, destination)?;
+        // Only a complete upload removes the staged copy.
+        let _ = std::fs::remove_dir_all(staging);
+    }
     for line in &skipped {
         eprintln!("skipped {line}");
     }
     println!(
-        "{} rows from {} traces in {} batch(es) of up to {batch_size} -> {}",
+        "{} rows from {traces} traces in {} batch(es) of up to {} -> {}",
         batches.rows,
-        traces.len() - skipped.len(),
         batches.files.len(),
-        args.out.display()
+        settings.batch_size,
+        output.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Uploads the batches, then — only when every one arrived — `dataset.json`.
+fn upload(batches: &Batches, staging: &Path, destination: &Destination) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the S3 client's runtime")?;
+    let storage = Storage::new(StorageConfig::from_env());
+    let report = runtime.block_on(storage.upload_dir(&batches.dir, destination));
+    if !report.is_complete() {
+        let failed: Vec<_> = report.failed().collect();
+        let mut message = format!(
+            "failed to upload the dataset to {destination}/: {} of {} batch files did not arrive, so {DATASET_FILE} \
+             was not written and the dataset is incomplete; the local copies are in {}",
+            failed.len(),
+            report.files.len(),
+            staging.display()
+        );
+        for (_, err) in failed.iter().take(FAILURES_SHOWN) {
+            message.push_str(&format!("\n  {err}"));
+        }
+        if failed.len() > FAILURES_SHOWN {
+            message.push_str(&format!("\n  ... and {} more", failed.len() - FAILURES_SHOWN));
+        }
+        bail!(message);
+    }
+    let target = destination.join(DATASET_FILE)?;
+    runtime.block_on(storage.upload_file(&staging.join(DATASET_FILE), &target)).into_result().map_err(|e| {
+        anyhow!(
+            "failed to upload {target}, which marks the dataset complete: {e}; the {} batches are uploaded, the local copies are in {}",
+            report.files.len(),
+            staging.display()
+        )
+    })?;
+    Ok(())
+}
+
+/// `2026-11-30T07:41:15Z`.
+fn utc_now_rfc3339() -> Result<String> {
+    let seconds = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default() as i64;
+    let date = UtcDate::from_unix_seconds(seconds)?;
+    let time = seconds.rem_euclid(86_400);
+    Ok(format!("{date}T{:02}:{:02}:{:02}Z", time / 3600, time % 3600 / 60, time % 60))
 }

@@ -1,10 +1,16 @@
 //! `basecamp data preprocess`: traces of a real run into (state, action,
 //! reward) batches, with the built-in trajectory preprocessor and with user
 //! Python preprocessors (a good one, one that returns the wrong shape, one
-//! that does not import).
+//! that raises, one that does not import); and the dataset a trainer pod's
+//! `dataset` init container makes: traces from an `s3://` prefix (by
+//! default the manifest's `dataPipeline.source`) into batches uploaded to
+//! an `s3://` prefix, `dataset.json` last, against a real S3 server
+//! (`s3s-fs` on 127.0.0.1, as in `s3_inputs.rs`).
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -78,7 +84,19 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     let built = rows(&out);
     assert_eq!(built.len() as u64, steps);
     let dataset: Value = serde_json::from_slice(&std::fs::read(out.join("dataset.json")).unwrap()).unwrap();
-    assert_eq!(dataset["batches"].as_array().unwrap().len() as u64, steps.div_ceil(25));
+    let batches = steps.div_ceil(25);
+    assert_eq!(dataset["batches"].as_array().unwrap().len() as u64, batches);
+    assert_eq!(dataset["batches"][0], "batch-00000.jsonl");
+    assert_eq!(dataset["source"], runs.to_str().unwrap());
+    assert_eq!(dataset["version"], Value::Null, "neither --version nor dataPipeline.version");
+    assert_eq!(dataset["preprocessor"], "builtin:trajectory");
+    assert_eq!(dataset["batchSize"], 25);
+    assert_eq!(dataset["rows"].as_u64(), Some(steps));
+    assert_eq!(dataset["traces"].as_u64(), Some(episodes.len() as u64));
+    assert_eq!(dataset["skipped"], serde_json::json!([]));
+    assert_eq!(dataset["trainingStep"], 0);
+    let created = dataset["createdAt"].as_str().unwrap();
+    assert!(created.len() == 20 && created.ends_with('Z') && &created[10..11] == "T", "{created}");
     for episode in episodes {
         let id = episode["id"].as_str().unwrap();
         let mine: Vec<&Value> = built.iter().filter(|r| r["episode"] == id).collect();
@@ -98,7 +116,8 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     std::fs::write(
         tmp.path().join("prep.py"),
         "def triple(record):\n    return ({'memory': record['memory_before']}, record['action'], record.get('episode_reward', 0.0))\n\
-         def wrong(record):\n    return {'state': 1}\n",
+         def wrong(record):\n    return {'state': 1}\n\
+         def raising(record):\n    raise ValueError('bad record ' + 'x' * 10000)\n",
     )
     .unwrap();
     let out = tmp.path().join("python");
@@ -139,6 +158,28 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     assert_eq!(output.status.code(), Some(1), "{said}");
     assert!(said.contains("preprocessor python:prep.wrong returned {\"state\":1} for record {"), "{said}");
     assert!(said.contains("expected [state_dict, action_dict, reward]"), "{said}");
+    assert_fits_a_termination_message(&output);
+
+    // A function that raises: its exception and where, cut to fit however long its message.
+    let output = basecamp(
+        &[
+            "data",
+            "preprocess",
+            runs.to_str().unwrap(),
+            "-o",
+            tmp.path().join("z").to_str().unwrap(),
+            "--preprocessor",
+            "python:prep.raising",
+        ],
+        tmp.path(),
+    );
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("preprocessor python:prep.raising failed on record {"), "{said}");
+    assert!(said.contains("ValueError (at "), "{said}");
+    assert!(said.contains("prep.py:6 in raising): bad record xxx"), "{said}");
+    assert_fits_a_termination_message(&output);
+    assert!(!tmp.path().join("z/dataset.json").exists(), "no dataset.json: the dataset is not complete");
 
     // A module that does not import says so.
     let output = basecamp(
@@ -156,4 +197,260 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     let said = text(&output);
     assert_eq!(output.status.code(), Some(1), "{said}");
     assert!(said.contains("ModuleNotFoundError") && said.contains("nosuchmodule"), "{said}");
+    assert_fits_a_termination_message(&output);
+}
+
+/// The kubelet keeps the last 2048 bytes of the log as a failed container's
+/// termination message (`FallbackToLogsOnError`): the whole error fits.
+fn assert_fits_a_termination_message(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("error: preprocessor "), "{stderr}");
+    assert!(stderr.len() <= 2048, "{} bytes on stderr: {stderr}", stderr.len());
+}
+
+// ---- S3 in, S3 out ------------------------------------------------------------
+
+const BUCKET: &str = "basecamp-test";
+const ACCESS_KEY: &str = "basecamp-test-key";
+const SECRET_KEY: &str = "basecamp-test-secret";
+
+fn s3s_fs_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BASECAMP_S3S_FS") {
+        return PathBuf::from(path);
+    }
+    let cache = std::env::var_os("BASECAMP_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/basecamp"));
+    let path = cache.join("s3s-fs/bin/s3s-fs");
+    assert!(
+        path.is_file(),
+        "the S3 test server s3s-fs is not installed at {}: run `scripts/s3-server.sh install` or set BASECAMP_S3S_FS",
+        path.display()
+    );
+    path
+}
+
+/// A running s3s-fs serving `data` (each directory a bucket); killed on drop.
+struct S3Server {
+    child: Child,
+    port: u16,
+}
+
+impl S3Server {
+    fn start(data: &Path) -> Self {
+        std::fs::create_dir_all(data.join(BUCKET)).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(s3s_fs_binary())
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
+            .args(["--secret-key", SECRET_KEY])
+            .arg(data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start s3s-fs");
+        let mut server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(server.child.try_wait().unwrap().is_none(), "s3s-fs exited during start-up");
+            assert!(Instant::now() < deadline, "s3s-fs did not listen within 20 s");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        server
+    }
+
+    fn basecamp(&self, args: &[&str], dir: &Path) -> Output {
+        basecamp_with_s3(self.port, args, dir)
+    }
+}
+
+/// `basecamp` with the S3 endpoint at 127.0.0.1:`port`.
+fn basecamp_with_s3(port: u16, args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(args)
+        .current_dir(dir)
+        .env("AWS_ENDPOINT_URL_S3", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_PROFILE")
+        .output()
+        .expect("the basecamp binary runs")
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_dataset_from_the_manifests_s3_source_is_uploaded_to_s3_with_dataset_json_last() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The example task, with a data pipeline reading its traces from S3.
+    let project = tmp.path().join("project");
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce"), &project);
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    let pipeline = format!(
+        "spec:\n  dataPipeline:\n    source: s3://{BUCKET}/logs/ecommerce/\n    version: logs-2026-11\n    batchSize: 10\n  taskDefinition:"
+    );
+    std::fs::write(project.join("task.yaml"), task.replacen("spec:\n  taskDefinition:", &pipeline, 1)).unwrap();
+
+    // Traces of a real run, put where the source points (s3s-fs serves a directory).
+    let runs = tmp.path().join("runs");
+    let output = basecamp(
+        &[
+            "run",
+            project.to_str().unwrap(),
+            "--variant",
+            "a",
+            "--shards",
+            "2",
+            "--concurrency",
+            "16",
+            "--no-progress",
+            "--out",
+            runs.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let data = tmp.path().join("s3");
+    copy_dir(&runs.join("a"), &data.join(BUCKET).join("logs/ecommerce"));
+    let server = S3Server::start(&data);
+
+    // No paths: the source is the manifest's; the version too.
+    let out = format!("s3://{BUCKET}/checkpoints/default/shipping-delay-ab/dataset/");
+    let project_config = project.to_str().unwrap();
+    let output = server.basecamp(&["data", "preprocess", "--config", project_config, "--out", &out], tmp.path());
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(text(&output).contains(&format!("-> {out}")), "{}", text(&output));
+    let uploaded = data.join(BUCKET).join("checkpoints/default/shipping-delay-ab/dataset");
+    let dataset: Value = serde_json::from_slice(&std::fs::read(uploaded.join("dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["source"], format!("s3://{BUCKET}/logs/ecommerce/"));
+    assert_eq!(dataset["version"], "logs-2026-11");
+    assert_eq!(dataset["batchSize"], 10);
+    assert_eq!(dataset["preprocessor"], "builtin:trajectory");
+    let traces = walk(&runs.join("a")).iter().filter(|p| p.extension().is_some_and(|e| e == "trace")).count();
+    assert_eq!(dataset["traces"].as_u64(), Some(traces as u64));
+    // Every batch listed is uploaded, and they hold every row.
+    let names: Vec<&str> = dataset["batches"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
+    let rows_uploaded = rows(&uploaded);
+    assert_eq!(rows_uploaded.len() as u64, dataset["rows"].as_u64().unwrap());
+    assert_eq!(names.len(), rows_uploaded.len().div_ceil(10));
+    for name in &names {
+        assert!(uploaded.join(name).is_file(), "{name}");
+    }
+    // The same rows as from the local copies of the traces.
+    let local = tmp.path().join("local");
+    let output = basecamp(
+        &[
+            "data",
+            "preprocess",
+            runs.join("a").to_str().unwrap(),
+            "--config",
+            project_config,
+            "-o",
+            local.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let mut here: Vec<String> = rows(&local).iter().map(Value::to_string).collect();
+    let mut there: Vec<String> = rows_uploaded.iter().map(Value::to_string).collect();
+    here.sort();
+    there.sort();
+    assert_eq!(here, there);
+
+    // --version overrides the manifest's; an explicit S3 input overrides the source.
+    let out2 = format!("s3://{BUCKET}/datasets/v2");
+    let output = server.basecamp(
+        &[
+            "data",
+            "preprocess",
+            &format!("s3://{BUCKET}/logs/ecommerce/shard-1/"),
+            "--version",
+            "v2",
+            "--config",
+            project_config,
+            "--out",
+            &out2,
+        ],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let dataset: Value =
+        serde_json::from_slice(&std::fs::read(data.join(BUCKET).join("datasets/v2/dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["version"], "v2");
+    assert_eq!(dataset["source"], format!("s3://{BUCKET}/logs/ecommerce/shard-1/"));
+    assert!(dataset["traces"].as_u64().unwrap() < traces as u64);
+
+    // S3 down while uploading (local traces, a closed port): after the retries, the error
+    // names the objects and the cause, and no dataset.json was written.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let local_traces = runs.join("a");
+    let output = basecamp_with_s3(
+        closed,
+        &[
+            "data",
+            "preprocess",
+            local_traces.to_str().unwrap(),
+            "--batch-size",
+            "10",
+            "--out",
+            &format!("s3://{BUCKET}/down/"),
+        ],
+        tmp.path(),
+    );
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains(&format!("failed to upload the dataset to s3://{BUCKET}/down/")), "{said}");
+    assert!(said.contains(&format!("s3://{BUCKET}/down/batch-00000.jsonl")), "{said}");
+    assert!(said.contains("dataset.json was not written"), "{said}");
+    assert!(said.contains("... and "), "more failures than shown are counted: {said}");
+    assert!(said.len() <= 2048, "{} bytes: {said}", said.len());
+
+    // A prefix without traces says so.
+    let output = server.basecamp(&["data", "preprocess", &format!("s3://{BUCKET}/empty/"), "--out", "x"], tmp.path());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output).contains("no .trace objects under this prefix"), "{}", text(&output));
+}
+
+#[test]
+fn without_paths_or_a_data_pipeline_it_says_what_to_give() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = basecamp(&["data", "preprocess", "--out", "x"], tmp.path());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output).contains("name the traces to preprocess"), "{}", text(&output));
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce");
+    let output = basecamp(&["data", "preprocess", "--config", example.to_str().unwrap(), "--out", "x"], tmp.path());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output).contains("the task has no spec.dataPipeline.source"), "{}", text(&output));
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
 }

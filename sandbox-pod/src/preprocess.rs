@@ -249,7 +249,7 @@ pub struct Subprocess {
 
 /// Calls `module.function(record)` per line; errors come back as objects.
 const PYTHON_SHIM: &str = r#"
-import importlib, json, sys
+import importlib, json, sys, traceback
 module, function = sys.argv[1], sys.argv[2]
 f = getattr(importlib.import_module(module), function)
 for line in sys.stdin:
@@ -257,7 +257,9 @@ for line in sys.stdin:
     try:
         out = f(record)
     except Exception as e:
-        print(json.dumps({"__error__": "%s: %s" % (type(e).__name__, e)}), flush=True)
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = "%s:%s in %s" % (frame.filename, frame.lineno, frame.name)
+        print(json.dumps({"__error__": "%s (at %s): %s" % (type(e).__name__, where, e)}), flush=True)
         continue
     try:
         print(json.dumps(list(out) if isinstance(out, tuple) else out), flush=True)
@@ -265,9 +267,30 @@ for line in sys.stdin:
         print(json.dumps({"__error__": "the result is not JSON (%s): %r" % (e, out)}), flush=True)
 "#;
 
+/// The most bytes of a record or an answer quoted in an error.
+const EXCERPT_BYTES: usize = 300;
+/// The most bytes of what a preprocessor said (its error, its stderr) quoted
+/// in an error. With the excerpts, a message stays well within the 2 KB a
+/// pod's termination message keeps (`FallbackToLogsOnError`).
+const MESSAGE_BYTES: usize = 1000;
+
 fn excerpt(value: &Value) -> String {
-    let text = value.to_string();
-    if text.len() > 300 { format!("{}…", &text[..text.floor_char_boundary(300)]) } else { text }
+    head(&value.to_string(), EXCERPT_BYTES)
+}
+
+/// The first `max` bytes of `text` (on a character boundary), marked when cut.
+fn head(text: &str, max: usize) -> String {
+    if text.len() > max { format!("{}…", &text[..text.floor_char_boundary(max)]) } else { text.to_string() }
+}
+
+/// The last `max` bytes of `text` (on a character boundary), marked when cut:
+/// the end of a traceback names the error.
+fn tail(text: &str, max: usize) -> String {
+    if text.len() > max {
+        format!("…{}", &text[text.ceil_char_boundary(text.len() - max)..])
+    } else {
+        text.to_string()
+    }
 }
 
 impl Subprocess {
@@ -316,7 +339,8 @@ impl Subprocess {
         }
         let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
         let tail: Vec<&str> = stderr.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("it exited ({status}): {}", if tail.is_empty() { "no output".into() } else { tail.join(" | ") })
+        let said = if tail.is_empty() { "no output".into() } else { self::tail(&tail.join(" | "), MESSAGE_BYTES) };
+        format!("it exited ({status}): {said}")
     }
 
     /// One raw record in, one row out, its shape checked.
@@ -335,10 +359,11 @@ impl Subprocess {
             let message = self.exit_message();
             return Err(failed(self, message));
         }
-        let answer: Value = serde_json::from_str(line.trim())
-            .map_err(|e| failed(self, format!("it printed {:?}, which is not JSON ({e})", line.trim())))?;
+        let answer: Value = serde_json::from_str(line.trim()).map_err(|e| {
+            failed(self, format!("it printed {:?}, which is not JSON ({e})", head(line.trim(), EXCERPT_BYTES)))
+        })?;
         if let Some(error) = answer.get("__error__").and_then(Value::as_str) {
-            return Err(failed(self, error.to_string()));
+            return Err(failed(self, head(error, MESSAGE_BYTES)));
         }
         let shape_error =
             || PreprocessError::Shape { name: self.name.clone(), record: excerpt(record), got: excerpt(&answer) };
@@ -375,6 +400,17 @@ impl Drop for Subprocess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_text_is_bounded_on_character_boundaries() {
+        let long = "é".repeat(2000);
+        let start = head(&long, 1001);
+        assert!(start.len() <= 1001 + "…".len() && start.ends_with('…'), "{}", start.len());
+        let end = tail(&format!("{long}ModuleNotFoundError"), 1001);
+        assert!(end.len() <= 1001 + "…".len() && end.ends_with("ModuleNotFoundError"), "{}", end.len());
+        assert_eq!(head("short", 10), "short");
+        assert_eq!(tail("short", 10), "short");
+    }
 
     #[test]
     fn preprocessor_names_parse_and_bad_ones_say_what_is_accepted() {

@@ -9,7 +9,7 @@ mod parse;
 mod redact;
 mod report;
 mod search;
-mod sources;
+pub(crate) mod sources;
 mod validate;
 
 use std::process::ExitCode;
