@@ -140,6 +140,25 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
         python.iter().map(|r| &r["reward"]).collect::<Vec<_>>(),
         built.iter().map(|r| &r["reward"]).collect::<Vec<_>>()
     );
+    // With --config the preprocessor runs in the manifest's directory, and the user's
+    // code where it was started (a trainer image's WORKDIR) still imports.
+    let out = tmp.path().join("python-config");
+    let output = basecamp(
+        &[
+            "data",
+            "preprocess",
+            runs.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--config",
+            example.to_str().unwrap(),
+            "--preprocessor",
+            "python:prep.triple",
+        ],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(rows(&out).len(), built.len());
 
     // The wrong shape fails before the run, naming the record, the answer and what was expected.
     let output = basecamp(

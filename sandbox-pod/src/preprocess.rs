@@ -295,7 +295,7 @@ fn tail(text: &str, max: usize) -> String {
 
 impl Subprocess {
     /// Starts `preprocessor` (not the built-in) with `workdir` as working
-    /// directory and on `PYTHONPATH`.
+    /// directory and, with the directory this process started in, on `PYTHONPATH`.
     pub fn start(preprocessor: &Preprocessor, workdir: &Path) -> Result<Self, PreprocessError> {
         let name = preprocessor.to_string();
         let mut command = match preprocessor {
@@ -313,10 +313,17 @@ impl Subprocess {
                 c
             }
         };
-        let python_path = match std::env::var("PYTHONPATH") {
-            Ok(existing) if !existing.is_empty() => format!("{}:{existing}", workdir.display()),
-            _ => workdir.display().to_string(),
-        };
+        // The manifest's directory, then the directory this was started in (a
+        // trainer image's WORKDIR holding the user's code, in the dataset init
+        // container), then what was already there.
+        let mut python_path = vec![workdir.display().to_string()];
+        if let Ok(cwd) = std::env::current_dir().map(|d| d.display().to_string()) {
+            if !python_path.contains(&cwd) {
+                python_path.push(cwd);
+            }
+        }
+        python_path.extend(std::env::var("PYTHONPATH").ok().filter(|p| !p.is_empty()));
+        let python_path = python_path.join(":");
         let mut child = command
             .current_dir(workdir)
             .env("PYTHONPATH", python_path)
