@@ -50,7 +50,9 @@ TASK_LABEL = "basecamp.dev/task"
 STEP_LABEL = "basecamp.dev/step"
 ROLE_LABEL = "basecamp.dev/role"
 TEST_SET_ROWS = 60
-TRAINER_INTERVAL_S = 5  # seconds between checkpoints
+# Seconds between checkpoints: long enough that step 20 is evaluated while
+# the trainer still runs (the operator polls a training task every 10 s).
+TRAINER_INTERVAL_S = 8
 
 
 def checkpoint_root(bucket: str, ns: str, name: str) -> str:
@@ -152,17 +154,18 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
                "-n", ns)
     good = Background(player, ns, f"{TASK_LABEL}={NAME}", parallel=4, timeout=600)
     broken = Background(player, ns, f"{TASK_LABEL}={BROKEN}", parallel=2, timeout=600)
-    facts: dict = {"ns": ns}
+    facts: dict = {"ns": ns, "bucket": bucket}
     try:
         first = STEPS[0]
 
-        phases_seen: list[str] = []
-        facts["trainer_phases_seen"] = phases_seen
+        seen: list[tuple[str, tuple[int, ...]]] = []  # (status.training.phase, .evaluating) as it changed
+        facts["training_seen"] = seen
 
         def first_evaluation_played():
-            phase = training(kube, ns, NAME).get("phase")
-            if phase and (not phases_seen or phases_seen[-1] != phase):
-                phases_seen.append(phase)
+            tr = training(kube, ns, NAME)
+            now = (tr.get("phase") or "", tuple(tr.get("evaluating") or ()))
+            if not seen or seen[-1] != now:
+                seen.append(now)
             done = [p for p in good.results() if p.labels.get(STEP_LABEL) == str(first)]
             return done if len(done) == SHARDS * len(VARIANTS) else None
 
@@ -228,8 +231,17 @@ def test_trainer_resumed_and_succeeded(kube: Kube, loop, s3, bucket: str):
     tr = loop["training"]
     assert tr["phase"] == "Succeeded", tr
     assert tr.get("resumedFromStep") == RESUMED, tr
-    # status.training followed the trainer while it ran (not only once it finished).
-    assert "Running" in loop["trainer_phases_seen"], loop["trainer_phases_seen"]
+    # status.training followed the trainer while it ran, and step 20 was
+    # evaluated while training went on (not only once it finished).
+    seen = loop["training_seen"]
+    print("status.training (phase, evaluating) as it changed:", seen)
+    assert any(phase == "Running" for phase, _ in seen), seen
+    assert ("Running", (STEPS[0],)) in seen, seen
+    pod = kube.items("pods", "-n", ns, "-l", f"{TASK_LABEL}={NAME},{ROLE_LABEL}=trainer")[0]
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+    assert container["resources"]["limits"].get("nvidia.com/gpu") == "1", container["resources"]
+    node = kube.json("node", pod["spec"]["nodeName"])
+    assert int(node["status"]["allocatable"].get("nvidia.com/gpu", "0")) >= 1, pod["spec"]["nodeName"]
     # The dataset the init container wrote from the traces on S3, and what the trainer read from it.
     root = key_of(checkpoint_root(bucket, ns, NAME), bucket)
     dataset = s3_json(s3, bucket, root + "dataset/dataset.json")
@@ -259,10 +271,13 @@ def test_each_checkpoint_evaluated_exactly_once(kube: Kube, loop):
         assert job["status"].get("succeeded") == SHARDS and not job["status"].get("failed"), job["status"]
     pods = kube.items("pods", "-n", ns, "-l", f"{TASK_LABEL}={NAME},{ROLE_LABEL}=evaluation")
     assert len(pods) == SHARDS * len(VARIANTS) * len(STEPS), [p["metadata"]["name"] for p in pods]
+    root = checkpoint_root(loop["bucket"], ns, NAME)
     for pod in pods:
-        args = next(c for c in pod["spec"]["containers"] if c["name"] == "sandbox")["args"]
+        sandbox = next(c for c in pod["spec"]["containers"] if c["name"] == "sandbox")
         step = pod["metadata"]["labels"][STEP_LABEL]
-        assert args[args.index("--checkpoint-step") + 1] == step, args
+        assert sandbox["args"][sandbox["args"].index("--checkpoint-step") + 1] == step, sandbox["args"]
+        env = {e["name"]: e.get("value") for e in sandbox.get("env") or []}
+        assert env.get("BASECAMP_CHECKPOINT") == f"{root}step-{step}/" and env.get("BASECAMP_STEP") == step, env
 
 
 def test_an_event_per_evaluated_checkpoint(kube: Kube, loop):
