@@ -224,7 +224,11 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     let training = crate::training::reconcile(&ctx.client, &ctx.storage, &ctx.metrics, &input).await?;
     for evaluation in training.iter().flat_map(|t| t.evaluated.iter()) {
         let note = crate::training::evaluation::evaluated_note(evaluation);
-        ctx.publish(task, false, "CheckpointEvaluated", &note, "Evaluate").await;
+        // The recorder folds Events of one (type, reason, action) into a
+        // series keeping the first note: the step in the action keeps each
+        // step's Event (and its accuracy) visible.
+        let action = format!("EvaluateStep{}", evaluation.step);
+        ctx.publish(task, false, "CheckpointEvaluated", &note, &action).await;
     }
     let observed = Observed {
         task,

@@ -560,3 +560,84 @@ fn backoff_doubles_up_to_five_minutes() {
     let waits: Vec<u64> = [1, 2, 3, 7, 20].iter().map(|n| backoff(*n).as_secs()).collect();
     assert_eq!(waits, [5, 10, 20, 300, 300]);
 }
+
+/// A training task through the whole pipeline: the variant's Job, then the
+/// trainer, the evaluation of a finished step (an Event naming the step),
+/// the next step started, and a status that keeps the task Running.
+#[tokio::test]
+async fn a_training_task_evaluates_a_finished_checkpoint_and_keeps_running() {
+    let server = S3Server::start();
+    let storage = server.storage();
+    let upload = |key: String, bytes: Vec<u8>| {
+        let storage = storage.clone();
+        async move {
+            let dir = tempfile::tempdir().expect("tmp");
+            std::fs::write(dir.path().join("f"), bytes).expect("write");
+            let to = basecamp_sandbox::storage::Destination::parse(&format!("s3://{BUCKET}/{key}")).expect("dest");
+            storage.upload_file(&dir.path().join("f"), &to).await.into_result().expect("upload");
+        }
+    };
+    let root = "traces/checkpoints/team-a/eval";
+    for step in [20, 30] {
+        upload(format!("{root}/step-{step}/COMPLETE"), vec![]).await;
+    }
+    let today = UtcDate::from_system_time(std::time::SystemTime::now()).expect("today");
+    let summary = json!({
+        "variant": "default", "shard": 0, "started_unix_nanos": 1_000, "lost": [],
+        "episodes": [{"id": "e1", "outcome": "final_answer", "failure_class": "ok", "trace_file": "e1.trace",
+                      "metrics": {"tool_call_accuracy": 0.75, "tool_call_accuracy_lenient": 1.0, "plan_step_f1": 1.0, "error_rate": 0.0,
+                                  "resolution_time_s": 1.5, "tool_calls": 1, "steps": 2}}],
+    });
+    let day = format!("{:04}/{:02}/{:02}", today.year(), today.month(), today.day());
+    upload(format!("traces/{day}/team-a/eval@step-20/default/0/summary.json"), summary.to_string().into_bytes()).await;
+
+    let mut training = spec();
+    training["shards"] = json!(1);
+    training["trainingConfig"] = json!({"image": "trainer:1", "command": ["python3", "train.py"]});
+    let current = task(training, true);
+    let jobs = "/apis/batch/v1/namespaces/team-a/jobs";
+    let step_20 = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "eval-s20-default", "namespace": "team-a",
+                     "labels": {"basecamp.dev/task": "eval", "basecamp.dev/variant": "default", "basecamp.dev/step": "20", "basecamp.dev/role": "evaluation"}},
+        "status": {"completedIndexes": "0", "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]},
+    });
+    let mut script = apply_calls(not_found(), json!({"active": 1}));
+    script.extend([
+        call("GET", &format!("{jobs}/eval-train"), not_found()),
+        call("PATCH", &format!("{jobs}/eval-train"), Reply::EchoWith(json!({"status": {"active": 1, "ready": 1}}))),
+        call(
+            "GET",
+            "/api/v1/namespaces/team-a/pods",
+            Reply::Json(200, json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})),
+        ),
+        call(
+            "GET",
+            jobs,
+            Reply::Json(200, json!({"kind": "JobList", "apiVersion": "batch/v1", "metadata": {}, "items": [step_20]})),
+        ),
+        call("GET", &format!("{jobs}/eval-s30-default"), not_found()),
+        call("PATCH", &format!("{jobs}/eval-s30-default"), Reply::Echo),
+        event(),
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+        event(),
+    ]);
+    let out = scenario(&current, storage, script).await;
+    let action = out.result.expect("reconciled");
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)), "polled while the trainer runs");
+    let evaluated = out.seen.iter().find(|s| s.body["reason"] == "CheckpointEvaluated").expect("an Event");
+    assert_eq!(evaluated.body["action"], "EvaluateStep20", "one Event series per step");
+    assert!(evaluated.body["note"].as_str().is_some_and(|n| n.contains("step 20") && n.contains("default=0.750")));
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Running", "{status}");
+    assert_eq!(condition(&status, "Progressing")["reason"], "Training");
+    let training = &status["training"];
+    assert_eq!(training["phase"], "Running");
+    assert_eq!(training["job"], "eval-train");
+    assert_eq!(training["evaluating"], json!([30]));
+    assert_eq!(training["latestStep"], 20);
+    assert_eq!(training["history"][0]["metrics"]["default"]["tool_call_accuracy"], 0.75);
+    let text = out.ctx.metrics.encode();
+    assert!(text.contains(r#"basecamp_checkpoint_step{namespace="team-a",task="eval"} 20"#), "{text}");
+}
