@@ -39,6 +39,8 @@ fn run_documents_its_flags_and_their_environment_variables() {
         "--log-format",
         "--s3-endpoint",
         "--s3-secret",
+        "--checkpoint-poll-seconds",
+        "BASECAMP_CHECKPOINT_POLL_SECONDS",
     ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
