@@ -15,9 +15,11 @@ never; status.training.history, steps.json, one report per step, trace keys
 under `trainloop@step-N/`, and the checkpoint gauges on /metrics (and in
 Prometheus).
 
-`trainbroken`: the same task with `preprocessor: python:no_such_module.fn`.
-The trainer pod fails in its `dataset` init container; the preprocessor's
-own message reaches status.training.message and a Warning Event
+`trainbroken` and `trainshape`: the same task with `preprocessor:
+python:no_such_module.fn` (not importable) and `python:prep.wrong_shape`
+(examples/training/prep.py, in the trainer image, returns a dict). The
+trainer pod fails in its `dataset` init container; the preprocessor's own
+message reaches status.training.message and a Warning Event
 `TrainerFailed`, the task fails, and no checkpoint is evaluated.
 """
 
@@ -40,7 +42,13 @@ from test_60_dashboards import concrete
 from test_60_dashboards import queries as dashboard_queries
 
 NAME = "trainloop"
-BROKEN = "trainbroken"
+# Broken preprocessors: the task, its preprocessor, what status.training.message must say.
+BROKEN = {
+    # Not importable at all.
+    "trainbroken": ("python:no_such_module.fn", ["python:no_such_module.fn", "No module named 'no_such_module'"]),
+    # examples/training/prep.py, in the trainer image: imported, but returns a dict.
+    "trainshape": ("python:prep.wrong_shape", ["python:prep.wrong_shape", "expected [state_dict, action_dict, reward]"]),
+}
 SHARDS = 2
 VARIANTS = ("default",)  # sandboxRef: one variant, named "default"
 RESUMED = 10
@@ -145,15 +153,16 @@ def gauge(text: str, metric: str, **labels: str) -> float | None:
 def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) -> dict:
     """Runs the scenario once; the tests below check what it left."""
     ns = task_ns
-    delete_tasks(kube, ns, [NAME, BROKEN])
-    clean_s3(s3, bucket, ns, [NAME, BROKEN])
+    delete_tasks(kube, ns, [NAME, *BROKEN])
+    clean_s3(s3, bucket, ns, [NAME, *BROKEN])
     with timed("seeding traces and step-10"):
         seed(s3, bucket, ns)
-    kube.apply(training_manifests(NAME, bucket, ns)
-               + training_manifests(BROKEN, bucket, ns, preprocessor="python:no_such_module.fn", resume=False),
-               "-n", ns)
+    docs = training_manifests(NAME, bucket, ns)
+    for name, (preprocessor, _) in BROKEN.items():
+        docs += training_manifests(name, bucket, ns, preprocessor=preprocessor, resume=False)
+    kube.apply(docs, "-n", ns)
     good = Background(player, ns, f"{TASK_LABEL}={NAME}", parallel=4, timeout=600)
-    broken = Background(player, ns, f"{TASK_LABEL}={BROKEN}", parallel=2, timeout=600)
+    broken = Background(player, ns, f"{TASK_LABEL} in ({','.join(BROKEN)})", parallel=2, timeout=600)
     facts: dict = {"ns": ns, "bucket": bucket}
     try:
         first = STEPS[0]
@@ -357,32 +366,35 @@ def test_task_finished_after_the_loop(loop):
     assert st["shards"]["default"] == {"total": SHARDS, "succeeded": SHARDS, "failed": 0, "running": 0}, st["shards"]
 
 
-def test_broken_preprocessor_fails_the_trainer_with_its_message(kube: Kube, loop, s3, bucket: str):
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_broken_preprocessor_fails_the_trainer_with_its_message(kube: Kube, loop, s3, bucket: str, name: str):
     ns = loop["ns"]
-    trainers = [p for p in loop["played_broken"] if p.labels.get(ROLE_LABEL) == "trainer"]
+    expected = BROKEN[name][1]
+    trainers = [p for p in loop["played_broken"]
+                if p.labels.get(ROLE_LABEL) == "trainer" and p.labels.get(TASK_LABEL) == name]
     assert [p.containers for p in trainers] == [{"inject-basecamp": 0, "dataset": 1}], trainers
 
     def failed():
-        t = task(kube, ns, BROKEN)
+        t = task(kube, ns, name)
         tr = (t.get("status") or {}).get("training") or {}
         return t if tr.get("phase") == "Failed" and t["status"].get("phase") == "Failed" else None
 
     try:
-        t = wait_until(f"{BROKEN}: training and task Failed", failed, timeout=60)
+        t = wait_until(f"{name}: training and task Failed", failed, timeout=60)
     except E2EError:
-        raise E2EError(f"{BROKEN} did not fail: {json.dumps(task(kube, ns, BROKEN).get('status'), indent=1)}")
+        raise E2EError(f"{name} did not fail: {json.dumps(task(kube, ns, name).get('status'), indent=1)}")
     tr = t["status"]["training"]
-    print(f"{BROKEN} status.training.message: {tr.get('message')}")
+    print(f"{name} status.training.message: {tr.get('message')}")
     message = tr.get("message") or ""
-    assert "No module named 'no_such_module'" in message, message
-    assert "python:no_such_module.fn" in message, message
-    [job] = kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={BROKEN},{ROLE_LABEL}=trainer")
+    for text in expected:
+        assert text in message, (text, message, trainers[0].log.read_text()[-2000:])
+    [job] = kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={name},{ROLE_LABEL}=trainer")
     assert job["status"].get("failed") == 1 and not job["status"].get("succeeded"), job["status"]
     events = task_events(kube, t)
     warnings = [e for e in events if e["type"] == "Warning" and e["reason"] == "TrainerFailed"]
     assert warnings, [(e["type"], e["reason"], e.get("message")) for e in events]
-    assert "no_such_module" in (warnings[0].get("message") or warnings[0].get("note") or ""), warnings[0]
-    assert not kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={BROKEN},{ROLE_LABEL}=evaluation")
+    assert expected[0] in (warnings[0].get("message") or warnings[0].get("note") or ""), warnings[0]
+    assert not kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={name},{ROLE_LABEL}=evaluation")
     assert not tr.get("history") and not tr.get("evaluating"), tr
-    assert not [k for k in s3_keys(s3, bucket, key_of(checkpoint_root(bucket, ns, BROKEN), bucket))
+    assert not [k for k in s3_keys(s3, bucket, key_of(checkpoint_root(bucket, ns, name), bucket))
                 if "/step-" in k], "the broken trainer wrote checkpoints"
