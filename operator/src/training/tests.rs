@@ -198,7 +198,9 @@ fn a_cpu_trainer_without_data_pipeline_has_no_dataset_step_and_no_gpu_placement(
     spec.as_object_mut().expect("spec").remove("dataPipeline");
     spec["trainingConfig"].as_object_mut().expect("training").remove("gpus");
     spec["trainingConfig"].as_object_mut().expect("training").remove("resumeFrom");
+    spec["queueName"] = json!("gpu-queue");
     let job = trainer_json(&task_with(spec), vec![variant("default", Some("8.0"))]);
+    assert_eq!(job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "gpu-queue", "admitted by Kueue");
     let pod = &job["spec"]["template"]["spec"];
     assert_eq!(pod["initContainers"].as_array().map(Vec::len), Some(1), "inject-basecamp only");
     assert!(pod["affinity"].is_null() && pod["tolerations"].is_null());

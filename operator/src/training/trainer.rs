@@ -25,7 +25,8 @@ use crate::build::affinity::{GPU_RESOURCE, gpu_affinity, gpu_tolerations};
 use crate::build::configmap::MANIFESTS_KEY;
 use crate::build::job::{CONFIG_DIR, INJECTED_BIN_DIR, WORK_DIR};
 use crate::build::names::{
-    ROLE_LABEL, ROLE_TRAINER, TEMPLATE_HASH_ANNOTATION, config_map_name, job_name, labels, stable_hash,
+    KUEUE_QUEUE_LABEL, ROLE_LABEL, ROLE_TRAINER, TEMPLATE_HASH_ANNOTATION, config_map_name, job_name, labels,
+    stable_hash,
 };
 use crate::build::security::{container_security_context, pod_security_context};
 use crate::build::{BuildError, BuildInput};
@@ -231,11 +232,16 @@ pub fn trainer_job(input: &BuildInput<'_>, locations: &Locations) -> Result<Opti
         }),
     };
     let hash = stable_hash(serde_json::json!({"template": &template, "backoffLimit": 0}).to_string().as_bytes());
+    // Through Kueue like the sandbox Jobs: created suspended, admitted by Kueue.
+    let mut job_labels = pod_labels;
+    if let Some(queue) = spec.queue_name.as_deref().filter(|q| !q.is_empty()) {
+        job_labels.insert(KUEUE_QUEUE_LABEL.into(), queue.into());
+    }
     Ok(Some(Job {
         metadata: ObjectMeta {
             name: Some(trainer_job_name(input.name)),
             namespace: Some(input.namespace.to_string()),
-            labels: Some(pod_labels),
+            labels: Some(job_labels),
             annotations: Some(BTreeMap::from([(TEMPLATE_HASH_ANNOTATION.to_string(), hash)])),
             owner_references: Some(vec![input.owner.clone()]),
             ..Default::default()
