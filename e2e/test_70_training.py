@@ -7,9 +7,11 @@ shards): the traces to train on and a previous run's checkpoint `step-10/`
 are seeded in S3, `resumeFrom` points at it. The trainer pod is played in
 the background (its `dataset` init container is the real `basecamp data
 preprocess` reading the traces from S3; the trainer writes step-20, -30 and
--40 two seconds apart), and so is every evaluation pod as it appears. Right
-after step 20's evaluation pods finish the operator is SIGKILLed and started
-again. Then: the trainer Succeeded; steps 20, 30, 40 were each evaluated
+-40 ten seconds apart), and so is every evaluation pod as it appears, so
+step 20 is evaluated while the trainer still runs. Right after step 20's
+evaluation pods finish the operator is SIGKILLed and started again, and
+once more right after step 30 is recorded in status. Then:
+the trainer Succeeded; steps 20, 30, 40 were each evaluated
 exactly once (one Job per variant, shards x variants pods played), step 10
 never; status.training.history, steps.json, one report per step, trace keys
 under `trainloop@step-N/`, and the checkpoint gauges on /metrics (and in
@@ -60,7 +62,7 @@ ROLE_LABEL = "basecamp.dev/role"
 TEST_SET_ROWS = 60
 # Seconds between checkpoints: long enough that step 20 is evaluated while
 # the trainer still runs (the operator polls a training task every 10 s).
-TRAINER_INTERVAL_S = 8
+TRAINER_INTERVAL_S = 10
 
 
 def checkpoint_root(bucket: str, ns: str, name: str) -> str:
@@ -161,7 +163,7 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
     for name, (preprocessor, _) in BROKEN.items():
         docs += training_manifests(name, bucket, ns, preprocessor=preprocessor, resume=False)
     kube.apply(docs, "-n", ns)
-    good = Background(player, ns, f"{TASK_LABEL}={NAME}", parallel=4, timeout=600)
+    good = Background(player, ns, f"{TASK_LABEL}={NAME}", parallel=5, timeout=600)
     broken = Background(player, ns, f"{TASK_LABEL} in ({','.join(BROKEN)})", parallel=2, timeout=600)
     facts: dict = {"ns": ns, "bucket": bucket}
     try:
@@ -182,13 +184,14 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
             done = wait_until(f"step {first}'s {SHARDS * len(VARIANTS)} evaluation pods played",
                               first_evaluation_played, timeout=240)
         assert all(p.exit_code == 0 for p in done), [(p.pod, p.exit_code, p.log.read_text()[-2000:]) for p in done]
-        code = operator.stop(signal.SIGKILL)
-        facts["history_at_kill"] = history_steps(kube, ns, NAME)
-        print(f"operator SIGKILLed (exit {code}) right after step {first}'s evaluation pods finished; "
-              f"history then: {facts['history_at_kill']}")
-        time.sleep(2)
-        operator.start()
-        print(f"operator restarted (start #{operator.starts})")
+        # Crash 1: step 20's pods are done, its aggregation may be under way
+        # (steps.json, Event, status) or not started.
+        facts["history_at_kill"] = [
+            crash_and_restart(operator, kube, ns, f"step {first}'s evaluation pods finished")]
+        # Crash 2: right after step 30 is in status.training.history.
+        wait_until(f"step {STEPS[1]} in status.training.history",
+                   lambda: STEPS[1] in history_steps(kube, ns, NAME), timeout=180)
+        facts["history_at_kill"].append(crash_and_restart(operator, kube, ns, f"step {STEPS[1]} was recorded"))
 
         def loop_done():
             tr = training(kube, ns, NAME)
@@ -220,6 +223,17 @@ def task_events(kube: Kube, t: dict) -> list[dict]:
     """This task's Events (not those of an earlier task of the same name on a kept cluster)."""
     return [e for e in kube.events(t["metadata"]["namespace"], t["metadata"]["name"])
             if e["involvedObject"].get("uid") == t["metadata"]["uid"]]
+
+
+def crash_and_restart(operator, kube: Kube, ns: str, when: str) -> list[int]:
+    """SIGKILLs the operator and starts a fresh one; returns the history it left."""
+    code = operator.stop(signal.SIGKILL)
+    history = history_steps(kube, ns, NAME)
+    print(f"operator SIGKILLed (exit {code}) right after {when}; status.training.history then: {history}")
+    time.sleep(2)
+    operator.start()
+    print(f"operator restarted (start #{operator.starts})")
+    return history
 
 
 def evaluation_pods(played, step: int) -> list:
@@ -294,8 +308,16 @@ def test_an_event_per_evaluated_checkpoint(kube: Kube, loop):
     notes = [e.get("message") or e.get("note") or "" for e in events]
     print("CheckpointEvaluated:", *(f"{n} (series {(e.get('series') or {}).get('count', 1)})"
                                     for n, e in zip(notes, events)), sep="\n  ")
-    for step in STEPS:
-        assert any(f"checkpoint step {step} evaluated" in n for n in notes), (step, notes)
+    # The operator writes steps.json, then the Event, then status: a step
+    # in status had its Event. Step 20 may have been recorded in steps.json by
+    # the operator killed first and adopted by the next one without an Event
+    # (Events are best effort); steps 30 and 40 are recorded by operators that
+    # finish their work.
+    must = [s for s in STEPS if s != STEPS[0] or STEPS[0] in loop["history_at_kill"][0]]
+    for step in must:
+        assert sum(f"checkpoint step {step} evaluated" in n for n in notes) == 1, (step, notes)
+    if not any(f"checkpoint step {STEPS[0]} evaluated" in n for n in notes):
+        print(f"no Event for step {STEPS[0]}: recorded by the operator killed first, Event lost with it")
 
 
 def test_history_and_steps_json(loop, s3, bucket: str):
