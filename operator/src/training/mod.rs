@@ -216,7 +216,11 @@ pub async fn reconcile(
     } else {
         Vec::new()
     };
-    let (phase, message) = trainer::trainer_state(trainer_job.as_ref(), &pods, previous.phase);
+    let (phase, mut message) = trainer::trainer_state(trainer_job.as_ref(), &pods, previous.phase);
+    if trainer_job.is_none() && phase == TaskPhase::Failed {
+        // The Job and its pods are gone (TTL): the message stays as it was read.
+        message.clone_from(&previous.message);
+    }
 
     // The evaluations: what runs, what was evaluated.
     let listed = jobs
