@@ -98,6 +98,7 @@ class Player:
     training_files: Path | None = None  # the trainer image's files (examples/training)
     played: dict[str, Played] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    running: dict[int, subprocess.Popen] = field(default_factory=dict)  # what abort() kills
 
     def play(self, pod: dict, timeout: float = 600) -> Played:
         """Runs the pod's sandbox container here and records its outcome on the pod."""
@@ -139,6 +140,7 @@ class Player:
             out.write(f"$ {' '.join(argv)}\n# env: {sorted(env)}\n")
             out.flush()
             proc = subprocess.Popen(argv, cwd=workdir, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+            self.running[proc.pid] = proc
             pid_file = WORK / "pids" / f"sandbox-{ns}-{name}"
             pid_file.parent.mkdir(parents=True, exist_ok=True)
             pid_file.write_text(f"{proc.pid}\n")  # scripts/e2e.sh stops it if pytest is killed
@@ -149,6 +151,7 @@ class Player:
                 proc.wait()
                 code = 137
             pid_file.unlink(missing_ok=True)
+            self.running.pop(proc.pid, None)
         seconds = time.monotonic() - t0
         self.finish(pod, code, started)
         played = Played(name, env.get("JOB_COMPLETION_INDEX", "?"), code, seconds, log, dict(meta.get("labels") or {}))
@@ -312,6 +315,7 @@ class Player:
         started = datetime.now(timezone.utc)
         with open(log, "w") as out:
             proc = subprocess.Popen(argv, cwd=cwd, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+            self.running[proc.pid] = proc
             pid_file = WORK / "pids" / f"trainer-{ns}-{name}-{container['name']}"
             pid_file.parent.mkdir(parents=True, exist_ok=True)
             pid_file.write_text(f"{proc.pid}\n")
@@ -322,6 +326,7 @@ class Player:
                 proc.wait()
                 code = 137
             pid_file.unlink(missing_ok=True)
+            self.running.pop(proc.pid, None)
         return Ran(container["name"], code, started, datetime.now(timezone.utc), log)
 
     def finish_containers(self, pod: dict, ran: list[Ran]) -> None:
@@ -420,6 +425,15 @@ class Background:
         if self.running():
             raise E2EError(f"{self.running()} pods of {self.selector} still playing {timeout:.0f}s after stop")
         return self.results()
+
+    def abort(self) -> None:
+        """After a failure: stops looking for pods and kills every process
+        the player runs (a trainer sleeping between checkpoints would keep
+        the interpreter from exiting)."""
+        self.stopping.set()
+        for proc in list(self.player.running.values()):
+            proc.kill()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def container_env(kube: Kube, pod: dict, container: dict) -> dict[str, str]:

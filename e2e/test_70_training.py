@@ -212,9 +212,10 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
         time.sleep(12)
         facts["played"] = good.stop()
         facts["played_broken"] = broken.stop()
-    finally:
-        good.stopping.set()
-        broken.stopping.set()
+    except BaseException:
+        good.abort()
+        broken.abort()
+        raise
     facts["operator_log"] = operator.log()
     return facts
 
