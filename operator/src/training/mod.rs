@@ -86,7 +86,8 @@ impl TrainingError {
 pub struct Observation {
     /// `status.training` and any S3 problem, for `update_status`.
     pub observed: TrainingObserved,
-    /// Steps evaluated by this reconcile (one `CheckpointEvaluated` Event each).
+    /// Steps evaluated by this reconcile, and steps recorded in `steps.json`
+    /// that status did not show yet (one `CheckpointEvaluated` Event each).
     pub evaluated: Vec<CheckpointEvaluation>,
 }
 
@@ -343,6 +344,13 @@ pub async fn reconcile(
     evaluating.sort_unstable();
     evaluating.dedup();
     let history = newest(&merge(&[recorded.as_deref().unwrap_or_default(), &previous.history, &new]));
+    // Steps in steps.json that status never showed (an operator stopped
+    // between recording a step and writing status) get their Event now:
+    // at least once, and only for steps the history keeps.
+    let shown: BTreeSet<u64> = previous.history.iter().map(|e| e.step).chain(new.iter().map(|e| e.step)).collect();
+    let mut announced = new;
+    announced.extend(history.iter().filter(|e| !shown.contains(&e.step)).cloned());
+    announced.sort_by_key(|e| e.step);
     let status = TrainingStatus {
         phase: Some(phase),
         job: Some(trainer_name),
@@ -356,7 +364,7 @@ pub async fn reconcile(
         queued: next.queued,
         history,
     };
-    Ok(Some(Observation { observed: TrainingObserved { status, problem }, evaluated: new }))
+    Ok(Some(Observation { observed: TrainingObserved { status, problem }, evaluated: announced }))
 }
 
 #[cfg(test)]

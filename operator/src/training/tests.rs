@@ -155,6 +155,7 @@ fn the_trainer_job_injects_basecamp_preprocesses_and_trains_on_gpus() {
         ])
     );
     assert_eq!(dataset["terminationMessagePolicy"], "FallbackToLogsOnError");
+    assert!(dataset.get("workingDir").is_none(), "the image's WORKDIR: a python preprocessor next to the trainer");
     assert!(dataset["volumeMounts"].as_array().expect("mounts").iter().any(|m| m["mountPath"] == "/etc/basecamp"));
     let trainer = &spec["containers"][0];
     assert_eq!(trainer["name"], "trainer");
@@ -674,7 +675,11 @@ mod against_s3 {
         assert_eq!(training.queued, [40], "one evaluation at a time");
         assert_eq!(training.history.iter().map(|e| e.step).collect::<Vec<_>>(), [20]);
         assert_eq!(training.latest_step, Some(20));
-        assert!(observation.evaluated.is_empty());
+        assert_eq!(
+            observation.evaluated.iter().map(|e| e.step).collect::<Vec<_>>(),
+            [20],
+            "a step in steps.json that status never showed gets its Event"
+        );
         assert!(seen[2].uri.contains("labelSelector=batch.kubernetes.io%2Fjob-name%3Deval-train"), "{}", seen[2].uri);
         assert!(seen[3].uri.contains("basecamp.dev%2Frole%3Devaluation"), "{}", seen[3].uri);
         let started = &seen[5].body;
@@ -749,7 +754,7 @@ mod against_s3 {
         let (observation, _) = step(&task, storage.clone(), script).await;
         let observation = observation.expect("a training task");
         assert_eq!(observation.observed.problem, None);
-        let [evaluation] = observation.evaluated.as_slice() else { panic!("{:?}", observation.evaluated) };
+        let [_, evaluation] = observation.evaluated.as_slice() else { panic!("{:?}", observation.evaluated) };
         assert_eq!(evaluation.step, 30);
         assert_eq!(evaluation.phase, TaskPhase::Succeeded);
         assert_eq!(evaluation.checkpoint, format!("s3://{BUCKET}/{ROOT}/step-30/"));
@@ -773,6 +778,11 @@ mod against_s3 {
 
         // The next reconcile (or a restarted operator) reads steps.json first:
         // step 30's finished Job is not aggregated again, and nothing restarts.
+        let mut task = task;
+        task.status = Some(basecamp_api::HarnessTaskStatus {
+            training: Some(observation.observed.status.clone()),
+            ..Default::default()
+        });
         let mut script = trainer_calls(true);
         script.push(call("GET", JOBS, list("JobList", vec![finished_job(30, false), finished_job(40, false)])));
         put_summaries(&storage, "eval@step-40", &[0, 1], 1.0).await;
@@ -801,7 +811,7 @@ mod against_s3 {
         ]);
         let (observation, _) = step(&task, storage, script).await;
         let observation = observation.expect("a training task");
-        let [evaluation] = observation.evaluated.as_slice() else { panic!("{:?}", observation.evaluated) };
+        let [_, evaluation] = observation.evaluated.as_slice() else { panic!("{:?}", observation.evaluated) };
         assert_eq!(evaluation.phase, TaskPhase::Failed, "shard 1 failed");
         assert_eq!(evaluation.finished_at.as_deref(), Some("2026-11-30T08:00:00Z"));
         assert_eq!(evaluation.criteria_met, Some(false), "0.25 < 0.5");

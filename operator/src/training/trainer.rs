@@ -162,7 +162,8 @@ pub fn trainer_job(input: &BuildInput<'_>, locations: &Locations) -> Result<Opti
             image: Some(image.to_string()),
             command: Some(vec![injected.clone()]),
             args: Some(preprocess_args(&pipeline.source, pipeline.version.as_deref(), dataset)),
-            working_dir: Some(WORK_DIR.into()),
+            // The image's own working directory: `basecamp data preprocess`
+            // keeps it on a `python:module.function` preprocessor's path.
             env: Some(vars.clone()),
             env_from: s3_secret(input),
             security_context: Some(container_security_context()),
