@@ -317,10 +317,10 @@ impl Subprocess {
         // trainer image's WORKDIR holding the user's code, in the dataset init
         // container), then what was already there.
         let mut python_path = vec![workdir.display().to_string()];
-        if let Ok(cwd) = std::env::current_dir().map(|d| d.display().to_string()) {
-            if !python_path.contains(&cwd) {
-                python_path.push(cwd);
-            }
+        if let Ok(cwd) = std::env::current_dir().map(|d| d.display().to_string())
+            && !python_path.contains(&cwd)
+        {
+            python_path.push(cwd);
         }
         python_path.extend(std::env::var("PYTHONPATH").ok().filter(|p| !p.is_empty()));
         let python_path = python_path.join(":");
