@@ -68,7 +68,41 @@ fn cluster_rules(task: &HarnessTask) -> Vec<Problem> {
             ),
         ));
     }
+    problems.extend(training_job_names(task));
     problems
+}
+
+/// A training task's Jobs are `<task>-train` and `<task>-s<N>-<variant>`
+/// beside the variants' `<task>-<variant>`: a variant named `train` or
+/// `s<N>-...` would share a Job with the trainer or an evaluation.
+fn training_job_names(task: &HarnessTask) -> Vec<Problem> {
+    if !task.spec.training_config.as_ref().and_then(|t| t.image.as_deref()).is_some_and(|i| !i.trim().is_empty()) {
+        return Vec::new();
+    }
+    let collides = |name: &str| {
+        name == crate::training::trainer::TRAINER_JOB_SUFFIX
+            || name
+                .strip_prefix('s')
+                .and_then(|rest| rest.split_once('-'))
+                .is_some_and(|(digits, _)| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+    };
+    task.spec
+        .variants
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| collides(&v.name))
+        .map(|(i, v)| {
+            Problem::error(
+                Rule::InvalidManifest,
+                format!("spec.variants[{i}].name"),
+                format!(
+                    "variant {:?} would share a Job name with the trainer (<task>-train) or a checkpoint evaluation \
+                     (<task>-s<N>-<variant>) of this training task; rename the variant",
+                    v.name
+                ),
+            )
+        })
+        .collect()
 }
 
 /// Validates a task against what it refers to.
@@ -183,6 +217,28 @@ mod tests {
         assert_eq!(reason(&report), "UnknownSandbox");
         let text = summarize(&report, 2000);
         assert!(text.contains("spec.sandboxRef.name") && text.contains("\"shop\" not found"), "{text}");
+    }
+
+    #[test]
+    fn a_training_task_refuses_variant_names_its_jobs_use() {
+        let mut training = spec();
+        training.as_object_mut().expect("spec").remove("sandboxRef");
+        training["trainingConfig"] = json!({"image": "trainer:1"});
+        training["variants"] = json!([
+            {"name": "train", "sandboxRef": {"name": "shop"}},
+            {"name": "s20-a", "sandboxRef": {"name": "shop"}},
+        ]);
+        let Verdict::Invalid(report) = check(&task(training.clone()), &world_with_shop()) else { panic!("invalid") };
+        let text = summarize(&report, 4000);
+        assert!(text.contains("spec.variants[0].name") && text.contains("spec.variants[1].name"), "{text}");
+        training["variants"] = json!([
+            {"name": "a", "sandboxRef": {"name": "shop"}},
+            {"name": "s-b", "sandboxRef": {"name": "shop"}},
+        ]);
+        assert!(matches!(check(&task(training.clone()), &world_with_shop()), Verdict::Valid { .. }));
+        training.as_object_mut().expect("spec").remove("trainingConfig");
+        training["variants"][0]["name"] = json!("train");
+        assert!(matches!(check(&task(training), &world_with_shop()), Verdict::Valid { .. }), "no trainer, no clash");
     }
 
     #[test]
