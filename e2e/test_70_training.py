@@ -309,16 +309,13 @@ def test_an_event_per_evaluated_checkpoint(kube: Kube, loop):
     notes = [e.get("message") or e.get("note") or "" for e in events]
     print("CheckpointEvaluated:", *(f"{n} (series {(e.get('series') or {}).get('count', 1)})"
                                     for n, e in zip(notes, events)), sep="\n  ")
-    # The operator writes steps.json, then the Event, then status: a step
-    # in status had its Event. Step 20 may have been recorded in steps.json by
-    # the operator killed first and adopted by the next one without an Event
-    # (Events are best effort); steps 30 and 40 are recorded by operators that
-    # finish their work.
-    must = [s for s in STEPS if s != STEPS[0] or STEPS[0] in loop["history_at_kill"][0]]
-    for step in must:
-        assert sum(f"checkpoint step {step} evaluated" in n for n in notes) == 1, (step, notes)
-    if not any(f"checkpoint step {STEPS[0]} evaluated" in n for n in notes):
-        print(f"no Event for step {STEPS[0]}: recorded by the operator killed first, Event lost with it")
+    # The operator writes steps.json, then the Event, then status; a step
+    # found in steps.json but never shown in status gets its Event when
+    # adopted. So at least once for step 20 (killed around its recording),
+    # exactly once for 30 and 40 (recorded by operators that finished their work).
+    for step in STEPS:
+        count = sum(f"checkpoint step {step} evaluated" in n for n in notes)
+        assert count >= 1 if step == STEPS[0] else count == 1, (step, notes)
 
 
 def test_history_and_steps_json(loop, s3, bucket: str):
