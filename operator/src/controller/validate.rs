@@ -76,7 +76,9 @@ fn cluster_rules(task: &HarnessTask) -> Vec<Problem> {
 /// beside the variants' `<task>-<variant>`: a variant named `train` or
 /// `s<N>-...` would share a Job with the trainer or an evaluation.
 fn training_job_names(task: &HarnessTask) -> Vec<Problem> {
-    if !task.spec.training_config.as_ref().and_then(|t| t.image.as_deref()).is_some_and(|i| !i.trim().is_empty()) {
+    let trains =
+        task.spec.training_config.as_ref().and_then(|t| t.image.as_deref()).is_some_and(|i| !i.trim().is_empty());
+    if !trains {
         return Vec::new();
     }
     let collides = |name: &str| {
