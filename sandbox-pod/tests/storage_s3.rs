@@ -254,6 +254,32 @@ async fn uploads_a_shard_directory_then_lists_fetches_and_deletes_it() {
     eprintln!("uploaded {} files ({} bytes) in {upload_time:?}", files.len(), big_len + 10_000 + 1 + 14 + 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_run_name_with_an_at_sign_uploads_lists_and_fetches() {
+    // operator/TRAINING.md: the evaluation of step N is the run `<task>@step-N`.
+    let server = S3Server::start();
+    let storage = storage_for(server.port);
+    let local = tempfile::tempdir().expect("temp dir");
+    std::fs::write(local.path().join("summary.json"), br#"{"task":"ecommerce-eval@step-30"}"#).expect("write");
+    std::fs::write(local.path().join("ep-1.trace"), pseudo_random(1000, 7)).expect("write");
+    let date = UtcDate::from_unix_seconds(1_767_614_400).expect("valid time");
+    let partition = ShardPartition::new(date, "team-a", "ecommerce-eval@step-30", "baseline", 0).expect("valid");
+    let shard_dest = dest("traces").for_shard(&partition);
+    assert_eq!(shard_dest.to_string(), "s3://basecamp-test/traces/2026/01/05/team-a/ecommerce-eval@step-30/baseline/0");
+
+    let report = storage.upload_dir(local.path(), &shard_dest).await;
+    assert!(report.is_complete(), "{report}");
+    let on_server = server.data.join(BUCKET).join("traces/2026/01/05/team-a/ecommerce-eval@step-30/baseline/0");
+    assert!(on_server.join("summary.json").is_file(), "stored under the literal name");
+    let listed = storage.list(&dest("traces/2026/01/05/team-a/ecommerce-eval@step-30")).await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|o| o.relative.as_str()).collect();
+    assert_eq!(names, ["baseline/0/ep-1.trace", "baseline/0/summary.json"]);
+    let summary = storage.fetch(&listed[1].location).await.expect("fetch");
+    assert_eq!(summary, br#"{"task":"ecommerce-eval@step-30"}"#);
+    // The task's own prefix does not hold the run's objects.
+    assert!(storage.list(&dest("traces/2026/01/05/team-a/ecommerce-eval")).await.expect("list").is_empty());
+}
+
 #[tokio::test]
 async fn refuses_to_delete_a_whole_bucket() {
     // Refused before any request: no server needed.
