@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kube import ROOT, WORK
+from kube import ROOT
 from play import Player, termination_message
 
 
@@ -48,12 +48,11 @@ def binaries() -> Path:
 
 
 @pytest.fixture(scope="module")
-def traces(binaries: Path) -> Path:
-    out = WORK / "play-unit" / "traces"
-    if not (out / "b" / "shard-0" / "summary.json").exists():
-        subprocess.run([str(binaries / "basecamp"), "run", str(ROOT / "examples/ecommerce"), "--variant", "b",
-                        "--shards", "1", "--out", str(out), "--no-progress"], check=True, capture_output=True,
-                       timeout=120)
+def traces(binaries: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("play-trainer") / "traces"
+    subprocess.run([str(binaries / "basecamp"), "run", str(ROOT / "examples/ecommerce"), "--variant", "b",
+                    "--shards", "1", "--out", str(out), "--no-progress"], check=True, capture_output=True,
+                   timeout=120)
     return out
 
 

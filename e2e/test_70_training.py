@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -116,11 +117,11 @@ def clean_s3(s3, bucket: str, ns: str, names: list[str]) -> None:
 def seed(s3, bucket: str, ns: str) -> None:
     """Traces to train on (one local `basecamp run` of the example, uploaded)
     and the checkpoint `step-10/` that `trainloop` resumes from."""
-    out = WORK / "training-seed"
-    if not list(out.glob("**/*.trace")):
-        binary = Path(need("BASECAMP_E2E_BIN")) / "basecamp"
-        subprocess.run([str(binary), "run", str(ROOT / "examples/ecommerce"), "--variant", "b", "--shards", "1",
-                        "--out", str(out), "--no-progress"], check=True, capture_output=True, timeout=180)
+    out = WORK / "play" / "training-seed"  # made by this build each time: the trace format may have changed
+    shutil.rmtree(out, ignore_errors=True)
+    binary = Path(need("BASECAMP_E2E_BIN")) / "basecamp"
+    subprocess.run([str(binary), "run", str(ROOT / "examples/ecommerce"), "--variant", "b", "--shards", "1",
+                    "--out", str(out), "--no-progress"], check=True, capture_output=True, timeout=180)
     traces = sorted(out.glob("**/*.trace"))
     assert len(traces) == TEST_SET_ROWS, f"{len(traces)} traces in {out}"
     for path in traces:
