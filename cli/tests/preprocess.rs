@@ -216,6 +216,8 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     let said = text(&output);
     assert_eq!(output.status.code(), Some(1), "{said}");
     assert!(said.contains("ModuleNotFoundError") && said.contains("nosuchmodule"), "{said}");
+    assert!(said.starts_with("error: preprocessor python:nosuchmodule.f: cannot start: it exited"), "{said}");
+    assert!(!said.contains("for record") && !said.contains("on record"), "no record is to blame: {said}");
     assert_fits_a_termination_message(&output);
 }
 

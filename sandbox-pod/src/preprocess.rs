@@ -248,10 +248,13 @@ pub struct Subprocess {
 }
 
 /// Calls `module.function(record)` per line; errors come back as objects.
+/// Once the function is imported it says so ([`PYTHON_READY`]), so a module
+/// that does not import is told apart from a function that fails.
 const PYTHON_SHIM: &str = r#"
 import importlib, json, sys, traceback
 module, function = sys.argv[1], sys.argv[2]
 f = getattr(importlib.import_module(module), function)
+print(json.dumps({"__ready__": True}), flush=True)
 for line in sys.stdin:
     record = json.loads(line)
     try:
@@ -273,6 +276,9 @@ const EXCERPT_BYTES: usize = 300;
 /// in an error. With the excerpts, a message stays well within the 2 KB a
 /// pod's termination message keeps (`FallbackToLogsOnError`).
 const MESSAGE_BYTES: usize = 1000;
+
+/// The Python shim's first line, once the function is imported.
+const PYTHON_READY: &str = r#"{"__ready__": true}"#;
 
 fn excerpt(value: &Value) -> String {
     head(&value.to_string(), EXCERPT_BYTES)
@@ -334,7 +340,16 @@ impl Subprocess {
             .map_err(|e| PreprocessError::Start { name: name.clone(), message: e.to_string() })?;
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
-        Ok(Self { name, child, stdin, stdout })
+        let mut process = Self { name, child, stdin, stdout };
+        if matches!(preprocessor, Preprocessor::Python { .. }) {
+            let mut line = String::new();
+            if process.stdout.read_line(&mut line).map_or(true, |n| n == 0) || line.trim() != PYTHON_READY {
+                // Not importable (ModuleNotFoundError, AttributeError, a syntax error): it exited.
+                let message = process.exit_message();
+                return Err(PreprocessError::Start { name: process.name.clone(), message });
+            }
+        }
+        Ok(process)
     }
 
     /// What the process said on stderr, once it has exited.
