@@ -331,6 +331,9 @@ def test_history_and_steps_json(loop, s3, bucket: str):
         for v in VARIANTS:
             assert 0.0 <= h["metrics"][v]["tool_call_accuracy"] <= 1.0, h
     assert tr.get("latestStep") == STEPS[-1], tr
+    root = checkpoint_root(bucket, ns, NAME)
+    assert (tr.get("checkpoints"), tr.get("dataset"), tr.get("checkpointsFound"), tr.get("job")) == (
+        root, f"{root}dataset/", len(STEPS), f"{NAME}-train"), tr
     steps = s3_json(s3, bucket, f"traces/reports/{ns}/{NAME}/steps.json")
     assert [s["step"] for s in steps] == list(STEPS), steps
     assert [s["metrics"] for s in steps] == [h["metrics"] for h in history]
