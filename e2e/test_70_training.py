@@ -45,12 +45,14 @@ from test_60_dashboards import concrete
 from test_60_dashboards import queries as dashboard_queries
 
 NAME = "trainloop"
-# Broken preprocessors: the task, its preprocessor, what status.training.message must say.
+# Broken preprocessors: the task, its preprocessor, what status.training.message must say (and must not).
 BROKEN = {
-    # Not importable at all.
-    "trainbroken": ("python:no_such_module.fn", ["python:no_such_module.fn", "No module named 'no_such_module'"]),
+    # Not importable at all: reported as such, not as a failure on some record.
+    "trainbroken": ("python:no_such_module.fn",
+                    ["python:no_such_module.fn", "cannot start", "No module named 'no_such_module'"], ["on record"]),
     # examples/training/prep.py, in the trainer image: imported, but returns a dict.
-    "trainshape": ("python:prep.wrong_shape", ["python:prep.wrong_shape", "expected [state_dict, action_dict, reward]"]),
+    "trainshape": ("python:prep.wrong_shape",
+                   ["python:prep.wrong_shape", "expected [state_dict, action_dict, reward]"], ["No module named"]),
 }
 SHARDS = 2
 VARIANTS = ("default",)  # sandboxRef: one variant, named "default"
@@ -161,7 +163,7 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
     with timed("seeding traces and step-10"):
         seed(s3, bucket, ns)
     docs = training_manifests(NAME, bucket, ns)
-    for name, (preprocessor, _) in BROKEN.items():
+    for name, (preprocessor, *_) in BROKEN.items():
         docs += training_manifests(name, bucket, ns, preprocessor=preprocessor, resume=False)
     kube.apply(docs, "-n", ns)
     good = Background(player, ns, f"{TASK_LABEL}={NAME}", parallel=5, timeout=600)
@@ -393,7 +395,7 @@ def test_task_finished_after_the_loop(loop):
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_broken_preprocessor_fails_the_trainer_with_its_message(kube: Kube, loop, s3, bucket: str, name: str):
     ns = loop["ns"]
-    expected = BROKEN[name][1]
+    _, expected, unexpected = BROKEN[name]
     trainers = [p for p in loop["played_broken"]
                 if p.labels.get(ROLE_LABEL) == "trainer" and p.labels.get(TASK_LABEL) == name]
     assert [p.containers for p in trainers] == [{"inject-basecamp": 0, "dataset": 1}], trainers
@@ -412,6 +414,8 @@ def test_broken_preprocessor_fails_the_trainer_with_its_message(kube: Kube, loop
     message = tr.get("message") or ""
     for text in expected:
         assert text in message, (text, message, trainers[0].log.read_text()[-2000:])
+    for text in unexpected:
+        assert text not in message, (text, message)
     [job] = kube.items("jobs", "-n", ns, "-l", f"{TASK_LABEL}={name},{ROLE_LABEL}=trainer")
     assert job["status"].get("failed") == 1 and not job["status"].get("succeeded"), job["status"]
     events = task_events(kube, t)
