@@ -27,9 +27,11 @@ played container by container, as the kubelet runs them:
   * every other init container (`dataset`: `/basecamp/bin/basecamp data
     preprocess ...`) and then the `trainer` container run their command and
     args (`$(VAR)` expanded, mount paths rewritten to the volumes'
-    directories) in a working directory holding the trainer image's files
-    (examples/training), with the container's env; an init container that
-    fails stops the pod there, as with restartPolicy Never;
+    directories) with the container's env, in a directory holding the
+    trainer image's files (examples/training) standing for the image's
+    WORKDIR, or in its volume's directory when `workingDir` is a mount (an
+    emptyDir there hides the image's files, as in a real pod); an init
+    container that fails stops the pod there, as with restartPolicy Never;
   * the pod's terminal status carries initContainerStatuses and
     containerStatuses with each container's terminated state and exit code,
     and, for a failed container with terminationMessagePolicy
