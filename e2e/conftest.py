@@ -180,6 +180,10 @@ class Operator:
             return False
 
     def metrics(self) -> str:
+        if self.proc is None or self.proc.poll() is not None:
+            raise E2EError(f"the operator is not running (exit {self.proc.returncode if self.proc else None}; "
+                           f"a concurrent scripts/e2e.sh with the same BASECAMP_E2E_WORK stops it); "
+                           f"log: {WORK}/operator-{self.starts}.log")
         return requests.get(self.url + "/metrics", timeout=5).text
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
