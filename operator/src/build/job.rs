@@ -123,6 +123,28 @@ pub fn sandbox_args(task: &str, variant: &str, shards: u32, step: Option<u64>) -
     args
 }
 
+/// An init container that copies a binary of the Basecamp image (`from`)
+/// into the `basecamp-bin` emptyDir (`to`), so that another image can run it.
+pub fn inject_container(name: &str, basecamp_image: &str, from: &str, to: &str) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(basecamp_image.into()),
+        command: Some(vec![OPERATOR_BINARY_IN_IMAGE.into()]),
+        args: Some(vec!["inject-sandbox".into(), "--from".into(), from.into(), "--to".into(), to.into()]),
+        volume_mounts: Some(vec![mount("basecamp-bin", INJECTED_BIN_DIR, false)]),
+        security_context: Some(container_security_context()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("10m".into())),
+                ("memory".into(), Quantity("32Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([("memory".into(), Quantity("64Mi".into()))])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn resources(variant: &ResolvedVariant) -> Option<ResourceRequirements> {
     let mut resources = variant.spec.resources.clone().unwrap_or_default();
     let gpus = variant.spec.gpu.as_ref().map_or(0, |g| g.gpu_count());
@@ -215,29 +237,12 @@ pub fn pod_template(
             volumes.push(empty_dir("basecamp-bin"));
             mounts.push(mount("basecamp-bin", INJECTED_BIN_DIR, true));
             let injected = format!("{INJECTED_BIN_DIR}/basecamp-sandbox");
-            init_containers.push(Container {
-                name: INJECT_CONTAINER.into(),
-                image: Some(input.settings.sandbox_image.clone()),
-                command: Some(vec![OPERATOR_BINARY_IN_IMAGE.into()]),
-                args: Some(vec![
-                    "inject-sandbox".into(),
-                    "--from".into(),
-                    SANDBOX_BINARY_IN_IMAGE.into(),
-                    "--to".into(),
-                    injected.clone(),
-                ]),
-                volume_mounts: Some(vec![mount("basecamp-bin", INJECTED_BIN_DIR, false)]),
-                security_context: Some(container_security_context()),
-                resources: Some(ResourceRequirements {
-                    requests: Some(BTreeMap::from([
-                        ("cpu".into(), Quantity("10m".into())),
-                        ("memory".into(), Quantity("32Mi".into())),
-                    ])),
-                    limits: Some(BTreeMap::from([("memory".into(), Quantity("64Mi".into()))])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
+            init_containers.push(inject_container(
+                INJECT_CONTAINER,
+                &input.settings.sandbox_image,
+                SANDBOX_BINARY_IN_IMAGE,
+                &injected,
+            ));
             (image.clone(), injected)
         }
         None => (input.settings.sandbox_image.clone(), SANDBOX_BINARY_IN_IMAGE.to_string()),

@@ -23,14 +23,14 @@ use kube::api::ObjectMeta;
 use super::locations::Locations;
 use crate::build::affinity::{GPU_RESOURCE, gpu_affinity, gpu_tolerations};
 use crate::build::configmap::MANIFESTS_KEY;
-use crate::build::job::{CONFIG_DIR, INJECTED_BIN_DIR, WORK_DIR};
+use crate::build::job::{CONFIG_DIR, INJECTED_BIN_DIR, WORK_DIR, inject_container};
 use crate::build::names::{
     KUEUE_QUEUE_LABEL, ROLE_LABEL, ROLE_TRAINER, TEMPLATE_HASH_ANNOTATION, config_map_name, job_name, labels,
     stable_hash,
 };
 use crate::build::security::{container_security_context, pod_security_context};
 use crate::build::{BuildError, BuildInput};
-use crate::settings::{CLI_BINARY_IN_IMAGE, OPERATOR_BINARY_IN_IMAGE};
+use crate::settings::CLI_BINARY_IN_IMAGE;
 
 /// The init container that copies the `basecamp` CLI.
 pub const INJECT_CONTAINER: &str = "inject-basecamp";
@@ -133,29 +133,8 @@ pub fn trainer_job(input: &BuildInput<'_>, locations: &Locations) -> Result<Opti
             mount("tmp", "/tmp", false),
         ]
     };
-    let mut init_containers = vec![Container {
-        name: INJECT_CONTAINER.into(),
-        image: Some(input.settings.sandbox_image.clone()),
-        command: Some(vec![OPERATOR_BINARY_IN_IMAGE.into()]),
-        args: Some(vec![
-            "inject-sandbox".into(),
-            "--from".into(),
-            CLI_BINARY_IN_IMAGE.into(),
-            "--to".into(),
-            injected.clone(),
-        ]),
-        volume_mounts: Some(vec![mount("basecamp-bin", INJECTED_BIN_DIR, false)]),
-        security_context: Some(container_security_context()),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), Quantity("10m".into())),
-                ("memory".into(), Quantity("32Mi".into())),
-            ])),
-            limits: Some(BTreeMap::from([("memory".into(), Quantity("64Mi".into()))])),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }];
+    let mut init_containers =
+        vec![inject_container(INJECT_CONTAINER, &input.settings.sandbox_image, CLI_BINARY_IN_IMAGE, &injected)];
     if let (Some(pipeline), Some(dataset)) = (&spec.data_pipeline, &locations.dataset) {
         init_containers.push(Container {
             name: DATASET_CONTAINER.into(),
