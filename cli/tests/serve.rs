@@ -6,14 +6,16 @@
 mod fixtures;
 #[path = "support/http.rs"]
 mod http;
+#[path = "support/s3.rs"]
+mod s3;
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fixtures::{EPISODES, NAMESPACE, TASK, TRACE_ONLY_TASK, pearson, shard_dir, write_run};
 use http::{Server, get};
+use s3::S3Server;
 
 fn task_path() -> String {
     format!("/tasks/{NAMESPACE}/{TASK}")
@@ -163,73 +165,6 @@ fn a_missing_directory_is_one_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/no/such/dir: cannot serve it: no such directory"), "{stderr}");
-}
-
-/// s3s-fs (the real S3 test server `make test` installs) serving `data` on loopback; killed on drop.
-struct S3Server {
-    child: Child,
-    port: u16,
-}
-
-const S3_KEY: &str = "basecamp-test-key";
-const S3_SECRET: &str = "basecamp-test-secret";
-
-impl S3Server {
-    fn start(data: &Path) -> S3Server {
-        let binary = std::env::var_os("BASECAMP_S3S_FS").map(PathBuf::from).unwrap_or_else(|| {
-            let cache = std::env::var_os("BASECAMP_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/basecamp")
-            });
-            cache.join("s3s-fs/bin/s3s-fs")
-        });
-        assert!(
-            binary.is_file(),
-            "the S3 test server s3s-fs is not installed at {}: run `scripts/s3-server.sh install` or set BASECAMP_S3S_FS",
-            binary.display()
-        );
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(binary)
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--access-key",
-                S3_KEY,
-                "--secret-key",
-                S3_SECRET,
-            ])
-            .arg(data)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start s3s-fs");
-        let mut server = S3Server { child, port };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(server.child.try_wait().unwrap().is_none(), "s3s-fs exited during start-up");
-            assert!(Instant::now() < deadline, "s3s-fs did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        server
-    }
-
-    fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT_URL_S3", format!("http://127.0.0.1:{}", self.port)),
-            ("AWS_ACCESS_KEY_ID", S3_KEY.into()),
-            ("AWS_SECRET_ACCESS_KEY", S3_SECRET.into()),
-            ("AWS_REGION", "us-east-1".into()),
-        ]
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn copy_tree(from: &Path, to: &Path) {

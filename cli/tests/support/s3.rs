@@ -58,6 +58,16 @@ impl S3Server {
         server
     }
 
+    /// The environment that points a `basecamp` process at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL_S3", format!("http://127.0.0.1:{}", self.port)),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
     /// `basecamp ARGS` in `dir` against this server.
     pub fn basecamp(&self, args: &[&str], dir: &Path) -> Output {
         basecamp_with_s3(self.port, args, dir)
