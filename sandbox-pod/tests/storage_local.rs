@@ -149,3 +149,48 @@ fn keys_use_the_utc_date_passed_in() {
     );
     assert!(dest.for_shard_file(&partition, "../escape").is_err());
 }
+
+#[tokio::test]
+async fn list_dirs_names_the_directories_and_exists_checks_one_file() {
+    let root = tempfile::tempdir().expect("temp dir");
+    write(root.path(), "ckpt/step-10/COMPLETE", b"");
+    write(root.path(), "ckpt/step-10/shard-0.bin", b"x");
+    write(root.path(), "ckpt/step-20/shard-0.bin", b"x");
+    write(root.path(), "ckpt/step-000030/sub/deeper.bin", b"x");
+    write(root.path(), "ckpt/README", b"not a directory");
+    std::os::unix::fs::symlink(root.path().join("ckpt/step-10"), root.path().join("ckpt/step-40")).expect("symlink");
+    let ckpt = Destination::parse(root.path().join("ckpt").to_str().expect("utf-8")).expect("local");
+    let at = |relative: &str| ckpt.join(relative).expect("valid");
+
+    let names = storage().list_dirs(&ckpt).await.expect("list dirs");
+    assert_eq!(names, ["step-000030", "step-10", "step-20"], "directories only (no file, no link), sorted");
+    assert!(storage().list_dirs(&at("step-10")).await.expect("list dirs").is_empty());
+    let missing = Destination::parse(root.path().join("nothing").to_str().expect("utf-8")).expect("local");
+    assert!(storage().list_dirs(&missing).await.expect("a missing directory has none").is_empty());
+    let err = storage().list_dirs(&at("README")).await.expect_err("a file is not a directory");
+    assert_eq!(err.category(), "LocalIo", "{err}");
+    assert!(err.to_string().starts_with("failed to list "), "{err}");
+
+    assert!(storage().exists(&at("step-10/COMPLETE")).await.expect("stat"));
+    assert!(storage().exists(&at("step-40/COMPLETE")).await.expect("stat"), "through a link");
+    assert!(!storage().exists(&at("step-20/COMPLETE")).await.expect("stat"));
+    assert!(!storage().exists(&at("step-10")).await.expect("stat"), "a directory is not an object");
+    assert!(!storage().exists(&at("README/COMPLETE")).await.expect("stat"), "below a file: nothing");
+}
+
+#[tokio::test]
+async fn exists_reports_a_file_that_cannot_be_checked_as_an_error() {
+    // A link loop (a permission problem would do too, except for root).
+    let root = tempfile::tempdir().expect("temp dir");
+    let ckpt = root.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).expect("mkdir");
+    std::os::unix::fs::symlink(ckpt.join("step-10"), ckpt.join("step-10")).expect("a link to itself");
+    let marker = Destination::Local(ckpt.join("step-10/COMPLETE"));
+    let err = storage().exists(&marker).await.expect_err("a loop is not 'absent'");
+    assert_eq!((err.category(), err.attempts()), ("LocalIo", 1), "{err}");
+    assert!(err.to_string().starts_with(&format!("failed to fetch {}: cannot stat the file: ", marker)), "{err}");
+    assert!(
+        storage().list_dirs(&Destination::Local(ckpt)).await.expect("list dirs").is_empty(),
+        "a link is no directory"
+    );
+}

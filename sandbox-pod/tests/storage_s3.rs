@@ -11,7 +11,11 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use basecamp_sandbox::storage::{
     Destination, RetryPolicy, ShardPartition, StaticCredentials, Storage, StorageConfig, UtcDate,
@@ -414,6 +418,209 @@ async fn a_retry_succeeds_once_the_server_is_up() {
     let stored = server.data.join(BUCKET).join("traces").join(partition().relative_path()).join("summary.json");
     assert_eq!(std::fs::read(stored).expect("stored"), br#"{"episodes":2}"#);
     assert_eq!(files.len(), report.files.len());
+}
+
+/// A TCP proxy in front of a server that counts the HTTP requests sent
+/// through it (request lines) and the bytes that came back, so a test can
+/// say what a storage call costs on the wire.
+struct CountingProxy {
+    port: u16,
+    requests: Arc<AtomicUsize>,
+    bytes_back: Arc<AtomicU64>,
+}
+
+impl CountingProxy {
+    async fn start(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let bytes_back = Arc::new(AtomicU64::new(0));
+        let (counted, returned) = (requests.clone(), bytes_back.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { continue };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    // The tail of the previous chunk: a request line may straddle two reads.
+                    let mut carry: Vec<u8> = Vec::new();
+                    loop {
+                        let n = match client_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let mut window = std::mem::take(&mut carry);
+                        window.extend_from_slice(&buf[..n]);
+                        let needle = b" HTTP/1.1\r\n";
+                        counted
+                            .fetch_add(window.windows(needle.len()).filter(|w| w == needle).count(), Ordering::SeqCst);
+                        carry = window[window.len().saturating_sub(needle.len() - 1)..].to_vec();
+                        if server_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                let returned = returned.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match server_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        returned.fetch_add(n as u64, Ordering::SeqCst);
+                        if client_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, requests, bytes_back }
+    }
+
+    /// Requests and bytes since the last call.
+    fn take(&self) -> (usize, u64) {
+        (self.requests.swap(0, Ordering::SeqCst), self.bytes_back.swap(0, Ordering::SeqCst))
+    }
+}
+
+/// Writes objects straight into s3s-fs's data directory (it stores a key
+/// as a path), much faster than uploading thousands of them.
+fn seed_objects(server: &S3Server, keys: impl IntoIterator<Item = String>) {
+    for key in keys {
+        let path = server.data.join(BUCKET).join(&key);
+        std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+        std::fs::write(path, b"x").expect("write an object");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_dirs_names_the_step_directories_without_listing_their_files() {
+    let server = S3Server::start();
+    let proxy = CountingProxy::start(server.port).await;
+    let storage = storage_for(proxy.port);
+    // 1,200 shards in step-10 (more than one listing page), a few elsewhere,
+    // a file directly under the root, a deeper-only directory, a sibling prefix.
+    seed_objects(&server, (0..1200).map(|i| format!("ckpt/step-10/shard-{i:05}.bin")));
+    seed_objects(
+        &server,
+        [
+            "ckpt/step-10/COMPLETE",
+            "ckpt/step-20/shard-00000.bin",
+            "ckpt/step-000030/sub/deeper.bin",
+            "ckpt/dataset/dataset.json",
+            "ckpt/README",
+            "ckpt2/step-99/shard-00000.bin",
+        ]
+        .map(String::from),
+    );
+    proxy.take();
+
+    let names = storage.list_dirs(&dest("ckpt")).await.expect("list dirs");
+    assert_eq!(names, ["dataset", "step-000030", "step-10", "step-20"], "children only, in name order");
+    let (requests, _) = proxy.take();
+    assert_eq!(requests, 1, "four names fit one page however many files they hold");
+    // A trailing slash changes nothing; a prefix is a directory ("ckpt" is not "ckpt2").
+    assert_eq!(storage.list_dirs(&dest("ckpt/")).await.expect("list dirs"), names);
+    assert_eq!(storage.list_dirs(&dest("ckpt/step-10")).await.expect("list dirs"), Vec::<String>::new());
+    assert_eq!(storage.list_dirs(&dest("ckpt/step-000030")).await.expect("list dirs"), ["sub"]);
+    assert!(storage.list_dirs(&dest("nothing-here")).await.expect("list dirs").is_empty());
+    // The whole bucket's top level.
+    assert_eq!(storage.list_dirs(&dest("")).await.expect("list dirs"), ["ckpt", "ckpt2"]);
+    // The recursive listing of the same root pages through every file.
+    proxy.take();
+    assert_eq!(storage.list(&dest("ckpt")).await.expect("list").len(), 1205);
+    assert_eq!(proxy.take().0, 2, "1,205 keys: two pages of at most 1,000");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_dirs_pages_through_more_than_a_thousand_common_prefixes() {
+    let server = S3Server::start();
+    let proxy = CountingProxy::start(server.port).await;
+    let storage = storage_for(proxy.port);
+    seed_objects(&server, (0..2345).map(|i| format!("ckpt/step-{i}/COMPLETE")));
+    proxy.take();
+    let names = storage.list_dirs(&dest("ckpt")).await.expect("list dirs");
+    let mut expected: Vec<String> = (0..2345).map(|i| format!("step-{i}")).collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    // s3s-fs counts common prefixes against max-keys (1,000 a page) and
+    // continues after the last one, as S3 does.
+    assert_eq!(proxy.take().0, 3, "2,345 prefixes: three pages");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_one_checkpoint_poll_costs_before_and_after() {
+    // operator/TRAINING.md: a root C with 3 checkpoints of 500 shards each.
+    let server = S3Server::start();
+    let proxy = CountingProxy::start(server.port).await;
+    let storage = storage_for(proxy.port);
+    for step in [10, 20, 30] {
+        seed_objects(&server, (0..500).map(|i| format!("ckpt/step-{step}/shard-{i:05}.safetensors")));
+        seed_objects(&server, [format!("ckpt/step-{step}/COMPLETE")]);
+    }
+    proxy.take();
+
+    // Before: the whole root, every poll.
+    let all = storage.list(&dest("ckpt")).await.expect("list");
+    assert_eq!(all.len(), 1503);
+    let (before_requests, before_bytes) = proxy.take();
+
+    // After: one delimiter listing, and a HEAD for each step not yet evaluated.
+    let dirs = storage.list_dirs(&dest("ckpt")).await.expect("list dirs");
+    assert_eq!(dirs, ["step-10", "step-20", "step-30"]);
+    let (idle_requests, idle_bytes) = proxy.take();
+    for dir in &dirs {
+        assert!(storage.exists(&dest(&format!("ckpt/{dir}/COMPLETE"))).await.expect("head"));
+    }
+    let (head_requests, head_bytes) = proxy.take();
+
+    assert_eq!(before_requests, 2, "1,503 keys: two list pages");
+    assert_eq!(idle_requests, 1, "every step evaluated already: one listing");
+    assert_eq!(head_requests, 3, "one HEAD per checked marker");
+    assert!(idle_bytes * 50 < before_bytes, "{idle_bytes} vs {before_bytes} bytes");
+    eprintln!(
+        "one poll of 3 x 500 files: before {before_requests} requests / {before_bytes} bytes back; \
+         after {idle_requests} request / {idle_bytes} bytes (all evaluated), \
+         {} requests / {} bytes (all three new)",
+        idle_requests + head_requests,
+        idle_bytes + head_bytes
+    );
+}
+
+#[tokio::test]
+async fn exists_is_a_head_request_and_only_not_found_is_false() {
+    let server = S3Server::start();
+    let storage = storage_for(server.port);
+    seed_objects(&server, ["ckpt/step-10/COMPLETE".to_string(), "ckpt/step-10/model.bin".to_string()]);
+    assert!(storage.exists(&dest("ckpt/step-10/COMPLETE")).await.expect("head"));
+    assert!(!storage.exists(&dest("ckpt/step-20/COMPLETE")).await.expect("head"));
+    assert!(!storage.exists(&dest("ckpt/step-10/COMPLET")).await.expect("head"));
+
+    // A missing bucket: s3s-fs answers NoSuchBucket, but a HEAD answer has
+    // no body to say so, and the SDK sees a bare 404 (as with AWS).
+    assert!(!storage.exists(&Destination::parse("s3://no-such-bucket/x").expect("valid")).await.expect("head"));
+    let err = storage.exists(&dest("")).await.expect_err("a bucket is not an object");
+    assert_eq!(err.category(), "StorageRequestRefused", "{err}");
+
+    // Wrong credentials: an error at once, not "absent".
+    let denied = Storage::new(config(server.port, ACCESS_KEY, "not-the-secret"));
+    let err = denied.exists(&dest("ckpt/step-10/COMPLETE")).await.expect_err("refused");
+    assert_eq!((err.category(), err.attempts()), ("S3AccessDenied", 1), "{err}");
+    assert!(err.to_string().starts_with("failed to fetch s3://basecamp-test/ckpt/step-10/COMPLETE: "), "{err}");
+    let err = denied.list_dirs(&dest("ckpt")).await.expect_err("refused");
+    assert_eq!((err.category(), err.attempts()), ("S3AccessDenied", 1), "{err}");
+
+    // The endpoint down: retried, then an error.
+    let down = storage_for(free_port());
+    let err = down.exists(&dest("ckpt/step-10/COMPLETE")).await.expect_err("down");
+    assert_eq!((err.category(), err.attempts()), ("S3Unreachable", 3), "{err}");
+    let err = down.list_dirs(&dest("ckpt")).await.expect_err("down");
+    assert_eq!((err.category(), err.attempts()), ("S3Unreachable", 3), "{err}");
+    assert!(err.to_string().starts_with("failed to list s3://basecamp-test/ckpt: "), "{err}");
 }
 
 /// Runs only inside the child process started by

@@ -1,28 +1,86 @@
-//! Which checkpoints to evaluate (pure): complete checkpoints from a
-//! listing of `C`, the plan — oldest first, at most
-//! `maxConcurrentEvaluations` steps at once, never a step at or below the
-//! resumed one, never one already evaluated or running — and the history
-//! kept in `steps.json` and `status.training.history`.
+//! Which checkpoints to evaluate (pure): the step directories of `C`,
+//! which of them need their completion marker checked this poll (only
+//! steps that could start: above the resumed one, neither evaluated,
+//! running nor known complete already, a bounded number per poll), the
+//! plan — oldest first, at most `maxConcurrentEvaluations` steps at once,
+//! never a step at or below the resumed one, never one already evaluated
+//! or running — and the history kept in `steps.json` and
+//! `status.training.history`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use basecamp_api::task::{CheckpointEvaluation, TRAINING_HISTORY_LIMIT, parse_checkpoint_step};
 
-/// Complete checkpoints by step: the segment as the trainer named it
-/// (`step-100`, `step-000100`). A checkpoint is complete once
-/// `step-N/<marker>` exists; `relative` are keys relative to `C`.
-pub fn complete_checkpoints<'a>(relative: impl IntoIterator<Item = &'a str>, marker: &str) -> BTreeMap<u64, String> {
-    let mut complete = BTreeMap::new();
-    for key in relative {
-        if let Some((segment, file)) = key.split_once('/')
-            && file == marker
-            && let Some(step) = parse_checkpoint_step(segment)
+/// Marker checks allowed per poll beyond the free evaluation slots: enough
+/// to keep a few complete steps queued (and counted) ahead of the slots, so
+/// a backlog of new checkpoints is found over several polls instead of
+/// costing one request per checkpoint every poll.
+pub const MARKER_LOOKAHEAD: usize = 4;
+
+/// Checkpoint directories by step, from the names of `C`'s sub-directories
+/// (`step-100`, `step-000100`; anything else, such as `dataset`, is not a
+/// checkpoint): every spelling of a step, in name order.
+pub fn step_dirs<'a>(names: impl IntoIterator<Item = &'a str>) -> BTreeMap<u64, Vec<String>> {
+    let mut dirs: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for name in names {
+        if let Some(step) = parse_checkpoint_step(name)
+            && !name.contains('/')
         {
-            // Two spellings of one step (step-100, step-0100): the first in key order.
-            complete.entry(step).or_insert_with(|| segment.to_string());
+            dirs.entry(step).or_default().push(name.to_string());
         }
     }
-    complete
+    for spellings in dirs.values_mut() {
+        spellings.sort();
+        spellings.dedup();
+    }
+    dirs
+}
+
+/// The step directories whose completeness is known without a request,
+/// and the ones to check for their marker (oldest first).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Discovery {
+    /// Complete checkpoints by step, the directory as the trainer named it.
+    pub complete: BTreeMap<u64, String>,
+    /// Steps above the resumed one whose marker is unknown, oldest first.
+    pub unknown: Vec<u64>,
+}
+
+/// Steps whose checkpoint was complete when last seen, so that its marker
+/// need not be checked again: markers are written last and never removed.
+#[derive(Debug, Clone, Copy)]
+pub struct KnownSteps<'a> {
+    /// Evaluated (status history or `steps.json`): complete when started.
+    pub evaluated: &'a BTreeSet<u64>,
+    /// With evaluation Jobs: complete when started.
+    pub running: &'a BTreeSet<u64>,
+    /// The previous poll's queue (for the same `C` and spec): complete then.
+    pub queued_before: &'a BTreeSet<u64>,
+}
+
+/// Sorts the step directories above `resumed` into known complete (see
+/// [`KnownSteps`]) and unknown. A queued step with two spellings is
+/// unknown again: the queue does not say which one had the marker.
+pub fn discover(dirs: &BTreeMap<u64, Vec<String>>, resumed: Option<u64>, known: KnownSteps<'_>) -> Discovery {
+    let mut found = Discovery::default();
+    for (step, spellings) in dirs.iter().filter(|(step, _)| resumed.is_none_or(|r| **step > r)) {
+        let Some(first) = spellings.first() else { continue };
+        let complete = known.evaluated.contains(step)
+            || known.running.contains(step)
+            || (known.queued_before.contains(step) && spellings.len() == 1);
+        if complete {
+            found.complete.insert(*step, first.clone());
+        } else {
+            found.unknown.push(*step);
+        }
+    }
+    found
+}
+
+/// How many marker checks (one request each) this poll may make: the
+/// evaluation slots that are free plus [`MARKER_LOOKAHEAD`].
+pub fn marker_check_budget(max_concurrent: u32, running: usize) -> usize {
+    usize::try_from(max_concurrent.max(1)).unwrap_or(usize::MAX).saturating_sub(running) + MARKER_LOOKAHEAD
 }
 
 /// What to do with the checkpoints this time.
@@ -32,7 +90,7 @@ pub struct Plan {
     pub start: Vec<u64>,
     /// Steps waiting for a slot, oldest first.
     pub queued: Vec<u64>,
-    /// Complete checkpoints above the resumed step.
+    /// Complete checkpoints above the resumed step (of those in `complete`).
     pub found: u32,
 }
 

@@ -11,8 +11,9 @@
 //! - [`evaluation`]: the evaluation Jobs of a step and its result;
 //! - [`reconcile`]: apply the trainer Job, read the evaluation Jobs, read
 //!   `steps.json` (before anything is started, so a restart never repeats
-//!   a step), aggregate the steps whose shards all finished, list `C`,
-//!   start the next steps, and report `status.training`.
+//!   a step), aggregate the steps whose shards all finished, list the
+//!   step directories of `C` and check the markers of the few that could
+//!   start, start the next steps, and report `status.training`.
 //!
 //! API failures are errors of the reconcile (an Event and a backoff); S3
 //! failures are a `problem` (a Degraded condition) and the loop goes on
@@ -39,7 +40,7 @@ use crate::controller::apply::{ApplyError, apply_job};
 use crate::controller::status::{AggregatedStatus, TrainingObserved};
 use crate::controller::{CLOCK_SKEW_NANOS, api_error, today};
 use crate::metrics::Metrics;
-use checkpoints::{Plan, complete_checkpoints, merge, newest, parse_steps, plan};
+use checkpoints::{KnownSteps, Plan, merge, newest, parse_steps, plan};
 use evaluation::FinishedStep;
 use locations::{Locations, checkpoint_location};
 
@@ -151,6 +152,63 @@ async fn aggregate_step(
     aggregate::run(storage, metrics, &request, &AggregatedStatus::default()).await
 }
 
+/// Complete checkpoints found before something went wrong, and what did.
+struct Unfinished {
+    complete: BTreeMap<u64, String>,
+    problem: (&'static str, String),
+}
+
+/// The complete checkpoints of `C`: its step directories (one listing with
+/// a delimiter, not of their files), those known complete without a
+/// request ([`checkpoints::discover`]), and for the others, oldest first,
+/// whether `C/step-N/<marker>` exists, at most `budget` checks.
+async fn find_checkpoints(
+    storage: &Storage,
+    metrics: &Metrics,
+    locations: &Locations,
+    marker: &str,
+    known: KnownSteps<'_>,
+    budget: usize,
+) -> Result<BTreeMap<u64, String>, Unfinished> {
+    let root = &locations.checkpoints_destination;
+    let names = timed(metrics, "list", storage.list_dirs(root)).await.map_err(|error| Unfinished {
+        complete: BTreeMap::new(),
+        problem: storage_problem(&format!("list the checkpoints under {}", locations.checkpoints), &error),
+    })?;
+    let dirs = checkpoints::step_dirs(names.iter().map(String::as_str));
+    let found = checkpoints::discover(&dirs, locations.resumed_from_step, known);
+    let mut complete = found.complete;
+    let mut budget = budget;
+    for step in found.unknown {
+        for segment in dirs.get(&step).into_iter().flatten() {
+            if budget == 0 {
+                return Ok(complete);
+            }
+            budget -= 1;
+            let file = root.join(&format!("{segment}/{marker}")).map_err(|error| Unfinished {
+                complete: complete.clone(),
+                problem: (
+                    "InvalidCompletionMarker",
+                    format!("spec.trainingConfig.completionMarker {marker:?} cannot name an object: {error}"),
+                ),
+            })?;
+            match timed(metrics, "get", storage.exists(&file)).await {
+                Ok(true) => {
+                    // The first spelling with the marker is the checkpoint.
+                    complete.insert(step, segment.clone());
+                    break;
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    let problem = storage_problem(&format!("check the checkpoint marker {file}"), &error);
+                    return Err(Unfinished { complete, problem });
+                }
+            }
+        }
+    }
+    Ok(complete)
+}
+
 /// The training step (see the module docs). `None` for a task that does not train.
 pub async fn reconcile(
     client: &Client,
@@ -187,8 +245,8 @@ pub async fn reconcile(
     // The trainer.
     let trainer_name = trainer::trainer_job_name(input.name);
     let mut trainer_job = None;
+    let generation_seen = task.status.as_ref().and_then(|s| s.observed_generation) == task.metadata.generation;
     if let Some(want) = trainer::trainer_job(input, &locations)? {
-        let generation_seen = task.status.as_ref().and_then(|s| s.observed_generation) == task.metadata.generation;
         let finished_before =
             generation_seen && matches!(previous.phase, Some(TaskPhase::Succeeded | TaskPhase::Failed));
         trainer_job = apply_job(&jobs, namespace, &want, finished_before).await?.0;
@@ -295,16 +353,31 @@ pub async fn reconcile(
         .training_config
         .as_ref()
         .map_or(basecamp_api::task::DEFAULT_COMPLETION_MARKER, |t| t.completion_marker());
-    let listing = timed(metrics, "list", storage.list(&locations.checkpoints_destination)).await;
-    let complete = match &listing {
-        Ok(objects) => complete_checkpoints(objects.iter().map(|o| o.relative.as_str()), marker),
-        Err(error) => {
-            problem = Some(storage_problem(&format!("list the checkpoints under {}", locations.checkpoints), error));
-            BTreeMap::new()
-        }
-    };
     let running: BTreeSet<u64> = by_step.keys().copied().filter(|s| !evaluated.contains(s)).collect();
     let max = task.spec.training_config.as_ref().map_or(1, |t| t.max_concurrent_evaluations());
+    // The previous queue was complete for this C and this spec (marker, resumeFrom).
+    let queued_before: BTreeSet<u64> =
+        if generation_seen && previous.checkpoints.as_deref() == Some(locations.checkpoints.as_str()) {
+            previous.queued.iter().copied().collect()
+        } else {
+            BTreeSet::new()
+        };
+    let known = find_checkpoints(
+        storage,
+        metrics,
+        &locations,
+        marker,
+        KnownSteps { evaluated: &evaluated, running: &running, queued_before: &queued_before },
+        checkpoints::marker_check_budget(max, running.len()),
+    )
+    .await;
+    let (complete, counted) = match known {
+        Ok(complete) => (complete, true),
+        Err(Unfinished { complete, problem: found }) => {
+            problem = Some(found);
+            (complete, false)
+        }
+    };
     let mut next: Plan = plan(&complete, locations.resumed_from_step, &evaluated, &running, max);
     if recorded.is_none() {
         // Without steps.json nothing may start: it could be evaluated already.
@@ -358,7 +431,7 @@ pub async fn reconcile(
         dataset: locations.dataset.clone(),
         checkpoints: Some(locations.checkpoints.clone()),
         resumed_from_step: locations.resumed_from_step,
-        checkpoints_found: if listing.is_ok() { Some(next.found) } else { previous.checkpoints_found },
+        checkpoints_found: if counted { Some(next.found) } else { previous.checkpoints_found },
         latest_step: history.last().map(|e| e.step),
         evaluating,
         queued: next.queued,

@@ -12,7 +12,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use super::checkpoints::{complete_checkpoints, merge, newest, parse_steps, plan};
+use super::checkpoints::{
+    Discovery, KnownSteps, MARKER_LOOKAHEAD, discover, marker_check_budget, merge, newest, parse_steps, plan, step_dirs,
+};
 use super::locations::Locations;
 use super::*;
 use crate::build::ResolvedVariant;
@@ -317,27 +319,44 @@ fn without_resume_from_the_sidecar_serves_the_model_id_and_gpus_tolerate_gpu_nod
 // --- checkpoint selection --------------------------------------------------------------------
 
 #[test]
-fn a_checkpoint_is_complete_once_its_marker_exists() {
-    let keys = [
-        "dataset/batch-00000.jsonl",
-        "dataset/dataset.json",
-        "step-10/COMPLETE",
-        "step-20/model.safetensors",
-        "step-20/COMPLETE",
-        "step-000030/COMPLETE",
-        "step-30/COMPLETE",
-        "step-40/model.safetensors",
-        "step-50/sub/COMPLETE",
-        "step-x/COMPLETE",
-        "COMPLETE",
-    ];
-    let complete = complete_checkpoints(keys, "COMPLETE");
+fn step_directories_are_the_step_n_children_of_the_root() {
+    let names = ["dataset", "step-10", "step-20", "step-000030", "step-30", "step-x", "step-", "COMPLETE", "steps"];
+    let dirs = step_dirs(names);
+    assert_eq!(
+        dirs,
+        BTreeMap::from([
+            (10, vec!["step-10".to_string()]),
+            (20, vec!["step-20".to_string()]),
+            (30, vec!["step-000030".to_string(), "step-30".to_string()]),
+        ]),
+        "every spelling of a step, in name order; nothing else is a checkpoint"
+    );
+}
+
+#[test]
+fn only_steps_that_could_start_have_their_marker_checked() {
+    let dirs = step_dirs(["step-10", "step-20", "step-30", "step-40", "step-050", "step-50", "step-60", "step-70"]);
+    let (evaluated, running, queued) = (steps(&[20]), steps(&[30]), steps(&[40, 50, 60]));
+    let known = KnownSteps { evaluated: &evaluated, running: &running, queued_before: &queued };
+    let Discovery { complete, unknown } = discover(&dirs, Some(10), known);
     assert_eq!(
         complete,
-        BTreeMap::from([(10, "step-10".into()), (20, "step-20".into()), (30, "step-000030".into())]),
-        "step-40 has no marker; a nested marker does not count; the first spelling of a step wins"
+        BTreeMap::from([
+            (20, "step-20".into()),
+            (30, "step-30".into()),
+            (40, "step-40".into()),
+            (60, "step-60".into())
+        ]),
+        "evaluated, running and queued before: complete when last seen"
     );
-    assert!(complete_checkpoints(keys, "DONE").is_empty(), "a custom marker");
+    assert_eq!(unknown, [50, 70], "10 was resumed; 50 has two spellings, so its queue entry does not say which");
+    let nothing = BTreeSet::new();
+    let none = KnownSteps { evaluated: &nothing, running: &nothing, queued_before: &nothing };
+    assert_eq!(discover(&dirs, None, none).unknown, [10, 20, 30, 40, 50, 60, 70], "oldest first");
+
+    assert_eq!(marker_check_budget(1, 0), 1 + MARKER_LOOKAHEAD, "a free slot and the lookahead");
+    assert_eq!(marker_check_budget(3, 1), 2 + MARKER_LOOKAHEAD);
+    assert_eq!(marker_check_budget(1, 5), MARKER_LOOKAHEAD, "no free slot: the queue still fills");
 }
 
 fn steps(list: &[u64]) -> BTreeSet<u64> {
@@ -623,6 +642,33 @@ mod against_s3 {
     }
 
     async fn step(task: &HarnessTask, storage: Storage, script: Vec<Call>) -> (Option<Observation>, Vec<Seen>) {
+        let (observation, seen, _) = step_counting(task, storage, script).await;
+        (observation, seen)
+    }
+
+    /// S3 operations of one step, from its metrics: `list` (listings of the
+    /// checkpoint root and of traces) and `get` (`steps.json`, summaries and
+    /// marker checks).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct S3Calls {
+        list: u64,
+        get: u64,
+    }
+
+    fn s3_calls(metrics: &Metrics) -> S3Calls {
+        let text = metrics.encode_prometheus_text();
+        let count = |operation: &str| {
+            let series = format!("basecamp_s3_operation_duration_seconds_count{{operation=\"{operation}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(&series)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+        };
+        S3Calls { list: count("list"), get: count("get") }
+    }
+
+    async fn step_counting(
+        task: &HarnessTask,
+        storage: Storage,
+        script: Vec<Call>,
+    ) -> (Option<Observation>, Vec<Seen>, S3Calls) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let verifier = tokio::spawn(verify(handle, script));
@@ -639,7 +685,7 @@ mod against_s3 {
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => panic!("verifier: {e}"),
         };
-        (result, seen)
+        (result, seen, s3_calls(&metrics))
     }
 
     fn trainer_calls(running: bool) -> Vec<Call> {
@@ -663,7 +709,13 @@ mod against_s3 {
             call("GET", &format!("{JOBS}/eval-s30-default"), not_found()),
             call("PATCH", &format!("{JOBS}/eval-s30-default"), Reply::Echo),
         ]);
-        let (observation, seen) = step(&task, storage, script).await;
+        let (observation, seen, calls) = step_counting(&task, storage, script).await;
+        assert_eq!(
+            calls,
+            S3Calls { list: 1, get: 4 },
+            "one listing of C's step directories; steps.json and the markers of 30, 40 and 50 \
+             (10 was resumed, 20 is in steps.json)"
+        );
         let observation = observation.expect("a training task");
         let training = &observation.observed.status;
         assert_eq!(observation.observed.problem, None);
@@ -838,5 +890,139 @@ mod against_s3 {
             Some(TaskPhase::Running),
             "unreadable pods: the Job says Running"
         );
+    }
+
+    /// Objects written straight into s3s-fs's data directory (a key is a path).
+    fn seed_files(server: &S3Server, keys: impl IntoIterator<Item = String>) {
+        for key in keys {
+            let path = server.data.join(BUCKET).join(&key);
+            std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+            std::fs::write(path, b"x").expect("write an object");
+        }
+    }
+
+    fn running_job(step: u64) -> Value {
+        let mut job = finished_job(step, false);
+        job["status"] = json!({"active": 2});
+        job
+    }
+
+    /// The task as the next reconcile sees it: status written from `observation`.
+    fn after(task: &HarnessTask, observation: &Observation) -> HarnessTask {
+        let mut task = task.clone();
+        task.status = Some(basecamp_api::HarnessTaskStatus {
+            observed_generation: task.metadata.generation,
+            training: Some(observation.observed.status.clone()),
+            ..Default::default()
+        });
+        task
+    }
+
+    async fn record(storage: &Storage, steps: impl IntoIterator<Item = u64>) {
+        let recorded: Vec<CheckpointEvaluation> = steps.into_iter().map(|s| evaluated(s, 0.5)).collect();
+        put(storage, "traces/reports/team-a/eval/steps.json", &serde_json::to_vec(&recorded).expect("json")).await;
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_without_its_marker_waits_and_evaluated_steps_cost_no_request() {
+        let server = S3Server::start();
+        let storage = server.storage();
+        // 20 steps evaluated already, each 50 shards and its marker; step-220
+        // has 600 shards and no marker yet.
+        for step in (10..=210).step_by(10) {
+            seed_files(&server, (0..50).map(|i| format!("{ROOT}/step-{step}/shard-{i:03}.bin")));
+            seed_files(&server, [format!("{ROOT}/step-{step}/COMPLETE")]);
+        }
+        seed_files(&server, (0..600).map(|i| format!("{ROOT}/step-220/shard-{i:03}.bin")));
+        record(&storage, (20..=210).step_by(10)).await;
+        let task = task_with(training_spec(BUCKET));
+
+        let mut script = trainer_calls(true);
+        script.push(call("GET", JOBS, list("JobList", vec![])));
+        let (observation, _, calls) = step_counting(&task, storage.clone(), script).await;
+        let observation = observation.expect("a training task");
+        assert_eq!(observation.observed.problem, None);
+        let training = &observation.observed.status;
+        assert!(training.evaluating.is_empty() && training.queued.is_empty(), "no marker, no evaluation: {training:?}");
+        assert_eq!(training.checkpoints_found, Some(20), "the evaluated ones");
+        assert_eq!(
+            calls,
+            S3Calls { list: 1, get: 2 },
+            "one listing, steps.json, and step-220's marker only: the 20 evaluated steps are not checked"
+        );
+
+        // The trainer writes the marker last: the next poll starts the step.
+        seed_files(&server, [format!("{ROOT}/step-220/COMPLETE")]);
+        let task = after(&task, &observation);
+        let mut script = trainer_calls(true);
+        script.extend([
+            call("GET", JOBS, list("JobList", vec![])),
+            call("GET", &format!("{JOBS}/eval-s220-default"), not_found()),
+            call("PATCH", &format!("{JOBS}/eval-s220-default"), Reply::Echo),
+        ]);
+        let (observation, seen, calls) = step_counting(&task, storage.clone(), script).await;
+        let observation = observation.expect("a training task");
+        assert_eq!(observation.observed.status.evaluating, [220]);
+        assert_eq!(observation.observed.status.checkpoints_found, Some(21));
+        assert_eq!(calls, S3Calls { list: 1, get: 2 });
+        assert_eq!(
+            seen[5].body["metadata"]["annotations"]["basecamp.dev/checkpoint"],
+            format!("s3://{BUCKET}/{ROOT}/step-220/")
+        );
+
+        // While it runs, its marker is not checked either.
+        let task = after(&task, &observation);
+        let mut script = trainer_calls(true);
+        script.push(call("GET", JOBS, list("JobList", vec![running_job(220)])));
+        let (observation, _, calls) = step_counting(&task, storage.clone(), script).await;
+        let training = observation.expect("a training task").observed.status;
+        assert_eq!((training.evaluating, training.checkpoints_found), (vec![220], Some(21)));
+        assert_eq!(calls, S3Calls { list: 1, get: 1 }, "one listing and steps.json: nothing to check");
+    }
+
+    #[tokio::test]
+    async fn a_backlog_of_checkpoints_is_checked_a_few_at_a_time() {
+        let server = S3Server::start();
+        let storage = server.storage();
+        for step in (10..=130).step_by(10) {
+            seed_files(&server, [format!("{ROOT}/step-{step}/model.bin"), format!("{ROOT}/step-{step}/COMPLETE")]);
+        }
+        record(&storage, []).await;
+        let task = task_with(training_spec(BUCKET));
+
+        // One slot (maxConcurrentEvaluations 1) and the lookahead.
+        let mut script = trainer_calls(true);
+        script.extend([
+            call("GET", JOBS, list("JobList", vec![])),
+            call("GET", &format!("{JOBS}/eval-s20-default"), not_found()),
+            call("PATCH", &format!("{JOBS}/eval-s20-default"), Reply::Echo),
+        ]);
+        let (observation, _, calls) = step_counting(&task, storage.clone(), script).await;
+        let observation = observation.expect("a training task");
+        let training = &observation.observed.status;
+        assert_eq!(calls.get, 1 + 1 + MARKER_LOOKAHEAD as u64, "steps.json, then 20 to 60");
+        assert_eq!((training.evaluating.clone(), training.queued.clone()), (vec![20], vec![30, 40, 50, 60]));
+        assert_eq!(training.checkpoints_found, Some(5), "counted as they are found");
+
+        // The queue is remembered: the next poll checks the next ones.
+        let task = after(&task, &observation);
+        let mut script = trainer_calls(true);
+        script.push(call("GET", JOBS, list("JobList", vec![running_job(20)])));
+        let (next, _, calls) = step_counting(&task, storage.clone(), script).await;
+        let training = next.expect("a training task").observed.status;
+        assert_eq!(calls.get, 1 + MARKER_LOOKAHEAD as u64, "no free slot: the lookahead, 70 to 100");
+        assert_eq!(training.queued, [30, 40, 50, 60, 70, 80, 90, 100]);
+        assert_eq!(training.checkpoints_found, Some(9));
+
+        // Not after a spec change (another marker, another resumeFrom): checked again.
+        let mut changed = after(&task, &observation);
+        changed.metadata.generation = Some(2);
+        let mut script = trainer_calls(true);
+        script[1] = call("PATCH", &format!("{JOBS}/eval-train"), Reply::EchoWith(json!({"status": {"active": 1}})));
+        script.push(call("GET", JOBS, list("JobList", vec![running_job(20)])));
+        let (next, _, calls) = step_counting(&changed, storage, script).await;
+        let training = next.expect("a training task").observed.status;
+        assert_eq!(calls.get, 1 + MARKER_LOOKAHEAD as u64);
+        assert_eq!(training.queued, [30, 40, 50, 60]);
     }
 }

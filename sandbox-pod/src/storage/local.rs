@@ -236,6 +236,45 @@ pub(crate) async fn list(dir: &Path) -> Result<Vec<ObjectInfo>, AttemptError> {
         .collect())
 }
 
+/// The names of the directories directly in `dir`, sorted; a missing
+/// directory has none. Files, links and names that are not UTF-8 (no
+/// object key can name them) are left out.
+pub(crate) async fn list_dirs(dir: &Path) -> Result<Vec<String>, AttemptError> {
+    let mut entries = match tokio::fs::read_dir(dir).await {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(AttemptError::io("cannot read the directory", &err)),
+    };
+    let mut names = Vec::new();
+    loop {
+        let entry = match entries.next_entry().await {
+            Ok(Some(entry)) => entry,
+            Ok(None) => break,
+            Err(err) => return Err(AttemptError::io("cannot read the directory", &err)),
+        };
+        let is_dir = entry
+            .file_type()
+            .await
+            .map_err(|err| AttemptError::io(&format!("cannot stat {}", entry.path().display()), &err))?
+            .is_dir();
+        if let (true, Some(name)) = (is_dir, entry.file_name().to_str()) {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Whether `path` is a file (following links). Nothing there, or a
+/// directory, is `false`, as for an S3 key with no object.
+pub(crate) async fn exists(path: &Path) -> Result<bool, AttemptError> {
+    match tokio::fs::metadata(path).await {
+        Ok(meta) => Ok(meta.is_file()),
+        Err(err) if matches!(err.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(false),
+        Err(err) => Err(AttemptError::io("cannot stat the file", &err)),
+    }
+}
+
 /// Removes `dir` and everything in it; returns how many files were removed.
 pub(crate) async fn delete_dir(dir: &Path) -> Result<u64, AttemptError> {
     let files = list(dir).await?;

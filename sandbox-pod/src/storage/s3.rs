@@ -282,6 +282,63 @@ impl S3Backend {
         ))
     }
 
+    /// The names of the "sub-directories" directly under `prefix`'s
+    /// directory (`key/`): the common prefixes of a listing with delimiter
+    /// `/`, without `key/` and the trailing `/` (`step-10`, `step-20`), in
+    /// key order. One request per 1,000 names, whatever the number of
+    /// objects below them; objects directly under `key/` are not returned.
+    pub async fn list_dirs(&self, prefix: &S3Location) -> Result<Vec<String>, AttemptError> {
+        let dir = prefix.dir_prefix();
+        let mut names = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&prefix.bucket)
+                .prefix(&dir)
+                .delimiter("/")
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|err| classify(&err))?;
+            for common in page.common_prefixes() {
+                let Some(full) = common.prefix() else { continue };
+                let name = full.strip_prefix(&dir).unwrap_or(full);
+                let name = name.strip_suffix('/').unwrap_or(name);
+                // `key//x` makes an empty "directory"; no Destination can name it.
+                if !name.is_empty() {
+                    names.push(name.to_string());
+                }
+            }
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_string()),
+                _ => {
+                    names.sort();
+                    names.dedup();
+                    return Ok(names);
+                }
+            }
+        }
+        Err(AttemptError::new(
+            FailureKind::Other,
+            format!("the listing did not end after {MAX_LIST_PAGES} pages; list a narrower prefix"),
+        ))
+    }
+
+    /// Whether the object exists: one `HeadObject`, nothing transferred.
+    /// Not found is `false`; every other answer is an error. A HEAD answer
+    /// has no body, so a missing bucket usually reads as a missing object.
+    pub async fn exists(&self, object: &S3Location) -> Result<bool, AttemptError> {
+        match self.client.head_object().bucket(&object.bucket).key(&object.key).send().await {
+            Ok(_) => Ok(true),
+            Err(err) => {
+                let attempt = classify(&err);
+                if attempt.kind == FailureKind::NotFound { Ok(false) } else { Err(attempt) }
+            }
+        }
+    }
+
     /// Deletes these keys of `bucket`, 1,000 per request; returns how many went.
     pub async fn delete_keys(&self, bucket: &str, keys: &[String]) -> Result<u64, AttemptError> {
         let mut deleted = 0u64;

@@ -24,7 +24,8 @@ use super::partition::validate_segment;
 use super::report::{FileUpload, UploadReport, UploadStatus};
 use super::s3::{ObjectInfo, S3Backend};
 
-/// Uploads, fetches, lists and deletes, on S3 or a local directory.
+/// Uploads, fetches, lists (recursively or one level of "directories"),
+/// checks for and deletes objects, on S3 or a local directory.
 ///
 /// Cheap to clone (shared state). The S3 client is built on first use, so a
 /// purely local run never reads AWS configuration.
@@ -249,6 +250,37 @@ impl Storage {
             match prefix {
                 Destination::S3(location) => self.s3().await.list(location).await,
                 Destination::Local(path) => local::list(path).await,
+            }
+        })
+        .await
+    }
+
+    /// The names of the "sub-directories" directly under the prefix, taken
+    /// as a directory (`s3://b/ckpt` with `ckpt/step-10/a`, `ckpt/step-20/b`
+    /// gives `step-10`, `step-20`), in name order, without listing what is
+    /// inside them: on S3 a listing with delimiter `/` (its common prefixes,
+    /// 1,000 a request), locally the directories in the directory. A local
+    /// directory that does not exist has none. Retried like [`Self::list`].
+    pub async fn list_dirs(&self, prefix: &Destination) -> Result<Vec<String>, StorageError> {
+        self.with_retries(Operation::List { of: prefix.to_string() }, || async {
+            match prefix {
+                Destination::S3(location) => self.s3().await.list_dirs(location).await,
+                Destination::Local(path) => local::list_dirs(path).await,
+            }
+        })
+        .await
+    }
+
+    /// Whether the object (or local file) exists, without reading it: on S3
+    /// one `HeadObject`, where not found is `false` and any other answer an
+    /// error (retried like [`Self::fetch`]); locally, whether it is a file.
+    pub async fn exists(&self, object: &Destination) -> Result<bool, StorageError> {
+        let operation = Operation::Fetch { from: object.to_string(), to: None };
+        refuse_bucket_root(object, &operation)?;
+        self.with_retries(operation, || async {
+            match object {
+                Destination::S3(location) => self.s3().await.exists(location).await,
+                Destination::Local(path) => local::exists(path).await,
             }
         })
         .await
