@@ -47,6 +47,7 @@ fn runner(dir: &Path, live: LiveInjections) -> EpisodeRunner {
         header: Header::default(),
         live,
         metrics: None,
+        logits: Default::default(),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Logits tensors in safetensors files: memory-mapped (`memmap2`), parsed
+//! Logits tensors in safetensors files: memory-mapped (`memmap2`) or held
+//! in memory (a file a policy sent inline), parsed
 //! with the `safetensors` crate, and handed out as [`LogitsView`]s without a
 //! copy when the data is aligned (a copy otherwise).
 //!
@@ -11,6 +12,7 @@
 use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::bf16;
 use memmap2::Mmap;
@@ -111,10 +113,28 @@ impl FileError {
     }
 }
 
-/// A memory-mapped safetensors file.
+/// A safetensors file: memory-mapped from disk, or bytes held in memory
+/// (a file a policy sent inline).
 pub struct LogitsFile {
+    /// The file, or for bytes the name errors call them by.
     path: PathBuf,
-    map: Mmap,
+    bytes: Backing,
+}
+
+enum Backing {
+    Map(Mmap),
+    Shared(Arc<[u8]>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(map) => map,
+            Backing::Shared(bytes) => bytes,
+        }
+    }
 }
 
 /// One logits tensor read from a file.
@@ -155,7 +175,13 @@ impl LogitsFile {
         // SAFETY: the mapping is read-only; like every reader of a mapped
         // file we rely on nobody truncating or rewriting it while we read.
         let map = unsafe { Mmap::map(&file) }.map_err(open)?;
-        Ok(Self { path: path.to_path_buf(), map })
+        Ok(Self { path: path.to_path_buf(), bytes: Backing::Map(map) })
+    }
+
+    /// A safetensors file's bytes already in memory; `name` stands for the
+    /// path in error messages (e.g. `step 3 raw_logits (inline)`).
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Arc<[u8]>) -> Self {
+        Self { path: name.into(), bytes: Backing::Shared(bytes) }
     }
 
     /// The file's path.
@@ -164,7 +190,7 @@ impl LogitsFile {
     }
 
     fn parse(&self) -> Result<SafeTensors<'_>, FileError> {
-        SafeTensors::deserialize(&self.map)
+        SafeTensors::deserialize(&self.bytes)
             .map_err(|e| FileError::Parse { path: self.path.clone(), message: e.to_string() })
     }
 
@@ -323,6 +349,11 @@ mod tests {
         assert_eq!(file.logits(Some("x")).err().expect("3-D, batch 2").category(), "LogitsRank");
         let error = file.logits(Some("y")).err().expect("1-D");
         assert!(error.to_string().contains("has shape [12]"), "{error}");
+
+        let inline = LogitsFile::from_bytes("inline logits", std::fs::read(&path).expect("read").into());
+        assert_eq!(inline.logits(Some("x")).err().expect("3-D, batch 2").category(), "LogitsRank");
+        let error = inline.logits(Some("nope")).err().expect("missing");
+        assert!(error.to_string().starts_with("inline logits has no tensor \"nope\""), "{error}");
 
         std::fs::write(&path, b"not safetensors").expect("write");
         let error = LogitsFile::open(&path).expect("open").logits(None).err().expect("garbage");

@@ -7,7 +7,8 @@
 //! - gauges per variant: `basecamp_task_tool_call_accuracy`,
 //!   `basecamp_task_plan_step_f1`, `basecamp_task_memory_consistency`,
 //!   `basecamp_task_error_rate`, `basecamp_task_resolution_seconds_p95`,
-//!   `basecamp_task_episodes`, `basecamp_task_criteria_met` (1/0);
+//!   `basecamp_task_episodes`, `basecamp_task_logit_divergence` (when the
+//!   policy sent reference logits), `basecamp_task_criteria_met` (1/0);
 //! - `basecamp_tasks{phase}`, `basecamp_shards{namespace,task,variant,state}`;
 //! - training tasks: `basecamp_checkpoint_step{namespace,task}`, the newest
 //!   evaluated step, and that step's metrics per variant,
@@ -90,7 +91,7 @@ struct OperationLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Gauge name -> status metric it shows.
-const VARIANT_GAUGES: [(&str, &str, &str); 6] = [
+const VARIANT_GAUGES: [(&str, &str, &str); 7] = [
     (
         "basecamp_task_tool_call_accuracy",
         "tool_call_accuracy",
@@ -105,10 +106,15 @@ const VARIANT_GAUGES: [(&str, &str, &str); 6] = [
         "95th percentile episode resolution time, in seconds",
     ),
     ("basecamp_task_episodes", "episodes", "Episodes aggregated for the variant"),
+    (
+        "basecamp_task_logit_divergence",
+        "logit_divergence",
+        "Mean per-token KL(policy || reference logits) of the variant's episodes, in nats",
+    ),
 ];
 
 /// Checkpoint gauge name -> the evaluated step's metric it shows.
-const CHECKPOINT_GAUGES: [(&str, &str, &str); 6] = [
+const CHECKPOINT_GAUGES: [(&str, &str, &str); 7] = [
     (
         "basecamp_checkpoint_tool_call_accuracy",
         "tool_call_accuracy",
@@ -127,6 +133,11 @@ const CHECKPOINT_GAUGES: [(&str, &str, &str); 6] = [
         "95th percentile episode resolution time of the newest evaluated checkpoint, in seconds",
     ),
     ("basecamp_checkpoint_episodes", "episodes", "Episodes of the newest evaluated checkpoint's evaluation"),
+    (
+        "basecamp_checkpoint_logit_divergence",
+        "logit_divergence",
+        "Mean per-token KL(policy || reference logits) of the newest evaluated checkpoint, in nats",
+    ),
 ];
 
 /// The operator's metrics and their registry.
@@ -421,7 +432,12 @@ mod tests {
             shards: [("a".to_string(), ShardCounts { total: 4, succeeded: 2, failed: 0, running: 1 })].into(),
             metrics: [(
                 "a".to_string(),
-                [("tool_call_accuracy".to_string(), 0.75), ("episodes".to_string(), 20.0)].into(),
+                [
+                    ("tool_call_accuracy".to_string(), 0.75),
+                    ("episodes".to_string(), 20.0),
+                    ("logit_divergence".to_string(), 0.125),
+                ]
+                .into(),
             )]
             .into(),
             criteria: vec![CriterionResult {
@@ -444,6 +460,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"basecamp_task_episodes{namespace="team",task="eval",variant="a"} 20.0"#), "{text}");
+        assert!(
+            text.contains(r#"basecamp_task_logit_divergence{namespace="team",task="eval",variant="a"} 0.125"#),
+            "{text}"
+        );
         assert!(text.contains(r#"basecamp_task_criteria_met{namespace="team",task="eval",variant="a"} 0"#), "{text}");
         assert!(
             text.contains(r#"basecamp_shards{namespace="team",task="eval",variant="a",state="pending"} 1"#),

@@ -875,6 +875,7 @@ fn episode_runner(dir: &Path) -> EpisodeRunner {
         live: LiveInjections::default(),
         // As `basecamp-sandbox run` does: every call and episode is counted for /metrics.
         metrics: Some(Arc::new(SandboxMetrics::new())),
+        logits: Default::default(),
     }
 }
 

@@ -172,6 +172,7 @@ pub fn build_runner(
         header,
         live: LiveInjections::default(),
         metrics: None,
+        logits: Default::default(),
     })
 }
 

@@ -33,6 +33,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::executor::{MemoryGuard, ToolCall, ToolExecutor, unix_nanos};
+use crate::logits::{Divergence, LogitAnalytics, RawLogitsError, TurnLogits};
 use crate::policy::{ChatMessage, Policy, PolicyRequest, PolicyResponse, ToolArguments, ToolSpec};
 use crate::rewards::RewardCalculator;
 
@@ -165,6 +166,8 @@ pub struct EpisodeRunner {
     pub live: LiveInjections,
     /// Where tool calls, injections and episodes are counted for `/metrics`.
     pub metrics: Option<Arc<crate::metrics::SandboxMetrics>>,
+    /// Turns that come with raw logits are analysed here (shared by episodes).
+    pub logits: Arc<LogitAnalytics>,
 }
 
 /// An expected tool call: name, arguments, and the argument names compared (all when `None`).
@@ -218,6 +221,8 @@ struct StepState {
     first_error: Option<String>,
     rollbacks: u32,
     rollback_traces: Vec<RollbackTrace>,
+    /// KL of the tokens whose policy sent reference logits.
+    divergence: Divergence,
 }
 
 /// Where an [`Episode`] stands.
@@ -363,6 +368,7 @@ impl EpisodeRunner {
                 first_error: None,
                 rollbacks: 0,
                 rollback_traces: Vec::new(),
+                divergence: Divergence::default(),
             },
             step: 0,
             phase: Phase::BetweenSteps,
@@ -497,7 +503,11 @@ impl Episode {
         }
         let step = self.step;
         let mut report = StepReport { step, ..Default::default() };
-        record_policy_turn(&mut self.writer, step, response, &mut self.state)?;
+        let derived = match &response.raw_logits {
+            Some(raw) => Some(runner.logits.analyze_blocking(raw.clone(), runner.header.top_k as usize).await),
+            None => None,
+        };
+        record_policy_turn(&mut self.writer, step, response, derived, &mut self.state)?;
         self.messages.push(response.to_assistant_message());
 
         if response.is_final() {
@@ -705,6 +715,14 @@ impl Episode {
             reward: None,
             steps: steps_run,
         });
+        metrics.logit_divergence = state.divergence.mean();
+        if state.divergence.infinite() > 0 {
+            state.warnings.push(format!(
+                "{} tokens had KL = +inf (the reference logits give probability 0 to a token the policy's do not); \
+                 logit_divergence is the mean of the other tokens",
+                state.divergence.infinite()
+            ));
+        }
         if let Some(calculator) = &runner.rewards {
             let scores = reward_scores(calculator, &runner.reward_sources, &metrics, outcome, runner.max_steps);
             match calculator.signal(runner.training_step, &scores) {
@@ -771,17 +789,33 @@ impl Episode {
     }
 }
 
+/// Records the policy's turn and its `token_logit` records: derived from
+/// the raw logits when the policy sent them and they could be read (else a
+/// warning, and the OpenAI-style logprobs, if any, stand in).
 fn record_policy_turn<W: std::io::Write>(
     writer: &mut TraceWriter<W>,
     step: u32,
     response: &PolicyResponse,
+    derived: Option<Result<TurnLogits, RawLogitsError>>,
     state: &mut StepState,
 ) -> std::io::Result<()> {
     writer.append(step, Body::PolicyTurn(response.to_policy_turn()))?;
     if response.logprobs_missing() {
         state.warnings.push(format!("step {step}: the policy's tool-call turn came back without logprobs"));
     }
-    for logit in response.token_logits() {
+    let records = match derived {
+        Some(Ok(turn)) => {
+            state.divergence.add(&turn.records);
+            turn.records
+        }
+        Some(Err(e)) => {
+            let fallback = if response.logprobs.is_some() { "; its logprobs are recorded instead" } else { "" };
+            state.warnings.push(format!("step {step}: raw logits not used ({}): {e}{fallback}", e.category()));
+            response.token_logits()
+        }
+        None => response.token_logits(),
+    };
+    for logit in records {
         state.last_tokens.push_back(logit.clone());
         if state.last_tokens.len() > 10 {
             state.last_tokens.pop_front();
@@ -909,6 +943,7 @@ pub fn metric_score(source: &str, m: &EpisodeMetrics, outcome: Outcome, max_step
         "plan_step_f1" => m.plan_step_f1,
         "memory_consistency" => m.memory_consistency.unwrap_or(0.0),
         "error_rate" => m.error_rate,
+        "logit_divergence" => m.logit_divergence.unwrap_or(0.0),
         "steps" => f64::from(m.steps),
         "resolution_time" => m.resolution_time_s,
         "efficiency_penalty" => -f64::from(m.steps) / f64::from(max_steps.max(1)),
@@ -918,12 +953,13 @@ pub fn metric_score(source: &str, m: &EpisodeMetrics, outcome: Outcome, max_step
 }
 
 /// Reward sources the runner can score.
-pub const REWARD_SOURCES: [&str; 10] = [
+pub const REWARD_SOURCES: [&str; 11] = [
     "tool_call_accuracy",
     "tool_call_accuracy_lenient",
     "plan_step_f1",
     "memory_consistency",
     "error_rate",
+    "logit_divergence",
     "steps",
     "resolution_time",
     "efficiency_penalty",

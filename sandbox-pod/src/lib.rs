@@ -21,6 +21,7 @@ pub mod driver;
 pub mod episode;
 pub mod executor;
 pub mod gym;
+pub mod logits;
 pub mod metrics;
 pub mod policy;
 pub mod preprocess;

@@ -97,6 +97,7 @@ fn runner(dir: &Path) -> EpisodeRunner {
         header: Header { task: "shipping".into(), variant: "a".into(), ..Default::default() },
         live: LiveInjections::default(),
         metrics: None,
+        logits: Default::default(),
     }
 }
 

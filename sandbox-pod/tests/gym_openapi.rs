@@ -191,6 +191,7 @@ fn runner(dir: &std::path::Path) -> EpisodeRunner {
         header: Header::default(),
         live: LiveInjections::default(),
         metrics: None,
+        logits: Default::default(),
     }
 }
 

@@ -404,6 +404,7 @@ fn runner(dir: &Path, live: LiveInjections, metrics: Option<Arc<SandboxMetrics>>
         header: Header { task: "server-test".into(), ..Default::default() },
         live,
         metrics,
+        logits: Default::default(),
     }
 }
 

@@ -12,6 +12,9 @@
 //! - `memory_consistency`: the share of expected memory keys holding their
 //!   expected value at the end (or 1/0 against an expected memory hash).
 //! - `error_rate`: failed calls (error, timeout, fallback, refused) over calls.
+//! - `logit_divergence`: mean per-token KL(policy || reference) in nats, for
+//!   episodes whose policy sent raw logits with reference logits (set by the
+//!   sandbox after scoring; see `basecamp_sandbox::logits`).
 //!
 //! A metric that cannot be computed (no expectation) is absent, never NaN.
 
@@ -132,6 +135,10 @@ pub struct EpisodeMetrics {
     pub resolution_time_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reward: Option<f64>,
+    /// Mean per-token KL(policy || reference) over the tokens whose policy
+    /// sent reference logits with its raw logits; absent without any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_divergence: Option<f64>,
     pub tool_calls: u32,
     pub steps: u32,
 }
@@ -183,6 +190,7 @@ pub fn score_episode(obs: &EpisodeObservation<'_>) -> EpisodeMetrics {
         error_rate: if calls == 0 { 0.0 } else { failed as f64 / calls as f64 },
         resolution_time_s: obs.resolution_time_s,
         reward: obs.reward.filter(|r| r.is_finite()),
+        logit_divergence: None,
         tool_calls: calls as u32,
         steps: obs.steps,
     }
@@ -245,6 +253,7 @@ pub fn aggregate<'a>(episodes: impl IntoIterator<Item = (&'a EpisodeMetrics, &'a
         add("error_rate", Some(m.error_rate));
         add("resolution_time_s", Some(m.resolution_time_s));
         add("reward", m.reward);
+        add("logit_divergence", m.logit_divergence);
     }
     times.sort_by(f64::total_cmp);
     Aggregate {

@@ -297,5 +297,7 @@ fn token_logit(rng: &mut Rng, position: u32, top_k: usize) -> TokenLogit {
         top_ids,
         top_tokens,
         top_logprobs,
+        entropy: None,
+        kl: None,
     }
 }

@@ -171,6 +171,9 @@ fn write_episode() -> Vec<u8> {
     w.append(2, reward(-0.2)).unwrap();
     w.end_step().unwrap();
     // 3: two calls: a slow order_lookup and a fast tracking_api (never one call both).
+    // ... and a token derived from raw logits (entropy and KL set).
+    let derived = TokenLogit { token_id: 9, entropy: Some(2.5), kl: Some(0.75), ..Default::default() };
+    w.append(3, Body::TokenLogit(derived)).unwrap();
     w.append(3, plan("order_lookup", StepStatus::Ok, 950)).unwrap();
     w.append(3, plan("tracking_api", StepStatus::Ok, 10)).unwrap();
     w.append(3, delta("other", Some("null"))).unwrap();
@@ -192,6 +195,11 @@ fn queries_find_exactly_the_steps_they_describe() {
     let bytes = write_episode();
     let cases: &[(&str, &[u32])] = &[
         ("memory_state.shipping_status == null", &[2]),
+        // KL and entropy are optional: the step-2 token without them matches neither side.
+        ("token_logit.kl > 0.5", &[3]),
+        ("token_logit.kl >= 0", &[3]),
+        ("token_logit.entropy < 3 and token_logit.kl < 1", &[3]),
+        ("token_logit.logprob < -1", &[2]),
         ("memory_state.shipping_status != null", &[0, 1]),
         ("memory_state.shipping_status.code == \"in_transit\"", &[1]),
         ("exists(memory_state.shipping_status)", &[0, 1, 2, 3]),

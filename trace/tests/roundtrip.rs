@@ -102,7 +102,7 @@ prop_compose! {
         top_tokens in prop::collection::vec(text(), 0..6),
         top_logprobs in prop::collection::vec(float(), 0..6),
     ) -> TokenLogit {
-        TokenLogit { position, token_id, token, logprob, top_ids, top_tokens, top_logprobs }
+        TokenLogit { position, token_id, token, logprob, top_ids, top_tokens, top_logprobs, entropy: None, kl: None }
     }
 }
 

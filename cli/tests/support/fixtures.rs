@@ -59,6 +59,8 @@ fn token(position: u32, text: &str, logprob: f32) -> Body {
         top_ids: vec![100 + position as i32, 7],
         top_tokens: vec![text.into(), "other".into()],
         top_logprobs: vec![logprob, -3.5],
+        entropy: None,
+        kl: None,
     })
 }
 

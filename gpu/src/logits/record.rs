@@ -54,6 +54,8 @@ impl TokenStats {
             top_ids: self.top_ids.iter().map(|&id| to_sint(id)).collect(),
             top_tokens: self.top_ids.iter().map(|&id| name(id)).collect(),
             top_logprobs: self.top_logprobs.clone(),
+            entropy: Some(self.entropy),
+            kl: self.kl,
         })
     }
 }

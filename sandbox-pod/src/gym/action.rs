@@ -1,7 +1,8 @@
 //! An action of server mode: what the external trainer's policy answered
 //! for one step, in the shape a scripted policy's response takes —
 //! `{"tool_calls": [{"name", "arguments", "id"?}]}` or `{"content": …}`,
-//! with optional `logprobs`, `finish_reason` and `model` — turned into the
+//! with optional `logprobs`, `raw_logits` (`crate::policy::raw_logits`),
+//! `finish_reason` and `model` — turned into the
 //! [`PolicyResponse`] the driver loop would have received.
 //!
 //! A structural problem (a missing name, a field of the wrong type, an
@@ -13,13 +14,13 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::policy::{FinishReason, PolicyResponse, TokenLogprob, ToolArguments, ToolCall, TopLogprob};
+use crate::policy::{FinishReason, PolicyResponse, RawLogits, TokenLogprob, ToolArguments, ToolCall, TopLogprob};
 
 /// The `model` a turn is recorded with when the action does not name one.
 pub const EXTERNAL_MODEL: &str = "external";
 
 /// What a well-formed action looks like, for error messages.
-pub const ACTION_SHAPE: &str = r#"an action is {"tool_calls": [{"name": <string>, "arguments": <object or JSON text>, "id": <string, optional>}]} or {"content": <string>}, optionally with "logprobs", "finish_reason" and "model""#;
+pub const ACTION_SHAPE: &str = r#"an action is {"tool_calls": [{"name": <string>, "arguments": <object or JSON text>, "id": <string, optional>}]} or {"content": <string>}, optionally with "logprobs", "raw_logits", "finish_reason" and "model""#;
 
 /// A refused action: the field path and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,7 +42,7 @@ pub fn parse_action(body: &[u8], step: u32) -> Result<PolicyResponse, ActionErro
     let Value::Object(fields) = value else {
         return Err(refuse("body", format!("is {}, not an object", crate::tools::json_type(&value))));
     };
-    const FIELDS: [&str; 5] = ["tool_calls", "content", "logprobs", "finish_reason", "model"];
+    const FIELDS: [&str; 6] = ["tool_calls", "content", "logprobs", "raw_logits", "finish_reason", "model"];
     if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(refuse(unknown.as_str(), "unknown field"));
     }
@@ -76,12 +77,17 @@ pub fn parse_action(body: &[u8], step: u32) -> Result<PolicyResponse, ActionErro
             return Err(refuse("logprobs", format!("is {}, not an array", crate::tools::json_type(other))));
         }
     };
+    let raw_logits = match fields.get("raw_logits") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(RawLogits::from_json(value, None).map_err(|m| refuse("raw_logits", m))?),
+    };
     Ok(PolicyResponse {
         model: optional_string(&fields, "model")?.unwrap_or_else(|| EXTERNAL_MODEL.to_string()),
         content,
         tool_calls,
         finish_reason: Some(finish_reason),
         logprobs,
+        raw_logits,
         usage: None,
         latency: Duration::ZERO,
         attempts: 1,
@@ -188,6 +194,15 @@ mod tests {
     }
 
     #[test]
+    fn raw_logits_ride_along_with_an_action() {
+        let body =
+            br#"{"content": "ok", "raw_logits": {"safetensors_base64": "AAEC", "reference": "q", "token_ids": [4]}}"#;
+        let raw = parse_action(body, 2).unwrap().raw_logits.expect("raw logits");
+        assert_eq!(raw.source, crate::policy::RawLogitsSource::Inline(vec![0u8, 1, 2].into()));
+        assert_eq!((raw.reference.as_deref(), raw.token_ids), (Some("q"), Some(vec![4])));
+    }
+
+    #[test]
     fn structural_problems_name_the_field() {
         for (body, field) in [
             (r#"{"tool_calls": [{"arguments": {}}]}"#, "tool_calls[0].name: missing"),
@@ -199,6 +214,11 @@ mod tests {
             (r#"{}"#, "tool_calls: no tool calls and no `content`"),
             (r#"[1]"#, "body: is an array"),
             (r#"{"content": "x", "logprobs": [{"token": "a"}]}"#, "logprobs[0].logprob: missing"),
+            (
+                r#"{"content": "x", "raw_logits": {"path": "rel.safetensors"}}"#,
+                "raw_logits: path \"rel.safetensors\" is relative",
+            ),
+            (r#"{"content": "x", "raw_logits": {"path": "/a", "tensr": "l"}}"#, "raw_logits: unknown field `tensr`"),
             ("{\"content\": ", "body: not valid JSON at line 1 column 12"),
         ] {
             let err = parse_action(body.as_bytes(), 1).unwrap_err().to_string();

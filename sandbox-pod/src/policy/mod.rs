@@ -8,13 +8,16 @@
 //!
 //! - [`types`]: messages, tool specs, responses and their trace records;
 //! - [`openai`]: any OpenAI-compatible chat-completions endpoint;
-//! - [`scripted`]: responses from a JSONL file, for tests and replay.
+//! - [`scripted`]: responses from a JSONL file, for tests and replay;
+//! - [`raw_logits`]: full-vocabulary logits any of them may send with a turn.
 
 pub mod openai;
+pub mod raw_logits;
 pub mod scripted;
 pub mod types;
 
 pub use openai::{ApiKeySource, OpenAiConfig, OpenAiError, OpenAiPolicy, RetryPolicy};
+pub use raw_logits::{RawLogits, RawLogitsSource};
 pub use scripted::{ScriptedConfig, ScriptedError, ScriptedPolicy};
 pub use types::{
     ChatMessage, FinishReason, InvalidArguments, PolicyRequest, PolicyResponse, TokenLogprob, ToolArguments, ToolCall,

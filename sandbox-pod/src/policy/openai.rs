@@ -23,6 +23,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::raw_logits::RawLogits;
 use super::types::{
     FinishReason, PolicyRequest, PolicyResponse, TokenLogprob, ToolArguments, ToolCall, TopLogprob, Usage,
 };
@@ -510,6 +511,9 @@ struct WireChoice {
     finish_reason: Option<String>,
     #[serde(default)]
     logprobs: Option<Value>,
+    /// Basecamp's extension: full-vocabulary logits (`super::raw_logits`).
+    #[serde(default)]
+    raw_logits: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -586,12 +590,23 @@ pub fn parse_chat_completion(
             }
         },
     };
+    let raw_logits = match choice.raw_logits {
+        None | Some(Value::Null) => None,
+        Some(value) => match RawLogits::from_json(&value, None) {
+            Ok(raw) => Some(raw),
+            Err(e) => {
+                warnings.push(format!("the raw_logits block could not be read and was dropped: {e}"));
+                None
+            }
+        },
+    };
     Ok(PolicyResponse {
         model: completion.model.filter(|m| !m.is_empty()).unwrap_or_else(|| configured_model.to_owned()),
         content: choice.message.content,
         tool_calls,
         finish_reason: choice.finish_reason.as_deref().map(FinishReason::parse),
         logprobs,
+        raw_logits,
         usage: completion.usage.map(|u| Usage {
             prompt_tokens: u32::try_from(u.prompt_tokens).unwrap_or(u32::MAX),
             completion_tokens: u32::try_from(u.completion_tokens).unwrap_or(u32::MAX),
@@ -785,6 +800,38 @@ mod tests {
         assert_eq!(resp.model, "configured");
         assert_eq!(resp.logprobs, None);
         assert!(resp.warnings[0].contains("logprobs"), "{:?}", resp.warnings);
+    }
+
+    #[test]
+    fn raw_logits_in_a_choice_are_read_and_a_bad_block_is_a_warning() {
+        let choice = |raw: Value| {
+            json!({"choices": [{"message": {"tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]}, "raw_logits": raw}]})
+            .to_string()
+        };
+        let resp = parse_chat_completion(
+            &choice(json!({"path": "/shared/t0.safetensors", "reference": "trainer"})),
+            "m",
+            0,
+            Duration::ZERO,
+            1,
+        )
+        .unwrap();
+        let raw = resp.raw_logits.as_ref().expect("raw logits");
+        assert_eq!(raw.source, super::super::RawLogitsSource::File("/shared/t0.safetensors".into()));
+        assert!(!resp.logprobs_missing(), "raw logits stand for the logprobs");
+
+        let resp =
+            parse_chat_completion(&choice(json!({"path": "t0.safetensors"})), "m", 0, Duration::ZERO, 1).unwrap();
+        assert_eq!(resp.raw_logits, None);
+        assert!(resp.logprobs_missing());
+        assert!(
+            resp.warnings[0].starts_with(
+                "the raw_logits block could not be read and was dropped: path \"t0.safetensors\" is relative"
+            ),
+            "{:?}",
+            resp.warnings
+        );
     }
 
     #[test]

@@ -37,6 +37,10 @@
 //! - `logprobs`: `[{"token", "logprob", "token_id"?, "top_logprobs"?: [{"token", "logprob", "token_id"?}]}]`;
 //!   without it a tool turn is flagged `logprobs_missing`, as it would be from a server;
 //! - `usage`: `{"prompt_tokens", "completion_tokens"}`;
+//! - `raw_logits`: the turn's full-vocabulary logits as a safetensors file
+//!   (`{"path": "turn-0.safetensors", "reference"?, "tensor"?, "token_ids"?}`,
+//!   a relative path taken from the script's directory; see
+//!   [`super::raw_logits`]); the `token_logit` records are derived from them;
 //! - `delay_ms`: wait this long before answering (to exercise plan-step timeouts);
 //! - `error`: fail this turn with this message, as an unreachable policy would.
 //!
@@ -52,6 +56,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::raw_logits::RawLogits;
 use super::types::{
     FinishReason, PolicyRequest, PolicyResponse, TokenLogprob, ToolArguments, ToolCall, TopLogprob, Usage,
 };
@@ -126,6 +131,12 @@ struct ScriptedResponse {
     delay_ms: Option<u64>,
     #[serde(default)]
     error: Option<String>,
+    /// Full-vocabulary logits (`super::raw_logits`), as written.
+    #[serde(default)]
+    raw_logits: Option<Value>,
+    /// `raw_logits` read, a relative path resolved against the script's directory.
+    #[serde(skip)]
+    raw: Option<RawLogits>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -213,6 +224,10 @@ impl ScriptedPolicy {
             return Err(ScriptedError::Empty { path: path.to_owned() });
         };
 
+        let base = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
         let mut shared = Vec::new();
         let mut episodes: BTreeMap<String, (usize, Vec<ScriptedResponse>)> = BTreeMap::new();
         // The line that decided the file's form, and whether it is per-episode.
@@ -244,7 +259,7 @@ impl ScriptedPolicy {
                 Some(_) => {}
             }
             if per_episode {
-                let episode: EpisodeLine = serde_json::from_value(value)
+                let mut episode: EpisodeLine = serde_json::from_value(value)
                     .map_err(|e| line_error(line, format!("invalid episode line: {e}")))?;
                 if episode.episode.trim().is_empty() {
                     return Err(line_error(line, "`episode` is empty; use the test set row's id".to_owned()));
@@ -252,8 +267,8 @@ impl ScriptedPolicy {
                 if episode.turns.is_empty() {
                     return Err(line_error(line, format!("episode `{}` has no turns", episode.episode)));
                 }
-                for (turn, response) in episode.turns.iter().enumerate() {
-                    check_response(response).map_err(|m| line_error(line, format!("turns[{turn}]: {m}")))?;
+                for (turn, response) in episode.turns.iter_mut().enumerate() {
+                    check_response(response, base).map_err(|m| line_error(line, format!("turns[{turn}]: {m}")))?;
                 }
                 if let Some((first_line, _)) = episodes.get(&episode.episode) {
                     return Err(ScriptedError::DuplicateEpisode {
@@ -265,9 +280,9 @@ impl ScriptedPolicy {
                 }
                 episodes.insert(episode.episode, (line, episode.turns));
             } else {
-                let response: ScriptedResponse =
+                let mut response: ScriptedResponse =
                     serde_json::from_value(value).map_err(|e| line_error(line, format!("invalid response: {e}")))?;
-                check_response(&response).map_err(|m| line_error(line, m))?;
+                check_response(&mut response, base).map_err(|m| line_error(line, m))?;
                 shared.push(Turn { line, response });
             }
         }
@@ -357,7 +372,8 @@ impl ScriptedPolicy {
     }
 }
 
-fn check_response(response: &ScriptedResponse) -> Result<(), String> {
+/// Checks a response and reads its `raw_logits` (relative paths against `base`).
+fn check_response(response: &mut ScriptedResponse, base: &Path) -> Result<(), String> {
     if response.content.is_none() && response.tool_calls.is_empty() && response.error.is_none() {
         return Err("a response needs `content`, `tool_calls` or `error`".to_owned());
     }
@@ -374,6 +390,9 @@ fn check_response(response: &ScriptedResponse) -> Result<(), String> {
         if !finite {
             return Err(format!("logprobs[{index}] holds a logprob that is not a finite number"));
         }
+    }
+    if let Some(value) = &response.raw_logits {
+        response.raw = Some(RawLogits::from_json(value, Some(base)).map_err(|m| format!("raw_logits: {m}"))?);
     }
     Ok(())
 }
@@ -422,6 +441,7 @@ fn to_response(scripted: &ScriptedResponse, turn: u32, latency: Duration) -> Pol
                 })
                 .collect()
         }),
+        raw_logits: scripted.raw.clone(),
         usage: scripted.usage.map(|u| Usage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens }),
         latency,
         attempts: 1,

@@ -13,6 +13,8 @@
 use std::time::Duration;
 
 use basecamp_trace::pb;
+
+use super::raw_logits::RawLogits;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -321,6 +323,8 @@ impl TokenLogprob {
             top_ids: self.top.iter().map(|t| t.token_id.unwrap_or(-1)).collect(),
             top_tokens: self.top.iter().map(|t| t.token.clone()).collect(),
             top_logprobs: self.top.iter().map(|t| t.logprob).collect(),
+            entropy: None,
+            kl: None,
         }
     }
 }
@@ -341,6 +345,9 @@ pub struct PolicyResponse {
     pub finish_reason: Option<FinishReason>,
     /// `None` when the server returned no logprobs for this turn.
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// Full-vocabulary logits sent with the turn; when present the
+    /// `token_logit` records are derived from them (`crate::logits`).
+    pub raw_logits: Option<RawLogits>,
     pub usage: Option<Usage>,
     /// From the first attempt's start to the answer, retries included.
     pub latency: Duration,
@@ -360,7 +367,7 @@ impl PolicyResponse {
     /// A tool-call turn that came back without logprobs (flagged in the trace,
     /// never silently dropped).
     pub fn logprobs_missing(&self) -> bool {
-        !self.tool_calls.is_empty() && self.logprobs.as_ref().is_none_or(Vec::is_empty)
+        !self.tool_calls.is_empty() && self.logprobs.as_ref().is_none_or(Vec::is_empty) && self.raw_logits.is_none()
     }
 
     /// The tool calls whose arguments cannot be used: policy errors to record.
@@ -501,6 +508,7 @@ mod tests {
             tool_calls,
             finish_reason: Some(FinishReason::ToolCalls),
             logprobs,
+            raw_logits: None,
             usage: Some(Usage { prompt_tokens: 10, completion_tokens: 3 }),
             latency: Duration::from_millis(12),
             attempts: 1,

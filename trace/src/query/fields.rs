@@ -98,6 +98,8 @@ pub enum Scalar {
     ZigZag,
     Bool,
     F32,
+    /// A proto3 `optional float`: absent is no value, not 0.
+    OptionalF32,
     F64,
     /// `bytes` shown as lower-case hex.
     Hex,
@@ -158,6 +160,8 @@ const TOKEN_FIELDS: &[FieldDef] = &[
     scalar("token_id", 2, Scalar::ZigZag),
     scalar("token", 3, Scalar::Str),
     scalar("logprob", 4, Scalar::F32),
+    scalar("entropy", 8, Scalar::OptionalF32),
+    scalar("kl", 9, Scalar::OptionalF32),
 ];
 
 const ERROR_FIELDS: &[FieldDef] = &[
@@ -532,7 +536,7 @@ fn scalar_value(wire: Option<Wire<'_>>, scalar: Scalar) -> Val<'_> {
         }
         Scalar::Bool => Val::Bool(varint(wire) != 0),
         Scalar::MicrosAsMillis => Val::Num(varint(wire) as f64 / 1000.0),
-        Scalar::F32 => Val::Num(match wire {
+        Scalar::F32 | Scalar::OptionalF32 => Val::Num(match wire {
             Some(Wire::I32(bits)) => f32::from_bits(bits) as f64,
             _ => 0.0,
         }),
@@ -582,6 +586,9 @@ pub fn any_value(getter: &Getter, body: &[u8], f: &mut dyn FnMut(&Val<'_>) -> bo
         Getter::Whole => Ok(f(&Val::Bool(true))),
         Getter::Scalar { field, scalar } => {
             let wire = super::wire::last_field(body, *field)?;
+            if wire.is_none() && *scalar == Scalar::OptionalF32 {
+                return Ok(false);
+            }
             Ok(f(&scalar_value(wire, *scalar)))
         }
         Getter::Json { field, path } => match super::wire::last_field(body, *field)? {
