@@ -95,8 +95,11 @@ fn an_episode_page_shows_its_trace_and_links_the_raw_bytes() {
         "<b>timeout</b> tool track_order timed out", // its error
         "<tr class=\"nullw\"><td><code>shipping_status</code>", // the memory delta to null
         "title=\"#1 id 101 logprob -0.900",          // a token with its logit
+        "<th>logprob</th><th>entropy</th><th>KL</th>", // raw-logits columns, as a record has them
+        "<td>-0.900</td><td>1.2500</td><td>0.0625</td>",
+        "<td>-0.050</td><td>-</td><td>-</td>",
         "<code>efficiency</code></td><td>2.000</td><td class=\"warn\">-0.2</td>", // reward components
-        "deadline elapsed",                          // the error's cause chain
+        "deadline elapsed",                                                       // the error's cause chain
         "metrics from the shard's summary.json",
     ] {
         assert!(text.contains(expected), "missing {expected:?}");

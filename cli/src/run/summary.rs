@@ -18,6 +18,9 @@ pub const RUN_FILE: &str = "run.json";
 /// The metrics the table and the A/B comparison show, in order.
 pub const TABLE_METRICS: [&str; 4] = ["tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate"];
 
+/// Mean per-token KL(policy || reference logits): shown when a variant has it.
+pub const DIVERGENCE: &str = "logit_divergence";
+
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
     pub task: String,
@@ -223,17 +226,14 @@ impl RunSummary {
     /// The summary table, A/B comparison and root-cause hints as text.
     pub fn table(&self) -> String {
         let mut out = String::new();
-        let header = [
-            "variant",
-            "episodes",
-            "tool_call_accuracy",
-            "plan_step_f1",
-            "memory_consistency",
-            "error_rate",
-            "p50",
-            "p95",
-            "criteria",
-        ];
+        // Only runs whose policy sent reference logits have a divergence.
+        let divergence = self.variants.iter().any(|v| v.aggregate.value_of(DIVERGENCE).is_some());
+        let mut header = vec!["variant", "episodes"];
+        header.extend(TABLE_METRICS);
+        if divergence {
+            header.push(DIVERGENCE);
+        }
+        header.extend(["p50", "p95", "criteria"]);
         let mut rows = vec![header.iter().map(|s| s.to_string()).collect::<Vec<_>>()];
         for v in &self.variants {
             let a = &v.aggregate;
@@ -247,6 +247,9 @@ impl RunSummary {
             };
             let mut row = vec![v.name.clone(), a.episodes.to_string()];
             row.extend(TABLE_METRICS.iter().map(|m| fmt_value(a.value_of(m))));
+            if divergence {
+                row.push(fmt_nats(a.value_of(DIVERGENCE)));
+            }
             row.push(format!("{:.2}s", a.resolution_time_p50_s));
             row.push(format!("{:.2}s", a.resolution_time_p95_s));
             row.push(criteria);
@@ -311,7 +314,11 @@ impl Comparison {
 }
 
 pub fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Comparison {
-    let metrics = TABLE_METRICS.iter().chain(["p95_resolution_time", "success_rate"].iter());
+    let divergence = [baseline, candidate].iter().any(|v| v.aggregate.value_of(DIVERGENCE).is_some());
+    let metrics = TABLE_METRICS
+        .iter()
+        .chain(divergence.then_some(&DIVERGENCE))
+        .chain(["p95_resolution_time", "success_rate"].iter());
     Comparison {
         baseline: baseline.name.clone(),
         candidate: candidate.name.clone(),
@@ -330,6 +337,15 @@ pub fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Compari
 
 pub fn fmt_value(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// A divergence in nats: often far below 0.001, so small values keep
+/// their digits (`4.21e-4`) instead of printing as 0.000.
+pub fn fmt_nats(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v != 0.0 && v.abs() < 0.01 => format!("{v:.2e}"),
+        other => fmt_value(other),
+    }
 }
 
 /// Left-aligned columns separated by two spaces.
@@ -374,5 +390,50 @@ mod tests {
         assert!(results[3].problem.as_deref().unwrap().contains("user_satisfaction_score was not measured"));
         let missed = evaluate_criteria(&criteria[..1], &aggregate_with(0.5));
         assert!(!missed[0].met);
+    }
+
+    fn variant(name: &str, aggregate: Aggregate) -> VariantSummary {
+        VariantSummary {
+            name: name.into(),
+            sandbox: format!("sandbox-{name}"),
+            shards: 1,
+            aggregate,
+            failed: 0,
+            criteria: Vec::new(),
+            root_causes: Vec::new(),
+            episodes: Vec::new(),
+            lost: Vec::new(),
+            interrupted: Vec::new(),
+            not_started: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_divergence_column_appears_only_when_a_variant_has_one() {
+        let plain = variant("a", aggregate_with(0.9));
+        let mut with_kl = variant("b", aggregate_with(0.8));
+        with_kl.aggregate.means.insert(DIVERGENCE.into(), 0.000_421);
+        let summary = |variants: Vec<VariantSummary>| RunSummary {
+            task: "t".into(),
+            out_dir: PathBuf::from("out"),
+            wall_seconds: 1.0,
+            episodes_per_second: 20.0,
+            stopped_early: false,
+            comparison: (variants.len() == 2).then(|| compare(&variants[0], &variants[1])),
+            variants,
+        };
+        let without = summary(vec![plain.clone()]).table();
+        assert!(!without.contains(DIVERGENCE), "{without}");
+
+        let both = summary(vec![plain, with_kl]);
+        let table = both.table();
+        let header = table.lines().find(|l| l.starts_with("variant")).expect("header");
+        assert!(header.contains("error_rate  logit_divergence  p50"), "{table}");
+        let b = table.lines().find(|l| l.starts_with("b ")).expect("row b");
+        assert!(b.contains("4.21e-4"), "small KL keeps its digits: {table}");
+        let a = table.lines().find(|l| l.starts_with("a ")).expect("row a");
+        assert_eq!(a.split_whitespace().nth(6), Some("-"), "{table}");
+        let rows = &both.comparison.as_ref().expect("two variants").rows;
+        assert!(rows.iter().any(|d| d.metric == DIVERGENCE && d.candidate == Some(0.000_421) && d.baseline.is_none()));
     }
 }

@@ -262,7 +262,17 @@ pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw
             }
             h.push_str("</div>");
             if shown > 0 {
-                h.push_str("<table class=\"topk\"><tr><th>#</th><th>token</th><th>logprob</th><th>top-k alternatives</th></tr>");
+                // Records derived from raw logits also carry entropy and KL.
+                let entropy = s.logits[..shown].iter().any(|t| t.entropy.is_some());
+                let kl = s.logits[..shown].iter().any(|t| t.kl.is_some());
+                h.push_str("<table class=\"topk\"><tr><th>#</th><th>token</th><th>logprob</th>");
+                if entropy {
+                    h.push_str("<th>entropy</th>");
+                }
+                if kl {
+                    h.push_str("<th>KL</th>");
+                }
+                h.push_str("<th>top-k alternatives</th></tr>");
                 for t in &s.logits[..shown] {
                     let alts: Vec<String> = t
                         .top_tokens
@@ -279,12 +289,19 @@ pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw
                         .collect();
                     let _ = write!(
                         h,
-                        "<tr><td>{}</td><td><code>{}</code></td><td>{:.3}</td><td>{}</td></tr>",
+                        "<tr><td>{}</td><td><code>{}</code></td><td>{:.3}</td>",
                         t.position,
                         esc(&t.token),
-                        t.logprob,
-                        alts.join(" · ")
+                        t.logprob
                     );
+                    let nats = |v: Option<f32>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
+                    if entropy {
+                        let _ = write!(h, "<td>{}</td>", nats(t.entropy));
+                    }
+                    if kl {
+                        let _ = write!(h, "<td>{}</td>", nats(t.kl));
+                    }
+                    let _ = write!(h, "<td>{}</td></tr>", alts.join(" · "));
                 }
                 h.push_str("</table>");
             }

@@ -49,7 +49,8 @@ Paths:
   reward_signal.NAME       component NAME's raw score (.score, .weight); reward_signal.weighted_sum
   error_context.FIELD      error_type, message, stack, cause (any entry), tool (any last payload),
                            memory.KEY[.path] (the snapshot's value)
-  token_logit.FIELD        position, token_id, token, logprob
+  token_logit.FIELD        position, token_id, token, logprob; entropy and kl (nats) on tokens
+                           derived from a policy's raw logits
   policy_turn.FIELD        model, content, tool_calls[.path], finish_reason, latency_ms,
                            prompt_tokens, completion_tokens, logprobs_missing
   injection.FIELD          id, trigger, observation[.path], description
