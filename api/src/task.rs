@@ -249,6 +249,11 @@ pub struct PolicyServer {
     pub env: BTreeMap<String, String>,
 }
 
+/// The port a sandbox pod's `basecamp-sandbox` serves `/metrics`, `/healthz`
+/// and live injection on (the container port named `metrics`, which the
+/// chart's PodMonitor scrapes). A policy server sidecar cannot use it.
+pub const SANDBOX_METRICS_PORT: u16 = 9464;
+
 impl PolicyServer {
     /// The port (default 8000).
     pub fn port(&self) -> u16 {

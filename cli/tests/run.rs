@@ -144,3 +144,54 @@ fn ctrl_c_during_a_run_leaves_readable_traces_and_a_partial_summary() {
         assert!(!contents.records.is_empty(), "{} holds at least its header", trace.display());
     }
 }
+
+#[test]
+fn the_raw_logits_example_reduces_logits_to_top_k_records_and_a_divergence() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example.to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("logit_divergence"), "the table shows the divergence: {stdout}");
+
+    // The example's own float64 check: every episode's divergence and every
+    // token record's logprob, entropy and KL, and `trace search` on kl.
+    let check = Command::new("python3")
+        .arg(example.join("gen.py"))
+        .args(["--check", out.path().to_str().unwrap(), "--basecamp", env!("CARGO_BIN_EXE_basecamp")])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // The records carry the sandbox's trace.topK alternatives (default 5),
+    // best first, and the header says so.
+    let traces = traces_under(out.path());
+    assert_eq!(traces.len(), 5);
+    for path in traces {
+        let trace = basecamp_trace::read_trace(&path).unwrap();
+        assert_eq!(trace.header.top_k, 5, "{}", path.display());
+        let tokens: Vec<_> = trace
+            .records
+            .iter()
+            .filter_map(|r| match &r.body {
+                Some(basecamp_trace::pb::record::Body::TokenLogit(t)) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tokens.len(), 5, "3 tool-call tokens and 2 answer tokens: {}", path.display());
+        for t in tokens {
+            assert_eq!(t.top_ids.len(), 5, "{t:?}");
+            assert!(t.top_logprobs.windows(2).all(|w| w[0] >= w[1]), "best first: {t:?}");
+            assert!(t.top_logprobs[0] >= t.logprob, "the emitted token is at most the best: {t:?}");
+            assert!(t.entropy.is_some() && t.kl.is_some(), "{t:?}");
+        }
+    }
+}

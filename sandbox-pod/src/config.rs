@@ -119,7 +119,8 @@ pub fn build_runner(
             )
         })
         .collect();
-    let policy = Policy::from_config(&policy_config(&task.policy, &ctx.base_dir)?)
+    let top_k = sandbox.trace.top_k();
+    let policy = Policy::from_config(&policy_config(&task.policy, &ctx.base_dir, top_k)?)
         .map_err(|e| ConfigError::Policy(e.to_string()))?;
     let (rewards, reward_sources) = match reward_calculator(sandbox)? {
         Some((calculator, sources)) => (Some(calculator), sources),
@@ -153,6 +154,9 @@ pub fn build_runner(
         shard_count: ctx.shard_count,
         config_hash: hash_json(&config_json).0.to_vec(),
         producer_versions: [("basecamp-sandbox".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
+        // The alternatives per token: what raw logits are reduced to, and
+        // what an OpenAI-compatible server is asked for unless the policy says.
+        top_k,
         ..Default::default()
     };
     Ok(EpisodeRunner {
@@ -266,7 +270,9 @@ fn fallback(f: &ApiFallback) -> Fallback {
     }
 }
 
-fn policy_config(spec: &PolicySpec, base_dir: &Path) -> Result<PolicyConfig, ConfigError> {
+/// The policy's configuration; an OpenAI-compatible server is asked for
+/// `top_logprobs` (`policy.topLogprobs`, else the sandbox's `trace.topK`).
+fn policy_config(spec: &PolicySpec, base_dir: &Path, top_k: u32) -> Result<PolicyConfig, ConfigError> {
     if let Some(script) = &spec.scripted {
         return Ok(PolicyConfig::Scripted(ScriptedConfig { path: resolve(base_dir, script) }));
     }
@@ -284,9 +290,7 @@ fn policy_config(spec: &PolicySpec, base_dir: &Path) -> Result<PolicyConfig, Con
     };
     config.temperature = spec.temperature;
     config.max_tokens = spec.max_tokens;
-    if let Some(k) = spec.top_logprobs {
-        config.top_logprobs = k;
-    }
+    config.top_logprobs = spec.top_logprobs.unwrap_or(top_k);
     config.request_timeout = positive(spec.request_timeout(), "spec.policy.requestTimeout")?;
     Ok(PolicyConfig::OpenAi(config))
 }

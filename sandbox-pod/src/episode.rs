@@ -299,6 +299,15 @@ impl std::fmt::Debug for Episode {
 }
 
 impl EpisodeRunner {
+    /// Alternatives per token for records derived from raw logits: the
+    /// header's `top_k` (the sandbox's `trace.topK`), 5 when unset.
+    pub fn top_k(&self) -> u32 {
+        match self.header.top_k {
+            0 => basecamp_api::sandbox::DEFAULT_TOP_K,
+            k => k,
+        }
+    }
+
     /// Runs one episode, writing `<dir>/<id>.trace`. Failures inside the
     /// episode are recorded and end it; only an unwritable trace is an `Err`.
     pub async fn run(&self, input: &EpisodeInput, dir: &Path) -> std::io::Result<EpisodeResult> {
@@ -337,7 +346,12 @@ impl EpisodeRunner {
         header.episode_id = input.id.clone();
         header.start_time_unix_nanos = unix_nanos(SystemTime::now());
         header.training_step = self.training_step;
-        header.top_k = self.policy.top_k();
+        // An OpenAI-compatible server returns what it was asked for; other
+        // policies' records (raw logits) carry the sandbox's trace.topK.
+        header.top_k = match self.policy.top_k() {
+            0 => self.top_k(),
+            k => k,
+        };
         let mut writer = TraceWriter::create(&trace_path, header)?;
 
         let mut memory = Memory::new();
@@ -504,7 +518,7 @@ impl Episode {
         let step = self.step;
         let mut report = StepReport { step, ..Default::default() };
         let derived = match &response.raw_logits {
-            Some(raw) => Some(runner.logits.analyze_blocking(raw.clone(), runner.header.top_k as usize).await),
+            Some(raw) => Some(runner.logits.analyze_blocking(raw.clone(), runner.top_k() as usize).await),
             None => None,
         };
         record_policy_turn(&mut self.writer, step, response, derived, &mut self.state)?;

@@ -239,6 +239,16 @@ fn check_policy_server(
     if server.port == Some(0) {
         problems.push(Problem::error(Rule::OutOfRange, "spec.policy.server.port", "port 0; give the server's port"));
     }
+    if server.port == Some(crate::task::SANDBOX_METRICS_PORT) {
+        problems.push(Problem::error(
+            Rule::OutOfRange,
+            "spec.policy.server.port",
+            format!(
+                "port {} is the sandbox's metrics port in the same pod; give the server another (default 8000)",
+                crate::task::SANDBOX_METRICS_PORT
+            ),
+        ));
+    }
     if !server.readiness_path().starts_with('/') {
         problems.push(Problem::error(
             Rule::InvalidUrl,

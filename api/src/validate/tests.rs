@@ -488,6 +488,15 @@ fn a_policy_server_alone_is_a_policy_and_its_endpoint_is_derived() {
 }
 
 #[test]
+fn a_policy_server_on_the_sandbox_metrics_port_is_refused() {
+    let mut value = good_task();
+    value["policy"] = json!({"model": "m", "server": {"image": "vllm/vllm-openai", "port": 9464}});
+    let messages = check_task(value, good_sandbox()).to_string();
+    assert!(messages.contains("spec.policy.server.port"), "{messages}");
+    assert!(messages.contains("port 9464 is the sandbox's metrics port"), "{messages}");
+}
+
+#[test]
 fn a_policy_server_with_a_scripted_policy_or_without_an_image_is_refused() {
     let mut value = good_task();
     value["policy"] = json!({"scripted": "policy.jsonl", "server": {"image": " "}});

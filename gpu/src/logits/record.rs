@@ -39,7 +39,12 @@ impl TokenStats {
         text: Option<TokenText<'_>>,
     ) -> Result<TokenLogit, LogitsError> {
         let (token_id, logprob) = match chosen {
-            Some(c) => (c.id, (f64::from(c.logit) - f64::from(self.logsumexp)) as f32),
+            // A token in the top-k keeps the top-k's value, so the record
+            // never shows one token with two log-probabilities.
+            Some(c) => match self.top_ids.iter().position(|&id| id == c.id) {
+                Some(i) => (c.id, self.top_logprobs[i]),
+                None => (c.id, (f64::from(c.logit) - f64::from(self.logsumexp)) as f32),
+            },
             None => match (self.top_ids.first(), self.top_logprobs.first()) {
                 (Some(&id), Some(&logprob)) => (id, logprob),
                 _ => return Err(LogitsError::NoToken { row: position as usize }),
