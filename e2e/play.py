@@ -10,7 +10,8 @@ For one Running pod:
     the cluster);
   * the ConfigMap volume's files written to a directory standing in for its
     mount path, and the emptyDir mounted at the working directory: only the
-    path prefixes in args are rewritten;
+    path prefixes in args are rewritten, and `--listen` becomes a free
+    loopback port;
   * the working directory holds the example's files (tools/, services/,
     policy.jsonl), as a tools image would. basecamp-sandbox resolves relative
     paths in the manifests against the manifests' own directory, so the
@@ -128,7 +129,7 @@ class Player:
                 (root / "tmp").mkdir(exist_ok=True)
                 prefixes.append(("/tmp", str(root / "tmp")))
         env = container_env(self.kube, pod, container)
-        args = [rewrite(expand(a, env), prefixes) for a in container.get("args") or []]
+        args = loopback_listen([rewrite(expand(a, env), prefixes) for a in container.get("args") or []])
         command = [expand(c, env) for c in container["command"]]
         if not command[0].endswith("basecamp-sandbox"):
             raise E2EError(f"pod {name}: unexpected sandbox command {command}")
@@ -480,6 +481,17 @@ def expand(text: str, env: dict[str, str]) -> str:
         return env.get(m.group(1), m.group(0))
 
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, text)
+
+
+def loopback_listen(args: list[str]) -> list[str]:
+    """A pod's sandbox listens on all interfaces at a fixed port (its
+    `metrics` port); played here, many at once, it listens on a free
+    loopback port instead."""
+    out = list(args)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--listen":
+            out[i + 1] = "127.0.0.1:0"
+    return out
 
 
 def rewrite(arg: str, prefixes: list[tuple[str, str]]) -> str:

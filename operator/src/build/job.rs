@@ -24,13 +24,15 @@
 
 use std::collections::BTreeMap;
 
+use basecamp_api::task::SANDBOX_METRICS_PORT;
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
     PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource, ObjectFieldSelector,
-    PodSpec, PodTemplateSpec, ResourceRequirements, SecretEnvSource, SecretKeySelector, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements, SecretEnvSource, SecretKeySelector, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
@@ -94,12 +96,17 @@ fn empty_dir(name: &str) -> Volume {
     Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
 }
 
+/// The sandbox container's port that the chart's PodMonitor scrapes.
+pub const METRICS_PORT_NAME: &str = "metrics";
+
 fn env(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), value_from: None }
 }
 
-/// The sandbox's arguments: `run --config ... --shard $(JOB_COMPLETION_INDEX)/N`,
-/// and `--checkpoint-step N` when it evaluates a checkpoint.
+/// The sandbox's arguments: `run --config ... --shard $(JOB_COMPLETION_INDEX)/N
+/// --listen 0.0.0.0:9464` (`/metrics` for the chart's PodMonitor, `/healthz`,
+/// live injection through `kubectl port-forward`), and `--checkpoint-step N`
+/// when it evaluates a checkpoint.
 pub fn sandbox_args(task: &str, variant: &str, shards: u32, step: Option<u64>) -> Vec<String> {
     let mut args: Vec<String> = [
         "run",
@@ -113,6 +120,8 @@ pub fn sandbox_args(task: &str, variant: &str, shards: u32, step: Option<u64>) -
         &format!("$({INDEX_ENV})/{shards}"),
         "--out",
         &format!("{WORK_DIR}/traces"),
+        "--listen",
+        &format!("0.0.0.0:{SANDBOX_METRICS_PORT}"),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -261,6 +270,12 @@ pub fn pod_template(
             }]
         }),
         resources: resources(variant),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.into()),
+            container_port: i32::from(SANDBOX_METRICS_PORT),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
         security_context: Some(container_security_context()),
         volume_mounts: Some(mounts),
         // `kubectl describe pod` then shows the sandbox's last error line

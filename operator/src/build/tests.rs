@@ -121,9 +121,13 @@ fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
             "--shard",
             "$(JOB_COMPLETION_INDEX)/4",
             "--out",
-            "/work/traces"
+            "/work/traces",
+            "--listen",
+            "0.0.0.0:9464"
         ])
     );
+    // The port the chart's PodMonitor scrapes by name.
+    assert_eq!(container["ports"], json!([{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]));
     let env = container["env"].as_array().expect("env");
     let var = |name: &str| env.iter().find(|e| e["name"] == name).cloned().unwrap_or(Value::Null);
     assert_eq!(
