@@ -19,6 +19,7 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::config::Credentials;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
 use tokio::io::AsyncReadExt;
@@ -248,21 +249,44 @@ impl S3Backend {
         .await
     }
 
-    /// Every object under `prefix`'s directory (`key/`), in key order.
-    pub async fn list(&self, prefix: &S3Location) -> Result<Vec<ObjectInfo>, AttemptError> {
-        let dir = prefix.dir_prefix();
-        let mut objects = Vec::new();
+    /// Every page of a ListObjectsV2 of `prefix`'s directory (`key/`),
+    /// optionally with a delimiter, handed to `each` in order; an error past
+    /// [`MAX_LIST_PAGES`] pages.
+    async fn list_pages(
+        &self,
+        prefix: &S3Location,
+        delimiter: Option<&str>,
+        mut each: impl FnMut(&ListObjectsV2Output),
+    ) -> Result<(), AttemptError> {
         let mut token: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
             let page = self
                 .client
                 .list_objects_v2()
                 .bucket(&prefix.bucket)
-                .prefix(&dir)
+                .prefix(prefix.dir_prefix())
+                .set_delimiter(delimiter.map(str::to_string))
                 .set_continuation_token(token.take())
                 .send()
                 .await
                 .map_err(|err| classify(&err))?;
+            each(&page);
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_string()),
+                _ => return Ok(()),
+            }
+        }
+        Err(AttemptError::new(
+            FailureKind::Other,
+            format!("the listing did not end after {MAX_LIST_PAGES} pages; list a narrower prefix"),
+        ))
+    }
+
+    /// Every object under `prefix`'s directory (`key/`), in key order.
+    pub async fn list(&self, prefix: &S3Location) -> Result<Vec<ObjectInfo>, AttemptError> {
+        let dir = prefix.dir_prefix();
+        let mut objects = Vec::new();
+        self.list_pages(prefix, None, |page| {
             for object in page.contents() {
                 if let Some(key) = object.key() {
                     let size = object.size().and_then(|s| u64::try_from(s).ok()).unwrap_or(0);
@@ -271,15 +295,9 @@ impl S3Backend {
                     objects.push(ObjectInfo { location, relative, size });
                 }
             }
-            match page.next_continuation_token() {
-                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_string()),
-                _ => return Ok(objects),
-            }
-        }
-        Err(AttemptError::new(
-            FailureKind::Other,
-            format!("the listing did not end after {MAX_LIST_PAGES} pages; list a narrower prefix"),
-        ))
+        })
+        .await?;
+        Ok(objects)
     }
 
     /// The names of the "sub-directories" directly under `prefix`'s
@@ -290,18 +308,7 @@ impl S3Backend {
     pub async fn list_dirs(&self, prefix: &S3Location) -> Result<Vec<String>, AttemptError> {
         let dir = prefix.dir_prefix();
         let mut names = Vec::new();
-        let mut token: Option<String> = None;
-        for _ in 0..MAX_LIST_PAGES {
-            let page = self
-                .client
-                .list_objects_v2()
-                .bucket(&prefix.bucket)
-                .prefix(&dir)
-                .delimiter("/")
-                .set_continuation_token(token.take())
-                .send()
-                .await
-                .map_err(|err| classify(&err))?;
+        self.list_pages(prefix, Some("/"), |page| {
             for common in page.common_prefixes() {
                 let Some(full) = common.prefix() else { continue };
                 let name = full.strip_prefix(&dir).unwrap_or(full);
@@ -311,19 +318,11 @@ impl S3Backend {
                     names.push(name.to_string());
                 }
             }
-            match page.next_continuation_token() {
-                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_string()),
-                _ => {
-                    names.sort();
-                    names.dedup();
-                    return Ok(names);
-                }
-            }
-        }
-        Err(AttemptError::new(
-            FailureKind::Other,
-            format!("the listing did not end after {MAX_LIST_PAGES} pages; list a narrower prefix"),
-        ))
+        })
+        .await?;
+        names.sort();
+        names.dedup();
+        Ok(names)
     }
 
     /// Whether the object exists: one `HeadObject`, nothing transferred.
