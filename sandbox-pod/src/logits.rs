@@ -7,8 +7,9 @@
 //! The work is `basecamp_gpu`'s fused pass (each input read once), on the
 //! GPU when one is usable and otherwise on the CPU; the [`Analyzer`] is
 //! made at the first turn that needs it (compiling the kernels once) and
-//! shared by every episode of the runner. It runs on tokio's blocking pool:
-//! a `[T, 129280]` turn is tens of MB of reading.
+//! shared by every episode of the runner; a turn whose GPU run fails is
+//! analysed on the CPU instead (a warning in the log). It runs on tokio's
+//! blocking pool: a `[T, 129280]` turn is tens of MB of reading.
 
 use std::sync::{Arc, OnceLock};
 
@@ -62,6 +63,8 @@ pub struct TurnLogits {
 pub struct LogitAnalytics {
     choice: DeviceChoice,
     analyzer: OnceLock<Result<Analyzer, String>>,
+    /// The CPU, for a turn whose GPU run failed.
+    cpu: OnceLock<Analyzer>,
 }
 
 impl std::fmt::Debug for LogitAnalytics {
@@ -73,7 +76,7 @@ impl std::fmt::Debug for LogitAnalytics {
 impl LogitAnalytics {
     /// Analytics on `choice` (`Auto`: the GPU when usable, else the CPU).
     pub fn new(choice: DeviceChoice) -> Self {
-        Self { choice, analyzer: OnceLock::new() }
+        Self { choice, analyzer: OnceLock::new(), cpu: OnceLock::new() }
     }
 
     fn analyzer(&self) -> Result<&Analyzer, RawLogitsError> {
@@ -120,11 +123,21 @@ impl LogitAnalytics {
         }
         let p_view = p.view().map_err(logits_error)?;
         let q_view = q.as_ref().map(LoadedLogits::view).transpose().map_err(logits_error)?;
-        let analyzer = self.analyzer()?;
-        let stats = analyzer.analyze(p_view, q_view, top_k.min(MAX_TOP_K)).map_err(|e| match e {
-            BackendError::Logits(error) => logits_error(error),
-            other => RawLogitsError::Backend(other.to_string()),
-        })?;
+        let k = top_k.min(MAX_TOP_K);
+        let mut analyzer = self.analyzer()?;
+        let stats = match analyzer.analyze(p_view, q_view, k) {
+            Ok(stats) => stats,
+            Err(BackendError::Logits(error)) => return Err(logits_error(error)),
+            // A GPU that fails mid-run costs speed, not the turn's records.
+            Err(gpu_error) => {
+                tracing::warn!(backend = %analyzer.backend(), "raw logits: GPU run failed, using the CPU: {gpu_error}");
+                analyzer = self.cpu.get_or_init(|| Analyzer::new(DeviceChoice::Cpu).expect("the CPU is always there"));
+                analyzer.analyze(p_view, q_view, k).map_err(|e| match e {
+                    BackendError::Logits(error) => logits_error(error),
+                    other => RawLogitsError::Backend(other.to_string()),
+                })?
+            }
+        };
         let records =
             token_logits(&p_view, &stats.tokens(), raw.token_ids.as_deref(), 0, None).map_err(logits_error)?;
         Ok(TurnLogits { records, backend: analyzer.backend().to_string() })
