@@ -16,7 +16,7 @@ use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig
 use basecamp_sandbox::server::ServerState;
 use basecamp_sandbox::tools::Tool;
 use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
-use basecamp_trace::pb::{Header, InjectionTrigger, record::Body};
+use basecamp_trace::pb::{InjectionTrigger, record::Body};
 use basecamp_trace::read_trace;
 use serde_json::json;
 
@@ -30,24 +30,13 @@ fn runner(dir: &Path, live: LiveInjections) -> EpisodeRunner {
     let mut executor = ToolExecutor::new(NullWrites::Warn);
     executor
         .add_tool("track", ToolDef::new(Tool::Recorded(RecordedTool::new("track", fixture)), Duration::from_secs(1)));
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
     EpisodeRunner {
-        executor,
-        policy: Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap(),
-        tools: Vec::new(),
-        system_prompt: None,
         max_steps: 4,
         plan_step_timeout: Duration::from_secs(5),
-        rollback_enabled: true,
         snapshot_interval: 0,
-        error_context: true,
-        injections: Vec::new(),
-        rewards: None,
-        reward_sources: Default::default(),
-        training_step: 0,
-        header: Header::default(),
         live,
-        metrics: None,
-        logits: Default::default(),
+        ..EpisodeRunner::new(executor, policy)
     }
 }
 

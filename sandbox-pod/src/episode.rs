@@ -299,6 +299,34 @@ impl std::fmt::Debug for Episode {
 }
 
 impl EpisodeRunner {
+    /// A runner of `policy` over `executor`'s tools with a SandboxConfig's
+    /// defaults (20 steps, 3 s plan steps, rollback on, error context on,
+    /// snapshots every 10 steps) and nothing else: no tool specs for the
+    /// policy, no system prompt, injections, rewards or metrics. Set the
+    /// fields that differ: `EpisodeRunner { max_steps: 4, ..EpisodeRunner::new(e, p) }`.
+    pub fn new(executor: ToolExecutor, policy: Policy) -> Self {
+        use basecamp_api::sandbox::{DEFAULT_MAX_STEPS, DEFAULT_MEMORY_SNAPSHOT_INTERVAL, DEFAULT_PLAN_STEP_TIMEOUT};
+        Self {
+            executor,
+            policy,
+            tools: Vec::new(),
+            system_prompt: None,
+            max_steps: DEFAULT_MAX_STEPS,
+            plan_step_timeout: DEFAULT_PLAN_STEP_TIMEOUT.to_std().expect("a positive constant"),
+            rollback_enabled: true,
+            snapshot_interval: DEFAULT_MEMORY_SNAPSHOT_INTERVAL,
+            error_context: true,
+            injections: Vec::new(),
+            rewards: None,
+            reward_sources: BTreeMap::new(),
+            training_step: 0,
+            header: Header::default(),
+            live: LiveInjections::default(),
+            metrics: None,
+            logits: Arc::default(),
+        }
+    }
+
     /// Alternatives per token for records derived from raw logits: the
     /// header's `top_k` (the sandbox's `trace.topK`), 5 when unset.
     pub fn top_k(&self) -> u32 {

@@ -17,7 +17,6 @@ use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig
 use basecamp_sandbox::server::ServerState;
 use basecamp_sandbox::tools::Tool;
 use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
-use basecamp_trace::pb::Header;
 use serde_json::{Value, json};
 
 const METHODS: [&str; 5] = ["get", "post", "put", "patch", "delete"];
@@ -174,24 +173,14 @@ fn runner(dir: &std::path::Path) -> EpisodeRunner {
     let mut executor = ToolExecutor::new(NullWrites::Warn);
     executor
         .add_tool("track", ToolDef::new(Tool::Recorded(RecordedTool::new("track", fixture)), Duration::from_secs(1)));
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
     EpisodeRunner {
-        executor,
-        policy: Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap(),
         tools: vec![ToolSpec::new("track", "Track an order.", json!({"type": "object"}))],
         system_prompt: Some("Be brief.".into()),
         max_steps: 3,
         plan_step_timeout: Duration::from_secs(5),
-        rollback_enabled: true,
         snapshot_interval: 0,
-        error_context: true,
-        injections: Vec::new(),
-        rewards: None,
-        reward_sources: Default::default(),
-        training_step: 0,
-        header: Header::default(),
-        live: LiveInjections::default(),
-        metrics: None,
-        logits: Default::default(),
+        ..EpisodeRunner::new(executor, policy)
     }
 }
 

@@ -41,23 +41,10 @@ fn runner(script: &Path) -> EpisodeRunner {
         },
     );
     EpisodeRunner {
-        executor,
-        policy,
-        tools: Vec::new(),
-        system_prompt: None,
         max_steps: 4,
         plan_step_timeout: Duration::from_secs(30),
-        rollback_enabled: true,
-        snapshot_interval: 0,
-        error_context: true,
-        injections: Vec::new(),
-        rewards: None,
-        reward_sources: Default::default(),
-        training_step: 0,
         header: Header { task: "logits".into(), top_k: TOP_K as u32, ..Default::default() },
-        live: Default::default(),
-        metrics: None,
-        logits: Default::default(),
+        ..EpisodeRunner::new(executor, policy)
     }
 }
 

@@ -387,24 +387,15 @@ const SCRIPT: &str = r#"{"episode": "order-7", "turns": [{"tool_calls": [{"name"
 fn runner(dir: &Path, live: LiveInjections, metrics: Option<Arc<SandboxMetrics>>) -> EpisodeRunner {
     let script = dir.join("policy.jsonl");
     std::fs::write(&script, SCRIPT).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
     EpisodeRunner {
-        executor: executor(),
-        policy: Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap(),
-        tools: Vec::new(),
-        system_prompt: None,
         max_steps: 4,
         plan_step_timeout: Duration::from_secs(5),
-        rollback_enabled: true,
         snapshot_interval: 0,
-        error_context: true,
-        injections: Vec::new(),
-        rewards: None,
-        reward_sources: Default::default(),
-        training_step: 0,
         header: Header { task: "server-test".into(), ..Default::default() },
         live,
         metrics,
-        logits: Default::default(),
+        ..EpisodeRunner::new(executor(), policy)
     }
 }
 
