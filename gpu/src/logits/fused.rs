@@ -1,5 +1,6 @@
 //! The fused CPU pass: each row is read once, 16 logits at a time, by one
 //! rayon task; the row's statistics come out of per-lane accumulators.
+//! Where the time goes and what was tried: `bench/README.md` (logits).
 //!
 //! Per row it keeps one running maximum `m` of p (shared by the 16 lanes) and
 //! per lane, relative to `m`:
@@ -24,26 +25,34 @@
 //! base, takes a second float64 pass over q (`KL = b/S - c0 + lse_q - lse_p`);
 //! real logits never need it.
 //!
-//! When a chunk holds a value above `m`, every accumulator is rescaled by
-//! `exp(m_old - m_new)` (`a` also takes `(m_old - m_new) * S`); on real logits
-//! that happens a handful of times per row. Sums run in blocks of 32 chunks
-//! that are folded into the row totals, which keeps float32 rounding error
-//! near `eps * (sqrt(32) + sqrt(V / 512))` instead of `eps * sqrt(V / 16)`.
-//! The inner loop has no branches and no bounds checks; on x86-64 with AVX2
-//! and FMA a second copy compiled for them is picked at run time.
+//! A row goes in blocks of 32 chunks (512 logits; 2 KB of f32, so the block
+//! stays in L1 and memory is still read once), each in two passes:
+//! 1. a scan for p's (and q's) maximum and minimum and for NaN / `+inf`;
+//! 2. the exp sums against a maximum that no longer moves: no branches, no
+//!    per-element flags, no bounds checks.
+//!
+//! Between them, when the block's maximum exceeds `m`, the row totals are
+//! rescaled by `exp(m_old - m_new)` (`a` also takes `(m_old - m_new) * S`);
+//! on real logits that happens a handful of times per row. Only a block whose
+//! maximum beats the current k-th best is looked at for top-k, and only a
+//! block that holds the row maximum splits `n_max` from `s_rest`. Each
+//! block's sums are folded into the row totals, which keeps float32 rounding
+//! error near `eps * (sqrt(32) + sqrt(V / 512))` instead of
+//! `eps * sqrt(V / 16)`. On x86-64 with AVX2 and FMA a second copy compiled
+//! for them is picked at run time.
 
 use rayon::prelude::*;
 
-use super::exp::{exp_clamped as exp_f32, mul_add};
+use super::exp::{FLUSH_BELOW, exp_arg, exp_clamped as exp_f32, mul_add};
 use super::topk::TopK;
 use super::{BadValue, Input, LogitStats, LogitsData, LogitsError, LogitsView, bf16, validate};
 
 const LANES: usize = 16;
 const CHUNKS_PER_BLOCK: usize = 32;
-/// `x - m` is clamped here: `exp` of it is 0, and `0 * d` stays 0 (NaN and
-/// `-inf` differences land here too; NaN inputs are caught separately).
-const D_FLOOR: f32 = -1000.0;
 const NEG_INF: f32 = f32::NEG_INFINITY;
+const SIGN_BIT: u32 = 1 << 31;
+/// q's `-inf` is raised to this in `x - y'`: finite, and below any real logit.
+const Y_FLOOR: f32 = -1e30;
 /// `y' - m` above this would overflow `F`: such a row takes the float64 pass.
 const OVER: f32 = 80.0;
 /// q's shift `c0` is measured over this many leading entries (the GPU
@@ -215,23 +224,128 @@ impl Sums {
     }
 }
 
+/// What the first pass over a block found.
+struct BlockScan {
+    max_p: f32,
+    bad_p: bool,
+    max_q: f32,
+    min_q: f32,
+    bad_q: bool,
+}
+
+/// First pass over a block (cache-resident, so the second pass reads it from
+/// L1): the maxima that decide the rescaling and whether top-k needs to look,
+/// and the validity checks, so that the exp pass carries no per-element flags.
+#[inline(always)]
+fn scan_block<P: Elem, Q: Elem, const PAIR: bool>(xb: &[[P; LANES]], yb: &[[Q; LANES]]) -> BlockScan {
+    // NaN shows as a magnitude (bits without the sign) above +inf's, and
+    // +inf as the maximum: an integer max per lane, where a per-lane flag
+    // made LLVM shuffle its masks between byte and float vectors.
+    let mut max_p = [NEG_INF; LANES];
+    let mut mag_p = [0u32; LANES];
+    let mut max_q = [NEG_INF; LANES];
+    let mut min_q = [f32::INFINITY; LANES];
+    let mut mag_q = [0u32; LANES];
+    let yb = if PAIR { &yb[..xb.len()] } else { yb };
+    for (c, xc) in xb.iter().enumerate() {
+        let xs = widen(xc);
+        for l in 0..LANES {
+            max_p[l] = if xs[l] > max_p[l] { xs[l] } else { max_p[l] };
+            mag_p[l] = mag_p[l].max(xs[l].to_bits() & !SIGN_BIT);
+        }
+        if PAIR {
+            let ys = widen(&yb[c]);
+            for l in 0..LANES {
+                max_q[l] = if ys[l] > max_q[l] { ys[l] } else { max_q[l] };
+                min_q[l] = if ys[l] < min_q[l] { ys[l] } else { min_q[l] };
+                mag_q[l] = mag_q[l].max(ys[l].to_bits() & !SIGN_BIT);
+            }
+        }
+    }
+    let (max_p, max_q) = (max_of(&max_p), max_of(&max_q));
+    let nan = |mag: &[u32; LANES]| mag.iter().fold(0, |a, &m| a.max(m)) > f32::INFINITY.to_bits();
+    BlockScan {
+        max_p,
+        bad_p: nan(&mag_p) || max_p == f32::INFINITY,
+        max_q,
+        min_q: min_q.iter().fold(f32::INFINITY, |m, &y| if y < m { y } else { m }),
+        bad_q: nan(&mag_q) || max_q == f32::INFINITY,
+    }
+}
+
+/// Second pass over a block: the exp sums relative to a fixed row maximum `m`,
+/// no branches. `AT_MAX`: the block holds entries equal to `m`, which count
+/// in `n_max` rather than `s_rest` (every other block has `x - m < 0`).
+#[inline(always)]
+fn exp_sums<P: Elem, Q: Elem, const PAIR: bool, const FMA: bool, const AT_MAX: bool>(
+    xb: &[[P; LANES]],
+    yb: &[[Q; LANES]],
+    m: f32,
+    c0: f32,
+) -> Sums {
+    let mut s = Sums::ZERO;
+    let x_floor = m + 2.0 * FLUSH_BELOW;
+    // A closure does not inherit `target_feature`: it is fast only because
+    // each copy of this function calls it from one place (PAIR is a
+    // constant), so LLVM inlines it. Written out in one loop instead, the f32
+    // copy measured 15% slower; see bench/README.md (logits).
+    let mut step = |xs: [f32; LANES], ys: [f32; LANES]| {
+        for l in 0..LANES {
+            let x = xs[l];
+            let d = x - m;
+            let e = exp_f32::<FMA>(d);
+            if AT_MAX {
+                let at_max = d == 0.0;
+                s.n_max[l] += if at_max { 1.0 } else { 0.0 };
+                s.s_rest[l] += if at_max { 0.0 } else { e };
+            } else {
+                s.s_rest[l] += e;
+            }
+            // exp_arg: finite where d is -inf (e is 0 there).
+            s.a[l] = mul_add::<FMA>(e, exp_arg(d), s.a[l]);
+            if PAIR {
+                // Above OVER the block set q_far and F, G go unused.
+                let y = ys[l] - c0;
+                let f = exp_f32::<FMA>(y - m);
+                s.f[l] += f;
+                s.g[l] += f - e;
+                // x raised to x_floor only where e is 0 anyway, and y to
+                // Y_FLOOR only where it is -inf (then KL is +inf anyway), so
+                // that x - y is finite and e * (x - y) is never 0 * inf.
+                let x = if x > x_floor { x } else { x_floor };
+                let y = if y > Y_FLOOR { y } else { Y_FLOOR };
+                s.b[l] = mul_add::<FMA>(e, x - y, s.b[l]);
+            }
+        }
+    };
+    if PAIR {
+        for (xc, yc) in xb.iter().zip(yb) {
+            step(widen(xc), widen(yc));
+        }
+    } else {
+        for xc in xb {
+            step(widen(xc), [NEG_INF; LANES]);
+        }
+    }
+    s
+}
+
 /// The state of one row being streamed.
 struct RowState<const PAIR: bool, const FMA: bool> {
     m: f32,
     /// q's shift (see the module comment).
     c0: f32,
-    block: Sums,
     total: Sums,
     /// q entries met while p was all `-inf`: `sum exp(y' - pending_max)`.
     pending_max: f64,
     pending_sum: f64,
     /// Some `y' - m` exceeded [`OVER`]: KL needs the float64 pass.
     q_far: bool,
-    bad_p: [u32; LANES],
-    bad_q: [u32; LANES],
-    q_zero: [u32; LANES],
-    q_over: [u32; LANES],
-    q_finite: [u32; LANES],
+    bad_p: bool,
+    bad_q: bool,
+    /// q is `-inf` where p is finite.
+    q_zero: bool,
+    q_finite: bool,
     top: TopK,
     threshold: f32,
 }
@@ -284,34 +398,30 @@ impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
         Self {
             m: NEG_INF,
             c0,
-            block: Sums::ZERO,
             total: Sums::ZERO,
             pending_max: f64::NEG_INFINITY,
             pending_sum: 0.0,
             q_far: false,
-            bad_p: [0; LANES],
-            bad_q: [0; LANES],
-            q_zero: [0; LANES],
-            q_over: [0; LANES],
-            q_finite: [0; LANES],
+            bad_p: false,
+            bad_q: false,
+            q_zero: false,
+            q_finite: false,
             threshold: top.threshold(),
             top,
         }
     }
 
+    /// p's maximum grows to `new_m`: rescale the sums onto it.
     #[cold]
-    fn raise_p<P: Elem>(&mut self, raw: &[P; LANES]) {
-        let new_m = max_of(&widen(raw));
+    fn raise_p(&mut self, new_m: f32) {
         if self.m != NEG_INF {
             let dm = self.m - new_m;
             let c = exp_f32::<FMA>(dm);
             if c == 0.0 {
                 // Everything so far is negligible next to the new maximum
                 // (and dm * S could overflow).
-                self.block = Sums::ZERO;
                 self.total = Sums::ZERO;
             } else {
-                self.block.rescale(dm, c);
                 self.total.rescale(dm, c);
             }
         } else if PAIR && self.pending_sum > 0.0 {
@@ -329,17 +439,12 @@ impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
         self.m = new_m;
     }
 
-    /// A chunk met while p is still all `-inf` (or NaN): only q's mass and
-    /// the validity flags count.
+    /// A block in which p is still all `-inf` (or NaN): only q's mass counts.
     #[cold]
-    fn before_p<P: Elem, Q: Elem>(&mut self, x_raw: &[P; LANES], y_raw: &[Q; LANES]) {
-        let (xs, ys) = (widen(x_raw), widen(y_raw));
-        for l in 0..LANES {
-            self.bad_p[l] |= u32::from(not_a_logit(xs[l]));
-            self.bad_q[l] |= u32::from(not_a_logit(ys[l]));
-            let y = f64::from(ys[l] - self.c0);
+    fn before_p<Q: Elem>(&mut self, yb: &[[Q; LANES]]) {
+        for y in yb.iter().flat_map(widen) {
+            let y = f64::from(y - self.c0);
             if y > f64::NEG_INFINITY && y.is_finite() {
-                self.q_finite[l] = 1;
                 if y > self.pending_max {
                     self.pending_sum *= (self.pending_max - y).exp();
                     self.pending_max = y;
@@ -349,85 +454,78 @@ impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
         }
     }
 
+    /// The block's maximum beats the k-th best so far: look at it chunk by
+    /// chunk, and lane by lane only where a chunk does.
     #[cold]
-    fn offer_top<P: Elem>(&mut self, raw: &[P; LANES], id0: u32) {
-        for (l, &x) in widen(raw).iter().enumerate() {
-            if x > self.threshold {
-                self.top.insert(x, id0 + l as u32);
-                self.threshold = self.top.threshold();
+    fn offer_top<P: Elem>(&mut self, xb: &[[P; LANES]], id0: u32) {
+        for (c, xc) in xb.iter().enumerate() {
+            let xs = widen(xc);
+            if !any_above(&xs, self.threshold) {
+                continue;
+            }
+            let id = id0.wrapping_add((c * LANES) as u32);
+            for (l, &x) in xs.iter().enumerate() {
+                if x > self.threshold {
+                    self.top.insert(x, id + l as u32);
+                    self.threshold = self.top.threshold();
+                }
             }
         }
     }
 
-    /// Sixteen logits of p (and of q when `PAIR`) starting at token `id0`.
-    /// The cold paths take the raw chunks, so that the widened values can
-    /// stay in registers.
+    /// Whether q is `-inf` somewhere p is finite (blocks where q has a `-inf`).
+    #[cold]
+    fn q_rules_out<P: Elem, Q: Elem>(xb: &[[P; LANES]], yb: &[[Q; LANES]]) -> bool {
+        xb.iter().zip(yb).any(|(xc, yc)| widen(xc).iter().zip(widen(yc)).any(|(&x, y)| x > NEG_INF && y == NEG_INF))
+    }
+
+    /// Up to [`CHUNKS_PER_BLOCK`] chunks of p (and of q when `PAIR`) starting
+    /// at token `id0`: one pass for the maxima, one for the sums.
     #[inline(always)]
-    fn chunk<P: Elem, Q: Elem>(&mut self, x_raw: &[P; LANES], y_raw: &[Q; LANES], id0: u32) {
-        let xs = &widen(x_raw);
-        if any_above(xs, self.m) {
-            self.raise_p(x_raw);
+    fn block<P: Elem, Q: Elem>(&mut self, xb: &[[P; LANES]], yb: &[[Q; LANES]], id0: u32) {
+        let scan = scan_block::<P, Q, PAIR>(xb, yb);
+        self.bad_p |= scan.bad_p;
+        if PAIR {
+            self.bad_q |= scan.bad_q;
+            self.q_finite |= scan.max_q > NEG_INF;
         }
-        if PAIR && self.m == NEG_INF {
-            self.before_p(x_raw, y_raw);
+        if scan.max_p > self.m {
+            self.raise_p(scan.max_p);
+        }
+        if self.m == NEG_INF {
+            if PAIR {
+                self.before_p(yb);
+            }
             return;
         }
-        let ys = &widen(y_raw);
-        let m = self.m;
-        let c0 = self.c0;
-        let s = &mut self.block;
-        for l in 0..LANES {
-            let x = xs[l];
-            let d = x - m;
-            let d = if d > D_FLOOR { d } else { D_FLOOR };
-            let e = exp_f32::<FMA>(d);
-            let at_max = d == 0.0;
-            s.n_max[l] += if at_max { 1.0 } else { 0.0 };
-            s.s_rest[l] += if at_max { 0.0 } else { e };
-            s.a[l] = mul_add::<FMA>(e, d, s.a[l]);
-            self.bad_p[l] |= u32::from(not_a_logit(x));
-            if PAIR {
-                let y_raw = ys[l];
-                let y = y_raw - c0;
-                let df = y - m;
-                let over = df > OVER;
-                let df = if df > D_FLOOR { df } else { D_FLOOR };
-                let df = if df < OVER { df } else { OVER };
-                let f = exp_f32::<FMA>(df);
-                let f = if over { 0.0 } else { f };
-                s.f[l] += f;
-                s.g[l] += f - e;
-                let term = e * (x - y);
-                s.b[l] += if e > 0.0 { term } else { 0.0 };
-                self.q_over[l] |= u32::from(over);
-                self.q_finite[l] |= u32::from(y_raw > NEG_INF);
-                self.q_zero[l] |= u32::from(x > NEG_INF) & u32::from(y_raw == NEG_INF);
-                self.bad_q[l] |= u32::from(not_a_logit(y_raw));
+        if scan.max_p > self.threshold {
+            self.offer_top(xb, id0);
+        }
+        if PAIR {
+            self.q_far |= (scan.max_q - self.c0) - self.m > OVER;
+            if scan.min_q == NEG_INF && !self.q_zero {
+                self.q_zero = Self::q_rules_out(xb, yb);
             }
         }
-        if any_above(xs, self.threshold) {
-            self.offer_top(x_raw, id0);
-        }
-    }
-
-    #[inline(always)]
-    fn fold_block(&mut self) {
-        self.total.add(&self.block);
-        self.block = Sums::ZERO;
+        let (m, c0) = (self.m, self.c0);
+        let sums = if scan.max_p == m {
+            exp_sums::<P, Q, PAIR, FMA, true>(xb, yb, m, c0)
+        } else {
+            exp_sums::<P, Q, PAIR, FMA, false>(xb, yb, m, c0)
+        };
+        self.total.add(&sums);
     }
 
     /// Close the row; `lse_q` runs the float64 pass over q when KL needs it.
-    fn finish(mut self, lse_q: impl FnOnce() -> f64) -> RowResult {
-        self.fold_block();
-        let any = |mask: &[u32; LANES]| mask.iter().any(|&v| v != 0);
+    fn finish(self, lse_q: impl FnOnce() -> f64) -> RowResult {
         let sum = |v: &[f32; LANES]| v.iter().map(|&x| f64::from(x)).sum::<f64>();
-        let status = if any(&self.bad_p) {
+        let status = if self.bad_p {
             RowStatus::NonFinite(Input::P)
-        } else if PAIR && any(&self.bad_q) {
+        } else if PAIR && self.bad_q {
             RowStatus::NonFinite(Input::Q)
         } else if self.m == NEG_INF {
             RowStatus::Empty(Input::P)
-        } else if PAIR && !any(&self.q_finite) {
+        } else if PAIR && !self.q_finite {
             RowStatus::Empty(Input::Q)
         } else {
             RowStatus::Ok
@@ -440,11 +538,11 @@ impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
         let entropy = (ln_s - sum(&self.total.a) / s).max(0.0);
         let kl = if !PAIR || status != RowStatus::Ok {
             0.0
-        } else if any(&self.q_zero) {
+        } else if self.q_zero {
             f64::INFINITY
         } else {
             let (b, f, g) = (sum(&self.total.b) / s, sum(&self.total.f), sum(&self.total.g) / s);
-            let kl = if self.q_far || any(&self.q_over) || f < F_UNDERFLOW {
+            let kl = if self.q_far || f < F_UNDERFLOW {
                 b - f64::from(self.c0) + lse_q() - (m + ln_s)
             } else if g.abs() < 0.5 {
                 b + g.ln_1p()
@@ -472,27 +570,16 @@ fn row_kernel<P: Elem, Q: Elem, const PAIR: bool, const FMA: bool>(x: &[P], y: &
     let mut state = RowState::<PAIR, FMA>::new(k, c0);
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (y_chunks, y_tail) = y.as_chunks::<LANES>();
+    let mut y_blocks = y_chunks.chunks(CHUNKS_PER_BLOCK);
     let mut id0 = 0u32;
-    if PAIR {
-        for (xb, yb) in x_chunks.chunks(CHUNKS_PER_BLOCK).zip(y_chunks.chunks(CHUNKS_PER_BLOCK)) {
-            for (xc, yc) in xb.iter().zip(yb) {
-                state.chunk(xc, yc, id0);
-                id0 = id0.wrapping_add(LANES as u32);
-            }
-            state.fold_block();
-        }
-    } else {
-        let none = [NEG_INF; LANES];
-        for xb in x_chunks.chunks(CHUNKS_PER_BLOCK) {
-            for xc in xb {
-                state.chunk(xc, &none, id0);
-                id0 = id0.wrapping_add(LANES as u32);
-            }
-            state.fold_block();
-        }
+    for xb in x_chunks.chunks(CHUNKS_PER_BLOCK) {
+        let yb: &[[Q; LANES]] = if PAIR { y_blocks.next().unwrap_or_default() } else { &[] };
+        state.block(xb, yb, id0);
+        id0 = id0.wrapping_add((xb.len() * LANES) as u32);
     }
     if !x_tail.is_empty() {
-        state.chunk(&widen_tail(x_tail), &widen_tail(y_tail), id0);
+        let yb: &[[f32; LANES]] = if PAIR { &[widen_tail(y_tail)] } else { &[] };
+        state.block::<f32, f32>(&[widen_tail(x_tail)], yb, id0);
     }
     state.finish(|| lse_f64(y))
 }

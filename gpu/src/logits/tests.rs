@@ -119,6 +119,92 @@ fn every_kernel_matches_float64_on_fresh_random_rows_of_every_shape() {
     }
 }
 
+/// Hold every kernel to the oracle on hand-made rows `[p_i, q_i]`.
+fn check_rows(what: &str, rows: &[(Vec<f32>, Vec<f32>)], k: usize) {
+    let vocab = rows[0].0.len();
+    let p: Vec<f32> = rows.iter().flat_map(|(p, _)| p.clone()).collect();
+    let q: Vec<f32> = rows.iter().flat_map(|(_, q)| q.clone()).collect();
+    let (pv, qv) =
+        (LogitsView::f32(&p, rows.len(), vocab).expect("p"), LogitsView::f32(&q, rows.len(), vocab).expect("q"));
+    for q in [None, Some(qv)] {
+        let want = reference(pv, q, k).expect("valid rows");
+        for kernel in kernels() {
+            let mut out = LogitStats::poisoned(rows.len(), vocab, k, q.is_some());
+            analyze_into(pv, q, k, kernel, &mut out).unwrap_or_else(|e| panic!("{what}, {}: {e}", kernel.name()));
+            let dev = deviation(&out, &want);
+            assert!(dev.within(F32_LIMIT, KL_FLOOR), "{what}, {}, kl {}: {dev:?}", kernel.name(), q.is_some());
+        }
+    }
+}
+
+#[test]
+fn maxima_ties_and_minus_infinity_across_block_boundaries_match_float64() {
+    // The fused pass works in blocks of 512 (a scan for the maxima, then
+    // the sums): rows whose maximum moves up in every block, ties of the
+    // maximum in blocks after the one that set it, a maximum in the tail,
+    // p all -inf for whole blocks, and q -inf only where p is too, or where
+    // p is finite but far below its maximum (KL +inf all the same).
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let vocab = 3 * 512 + 17;
+    let gauss = |rng: &mut Rng| -> Vec<f32> { (0..vocab).map(|_| (2.0 * rng.normal()) as f32).collect() };
+    let mut rows = Vec::new();
+    let ramp: Vec<f32> = (0..vocab).map(|i| i as f32 * 0.01).collect();
+    rows.push((ramp.clone(), perturbed(&mut rng, &ramp, 0.1)));
+    let mut tied = gauss(&mut rng);
+    for i in [5, 600, 1100, 1540] {
+        tied[i] = 9.0;
+    }
+    rows.push((tied.clone(), perturbed(&mut rng, &tied, 0.1)));
+    let mut tail_peak: Vec<f32> = gauss(&mut rng).iter().map(|x| x - 40.0).collect();
+    tail_peak[vocab - 3] = 0.0;
+    rows.push((tail_peak.clone(), perturbed(&mut rng, &tail_peak, 0.1)));
+    let mut late = gauss(&mut rng);
+    late[..1030].fill(f32::NEG_INFINITY);
+    rows.push((late.clone(), gauss(&mut rng)));
+    let mut both = gauss(&mut rng);
+    both[512..1024].fill(f32::NEG_INFINITY);
+    let mut q_both = perturbed(&mut rng, &both, 0.3);
+    q_both[700] = f32::NEG_INFINITY;
+    rows.push((both, q_both));
+    check_rows(&format!("seed {seed}"), &rows, 7);
+
+    let mut far = gauss(&mut rng);
+    far[1200] = -300.0;
+    let mut q_far = perturbed(&mut rng, &far, 0.1);
+    q_far[1200] = f32::NEG_INFINITY;
+    let (pv, qv) = (LogitsView::f32(&far, 1, vocab).expect("p"), LogitsView::f32(&q_far, 1, vocab).expect("q"));
+    for kernel in kernels() {
+        let mut out = LogitStats::poisoned(1, vocab, 3, true);
+        analyze_into(pv, Some(qv), 3, kernel, &mut out).expect("valid");
+        assert_eq!(out.kl().expect("pair")[0], f32::INFINITY, "{}; seed {seed}", kernel.name());
+    }
+}
+
+#[test]
+fn bad_values_are_found_in_any_block_and_in_the_tail() {
+    let vocab = 2 * 512 + 9;
+    for column in [0, 511, 512, 700, vocab - 1] {
+        for (bad, word) in [(f32::NAN, "NaN"), (-f32::NAN, "NaN"), (f32::INFINITY, "+inf")] {
+            let good = vec![0.25f32; vocab];
+            let mut x = good.clone();
+            // The bad value sits among -inf, where the maximum does not look.
+            x[column.saturating_sub(3)..(column + 3).min(vocab)].fill(f32::NEG_INFINITY);
+            x[column] = bad;
+            let (bad_view, good_view) =
+                (LogitsView::f32(&x, 1, vocab).expect("1 x V"), LogitsView::f32(&good, 1, vocab).expect("1 x V"));
+            for kernel in kernels() {
+                for (p, q, input) in [(bad_view, None, "p"), (good_view, Some(bad_view), "q")] {
+                    let mut out = LogitStats::poisoned(1, vocab, 3, q.is_some());
+                    let error = analyze_into(p, q, 3, kernel, &mut out).expect_err("bad input");
+                    let want = format!("logits {input} row 0 column {column} is {word}");
+                    assert!(error.to_string().starts_with(&want), "{}: {error} (want {want})", kernel.name());
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn every_row_length_around_the_lane_width_is_handled() {
     let seed = fresh_seed();
