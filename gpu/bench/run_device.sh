@@ -24,7 +24,9 @@ if [[ "${1:-}" == "--prepare" ]]; then
     set -e
     cargo build --release -p basecamp-gpu --example gpu_bench
     mkdir -p "$BIN"
-    cp target/release/examples/gpu_bench "$BIN/"
+    # CARGO_TARGET_DIR (the CI cache) or ./target: wherever cargo built it.
+    target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    cp "$target_dir/release/examples/gpu_bench" "$BIN/"
     test_bin=$(cargo test --release -p basecamp-gpu --test gpu_logits --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for l in sys.stdin:
