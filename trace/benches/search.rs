@@ -8,7 +8,9 @@
 //! - `search`: `Query::search_file` over every file (the path of `basecamp
 //!   trace search`), a selective condition;
 //! - `scan` (the floor): every record read with `next_raw` and nothing
-//!   evaluated: what checksums and zstd alone cost;
+//!   evaluated: what checksums and zstd alone cost when every frame is
+//!   decompressed (search, which skips the token_logit frames its query
+//!   does not need, can run below it);
 //! - `jq` (the baseline): the same traces exported to JSON Lines (one
 //!   record per line in the proto3 JSON mapping, as `basecamp trace parse
 //!   --output json` shows them, plus the episode id), filtered by
@@ -260,8 +262,9 @@ fn export_jsonl(trace: &Path, out: &Path) -> u64 {
     n
 }
 
-/// Encoded bytes of the token_logit records (what a frame-level section
-/// mask would let a search that does not name token_logit skip).
+/// Encoded bytes of the token_logit records (what the frame-level kind
+/// mask of format version 2 lets a search that does not name token_logit
+/// skip without decompressing).
 fn token_logit_bytes(trace: &[u8]) -> u64 {
     let mut reader = TraceReader::new(trace, "t").expect("a generated trace");
     let mut n = 0;

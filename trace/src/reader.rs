@@ -7,6 +7,15 @@
 //! yields its complete frames and then [`TraceError::Truncated`]; damage
 //! yields the frames before it and then [`TraceError::Corrupt`] with the
 //! byte offset of the bad frame.
+//!
+//! A reader told which record kinds it needs
+//! ([`TraceReader::skip_frames_without`]) skips the frames of a version-2
+//! file that cannot hold them without decompressing them (see
+//! [`crate::format`]). A skipped frame's header checksum and payload
+//! checksum are still verified (the CRC costs a pass over the compressed
+//! bytes, a small fraction of decompressing them), so a flipped byte is
+//! reported whatever the query; what is not checked for a skipped frame is
+//! that its payload decompresses to `raw_len` bytes of valid records.
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
@@ -21,10 +30,13 @@ use crate::format::{
 };
 use crate::pb::{Header, Record, TraceIndex, record::Body};
 
-/// One verified, decompressed frame.
+/// One verified frame: decompressed into `FrameReader::raw`, or skipped
+/// (then `raw` is empty).
 struct Frame {
     kind: FrameKind,
     offset: u64,
+    record_kinds: u16,
+    continues_step: bool,
 }
 
 /// Reads frames one by one from a position known to start a frame.
@@ -35,6 +47,10 @@ struct FrameReader<R> {
     compressed: Vec<u8>,
     raw: Vec<u8>,
     decompressor: zstd::bulk::Decompressor<'static>,
+    /// The file's format version (from the preamble).
+    version: u32,
+    decompressed: u64,
+    skipped: u64,
 }
 
 enum FrameRead {
@@ -44,9 +60,19 @@ enum FrameRead {
 }
 
 impl<R: Read> FrameReader<R> {
-    fn new(inner: R, file: String, offset: u64) -> Result<Self, TraceError> {
+    fn new(inner: R, file: String, offset: u64, version: u32) -> Result<Self, TraceError> {
         let decompressor = zstd::bulk::Decompressor::new().map_err(|source| TraceError::io(file.clone(), source))?;
-        Ok(Self { inner, file, offset, compressed: Vec::new(), raw: Vec::new(), decompressor })
+        Ok(Self {
+            inner,
+            file,
+            offset,
+            compressed: Vec::new(),
+            raw: Vec::new(),
+            decompressor,
+            version,
+            decompressed: 0,
+            skipped: 0,
+        })
     }
 
     fn corrupt(&self, offset: u64, reason: impl Into<String>) -> TraceError {
@@ -55,7 +81,9 @@ impl<R: Read> FrameReader<R> {
 
     /// Reads the next frame into `self.raw`. `Ok(None)`-like EOF only at a boundary;
     /// a partial header or payload is reported as a truncation at `offset`.
-    fn next_frame(&mut self) -> Result<FrameRead, FrameError> {
+    /// With `wanted`, a frame that [`FrameHeader::skippable_for`] it is
+    /// checksummed but not decompressed (`self.raw` is left empty).
+    fn next_frame(&mut self, wanted: Option<u16>) -> Result<FrameRead, FrameError> {
         let start = self.offset;
         let mut header = [0u8; FRAME_HEADER_LEN];
         match read_full(&mut self.inner, &mut header).map_err(|e| self.io(e))? {
@@ -63,7 +91,9 @@ impl<R: Read> FrameReader<R> {
             n if n < FRAME_HEADER_LEN => return Err(FrameError::Truncated(start)),
             _ => {}
         }
-        let header = FrameHeader::decode(&header).map_err(|reason| FrameError::Fatal(self.corrupt(start, reason)))?;
+        let header = FrameHeader::decode(&header)
+            .and_then(|h| h.check_version(self.version).map(|()| h))
+            .map_err(|reason| FrameError::Fatal(self.corrupt(start, reason)))?;
         self.compressed.clear();
         self.compressed.resize(header.compressed_len as usize, 0);
         let got = read_full(&mut self.inner, &mut self.compressed).map_err(|e| self.io(e))?;
@@ -77,7 +107,18 @@ impl<R: Read> FrameReader<R> {
                 format!("payload checksum mismatch (stored {:08x}, computed {crc:08x})", header.payload_crc),
             )));
         }
+        let frame = Frame {
+            kind: header.kind,
+            offset: start,
+            record_kinds: header.record_kinds,
+            continues_step: header.flags & format::FLAG_CONTINUES_STEP != 0,
+        };
         self.raw.clear();
+        if wanted.is_some_and(|w| header.skippable_for(w)) {
+            self.skipped += 1;
+            self.offset += (FRAME_HEADER_LEN + self.compressed.len()) as u64;
+            return Ok(FrameRead::Frame(frame));
+        }
         self.raw.reserve(header.raw_len as usize);
         let n = self
             .decompressor
@@ -88,8 +129,9 @@ impl<R: Read> FrameReader<R> {
                 self.corrupt(start, format!("decompressed to {n} bytes, header says {}", header.raw_len)),
             ));
         }
+        self.decompressed += 1;
         self.offset += (FRAME_HEADER_LEN + self.compressed.len()) as u64;
-        Ok(FrameRead::Frame(Frame { kind: header.kind, offset: start }))
+        Ok(FrameRead::Frame(frame))
     }
 
     fn io(&self, source: io::Error) -> FrameError {
@@ -117,8 +159,8 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(filled)
 }
 
-/// Checks the preamble; returns nothing useful but a clear error.
-fn read_preamble(r: &mut impl Read, file: &str) -> Result<(), TraceError> {
+/// Checks the preamble and returns the file's format version.
+fn read_preamble(r: &mut impl Read, file: &str) -> Result<u32, TraceError> {
     let mut pre = [0u8; PREAMBLE_LEN];
     let n = read_full(r, &mut pre).map_err(|source| TraceError::io(file, source))?;
     if n == 0 {
@@ -143,7 +185,7 @@ fn read_preamble(r: &mut impl Read, file: &str) -> Result<(), TraceError> {
     if version > FORMAT_VERSION {
         return Err(TraceError::UnsupportedFormat { file: file.into(), version, supported: FORMAT_VERSION });
     }
-    Ok(())
+    Ok(version)
 }
 
 fn check_header(header: &Header, file: &str) -> Result<(), TraceError> {
@@ -180,6 +222,11 @@ pub struct TraceReader<R> {
     /// Distinct steps (other than 0) seen in verified frames.
     steps_seen: u32,
     tail: Option<Tail>,
+    /// Record-kinds mask and continues-step flag of the current frame.
+    frame_kinds: u16,
+    frame_continues: bool,
+    /// Set by [`TraceReader::skip_frames_without`].
+    wanted: Option<u16>,
 }
 
 impl TraceReader<BufReader<File>> {
@@ -195,9 +242,9 @@ impl<R: Read> TraceReader<R> {
     /// Reads the preamble and the header; `name` is used in every error.
     pub fn new(mut inner: R, name: impl Into<String>) -> Result<Self, TraceError> {
         let file = name.into();
-        read_preamble(&mut inner, &file)?;
-        let mut frames = FrameReader::new(inner, file.clone(), PREAMBLE_LEN as u64)?;
-        let frame = match frames.next_frame() {
+        let version = read_preamble(&mut inner, &file)?;
+        let mut frames = FrameReader::new(inner, file.clone(), PREAMBLE_LEN as u64, version)?;
+        let frame = match frames.next_frame(None) {
             Ok(FrameRead::Frame(f)) => f,
             Ok(FrameRead::Eof) | Err(FrameError::Truncated(_)) => {
                 return Err(TraceError::Truncated { file, offset: PREAMBLE_LEN as u64, steps_recovered: 0 });
@@ -225,7 +272,34 @@ impl<R: Read> TraceReader<R> {
             last_kind: RecordKind::Header,
             steps_seen: 0,
             tail: None,
+            frame_kinds: frame.record_kinds,
+            frame_continues: frame.continues_step,
+            wanted: None,
         })
+    }
+
+    /// Lets the reader skip, undecompressed, frames that hold none of
+    /// `kinds` and only records of a step already read (version-2 files;
+    /// see [`crate::format`]). Records of other kinds may still be yielded
+    /// (those sharing a frame with wanted ones); no record of `kinds` and no
+    /// step is lost. Checksums are verified on skipped frames too.
+    pub fn skip_frames_without(&mut self, kinds: &[RecordKind]) {
+        self.wanted = Some(kinds.iter().fold(0, |mask, k| mask | k.bit()));
+    }
+
+    /// The file's format version.
+    pub fn format_version(&self) -> u32 {
+        self.frames.version
+    }
+
+    /// Frames decompressed so far, the header's included.
+    pub fn frames_decompressed(&self) -> u64 {
+        self.frames.decompressed
+    }
+
+    /// Frames skipped without decompressing ([`TraceReader::skip_frames_without`]).
+    pub fn frames_skipped(&self) -> u64 {
+        self.frames.skipped
     }
 
     pub fn header(&self) -> &Header {
@@ -306,6 +380,23 @@ impl<R: Read> TraceReader<R> {
         }
     }
 
+    /// Why a record contradicts its frame header's mask or flag, if it does:
+    /// readers that skip frames trust both, so a lie is corruption.
+    fn mask_lie(&self, step: u32, kind: RecordKind) -> Option<String> {
+        if self.frame_kinds != 0 && self.frame_kinds & kind.bit() == 0 {
+            return Some(format!(
+                "a record of body field {} in a frame whose header lists kinds {:#06x}",
+                kind.field(),
+                self.frame_kinds
+            ));
+        }
+        if self.frame_continues && self.last_step != Some(step) {
+            let previous = self.last_step.map_or_else(|| "none".to_string(), |s| s.to_string());
+            return Some(format!("a record of step {step} in a frame whose header says it continues step {previous}"));
+        }
+        None
+    }
+
     /// Moves to the next record and returns its byte range in the frame.
     fn advance(&mut self) -> Option<Result<std::ops::Range<usize>, TraceError>> {
         if self.tail.is_some() {
@@ -316,6 +407,14 @@ impl<R: Read> TraceReader<R> {
                 let at = self.pos;
                 return match split_record(&self.frames.raw[at..]) {
                     Ok((len_prefix, len, step, kind)) => {
+                        if let Some(reason) = self.mask_lie(step, kind) {
+                            let err = TraceError::Corrupt {
+                                file: self.frames.file.clone(),
+                                offset: self.frame_offset,
+                                reason: format!("record {at} bytes into the frame: {reason}"),
+                            };
+                            return self.stop(Tail::Damaged(err)).map(Err);
+                        }
                         let start = at + len_prefix;
                         self.pos = start + len;
                         if step > 0 && self.last_step != Some(step) {
@@ -335,9 +434,13 @@ impl<R: Read> TraceReader<R> {
                     }
                 };
             }
-            match self.frames.next_frame() {
+            // Skipping needs a step already read for the skipped frame to continue.
+            let wanted = self.wanted.filter(|_| self.last_step.is_some());
+            match self.frames.next_frame(wanted) {
                 Ok(FrameRead::Frame(frame)) => {
                     self.frame_offset = frame.offset;
+                    self.frame_kinds = frame.record_kinds;
+                    self.frame_continues = frame.continues_step;
                     self.pos = 0;
                     match frame.kind {
                         FrameKind::Records => self.in_records_frame = true,
@@ -401,6 +504,45 @@ pub enum RecordKind {
 }
 
 impl RecordKind {
+    /// The kind of a record with this body.
+    pub fn of_body(body: Option<&Body>) -> Self {
+        match body {
+            None => Self::Other(0),
+            Some(Body::Header(_)) => Self::Header,
+            Some(Body::PlanStep(_)) => Self::PlanStep,
+            Some(Body::MemoryDelta(_)) => Self::MemoryDelta,
+            Some(Body::TokenLogit(_)) => Self::TokenLogit,
+            Some(Body::RewardSignal(_)) => Self::RewardSignal,
+            Some(Body::ErrorContext(_)) => Self::ErrorContext,
+            Some(Body::MemorySnapshot(_)) => Self::MemorySnapshot,
+            Some(Body::PolicyTurn(_)) => Self::PolicyTurn,
+            Some(Body::Injection(_)) => Self::Injection,
+            Some(Body::EpisodeEnd(_)) => Self::EpisodeEnd,
+        }
+    }
+
+    /// The `Record` field number of the body.
+    pub fn field(self) -> u32 {
+        match self {
+            Self::Header => 2,
+            Self::PlanStep => 3,
+            Self::MemoryDelta => 4,
+            Self::TokenLogit => 5,
+            Self::RewardSignal => 6,
+            Self::ErrorContext => 7,
+            Self::MemorySnapshot => 8,
+            Self::PolicyTurn => 9,
+            Self::Injection => 10,
+            Self::EpisodeEnd => 11,
+            Self::Other(field) => field,
+        }
+    }
+
+    /// This kind's bit in a frame header's record-kinds mask.
+    pub fn bit(self) -> u16 {
+        format::kind_bit(self.field())
+    }
+
     fn from_field(field: u32) -> Self {
         match field {
             2 => Self::Header,
@@ -521,6 +663,8 @@ pub struct IndexedTrace<R> {
     inner: R,
     file: String,
     header: Header,
+    /// The file's format version.
+    version: u32,
     index: StepIndex,
     /// Set when the index was rebuilt by scanning and the scan hit damage.
     damage: Option<TraceError>,
@@ -540,8 +684,11 @@ impl<R: Read + Seek> IndexedTrace<R> {
         let file = name.into();
         let io = |source| TraceError::io(file.clone(), source);
         inner.seek(SeekFrom::Start(0)).map_err(io)?;
-        let header = TraceReader::new(&mut inner, file.clone())?.header;
-        let footer = Self::read_footer(&mut inner, &file).map_err(io)?;
+        let (header, version) = {
+            let reader = TraceReader::new(&mut inner, file.clone())?;
+            (reader.header, reader.frames.version)
+        };
+        let footer = Self::read_footer(&mut inner, &file, version).map_err(io)?;
         let (index, damage) = match footer {
             Some(index) => (index, None),
             None => {
@@ -549,11 +696,11 @@ impl<R: Read + Seek> IndexedTrace<R> {
                 Self::scan(&mut inner, &file)?
             }
         };
-        Ok(Self { inner, file, header, index, damage })
+        Ok(Self { inner, file, header, version, index, damage })
     }
 
     /// The footer's index, or `None` when there is no valid footer.
-    fn read_footer(inner: &mut R, file: &str) -> io::Result<Option<StepIndex>> {
+    fn read_footer(inner: &mut R, file: &str, version: u32) -> io::Result<Option<StepIndex>> {
         let len = inner.seek(SeekFrom::End(0))?;
         if len < (PREAMBLE_LEN + TRAILER_LEN) as u64 {
             return Ok(None);
@@ -566,10 +713,10 @@ impl<R: Read + Seek> IndexedTrace<R> {
             return Ok(None);
         }
         inner.seek(SeekFrom::Start(index_offset))?;
-        let Ok(mut frames) = FrameReader::new(&mut *inner, file.to_string(), index_offset) else {
+        let Ok(mut frames) = FrameReader::new(&mut *inner, file.to_string(), index_offset, version) else {
             return Ok(None);
         };
-        let Ok(FrameRead::Frame(frame)) = frames.next_frame() else {
+        let Ok(FrameRead::Frame(frame)) = frames.next_frame(None) else {
             return Ok(None);
         };
         if frame.kind != FrameKind::Index {
@@ -623,10 +770,10 @@ impl<R: Read + Seek> IndexedTrace<R> {
             .ok_or_else(|| TraceError::StepNotFound { file: self.file.clone(), step })?;
         let io = |source| TraceError::io(self.file.clone(), source);
         self.inner.seek(SeekFrom::Start(offset)).map_err(io)?;
-        let mut frames = FrameReader::new(BufReader::new(&mut self.inner), self.file.clone(), offset)?;
+        let mut frames = FrameReader::new(BufReader::new(&mut self.inner), self.file.clone(), offset, self.version)?;
         let mut out = Vec::new();
         loop {
-            let frame = match frames.next_frame() {
+            let frame = match frames.next_frame(None) {
                 Ok(FrameRead::Frame(f)) if f.kind == FrameKind::Records => f,
                 Ok(_) => return Ok(out),
                 Err(FrameError::Truncated(at)) => {

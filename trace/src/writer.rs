@@ -1,10 +1,17 @@
 //! The streaming trace writer.
 //!
 //! Records are encoded into an in-memory buffer as the episode runs; every
-//! [`TraceWriter::end_step`] compresses that buffer into one checksummed zstd
+//! [`TraceWriter::end_step`] compresses that buffer into a checksummed zstd
 //! frame and hands it to the operating system, so a process killed at any
 //! moment leaves every completed step readable. [`TraceWriter::finish`]
 //! appends the episode end, the step index and the trailer.
+//!
+//! A frame also closes when the step changes and when the records switch
+//! between token_logit and other kinds, so token logits sit in frames of
+//! their own that readers which do not want them can skip undecompressed;
+//! each frame's header says which record kinds it holds and whether it
+//! continues the previous frame's step (see [`crate::format`]). The records
+//! stay in the order they were appended.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -14,6 +21,7 @@ use prost::Message;
 
 use crate::format::{self, FRAME_FLUSH_THRESHOLD, FrameHeader, FrameKind, SCHEMA_MAJOR, SCHEMA_MINOR};
 use crate::pb::{EpisodeEnd, Header, IndexEntry, Record, TraceIndex, record::Body};
+use crate::reader::RecordKind;
 
 /// zstd level used when none is given: fast, and within a few percent of level 6's size.
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
@@ -34,6 +42,12 @@ pub struct TraceWriter<W: Write> {
     index: Vec<IndexEntry>,
     last_step: Option<u32>,
     record_count: u64,
+    /// Record-kinds mask of the records in `raw`.
+    raw_kinds: u16,
+    /// Whether `raw` holds token_logit records (then it holds nothing else).
+    raw_is_tokens: bool,
+    /// Step of the last records frame written, the header frame left out.
+    last_frame_step: Option<u32>,
 }
 
 impl TraceWriter<File> {
@@ -62,9 +76,16 @@ impl<W: Write> TraceWriter<W> {
             index: Vec::new(),
             last_step: None,
             record_count: 0,
+            raw_kinds: 0,
+            raw_is_tokens: false,
+            last_frame_step: None,
         };
         writer.append(0, Body::Header(header))?;
         writer.end_step()?;
+        // Step 0's first records frame must not claim to continue the header
+        // frame: sequential readers never yield the header record, so a
+        // reader skipping that frame would lose step 0.
+        writer.last_frame_step = None;
         Ok(writer)
     }
 
@@ -75,8 +96,15 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub fn write_record(&mut self, record: &Record) -> io::Result<()> {
+        let kind = RecordKind::of_body(record.body.as_ref());
+        let is_tokens = kind == RecordKind::TokenLogit;
+        if !self.raw.is_empty() && (self.last_step != Some(record.step) || self.raw_is_tokens != is_tokens) {
+            self.write_frame(FrameKind::Records)?;
+        }
+        self.raw_kinds |= kind.bit();
+        self.raw_is_tokens = is_tokens;
         if self.last_step != Some(record.step) {
-            // The pending frame (or the next one, if the buffer is empty) starts at `offset`.
+            // The buffer is empty (closed above), so the step's first frame starts at `offset`.
             self.index.push(IndexEntry { step: record.step, offset: self.offset });
             self.last_step = Some(record.step);
         }
@@ -122,6 +150,14 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn write_frame(&mut self, kind: FrameKind) -> io::Result<()> {
+        let (record_kinds, flags) = match kind {
+            FrameKind::Records => {
+                let step = self.last_step.expect("a records frame holds at least one record");
+                let continues = self.last_frame_step == Some(step);
+                (self.raw_kinds, if continues { format::FLAG_CONTINUES_STEP } else { 0 })
+            }
+            FrameKind::Index => (0, 0),
+        };
         let bound = zstd::zstd_safe::compress_bound(self.raw.len());
         self.compressed.clear();
         self.compressed.reserve(bound);
@@ -130,6 +166,8 @@ impl<W: Write> TraceWriter<W> {
         compressor.compress_to_buffer(&self.raw, &mut self.compressed)?;
         let header = FrameHeader {
             kind,
+            record_kinds,
+            flags,
             compressed_len: len_u32(self.compressed.len())?,
             raw_len: len_u32(self.raw.len())?,
             payload_crc: crc32fast::hash(&self.compressed),
@@ -140,6 +178,10 @@ impl<W: Write> TraceWriter<W> {
         out.flush()?;
         self.offset += (format::FRAME_HEADER_LEN + self.compressed.len()) as u64;
         self.raw.clear();
+        self.raw_kinds = 0;
+        if kind == FrameKind::Records {
+            self.last_frame_step = self.last_step;
+        }
         Ok(())
     }
 }

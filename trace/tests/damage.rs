@@ -4,6 +4,10 @@
 //! The rules: the reader never panics; it either refuses the file with one
 //! line naming the file (and the byte where that applies) or returns a
 //! prefix of the records the writer wrote, with the damage as its tail.
+//!
+//! The sweeps run over the version-1 golden file and over a version-2 file
+//! written today (token logits in frames of their own, record-kind masks),
+//! which search also reads with frame skipping.
 
 use std::io::Cursor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -11,13 +15,31 @@ use std::path::Path;
 
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN, TRAILER_LEN};
 use basecamp_trace::pb::Record;
-use basecamp_trace::{IndexedTrace, Tail, TraceContents, TraceError, read_trace, read_trace_from};
+use basecamp_trace::query::Query;
+use basecamp_trace::synthetic::{EpisodeShape, generate};
+use basecamp_trace::{IndexedTrace, Tail, TraceContents, TraceError, TraceReader, read_trace, read_trace_from};
 
 const NAME: &str = "episode-v1.trace";
 
 fn golden(name: &str) -> Vec<u8> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Today's writer (format version 2), the golden episode's shape.
+fn written_today() -> Vec<u8> {
+    let shape = EpisodeShape { steps: 3, tokens_per_step: 4, memory_keys: 6, ..Default::default() };
+    generate(&shape).write_to(Vec::new(), 3).expect("writing to a Vec cannot fail")
+}
+
+/// Both layouts the sweeps cover.
+fn sweep_inputs() -> [(&'static str, Vec<u8>); 2] {
+    [("v1 golden", golden(NAME)), ("v2 written today", written_today())]
+}
+
+/// A query that names no token_logit, so search skips the token frames.
+fn skipping_query() -> Query {
+    Query::parse(r#"plan_execution.status == "ok" or exists(reward_signal)"#).unwrap()
 }
 
 fn full_trace(bytes: &[u8]) -> TraceContents {
@@ -106,16 +128,21 @@ fn check_indexed(bytes: &[u8], full: &TraceContents, what: &str) {
 
 #[test]
 fn truncation_at_every_byte_recovers_a_prefix() {
-    let bytes = golden(NAME);
-    let full = full_trace(&bytes);
+    for (layout, bytes) in sweep_inputs() {
+        truncation_sweep(layout, &bytes);
+    }
+}
+
+fn truncation_sweep(layout: &str, bytes: &[u8]) {
+    let full = full_trace(bytes);
     let mut last_recovered = 0;
     for cut in 0..bytes.len() {
-        let what = format!("a cut at byte {cut} of {}", bytes.len());
+        let what = format!("{layout}: a cut at byte {cut} of {}", bytes.len());
         match no_panic(&what, || read_trace_from(&bytes[..cut], NAME)) {
             Err(e) => {
                 assert_one_line_naming_the_file(&e, &what);
                 // Only a file too short to hold its header is refused.
-                let header_end = frames(&bytes)[0].end();
+                let header_end = frames(bytes)[0].end();
                 assert!(cut < header_end, "{what}: refused although the header is complete: {e}");
                 let expected = if cut == 0 { "TraceEmpty" } else { "TraceTruncated" };
                 assert_eq!(e.category(), expected, "{what}: {e}");
@@ -132,6 +159,7 @@ fn truncation_at_every_byte_recovers_a_prefix() {
             }
         }
         check_indexed(&bytes[..cut], &full, &what);
+        check_search(&bytes[..cut], &what);
     }
     // Everything but the index frame and the trailer survives a cut in them.
     assert_eq!(last_recovered, full.records.len());
@@ -139,13 +167,18 @@ fn truncation_at_every_byte_recovers_a_prefix() {
 
 #[test]
 fn a_bit_flip_in_any_byte_is_caught() {
-    let bytes = golden(NAME);
-    let full = full_trace(&bytes);
+    for (layout, bytes) in sweep_inputs() {
+        flip_sweep(layout, &bytes);
+    }
+}
+
+fn flip_sweep(layout: &str, bytes: &[u8]) {
+    let full = full_trace(bytes);
     for at in 0..bytes.len() {
         for bit in [at % 8, 7 - at % 8] {
-            let mut flipped = bytes.clone();
+            let mut flipped = bytes.to_vec();
             flipped[at] ^= 1 << bit;
-            let what = format!("a flip of bit {bit} of byte {at}");
+            let what = format!("{layout}: a flip of bit {bit} of byte {at}");
             match no_panic(&what, || read_trace_from(flipped.as_slice(), NAME)) {
                 Err(e) => {
                     assert_one_line_naming_the_file(&e, &what);
@@ -166,8 +199,32 @@ fn a_bit_flip_in_any_byte_is_caught() {
                 }
             }
             check_indexed(&flipped, &full, &what);
+            // Search skips the token frames, yet a flip in one is still caught
+            // (by the header or the payload checksum).
+            let (_, err) = check_search(&flipped, &what);
+            assert!(err.is_some(), "{what}: search did not notice the flip");
         }
     }
+}
+
+/// Searches `bytes` with a query that skips frames: never a panic, and damage
+/// is one line naming the file. Returns the matched steps and the damage.
+fn check_search(bytes: &[u8], what: &str) -> (Vec<u32>, Option<TraceError>) {
+    let query = skipping_query();
+    no_panic(what, || match TraceReader::new(bytes, NAME) {
+        Err(e) => {
+            assert_one_line_naming_the_file(&e, what);
+            (Vec::new(), Some(e))
+        }
+        Ok(mut reader) => {
+            let mut steps = Vec::new();
+            let err = query.search(&mut reader, &mut |m| steps.push(m.step)).err();
+            if let Some(e) = &err {
+                assert_one_line_naming_the_file(e, what);
+            }
+            (steps, err)
+        }
+    })
 }
 
 #[test]
@@ -224,10 +281,10 @@ fn a_truncated_preamble() {
 #[test]
 fn a_future_format_version() {
     let mut bytes = golden(NAME);
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     assert_eq!(
         refusal(&bytes, "future.trace"),
-        "future.trace: trace format version 2 (byte 8) is newer than this reader supports (1); upgrade basecamp"
+        "future.trace: trace format version 3 (byte 8) is newer than this reader supports (2); upgrade basecamp"
     );
 }
 
@@ -349,6 +406,47 @@ fn errors_from_a_path_name_the_path() {
 
 #[test]
 fn the_preamble_is_what_the_format_says() {
-    let bytes = golden(NAME);
-    assert_eq!(bytes[..PREAMBLE_LEN], format::preamble());
+    let golden = golden(NAME);
+    assert_eq!(golden[..8], format::MAGIC);
+    assert_eq!(golden[8..PREAMBLE_LEN], 1u32.to_le_bytes(), "the golden file is version 1");
+    let today = written_today();
+    assert_eq!(today[..PREAMBLE_LEN], format::preamble());
+    assert_eq!(today[8..PREAMBLE_LEN], format::FORMAT_VERSION.to_le_bytes());
+}
+
+#[test]
+fn a_version_one_frame_with_a_kind_mask_is_corrupt() {
+    // Version 1 reserved header bytes 1..4; a v1 file using them is damage,
+    // even with a valid header checksum.
+    let mut bytes = golden(NAME);
+    let target = &frames(&bytes)[1];
+    let mut header = target.header;
+    header.record_kinds = format::kind_bit(4);
+    bytes[target.offset..target.offset + FRAME_HEADER_LEN].copy_from_slice(&header.encode());
+    let trace = read_trace_from(bytes.as_slice(), NAME).unwrap();
+    let Tail::Damaged(err) = &trace.tail else { panic!("a v1 frame with a kind mask read as intact") };
+    assert_eq!(
+        err.to_string(),
+        format!("{NAME}: corrupt frame at byte {}: reserved frame header bytes are not zero", target.offset)
+    );
+}
+
+#[test]
+fn a_frame_whose_mask_lies_is_corrupt() {
+    // A v2 header whose mask leaves out a kind it holds would let skipping
+    // readers lose records: a reader that decompresses it says so.
+    let mut bytes = written_today();
+    let frames = frames(&bytes);
+    let target = frames.iter().find(|f| f.header.record_kinds == format::kind_bit(5)).expect("a token frame");
+    let mut header = target.header;
+    header.record_kinds = format::kind_bit(3);
+    bytes[target.offset..target.offset + FRAME_HEADER_LEN].copy_from_slice(&header.encode());
+    let trace = read_trace_from(bytes.as_slice(), NAME).unwrap();
+    let Tail::Damaged(err) = &trace.tail else { panic!("a lying mask went unnoticed") };
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!("{NAME}: corrupt frame at byte {}: ", target.offset))
+            && message.contains("body field 5"),
+        "{message}"
+    );
 }

@@ -335,6 +335,8 @@ fn trace_with_raw_record(step: u32, field: u32, body: &[u8]) -> Vec<u8> {
         let compressed = zstd::bulk::compress(payload, 3).unwrap();
         let header = FrameHeader {
             kind: FrameKind::Records,
+            record_kinds: 0,
+            flags: 0,
             compressed_len: compressed.len() as u32,
             raw_len: payload.len() as u32,
             payload_crc: crc32fast::hash(&compressed),

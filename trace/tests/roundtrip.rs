@@ -243,6 +243,8 @@ fn frame(kind: FrameKind, raw: &[u8]) -> Vec<u8> {
     let compressed = zstd::bulk::compress(raw, LEVEL).unwrap();
     let header = FrameHeader {
         kind,
+        record_kinds: 0,
+        flags: 0,
         compressed_len: compressed.len() as u32,
         raw_len: raw.len() as u32,
         payload_crc: crc32fast::hash(&compressed),

@@ -71,6 +71,8 @@ fn framed(mut rest: &[u8]) -> Vec<u8> {
         let Ok(compressed) = zstd::bulk::compress(raw, 1) else { return file };
         let header = FrameHeader {
             kind,
+            record_kinds: 0,
+            flags: 0,
             compressed_len: compressed.len() as u32,
             raw_len: raw.len() as u32,
             payload_crc: crc32fast::hash(&compressed),

@@ -5,7 +5,9 @@
 //! section (and, for `memory_state`, the same key): it holds for a step
 //! when one record of the step satisfies all of it at once. Only the record
 //! kinds some group reads are looked at; every other record is skipped by
-//! its kind, undecoded.
+//! its kind, undecoded, and in version-2 files whole frames holding none of
+//! those kinds are skipped undecompressed ([`TraceReader::skip_frames_without`]):
+//! a query that does not name token_logit never decompresses token logits.
 
 use std::io::Read;
 
@@ -164,6 +166,17 @@ fn eval_step(expr: &StepExpr, hits: &[bool], step: u32, header: &Header) -> bool
     }
 }
 
+/// Every record kind [`section_of`] maps to a section.
+const KINDS_WITH_A_SECTION: [RecordKind; 7] = [
+    RecordKind::PlanStep,
+    RecordKind::MemoryDelta,
+    RecordKind::TokenLogit,
+    RecordKind::RewardSignal,
+    RecordKind::ErrorContext,
+    RecordKind::PolicyTurn,
+    RecordKind::Injection,
+];
+
 fn section_of(kind: RecordKind) -> Option<Section> {
     Some(match kind {
         RecordKind::PlanStep => Section::PlanExecution,
@@ -194,9 +207,21 @@ impl Program {
         Self { step, groups, by_section }
     }
 
+    /// The record kinds some group reads.
+    pub fn kinds_read(&self) -> Vec<RecordKind> {
+        KINDS_WITH_A_SECTION
+            .into_iter()
+            .filter(|&k| section_of(k).is_some_and(|s| !self.by_section[s as usize].is_empty()))
+            .collect()
+    }
+
     /// Scans every record of `reader`, calling `on_match` for each matching
     /// step. Damage ends the scan with its error after the steps before it.
+    /// Frames holding none of [`Program::kinds_read`] are skipped: every
+    /// step is still visited (a skipped frame only continues a step already
+    /// read), so the steps found are those a full read finds.
     pub fn run<R: Read>(&self, reader: &mut TraceReader<R>, on_match: &mut dyn FnMut(Match)) -> Result<(), TraceError> {
+        reader.skip_frames_without(&self.kinds_read());
         let header = reader.header().clone();
         let mut hits = vec![false; self.groups.len()];
         let mut current: Option<u32> = None;

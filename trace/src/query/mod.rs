@@ -59,6 +59,10 @@
 //! **Speed.** Evaluation runs on [`crate::RawRecord`]s: only the record
 //! kinds the query names are looked at, and their fields are read straight
 //! from the protobuf bytes ([`wire`]) without decoding whole messages.
+//! Frames (of version-2 files) that hold none of those kinds and continue
+//! a step already read are not even decompressed: a query that does not
+//! name `token_logit` skips the token logits, most of a trace's bytes. Their
+//! checksums are still verified, so damage is reported whatever the query.
 
 mod eval;
 mod fields;
@@ -149,7 +153,8 @@ impl Query {
         out
     }
 
-    /// Runs the query over a reader positioned after the header.
+    /// Runs the query over a reader positioned after the header. Sets the
+    /// reader to skip frames the query cannot need ([`TraceReader::skip_frames_without`]).
     pub fn search<R: Read>(
         &self,
         reader: &mut TraceReader<R>,
