@@ -106,7 +106,19 @@ impl Input {
         (header.schema_major, header.schema_minor) = (format::SCHEMA_MAJOR, format::SCHEMA_MINOR);
         let last_step = episode.steps.last().and_then(|s| s.last()).map_or(0, |r| r.step);
         let mut groups = vec![vec![Record { step: 0, body: Some(Body::Header(header)) }]];
-        groups.extend(episode.steps.iter().cloned());
+        // Format 2: a step's token_logit records go in frames of their own,
+        // so each step is framed as its runs of token / other records.
+        for step in &episode.steps {
+            let mut runs: Vec<Vec<Record>> = Vec::new();
+            for record in step {
+                let token = matches!(record.body, Some(Body::TokenLogit(_)));
+                match runs.last_mut() {
+                    Some(run) if matches!(run[0].body, Some(Body::TokenLogit(_))) == token => run.push(record.clone()),
+                    _ => runs.push(vec![record.clone()]),
+                }
+            }
+            groups.extend(runs);
+        }
         groups.push(vec![Record { step: last_step, body: Some(Body::EpisodeEnd(episode.end.clone())) }]);
         let frames: Vec<Vec<u8>> = groups.iter().map(|g| encode_all(g)).collect();
         let records: Vec<Record> = groups.into_iter().flatten().collect();
