@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -105,6 +106,15 @@ class Kube:
         return self.items(
             "events", "-n", namespace, "--field-selector", f"involvedObject.kind={kind},involvedObject.name={name}"
         )
+
+
+def gauge(text: str, metric: str, **labels: str) -> float | None:
+    """The value of `metric` with these labels (any order) in Prometheus text format."""
+    for line in text.splitlines():
+        m = re.match(rf"^{metric}\{{([^}}]*)\}} (\S+)$", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            return float(m.group(2))
+    return None
 
 
 def s3_client():

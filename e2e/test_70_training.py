@@ -39,7 +39,7 @@ import pytest
 import yaml
 
 from conftest import POLICY_KEY, TEST_SET_KEY, delete_tasks, need, timed
-from kube import ROOT, WORK, E2EError, Kube, s3_json, s3_keys, wait_until
+from kube import ROOT, WORK, E2EError, Kube, gauge, s3_json, s3_keys, wait_until
 from play import Background, Player
 from test_60_dashboards import concrete
 from test_60_dashboards import queries as dashboard_queries
@@ -143,15 +143,6 @@ def training(kube: Kube, ns: str, name: str) -> dict:
 
 def history_steps(kube: Kube, ns: str, name: str) -> list[int]:
     return [h["step"] for h in training(kube, ns, name).get("history") or []]
-
-
-def gauge(text: str, metric: str, **labels: str) -> float | None:
-    """The value of `metric` with these labels (any order) in Prometheus text format."""
-    for line in text.splitlines():
-        m = re.match(rf"^{metric}\{{([^}}]*)\}} (\S+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            return float(m.group(2))
-    return None
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +32,7 @@ import pytest
 import yaml
 
 from conftest import delete_tasks, need, timed
-from kube import ROOT, WORK, E2EError, Kube, s3_json, s3_keys, wait_until
+from kube import ROOT, WORK, E2EError, Kube, gauge, s3_json, s3_keys, wait_until
 from play import Player
 
 EXAMPLE = ROOT / "examples/raw-logits"
@@ -65,15 +64,6 @@ def manifests(bucket: str) -> list[dict]:
 
 def close(got: float, want: float) -> bool:
     return abs(got - want) <= REL_TOL * abs(want)
-
-
-def gauge(text: str, metric: str, **labels: str) -> float | None:
-    """The value of `metric` with these labels (any order) in Prometheus text format."""
-    for line in text.splitlines():
-        m = re.match(rf"^{metric}\{{([^}}]*)\}} (\S+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            return float(m.group(2))
-    return None
 
 
 @pytest.fixture(scope="module")
