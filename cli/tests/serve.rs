@@ -187,11 +187,12 @@ fn an_s3_prefix_is_mirrored_served_and_refreshed() {
     // The operator's upload layout, in a bucket of the real S3 server: variant a first.
     let staging = tempfile::tempdir().unwrap();
     write_run(staging.path());
-    let data = tempfile::tempdir().unwrap();
-    let prefix = data.path().join("runs/traces");
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("s3");
+    let prefix = data.join("runs/traces");
     let a = shard_dir(staging.path(), TASK, "a");
     copy_tree(&a, &prefix.join(a.strip_prefix(staging.path()).unwrap()));
-    let s3 = S3Server::start(data.path());
+    let s3 = S3Server::start(&data);
     let cache = tempfile::tempdir().unwrap();
     let server = Server::start_with(
         &[

@@ -31,4 +31,6 @@ pub mod run;
 pub mod server;
 pub mod services;
 pub mod storage;
+#[cfg(feature = "test-support")]
+pub mod testing;
 pub mod tools;

@@ -2,15 +2,13 @@
 //! 127.0.0.1, a fresh port and data directory per test, killed when the test
 //! ends (a Drop guard).
 //!
-//! The binary comes from `$BASECAMP_S3S_FS` or
-//! `${BASECAMP_CACHE:-~/.cache/basecamp}/s3s-fs/bin/s3s-fs`; without it the
-//! tests fail and say to run `scripts/s3-server.sh install`. s3s-fs serves
+//! The server is `basecamp_sandbox::testing::S3Server` (feature
+//! `test-support`), shared with the operator's and the CLI's tests. s3s-fs serves
 //! each directory of its data directory as a bucket, so a test creates its
 //! bucket with `mkdir`.
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -21,94 +19,7 @@ use basecamp_sandbox::storage::{
     Destination, RetryPolicy, ShardPartition, StaticCredentials, Storage, StorageConfig, UtcDate,
 };
 
-const BUCKET: &str = "basecamp-test";
-const ACCESS_KEY: &str = "basecamp-test-key";
-const SECRET_KEY: &str = "basecamp-test-secret";
-
-/// The s3s-fs binary, or a failure that says how to install it.
-fn s3s_fs_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("BASECAMP_S3S_FS") {
-        let path = PathBuf::from(path);
-        assert!(path.is_file(), "BASECAMP_S3S_FS={} is not a file; run scripts/s3-server.sh install", path.display());
-        return path;
-    }
-    let cache = std::env::var_os("BASECAMP_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/basecamp"));
-    let path = cache.join("s3s-fs/bin/s3s-fs");
-    assert!(
-        path.is_file(),
-        "the S3 test server s3s-fs is not installed at {}: run `scripts/s3-server.sh install` \
-         (a few minutes, once) or set BASECAMP_S3S_FS to its path",
-        path.display()
-    );
-    path
-}
-
-/// A port that was free a moment ago (and is closed now).
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
-}
-
-/// A running s3s-fs; killed on drop.
-struct S3Server {
-    child: Child,
-    port: u16,
-    data: PathBuf,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl S3Server {
-    /// A server on a fresh port with a fresh data directory holding `BUCKET`.
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let data = dir.path().join("data");
-        let mut server = Self::start_on(free_port(), &data);
-        server._dir = Some(dir);
-        server
-    }
-
-    /// A server on `port` serving `data` (created, with `BUCKET` in it).
-    fn start_on(port: u16, data: &Path) -> Self {
-        std::fs::create_dir_all(data.join(BUCKET)).expect("create the bucket directory");
-        let log = data.with_extension("log");
-        let log_file = std::fs::File::create(&log).expect("server log");
-        let child = Command::new(s3s_fs_binary())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .arg(data)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log handle"))
-            .stderr(log_file)
-            .spawn()
-            .expect("start s3s-fs");
-        let mut server = Self { child, port, data: data.to_path_buf(), _dir: None };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                panic!("s3s-fs exited during start-up with {status}:\n{text}");
-            }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            assert!(Instant::now() < deadline, "s3s-fs did not listen on 127.0.0.1:{port} within 20 s");
-            std::thread::sleep(Duration::from_millis(25));
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        endpoint(self.port)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use basecamp_sandbox::testing::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY, free_port};
 
 fn endpoint(port: u16) -> String {
     format!("http://127.0.0.1:{port}")

@@ -19,7 +19,7 @@ use super::*;
 use crate::build::{BuildInput, ResolvedVariant};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
-use crate::testing::{BUCKET, Call, Reply, S3Server, Seen, call, merge, storage_down, verify};
+use crate::testing::{BUCKET, Call, Reply, S3Server, Seen, call, merge, storage, storage_down, verify};
 
 const TASK: &str = "/apis/basecamp.dev/v1alpha1/namespaces/team-a/harnesstasks/eval";
 const SANDBOX: &str = "/apis/basecamp.dev/v1alpha1/namespaces/team-a/sandboxconfigs/shop";
@@ -296,7 +296,7 @@ async fn s3_down_during_aggregation_is_a_degraded_condition_and_a_warning() {
 #[tokio::test]
 async fn finished_shards_are_aggregated_into_status_and_the_task_succeeds() {
     let server = S3Server::start();
-    let storage = server.storage();
+    let storage = storage(&server);
     let mut one_shard = spec();
     one_shard["shards"] = json!(1);
     let current = task(one_shard, true);
@@ -444,7 +444,7 @@ async fn deletion_with_retain_keeps_the_traces_and_releases_the_finalizer() {
 #[tokio::test]
 async fn deletion_with_delete_removes_the_task_prefix_only() {
     let server = S3Server::start();
-    let storage = server.storage();
+    let storage = storage(&server);
     let today = UtcDate::from_system_time(std::time::SystemTime::now()).expect("today");
     let day = format!("{:04}/{:02}/{:02}", today.year(), today.month(), today.day());
     let dir = tempfile::tempdir().expect("tmp");
@@ -567,7 +567,7 @@ fn backoff_doubles_up_to_five_minutes() {
 #[tokio::test]
 async fn a_training_task_evaluates_a_finished_checkpoint_and_keeps_running() {
     let server = S3Server::start();
-    let storage = server.storage();
+    let storage = storage(&server);
     let upload = |key: String, bytes: Vec<u8>| {
         let storage = storage.clone();
         async move {

@@ -592,7 +592,7 @@ mod against_s3 {
 
     use super::*;
     use crate::metrics::Metrics;
-    use crate::testing::{BUCKET, Call, Reply, S3Server, Seen, call, verify};
+    use crate::testing::{BUCKET, Call, Reply, S3Server, Seen, call, storage, verify};
 
     const JOBS: &str = "/apis/batch/v1/namespaces/team-a/jobs";
     const PODS: &str = "/api/v1/namespaces/team-a/pods";
@@ -700,7 +700,7 @@ mod against_s3 {
     #[tokio::test]
     async fn starts_the_oldest_unevaluated_complete_checkpoint_above_the_resumed_step() {
         let server = S3Server::start();
-        let storage = server.storage();
+        let storage = storage(&server);
         seed(&storage).await;
         let task = task_with(training_spec(BUCKET));
         let mut script = trainer_calls(true);
@@ -793,7 +793,7 @@ mod against_s3 {
     #[tokio::test]
     async fn a_finished_step_is_aggregated_recorded_once_and_frees_its_slot() {
         let server = S3Server::start();
-        let storage = server.storage();
+        let storage = storage(&server);
         seed(&storage).await;
         put_summaries(&storage, "eval@step-30", &[0, 1], 0.75).await;
         let task = task_with(training_spec(BUCKET));
@@ -851,7 +851,7 @@ mod against_s3 {
     #[tokio::test]
     async fn a_failed_shard_fails_the_step_and_s3_down_or_forbidden_pods_start_nothing() {
         let server = S3Server::start();
-        let storage = server.storage();
+        let storage = storage(&server);
         seed(&storage).await;
         put_summaries(&storage, "eval@step-30", &[0], 0.25).await;
         let task = task_with(training_spec(BUCKET));
@@ -926,7 +926,7 @@ mod against_s3 {
     #[tokio::test]
     async fn a_checkpoint_without_its_marker_waits_and_evaluated_steps_cost_no_request() {
         let server = S3Server::start();
-        let storage = server.storage();
+        let storage = storage(&server);
         // 20 steps evaluated already, each 50 shards and its marker; step-220
         // has 600 shards and no marker yet.
         for step in (10..=210).step_by(10) {
@@ -983,7 +983,7 @@ mod against_s3 {
     #[tokio::test]
     async fn a_backlog_of_checkpoints_is_checked_a_few_at_a_time() {
         let server = S3Server::start();
-        let storage = server.storage();
+        let storage = storage(&server);
         for step in (10..=130).step_by(10) {
             seed_files(&server, [format!("{ROOT}/step-{step}/model.bin"), format!("{ROOT}/step-{step}/COMPLETE")]);
         }

@@ -8,7 +8,7 @@ use basecamp_trace::metrics::{EpisodeMetrics, aggregate as aggregate_metrics};
 
 use super::*;
 use crate::metrics::Metrics;
-use crate::testing::{BUCKET, S3Server, storage_down};
+use crate::testing::{BUCKET, S3Server, storage, storage_down};
 
 fn episode(id: &str, accuracy: f64, seconds: f64) -> EpisodeResult {
     EpisodeResult {
@@ -87,7 +87,7 @@ fn request<'a>(criteria: &'a [String], completed: &[(&str, &[u32])], all_finishe
 #[tokio::test]
 async fn aggregates_finished_shards_evaluates_criteria_and_writes_the_index() {
     let server = S3Server::start();
-    let storage = server.storage();
+    let storage = storage(&server);
     put_summary(&storage, &summary("a", 0, vec![episode("e1", 1.0, 2.0), episode("e2", 0.0, 4.0)])).await;
     put_summary(&storage, &summary("a", 1, vec![episode("e3", 1.0, 6.0), episode("e4", 1.0, 8.0)])).await;
     put_summary(&storage, &summary("b", 0, vec![episode("e1", 1.0, 1.0), episode("e2", 1.0, 1.0)])).await;
@@ -165,7 +165,7 @@ async fn aggregates_finished_shards_evaluates_criteria_and_writes_the_index() {
 #[tokio::test]
 async fn missing_and_corrupt_summaries_are_errors_that_keep_previous_results() {
     let server = S3Server::start();
-    let storage = server.storage();
+    let storage = storage(&server);
     put_summary(&storage, &summary("a", 0, vec![episode("e1", 1.0, 2.0)])).await;
     let metrics = Metrics::new();
     let previous = AggregatedStatus {

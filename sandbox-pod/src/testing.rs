@@ -1,0 +1,106 @@
+//! Test support (feature `test-support`): the real S3 test server, `s3s-fs`
+//! on 127.0.0.1, for this crate's tests and those of the operator and the
+//! CLI. The binary comes from `$BASECAMP_S3S_FS` or
+//! `${BASECAMP_CACHE:-~/.cache/basecamp}/s3s-fs/bin/s3s-fs`; without it the
+//! tests fail and say to run `scripts/s3-server.sh install`. Storage clients
+//! stay with each test suite: their retry tuning is part of what they assert.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The bucket every test server holds.
+pub const BUCKET: &str = "basecamp-test";
+/// The server's access key.
+pub const ACCESS_KEY: &str = "basecamp-test-key";
+/// The server's secret key.
+pub const SECRET_KEY: &str = "basecamp-test-secret";
+
+/// The s3s-fs binary, or a failure that says how to install it.
+pub fn s3s_fs_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BASECAMP_S3S_FS") {
+        let path = PathBuf::from(path);
+        assert!(path.is_file(), "BASECAMP_S3S_FS={} is not a file; run scripts/s3-server.sh install", path.display());
+        return path;
+    }
+    let cache = std::env::var_os("BASECAMP_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/basecamp"));
+    let path = cache.join("s3s-fs/bin/s3s-fs");
+    assert!(
+        path.is_file(),
+        "the S3 test server s3s-fs is not installed at {}: run `scripts/s3-server.sh install` \
+         (a few minutes, once) or set BASECAMP_S3S_FS to its path",
+        path.display()
+    );
+    path
+}
+
+/// A port that was free a moment ago (and is closed now).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A running s3s-fs; killed on drop.
+pub struct S3Server {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Its data directory (each subdirectory a bucket).
+    pub data: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl S3Server {
+    /// A server on a fresh port with a fresh data directory holding [`BUCKET`].
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = Self::start_on(free_port(), &dir.path().join("data"));
+        server._dir = Some(dir);
+        server
+    }
+
+    /// A server on `port` serving `data` (created, with [`BUCKET`] in it);
+    /// its output goes to `data` with the extension `.log`.
+    pub fn start_on(port: u16, data: &Path) -> Self {
+        std::fs::create_dir_all(data.join(BUCKET)).expect("create the bucket directory");
+        let log = data.with_extension("log");
+        let log_file = std::fs::File::create(&log).expect("server log");
+        let child = Command::new(s3s_fs_binary())
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(data)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log handle"))
+            .stderr(log_file)
+            .spawn()
+            .expect("start s3s-fs");
+        let mut server = Self { child, port, data: data.to_path_buf(), _dir: None };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("s3s-fs exited during start-up with {status}:\n{text}");
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            assert!(Instant::now() < deadline, "s3s-fs did not listen on 127.0.0.1:{port} within 20 s");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
