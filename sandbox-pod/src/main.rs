@@ -6,8 +6,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use basecamp_sandbox::driver::StopSignal;
 use basecamp_sandbox::run::{RunRequest, run};
+use basecamp_sandbox::server::{LingerEnd, RunningServer};
 use clap::{Parser, Subcommand};
 
 /// Runs an agent's episodes in a sandbox and writes one .trace per episode.
@@ -52,8 +57,19 @@ struct ServeArgs {
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration_or_zero(s)?
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{s:?}: give a positive duration such as 90s or 10m"))
+}
+
+/// A duration of zero or more, as manifests write them; `None` when negative.
+fn parse_duration_or_zero(s: &str) -> Result<Option<std::time::Duration>, String> {
     let d: basecamp_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    d.to_std().filter(|d| !d.is_zero()).ok_or_else(|| format!("{s:?}: give a positive duration such as 90s or 10m"))
+    Ok(d.to_std())
+}
+
+fn parse_linger(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration_or_zero(s)?.ok_or_else(|| format!("{s:?}: give a duration of 0s or more, such as 45s"))
 }
 
 #[derive(clap::Args)]
@@ -79,6 +95,11 @@ struct RunArgs {
     /// Serve /metrics, /healthz and live injection on this address while running.
     #[arg(long, env = "BASECAMP_SANDBOX_LISTEN")]
     listen: Option<SocketAddr>,
+    /// With --listen: once the episodes ended and the traces were uploaded, keep serving
+    /// /metrics until a scrape has seen the final counts, at most this long (45s, 2m; 0s: exit
+    /// at once). SIGTERM or Ctrl-C ends the wait; the exit code and summary do not change.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_linger, requires = "listen")]
+    metrics_linger: std::time::Duration,
     /// Keep traces local even when the task names an S3 destination.
     #[arg(long)]
     no_upload: bool,
@@ -180,11 +201,14 @@ async fn run_command(args: RunArgs) -> ExitCode {
         listen: args.listen,
         upload: !args.no_upload,
         checkpoint_step: args.checkpoint_step,
-        stop: basecamp_sandbox::driver::StopSignal::new(),
+        stop: StopSignal::new(),
     };
     // SIGTERM (a pod being evicted) or Ctrl-C: stop starting episodes, flush
     // the running ones' traces, and still write (and upload) the summary.
+    // After the shard, the same stop ends the wait for a final scrape.
     let stop = request.stop.clone();
+    let shard_done = Arc::new(AtomicBool::new(false));
+    let shard_done_for_signal = shard_done.clone();
     tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         let terminated = async {
@@ -197,10 +221,12 @@ async fn run_command(args: RunArgs) -> ExitCode {
             _ = tokio::signal::ctrl_c() => {},
             _ = terminated => {},
         }
-        eprintln!("stopping: no new episodes; the summary lists what was cut off");
+        if !shard_done_for_signal.load(Ordering::SeqCst) {
+            eprintln!("stopping: no new episodes; the summary lists what was cut off");
+        }
         stop.cancel();
     });
-    let outcome = match run(&request).await {
+    let mut outcome = match run(&request).await {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error [{}]: {e}", e.category());
@@ -243,5 +269,35 @@ async fn run_command(args: RunArgs) -> ExitCode {
             code = ExitCode::from(3);
         }
     }
+    shard_done.store(true, Ordering::SeqCst);
+    if let Some(server) = outcome.server.take() {
+        wait_for_final_scrape(&server, args.metrics_linger, &request.stop).await;
+        if let Err(e) = server.stop().await {
+            eprintln!("warning: the metrics server did not stop cleanly: {e}");
+        }
+    }
     code
+}
+
+/// `--metrics-linger`: Prometheus has only what it scraped, and the counts
+/// since its last scrape (the last episodes, the upload) would leave with
+/// the process. The outcome is already printed; this only delays the exit.
+async fn wait_for_final_scrape(server: &RunningServer, linger: Duration, stop: &StopSignal) {
+    if linger.is_zero() {
+        return;
+    }
+    let shown = basecamp_api::Duration::from(linger);
+    eprintln!(
+        "waiting for a final scrape of http://{}/metrics (at most {shown}, --metrics-linger) so that the last counts reach Prometheus",
+        server.addr()
+    );
+    let line = match server.linger(linger, stop.cancelled()).await {
+        LingerEnd::Scraped(after) => format!("final scrape served after {:.1}s; exiting", after.as_secs_f64()),
+        LingerEnd::Elapsed => format!(
+            "no scrape within {shown} (--metrics-linger); exiting: counts since the last scrape are not in Prometheus"
+        ),
+        LingerEnd::Stopped => "stopped waiting for a final scrape (SIGTERM or Ctrl-C); exiting".to_string(),
+        LingerEnd::ServerDown => "not waiting for a final scrape: the metrics server has stopped; exiting".to_string(),
+    };
+    eprintln!("{line}");
 }

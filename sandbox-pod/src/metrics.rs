@@ -14,9 +14,17 @@
 //! labelled `other`. Names follow the Prometheus conventions
 //! (`basecamp_sandbox_` prefix, base units, `_total` on counters) and pass
 //! `promtool check metrics`.
+//!
+//! [`FinalScrape`] answers "has a scrape seen the final values?": once the
+//! run declares its values final ([`FinalScrape::mark_final`]), the first
+//! `/metrics` answer that began after that declaration resolves
+//! [`FinalScrape::seen`], so `basecamp-sandbox run --metrics-linger` can
+//! exit as soon as Prometheus holds every count instead of losing what
+//! changed since the last scrape.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use basecamp_trace::pb::{InjectionTrigger, StepStatus};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -94,6 +102,7 @@ pub struct SandboxMetrics {
     policy_errors: Family<CategoryLabels, Counter>,
     tool_labels: Mutex<HashSet<String>>,
     policy_error_categories: Mutex<HashSet<&'static str>>,
+    final_scrape: FinalScrape,
 }
 
 impl Default for SandboxMetrics {
@@ -152,7 +161,14 @@ impl SandboxMetrics {
             policy_errors,
             tool_labels: Mutex::new(HashSet::new()),
             policy_error_categories: Mutex::new(HashSet::new()),
+            final_scrape: FinalScrape::default(),
         }
+    }
+
+    /// Whether a scrape has seen these metrics' final values; the
+    /// `/metrics` handler reports every scrape to it.
+    pub fn final_scrape(&self) -> &FinalScrape {
+        &self.final_scrape
     }
 
     /// Records one executor outcome: latency, status, timeout, fallback.
@@ -229,6 +245,71 @@ impl SandboxMetrics {
             return name.to_string();
         }
         OVERFLOW_LABEL.to_string()
+    }
+}
+
+/// Tracks whether a scrape has seen the final values.
+///
+/// A scrape counts only when it *began* after [`FinalScrape::mark_final`]:
+/// one that was already encoding when the last episode or upload was
+/// recorded may hold older values, however late it is answered. The
+/// handler takes a [`ScrapeStart`] before it encodes and hands it back
+/// with [`FinalScrape::served`] once the answer is built.
+#[derive(Debug)]
+pub struct FinalScrape {
+    values_final: AtomicBool,
+    seen: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for FinalScrape {
+    fn default() -> Self {
+        Self { values_final: AtomicBool::new(false), seen: tokio::sync::watch::channel(false).0 }
+    }
+}
+
+/// Taken when a scrape begins: whether the values were final by then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "hand it back to FinalScrape::served once the answer is built"]
+pub struct ScrapeStart {
+    after_final: bool,
+}
+
+impl FinalScrape {
+    /// Declares the values final: nothing updates them after this call.
+    /// Every update made before it is visible to a scrape that begins after
+    /// it (the store releases them; [`FinalScrape::begin`] acquires).
+    pub fn mark_final(&self) {
+        self.values_final.store(true, Ordering::Release);
+    }
+
+    /// Whether [`FinalScrape::mark_final`] was called.
+    pub fn is_final(&self) -> bool {
+        self.values_final.load(Ordering::Acquire)
+    }
+
+    /// A scrape begins; call before reading any value.
+    pub fn begin(&self) -> ScrapeStart {
+        ScrapeStart { after_final: self.is_final() }
+    }
+
+    /// A scrape that began at `start` has its answer.
+    pub fn served(&self, start: ScrapeStart) {
+        if start.after_final {
+            self.seen.send_replace(true);
+        }
+    }
+
+    /// Whether a scrape that began after [`FinalScrape::mark_final`] was served.
+    pub fn was_seen(&self) -> bool {
+        *self.seen.borrow()
+    }
+
+    /// Completes once a scrape that began after [`FinalScrape::mark_final`]
+    /// was served (at once if one already was).
+    pub async fn seen(&self) {
+        let mut seen = self.seen.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = seen.wait_for(|seen| *seen).await;
     }
 }
 
@@ -332,6 +413,28 @@ mod tests {
         }
         let text = metrics.encode();
         assert!(text.contains(r#"basecamp_sandbox_policy_errors_total{category="other"} 3"#), "{text}");
+    }
+
+    #[tokio::test]
+    async fn only_a_scrape_that_began_after_the_final_update_counts() {
+        let metrics = SandboxMetrics::new();
+        let last_episode = metrics.final_scrape();
+        // A scrape that begins before the final update and is answered after it.
+        let early = last_episode.begin();
+        metrics.rollbacks.inc();
+        last_episode.mark_final();
+        last_episode.served(early);
+        assert!(!last_episode.was_seen(), "a scrape that began before the final update saw older values");
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), last_episode.seen()).await;
+        assert!(waiting.is_err(), "seen() must not complete for the early scrape");
+
+        let late = last_episode.begin();
+        assert!(metrics.encode().contains("basecamp_sandbox_rollbacks_total 1"));
+        last_episode.served(late);
+        assert!(last_episode.was_seen());
+        tokio::time::timeout(std::time::Duration::from_secs(5), last_episode.seen())
+            .await
+            .expect("seen() completes once a scrape that began after the final update was served");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! server (`spec.policy.server`) -> run the episodes (optionally serving
 //! `/metrics` and live injection) -> write `summary.json` -> upload to the
 //! task's trace destination, keeping the local copy and reporting any file
-//! that failed.
+//! that failed -> declare the metrics final. With `listen`, the server is
+//! still running in [`RunOutcome::server`]: the caller may
+//! [`RunningServer::linger`] for a final scrape before stopping it.
 //!
 //! With `checkpoint_step: Some(N)` (the operator's evaluation of checkpoint
 //! `step-N`, operator/TRAINING.md) the shard runs as the run
@@ -26,7 +28,7 @@ use crate::driver::StopSignal;
 use crate::driver::{ShardSummary, run_shard};
 use crate::episode::LiveInjections;
 use crate::metrics::SandboxMetrics;
-use crate::server::{ServerState, serve};
+use crate::server::{RunningServer, ServerState};
 use crate::services::{RunningServices, ServiceError};
 use crate::storage::{Destination, ShardPartition, Storage, StorageConfig, UploadReport, UtcDate};
 
@@ -42,7 +44,8 @@ pub struct RunRequest {
     pub shard_count: u32,
     pub out_dir: Option<PathBuf>,
     pub concurrency: usize,
-    /// Serve `/metrics`, `/healthz` and live injection here while running.
+    /// Serve `/metrics`, `/healthz` and live injection here while running
+    /// (and after, until the caller stops [`RunOutcome::server`]).
     pub listen: Option<std::net::SocketAddr>,
     /// Upload to the task's `traces.destination` when it names one.
     pub upload: bool,
@@ -98,6 +101,9 @@ pub struct RunOutcome {
     pub out_dir: PathBuf,
     pub upload: Option<UploadReport>,
     pub warnings: Vec<String>,
+    /// The `listen` server, still serving; its metrics are final (nothing
+    /// of this run updates them any more). Dropping it stops it.
+    pub server: Option<RunningServer>,
 }
 
 fn problems(report: &Report, errors_only: bool) -> String {
@@ -247,17 +253,15 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         _ = request.stop.cancelled() => {}
     }
 
-    let (stop_server, server) = match request.listen {
+    let server = match request.listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr).await?;
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let state = ServerState::new(metrics.clone(), live);
-            let handle = tokio::spawn(serve(listener, state, async move {
-                let _ = rx.await;
-            }));
-            (Some(tx), Some(handle))
+            let server = RunningServer::start(listener, ServerState::new(metrics.clone(), live))?;
+            // With port 0 this line is the only way to learn the port.
+            eprintln!("serving /metrics, /healthz and live injection on http://{}", server.addr());
+            Some(server)
         }
-        None => (None, None),
+        None => None,
     };
     let started = SystemTime::now();
     let metrics_for_episodes = metrics.clone();
@@ -266,10 +270,6 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     })
     .await?;
     drop(services);
-    if let (Some(tx), Some(handle)) = (stop_server, server) {
-        let _ = tx.send(());
-        let _ = handle.await;
-    }
 
     let upload = match task.spec.traces.as_ref().and_then(|t| t.destination.as_deref()) {
         Some(dest) if request.upload => {
@@ -282,7 +282,9 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         }
         _ => None,
     };
-    Ok(RunOutcome { summary, out_dir, upload, warnings })
+    // Every episode and the upload are recorded: a scrape from now on sees it all.
+    metrics.final_scrape().mark_final();
+    Ok(RunOutcome { summary, out_dir, upload, warnings, server })
 }
 
 /// The sandbox's GPU requirement against what this machine has: an error

@@ -21,11 +21,17 @@
 //!
 //! The server binds nothing itself: [`serve`] runs on the listener the
 //! caller bound (loopback by default, all interfaces in a pod).
+//! [`RunningServer`] is driver mode's server on a task of its own; after the
+//! shard it can [`RunningServer::linger`] until a scrape has seen the final
+//! values (`--metrics-linger`), since Prometheus only has what it scraped.
+//! Every `/metrics` answer is reported to [`SandboxMetrics::final_scrape`].
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -138,17 +144,94 @@ pub async fn serve(
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
+/// Driver mode's server, running on a task of its own. Dropping it stops
+/// the server too (gracefully, without waiting for it).
+#[derive(Debug)]
+pub struct RunningServer {
+    addr: SocketAddr,
+    metrics: Arc<SandboxMetrics>,
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<io::Result<()>>,
+}
+
+/// Why [`RunningServer::linger`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LingerEnd {
+    /// A scrape that began after the final update was served, this long
+    /// into the wait (zero when one was served before the wait began).
+    Scraped(Duration),
+    /// The limit passed without such a scrape.
+    Elapsed,
+    /// The caller's stop (SIGTERM, Ctrl-C) ended the wait.
+    Stopped,
+    /// The server is no longer serving, so no scrape can come.
+    ServerDown,
+}
+
+impl RunningServer {
+    /// Serves [`router`] on `listener` on a new task.
+    pub fn start(listener: tokio::net::TcpListener, state: ServerState) -> io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let metrics = state.metrics.clone();
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        // A dropped sender stops the server too: `stopped` completes either way.
+        let task = tokio::spawn(serve(listener, state, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Self { addr, metrics, shutdown, task })
+    }
+
+    /// The address it listens on (the port chosen when asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Keeps serving until a scrape that began after
+    /// [`crate::metrics::FinalScrape::mark_final`] was served, at most
+    /// `limit`, or until `stop` completes. The server keeps running either
+    /// way; [`RunningServer::stop`] ends it.
+    pub async fn linger(&self, limit: Duration, stop: impl Future<Output = ()>) -> LingerEnd {
+        let started = Instant::now();
+        if self.task.is_finished() {
+            return LingerEnd::ServerDown;
+        }
+        let final_scrape = self.metrics.final_scrape();
+        tokio::select! {
+            // A stop that came before the wait ends it at once.
+            biased;
+            () = stop => LingerEnd::Stopped,
+            () = final_scrape.seen() => LingerEnd::Scraped(started.elapsed()),
+            () = tokio::time::sleep(limit) => LingerEnd::Elapsed,
+        }
+    }
+
+    /// Stops accepting, lets requests in flight (a scrape being answered)
+    /// finish, and returns once the server has stopped.
+    pub async fn stop(self) -> io::Result<()> {
+        let _ = self.shutdown.send(());
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) => Err(io::Error::other(format!("the metrics server task failed: {e}"))),
+        }
+    }
+}
+
 async fn serve_metrics(State(metrics): State<Arc<SandboxMetrics>>, headers: HeaderMap) -> Response {
+    // Before reading any value: a scrape counts as final only if it began after the final update.
+    let start = metrics.final_scrape().begin();
     let wants_openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.contains("application/openmetrics-text"));
-    if wants_openmetrics {
+    let response = if wants_openmetrics {
         ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], metrics.encode()).into_response()
     } else {
         ([(header::CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE)], metrics.encode_prometheus_text()).into_response()
-    }
+    };
+    // The body is in memory; a graceful stop (RunningServer::stop) still sends it.
+    metrics.final_scrape().served(start);
+    response
 }
 
 async fn healthz() -> &'static str {

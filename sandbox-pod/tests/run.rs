@@ -1,8 +1,12 @@
 //! Driver mode end to end: manifests on disk -> `basecamp-sandbox run` ->
-//! traces, summary.json and the upload to the task's destination.
+//! traces, summary.json and the upload to the task's destination; with
+//! `--listen` and `--metrics-linger`, the wait for a final scrape.
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use basecamp_trace::{Tail, read_trace};
 use serde_json::Value;
@@ -212,4 +216,264 @@ fn a_checkpoint_evaluation_runs_as_task_at_step_n_with_that_steps_weights() {
     assert_eq!(summary["task"], "shipping");
     assert_eq!(summary["episodes"][0]["metrics"]["reward"], 1.0);
     assert_eq!(read_trace(plain.join("ep-1.trace")).unwrap().header.training_step, 0);
+}
+
+/// `basecamp-sandbox run` in the background, its stderr read as it comes.
+struct Background {
+    child: Child,
+    stderr_lines: mpsc::Receiver<String>,
+    stderr: String,
+    stdout: std::thread::JoinHandle<String>,
+}
+
+/// How a background run ended.
+struct Ended {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    /// When it had exited (polled every 20 ms).
+    at: Instant,
+}
+
+impl Background {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, stderr_lines) = mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut stdout = child.stdout.take().unwrap();
+        let stdout = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stdout.read_to_string(&mut text);
+            text
+        });
+        Self { child, stderr_lines, stderr: String::new(), stdout }
+    }
+
+    /// The first stderr line containing `needle`, read within `within`.
+    fn line_with(&mut self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr_lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stderr.push_str(&line);
+                    self.stderr.push('\n');
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("no stderr line with {needle:?} within {within:?}; stderr so far:\n{}", self.stderr);
+                }
+            }
+        }
+    }
+
+    fn has_exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
+    /// Waits for the exit, killing the process and failing after `within`.
+    fn exit_within(mut self, within: Duration) -> Ended {
+        let deadline = Instant::now() + within;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let rest: Vec<String> = self.stderr_lines.try_iter().collect();
+                panic!("still running after {within:?}; stderr:\n{}{}", self.stderr, rest.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let at = Instant::now();
+        let stdout = self.stdout.join().unwrap();
+        // The reader thread ends with the pipe: everything written is in the channel.
+        let mut stderr = self.stderr;
+        for line in self.stderr_lines.iter() {
+            stderr.push_str(&line);
+            stderr.push('\n');
+        }
+        Ended { status, stdout, stderr, at }
+    }
+}
+
+/// The URL in a line such as "... http://127.0.0.1:PORT/metrics ...".
+fn address_in(line: &str) -> String {
+    let rest = &line[line.find("http://").unwrap_or_else(|| panic!("no URL in {line:?}")) + "http://".len()..];
+    rest.split(|c: char| c == '/' || c.is_whitespace()).next().unwrap().to_string()
+}
+
+/// `GET path` over a fresh connection; the body.
+fn get(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+/// The sum of `basecamp_sandbox_episodes_total` over its outcomes.
+fn episodes_counted(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("basecamp_sandbox_episodes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Stdout with the wall time ("in 0.3s") and `paths` masked: the rest must not change with the linger.
+fn comparable(stdout: &str, paths: &[&Path]) -> String {
+    let mut text = stdout
+        .split(' ')
+        .map(|word| if word.ends_with('s') && word[..word.len() - 1].parse::<f64>().is_ok() { "<t>" } else { word })
+        .collect::<Vec<_>>()
+        .join(" ");
+    for path in paths {
+        text = text.replace(&path.display().to_string(), "<path>");
+    }
+    text
+}
+
+/// A project whose shard 0/2 runs 2 episodes, and the `run` arguments for it (output in `out`).
+fn linger_project(project: &Path, dest: &Path, out: &Path) -> Vec<String> {
+    write_project(project, dest);
+    let manifest = project.join("task.yaml").display().to_string();
+    let out = out.display().to_string();
+    ["run", "--config", &manifest, "--shard", "0/2", "--out", &out, "--listen", "127.0.0.1:0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn with<'a>(args: &'a [String], more: &[&'a str]) -> Vec<&'a str> {
+    args.iter().map(String::as_str).chain(more.iter().copied()).collect()
+}
+
+const WAITING: &str = "waiting for a final scrape of http://";
+
+#[test]
+fn a_scrape_after_the_upload_sees_the_final_counts_and_ends_the_metrics_linger() {
+    let (project, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (plain_dest, plain_out) = (tempfile::tempdir().unwrap(), out.path().join("plain"));
+    let args = linger_project(project.path(), plain_dest.path(), &plain_out);
+    let plain = sandbox(&with(&args, &[]));
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    assert!(!String::from_utf8_lossy(&plain.stderr).contains("final scrape"), "no --metrics-linger: no wait");
+
+    let (dest, linger_out) = (tempfile::tempdir().unwrap(), out.path().join("linger"));
+    let args = linger_project(project.path(), dest.path(), &linger_out);
+    let started = Instant::now();
+    let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
+    let waiting = run.line_with(WAITING, Duration::from_secs(60));
+    assert!(waiting.contains("at most 1m"), "{waiting}");
+    // The wait begins after the upload: its files are at the destination already.
+    let uploaded = walk(dest.path());
+    assert!(uploaded.iter().any(|p| p.ends_with("/0/summary.json")), "{uploaded:?}");
+    let scraped = Instant::now();
+    let metrics = get(&address_in(&waiting), "/metrics");
+    assert_eq!(episodes_counted(&metrics), 2, "the scrape has every episode of the shard:\n{metrics}");
+    let ended = run.exit_within(Duration::from_secs(20));
+    assert!(ended.stderr.contains("final scrape served after"), "{}", ended.stderr);
+    assert!(
+        ended.at.duration_since(scraped) < Duration::from_secs(20) && started.elapsed() < Duration::from_secs(60),
+        "the scrape ended the wait, not the 60s limit"
+    );
+    assert_eq!(ended.status.code(), plain.status.code(), "{}", ended.stderr);
+    assert_eq!(
+        comparable(&ended.stdout, &[dest.path(), &linger_out]),
+        comparable(&String::from_utf8_lossy(&plain.stdout), &[plain_dest.path(), &plain_out])
+    );
+}
+
+#[test]
+fn without_a_scrape_the_metrics_linger_ends_at_its_limit_with_the_runs_exit_code() {
+    let (project, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // A destination that is a file: the upload fails, exit code 3.
+    let dest = out.path().join("not-a-directory");
+    std::fs::write(&dest, "").unwrap();
+    let plain_out = out.path().join("plain");
+    let args = linger_project(project.path(), &dest, &plain_out);
+    let plain = sandbox(&with(&args, &[]));
+    assert_eq!(plain.status.code(), Some(3), "{}", String::from_utf8_lossy(&plain.stderr));
+
+    let linger_out = out.path().join("linger");
+    let args = linger_project(project.path(), &dest, &linger_out);
+    let mut run = Background::start(&with(&args, &["--metrics-linger", "1s"]));
+    run.line_with(WAITING, Duration::from_secs(60));
+    let waited = Instant::now();
+    let ended = run.exit_within(Duration::from_secs(20));
+    assert!(ended.at.duration_since(waited) >= Duration::from_millis(900), "it waited for the linger");
+    assert!(ended.stderr.contains("no scrape within 1s"), "{}", ended.stderr);
+    assert_eq!(ended.status.code(), Some(3), "{}", ended.stderr);
+    assert_eq!(
+        comparable(&ended.stdout, &[&linger_out]),
+        comparable(&String::from_utf8_lossy(&plain.stdout), &[&plain_out])
+    );
+}
+
+#[test]
+fn sigterm_ends_the_metrics_linger_at_once() {
+    let (project, dest, out) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let args = linger_project(project.path(), dest.path(), &out.path().join("linger"));
+    let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
+    run.line_with(WAITING, Duration::from_secs(60));
+    let killed = Command::new("kill").args(["-TERM", &run.child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let signalled = Instant::now();
+    let ended = run.exit_within(Duration::from_secs(10));
+    assert!(ended.at.duration_since(signalled) < Duration::from_secs(10));
+    assert!(ended.stderr.contains("stopped waiting for a final scrape"), "{}", ended.stderr);
+    assert!(!ended.stderr.contains("no new episodes"), "the shard was over: {}", ended.stderr);
+    assert_eq!(ended.status.code(), Some(0), "{}", ended.stderr);
+}
+
+#[test]
+fn a_scrape_during_the_episodes_does_not_end_the_metrics_linger() {
+    let (project, dest, out) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let args = linger_project(project.path(), dest.path(), &out.path().join("linger"));
+    // ep-1 thinks 2 s over its first turn: time to scrape while it runs.
+    let slow = POLICY.replacen(r#"{"order_id": "1"}}]}"#, r#"{"order_id": "1"}}], "delay_ms": 2000}"#, 1);
+    assert_ne!(slow, POLICY);
+    std::fs::write(project.path().join("policy.jsonl"), slow).unwrap();
+    let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
+    let serving = run.line_with("serving /metrics", Duration::from_secs(60));
+    let addr = address_in(&serving);
+    let early = get(&addr, "/metrics");
+    assert!(episodes_counted(&early) < 2, "this scrape must come before the last episode ended:\n{early}");
+    run.line_with(WAITING, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!run.has_exited(), "a scrape from before the final counts must not end the wait");
+    let last = get(&addr, "/metrics");
+    assert_eq!(episodes_counted(&last), 2, "{last}");
+    let ended = run.exit_within(Duration::from_secs(20));
+    assert!(ended.stderr.contains("final scrape served after"), "{}", ended.stderr);
+    assert_eq!(ended.status.code(), Some(0), "{}", ended.stderr);
+}
+
+#[test]
+fn a_metrics_linger_needs_a_listen_address_and_a_duration() {
+    let no_listen = sandbox(&["run", "--config", "x.yaml", "--metrics-linger", "45s"]);
+    assert_eq!(no_listen.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_listen.stderr).contains("--listen"), "{no_listen:?}");
+    let negative = sandbox(&["run", "--config", "x.yaml", "--listen", "127.0.0.1:0", "--metrics-linger=-5s"]);
+    assert_eq!(negative.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&negative.stderr).contains("0s or more"), "{negative:?}");
 }
