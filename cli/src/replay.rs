@@ -231,6 +231,16 @@ fn policy_script(records: &[pb::Record]) -> Result<String> {
                 if token.token_id >= 0 {
                     entry["token_id"] = json!(token.token_id);
                 }
+                // What the raw logits gave when the trace was recorded (they
+                // are not in the trace), so logit_divergence replays too.
+                if let Some(entropy) = token.entropy {
+                    entry["entropy"] = json!(entropy);
+                }
+                match token.kl {
+                    Some(kl) if kl.is_infinite() => entry["kl"] = json!("inf"),
+                    Some(kl) => entry["kl"] = json!(kl),
+                    None => {}
+                }
                 match turn.get_mut("logprobs").and_then(Value::as_array_mut) {
                     Some(list) => list.push(entry),
                     None => turn["logprobs"] = json!([entry]),
@@ -402,4 +412,34 @@ pub fn first_divergence(recorded: &[pb::Record], replayed: &[pb::Record]) -> Opt
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_script_carries_recorded_entropy_and_kl_with_infinity_as_text() {
+        let turn = pb::Record {
+            step: 1,
+            body: Some(Body::PolicyTurn(pb::PolicyTurn { content: "ok".into(), ..Default::default() })),
+        };
+        let token = |kl: Option<f32>| pb::Record {
+            step: 1,
+            body: Some(Body::TokenLogit(pb::TokenLogit {
+                token: "o".into(),
+                token_id: -1,
+                logprob: -0.5,
+                entropy: Some(1.5),
+                kl,
+                ..Default::default()
+            })),
+        };
+        let script = policy_script(&[turn, token(Some(0.125)), token(Some(f32::INFINITY)), token(None)]).unwrap();
+        let line: Value = serde_json::from_str(script.trim()).unwrap();
+        let logprobs = line["logprobs"].as_array().unwrap();
+        assert_eq!((&logprobs[0]["entropy"], &logprobs[0]["kl"]), (&json!(1.5), &json!(0.125)));
+        assert_eq!(logprobs[1]["kl"], "inf");
+        assert!(logprobs[2].get("kl").is_none(), "{script}");
+    }
 }

@@ -62,3 +62,70 @@ fn a_recorded_episode_replays_identically_and_diverges_under_the_other_variant()
     let (ok, text) = basecamp(&["trace", "replay", cut.to_str().unwrap(), "--config", example]);
     assert!(!ok && text.contains("incomplete"), "{text}");
 }
+
+/// The `token_logit` records of a trace.
+fn token_logits(path: &Path) -> Vec<basecamp_trace::pb::TokenLogit> {
+    let trace = basecamp_trace::read_trace(path).unwrap();
+    trace
+        .records
+        .into_iter()
+        .filter_map(|r| match r.body {
+            Some(basecamp_trace::pb::record::Body::TokenLogit(t)) => Some(t),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_raw_logits_episode_replays_with_its_entropy_and_kl_so_a_divergence_reward_is_identical() {
+    // The raw-logits example with a reward that weighs logit_divergence: the
+    // raw logits are not in the trace, so a replay must carry the recorded
+    // entropy and KL of every token, or the reward (and the metric) differ.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["policy.jsonl", "tests.jsonl"] {
+        std::fs::copy(example.join(name), dir.path().join(name)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("fixtures")).unwrap();
+    for entry in std::fs::read_dir(example.join("fixtures")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join("fixtures").join(entry.file_name())).unwrap();
+    }
+    let manifest = std::fs::read_to_string(example.join("task.yaml")).unwrap();
+    let rewards = "  maxSteps: 4\n  rewards:\n    components:\n      correctness: {weight: 1.0, source: tool_call_accuracy}\n      fidelity: {weight: -10.0, source: logit_divergence}\n";
+    assert!(manifest.contains("  maxSteps: 4\n"), "the example's SandboxConfig changed: {manifest}");
+    std::fs::write(dir.path().join("task.yaml"), manifest.replacen("  maxSteps: 4\n", rewards, 1)).unwrap();
+    let config = dir.path().to_str().unwrap();
+
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    let episodes = run["variants"][0]["episodes"].as_array().unwrap();
+    assert_eq!(episodes.len(), 5);
+    for episode in episodes {
+        let trace = out.join(episode["trace"].as_str().unwrap());
+        let recorded = token_logits(&trace);
+        assert!(!recorded.is_empty() && recorded.iter().all(|t| t.kl.is_some_and(|kl| kl > 0.0)), "{recorded:?}");
+
+        let kept = dir.path().join(format!("replayed-{}", episode["id"].as_str().unwrap()));
+        let (ok, text) = basecamp(&[
+            "trace",
+            "replay",
+            trace.to_str().unwrap(),
+            "--config",
+            config,
+            "--out",
+            kept.to_str().unwrap(),
+        ]);
+        assert!(ok && text.starts_with("identical:"), "{text}");
+        let replayed: Vec<_> = std::fs::read_dir(kept.join("replayed"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "trace"))
+            .collect();
+        assert_eq!(replayed.len(), 1, "{replayed:?}");
+        // Bit for bit: the same tokens, alternatives, entropy and KL.
+        assert_eq!(token_logits(&replayed[0]), recorded, "{}", trace.display());
+    }
+}

@@ -846,10 +846,7 @@ fn record_policy_turn<W: std::io::Write>(
         state.warnings.push(format!("step {step}: the policy's tool-call turn came back without logprobs"));
     }
     let records = match derived {
-        Some(Ok(turn)) => {
-            state.divergence.add(&turn.records);
-            turn.records
-        }
+        Some(Ok(turn)) => turn.records,
         Some(Err(e)) => {
             let fallback = if response.logprobs.is_some() { "; its logprobs are recorded instead" } else { "" };
             state.warnings.push(format!("step {step}: raw logits not used ({}): {e}{fallback}", e.category()));
@@ -857,6 +854,8 @@ fn record_policy_turn<W: std::io::Write>(
         }
         None => response.token_logits(),
     };
+    // Records with a KL: derived from raw logits now, or carried by a replay.
+    state.divergence.add(&records);
     for logit in records {
         state.last_tokens.push_back(logit.clone());
         if state.last_tokens.len() > 10 {

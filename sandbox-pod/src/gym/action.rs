@@ -167,7 +167,7 @@ fn token_logprob(token: &Value, path: &str, with_top: bool) -> Result<TokenLogpr
             .collect::<Result<Vec<_>, _>>()?,
         Some(_) => return Err(refuse(format!("{path}.top_logprobs"), "not an array of tokens")),
     };
-    Ok(TokenLogprob { token: text, token_id, logprob, top })
+    Ok(TokenLogprob { token: text, token_id, logprob, top, entropy: None, kl: None })
 }
 
 #[cfg(test)]

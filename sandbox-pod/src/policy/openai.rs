@@ -657,6 +657,8 @@ fn token_logprob(wire: WireTokenLogprob) -> TokenLogprob {
                 TopLogprob { token, token_id, logprob: top.logprob as f32 }
             })
             .collect(),
+        entropy: None,
+        kl: None,
     }
 }
 

@@ -34,8 +34,11 @@
 //!   defaults to `call_<turn>_<index>`. Names are not checked: an unknown
 //!   tool is for the executor to refuse;
 //! - `finish_reason`: default `tool_calls` when there are tool calls, else `stop`;
-//! - `logprobs`: `[{"token", "logprob", "token_id"?, "top_logprobs"?: [{"token", "logprob", "token_id"?}]}]`;
-//!   without it a tool turn is flagged `logprobs_missing`, as it would be from a server;
+//! - `logprobs`: `[{"token", "logprob", "token_id"?, "top_logprobs"?: [{"token", "logprob", "token_id"?}], "entropy"?, "kl"?}]`;
+//!   without it a tool turn is flagged `logprobs_missing`, as it would be from a server.
+//!   `entropy` and `kl` (nats; `kl` may be `"inf"`) are what raw logits gave
+//!   when a trace was recorded: `basecamp trace replay` writes them so the
+//!   replayed records, `logit_divergence` and its rewards are the recorded ones;
 //! - `usage`: `{"prompt_tokens", "completion_tokens"}`;
 //! - `raw_logits`: the turn's full-vocabulary logits as a safetensors file
 //!   (`{"path": "turn-0.safetensors", "reference"?, "tensor"?, "token_ids"?}`,
@@ -158,6 +161,26 @@ struct ScriptedToken {
     token_id: Option<i32>,
     #[serde(default)]
     top_logprobs: Vec<ScriptedTop>,
+    #[serde(default)]
+    entropy: Option<f32>,
+    #[serde(default, deserialize_with = "kl_value")]
+    kl: Option<f32>,
+}
+
+/// A KL in nats: a number, or `"inf"` (JSON has no infinity; a token the
+/// reference gives probability 0 has KL = +inf).
+fn kl_value<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<f32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Kl {
+        Number(f32),
+        Text(String),
+    }
+    match Kl::deserialize(deserializer)? {
+        Kl::Number(kl) => Ok(Some(kl)),
+        Kl::Text(text) if text == "inf" => Ok(Some(f32::INFINITY)),
+        Kl::Text(text) => Err(serde::de::Error::custom(format!("kl {text:?} is neither a number nor \"inf\""))),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -390,6 +413,12 @@ fn check_response(response: &mut ScriptedResponse, base: &Path) -> Result<(), St
         if !finite {
             return Err(format!("logprobs[{index}] holds a logprob that is not a finite number"));
         }
+        if token.entropy.is_some_and(|h| !(h.is_finite() && h >= 0.0)) {
+            return Err(format!("logprobs[{index}].entropy must be a finite number >= 0"));
+        }
+        if token.kl.is_some_and(|kl| kl.is_nan() || kl < 0.0) {
+            return Err(format!("logprobs[{index}].kl must be a number >= 0 or \"inf\""));
+        }
     }
     if let Some(value) = &response.raw_logits {
         response.raw = Some(RawLogits::from_json(value, Some(base)).map_err(|m| format!("raw_logits: {m}"))?);
@@ -438,6 +467,8 @@ fn to_response(scripted: &ScriptedResponse, turn: u32, latency: Duration) -> Pol
                             logprob: top.logprob,
                         })
                         .collect(),
+                    entropy: t.entropy,
+                    kl: t.kl,
                 })
                 .collect()
         }),
@@ -521,5 +552,36 @@ mod tests {
         assert!(second.is_final());
         assert_eq!(second.finish_reason, Some(FinishReason::Stop));
         assert_eq!(second.usage, Some(Usage { prompt_tokens: 3, completion_tokens: 1 }));
+    }
+
+    #[test]
+    fn recorded_entropy_and_kl_reach_the_token_records_and_bad_ones_are_refused() {
+        let policy = parse(concat!(
+            r#"{"content": "ok", "logprobs": [{"token": "o", "logprob": -0.5, "entropy": 1.25, "kl": 0.0625},"#,
+            r#" {"token": "k", "logprob": -0.25, "kl": "inf"}, {"token": "!", "logprob": -1.0}]}"#,
+            "\n"
+        ))
+        .unwrap();
+        let Script::Shared(turns) = &policy.script else { panic!("shared") };
+        let records: Vec<_> = to_response(&turns[0].response, 0, Duration::ZERO)
+            .logprobs
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| t.to_token_logit(i as u32))
+            .collect();
+        assert_eq!((records[0].entropy, records[0].kl), (Some(1.25), Some(0.0625)));
+        assert_eq!((records[1].entropy, records[1].kl), (None, Some(f32::INFINITY)));
+        assert_eq!((records[2].entropy, records[2].kl), (None, None));
+
+        for (token, says) in [
+            (r#""kl": -0.5"#, "logprobs[0].kl must be a number >= 0 or \"inf\""),
+            (r#""kl": "infinity""#, "kl \"infinity\" is neither a number nor \"inf\""),
+            (r#""entropy": -1"#, "logprobs[0].entropy must be a finite number >= 0"),
+        ] {
+            let line = format!(r#"{{"content": "x", "logprobs": [{{"token": "x", "logprob": -1, {token}}}]}}"#);
+            let err = parse(&line).unwrap_err().to_string();
+            assert!(err.starts_with("script.jsonl:1: ") && err.contains(says), "{token}: {err}");
+        }
     }
 }

@@ -303,6 +303,11 @@ pub struct TokenLogprob {
     pub token_id: Option<i32>,
     pub logprob: f32,
     pub top: Vec<TopLogprob>,
+    /// The entropy (nats) of the token's distribution, when a replay carries
+    /// what the raw logits gave when the trace was recorded.
+    pub entropy: Option<f32>,
+    /// KL(p‖q) (nats) against the reference logits, likewise; may be +inf.
+    pub kl: Option<f32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -323,8 +328,8 @@ impl TokenLogprob {
             top_ids: self.top.iter().map(|t| t.token_id.unwrap_or(-1)).collect(),
             top_tokens: self.top.iter().map(|t| t.token.clone()).collect(),
             top_logprobs: self.top.iter().map(|t| t.logprob).collect(),
-            entropy: None,
-            kl: None,
+            entropy: self.entropy,
+            kl: self.kl,
         }
     }
 }
@@ -526,7 +531,8 @@ mod tests {
         assert!(response(vec![call()], Some(vec![])).to_policy_turn().logprobs_missing);
         // A final answer without logprobs is not a tool turn.
         assert!(!response(vec![], None).to_policy_turn().logprobs_missing);
-        let token = TokenLogprob { token: "x".into(), token_id: None, logprob: -0.5, top: vec![] };
+        let token =
+            TokenLogprob { token: "x".into(), token_id: None, logprob: -0.5, top: vec![], entropy: None, kl: None };
         let turn = response(vec![call()], Some(vec![token])).to_policy_turn();
         assert!(!turn.logprobs_missing);
         assert_eq!(turn.latency_micros, 12_000);
@@ -547,8 +553,10 @@ mod tests {
                     TopLogprob { token: "look".into(), token_id: Some(42), logprob: -0.1 },
                     TopLogprob { token: "find".into(), token_id: None, logprob: -2.5 },
                 ],
+                entropy: None,
+                kl: None,
             },
-            TokenLogprob { token: "up".into(), token_id: None, logprob: -0.01, top: vec![] },
+            TokenLogprob { token: "up".into(), token_id: None, logprob: -0.01, top: vec![], entropy: None, kl: None },
         ];
         let records = response(vec![call()], Some(tokens)).token_logits();
         assert_eq!(records.len(), 2);
