@@ -10,8 +10,9 @@ For one Running pod:
     the cluster);
   * the ConfigMap volume's files written to a directory standing in for its
     mount path, and the emptyDir mounted at the working directory: only the
-    path prefixes in args are rewritten, and `--listen` becomes a free
-    loopback port;
+    path prefixes in args are rewritten, `--listen` becomes a free
+    loopback port, and `--metrics-linger` becomes 0s (nothing scrapes a
+    played pod: waiting for a final scrape would only slow the run);
   * the working directory holds the example's files (tools/, services/,
     policy.jsonl), as a tools image would. basecamp-sandbox resolves relative
     paths in the manifests against the manifests' own directory, so the
@@ -486,11 +487,20 @@ def expand(text: str, env: dict[str, str]) -> str:
 def loopback_listen(args: list[str]) -> list[str]:
     """A pod's sandbox listens on all interfaces at a fixed port (its
     `metrics` port); played here, many at once, it listens on a free
-    loopback port instead."""
+    loopback port instead. Nothing scrapes it, so it does not wait for a
+    final scrape either (`--metrics-linger 0s`).
+
+    >>> loopback_listen(["run", "--listen", "0.0.0.0:9464", "--metrics-linger", "45s", "--metrics-linger=1m"])
+    ['run', '--listen', '127.0.0.1:0', '--metrics-linger', '0s', '--metrics-linger=0s']
+    """
     out = list(args)
-    for i, arg in enumerate(out[:-1]):
-        if arg == "--listen":
+    for i, arg in enumerate(out):
+        if arg == "--listen" and i + 1 < len(out):
             out[i + 1] = "127.0.0.1:0"
+        elif arg == "--metrics-linger" and i + 1 < len(out):
+            out[i + 1] = "0s"
+        elif arg.startswith("--metrics-linger="):
+            out[i] = "--metrics-linger=0s"
     return out
 
 

@@ -97,9 +97,19 @@ struct RunArgs {
     /// Seconds between looks at a training task while its trainer runs or checkpoint evaluations are pending.
     #[arg(long, env = "BASECAMP_CHECKPOINT_POLL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_poll_seconds: u64,
+    /// How long a sandbox pod whose shard is done keeps serving /metrics for a scrape of its final
+    /// counts (it exits as soon as one was served): one scrape interval plus margin; 0s: no wait.
+    #[arg(long, env = "BASECAMP_SANDBOX_METRICS_LINGER", default_value = "45s", value_parser = parse_linger)]
+    sandbox_metrics_linger: std::time::Duration,
     /// Log format (the level comes from RUST_LOG, default info).
     #[arg(long, env = "BASECAMP_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+/// A duration of zero or more as manifests write them (45s, 1m30s).
+fn parse_linger(s: &str) -> Result<std::time::Duration, String> {
+    let d: basecamp_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    d.to_std().ok_or_else(|| format!("{s:?}: give a duration of 0s or more, such as 45s"))
 }
 
 #[derive(clap::Args)]
@@ -273,6 +283,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         backoff_limit_per_index: args.shard_retries,
         report_base_url: args.report_base_url,
         checkpoint_poll_seconds: args.checkpoint_poll_seconds,
+        sandbox_metrics_linger: args.sandbox_metrics_linger,
     };
     let mut storage_config = StorageConfig::from_env();
     if let Some(endpoint) = &args.s3_endpoint {
@@ -341,5 +352,61 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn run_args(flags: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = ["basecamp-operator", "run"].into_iter().chain(flags.iter().copied());
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(args) => Ok(args),
+            _ => unreachable!("the run subcommand parses as Command::Run"),
+        }
+    }
+
+    #[test]
+    fn the_sandbox_metrics_linger_flag_reaches_the_settings_default() {
+        let default = run_args(&[]).expect("no flags").sandbox_metrics_linger;
+        assert_eq!(default, basecamp_operator::settings::DEFAULT_SANDBOX_METRICS_LINGER);
+        assert_eq!(run_args(&["--sandbox-metrics-linger=1m30s"]).expect("1m30s").sandbox_metrics_linger.as_secs(), 90);
+        assert_eq!(run_args(&["--sandbox-metrics-linger=0s"]).expect("0s").sandbox_metrics_linger, Duration::ZERO);
+        let negative = run_args(&["--sandbox-metrics-linger=-5s"]).err().expect("negative is refused").to_string();
+        assert!(negative.contains("0s or more"), "{negative}");
+    }
+
+    /// The chart passes `metrics.sandboxPodMonitor.metricsLinger` (0s without
+    /// the PodMonitor), and its default parses here and covers the interval.
+    #[test]
+    fn the_charts_metrics_linger_value_is_passed_and_parses() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let template = std::fs::read_to_string(chart.join("templates/deployment.yaml")).expect("deployment template");
+        assert!(
+            template.contains("- --sandbox-metrics-linger={{ if .enabled }}{{ .metricsLinger }}{{ else }}0s{{ end }}")
+                && template.contains("{{- with .Values.metrics.sandboxPodMonitor }}"),
+            "the Deployment passes metrics.sandboxPodMonitor.metricsLinger"
+        );
+        let values: serde_json::Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml"))
+                .expect("values.yaml parses");
+        let monitor = &values["metrics"]["sandboxPodMonitor"];
+        let as_duration = |key: &str| {
+            let text = monitor[key].as_str().unwrap_or_else(|| panic!("sandboxPodMonitor.{key} is a string"));
+            parse_linger(text).unwrap_or_else(|e| panic!("sandboxPodMonitor.{key}: {e}"))
+        };
+        let linger = as_duration("metricsLinger");
+        let flag =
+            run_args(&[&format!("--sandbox-metrics-linger={}", monitor["metricsLinger"].as_str().unwrap_or(""))])
+                .expect("the operator accepts the chart's value");
+        assert_eq!(flag.sandbox_metrics_linger, linger);
+        assert!(
+            linger >= as_duration("interval") + as_duration("scrapeTimeout"),
+            "metricsLinger must cover one interval and a scrape"
+        );
     }
 }

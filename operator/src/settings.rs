@@ -1,6 +1,7 @@
 //! What the operator was started with that shapes the objects it builds:
-//! the sandbox image, how pods reach S3, Job retry and clean-up limits, and
-//! how often a training task's checkpoints are polled.
+//! the sandbox image, how pods reach S3, Job retry and clean-up limits, how
+//! long a sandbox pod waits for a final scrape, and how often a training
+//! task's checkpoints are polled.
 
 /// Where the `basecamp-sandbox` binary lives in the Basecamp image.
 pub const SANDBOX_BINARY_IN_IMAGE: &str = "/usr/local/bin/basecamp-sandbox";
@@ -32,7 +33,16 @@ pub struct Settings {
     /// How often a training task is looked at while its trainer runs or
     /// checkpoint evaluations are queued or running, in seconds.
     pub checkpoint_poll_seconds: u64,
+    /// `basecamp-sandbox run --metrics-linger`: how long a sandbox pod whose
+    /// shard is done keeps serving `/metrics` for a scrape of its final
+    /// counts (it exits as soon as one was served). Zero: exit at once.
+    pub sandbox_metrics_linger: std::time::Duration,
 }
+
+/// The default [`Settings::sandbox_metrics_linger`]: one scrape interval
+/// of 30 s (the Prometheus Operator's default) plus 15 s for Prometheus to
+/// discover a new pod and for a slow scrape.
+pub const DEFAULT_SANDBOX_METRICS_LINGER: std::time::Duration = std::time::Duration::from_secs(45);
 
 impl Default for Settings {
     fn default() -> Self {
@@ -44,6 +54,7 @@ impl Default for Settings {
             backoff_limit_per_index: 2,
             report_base_url: None,
             checkpoint_poll_seconds: 10,
+            sandbox_metrics_linger: DEFAULT_SANDBOX_METRICS_LINGER,
         }
     }
 }

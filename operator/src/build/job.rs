@@ -105,9 +105,20 @@ fn env(name: &str, value: &str) -> EnvVar {
 
 /// The sandbox's arguments: `run --config ... --shard $(JOB_COMPLETION_INDEX)/N
 /// --listen 0.0.0.0:9464` (`/metrics` for the chart's PodMonitor, `/healthz`,
-/// live injection through `kubectl port-forward`), and `--checkpoint-step N`
-/// when it evaluates a checkpoint.
-pub fn sandbox_args(task: &str, variant: &str, shards: u32, step: Option<u64>) -> Vec<String> {
+/// live injection through `kubectl port-forward`), `--metrics-linger D`
+/// (after the shard, serve `/metrics` until a scrape saw the final counts,
+/// at most `D`: a short pod may otherwise never be scraped), and
+/// `--checkpoint-step N` when it evaluates a checkpoint.
+///
+/// The wait needs no longer `terminationGracePeriodSeconds`: it happens
+/// only when the shard ended by itself, and SIGTERM ends it at once.
+pub fn sandbox_args(
+    task: &str,
+    variant: &str,
+    shards: u32,
+    step: Option<u64>,
+    metrics_linger: std::time::Duration,
+) -> Vec<String> {
     let mut args: Vec<String> = [
         "run",
         "--config",
@@ -122,6 +133,8 @@ pub fn sandbox_args(task: &str, variant: &str, shards: u32, step: Option<u64>) -
         &format!("{WORK_DIR}/traces"),
         "--listen",
         &format!("0.0.0.0:{SANDBOX_METRICS_PORT}"),
+        "--metrics-linger",
+        &basecamp_api::Duration::from(metrics_linger).to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -260,7 +273,13 @@ pub fn pod_template(
         name: SANDBOX_CONTAINER.into(),
         image: Some(image),
         command: Some(vec![command]),
-        args: Some(sandbox_args(input.name, &variant.name, shards, checkpoint.map(|c| c.step))),
+        args: Some(sandbox_args(
+            input.name,
+            &variant.name,
+            shards,
+            checkpoint.map(|c| c.step),
+            input.settings.sandbox_metrics_linger,
+        )),
         working_dir: Some(WORK_DIR.into()),
         env: Some(sandbox_env(input, checkpoint)),
         env_from: input.settings.s3_secret.as_ref().map(|name| {

@@ -123,7 +123,9 @@ fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
             "--out",
             "/work/traces",
             "--listen",
-            "0.0.0.0:9464"
+            "0.0.0.0:9464",
+            "--metrics-linger",
+            "45s"
         ])
     );
     // The port the chart's PodMonitor scrapes by name.
@@ -321,4 +323,31 @@ fn a_task_without_uid_cannot_own_objects() {
     let err = BuildInput::new(&task, vec![], &settings).expect_err("no uid");
     assert_eq!(err.category(), "MissingMetadata");
     assert!(err.to_string().contains("metadata.uid"));
+}
+
+#[test]
+fn sandbox_pods_wait_for_a_final_scrape_as_long_as_the_operator_is_told() {
+    let task = task(base_spec());
+    let args_with = |linger: std::time::Duration| {
+        let settings = Settings { sandbox_metrics_linger: linger, ..Default::default() };
+        let desired = built(&task, vec![variant("default", gpu_sandbox(None))], &settings);
+        let job = to_json(&desired.jobs[0]);
+        let pod = job["spec"]["template"]["spec"].clone();
+        assert!(
+            pod.get("terminationGracePeriodSeconds").is_none(),
+            "SIGTERM ends the wait at once: the default grace period does not cut it short"
+        );
+        let args: Vec<String> = pod["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        let at = args.iter().position(|a| a == "--metrics-linger").expect("--metrics-linger");
+        args[at + 1].clone()
+    };
+    assert_eq!(args_with(crate::settings::DEFAULT_SANDBOX_METRICS_LINGER), "45s", "a 30 s interval plus margin");
+    assert_eq!(args_with(std::time::Duration::from_secs(30)), "30s");
+    assert_eq!(args_with(std::time::Duration::from_secs(90)), "90s");
+    assert_eq!(args_with(std::time::Duration::ZERO), "0ms", "no PodMonitor: no wait");
 }

@@ -125,7 +125,10 @@ schema = {
                       "port": i(minimum=1, maximum=65535), "annotations": strmap, "labels": strmap}),
       "serviceMonitor": obj(dict(monitor_common, honorLabels=b())),
       "sandboxPodMonitor": obj(dict(monitor_common, taskLabel=label_key, variantLabel=label_key,
-                                    shardLabel=label_key)),
+                                    shardLabel=label_key,
+                                    metricsLinger=s("How long a finished sandbox pod waits for a scrape of its "
+                                                    "final counts (--sandbox-metrics-linger), e.g. 30s",
+                                                    pattern="^([0-9]+(ms|s|m|h))+$"))),
     }),
     "prometheusRule": obj({
       "enabled": b(), "namespace": s(), "labels": strmap, "annotations": strmap,
