@@ -47,9 +47,13 @@ pub struct Loaded<T> {
 
 impl<T> Loaded<T> {
     /// The directory of the file the object came from (relative paths in
-    /// the spec are resolved against it).
+    /// the spec are resolved against it); `.` for a bare file name, whose
+    /// parent is the empty path (a process cannot start in "").
     pub fn base_dir(&self) -> PathBuf {
-        Path::new(&self.source.file).parent().map(Path::to_path_buf).unwrap_or_default()
+        match Path::new(&self.source.file).parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
     }
 }
 
@@ -498,6 +502,15 @@ fn message_of(error: &serde_saphyr::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_file_name_resolves_against_the_current_directory() {
+        let at = |file: &str| Loaded { object: (), source: Source { file: file.into(), line: 1 } }.base_dir();
+        assert_eq!(at("task.yaml"), PathBuf::from("."));
+        assert_eq!(at("./task.yaml"), PathBuf::from("."));
+        assert_eq!(at("examples/ecommerce/task.yaml"), PathBuf::from("examples/ecommerce"));
+        assert_eq!(at("/etc/basecamp/task.yaml"), PathBuf::from("/etc/basecamp"));
+    }
 
     fn examples() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/manifests")

@@ -65,8 +65,52 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text
+/// the message before it already ends with (library errors often say
+/// `cannot start "python3": {source}` and also name `source` as their cause).
+fn report(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let said = cause.to_string();
+        if text.ends_with(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)");
+        #[derive(Debug)]
+        struct Spawn(std::io::Error);
+        impl std::fmt::Display for Spawn {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "cannot start \"python3\": {}", self.0)
+            }
+        }
+        impl std::error::Error for Spawn {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let error = anyhow::Error::new(Spawn(io)).context("variant a");
+        assert_eq!(report(&error), "variant a: cannot start \"python3\": No such file or directory (os error 2)");
+        let chained = anyhow::anyhow!("disk full").context("cannot write summary.json").context("shard 0");
+        assert_eq!(report(&chained), "shard 0: cannot write summary.json: disk full");
     }
 }
