@@ -35,8 +35,9 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test-deps: ## Build the real test servers the tests start (s3s-fs), cached in $(BASECAMP_CACHE); Debian's chromium for the browser tests
+test-deps: ## Build the real test servers the tests start (s3s-fs), cached in $(BASECAMP_CACHE); pyarrow (the tests' Parquet reader) in a venv there; Debian's chromium for the browser tests
 	bash scripts/s3-server.sh install
+	BASECAMP_CACHE=$(BASECAMP_CACHE) bash scripts/pyarrow.sh install
 	bash scripts/browser.sh install
 
 browser: ## Debian's chromium for the browser tests of the report and serve

@@ -152,9 +152,63 @@ pub struct DataPipeline {
     /// compute rewards with the sandbox's reward calculator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preprocessor: Option<String>,
-    /// Training batch size.
+    /// Training batch size; also the rows per batch file of the dataset
+    /// (default 64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<u32>,
+    /// The dataset's file format (see [`DataFormat`]). Default: jsonl.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<DataFormat>,
+}
+
+/// The dataset's file format: `jsonl` (JSON Lines, `batch-00000.jsonl`,
+/// ...; the default) or `parquet` (`batch-00000.parquet`, ...: one
+/// ZSTD-compressed row group a file; `state` and `action` as JSON text).
+// The CRD's description of `dataPipeline.format` is this comment, not the field's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// JSON Lines: one row a line.
+    #[default]
+    Jsonl,
+    /// Apache Parquet: one row group a file, ZSTD-compressed columns.
+    Parquet,
+}
+
+impl DataFormat {
+    /// Every format, as spelt in manifests and on the command line.
+    pub const NAMES: [&str; 2] = ["jsonl", "parquet"];
+
+    /// `jsonl` or `parquet`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Jsonl => "jsonl",
+            Self::Parquet => "parquet",
+        }
+    }
+
+    /// The batch files' extension (no dot).
+    pub fn extension(self) -> &'static str {
+        self.name()
+    }
+}
+
+impl std::fmt::Display for DataFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DataFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "jsonl" => Ok(Self::Jsonl),
+            "parquet" => Ok(Self::Parquet),
+            other => Err(format!("unknown dataset format {other:?}; use {}", Self::NAMES.join(" or "))),
+        }
+    }
 }
 
 /// Training settings (passed to the training container).
@@ -659,6 +713,34 @@ mod tests {
         assert_eq!(variants[0].name, DEFAULT_VARIANT);
         assert_eq!(spec.shards(), 1);
         assert!(HarnessTaskSpec::default().effective_variants().is_empty());
+    }
+
+    #[test]
+    fn the_data_format_is_jsonl_or_parquet_and_another_word_names_the_field_and_line() {
+        let pipeline: DataPipeline =
+            serde_json::from_value(serde_json::json!({"source": "s3://b/p/", "format": "parquet"})).unwrap();
+        assert_eq!(pipeline.format, Some(DataFormat::Parquet));
+        assert_eq!(DataPipeline::default().format.unwrap_or_default(), DataFormat::Jsonl);
+        for name in DataFormat::NAMES {
+            assert_eq!(name.parse::<DataFormat>().unwrap().to_string(), name);
+        }
+        assert_eq!("csv".parse::<DataFormat>().unwrap_err(), r#"unknown dataset format "csv"; use jsonl or parquet"#);
+
+        // The CRD lists the formats, so the API server refuses another word too.
+        let schema = crate::crd::schema_of("HarnessTask").expect("schema");
+        let format = &schema["properties"]["spec"]["properties"]["dataPipeline"]["properties"]["format"];
+        assert_eq!(format["enum"], serde_json::json!(["jsonl", "parquet"]), "{format}");
+        assert!(format["description"].as_str().is_some_and(|d| d.contains("parquet")), "{format}");
+
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {name: t}\nspec:\n  \
+                    dataPipeline:\n    source: s3://b/p/\n    format: csv\n  \
+                    evaluation: {testSet: t.jsonl}\n  policy: {endpoint: 'http://x', model: m}\n";
+        let (manifests, report) = crate::manifest::Manifests::parse("m.yaml", text);
+        assert!(manifests.tasks.is_empty());
+        let problem = &report.problems()[0];
+        assert_eq!(problem.location, crate::problem::Location::line("m.yaml", 7));
+        assert!(problem.message.starts_with("spec.dataPipeline.format: unknown variant `csv`"), "{problem}");
+        assert!(problem.message.contains("jsonl") && problem.message.contains("parquet"), "{problem}");
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! `basecamp data preprocess`: traces into training data — `(state, action,
-//! reward)` rows as JSON Lines in batches of `dataPipeline.batchSize` — with
-//! the task's preprocessor (`builtin:trajectory`, `exec:...`,
-//! `python:module.function`; see `basecamp_sandbox::preprocess`). With
-//! `--config`, the source, version, preprocessor, batch size and the reward
-//! weights (the sandbox's own calculator, at `--training-step`) come from
-//! the manifests.
+//! reward)` rows in batches of `dataPipeline.batchSize`, as JSON Lines or
+//! Parquet (`dataPipeline.format`) — with the task's preprocessor
+//! (`builtin:trajectory`, `exec:...`, `python:module.function`; see
+//! `basecamp_sandbox::preprocess`). With `--config`, the source, version,
+//! preprocessor, batch size, format and the reward weights (the sandbox's
+//! own calculator, at `--training-step`) come from the manifests.
 //!
 //! inputs (files, directories, globs, `s3://` prefixes; the trace commands'
 //! [`Sources`]) -> preflight the preprocessor on the first record -> rows
-//! into `batch-00000.jsonl`, ... -> `dataset.json`, written last: it marks
-//! the dataset complete (operator/TRAINING.md, "Locations"). An `s3://`
+//! into `batch-00000.jsonl` (or `.parquet`, see [`parquet_file`]), ... ->
+//! `dataset.json`, written last: it marks the dataset complete
+//! (operator/TRAINING.md, "Locations"). The format only decides how a batch
+//! file is encoded ([`BatchFile`]); the rest is the same. An `s3://`
 //! output is staged in a temporary directory and uploaded with the
 //! sandbox's storage client (retries), the batches first and `dataset.json`
 //! only once they all arrived.
@@ -18,12 +20,15 @@
 //! `FallbackToLogsOnError`, so a failure's message, the last thing on
 //! stderr, becomes the pod's termination message: messages stay short.
 
+mod parquet_file;
+
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
+use basecamp_api::task::DataFormat;
 use basecamp_sandbox::config::reward_calculator;
 use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, trajectory_row};
 use basecamp_sandbox::rewards::RewardCalculator;
@@ -31,6 +36,7 @@ use basecamp_sandbox::run::{load_manifests, resolve_variants, select_task};
 use basecamp_sandbox::storage::{Destination, Storage, StorageConfig, UtcDate};
 
 use crate::trace_cmd::sources::Sources;
+use parquet_file::ParquetBatch;
 
 /// The file that describes a dataset and marks it complete.
 pub const DATASET_FILE: &str = "dataset.json";
@@ -40,7 +46,7 @@ const FAILURES_SHOWN: usize = 3;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
-    /// Turn traces (files, directories, globs, s3:// prefixes) into (state, action, reward) JSONL batches.
+    /// Turn traces (files, directories, globs, s3:// prefixes) into (state, action, reward) batches: JSON Lines or Parquet.
     Preprocess(PreprocessArgs),
 }
 
@@ -49,11 +55,11 @@ pub struct PreprocessArgs {
     /// Traces: files, directories (searched recursively), globs, or s3://BUCKET/PREFIX/
     /// (every *.trace under it). Default: the manifest's dataPipeline.source.
     pub inputs: Vec<String>,
-    /// Where the batches go: DIR or s3://BUCKET/PREFIX/, holding batch-00000.jsonl, ... and
-    /// dataset.json (written last).
+    /// Where the batches go: DIR or s3://BUCKET/PREFIX/, holding batch-00000.jsonl (or .parquet), ...
+    /// and dataset.json (written last).
     #[arg(long, short)]
     pub out: String,
-    /// The HarnessTask manifests: source, version, preprocessor, batch size and reward weights come from them.
+    /// The HarnessTask manifests: source, version, preprocessor, batch size, format and reward weights come from them.
     #[arg(long = "config")]
     pub config: Vec<PathBuf>,
     /// The HarnessTask, when the manifests hold several.
@@ -68,12 +74,22 @@ pub struct PreprocessArgs {
     /// Rows per batch file (overrides the manifest's dataPipeline.batchSize; default 64).
     #[arg(long)]
     pub batch_size: Option<u32>,
+    /// The batch files' format (overrides the manifest's dataPipeline.format; default jsonl).
+    #[arg(long, value_parser = format_parser())]
+    pub format: Option<DataFormat>,
     /// The source data's version, recorded in dataset.json (default: the manifest's dataPipeline.version).
     #[arg(long)]
     pub version: Option<String>,
     /// The training step whose reward weights apply.
     #[arg(long, default_value_t = 0)]
     pub training_step: u64,
+}
+
+/// `jsonl` or `parquet`, listed in the help and in clap's error for another word.
+fn format_parser() -> impl clap::builder::TypedValueParser<Value = DataFormat> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(DataFormat::NAMES)
+        .map(|name| name.parse::<DataFormat>().expect("every possible value is a format"))
 }
 
 pub fn run(command: DataCommand) -> Result<ExitCode> {
@@ -85,6 +101,7 @@ pub fn run(command: DataCommand) -> Result<ExitCode> {
 struct Settings {
     preprocessor: Preprocessor,
     batch_size: usize,
+    format: DataFormat,
     calculator: Option<RewardCalculator>,
     /// The working directory (and `PYTHONPATH` entry) of a user preprocessor.
     workdir: PathBuf,
@@ -94,7 +111,7 @@ struct Settings {
 
 fn settings(args: &PreprocessArgs) -> Result<Settings> {
     let (mut name, mut batch, mut calculator, mut workdir) = (None, None, None, std::env::current_dir()?);
-    let (mut source, mut version) = (None, None);
+    let (mut source, mut version, mut format) = (None, None, None);
     if !args.config.is_empty() {
         let (manifests, _) = load_manifests(&args.config).map_err(|e| anyhow!("{e}"))?;
         let loaded = select_task(&manifests, args.task.as_deref()).map_err(|e| anyhow!("{e}"))?;
@@ -104,6 +121,7 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
             name = pipeline.preprocessor.clone();
             batch = pipeline.batch_size;
             version = pipeline.version.clone();
+            format = pipeline.format;
             // A local source is relative to the manifest, as the test set is.
             source = Some(match pipeline.source.as_str() {
                 s3 if s3.starts_with("s3://") => s3.to_string(),
@@ -130,6 +148,7 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
     Ok(Settings {
         preprocessor: name.parse()?,
         batch_size: args.batch_size.or(batch).unwrap_or(64).max(1) as usize,
+        format: args.format.or(format).unwrap_or_default(),
         calculator,
         workdir,
         inputs,
@@ -137,41 +156,96 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
     })
 }
 
-/// Writes rows into numbered batch files.
+/// Writes rows into numbered batch files of one format.
 struct Batches {
     dir: PathBuf,
     size: usize,
+    format: DataFormat,
+    /// Parquet files carry it as key/value metadata.
+    metadata: Vec<(String, String)>,
     in_current: usize,
     files: Vec<PathBuf>,
-    current: Option<std::io::BufWriter<std::fs::File>>,
+    current: Option<BatchFile>,
     rows: usize,
 }
 
+/// The batch being written, as its format encodes it.
+enum BatchFile {
+    /// Streamed: one JSON object a line.
+    Jsonl(std::io::BufWriter<std::fs::File>),
+    /// Held until the batch is full, then written as one row group.
+    Parquet(ParquetBatch),
+}
+
+impl BatchFile {
+    fn create(format: DataFormat, path: &Path) -> Result<Self> {
+        let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(match format {
+            DataFormat::Jsonl => Self::Jsonl(std::io::BufWriter::new(file)),
+            DataFormat::Parquet => Self::Parquet(ParquetBatch::new(file)),
+        })
+    }
+
+    fn push(&mut self, row: &Row) -> Result<()> {
+        match self {
+            Self::Jsonl(out) => {
+                serde_json::to_writer(&mut *out, row)?;
+                out.write_all(b"\n")?;
+            }
+            Self::Parquet(batch) => batch.push(row)?,
+        }
+        Ok(())
+    }
+
+    fn finish(self, path: &Path, metadata: &[(String, String)]) -> Result<()> {
+        match self {
+            Self::Jsonl(mut out) => out.flush(),
+            Self::Parquet(batch) => batch.finish(metadata).map_err(std::io::Error::other),
+        }
+        .with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
 impl Batches {
+    fn new(dir: PathBuf, settings: &Settings, training_step: u64) -> Self {
+        let mut metadata = vec![
+            ("basecamp.source".to_string(), settings.inputs.join(", ")),
+            ("basecamp.preprocessor".to_string(), settings.preprocessor.to_string()),
+            ("basecamp.trainingStep".to_string(), training_step.to_string()),
+        ];
+        metadata.extend(settings.version.clone().map(|v| ("basecamp.version".to_string(), v)));
+        Self {
+            dir,
+            size: settings.batch_size,
+            format: settings.format,
+            metadata,
+            in_current: 0,
+            files: Vec::new(),
+            current: None,
+            rows: 0,
+        }
+    }
+
     fn push(&mut self, row: &Row) -> Result<()> {
         if self.current.is_none() || self.in_current == self.size {
-            if let Some(mut done) = self.current.take() {
-                done.flush()?;
-            }
-            let path = self.dir.join(format!("batch-{:05}.jsonl", self.files.len()));
-            let file = std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
-            self.current = Some(std::io::BufWriter::new(file));
+            self.finish()?;
+            let path = self.dir.join(format!("batch-{:05}.{}", self.files.len(), self.format.extension()));
+            self.current = Some(BatchFile::create(self.format, &path)?);
             self.files.push(path);
             self.in_current = 0;
         }
-        let out = self.current.as_mut().expect("opened above");
-        serde_json::to_writer(&mut *out, row)?;
-        out.write_all(b"\n")?;
+        self.current.as_mut().expect("opened above").push(row)?;
         self.in_current += 1;
         self.rows += 1;
         Ok(())
     }
 
+    /// Finishes the batch being written, if any.
     fn finish(&mut self) -> Result<()> {
-        if let Some(mut last) = self.current.take() {
-            last.flush()?;
+        match (self.current.take(), self.files.last()) {
+            (Some(last), Some(path)) => last.finish(path, &self.metadata),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn names(&self) -> Vec<String> {
@@ -240,8 +314,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         }
         _ => {}
     }
-    let mut batches =
-        Batches { dir: batch_dir, size: settings.batch_size, in_current: 0, files: Vec::new(), current: None, rows: 0 };
+    let mut batches = Batches::new(batch_dir, &settings, args.training_step);
     let mut process: Option<Subprocess> = None;
     let mut skipped = Vec::new();
     for source in &sources.items {
@@ -281,7 +354,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         "source": settings.inputs.join(", "),
         "version": settings.version,
         "preprocessor": settings.preprocessor.to_string(),
-        "format": "jsonl",
+        "format": settings.format.name(),
         "batchSize": settings.batch_size,
         "rows": batches.rows,
         "traces": traces,
@@ -302,9 +375,10 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         eprintln!("skipped {line}");
     }
     println!(
-        "{} rows from {traces} traces in {} batch(es) of up to {} -> {}",
+        "{} rows from {traces} traces in {} {} batch(es) of up to {} -> {}",
         batches.rows,
         batches.files.len(),
+        settings.format,
         settings.batch_size,
         output.display()
     );

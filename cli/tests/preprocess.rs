@@ -5,8 +5,13 @@
 //! `dataset` init container makes: traces from an `s3://` prefix (by
 //! default the manifest's `dataPipeline.source`) into batches uploaded to
 //! an `s3://` prefix, `dataset.json` last, against a real S3 server
-//! (`s3s-fs` on 127.0.0.1, as in `s3_inputs.rs`).
+//! (`s3s-fs` on 127.0.0.1, as in `s3_inputs.rs`). Parquet batches
+//! (`dataPipeline.format`, `--format`) are read back by pyarrow, an
+//! independent reader (`scripts/pyarrow.sh`), and compared with the JSON
+//! Lines of the same traces.
 
+#[path = "support/pyarrow.rs"]
+mod pyarrow;
 #[path = "support/s3.rs"]
 mod s3;
 
@@ -232,6 +237,186 @@ fn assert_fits_a_termination_message(output: &Output) {
     assert!(stderr.len() <= 2048, "{} bytes on stderr: {stderr}", stderr.len());
 }
 
+// ---- Parquet -------------------------------------------------------------------
+
+/// A dataset's batch files with `extension`, in name (= batch) order.
+fn batch_files(dir: &Path, extension: &str) -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == extension))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The JSON Lines rows of a dataset, each with its reward's 64 bits as
+/// big-endian hex, parsed from the reward's own text by Rust's correctly
+/// rounding parser (serde_json's default parser may be an ulp off).
+fn jsonl_rows_and_reward_bits(dir: &Path) -> Vec<(Value, String)> {
+    batch_files(dir, "jsonl")
+        .iter()
+        .flat_map(|p| std::fs::read_to_string(p).unwrap().lines().map(str::to_string).collect::<Vec<_>>())
+        .map(|line| {
+            // A row serializes its fields in order: the reward is the last.
+            let (_, reward) = line.rsplit_once(",\"reward\":").expect("a reward");
+            let reward: f64 = reward.trim_end_matches('}').parse().expect("the reward is a number");
+            (serde_json::from_str(&line).unwrap(), format!("{:016x}", reward.to_bits()))
+        })
+        .collect()
+}
+
+/// The Parquet batches in `parquet_dir`, as pyarrow reads them, hold the
+/// rows of the JSON Lines batches in `jsonl_dir`, in the same order and
+/// batches of `batch_size`, with the schema and compression promised.
+/// Returns the first file's key/value metadata.
+fn assert_parquet_holds_the_jsonl_rows(parquet_dir: &Path, jsonl_dir: &Path, batch_size: usize) -> Value {
+    let files = pyarrow::read(&batch_files(parquet_dir, "parquet"));
+    let expected = jsonl_rows_and_reward_bits(jsonl_dir);
+    assert_eq!(files.len(), expected.len().div_ceil(batch_size), "one file a batch");
+    let columns = serde_json::json!([
+        {"name": "episode", "physical": "BYTE_ARRAY", "logical": "String", "maxDefinitionLevel": 0, "arrow": "string"},
+        {"name": "step", "physical": "INT32", "logical": "Int(bitWidth=32, isSigned=false)", "maxDefinitionLevel": 0, "arrow": "uint32"},
+        {"name": "state", "physical": "BYTE_ARRAY", "logical": "JSON", "maxDefinitionLevel": 0, "arrow": "extension<arrow.json>"},
+        {"name": "action", "physical": "BYTE_ARRAY", "logical": "JSON", "maxDefinitionLevel": 0, "arrow": "extension<arrow.json>"},
+        {"name": "reward", "physical": "DOUBLE", "logical": "None", "maxDefinitionLevel": 0, "arrow": "double"},
+    ]);
+    let mut read = Vec::new();
+    for (index, file) in files.iter().enumerate() {
+        let name = &file["file"];
+        assert_eq!(file["rowGroups"], 1, "{name}");
+        assert_eq!(file["columns"], columns, "{name}");
+        assert_eq!(file["compression"], serde_json::json!(["ZSTD"]), "{name}");
+        let rows = file["rows"].as_array().unwrap();
+        let full = index + 1 < files.len();
+        assert!(if full { rows.len() == batch_size } else { rows.len() <= batch_size }, "{name}: {}", rows.len());
+        read.extend(rows.iter().cloned());
+    }
+    assert_eq!(read.len(), expected.len());
+    for (index, (got, (want, reward_bits))) in read.iter().zip(&expected).enumerate() {
+        assert_eq!(got["episode"], want["episode"], "row {index}");
+        assert_eq!(got["step"], want["step"], "row {index}");
+        for column in ["state", "action"] {
+            let text = got[column].as_str().unwrap_or_else(|| panic!("row {index}: {column} is JSON text: {got}"));
+            let value: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(value, want[column], "row {index}: {column}");
+        }
+        assert_eq!(&got["reward"], reward_bits, "row {index}: reward bits ({})", want["reward"]);
+    }
+    assert!(expected.iter().any(|(row, _)| row["reward"] != 0.0), "some rows carry a reward");
+    files[0]["metadata"].clone()
+}
+
+#[test]
+fn parquet_batches_hold_the_jsonl_rows_as_pyarrow_reads_them_and_the_format_comes_from_the_manifest_or_the_flag() {
+    // Before the run: without the reader this test fails at once, saying what to install.
+    pyarrow::python();
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    // The example task, with a data pipeline over the traces of its own run, in Parquet.
+    let project = tmp.path().join("project");
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce"), &project);
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    let pipeline = format!(
+        "spec:\n  dataPipeline:\n    source: {}\n    version: logs-v1\n    batchSize: 7\n    format: parquet\n  taskDefinition:",
+        runs.display()
+    );
+    std::fs::write(project.join("task.yaml"), task.replacen("spec:\n  taskDefinition:", &pipeline, 1)).unwrap();
+    let project_config = project.to_str().unwrap();
+    let output = basecamp(
+        &[
+            "run",
+            project_config,
+            "--variant",
+            "a",
+            "--shards",
+            "1",
+            "--concurrency",
+            "16",
+            "--no-progress",
+            "--out",
+            runs.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+
+    // The manifest's format.
+    let parquet = tmp.path().join("parquet");
+    let output =
+        basecamp(&["data", "preprocess", "--config", project_config, "-o", parquet.to_str().unwrap()], tmp.path());
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(text(&output).contains(" parquet batch(es) of up to 7 -> "), "{}", text(&output));
+    let dataset: Value = serde_json::from_slice(&std::fs::read(parquet.join("dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["format"], "parquet");
+    let names: Vec<PathBuf> =
+        dataset["batches"].as_array().unwrap().iter().map(|b| parquet.join(b.as_str().unwrap())).collect();
+    assert_eq!(names, batch_files(&parquet, "parquet"), "dataset.json lists every batch, in order");
+    assert_eq!(dataset["batches"][0], "batch-00000.parquet");
+    assert!(batch_files(&parquet, "jsonl").is_empty());
+
+    // --format overrides it.
+    let jsonl = tmp.path().join("jsonl");
+    let output = basecamp(
+        &["data", "preprocess", "--config", project_config, "--format", "jsonl", "-o", jsonl.to_str().unwrap()],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let dataset_jsonl: Value = serde_json::from_slice(&std::fs::read(jsonl.join("dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset_jsonl["format"], "jsonl");
+    assert_eq!(dataset_jsonl["batches"][0], "batch-00000.jsonl");
+    assert!(batch_files(&jsonl, "parquet").is_empty());
+    // Apart from the format, the batches and the time, the two datasets agree.
+    for key in ["source", "version", "preprocessor", "batchSize", "rows", "traces", "skipped", "trainingStep"] {
+        assert_eq!(dataset[key], dataset_jsonl[key], "{key}");
+    }
+
+    let metadata = assert_parquet_holds_the_jsonl_rows(&parquet, &jsonl, 7);
+    assert_eq!(metadata["basecamp.preprocessor"], "builtin:trajectory");
+    assert_eq!(metadata["basecamp.source"], runs.to_str().unwrap());
+    assert_eq!(metadata["basecamp.version"], "logs-v1");
+    assert_eq!(metadata["basecamp.trainingStep"], "0");
+
+    // A word that is not a format: the flag's error lists the formats; the
+    // manifest's names the file, line and field.
+    let output = basecamp(&["data", "preprocess", runs.to_str().unwrap(), "--format", "csv", "-o", "x"], tmp.path());
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{said}");
+    assert!(said.contains("invalid value 'csv' for '--format <FORMAT>'") && said.contains("jsonl, parquet"), "{said}");
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    std::fs::write(project.join("task.yaml"), task.replacen("format: parquet", "format: csv", 1)).unwrap();
+    let output = basecamp(&["data", "preprocess", "--config", project_config, "-o", "x"], tmp.path());
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("task.yaml:"), "{said}");
+    assert!(said.contains("spec.dataPipeline.format: unknown variant `csv`"), "{said}");
+    assert!(!tmp.path().join("x").exists(), "nothing written");
+
+    // A preprocessor's wrong answer fails as it does for JSON Lines, and no dataset.json is written.
+    std::fs::write(tmp.path().join("prep.py"), "def wrong(record):\n    return {'state': 1}\n").unwrap();
+    let broken = tmp.path().join("broken");
+    let output = basecamp(
+        &[
+            "data",
+            "preprocess",
+            runs.to_str().unwrap(),
+            "--format",
+            "parquet",
+            "--preprocessor",
+            "python:prep.wrong",
+            "-o",
+            broken.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("preprocessor python:prep.wrong returned {\"state\":1} for record {"), "{said}");
+    assert_fits_a_termination_message(&output);
+    assert!(!broken.join("dataset.json").exists());
+}
+
 // ---- S3 in, S3 out ------------------------------------------------------------
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -324,6 +509,29 @@ fn a_dataset_from_the_manifests_s3_source_is_uploaded_to_s3_with_dataset_json_la
     here.sort();
     there.sort();
     assert_eq!(here, there);
+
+    // Parquet (--format; the manifest says nothing): the same rows in the same order, uploaded
+    // with dataset.json last, as pyarrow reads them.
+    let out_parquet = format!("s3://{BUCKET}/datasets/parquet/");
+    let output = server.basecamp(
+        &["data", "preprocess", "--config", project_config, "--format", "parquet", "--out", &out_parquet],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let uploaded_parquet = data.join(BUCKET).join("datasets/parquet");
+    let dataset_parquet: Value =
+        serde_json::from_slice(&std::fs::read(uploaded_parquet.join("dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset_parquet["format"], "parquet");
+    assert_eq!(dataset_parquet["rows"], dataset["rows"]);
+    let names: Vec<PathBuf> = dataset_parquet["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| uploaded_parquet.join(b.as_str().unwrap()))
+        .collect();
+    assert_eq!(names, batch_files(&uploaded_parquet, "parquet"));
+    let metadata = assert_parquet_holds_the_jsonl_rows(&uploaded_parquet, &uploaded, 10);
+    assert_eq!(metadata["basecamp.source"], format!("s3://{BUCKET}/logs/ecommerce/"));
 
     // --version overrides the manifest's; an explicit S3 input overrides the source.
     let out2 = format!("s3://{BUCKET}/datasets/v2");
