@@ -17,34 +17,46 @@ pub struct S3Uri {
     pub key: String,
 }
 
-/// Why an `s3://` URI is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a location is refused. It prints as `"<what the user wrote>": <reason>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum S3UriError {
     /// The URI does not start with `s3://`.
-    #[error("{uri:?} is not an s3:// URI")]
     NotS3 {
         /// What the user wrote.
         uri: String,
     },
+    /// `gs://…`, `file://…`: a scheme that would otherwise read as a local directory name.
+    Scheme {
+        /// What the user wrote.
+        uri: String,
+        /// The part before `://`.
+        scheme: String,
+    },
+    /// `S3://…`.
+    SchemeCase {
+        /// What the user wrote.
+        uri: String,
+    },
     /// `s3://?x` or `s3:///key`.
-    #[error("{uri:?} has no bucket name; write s3://BUCKET/PREFIX")]
     NoBucket {
         /// What the user wrote.
         uri: String,
     },
     /// A bucket name S3 does not allow.
-    #[error(
-        "{uri:?}: bucket name {bucket:?} is not valid: S3 bucket names are 3-63 characters of \
-         lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
-    )]
     BadBucket {
         /// What the user wrote.
         uri: String,
         /// The bucket part.
         bucket: String,
     },
+    /// `s3://bucket/a//b`, `s3://bucket/../x`.
+    BadKey {
+        /// What the user wrote.
+        uri: String,
+        /// The key part.
+        key: String,
+    },
     /// `?versionId=...` or any other query string.
-    #[error("{uri:?} has a query string ({query:?}); S3 URIs cannot carry one")]
     Query {
         /// What the user wrote.
         uri: String,
@@ -52,7 +64,6 @@ pub enum S3UriError {
         query: String,
     },
     /// `#...`, spaces or control characters.
-    #[error("{uri:?} contains {what}; remove it")]
     BadCharacter {
         /// What the user wrote.
         uri: String,
@@ -69,7 +80,54 @@ impl S3UriError {
             _ => "InvalidS3Uri",
         }
     }
+
+    /// What the user wrote.
+    pub fn uri(&self) -> &str {
+        match self {
+            Self::NotS3 { uri }
+            | Self::Scheme { uri, .. }
+            | Self::SchemeCase { uri }
+            | Self::NoBucket { uri }
+            | Self::BadBucket { uri, .. }
+            | Self::BadKey { uri, .. }
+            | Self::Query { uri, .. }
+            | Self::BadCharacter { uri, .. } => uri,
+        }
+    }
+
+    /// What is wrong and how to write it instead, without the URI.
+    pub fn reason(&self) -> String {
+        match self {
+            Self::NotS3 { .. } => "it is not an s3:// URI".into(),
+            Self::Scheme { scheme, .. } => {
+                format!("the {scheme}:// scheme is not supported; write s3://BUCKET/PREFIX or a local path")
+            }
+            Self::SchemeCase { uri } => {
+                format!("write the scheme in lower case: s3://{}", uri.split_once("://").map_or("", |(_, rest)| rest))
+            }
+            Self::NoBucket { .. } => "it has no bucket name; write s3://BUCKET/PREFIX".into(),
+            Self::BadBucket { bucket, .. } => format!(
+                "bucket name {bucket:?} is not valid: S3 bucket names are 3-63 characters of lowercase letters, \
+                 digits, '.' and '-', starting and ending with a letter or digit"
+            ),
+            Self::BadKey { key, .. } => {
+                format!(
+                    "the key {key:?} has an empty, '.' or '..' segment; write a plain prefix such as s3://BUCKET/traces"
+                )
+            }
+            Self::Query { query, .. } => format!("it has a query string ({query:?}); S3 URIs cannot carry one"),
+            Self::BadCharacter { what, .. } => format!("it contains {what}; remove it"),
+        }
+    }
 }
+
+impl fmt::Display for S3UriError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.uri(), self.reason())
+    }
+}
+
+impl std::error::Error for S3UriError {}
 
 impl S3Uri {
     /// Parses `s3://bucket[/key]`.
@@ -90,6 +148,10 @@ impl S3Uri {
         }
         if !valid_bucket(bucket) {
             return Err(S3UriError::BadBucket { uri: uri.to_string(), bucket: bucket.to_string() });
+        }
+        let plain = key.strip_suffix('/').unwrap_or(key);
+        if !plain.is_empty() && plain.split('/').any(|segment| matches!(segment, "" | "." | "..")) {
+            return Err(S3UriError::BadKey { uri: uri.to_string(), key: key.to_string() });
         }
         Ok(Self { bucket: bucket.to_string(), key: key.to_string() })
     }
@@ -131,9 +193,18 @@ pub enum StorageLocation {
 }
 
 impl StorageLocation {
-    /// `s3://...` as S3 (validated), anything else as a local path.
+    /// `s3://...` as S3 (validated), a text without `://` as a local path;
+    /// any other `scheme://` is refused, so that `gs://x` does not silently
+    /// become a local directory.
     pub fn parse(text: &str) -> Result<Self, S3UriError> {
-        if text.starts_with("s3://") { S3Uri::parse(text).map(Self::S3) } else { Ok(Self::Local(PathBuf::from(text))) }
+        match text.split_once("://") {
+            None => Ok(Self::Local(PathBuf::from(text))),
+            Some(("s3", _)) => S3Uri::parse(text).map(Self::S3),
+            Some((scheme, _)) if scheme.eq_ignore_ascii_case("s3") => {
+                Err(S3UriError::SchemeCase { uri: text.to_string() })
+            }
+            Some((scheme, _)) => Err(S3UriError::Scheme { uri: text.to_string(), scheme: scheme.to_string() }),
+        }
     }
 
     /// True for `s3://` locations.
@@ -175,5 +246,22 @@ mod tests {
     fn storage_location_tells_s3_from_local() {
         assert!(StorageLocation::parse("s3://bucket/p").expect("s3").is_s3());
         assert!(!StorageLocation::parse("./traces").expect("local").is_s3());
+        let err = StorageLocation::parse("gs://bucket/x").expect_err("other scheme");
+        assert_eq!(
+            err.to_string(),
+            "\"gs://bucket/x\": the gs:// scheme is not supported; write s3://BUCKET/PREFIX or a local path"
+        );
+        let err = StorageLocation::parse("S3://bucket/x").expect_err("upper case");
+        assert_eq!(err.reason(), "write the scheme in lower case: s3://bucket/x");
+    }
+
+    #[test]
+    fn refuses_empty_dot_and_dot_dot_key_segments() {
+        for bad in ["s3://bucket/a//b", "s3://bucket/../etc", "s3://bucket/a/./b"] {
+            assert!(matches!(S3Uri::parse(bad), Err(S3UriError::BadKey { .. })), "{bad}");
+        }
+        for good in ["s3://bucket/a/b/", "s3://bucket/", "s3://bucket/a.b/..c"] {
+            assert!(S3Uri::parse(good).is_ok(), "{good}");
+        }
     }
 }

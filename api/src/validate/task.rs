@@ -8,7 +8,7 @@ use crate::criteria::Criterion;
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::profile::resolve_profile;
 use crate::sandbox::SandboxConfigSpec;
-use crate::storage::{S3Uri, S3UriError};
+use crate::storage::{S3UriError, StorageLocation};
 use crate::task::HarnessTaskSpec;
 use crate::testset::TestSet;
 
@@ -190,17 +190,15 @@ pub(super) fn validate(
 /// string (the version has its own field there).
 fn check_s3(problems: &mut Vec<Problem>, path: &str, value: &str, data_pipeline: bool) {
     let value = value.trim();
-    if !value.starts_with("s3://") {
-        if value.to_ascii_lowercase().starts_with("s3:") {
-            problems.push(Problem::error(
-                Rule::InvalidS3Uri,
-                path,
-                format!("{value:?} looks like an S3 URI but does not start with s3://"),
-            ));
-        }
+    if !value.contains("://") && value.to_ascii_lowercase().starts_with("s3:") {
+        problems.push(Problem::error(
+            Rule::InvalidS3Uri,
+            path,
+            format!("{value:?} looks like an S3 URI but does not start with s3://"),
+        ));
         return;
     }
-    match S3Uri::parse(value) {
+    match StorageLocation::parse(value) {
         Ok(_) => {}
         Err(S3UriError::Query { query, .. }) => {
             let base = value.split('?').next().unwrap_or(value);

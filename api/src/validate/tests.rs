@@ -112,6 +112,32 @@ fn s3_query_strings_and_bad_buckets_are_caught_in_every_location_field() {
 }
 
 #[test]
+fn another_scheme_and_dot_dot_keys_are_caught_before_a_pod_would_refuse_them() {
+    let report = check_task(
+        with(
+            good_task(),
+            json!({
+                "traces": {"destination": "gs://traces/x"},
+                "trainingConfig": {"resumeFrom": "s3://ckpt/../last/"}
+            }),
+        ),
+        good_sandbox(),
+    );
+    let problems: Vec<String> =
+        report.by_rule(Rule::InvalidS3Uri).map(|p| format!("{}: {}", field(p), p.message)).collect();
+    assert_eq!(
+        problems,
+        [
+            "spec.trainingConfig.resumeFrom: \"s3://ckpt/../last/\": the key \"../last/\" has an empty, '.' or '..' \
+             segment; write a plain prefix such as s3://BUCKET/traces",
+            "spec.traces.destination: \"gs://traces/x\": the gs:// scheme is not supported; write s3://BUCKET/PREFIX \
+             or a local path",
+        ],
+        "{report}"
+    );
+}
+
+#[test]
 fn tools_referenced_but_not_defined_are_errors_wherever_referenced() {
     let report = check_sandbox(with(
         good_sandbox(),

@@ -9,6 +9,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use basecamp_api::storage::{S3UriError, StorageLocation};
+
 use super::error::StorageError;
 use super::partition::{ShardPartition, validate_segment};
 
@@ -44,57 +46,27 @@ pub enum Destination {
 }
 
 impl Destination {
-    /// Parses `s3://bucket[/prefix]` or a local path. Refuses an S3 URI
-    /// without a bucket, with a query string (use `dataPipeline.version`),
-    /// a fragment, whitespace, or `.`/`..`/empty key segments; and any other
+    /// Parses `s3://bucket[/prefix]` or a local path with the API's one
+    /// parser ([`StorageLocation::parse`]): refuses an S3 URI without a
+    /// bucket, with a query string (use `dataPipeline.version`), a fragment,
+    /// whitespace, or `.`/`..`/empty key segments; and any other
     /// `scheme://`, so that `gs://x` does not silently become a local directory.
     pub fn parse(input: &str) -> Result<Self, StorageError> {
-        let invalid =
-            |reason: &str| StorageError::InvalidDestination { input: input.to_string(), reason: reason.into() };
         if input.is_empty() {
-            return Err(invalid("it is empty; write s3://BUCKET/PREFIX or a local directory"));
+            return Err(StorageError::InvalidDestination {
+                input: String::new(),
+                reason: "it is empty; write s3://BUCKET/PREFIX or a local directory".into(),
+            });
         }
-        let Some((scheme, rest)) = input.split_once("://") else {
-            return Ok(Self::Local(PathBuf::from(input)));
-        };
-        if !scheme.eq_ignore_ascii_case("s3") {
-            return Err(invalid(&format!(
-                "the {scheme}:// scheme is not supported; write s3://BUCKET/PREFIX or a local directory path"
-            )));
-        }
-        if scheme != "s3" {
-            return Err(invalid(&format!("write the scheme in lower case: s3://{rest}")));
-        }
-        if let Some((_, query)) = rest.split_once('?') {
-            return Err(StorageError::QueryString { input: input.to_string(), query: query.to_string() });
-        }
-        if rest.contains('#') {
-            return Err(invalid("it contains a '#' fragment; remove it"));
-        }
-        if rest.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(invalid("it contains whitespace or control characters; remove them"));
-        }
-        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(invalid("it has no bucket name; write s3://BUCKET/PREFIX"));
-        }
-        if !valid_bucket(bucket) {
-            return Err(invalid(&format!(
-                "bucket name {bucket:?} is not valid: S3 bucket names are 3-63 characters of lowercase \
-                 letters, digits, '.' and '-', starting and ending with a letter or digit"
-            )));
-        }
-        let key = key.strip_suffix('/').unwrap_or(key);
-        if !key.is_empty() {
-            for segment in key.split('/') {
-                if segment.is_empty() || segment == "." || segment == ".." {
-                    return Err(invalid(&format!(
-                        "the key {key:?} has an empty, '.' or '..' segment; write a plain prefix such as s3://{bucket}/traces"
-                    )));
-                }
+        match StorageLocation::parse(input) {
+            Ok(StorageLocation::Local(path)) => Ok(Self::Local(path)),
+            Ok(StorageLocation::S3(uri)) => {
+                let key = uri.key.strip_suffix('/').unwrap_or(&uri.key).to_string();
+                Ok(Self::S3(S3Location { bucket: uri.bucket, key }))
             }
+            Err(S3UriError::Query { query, .. }) => Err(StorageError::QueryString { input: input.to_string(), query }),
+            Err(e) => Err(StorageError::InvalidDestination { input: input.to_string(), reason: e.reason() }),
         }
-        Ok(Self::S3(S3Location { bucket: bucket.to_string(), key: key.to_string() }))
     }
 
     /// True for `s3://` destinations.
@@ -180,14 +152,6 @@ impl fmt::Display for Destination {
             Self::Local(path) => path.display().fmt(f),
         }
     }
-}
-
-fn valid_bucket(bucket: &str) -> bool {
-    let bytes = bucket.as_bytes();
-    (3..=63).contains(&bytes.len())
-        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'.' || *b == b'-')
-        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
 #[cfg(test)]
