@@ -339,11 +339,12 @@ fn episodes_counted(metrics: &str) -> u64 {
 
 /// Stdout with the wall time ("in 0.3s") and `paths` masked: the rest must not change with the linger.
 fn comparable(stdout: &str, paths: &[&Path]) -> String {
+    let is_seconds = |word: &str| word.strip_suffix('s').is_some_and(|n| n.parse::<f64>().is_ok());
     let mut text = stdout
-        .split(' ')
-        .map(|word| if word.ends_with('s') && word[..word.len() - 1].parse::<f64>().is_ok() { "<t>" } else { word })
+        .lines()
+        .map(|line| line.split(' ').map(|w| if is_seconds(w) { "<t>" } else { w }).collect::<Vec<_>>().join(" "))
         .collect::<Vec<_>>()
-        .join(" ");
+        .join("\n");
     for path in paths {
         text = text.replace(&path.display().to_string(), "<path>");
     }
