@@ -13,13 +13,14 @@ use basecamp_operator::controller::{self, Context};
 use basecamp_operator::leader::LeaderElector;
 use basecamp_operator::metrics::Metrics;
 use basecamp_operator::server::{self, ServerState};
-use basecamp_operator::settings::Settings;
+use basecamp_operator::settings::{Settings, parse_sandbox_metrics_from};
 use basecamp_operator::{crdgen, inject};
 use basecamp_sandbox::storage::{Storage, StorageConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -35,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Write one YAML file per CRD into --out, or check --check for drift (exit 1 naming each drifting file).
     Crdgen(CrdgenArgs),
     /// Copy the sandbox binary into a shared volume (the init container of tools-image pods).
@@ -101,6 +102,11 @@ struct RunArgs {
     /// counts (it exits as soon as one was served): one scrape interval plus margin; 0s: no wait.
     #[arg(long, env = "BASECAMP_SANDBOX_METRICS_LINGER", default_value = "45s", value_parser = parse_linger)]
     sandbox_metrics_linger: std::time::Duration,
+    /// Who may reach sandbox pods' metrics port 9464 (scrapes, and live injection, served on the same port):
+    /// a JSON array of NetworkPolicyPeer objects (podSelector, namespaceSelector, ipBlock), e.g.
+    /// [{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]; []: no ingress at all.
+    #[arg(long, env = "BASECAMP_SANDBOX_METRICS_FROM", value_name = "JSON", default_value = "[]", value_parser = parse_metrics_from)]
+    sandbox_metrics_from: MetricsPeers,
     /// Log format (the level comes from RUST_LOG, default info).
     #[arg(long, env = "BASECAMP_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -110,6 +116,16 @@ struct RunArgs {
 fn parse_linger(s: &str) -> Result<std::time::Duration, String> {
     let d: basecamp_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
     d.to_std().ok_or_else(|| format!("{s:?}: give a duration of 0s or more, such as 45s"))
+}
+
+/// `--sandbox-metrics-from`, parsed. A newtype: clap reads a `Vec` field as
+/// a flag given many times, and this is one JSON value.
+#[derive(Debug, Clone)]
+struct MetricsPeers(Vec<NetworkPolicyPeer>);
+
+/// Parses `--sandbox-metrics-from`; clap puts the flag's name in front of the message.
+fn parse_metrics_from(s: &str) -> Result<MetricsPeers, String> {
+    parse_sandbox_metrics_from(s).map(MetricsPeers).map_err(|e| e.to_string())
 }
 
 #[derive(clap::Args)]
@@ -284,6 +300,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         report_base_url: args.report_base_url,
         checkpoint_poll_seconds: args.checkpoint_poll_seconds,
         sandbox_metrics_linger: args.sandbox_metrics_linger,
+        sandbox_metrics_from: args.sandbox_metrics_from.0,
     };
     let mut storage_config = StorageConfig::from_env();
     if let Some(endpoint) = &args.s3_endpoint {
@@ -333,7 +350,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run(args)) {
+            match runtime.block_on(run(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -365,7 +382,7 @@ mod tests {
     fn run_args(flags: &[&str]) -> Result<RunArgs, clap::Error> {
         let argv = ["basecamp-operator", "run"].into_iter().chain(flags.iter().copied());
         match Cli::try_parse_from(argv)?.command {
-            Command::Run(args) => Ok(args),
+            Command::Run(args) => Ok(*args),
             _ => unreachable!("the run subcommand parses as Command::Run"),
         }
     }
@@ -378,6 +395,53 @@ mod tests {
         assert_eq!(run_args(&["--sandbox-metrics-linger=0s"]).expect("0s").sandbox_metrics_linger, Duration::ZERO);
         let negative = run_args(&["--sandbox-metrics-linger=-5s"]).err().expect("negative is refused").to_string();
         assert!(negative.contains("0s or more"), "{negative}");
+    }
+
+    #[test]
+    fn the_sandbox_metrics_from_flag_takes_a_json_array_of_peers() {
+        assert!(run_args(&[]).expect("no flags").sandbox_metrics_from.0.is_empty(), "absent: no peers, no ingress");
+        assert!(run_args(&["--sandbox-metrics-from=[]"]).expect("[]").sandbox_metrics_from.0.is_empty());
+        let monitoring = r#"[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}},
+                             {"ipBlock":{"cidr":"10.20.0.0/16"}}]"#;
+        let peers = run_args(&["--sandbox-metrics-from", monitoring]).expect("two peers").sandbox_metrics_from.0;
+        assert_eq!(peers.len(), 2);
+        assert!(peers[0].namespace_selector.is_some() && peers[1].ip_block.is_some());
+        for (value, problem) in [
+            ("[{", "not JSON"),
+            (r#"{"podSelector":{}}"#, "expected a JSON array of NetworkPolicyPeer objects, got an object"),
+            (r#"[{"podSelectr":{}}]"#, "[0].podSelectr: unknown field"),
+            (r#"[{}]"#, "[0] selects nothing"),
+        ] {
+            let message = run_args(&["--sandbox-metrics-from", value]).err().expect(value).to_string();
+            assert!(message.contains("--sandbox-metrics-from") && message.contains(problem), "{message}");
+        }
+    }
+
+    /// With the PodMonitor the chart passes `metrics.sandboxPodMonitor.scrapeFrom`
+    /// as JSON, and its default parses here and selects Prometheus pods.
+    #[test]
+    fn the_charts_scrape_from_value_is_passed_and_parses() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let template = std::fs::read_to_string(chart.join("templates/deployment.yaml")).expect("deployment template");
+        let passed = "{{- if .enabled }}\n            \
+                      - {{ printf \"--sandbox-metrics-from=%s\" (toJson .scrapeFrom) | quote }}\n            \
+                      {{- end }}";
+        assert!(template.contains(passed), "the Deployment passes metrics.sandboxPodMonitor.scrapeFrom when enabled");
+        let values: serde_json::Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml"))
+                .expect("values.yaml parses");
+        let scrape_from = serde_json::to_string(&values["metrics"]["sandboxPodMonitor"]["scrapeFrom"]).expect("json");
+        let peers = run_args(&[&format!("--sandbox-metrics-from={scrape_from}")])
+            .expect("the operator accepts the chart's default")
+            .sandbox_metrics_from
+            .0;
+        let prometheus = peers.iter().any(|peer| {
+            peer.pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .is_some_and(|labels| labels.get("app.kubernetes.io/name").is_some_and(|v| v == "prometheus"))
+        });
+        assert!(prometheus, "the default admits the Prometheus Operator's Prometheus pods: {scrape_from}");
     }
 
     /// The chart passes `metrics.sandboxPodMonitor.metricsLinger` (0s without

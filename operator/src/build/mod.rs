@@ -9,7 +9,8 @@
 //! - [`affinity`]: GPU node affinity from `minComputeCapability`;
 //! - [`security`]: the pods' secure defaults;
 //! - [`policy_server`]: the policy-server sidecar (`policy.server`);
-//! - [`network_policy`]: egress to DNS, the policy, tools and S3 only;
+//! - [`network_policy`]: ingress to the metrics port from the configured
+//!   peers only; egress to DNS, the policy, tools and S3 only;
 //! - [`names`]: names, labels and the template hash.
 
 pub mod affinity;
@@ -117,7 +118,7 @@ impl<'a> BuildInput<'a> {
 pub struct Desired {
     /// Manifests and resolved sandbox specs.
     pub config_map: ConfigMap,
-    /// Egress limits of the sandbox pods.
+    /// Ingress and egress limits of the sandbox pods.
     pub network_policy: NetworkPolicy,
     /// One Job per variant, in variant order.
     pub jobs: Vec<Job>,

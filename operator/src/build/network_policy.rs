@@ -1,5 +1,12 @@
-//! The NetworkPolicy of a task's sandbox pods: no ingress, and egress only
-//! to DNS, the policy endpoint, the HTTP tools' hosts and S3.
+//! The NetworkPolicy of a task's sandbox pods: ingress only to the
+//! `metrics` port (9464) from the peers of `--sandbox-metrics-from` (none
+//! given: no ingress at all), and egress only to DNS, the policy endpoint,
+//! the HTTP tools' hosts and S3.
+//!
+//! The `metrics` port serves `/metrics`, `/healthz` and live injection
+//! alike, so the peers allowed to scrape may also inject. An empty peer
+//! list means no ingress rule, never a rule without `from` (which would
+//! admit anyone).
 //!
 //! NetworkPolicy matches IP addresses, not host names. An endpoint given as
 //! an IP literal is allowed as that address (`/32` or `/128`) and port; one
@@ -15,8 +22,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use basecamp_api::task::SANDBOX_METRICS_PORT;
 use k8s_openapi::api::networking::v1::{
-    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -115,6 +124,15 @@ fn endpoint_rule(endpoint: &Endpoint) -> NetworkPolicyEgressRule {
     NetworkPolicyEgressRule { to, ports: Some(vec![tcp(endpoint.port)]) }
 }
 
+/// The ingress rules: the `metrics` port from the configured peers, or
+/// none. `None` rather than an empty list, so that the applied object has
+/// no `ingress` field and a later apply with peers adds exactly one rule.
+fn ingress_rules(peers: &[NetworkPolicyPeer]) -> Option<Vec<NetworkPolicyIngressRule>> {
+    (!peers.is_empty()).then(|| {
+        vec![NetworkPolicyIngressRule { from: Some(peers.to_vec()), ports: Some(vec![tcp(SANDBOX_METRICS_PORT)]) }]
+    })
+}
+
 /// The NetworkPolicy.
 pub fn network_policy(input: &BuildInput<'_>) -> NetworkPolicy {
     let endpoints = endpoints(input);
@@ -147,7 +165,7 @@ pub fn network_policy(input: &BuildInput<'_>) -> NetworkPolicy {
                 }]),
             }),
             policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
-            ingress: None,
+            ingress: ingress_rules(&input.settings.sandbox_metrics_from),
             egress: Some(rules),
         }),
     }

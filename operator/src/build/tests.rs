@@ -301,8 +301,8 @@ fn the_network_policy_allows_dns_policy_tools_and_s3_only() {
         json!([{"key": "basecamp.dev/role", "operator": "NotIn", "values": ["trainer"]}]),
         "the trainer pod is not a sandbox"
     );
-    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
-    assert!(policy["spec"]["ingress"].is_null(), "no ingress at all");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]), "Ingress listed: nothing may connect");
+    assert!(policy["spec"].get("ingress").is_none(), "no --sandbox-metrics-from: no ingress at all");
     let egress = policy["spec"]["egress"].as_array().expect("egress");
     assert_eq!(egress[0]["ports"][0], json!({"port": 53, "protocol": "UDP"}));
     assert_eq!(egress[0]["to"][0]["podSelector"]["matchLabels"]["k8s-app"], "kube-dns");
@@ -313,6 +313,32 @@ fn the_network_policy_allows_dns_policy_tools_and_s3_only() {
         egress.iter().filter(|r| r["to"].is_null()).filter_map(|r| r["ports"][0]["port"].as_i64()).collect();
     assert_eq!(ports, [443, 9000]);
     assert_eq!(egress.len(), 4);
+}
+
+#[test]
+fn the_network_policy_admits_the_metrics_peers_to_port_9464_only() {
+    let task = task(base_spec());
+    let peers: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer> = serde_json::from_value(json!([
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        {"ipBlock": {"cidr": "10.20.0.0/16"}},
+    ]))
+    .expect("peers");
+    let policy_with = |peers: Vec<_>| {
+        let settings = Settings { sandbox_metrics_from: peers, ..Default::default() };
+        to_json(&built(&task, vec![variant("default", gpu_sandbox(None))], &settings).network_policy)
+    };
+    let without = policy_with(vec![]);
+    let with = policy_with(peers.clone());
+    assert_eq!(with["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(
+        with["spec"]["ingress"],
+        json!([{"from": to_json(&peers), "ports": [{"port": 9464, "protocol": "TCP"}]}]),
+        "one rule: the metrics port, from exactly the configured peers"
+    );
+    assert_eq!(basecamp_api::task::SANDBOX_METRICS_PORT, 9464);
+    assert_eq!(with["spec"]["egress"], without["spec"]["egress"], "egress does not change");
+    assert_eq!(with["spec"]["podSelector"], without["spec"]["podSelector"], "the same pods, the trainer left out");
 }
 
 #[test]

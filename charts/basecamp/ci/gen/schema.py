@@ -59,6 +59,13 @@ monitor_common = {
     "labels": strmap, "annotations": strmap, "interval": duration, "scrapeTimeout": duration,
     "relabelings": arr(anyobj), "metricRelabelings": arr(anyobj)}
 label_key = {"type": "string", "pattern": "^$|^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}
+# A NetworkPolicyPeer the operator passes on (--sandbox-metrics-from): the
+# operator refuses unknown fields and empty peers at start-up, so refuse them
+# here already, at helm install, rather than in a crash-looping operator.
+selector = obj({"matchLabels": strmap, "matchExpressions": arr(anyobj)})
+peer = obj({"podSelector": selector, "namespaceSelector": selector,
+            "ipBlock": obj({"cidr": s(minLength=1), "except": arr({"type": "string"})}, required=["cidr"])})
+peer["minProperties"] = 1
 
 schema = {
   "$schema": "http://json-schema.org/draft-07/schema#",
@@ -128,7 +135,10 @@ schema = {
                                     shardLabel=label_key,
                                     metricsLinger=s("How long a finished sandbox pod waits for a scrape of its "
                                                     "final counts (--sandbox-metrics-linger), e.g. 30s",
-                                                    pattern="^([0-9]+(ms|s|m|h))+$"))),
+                                                    pattern="^([0-9]+(ms|s|m|h))+$"),
+                                    scrapeFrom=arr(peer, "NetworkPolicyPeers that may reach the sandbox pods' "
+                                                   "metrics port (--sandbox-metrics-from), injection included; "
+                                                   "empty: none"))),
     }),
     "prometheusRule": obj({
       "enabled": b(), "namespace": s(), "labels": strmap, "annotations": strmap,
