@@ -175,6 +175,7 @@ fn the_trainer_job_injects_basecamp_preprocesses_and_trains_on_gpus() {
     assert_eq!(env["BASECAMP_COMPLETION_MARKER"], "COMPLETE");
     assert_eq!(env["BASECAMP_RESUME_FROM"], "s3://bkt/traces/checkpoints/team-a/eval/step-10/");
     assert_eq!(env["BASECAMP_DATASET"], "s3://bkt/traces/checkpoints/team-a/eval/dataset/");
+    assert_eq!(env["BASECAMP_DATASET_FORMAT"], "jsonl", "the default");
     assert_eq!(env["BASECAMP_MODEL_ID"], "shop-base");
     assert_eq!(env["BASECAMP_BATCH_SIZE"], "16");
     assert_eq!(env["AWS_ENDPOINT_URL_S3"], "http://10.1.2.3:9000");
@@ -196,6 +197,15 @@ fn the_trainer_job_injects_basecamp_preprocesses_and_trains_on_gpus() {
 }
 
 #[test]
+fn the_trainer_is_told_the_datasets_format() {
+    let mut spec = training_spec("bkt");
+    spec["dataPipeline"]["format"] = json!("parquet");
+    let job = trainer_json(&task_with(spec), vec![variant("default", None)]);
+    let env = env_of(&job["spec"]["template"]["spec"]["containers"][0]);
+    assert_eq!(env["BASECAMP_DATASET_FORMAT"], "parquet");
+}
+
+#[test]
 fn a_cpu_trainer_without_data_pipeline_has_no_dataset_step_and_no_gpu_placement() {
     let mut spec = training_spec("bkt");
     spec.as_object_mut().expect("spec").remove("dataPipeline");
@@ -210,6 +220,7 @@ fn a_cpu_trainer_without_data_pipeline_has_no_dataset_step_and_no_gpu_placement(
     assert!(pod["containers"][0]["resources"].is_null());
     let env = env_of(&pod["containers"][0]);
     assert!(!env.contains_key("BASECAMP_DATASET") && !env.contains_key("BASECAMP_RESUME_FROM"), "{env:?}");
+    assert!(!env.contains_key("BASECAMP_DATASET_FORMAT"), "{env:?}");
 
     let mut spec = training_spec("bkt");
     spec["trainingConfig"].as_object_mut().expect("training").remove("image");

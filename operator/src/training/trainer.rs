@@ -77,6 +77,8 @@ pub fn trainer_env(input: &BuildInput<'_>, locations: &Locations) -> Result<Vec<
     }
     if let Some(dataset) = &locations.dataset {
         vars.push(env("BASECAMP_DATASET", dataset));
+        let format = spec.data_pipeline.as_ref().and_then(|d| d.format).unwrap_or_default();
+        vars.push(env("BASECAMP_DATASET_FORMAT", format.name()));
     }
     if let Some(model_id) = &training.model_id {
         vars.push(env("BASECAMP_MODEL_ID", model_id));
