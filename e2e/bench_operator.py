@@ -118,7 +118,7 @@ def test_operator_scale(kube: Kube, operator, task_ns: str, bucket: str):
         "reconcile_p99_seconds": histogram_quantile(text, "basecamp_reconcile_duration_seconds", 0.99),
         "operator_peak_rss_mib": round(peak_kib / 1024, 1),
         "operator_rss_after_mib": round(rss_kib / 1024, 1),
-        "setup": "suspended one-shard tasks, one SandboxConfig, debug build of basecamp-operator run as the chart's "
+        "setup": f"suspended one-shard tasks, one SandboxConfig, {operator.build()} build of basecamp-operator run as the chart's "
                  "ServiceAccount against the e2e control plane (kube-apiserver v1.37.2, etcd, kwok) on this machine",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "test_set": f"s3://{bucket}/{TEST_SET_KEY}",

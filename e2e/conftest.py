@@ -165,8 +165,7 @@ class Operator:
         self.starts += 1
         log = open(WORK / f"operator-{self.starts}.log", "w")
         env = {"PATH": os.environ["PATH"], "HOME": str(WORK), "KUBECONFIG": str(self.kubeconfig), **self.env}
-        binary = Path(need("BASECAMP_E2E_BIN")) / "basecamp-operator"
-        self.proc = subprocess.Popen([str(binary), *self.args], env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([str(self.binary()), *self.args], env=env, stdout=log, stderr=subprocess.STDOUT)
         record_pid("basecamp-operator", self.proc.pid)
         wait_until("the operator's /readyz", self.ready, timeout=60)
 
@@ -178,6 +177,15 @@ class Operator:
             return requests.get(self.url + "/readyz", timeout=2).status_code == 200
         except requests.RequestException:
             return False
+
+    @staticmethod
+    def binary() -> Path:
+        """The benchmark's release build when scripts/e2e.sh made one, else the debug build."""
+        release = os.environ.get("BASECAMP_E2E_OPERATOR_BIN")
+        return Path(release) if release else Path(need("BASECAMP_E2E_BIN")) / "basecamp-operator"
+
+    def build(self) -> str:
+        return "release" if self.binary().parent.name == "release" else "debug"
 
     def metrics(self) -> str:
         if self.proc is None or self.proc.poll() is not None:

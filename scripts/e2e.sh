@@ -103,6 +103,12 @@ export BASECAMP_E2E_BIN="$TARGET_DIR/debug"
 for bin in basecamp-operator basecamp-sandbox basecamp; do
 	[ -x "$BASECAMP_E2E_BIN/$bin" ] || die "$BASECAMP_E2E_BIN/$bin was not built"
 done
+if [ "${BASECAMP_E2E_BENCH:-}" = 1 ]; then
+	# The benchmark measures what ships: the operator's release build.
+	log "build: basecamp-operator --release (for the benchmark)"
+	timeout 3600 cargo build --quiet --release -p basecamp-operator
+	export BASECAMP_E2E_OPERATOR_BIN="$TARGET_DIR/release/basecamp-operator"
+fi
 
 log "cluster: up.sh $CLUSTER_DIR"
 t=$SECONDS

@@ -107,6 +107,10 @@ struct RunArgs {
     /// [{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]; []: no ingress at all.
     #[arg(long, env = "BASECAMP_SANDBOX_METRICS_FROM", value_name = "JSON", default_value = "[]", value_parser = parse_metrics_from)]
     sandbox_metrics_from: MetricsPeers,
+    /// Reconciles in flight at once (per watched namespace). Each is a few API calls; more at once only
+    /// queues them at the API server and holds their objects in memory meanwhile.
+    #[arg(long, env = "BASECAMP_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_reconciles: u16,
     /// Log format (the level comes from RUST_LOG, default info).
     #[arg(long, env = "BASECAMP_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -202,7 +206,13 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn run_controller(client: Client, namespace: Option<String>, ctx: Arc<Context>, stop: watch::Receiver<bool>) {
+async fn run_controller(
+    client: Client,
+    namespace: Option<String>,
+    concurrency: u16,
+    ctx: Arc<Context>,
+    stop: watch::Receiver<bool>,
+) {
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
@@ -215,7 +225,8 @@ async fn run_controller(client: Client, namespace: Option<String>, ctx: Arc<Cont
     }
     let ns = namespace.as_deref();
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=basecamp-operator");
-    let controller = Controller::new(api::<HarnessTask>(&client, ns), watcher::Config::default());
+    let controller = Controller::new(api::<HarnessTask>(&client, ns), watcher::Config::default())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let tasks = controller.store();
     controller
         .owns(api::<Job>(&client, ns), owned.clone())
@@ -315,9 +326,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         if named.is_empty() { vec![None] } else { named.into_iter().map(Some).collect() }
     };
     tracing::info!(namespaces = ?namespaces, "starting the HarnessTask controller");
-    let controllers = futures::future::join_all(
-        namespaces.into_iter().map(|ns| run_controller(client.clone(), ns, ctx.clone(), stop_rx.clone())),
-    );
+    let controllers =
+        futures::future::join_all(namespaces.into_iter().map(|ns| {
+            run_controller(client.clone(), ns, args.max_concurrent_reconciles, ctx.clone(), stop_rx.clone())
+        }));
     let lost = async {
         match &elector {
             Some(elector) => elector.keep().await,
@@ -384,6 +396,17 @@ mod tests {
         match Cli::try_parse_from(argv)?.command {
             Command::Run(args) => Ok(*args),
             _ => unreachable!("the run subcommand parses as Command::Run"),
+        }
+    }
+
+    #[test]
+    fn reconciles_in_flight_are_bounded_and_at_least_one() {
+        assert_eq!(run_args(&[]).expect("no flags").max_concurrent_reconciles, 16);
+        assert_eq!(run_args(&["--max-concurrent-reconciles=4"]).expect("4").max_concurrent_reconciles, 4);
+        for bad in ["0", "-1", "many", "70000"] {
+            let flag = format!("--max-concurrent-reconciles={bad}");
+            let err = run_args(&[&flag]).err().expect(bad).to_string();
+            assert!(err.contains("--max-concurrent-reconciles"), "{bad}: {err}");
         }
     }
 
