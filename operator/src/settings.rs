@@ -146,7 +146,7 @@ pub fn parse_sandbox_metrics_from(text: &str) -> Result<Vec<NetworkPolicyPeer>, 
         serde_json::from_str(text).map_err(|e| MetricsFromError::NotJson { message: e.to_string() })?;
     let items = match &value {
         serde_json::Value::Array(items) => items,
-        other => return Err(MetricsFromError::NotAnArray { found: json_kind(other) }),
+        other => return Err(MetricsFromError::NotAnArray { found: basecamp_api::jsonl::json_type(other) }),
     };
     let mut peers = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
@@ -171,17 +171,6 @@ pub fn parse_sandbox_metrics_from(text: &str) -> Result<Vec<NetworkPolicyPeer>, 
         peers.push(peer);
     }
     Ok(peers)
-}
-
-fn json_kind(value: &serde_json::Value) -> &'static str {
-    match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 /// The path of the first key of `given` that did not survive a round trip
