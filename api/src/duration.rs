@@ -89,6 +89,13 @@ impl Duration {
     pub fn to_std(self) -> Option<std::time::Duration> {
         u64::try_from(self.millis).ok().map(std::time::Duration::from_millis)
     }
+
+    /// A command-line duration of zero or more (`45s`, `1m30s`, `0s`), as
+    /// manifests write them; the message names what was given.
+    pub fn parse_flag(text: &str) -> Result<std::time::Duration, String> {
+        let d: Duration = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+        d.to_std().ok_or_else(|| format!("{text:?}: give a duration of 0s or more, such as 45s"))
+    }
 }
 
 impl From<std::time::Duration> for Duration {
@@ -255,6 +262,14 @@ impl JsonSchema for Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flag_duration_is_zero_or_more() {
+        assert_eq!(Duration::parse_flag("1m30s"), Ok(std::time::Duration::from_secs(90)));
+        assert_eq!(Duration::parse_flag("0s"), Ok(std::time::Duration::ZERO));
+        assert_eq!(Duration::parse_flag("-5s").unwrap_err(), "\"-5s\": give a duration of 0s or more, such as 45s");
+        assert!(Duration::parse_flag("soon").unwrap_err().starts_with("\"soon\": "));
+    }
 
     fn ms(text: &str) -> i64 {
         text.parse::<Duration>().map(Duration::as_millis).unwrap_or_else(|e| panic!("{text}: {e}"))

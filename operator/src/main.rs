@@ -100,7 +100,7 @@ struct RunArgs {
     checkpoint_poll_seconds: u64,
     /// How long a sandbox pod whose shard is done keeps serving /metrics for a scrape of its final
     /// counts (it exits as soon as one was served): one scrape interval plus margin; 0s: no wait.
-    #[arg(long, env = "BASECAMP_SANDBOX_METRICS_LINGER", default_value = "45s", value_parser = parse_linger)]
+    #[arg(long, env = "BASECAMP_SANDBOX_METRICS_LINGER", default_value = "45s", value_parser = basecamp_api::Duration::parse_flag)]
     sandbox_metrics_linger: std::time::Duration,
     /// Who may reach sandbox pods' metrics port 9464 (scrapes, and live injection, served on the same port):
     /// a JSON array of NetworkPolicyPeer objects (podSelector, namespaceSelector, ipBlock), e.g.
@@ -114,12 +114,6 @@ struct RunArgs {
     /// Log format (the level comes from RUST_LOG, default info).
     #[arg(long, env = "BASECAMP_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
-}
-
-/// A duration of zero or more as manifests write them (45s, 1m30s).
-fn parse_linger(s: &str) -> Result<std::time::Duration, String> {
-    let d: basecamp_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    d.to_std().ok_or_else(|| format!("{s:?}: give a duration of 0s or more, such as 45s"))
 }
 
 /// `--sandbox-metrics-from`, parsed. A newtype: clap reads a `Vec` field as
@@ -484,7 +478,7 @@ mod tests {
         let monitor = &values["metrics"]["sandboxPodMonitor"];
         let as_duration = |key: &str| {
             let text = monitor[key].as_str().unwrap_or_else(|| panic!("sandboxPodMonitor.{key} is a string"));
-            parse_linger(text).unwrap_or_else(|e| panic!("sandboxPodMonitor.{key}: {e}"))
+            basecamp_api::Duration::parse_flag(text).unwrap_or_else(|e| panic!("sandboxPodMonitor.{key}: {e}"))
         };
         let linger = as_duration("metricsLinger");
         let flag =

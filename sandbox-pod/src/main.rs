@@ -57,19 +57,8 @@ struct ServeArgs {
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    parse_duration_or_zero(s)?
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("{s:?}: give a positive duration such as 90s or 10m"))
-}
-
-/// A duration of zero or more, as manifests write them; `None` when negative.
-fn parse_duration_or_zero(s: &str) -> Result<Option<std::time::Duration>, String> {
     let d: basecamp_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    Ok(d.to_std())
-}
-
-fn parse_linger(s: &str) -> Result<std::time::Duration, String> {
-    parse_duration_or_zero(s)?.ok_or_else(|| format!("{s:?}: give a duration of 0s or more, such as 45s"))
+    d.to_std().filter(|d| !d.is_zero()).ok_or_else(|| format!("{s:?}: give a positive duration such as 90s or 10m"))
 }
 
 #[derive(clap::Args)]
@@ -98,7 +87,7 @@ struct RunArgs {
     /// With --listen: once the episodes ended and the traces were uploaded, keep serving
     /// /metrics until a scrape has seen the final counts, at most this long (45s, 2m; 0s: exit
     /// at once). SIGTERM or Ctrl-C ends the wait; the exit code and summary do not change.
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_linger, requires = "listen")]
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = basecamp_api::Duration::parse_flag, requires = "listen")]
     metrics_linger: std::time::Duration,
     /// Keep traces local even when the task names an S3 destination.
     #[arg(long)]
