@@ -7,15 +7,20 @@
 //! The work is `basecamp_gpu`'s fused pass (each input read once), on the
 //! GPU when one is usable and otherwise on the CPU; the [`Analyzer`] is
 //! made at the first turn that needs it (compiling the kernels once) and
-//! shared by every episode of the runner; a turn whose GPU run fails is
-//! analysed on the CPU instead (a warning in the log). It runs on tokio's
-//! blocking pool: a `[T, 129280]` turn is tens of MB of reading.
+//! shared by every episode of the runner. A turn whose GPU run fails is
+//! analysed on the CPU instead (a warning in the log), so a GPU error costs
+//! speed, never the turn's records; after
+//! [`GPU_FAILURES_BEFORE_CPU_ONLY`] failures in a row the GPU is not tried
+//! again for the rest of the run (a CUDA context that hit a sticky error
+//! fails every later launch too). It runs on tokio's blocking pool: a
+//! `[T, 129280]` turn is tens of MB of reading.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use basecamp_gpu::file::{FileError, LoadedLogits, LogitsFile};
-use basecamp_gpu::logits::LogitsError;
-use basecamp_gpu::{Analyzer, BackendError, DeviceChoice, MAX_TOP_K, token_logits};
+use basecamp_gpu::logits::{LogitStats, LogitsError, LogitsView};
+use basecamp_gpu::{Analyzer, Backend, BackendError, DeviceChoice, MAX_TOP_K, token_logits};
 use basecamp_trace::pb;
 
 use crate::policy::{RawLogits, RawLogitsSource};
@@ -58,13 +63,46 @@ pub struct TurnLogits {
     pub backend: String,
 }
 
-/// The runner's logit analytics: one [`Analyzer`], made on first use.
+/// GPU runs that may fail in a row before the rest of the run stays on the CPU.
+pub const GPU_FAILURES_BEFORE_CPU_ONLY: u32 = 3;
+
+/// Where the fused pass runs: `basecamp_gpu`'s [`Analyzer`] (GPU or CPU),
+/// or any other implementation a caller brings (a test's failing "GPU").
+pub trait LogitBackend: Send + Sync {
+    /// Top-k, log-sum-exp, entropy of `p` and, with `q`, KL(p || q).
+    fn analyze(&self, p: LogitsView<'_>, q: Option<LogitsView<'_>>, k: usize) -> Result<LogitStats, BackendError>;
+    /// What runs, for logs and [`TurnLogits::backend`].
+    fn backend(&self) -> Backend;
+    /// Why `auto` runs on the CPU, if it does.
+    fn fallback_reason(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl LogitBackend for Analyzer {
+    fn analyze(&self, p: LogitsView<'_>, q: Option<LogitsView<'_>>, k: usize) -> Result<LogitStats, BackendError> {
+        Analyzer::analyze(self, p, q, k)
+    }
+
+    fn backend(&self) -> Backend {
+        Analyzer::backend(self)
+    }
+
+    fn fallback_reason(&self) -> Option<&str> {
+        Analyzer::fallback_reason(self)
+    }
+}
+
+/// The runner's logit analytics: one backend, made on first use, and the
+/// CPU for turns whose GPU run failed.
 #[derive(Default)]
 pub struct LogitAnalytics {
     choice: DeviceChoice,
-    analyzer: OnceLock<Result<Analyzer, String>>,
+    primary: OnceLock<Result<Box<dyn LogitBackend>, String>>,
     /// The CPU, for a turn whose GPU run failed.
     cpu: OnceLock<Analyzer>,
+    /// GPU runs that failed since the last one that did not.
+    gpu_failures: AtomicU32,
 }
 
 impl std::fmt::Debug for LogitAnalytics {
@@ -76,21 +114,70 @@ impl std::fmt::Debug for LogitAnalytics {
 impl LogitAnalytics {
     /// Analytics on `choice` (`Auto`: the GPU when usable, else the CPU).
     pub fn new(choice: DeviceChoice) -> Self {
-        Self { choice, analyzer: OnceLock::new(), cpu: OnceLock::new() }
+        Self { choice, ..Self::default() }
     }
 
-    fn analyzer(&self) -> Result<&Analyzer, RawLogitsError> {
-        self.analyzer
+    /// Analytics on a backend of the caller's (failures of a GPU backend
+    /// fall back to the CPU as with [`LogitAnalytics::new`]).
+    pub fn with_backend(backend: Box<dyn LogitBackend>) -> Self {
+        let this = Self::default();
+        let _ = this.primary.set(Ok(backend));
+        this
+    }
+
+    fn primary(&self) -> Result<&dyn LogitBackend, RawLogitsError> {
+        self.primary
             .get_or_init(|| {
                 let analyzer = Analyzer::new(self.choice).map_err(|e| e.to_string())?;
                 match analyzer.fallback_reason() {
                     Some(why) => tracing::info!(backend = %analyzer.backend(), "raw logits analysed on the CPU: {why}"),
                     None => tracing::info!(backend = %analyzer.backend(), "raw logits analysed"),
                 }
-                Ok(analyzer)
+                Ok(Box::new(analyzer) as Box<dyn LogitBackend>)
             })
             .as_ref()
+            .map(|backend| backend.as_ref())
             .map_err(|e| RawLogitsError::Backend(e.clone()))
+    }
+
+    fn cpu(&self) -> &Analyzer {
+        self.cpu.get_or_init(|| Analyzer::new(DeviceChoice::Cpu).expect("the CPU is always there"))
+    }
+
+    /// Runs the pass on the primary backend; a GPU failure (not an input
+    /// error) runs it again on the CPU. Returns the stats and what ran.
+    fn run(
+        &self,
+        p: LogitsView<'_>,
+        q: Option<LogitsView<'_>>,
+        k: usize,
+    ) -> Result<Result<(LogitStats, Backend), BackendError>, RawLogitsError> {
+        let primary = self.primary()?;
+        if !matches!(primary.backend(), Backend::Gpu { .. }) {
+            return Ok(primary.analyze(p, q, k).map(|stats| (stats, primary.backend())));
+        }
+        if self.gpu_failures.load(Ordering::Relaxed) < GPU_FAILURES_BEFORE_CPU_ONLY {
+            match primary.analyze(p, q, k) {
+                Ok(stats) => {
+                    self.gpu_failures.store(0, Ordering::Relaxed);
+                    return Ok(Ok((stats, primary.backend())));
+                }
+                Err(BackendError::Logits(error)) => return Ok(Err(BackendError::Logits(error))),
+                Err(gpu_error) => {
+                    let failures = self.gpu_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                    if failures >= GPU_FAILURES_BEFORE_CPU_ONLY {
+                        tracing::warn!(
+                            backend = %primary.backend(),
+                            "raw logits: GPU run failed ({failures} in a row), using the CPU for the rest of this run: {gpu_error}"
+                        );
+                    } else {
+                        tracing::warn!(backend = %primary.backend(), "raw logits: GPU run failed, using the CPU: {gpu_error}");
+                    }
+                }
+            }
+        }
+        let cpu = self.cpu();
+        Ok(cpu.analyze(p, q, k).map(|stats| (stats, cpu.backend())))
     }
 
     /// Reads the turn's logits and derives its records (blocking; see
@@ -124,23 +211,13 @@ impl LogitAnalytics {
         let p_view = p.view().map_err(logits_error)?;
         let q_view = q.as_ref().map(LoadedLogits::view).transpose().map_err(logits_error)?;
         let k = top_k.min(MAX_TOP_K);
-        let mut analyzer = self.analyzer()?;
-        let stats = match analyzer.analyze(p_view, q_view, k) {
-            Ok(stats) => stats,
-            Err(BackendError::Logits(error)) => return Err(logits_error(error)),
-            // A GPU that fails mid-run costs speed, not the turn's records.
-            Err(gpu_error) => {
-                tracing::warn!(backend = %analyzer.backend(), "raw logits: GPU run failed, using the CPU: {gpu_error}");
-                analyzer = self.cpu.get_or_init(|| Analyzer::new(DeviceChoice::Cpu).expect("the CPU is always there"));
-                analyzer.analyze(p_view, q_view, k).map_err(|e| match e {
-                    BackendError::Logits(error) => logits_error(error),
-                    other => RawLogitsError::Backend(other.to_string()),
-                })?
-            }
-        };
+        let (stats, backend) = self.run(p_view, q_view, k)?.map_err(|e| match e {
+            BackendError::Logits(error) => logits_error(error),
+            other => RawLogitsError::Backend(other.to_string()),
+        })?;
         let records =
             token_logits(&p_view, &stats.tokens(), raw.token_ids.as_deref(), 0, None).map_err(logits_error)?;
-        Ok(TurnLogits { records, backend: analyzer.backend().to_string() })
+        Ok(TurnLogits { records, backend: backend.to_string() })
     }
 
     /// [`LogitAnalytics::analyze`] on tokio's blocking pool.
@@ -186,5 +263,136 @@ impl Divergence {
     /// token the policy did not); the mean leaves them out.
     pub fn infinite(&self) -> u32 {
         self.infinite
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use basecamp_gpu::cuda::GpuError;
+    use basecamp_gpu::file::{RawTensor, write_tensors};
+    use basecamp_gpu::testdata::{Rng, fresh_seed, mixed_logits, perturbed};
+
+    use super::*;
+
+    /// What the stand-in GPU does on each call, in order.
+    enum Outcome {
+        Fail,
+        Succeed,
+        BadInput,
+    }
+
+    /// A "GPU" that fails (or succeeds, on the CPU underneath) as scripted,
+    /// counting its calls: no CUDA needed to test the fallback.
+    struct ScriptedGpu {
+        outcomes: Mutex<VecDeque<Outcome>>,
+        calls: Arc<AtomicU32>,
+        cpu: Analyzer,
+    }
+
+    impl ScriptedGpu {
+        fn new(outcomes: impl IntoIterator<Item = Outcome>) -> (Self, Arc<AtomicU32>) {
+            let calls = Arc::new(AtomicU32::new(0));
+            let gpu = Self {
+                outcomes: Mutex::new(outcomes.into_iter().collect()),
+                calls: Arc::clone(&calls),
+                cpu: Analyzer::new(DeviceChoice::Cpu).expect("cpu"),
+            };
+            (gpu, calls)
+        }
+    }
+
+    impl LogitBackend for ScriptedGpu {
+        fn analyze(&self, p: LogitsView<'_>, q: Option<LogitsView<'_>>, k: usize) -> Result<LogitStats, BackendError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            match self.outcomes.lock().unwrap().pop_front().unwrap_or(Outcome::Fail) {
+                Outcome::Fail => Err(BackendError::Gpu(GpuError::Compile {
+                    arch: "compute_90".into(),
+                    log: "an injected failure".into(),
+                })),
+                Outcome::Succeed => self.cpu.analyze(p, q, k),
+                Outcome::BadInput => Err(BackendError::Logits(LogitsError::TopKTooLarge { k: 99 })),
+            }
+        }
+
+        fn backend(&self) -> Backend {
+            Backend::Gpu { name: "scripted GPU".into(), compute_capability: (9, 0) }
+        }
+    }
+
+    /// A turn's logits `p` and reference `q` (fresh random rows: ties,
+    /// -inf, peaked and flat) in a safetensors file.
+    fn turn(dir: &std::path::Path) -> RawLogits {
+        let seed = fresh_seed();
+        let mut rng = Rng::new(seed);
+        let (rows, vocab) = (6, 1000);
+        let p = mixed_logits(&mut rng, rows, vocab);
+        let q = perturbed(&mut rng, &p, 0.5);
+        let path = dir.join(format!("turn-{seed}.safetensors"));
+        write_tensors(&path, &[RawTensor::f32("p", &[rows, vocab], &p), RawTensor::f32("q", &[rows, vocab], &q)])
+            .expect("write the turn");
+        RawLogits {
+            source: RawLogitsSource::File(path),
+            tensor: Some("p".into()),
+            reference: Some("q".into()),
+            token_ids: None,
+        }
+    }
+
+    #[test]
+    fn a_failing_gpu_costs_speed_not_records_and_is_given_up_after_three_failures_in_a_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = turn(dir.path());
+        let expected = LogitAnalytics::new(DeviceChoice::Cpu).analyze(&raw, 5).expect("cpu");
+        assert!(expected.backend.starts_with("cpu ("), "{}", expected.backend);
+        assert!(expected.records.iter().all(|r| r.entropy.is_some() && r.kl.is_some()));
+
+        let (gpu, calls) = ScriptedGpu::new([]);
+        let analytics = LogitAnalytics::with_backend(Box::new(gpu));
+        for turn in 1..=5 {
+            let got = analytics.analyze(&raw, 5).unwrap_or_else(|e| panic!("turn {turn}: {e}"));
+            assert_eq!(got, expected, "turn {turn}: the CPU's records, and the CPU named as what ran");
+        }
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            GPU_FAILURES_BEFORE_CPU_ONLY,
+            "the GPU is not tried again after {GPU_FAILURES_BEFORE_CPU_ONLY} failures in a row"
+        );
+    }
+
+    #[test]
+    fn a_gpu_run_that_works_resets_the_count_of_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = turn(dir.path());
+        let expected = LogitAnalytics::new(DeviceChoice::Cpu).analyze(&raw, 3).expect("cpu").records;
+        use Outcome::{Fail, Succeed};
+        let (gpu, calls) = ScriptedGpu::new([Fail, Fail, Succeed, Fail, Fail, Succeed]);
+        let analytics = LogitAnalytics::with_backend(Box::new(gpu));
+        let backends: Vec<String> = (0..6)
+            .map(|_| {
+                let got = analytics.analyze(&raw, 3).expect("every turn gets its records");
+                assert_eq!(got.records, expected);
+                got.backend
+            })
+            .collect();
+        let gpu_name = "gpu (scripted GPU, sm_90)";
+        assert_eq!(backends.iter().filter(|b| *b == gpu_name).count(), 2, "{backends:?}");
+        assert!(backends.iter().filter(|b| *b != gpu_name).all(|b| b.starts_with("cpu (")), "{backends:?}");
+        assert_eq!(calls.load(Ordering::Relaxed), 6, "two failures, then a success, never three in a row");
+    }
+
+    #[test]
+    fn bad_input_on_the_gpu_is_the_turns_error_not_a_reason_to_run_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = turn(dir.path());
+        let (gpu, calls) = ScriptedGpu::new([Outcome::BadInput]);
+        let analytics = LogitAnalytics::with_backend(Box::new(gpu));
+        let error = analytics.analyze(&raw, 3).expect_err("the input error is reported");
+        assert_eq!(error.category(), "TopKTooLarge", "{error}");
+        assert!(error.to_string().contains("tensor \"p\""), "{error}");
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        assert!(analytics.cpu.get().is_none(), "the CPU was not asked to run it again");
     }
 }
