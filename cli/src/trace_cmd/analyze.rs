@@ -5,7 +5,8 @@
 //!
 //! The tensors are memory-mapped (`basecamp_gpu::file`); the work runs on
 //! the GPU when one is usable (`--device auto`, the default), else on the
-//! CPU. Every input error names the file and the tensor.
+//! CPU; under `auto` a GPU run that fails is done again on the CPU (with a
+//! warning). Every input error names the file and the tensor.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -89,12 +90,19 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     let p_view = p.logits.view().with_context(|| p.label())?;
     let q_view = q.map(|q| q.logits.view().with_context(|| q.label())).transpose()?;
 
-    let analyzer = Analyzer::new(match args.device {
+    let mut analyzer = Analyzer::new(match args.device {
         DeviceArg::Auto => DeviceChoice::Auto,
         DeviceArg::Cpu => DeviceChoice::Cpu,
         DeviceArg::Gpu => DeviceChoice::Gpu,
     })?;
-    let stats = analyzer.analyze(p_view, q_view, args.top_k).map_err(|e| match &e {
+    let mut result = analyzer.analyze(p_view, q_view, args.top_k);
+    // `auto` promises an answer: a GPU that fails mid-run (not bad input) hands over to the CPU.
+    if let (DeviceArg::Auto, Err(BackendError::Gpu(gpu_error))) = (args.device, &result) {
+        eprintln!("warning: the GPU run failed, analysing on the CPU instead: {gpu_error}");
+        analyzer = Analyzer::new(DeviceChoice::Cpu)?;
+        result = analyzer.analyze(p_view, q_view, args.top_k);
+    }
+    let stats = result.map_err(|e| match &e {
         // Name the file the bad value is in.
         BackendError::Logits(LogitsError::NonFinite { input, .. } | LogitsError::NoFiniteLogit { input, .. }) => {
             let source = if *input == Input::Q { q.unwrap_or(p) } else { p };
