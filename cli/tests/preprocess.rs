@@ -557,29 +557,33 @@ fn a_dataset_from_the_manifests_s3_source_is_uploaded_to_s3_with_dataset_json_la
     assert!(dataset["traces"].as_u64().unwrap() < traces as u64);
 
     // S3 down while uploading (local traces, a closed port): after the retries, the error
-    // names the objects and the cause, and no dataset.json was written.
+    // names the objects and the cause, and no dataset.json was written — in either format.
     let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let local_traces = runs.join("a");
-    let output = basecamp_with_s3(
-        closed,
-        &[
-            "data",
-            "preprocess",
-            local_traces.to_str().unwrap(),
-            "--batch-size",
-            "10",
-            "--out",
-            &format!("s3://{BUCKET}/down/"),
-        ],
-        tmp.path(),
-    );
-    let said = text(&output);
-    assert_eq!(output.status.code(), Some(1), "{said}");
-    assert!(said.contains(&format!("failed to upload the dataset to s3://{BUCKET}/down/")), "{said}");
-    assert!(said.contains(&format!("s3://{BUCKET}/down/batch-00000.jsonl")), "{said}");
-    assert!(said.contains("dataset.json was not written"), "{said}");
-    assert!(said.contains("... and "), "more failures than shown are counted: {said}");
-    assert!(said.len() <= 2048, "{} bytes: {said}", said.len());
+    for format in ["jsonl", "parquet"] {
+        let output = basecamp_with_s3(
+            closed,
+            &[
+                "data",
+                "preprocess",
+                local_traces.to_str().unwrap(),
+                "--batch-size",
+                "10",
+                "--format",
+                format,
+                "--out",
+                &format!("s3://{BUCKET}/down/"),
+            ],
+            tmp.path(),
+        );
+        let said = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{format}: {said}");
+        assert!(said.contains(&format!("failed to upload the dataset to s3://{BUCKET}/down/")), "{said}");
+        assert!(said.contains(&format!("s3://{BUCKET}/down/batch-00000.{format}")), "{said}");
+        assert!(said.contains("dataset.json was not written"), "{said}");
+        assert!(said.contains("... and "), "more failures than shown are counted: {said}");
+        assert!(said.len() <= 2048, "{} bytes: {said}", said.len());
+    }
 
     // A prefix without traces says so.
     let output = server.basecamp(&["data", "preprocess", &format!("s3://{BUCKET}/empty/"), "--out", "x"], tmp.path());
