@@ -618,3 +618,208 @@ fn the_standard_credential_chain_reads_env_and_profile() {
     std::fs::write(&empty, "").expect("write empty credentials file");
     run_child(&[("AWS_SHARED_CREDENTIALS_FILE", empty.to_str().expect("utf-8"))], "none");
 }
+
+/// Puts an object straight into s3s-fs's data directory with this age:
+/// s3s-fs gives the backing file's modification time as `LastModified`.
+fn seed_aged(server: &S3Server, key: &str, bytes: &[u8], age: Duration) -> std::time::SystemTime {
+    let path = server.data.join(BUCKET).join(key);
+    std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+    std::fs::write(&path, bytes).expect("write an object");
+    let when = std::time::SystemTime::now() - age;
+    std::fs::File::options().write(true).open(&path).expect("open").set_modified(when).expect("set the mtime");
+    when
+}
+
+fn seconds_apart(a: std::time::SystemTime, b: std::time::SystemTime) -> f64 {
+    a.duration_since(b).unwrap_or_else(|e| e.duration()).as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_carry_last_modified_and_delete_objects_goes_object_by_object() {
+    let server = S3Server::start();
+    let storage = storage_for(server.port);
+    let day = Duration::from_secs(86_400);
+    let old = seed_aged(&server, "runs/a/ep-1.trace", &[1; 100], 30 * day);
+    let new = seed_aged(&server, "runs/a/ep-2.trace", &[2; 50], Duration::ZERO);
+    seed_aged(&server, "runs/a/summary.json", b"{}", 30 * day);
+
+    let listed = storage.list(&dest("runs")).await.expect("list");
+    let got: Vec<(&str, u64)> = listed.iter().map(|o| (o.relative.as_str(), o.size)).collect();
+    assert_eq!(got, [("a/ep-1.trace", 100), ("a/ep-2.trace", 50), ("a/summary.json", 2)]);
+    // S3 timestamps have millisecond (AWS: second) precision.
+    let modified = listed[0].last_modified.expect("LastModified listed");
+    assert!(seconds_apart(modified, old) < 1.0, "{modified:?} vs {old:?}");
+    assert!(seconds_apart(listed[1].last_modified.expect("LastModified listed"), new) < 1.0);
+
+    // stat: one HEAD, the same size and time; a missing key is None.
+    let one = storage.stat(&dest("runs/a/ep-1.trace")).await.expect("head").expect("exists");
+    assert_eq!((one.relative.as_str(), one.size), ("ep-1.trace", 100));
+    assert!(seconds_apart(one.last_modified.expect("LastModified"), old) < 1.0);
+    assert!(storage.stat(&dest("runs/a/ep-9.trace")).await.expect("head").is_none());
+
+    // A local listing carries modification times too.
+    let local = tempfile::tempdir().expect("temp dir");
+    std::fs::write(local.path().join("x.trace"), b"x").expect("write");
+    let listed_here = storage.list(&Destination::Local(local.path().to_path_buf())).await.expect("list");
+    assert!(seconds_apart(listed_here[0].last_modified.expect("mtime"), std::time::SystemTime::now()) < 60.0);
+
+    // delete_objects: each object its own result, in order; a key already
+    // gone counts as deleted; a bucket root is refused; local files go too.
+    let targets = [
+        dest("runs/a/ep-1.trace"),
+        dest("runs/a/never-there.trace"),
+        dest(""),
+        Destination::Local(local.path().join("x.trace")),
+    ];
+    let deletions = storage.delete_objects(&targets).await;
+    assert_eq!(deletions.len(), 4);
+    for (deletion, target) in deletions.iter().zip(&targets) {
+        assert_eq!(&deletion.object, target);
+    }
+    assert!(deletions[0].result.is_ok(), "{:?}", deletions[0].result);
+    assert!(deletions[1].result.is_ok(), "{:?}", deletions[1].result);
+    let refused = deletions[2].result.as_ref().expect_err("a bucket is not an object");
+    assert_eq!(refused.category(), "StorageRequestRefused", "{refused}");
+    assert!(deletions[3].result.is_ok(), "{:?}", deletions[3].result);
+    assert!(!local.path().join("x.trace").exists());
+    let left: Vec<String> = storage.list(&dest("runs")).await.expect("list").into_iter().map(|o| o.relative).collect();
+    assert_eq!(left, ["a/ep-2.trace", "a/summary.json"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_objects_sends_at_most_a_thousand_keys_a_request() {
+    let server = S3Server::start();
+    let proxy = CountingProxy::start(server.port).await;
+    let storage = storage_for(proxy.port);
+    seed_objects(&server, (0..2345).map(|i| format!("many/ep-{i:05}.trace")));
+    seed_objects(&server, ["other/keep.trace".to_string()]);
+    let targets: Vec<Destination> = (0..2345).map(|i| dest(&format!("many/ep-{i:05}.trace"))).collect();
+    proxy.take();
+    let deletions = storage.delete_objects(&targets).await;
+    assert_eq!(proxy.take().0, 3, "2,345 keys: three DeleteObjects requests");
+    assert!(deletions.iter().all(|d| d.result.is_ok()));
+    assert!(storage.list(&dest("many")).await.expect("list").is_empty());
+    assert_eq!(storage.list(&dest("other")).await.expect("list").len(), 1);
+}
+
+#[tokio::test]
+async fn delete_objects_with_the_endpoint_down_fails_every_key_by_name() {
+    let storage = storage_for(free_port());
+    let targets = [dest("runs/ep-1.trace"), dest("runs/ep-2.trace")];
+    let deletions = storage.delete_objects(&targets).await;
+    for (deletion, key) in deletions.iter().zip(["runs/ep-1.trace", "runs/ep-2.trace"]) {
+        let err = deletion.result.as_ref().expect_err("the endpoint is down");
+        assert_eq!((err.category(), err.attempts()), ("S3Unreachable", 3), "{err}");
+        assert!(err.to_string().starts_with(&format!("failed to delete s3://{BUCKET}/{key}: ")), "{err}");
+    }
+}
+
+/// A stand-in for S3 that answers only `DeleteObjects`, for what s3s-fs
+/// never does: refusing single keys in the body of a 200 answer. A key
+/// containing `denied` is refused with `AccessDenied` every time; one
+/// containing `flaky` with `InternalError` the first time it is asked for.
+/// Every request's keys are recorded.
+struct RefusingDeleteServer {
+    port: u16,
+    requests: Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+impl RefusingDeleteServer {
+    fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let requests: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let seen = seen.clone();
+                std::thread::spawn(move || serve_deletes(stream, &seen));
+            }
+        });
+        Self { port, requests }
+    }
+}
+
+fn serve_deletes(stream: std::net::TcpStream, seen: &std::sync::Mutex<Vec<Vec<String>>>) {
+    use std::io::{BufRead, Read, Write};
+    let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone the stream"));
+    let mut writer = stream;
+    loop {
+        let mut length = 0usize;
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().expect("a content length");
+            }
+        }
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body).expect("read the body");
+        let body = String::from_utf8_lossy(&body);
+        let keys: Vec<String> = body
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("</Key>").map(|(key, _)| key.to_string()))
+            .collect();
+        let mut all = seen.lock().expect("lock");
+        let asked_before = |key: &str| all.iter().flatten().any(|k| k == key);
+        let mut answer = String::from(r#"<?xml version="1.0" encoding="UTF-8"?><DeleteResult>"#);
+        for key in &keys {
+            let code = if key.contains("denied") {
+                Some(("AccessDenied", "Access Denied"))
+            } else if key.contains("flaky") && !asked_before(key) {
+                Some(("InternalError", "We encountered an internal error. Please try again."))
+            } else {
+                None
+            };
+            if let Some((code, message)) = code {
+                answer.push_str(&format!(
+                    "<Error><Key>{key}</Key><Code>{code}</Code><Message>{message}</Message></Error>"
+                ));
+            }
+        }
+        answer.push_str("</DeleteResult>");
+        all.push(keys);
+        drop(all);
+        let head =
+            format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
+        if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_refused_in_a_delete_answer_fail_alone_and_retryable_ones_go_again() {
+    let server = RefusingDeleteServer::start();
+    let storage = storage_for(server.port);
+    let keys = ["runs/ep-1.trace", "runs/denied.trace", "runs/flaky.trace", "runs/ep-2.trace"];
+    let targets: Vec<Destination> = keys.iter().map(|k| dest(k)).collect();
+    let deletions = storage.delete_objects(&targets).await;
+
+    let requests = server.requests.lock().expect("lock").clone();
+    assert_eq!(requests, [keys.to_vec(), vec!["runs/flaky.trace"]], "only the retryable refusal went again");
+    for index in [0, 2, 3] {
+        assert!(deletions[index].result.is_ok(), "{}: {:?}", keys[index], deletions[index].result);
+    }
+    let err = deletions[1].result.as_ref().expect_err("refused");
+    assert_eq!((err.category(), err.attempts()), ("S3AccessDenied", 1), "{err}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "failed to delete s3://{BUCKET}/runs/denied.trace: AccessDenied: Access Denied (after 1 attempt)"
+        )),
+        "{err}"
+    );
+}

@@ -87,6 +87,11 @@ pub enum Operation {
         /// `s3://bucket/prefix` or a local directory.
         of: String,
     },
+    /// Deleting one object (or local file).
+    Delete {
+        /// `s3://bucket/key` or a local path.
+        object: String,
+    },
     /// Deleting everything under a prefix.
     DeletePrefix {
         /// `s3://bucket/prefix` or a local directory.
@@ -101,6 +106,7 @@ impl fmt::Display for Operation {
             Self::Fetch { from, to: None } => write!(f, "fetch {from}"),
             Self::Fetch { from, to: Some(to) } => write!(f, "fetch {from} to {}", to.display()),
             Self::List { of } => write!(f, "list {of}"),
+            Self::Delete { object } => write!(f, "delete {object}"),
             Self::DeletePrefix { of } => write!(f, "delete everything under {of}"),
         }
     }

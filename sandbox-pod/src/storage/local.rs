@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
 
 use super::destination::Destination;
 use super::error::{AttemptError, FailureKind, io_reason};
@@ -28,6 +29,8 @@ pub(crate) struct FoundFile {
     pub relative: String,
     /// Its size.
     pub size: u64,
+    /// Its modification time, where the file system keeps one.
+    pub modified: Option<SystemTime>,
 }
 
 /// Something in the walked tree that cannot be uploaded, and why.
@@ -121,7 +124,7 @@ fn walk(dir: &Path, relative_dir: &str, depth: usize, files: &mut Vec<FoundFile>
                     problems.push(problem(&path, &relative, err));
                     return;
                 }
-                files.push(FoundFile { path, relative, size: meta.len() });
+                files.push(FoundFile { path, relative, size: meta.len(), modified: meta.modified().ok() });
             }
             Ok(_) => {
                 let err = AttemptError::new(
@@ -232,7 +235,12 @@ pub(crate) async fn list(dir: &Path) -> Result<Vec<ObjectInfo>, AttemptError> {
     }
     Ok(files
         .into_iter()
-        .map(|f| ObjectInfo { location: Destination::Local(f.path), relative: f.relative, size: f.size })
+        .map(|f| ObjectInfo {
+            location: Destination::Local(f.path),
+            relative: f.relative,
+            size: f.size,
+            last_modified: f.modified,
+        })
         .collect())
 }
 
@@ -272,6 +280,30 @@ pub(crate) async fn exists(path: &Path) -> Result<bool, AttemptError> {
         Ok(meta) => Ok(meta.is_file()),
         Err(err) if matches!(err.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(false),
         Err(err) => Err(AttemptError::io("cannot stat the file", &err)),
+    }
+}
+
+/// The file's size and modification time; `None` when there is no such file.
+pub(crate) async fn head(path: &Path) -> Result<Option<ObjectInfo>, AttemptError> {
+    match tokio::fs::metadata(path).await {
+        Ok(meta) if meta.is_file() => Ok(Some(ObjectInfo {
+            location: Destination::Local(path.to_path_buf()),
+            relative: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            size: meta.len(),
+            last_modified: meta.modified().ok(),
+        })),
+        Ok(_) => Ok(None),
+        Err(err) if matches!(err.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(None),
+        Err(err) => Err(AttemptError::io("cannot stat the file", &err)),
+    }
+}
+
+/// Removes one file; one that is already gone counts as removed, as on S3.
+pub(crate) async fn delete_file(path: &Path) -> Result<(), AttemptError> {
+    match tokio::fs::remove_file(path).await {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(AttemptError::io("cannot remove the file", &err)),
     }
 }
 

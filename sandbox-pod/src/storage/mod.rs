@@ -10,7 +10,9 @@
 //!   validated key segments;
 //! - [`ShardPartition`] and [`UtcDate`]: the date-partitioned key layout;
 //! - [`Storage`]: upload (single or multipart, retried with backoff), fetch,
-//!   list and delete, configured by [`StorageConfig`];
+//!   list (with sizes and modification times), stat, and delete (a prefix,
+//!   or objects one by one with an [`ObjectDeletion`] each), configured by
+//!   [`StorageConfig`];
 //! - [`UploadReport`]: per file, uploaded or failed with its error; on
 //!   failure the local copy stays where it was;
 //! - [`StorageError`]: messages that name the operation, the places, the
@@ -46,4 +48,4 @@ pub use error::{FailureKind, Operation, StorageError};
 pub use partition::{ShardPartition, UtcDate, validate_segment};
 pub use report::{FileUpload, UploadReport, UploadStatus};
 pub use s3::ObjectInfo;
-pub use store::Storage;
+pub use store::{ObjectDeletion, Storage};

@@ -8,6 +8,7 @@
 //! so memory stays at one part whatever the file size.
 
 use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::environment::EnvironmentVariableRegionProvider;
 use aws_config::meta::region::RegionProviderChain;
@@ -34,7 +35,7 @@ const MAX_PARTS: u64 = 10_000;
 /// A listing stops with an error after this many pages (1,000 keys each).
 const MAX_LIST_PAGES: usize = 10_000;
 /// `DeleteObjects` takes at most this many keys.
-const DELETE_BATCH: usize = 1000;
+pub(crate) const DELETE_BATCH: usize = 1000;
 
 /// One object found by a listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +46,9 @@ pub struct ObjectInfo {
     pub relative: String,
     /// Size in bytes.
     pub size: u64,
+    /// When it was last written: S3's `LastModified`, a local file's
+    /// modification time; `None` when the server or file system gave none.
+    pub last_modified: Option<SystemTime>,
 }
 
 /// An S3 client configured once from a [`StorageConfig`].
@@ -292,7 +296,8 @@ impl S3Backend {
                     let size = object.size().and_then(|s| u64::try_from(s).ok()).unwrap_or(0);
                     let relative = key.strip_prefix(&dir).unwrap_or(key).to_string();
                     let location = Destination::S3(S3Location { bucket: prefix.bucket.clone(), key: key.to_string() });
-                    objects.push(ObjectInfo { location, relative, size });
+                    let last_modified = object.last_modified().and_then(to_system_time);
+                    objects.push(ObjectInfo { location, relative, size, last_modified });
                 }
             }
         })
@@ -325,62 +330,88 @@ impl S3Backend {
         Ok(names)
     }
 
-    /// Whether the object exists: one `HeadObject`, nothing transferred.
-    /// Not found is `false`; every other answer is an error. A HEAD answer
+    /// The object's size and age: one `HeadObject`, nothing transferred.
+    /// Not found is `None`; every other answer is an error. A HEAD answer
     /// has no body, so a missing bucket usually reads as a missing object.
-    pub async fn exists(&self, object: &S3Location) -> Result<bool, AttemptError> {
+    pub async fn head(&self, object: &S3Location) -> Result<Option<ObjectInfo>, AttemptError> {
         match self.client.head_object().bucket(&object.bucket).key(&object.key).send().await {
-            Ok(_) => Ok(true),
+            Ok(out) => Ok(Some(ObjectInfo {
+                location: Destination::S3(object.clone()),
+                relative: object.key.rsplit('/').next().unwrap_or(&object.key).to_string(),
+                size: out.content_length().and_then(|s| u64::try_from(s).ok()).unwrap_or(0),
+                last_modified: out.last_modified().and_then(to_system_time),
+            })),
             Err(err) => {
                 let attempt = classify(&err);
-                if attempt.kind == FailureKind::NotFound { Ok(false) } else { Err(attempt) }
+                if attempt.kind == FailureKind::NotFound { Ok(None) } else { Err(attempt) }
             }
         }
     }
 
-    /// Deletes these keys of `bucket`, 1,000 per request; returns how many went.
-    pub async fn delete_keys(&self, bucket: &str, keys: &[String]) -> Result<u64, AttemptError> {
-        let mut deleted = 0u64;
-        for batch in keys.chunks(DELETE_BATCH) {
-            let objects = batch
-                .iter()
-                .map(|key| ObjectIdentifier::builder().key(key).build())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|err| AttemptError::new(FailureKind::Other, format!("cannot build the request: {err}")))?;
-            let delete = Delete::builder()
-                .set_objects(Some(objects))
-                .quiet(true)
-                .build()
-                .map_err(|err| AttemptError::new(FailureKind::Other, format!("cannot build the request: {err}")))?;
-            let out = self
-                .client
-                .delete_objects()
-                .bucket(bucket)
-                .delete(delete)
-                .send()
-                .await
-                .map_err(|err| classify(&err))?;
-            if let Some(first) = out.errors().first() {
-                let kind = match first.code() {
-                    Some("AccessDenied") => FailureKind::AccessDenied,
-                    _ => FailureKind::ServerError,
-                };
-                return Err(AttemptError::new(
-                    kind,
-                    format!(
-                        "{} of {} keys were not deleted, first {}: {} {}",
-                        out.errors().len(),
-                        batch.len(),
-                        first.key().unwrap_or("?"),
-                        first.code().unwrap_or("?"),
-                        first.message().unwrap_or("")
-                    ),
-                ));
-            }
-            deleted += batch.len() as u64;
+    /// One `DeleteObjects` request for at most [`DELETE_BATCH`] keys of
+    /// `bucket`. `Err` when the request as a whole failed (nothing can be
+    /// said of any key); otherwise the keys the server refused in the body
+    /// of its answer, each with its own error (the others are gone).
+    pub async fn delete_batch(
+        &self,
+        bucket: &str,
+        keys: &[String],
+    ) -> Result<Vec<(String, AttemptError)>, AttemptError> {
+        if keys.len() > DELETE_BATCH {
+            return Err(AttemptError::new(
+                FailureKind::Other,
+                format!("{} keys in one DeleteObjects request; S3 takes at most {DELETE_BATCH}", keys.len()),
+            ));
         }
-        Ok(deleted)
+        let objects = keys
+            .iter()
+            .map(|key| ObjectIdentifier::builder().key(key).build())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| AttemptError::new(FailureKind::Other, format!("cannot build the request: {err}")))?;
+        // Quiet: the answer lists only the keys that were not deleted.
+        let delete = Delete::builder()
+            .set_objects(Some(objects))
+            .quiet(true)
+            .build()
+            .map_err(|err| AttemptError::new(FailureKind::Other, format!("cannot build the request: {err}")))?;
+        let out =
+            self.client.delete_objects().bucket(bucket).delete(delete).send().await.map_err(|err| classify(&err))?;
+        Ok(out
+            .errors()
+            .iter()
+            .map(|error| {
+                let key = error.key().unwrap_or_default().to_string();
+                (key, classify_key_error(error.code(), error.message()))
+            })
+            .collect())
     }
+}
+
+/// An S3 timestamp as a `SystemTime`; `None` if it does not fit.
+fn to_system_time(time: &aws_sdk_s3::primitives::DateTime) -> Option<SystemTime> {
+    let seconds = time.secs();
+    let nanos = Duration::from_nanos(u64::from(time.subsec_nanos()));
+    if seconds >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(seconds.unsigned_abs()) + nanos)
+    } else {
+        UNIX_EPOCH.checked_sub(Duration::from_secs(seconds.unsigned_abs()))?.checked_add(nanos)
+    }
+}
+
+/// Kind and reason of one key's error in a `DeleteObjects` answer, which
+/// carries a code and a message but no HTTP status of its own.
+fn classify_key_error(code: Option<&str>, message: Option<&str>) -> AttemptError {
+    let kind = match code {
+        Some("InternalError") => FailureKind::ServerError,
+        _ => classify_service(200, code, message).kind,
+    };
+    let reason = match (code, message) {
+        (Some(code), Some(message)) if !message.is_empty() => format!("{code}: {message}"),
+        (Some(code), _) => code.to_string(),
+        (None, Some(message)) if !message.is_empty() => message.to_string(),
+        (None, _) => "the server did not say why".to_string(),
+    };
+    AttemptError::new(kind, reason)
 }
 
 /// Turns an SDK error into a failure kind and a short reason.
@@ -536,6 +567,24 @@ mod tests {
             "InvalidAccessKeyId: unknown key (HTTP 403)"
         );
         assert_eq!(classify_service(404, None, None).reason, "no such object (HTTP 404)");
+    }
+
+    #[test]
+    fn a_key_error_in_a_delete_answer_keeps_its_code_and_retryability() {
+        let denied = classify_key_error(Some("AccessDenied"), Some("Access Denied"));
+        assert_eq!(denied, AttemptError::new(FailureKind::AccessDenied, "AccessDenied: Access Denied"));
+        let internal = classify_key_error(Some("InternalError"), Some("try again"));
+        assert_eq!(internal.kind, FailureKind::ServerError);
+        assert!(internal.kind.is_retryable());
+        assert_eq!(classify_key_error(Some("SlowDown"), None).kind, FailureKind::Throttled);
+        assert_eq!(classify_key_error(Some("NoSuchVersion"), Some("")).reason, "NoSuchVersion");
+        assert_eq!(classify_key_error(None, None).kind, FailureKind::Other);
+    }
+
+    #[test]
+    fn s3_timestamps_become_system_times() {
+        let time = aws_sdk_s3::primitives::DateTime::from_secs_and_nanos(1_767_614_400, 500);
+        assert_eq!(to_system_time(&time), Some(UNIX_EPOCH + Duration::new(1_767_614_400, 500)));
     }
 
     #[test]

@@ -17,12 +17,12 @@ use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
 
 use super::config::StorageConfig;
-use super::destination::Destination;
+use super::destination::{Destination, S3Location};
 use super::error::{AttemptError, FailureKind, Operation, StorageError};
 use super::local;
 use super::partition::validate_segment;
 use super::report::{FileUpload, UploadReport, UploadStatus};
-use super::s3::{ObjectInfo, S3Backend};
+use super::s3::{DELETE_BATCH, ObjectInfo, S3Backend};
 
 /// Uploads, fetches, lists (recursively or one level of "directories"),
 /// checks for and deletes objects, on S3 or a local directory.
@@ -271,6 +271,22 @@ impl Storage {
         .await
     }
 
+    /// One object's (or local file's) size and modification time, without
+    /// reading it: on S3 one `HeadObject`. `None` when there is no such
+    /// object; `relative` is its name (the last segment of the key). Retried
+    /// like [`Self::fetch`].
+    pub async fn stat(&self, object: &Destination) -> Result<Option<ObjectInfo>, StorageError> {
+        let operation = Operation::Fetch { from: object.to_string(), to: None };
+        refuse_bucket_root(object, &operation)?;
+        self.with_retries(operation, || async {
+            match object {
+                Destination::S3(location) => self.s3().await.head(location).await,
+                Destination::Local(path) => local::head(path).await,
+            }
+        })
+        .await
+    }
+
     /// Whether the object (or local file) exists, without reading it: on S3
     /// one `HeadObject`, where not found is `false` and any other answer an
     /// error (retried like [`Self::fetch`]); locally, whether it is a file.
@@ -279,7 +295,7 @@ impl Storage {
         refuse_bucket_root(object, &operation)?;
         self.with_retries(operation, || async {
             match object {
-                Destination::S3(location) => self.s3().await.exists(location).await,
+                Destination::S3(location) => self.s3().await.head(location).await.map(|found| found.is_some()),
                 Destination::Local(path) => local::exists(path).await,
             }
         })
@@ -287,7 +303,9 @@ impl Storage {
     }
 
     /// Deletes every object under the prefix (taken as a directory) and
-    /// returns how many there were. Refuses a whole bucket or `/`.
+    /// returns how many there were. Refuses a whole bucket or `/`. On S3 it
+    /// deletes what it listed through [`Self::delete_objects`]; when some
+    /// objects stay, the error counts them and names the first.
     pub async fn delete_prefix(&self, prefix: &Destination) -> Result<u64, StorageError> {
         let operation = Operation::DeletePrefix { of: prefix.to_string() };
         match prefix {
@@ -298,14 +316,24 @@ impl Storage {
                         reason: "the prefix is the whole bucket; name a prefix such as s3://BUCKET/traces/2026".into(),
                     });
                 }
-                let objects = self.list(prefix).await?;
-                let keys: Vec<String> =
-                    objects.iter().filter_map(|o| o.location.as_s3().map(|l| l.key.clone())).collect();
-                if keys.is_empty() {
-                    return Ok(0);
-                }
-                self.with_retries(operation, || async { self.s3().await.delete_keys(&location.bucket, &keys).await })
-                    .await
+                let objects: Vec<Destination> = self.list(prefix).await?.into_iter().map(|o| o.location).collect();
+                let deletions = self.delete_objects(&objects).await;
+                let failed: Vec<&StorageError> = deletions.iter().filter_map(|d| d.result.as_ref().err()).collect();
+                let Some(first) = failed.first() else { return Ok(deletions.len() as u64) };
+                let first_reason = match first {
+                    StorageError::Failed { operation, reason, .. } => format!("{operation}: {reason}"),
+                    other => other.to_string(),
+                };
+                Err(StorageError::Failed {
+                    operation,
+                    kind: first.kind().unwrap_or(FailureKind::Other),
+                    reason: format!(
+                        "{} of {} objects were not deleted, first: {first_reason}",
+                        failed.len(),
+                        deletions.len()
+                    ),
+                    attempts: first.attempts(),
+                })
             }
             Destination::Local(path) => {
                 if path.as_os_str().is_empty() || path.parent().is_none() {
@@ -317,6 +345,126 @@ impl Storage {
                 self.with_retries(operation, || local::delete_dir(path)).await
             }
         }
+    }
+
+    /// Deletes these objects (or local files), each on its own account, and
+    /// says what became of each, in the order given. On S3: one
+    /// `DeleteObjects` request per 1,000 keys of a bucket; a request that
+    /// fails as a whole is retried as configured, and so is each key that
+    /// the answer refuses for a retryable reason (`InternalError`,
+    /// `SlowDown`); a key refused for good (`AccessDenied`) fails alone and
+    /// the others still go. When a request still fails after its attempts,
+    /// the bucket's remaining keys fail with the same error without being
+    /// tried (the endpoint or bucket is unusable). An object that is already
+    /// gone counts as deleted; a bucket root is refused.
+    pub async fn delete_objects(&self, objects: &[Destination]) -> Vec<ObjectDeletion> {
+        let mut results: Vec<Option<Result<(), StorageError>>> = vec![None; objects.len()];
+        // Keys by bucket, buckets in the order first named.
+        let mut buckets: Vec<(String, Vec<(usize, String)>)> = Vec::new();
+        for (index, object) in objects.iter().enumerate() {
+            let operation = Operation::Delete { object: object.to_string() };
+            match object {
+                Destination::S3(location) if location.key.is_empty() => {
+                    results[index] = Some(Err(StorageError::Refused {
+                        operation,
+                        reason: "it names a bucket, not an object; write s3://BUCKET/KEY".into(),
+                    }));
+                }
+                Destination::S3(location) => {
+                    let key = (index, location.key.clone());
+                    match buckets.iter_mut().find(|(bucket, _)| *bucket == location.bucket) {
+                        Some((_, keys)) => keys.push(key),
+                        None => buckets.push((location.bucket.clone(), vec![key])),
+                    }
+                }
+                Destination::Local(path) => {
+                    results[index] = Some(self.with_retries(operation, || local::delete_file(path)).await);
+                }
+            }
+        }
+        for (bucket, keys) in &buckets {
+            let mut batches = keys.chunks(DELETE_BATCH);
+            while let Some(batch) = batches.next() {
+                let (done, broken) = self.delete_batch(bucket, batch).await;
+                for (index, result) in done {
+                    results[index] = Some(result);
+                }
+                if let Some((err, attempts)) = broken {
+                    let undecided = batch.iter().filter(|(index, _)| results[*index].is_none()).collect::<Vec<_>>();
+                    for (index, key) in undecided.into_iter().chain(batches.by_ref().flatten()) {
+                        let operation = Operation::Delete { object: s3_url(bucket, key) };
+                        results[*index] = Some(Err(err.clone().into_error(operation, attempts)));
+                    }
+                    break;
+                }
+            }
+        }
+        objects
+            .iter()
+            .zip(results)
+            .map(|(object, result)| ObjectDeletion {
+                object: object.clone(),
+                result: result.unwrap_or_else(|| {
+                    Err(StorageError::Failed {
+                        operation: Operation::Delete { object: object.to_string() },
+                        kind: FailureKind::Other,
+                        reason: "the deletion produced no result".into(),
+                        attempts: 0,
+                    })
+                }),
+            })
+            .collect()
+    }
+
+    /// Rounds of one `DeleteObjects` batch until every key is deleted or
+    /// failed for good: the keys' results, and the error (with its attempt
+    /// count) when the request itself failed for good, which leaves the
+    /// batch's undecided keys without a result.
+    async fn delete_batch(
+        &self,
+        bucket: &str,
+        batch: &[(usize, String)],
+    ) -> (Vec<(usize, Result<(), StorageError>)>, Option<(AttemptError, u32)>) {
+        let policy = self.inner.config.retry;
+        let mut done = Vec::with_capacity(batch.len());
+        let mut pending: Vec<&(usize, String)> = batch.iter().collect();
+        for attempt in 1..=policy.attempts() {
+            let last = attempt == policy.attempts();
+            let keys: Vec<String> = pending.iter().map(|(_, key)| key.clone()).collect();
+            match self.s3().await.delete_batch(bucket, &keys).await {
+                Err(err) if err.kind.is_retryable() && !last => {
+                    tracing::warn!(bucket, keys = keys.len(), attempt, error = %err.reason, "DeleteObjects failed; will retry");
+                }
+                Err(err) => return (done, Some((err, attempt))),
+                Ok(refused) => {
+                    let refused: HashMap<String, AttemptError> = refused.into_iter().collect();
+                    let mut again = Vec::new();
+                    for entry in pending {
+                        let (index, key) = entry;
+                        match refused.get(key) {
+                            None => done.push((*index, Ok(()))),
+                            Some(err) if err.kind.is_retryable() && !last => again.push(entry),
+                            Some(err) => {
+                                let operation = Operation::Delete { object: s3_url(bucket, key) };
+                                done.push((*index, Err(err.clone().into_error(operation, attempt))));
+                            }
+                        }
+                    }
+                    if again.is_empty() {
+                        return (done, None);
+                    }
+                    tracing::warn!(
+                        bucket,
+                        keys = again.len(),
+                        attempt,
+                        "DeleteObjects refused some keys; will retry them"
+                    );
+                    pending = again;
+                }
+            }
+            tokio::time::sleep(policy.backoff_after(attempt)).await;
+        }
+        (done, None)
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or used the
@@ -340,6 +488,19 @@ impl Storage {
             }
         }
     }
+}
+
+/// What became of one object given to [`Storage::delete_objects`].
+#[derive(Debug, Clone)]
+pub struct ObjectDeletion {
+    /// The object (or local file).
+    pub object: Destination,
+    /// Deleted (or already gone), or why it is still there.
+    pub result: Result<(), StorageError>,
+}
+
+fn s3_url(bucket: &str, key: &str) -> String {
+    Destination::S3(S3Location { bucket: bucket.to_string(), key: key.to_string() }).to_string()
 }
 
 fn refuse_bucket_root(from: &Destination, operation: &Operation) -> Result<(), StorageError> {
