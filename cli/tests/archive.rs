@@ -70,3 +70,34 @@ fn archive_list_and_extract_one_trace() {
             || String::from_utf8_lossy(&out.stderr).contains("Is a directory")
     );
 }
+
+#[test]
+fn an_output_that_is_an_input_or_a_directory_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 3, steps: 3, tokens_per_step: 2, ..Default::default() });
+    let trace = dir.path().join("ep.trace");
+    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    std::fs::write(&trace, &bytes).unwrap();
+    let t = trace.display().to_string();
+
+    let out = basecamp(&["trace", "archive", &t, "-o", &t]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("error: {t}: the output would overwrite this input; choose another -o file\n")
+    );
+    assert_eq!(std::fs::read(&trace).unwrap(), bytes, "the input is untouched");
+
+    let sub = dir.path().join("runs");
+    std::fs::create_dir(&sub).unwrap();
+    let s = sub.display().to_string();
+    let out = basecamp(&["trace", "archive", &t, "-o", &s]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("error: {s} is a directory; give the archive's file name, e.g. {s}/traces.tar.zst\n")
+    );
+    let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["ep.trace", "runs"], "no runs.partial left behind");
+}

@@ -42,3 +42,35 @@ fn one_otlp_request_per_trace_in_input_order() {
         "error: choose a format: --otlp (OpenTelemetry GenAI spans as OTLP/JSON)\n"
     );
 }
+
+#[test]
+fn an_output_that_is_an_input_is_refused_and_the_input_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 7, steps: 3, tokens_per_step: 2, ..Default::default() });
+    let trace = dir.path().join("ep.trace");
+    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    std::fs::write(&trace, &bytes).unwrap();
+    let t = trace.display().to_string();
+    let out = basecamp(&["trace", "export", "--otlp", &t, "-o", &t]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("error: {t}: the output would overwrite this input; choose another -o file\n")
+    );
+    assert_eq!(std::fs::read(&trace).unwrap(), bytes, "the input is untouched");
+
+    // A directory as -o is named as such, and nothing is left next to it.
+    let d = dir.path().display().to_string();
+    let out = basecamp(&["trace", "export", "--otlp", &t, "-o", &d]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with(&format!("error: {d} is a directory;")));
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["ep.trace"]);
+
+    // A good export leaves the file only, no temporary.
+    let file = dir.path().join("spans.jsonl");
+    let out = basecamp(&["trace", "export", "--otlp", &t, "-o", &file.display().to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1);
+    assert!(!dir.path().join("spans.jsonl.partial").exists());
+}

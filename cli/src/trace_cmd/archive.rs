@@ -72,8 +72,16 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
             bail!("{other} and {} would both be archived as {}; archive them separately", file.name, file.relative);
         }
     }
+    if out.is_dir() {
+        bail!(
+            "{} is a directory; give the archive's file name, e.g. {}",
+            out.display(),
+            out.join("traces.tar.zst").display()
+        );
+    }
+    sources.refuse_as_output(out)?;
     let tmp = out.with_extension("partial");
-    let sink = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let sink = File::create(&tmp).with_context(|| format!("cannot create {}", out.display()))?;
     let mut writer = ArchiveWriter::new(BufWriter::new(sink));
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
     let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {
@@ -109,7 +117,10 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         let _ = fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("cannot write {}", out.display()));
     }
-    fs::rename(&tmp, out).with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    if let Err(e) = fs::rename(&tmp, out) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()));
+    }
     let size = fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     println!("archived {count} traces ({input_bytes} bytes) into {} ({size} bytes)", out.display());
     Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })

@@ -3,10 +3,12 @@
 //! `ExportTraceServiceRequest` per trace per line — the OTLP file
 //! exporter's format, which collectors (`otlpjsonfile` receiver) read.
 //! A damaged trace is exported as far as it reads, with one error line.
+//! `-o FILE` is written as `FILE.partial` and renamed when every trace is
+//! exported; it may not be one of the inputs.
 
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
@@ -38,10 +40,26 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     }
     let sources = Sources::resolve(&args.paths)?;
     let files = &sources.items;
-    let mut out: Box<dyn Write> = match &args.out {
+    // -o is written under a temporary name and renamed when complete, so an
+    // interrupted export leaves no file that looks finished.
+    let target = match &args.out {
         Some(path) => {
-            Box::new(BufWriter::new(File::create(path).with_context(|| format!("cannot create {}", path.display()))?))
+            if path.is_dir() {
+                bail!(
+                    "{} is a directory; give the file to write, e.g. {}",
+                    path.display(),
+                    path.join("spans.jsonl").display()
+                );
+            }
+            sources.refuse_as_output(path)?;
+            let tmp = partial_path(path);
+            let file = File::create(&tmp).with_context(|| format!("cannot create {}", path.display()))?;
+            Some((path, tmp, file))
         }
+        None => None,
+    };
+    let mut out: Box<dyn Write> = match &target {
+        Some((_, _, file)) => Box::new(BufWriter::new(file)),
         None => Box::new(BufWriter::new(io::stdout().lock())),
     };
     let mut failed = false;
@@ -65,9 +83,30 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             eprintln!("error: {e}");
         }
     });
-    if let Some(e) = write_error {
-        return Err(e).context("cannot write the export");
+    let written = match write_error {
+        Some(e) => Err(e),
+        None => out.flush(),
+    };
+    drop(out);
+    let name = args.out.as_ref().map_or_else(|| "the export".to_string(), |p| p.display().to_string());
+    if let Err(e) = written {
+        if let Some((_, tmp, _)) = &target {
+            let _ = fs::remove_file(tmp);
+        }
+        return Err(e).with_context(|| format!("cannot write {name}"));
     }
-    out.flush().context("cannot write the export")?;
+    if let Some((path, tmp, _)) = &target
+        && let Err(e) = fs::rename(tmp, path)
+    {
+        let _ = fs::remove_file(tmp);
+        return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()));
+    }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// `FILE.partial` next to `FILE`.
+fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
 }

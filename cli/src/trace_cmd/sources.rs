@@ -9,9 +9,9 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, Cursor, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use basecamp_sandbox::storage::{Destination, Storage, StorageConfig};
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs_named};
 use basecamp_trace::{TraceError, TraceReader};
@@ -73,6 +73,23 @@ impl Sources {
             }
         }
         Ok(Self { items, s3 })
+    }
+
+    /// Refuses an output file that is one of the local inputs: writing it
+    /// would truncate or replace a trace before (or after) it is read.
+    pub fn refuse_as_output(&self, out: &Path) -> anyhow::Result<()> {
+        let Ok(out) = std::fs::canonicalize(out) else {
+            // Not there yet: it cannot be an input.
+            return Ok(());
+        };
+        for source in &self.items {
+            if let Location::Local(path) = &source.location
+                && std::fs::canonicalize(path).is_ok_and(|p| p == out)
+            {
+                bail!("{}: the output would overwrite this input; choose another -o file", source.name);
+            }
+        }
+        Ok(())
     }
 
     /// The whole trace file.
