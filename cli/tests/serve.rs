@@ -9,10 +9,13 @@ mod http;
 #[path = "support/s3.rs"]
 mod s3;
 
+use std::io::Write as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use basecamp_sandbox::driver::SUMMARY_FILE;
+use basecamp_trace::synthetic::{EpisodeShape, generate};
 use fixtures::{EPISODES, NAMESPACE, TASK, TRACE_ONLY_TASK, pearson, shard_dir, write_run};
 use http::{Server, get};
 use s3::S3Server;
@@ -118,6 +121,72 @@ fn an_episode_page_shows_its_trace_and_links_the_raw_bytes() {
 
     assert_eq!(get(&server.addr, &format!("{}/episodes/a/ep-999", task_path())).status, 404);
     assert_eq!(get(&server.addr, &format!("{}/episodes/c/ep-000", task_path())).status, 404);
+}
+
+/// The index's "(failed/total failed)" of one variant of a task.
+fn counts_of(index: &str, task: &str, variant: &str) -> String {
+    let link = format!("href=\"/tasks/{NAMESPACE}/{task}?variant={variant}\">{variant}</a> <span class=\"muted\">(");
+    let at = index.find(&link).map(|i| i + link.len());
+    at.and_then(|i| index[i..].split(')').next()).unwrap_or("absent").to_string()
+}
+
+/// The variants table row of `variant` on a task page.
+fn variant_row(page: &str, variant: &str) -> String {
+    let start = page.find(&format!("data-variant=\"{variant}\"")).expect("the variant's row");
+    page[start..].split("</tr>").next().unwrap().to_string()
+}
+
+#[test]
+fn a_run_still_writing_shows_up_between_two_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let replay = shard_dir(dir.path(), TRACE_ONLY_TASK, "a");
+    // ep-001 is still being written: half its bytes are there.
+    let full = std::fs::read(replay.join("ep-001.trace")).unwrap();
+    std::fs::write(replay.join("ep-001.trace"), &full[..full.len() / 2]).unwrap();
+    // Variant b's summary.json lands after its traces.
+    let b = shard_dir(dir.path(), TASK, "b");
+    let mut summary: serde_json::Value = serde_json::from_slice(&std::fs::read(b.join(SUMMARY_FILE)).unwrap()).unwrap();
+    std::fs::remove_file(b.join(SUMMARY_FILE)).unwrap();
+    let server = Server::start(dir.path());
+    // Past the cache's settle time: from here on only metadata reveal a change.
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let index = get(&server.addr, "/").text();
+    assert_eq!(counts_of(&index, TRACE_ONLY_TASK, "a"), "3/6 failed", "ep-000, ep-003 and the half-written ep-001");
+    let b_page = get(&server.addr, &format!("{}/episodes/b/ep-001", task_path())).text();
+    assert!(b_page.contains("metrics from the trace alone"));
+    assert_eq!(get(&server.addr, "/").text(), index, "nothing changed, nothing differs");
+
+    // The trace grows to its end; another trace is deleted; a new variant's trace appears.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(replay.join("ep-001.trace"))
+        .unwrap()
+        .write_all(&full[full.len() / 2..])
+        .unwrap();
+    std::fs::remove_file(replay.join("ep-005.trace")).unwrap();
+    let mut new = generate(&EpisodeShape { seed: 3, steps: 3, tokens_per_step: 2, ..Default::default() });
+    new.header.namespace = NAMESPACE.into();
+    new.header.task = TRACE_ONLY_TASK.into();
+    new.header.variant = "c".into();
+    let c = shard_dir(dir.path(), TRACE_ONLY_TASK, "c");
+    std::fs::create_dir_all(&c).unwrap();
+    std::fs::write(c.join("ep-new.trace"), new.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let index = get(&server.addr, "/").text();
+    assert_eq!(counts_of(&index, TRACE_ONLY_TASK, "a"), "2/5 failed", "{index}");
+    assert!(counts_of(&index, TRACE_ONLY_TASK, "c").ends_with("/1 failed"), "{index}");
+
+    // The summary lands, with numbers of its own: the task page shows them.
+    assert!(!variant_row(&get(&server.addr, &task_path()).text(), "b").contains("<td>0.123</td>"));
+    for episode in summary["episodes"].as_array_mut().unwrap() {
+        episode["metrics"]["plan_step_f1"] = serde_json::json!(0.123);
+    }
+    std::fs::write(b.join(SUMMARY_FILE), serde_json::to_vec(&summary).unwrap()).unwrap();
+    let row = variant_row(&get(&server.addr, &task_path()).text(), "b");
+    assert!(row.contains("<td>0.123</td>"), "{row}");
+    let b_page = get(&server.addr, &format!("{}/episodes/b/ep-001", task_path())).text();
+    assert!(b_page.contains("metrics from the shard's summary.json"));
 }
 
 #[test]

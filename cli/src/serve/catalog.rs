@@ -3,10 +3,12 @@
 //! trace when there is one (the numbers the sandbox scored against the test
 //! set), else from what the trace itself holds (error rate, resolution
 //! time, reward, steps). Both `basecamp serve` and `basecamp trace report`
-//! start from here.
+//! start from here; `serve` keeps one up to date across requests with
+//! [`super::cache::CatalogCache`], which builds it from the same pieces.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
@@ -34,9 +36,25 @@ pub struct EpisodeEntry {
     /// True when the metrics come from a shard summary (scored against the test set).
     pub from_summary: bool,
     pub trace: PathBuf,
-    /// The trace's path relative to the catalog root, `/`-separated (for `/raw/...`).
+    /// How pages name the trace: relative to the catalog root, `/`-separated
+    /// (`serve`: for `/raw/...`); the path as found, or the object's `s3://`
+    /// URL (`trace report`).
     pub relative: String,
     pub started_unix_nanos: i64,
+    /// The trace's digest, read when first asked for.
+    pub digest: LazyDigest,
+}
+
+/// A trace's digest, read at most once and shared by the clones of an
+/// entry (every catalog `serve` builds while the file stays unchanged).
+#[derive(Debug, Clone, Default)]
+pub struct LazyDigest(Arc<OnceLock<Result<TraceDigest, String>>>);
+
+impl LazyDigest {
+    /// The digest of `trace`, read now unless it was before.
+    pub fn get(&self, trace: &Path) -> &Result<TraceDigest, String> {
+        self.0.get_or_init(|| TraceDigest::load(trace))
+    }
 }
 
 impl EpisodeEntry {
@@ -47,6 +65,11 @@ impl EpisodeEntry {
     /// `<variant>/<episode>`: unique within a task, the key of in-page links.
     pub fn key(&self) -> String {
         format!("{}/{}", self.variant, self.id)
+    }
+
+    /// What the trace holds, boiled down (read on first use).
+    pub fn digest(&self) -> &Result<TraceDigest, String> {
+        self.digest.get(&self.trace)
     }
 
     /// The row the root-cause analysis of `basecamp run` takes.
@@ -122,64 +145,22 @@ impl Catalog {
     /// `files` with their metrics; `root` is what `relative` paths are relative to.
     fn from_files(root: &Path, files: &[PathBuf]) -> Catalog {
         let mut catalog = Catalog::default();
-        // One summary per directory, read once: trace file name -> (summary, episode index).
-        let mut summaries: HashMap<PathBuf, Option<ShardSummary>> = HashMap::new();
+        // One summary per directory, read once.
+        let mut summaries: HashMap<PathBuf, Option<ShardIndex>> = HashMap::new();
         for file in files {
             let dir = file.parent().unwrap_or(Path::new("")).to_path_buf();
-            let summary = summaries.entry(dir.clone()).or_insert_with(|| {
-                let path = dir.join(SUMMARY_FILE);
-                let text = std::fs::read(&path).ok()?;
-                match serde_json::from_slice::<ShardSummary>(&text) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        catalog
-                            .problems
-                            .push(format!("{}: not a shard summary ({e}); metrics read from traces", path.display()));
+            let summary =
+                summaries.entry(dir.clone()).or_insert_with(|| match ShardIndex::read(&dir.join(SUMMARY_FILE)) {
+                    Ok(summary) => summary,
+                    Err(problem) => {
+                        catalog.problems.push(problem);
                         None
                     }
-                }
-            });
-            let relative = file.strip_prefix(root).unwrap_or(file).to_string_lossy().replace('\\', "/");
-            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let scored =
-                summary.as_ref().and_then(|s| s.episodes.iter().find(|e| e.trace_file == name).map(|e| (s, e)));
-            let entry = match scored {
-                Some((shard, e)) => EpisodeEntry {
-                    namespace: non_empty(&shard.namespace),
-                    task: shard.task.clone(),
-                    variant: shard.variant.clone(),
-                    shard: shard.shard,
-                    id: e.id.clone(),
-                    outcome: e.outcome.clone(),
-                    failure_class: e.failure_class.clone(),
-                    metrics: metrics_map(&e.metrics),
-                    from_summary: true,
-                    trace: file.clone(),
-                    relative,
-                    started_unix_nanos: shard.started_unix_nanos,
-                },
-                None => match TraceDigest::load(file) {
-                    Ok(digest) => EpisodeEntry {
-                        namespace: non_empty(&digest.header.namespace),
-                        task: digest.header.task.clone(),
-                        variant: digest.header.variant.clone(),
-                        shard: digest.header.shard,
-                        id: digest.header.episode_id.clone(),
-                        outcome: digest.outcome.clone(),
-                        failure_class: digest.failure_class(),
-                        metrics: digest.metrics(),
-                        from_summary: false,
-                        trace: file.clone(),
-                        relative,
-                        started_unix_nanos: digest.header.start_time_unix_nanos,
-                    },
-                    Err(e) => {
-                        catalog.problems.push(e);
-                        continue;
-                    }
-                },
-            };
-            catalog.episodes.push(entry);
+                });
+            match episode_entry(root, file, summary.as_ref(), LazyDigest::default()) {
+                Ok(entry) => catalog.episodes.push(entry),
+                Err(problem) => catalog.problems.push(problem),
+            }
         }
         catalog.keep_latest();
         catalog
@@ -187,7 +168,7 @@ impl Catalog {
 
     /// The same episode of the same variant found twice (two runs of one
     /// task in the tree): the newest run's wins, so a task page shows one run.
-    fn keep_latest(&mut self) {
+    pub(super) fn keep_latest(&mut self) {
         let mut newest: HashMap<(String, String, String, String), usize> = HashMap::new();
         for (i, e) in self.episodes.iter().enumerate() {
             let key = (e.namespace.clone(), e.task.clone(), e.variant.clone(), e.id.clone());
@@ -230,6 +211,79 @@ impl Catalog {
         }
         out
     }
+}
+
+/// A shard's `summary.json`, with its episodes by trace file name.
+#[derive(Debug)]
+pub struct ShardIndex {
+    summary: ShardSummary,
+    by_trace_file: HashMap<String, usize>,
+}
+
+impl ShardIndex {
+    /// The summary at `path`: `None` when there is none (or it cannot be
+    /// read), `Err` (the problem to show) when it is not a shard summary.
+    pub fn read(path: &Path) -> Result<Option<ShardIndex>, String> {
+        let Ok(text) = std::fs::read(path) else { return Ok(None) };
+        match serde_json::from_slice::<ShardSummary>(&text) {
+            Ok(summary) => {
+                let mut by_trace_file = HashMap::new();
+                for (i, e) in summary.episodes.iter().enumerate() {
+                    // The first row for a file wins, as a linear search would find it.
+                    by_trace_file.entry(e.trace_file.clone()).or_insert(i);
+                }
+                Ok(Some(ShardIndex { summary, by_trace_file }))
+            }
+            Err(e) => Err(format!("{}: not a shard summary ({e}); metrics read from traces", path.display())),
+        }
+    }
+}
+
+/// The entry of the trace `file`: scored by its shard's summary when that
+/// names it, else from the trace itself (read through `digest` now).
+/// `Err` is the problem to show when neither works.
+pub fn episode_entry(
+    root: &Path,
+    file: &Path,
+    summary: Option<&ShardIndex>,
+    digest: LazyDigest,
+) -> Result<EpisodeEntry, String> {
+    let relative = file.strip_prefix(root).unwrap_or(file).to_string_lossy().replace('\\', "/");
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let scored = summary.and_then(|s| s.by_trace_file.get(&name).map(|&i| (&s.summary, &s.summary.episodes[i])));
+    if let Some((shard, e)) = scored {
+        return Ok(EpisodeEntry {
+            namespace: non_empty(&shard.namespace),
+            task: shard.task.clone(),
+            variant: shard.variant.clone(),
+            shard: shard.shard,
+            id: e.id.clone(),
+            outcome: e.outcome.clone(),
+            failure_class: e.failure_class.clone(),
+            metrics: metrics_map(&e.metrics),
+            from_summary: true,
+            trace: file.to_path_buf(),
+            relative,
+            started_unix_nanos: shard.started_unix_nanos,
+            digest,
+        });
+    }
+    let trace = digest.get(file).as_ref().map_err(Clone::clone)?;
+    Ok(EpisodeEntry {
+        namespace: non_empty(&trace.header.namespace),
+        task: trace.header.task.clone(),
+        variant: trace.header.variant.clone(),
+        shard: trace.header.shard,
+        id: trace.header.episode_id.clone(),
+        outcome: trace.outcome.clone(),
+        failure_class: trace.failure_class(),
+        metrics: trace.metrics(),
+        from_summary: false,
+        trace: file.to_path_buf(),
+        relative,
+        started_unix_nanos: trace.header.start_time_unix_nanos,
+        digest: digest.clone(),
+    })
 }
 
 fn non_empty(namespace: &str) -> String {

@@ -48,18 +48,19 @@ impl ClusterBy {
 /// An episode with its trace read (or why it could not be).
 pub struct Loaded<'a> {
     pub entry: &'a EpisodeEntry,
-    pub digest: Result<TraceDigest, String>,
+    pub digest: &'a Result<TraceDigest, String>,
 }
 
 impl<'a> Loaded<'a> {
+    /// Reads the trace unless the entry's digest was read before.
     pub fn load(entry: &'a EpisodeEntry) -> Self {
-        Loaded { entry, digest: TraceDigest::load(&entry.trace) }
+        Loaded { entry, digest: entry.digest() }
     }
 
     /// The episode's metrics plus `reward.<component>` scores from its trace.
     pub fn values(&self) -> BTreeMap<String, f64> {
         let mut values = self.entry.metrics.clone();
-        if let Ok(digest) = &self.digest {
+        if let Ok(digest) = self.digest {
             for (name, score, _) in digest.reward_components() {
                 values.insert(format!("reward.{name}"), score);
             }
@@ -194,7 +195,7 @@ fn step_stats(group: &[Loaded<'_>]) -> Vec<StepStat> {
     let mut stats: BTreeMap<u32, StepStat> = BTreeMap::new();
     let mut durations: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     for (i, loaded) in group.iter().enumerate() {
-        let Ok(digest) = &loaded.digest else { continue };
+        let Ok(digest) = loaded.digest else { continue };
         for step in &digest.steps {
             let stat = stats.entry(step.index).or_insert_with(|| StepStat { index: step.index, ..Default::default() });
             stat.episodes += 1;
@@ -387,7 +388,7 @@ fn hints(group: &[Loaded<'_>], values: &[BTreeMap<String, f64>], insights: &Insi
 pub fn reward_weight_hints(group: &[Loaded<'_>], values: &[BTreeMap<String, f64>], accuracy: &str) -> Vec<String> {
     let mut contributions: BTreeMap<String, (Vec<f64>, Vec<f64>, f64)> = BTreeMap::new();
     for (loaded, v) in group.iter().zip(values) {
-        let (Ok(digest), Some(&acc)) = (&loaded.digest, v.get(accuracy)) else { continue };
+        let (Ok(digest), Some(&acc)) = (loaded.digest, v.get(accuracy)) else { continue };
         for (name, score, weight) in digest.reward_components() {
             if weight < 0.0 {
                 let entry = contributions.entry(name).or_insert((Vec::new(), Vec::new(), weight));

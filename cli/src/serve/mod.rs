@@ -12,11 +12,14 @@
 //! mirrored into a local directory (`--cache`), refreshed every
 //! `--refresh` seconds, and served from there.
 //!
-//! Every request reads the directory afresh (a run still writing shows up
-//! as it lands). Nothing outside DIR is ever read: `/raw/` refuses `..`
-//! and any path whose real location (symlinks resolved) leaves DIR, and
-//! the scan skips traces that resolve outside it.
+//! Every request walks the directory afresh and reads what is new or
+//! changed since the last one (`cache`), so a run still writing shows up
+//! as it lands without a tree of thousands of traces being read again for
+//! every page. Nothing outside DIR is ever read: `/raw/` refuses `..` and
+//! any path whose real location (symlinks resolved) leaves DIR, and the
+//! walk skips traces and summaries that resolve outside it.
 
+pub mod cache;
 pub mod catalog;
 pub mod digest;
 pub mod episode;
@@ -37,6 +40,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
+use cache::CatalogCache;
 use catalog::Catalog;
 
 /// Serve reports and traces from a directory, read-only.
@@ -55,11 +59,24 @@ pub struct ServeArgs {
     /// For an s3:// DIR: seconds between refreshes of the mirror.
     #[arg(long, default_value_t = 30)]
     pub refresh: u64,
+    /// Read every trace again on every request instead of only what changed
+    /// (how serve worked before its catalog cache; the peer of `make bench-serve`).
+    #[arg(long, hide = true)]
+    pub rescan_every_request: bool,
 }
 
 struct Served {
     /// The directory, its symlinks resolved: everything served lies below it.
     root: PathBuf,
+    cache: CatalogCache,
+    rescan_every_request: bool,
+}
+
+impl Served {
+    /// The catalog as the directory is now.
+    fn catalog(&self) -> Arc<Catalog> {
+        if self.rescan_every_request { Arc::new(Catalog::scan(&self.root)) } else { self.cache.catalog() }
+    }
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
@@ -108,19 +125,21 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         println!("serving {} at http://{addr}/", root.display());
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        axum::serve(listener, router(root)).await.context("the server stopped")
+        let served =
+            Served { cache: CatalogCache::new(root.clone()), root, rescan_every_request: args.rescan_every_request };
+        axum::serve(listener, router(served)).await.context("the server stopped")
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn router(root: PathBuf) -> Router {
+fn router(served: Served) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/tasks/{namespace}/{task}", get(task))
         .route("/tasks/{namespace}/{task}/episodes/{variant}/{episode}", get(episode))
         .route("/raw/{*path}", get(raw))
         .fallback(|| async { not_found("no such page; start at /") })
-        .with_state(Arc::new(Served { root }))
+        .with_state(Arc::new(served))
 }
 
 fn not_found(what: &str) -> Response {
@@ -147,7 +166,7 @@ async fn blocking(work: impl FnOnce() -> Response + Send + 'static) -> Response 
 }
 
 async fn index(State(s): State<Arc<Served>>) -> Response {
-    blocking(move || Html(pages::index(&Catalog::scan(&s.root), &s.root.display().to_string())).into_response()).await
+    blocking(move || Html(pages::index(&s.catalog(), &s.root.display().to_string())).into_response()).await
 }
 
 async fn task(
@@ -155,7 +174,7 @@ async fn task(
     UrlPath((namespace, task)): UrlPath<(String, String)>,
     Query(query): Query<pages::TaskQuery>,
 ) -> Response {
-    blocking(move || match pages::task(&Catalog::scan(&s.root), &namespace, &task, &query) {
+    blocking(move || match pages::task(&s.catalog(), &namespace, &task, &query) {
         None => not_found(&format!("no task {namespace}/{task} under this directory")),
         Some(Err(problem)) => bad_request(&problem),
         Some(Ok(page)) => Html(page).into_response(),
@@ -167,7 +186,7 @@ async fn episode(
     State(s): State<Arc<Served>>,
     UrlPath((namespace, task, variant, episode)): UrlPath<(String, String, String, String)>,
 ) -> Response {
-    blocking(move || match pages::episode_page(&Catalog::scan(&s.root), &namespace, &task, &variant, &episode) {
+    blocking(move || match pages::episode_page(&s.catalog(), &namespace, &task, &variant, &episode) {
         None => not_found(&format!("no episode {variant}/{episode} in task {namespace}/{task}")),
         Some(page) => Html(page).into_response(),
     })
