@@ -21,6 +21,8 @@ pub mod network_policy;
 pub mod policy_server;
 pub mod security;
 
+use std::collections::BTreeMap;
+
 use basecamp_api::sandbox::SandboxConfigSpec;
 use basecamp_api::{ComputeCapabilityError, HarnessTask};
 use k8s_openapi::api::batch::v1::Job;
@@ -97,6 +99,10 @@ pub struct BuildInput<'a> {
     pub variants: Vec<ResolvedVariant>,
     /// The operator's settings.
     pub settings: &'a Settings,
+    /// The Services the endpoints' host names refer to, as the controller
+    /// found them (none found: host names open their port to any address;
+    /// see [`network_policy`]).
+    pub services: BTreeMap<network_policy::ServiceRef, network_policy::ServiceTarget>,
 }
 
 impl<'a> BuildInput<'a> {
@@ -109,7 +115,7 @@ impl<'a> BuildInput<'a> {
         let name = task.metadata.name.as_deref().ok_or(BuildError::MissingMetadata { field: "name" })?;
         let namespace = task.metadata.namespace.as_deref().ok_or(BuildError::MissingMetadata { field: "namespace" })?;
         let owner = task.controller_owner_ref(&()).ok_or(BuildError::MissingMetadata { field: "uid" })?;
-        Ok(Self { task, name, namespace, owner, variants, settings })
+        Ok(Self { task, name, namespace, owner, variants, settings, services: BTreeMap::new() })
     }
 }
 

@@ -8,18 +8,25 @@
 //! list means no ingress rule, never a rule without `from` (which would
 //! admit anyone).
 //!
-//! NetworkPolicy matches IP addresses, not host names. An endpoint given as
-//! an IP literal is allowed as that address (`/32` or `/128`) and port; one
-//! given as a host name opens its port (e.g. 443) to any address, which is
-//! the most a NetworkPolicy can say about a name. Loopback endpoints (a
-//! policy-server sidecar, the sandbox's own services) need no rule, and a
-//! tool URL whose host is a template placeholder is skipped.
+//! NetworkPolicy matches pods and IP addresses, not host names. An
+//! endpoint given as an IP literal is allowed as that address (`/32` or
+//! `/128`) and port. One that names a Kubernetes Service (`name`,
+//! `name.namespace`, `name.namespace.svc[.cluster.local]`) that the
+//! controller found ([`BuildInput::services`]) with a pod selector is
+//! allowed to that Service's pods on the port it forwards to (its
+//! `targetPort`: the policy is checked after the Service's address
+//! translation, so a rule for the Service port alone would block a Service
+//! whose `port` and `targetPort` differ). Any other host name opens its
+//! port (e.g. 443) to any address, which is the most a NetworkPolicy can
+//! say about a name. Loopback endpoints (a policy-server sidecar, the
+//! sandbox's own services) need no rule, and a tool URL whose host is a
+//! template placeholder is skipped.
 //!
 //! The trainer pod of a training task (`basecamp.dev/role=trainer`) is not
 //! selected: it runs the user's training code, which fetches base models
 //! and writes checkpoints wherever its configuration says.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use basecamp_api::task::SANDBOX_METRICS_PORT;
@@ -41,6 +48,91 @@ pub struct Endpoint {
     pub host: String,
     /// TCP port.
     pub port: u16,
+}
+
+/// A Service an endpoint's host name may refer to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// What the NetworkPolicy needs of a Service the controller found.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ServiceTarget {
+    /// `spec.selector`; empty for a Service without one (ExternalName, or
+    /// Endpoints managed by hand), which gets no pod rule.
+    pub selector: BTreeMap<String, String>,
+    /// Its TCP ports: `port` and the `targetPort` it forwards to (a number
+    /// or a container port's name).
+    pub ports: Vec<(i32, IntOrString)>,
+}
+
+impl ServiceTarget {
+    /// From a Service read from the API.
+    pub fn of(service: &k8s_openapi::api::core::v1::Service) -> Self {
+        let spec = service.spec.clone().unwrap_or_default();
+        let ports = spec
+            .ports
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p.protocol.as_deref().is_none_or(|protocol| protocol == "TCP"))
+            .map(|p| (p.port, p.target_port.unwrap_or(IntOrString::Int(p.port))))
+            .collect();
+        Self { selector: spec.selector.unwrap_or_default(), ports }
+    }
+
+    /// The egress rule to this Service's pods for a connection to `port`;
+    /// `None` when it selects no pods or has no such port.
+    fn rule(&self, service: &ServiceRef, port: u16) -> Option<NetworkPolicyEgressRule> {
+        if self.selector.is_empty() {
+            return None;
+        }
+        let (_, target) = self.ports.iter().find(|(p, _)| *p == i32::from(port))?;
+        let peer = NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([(NAMESPACE_NAME_LABEL.to_string(), service.namespace.clone())].into()),
+                match_expressions: None,
+            }),
+            pod_selector: Some(LabelSelector { match_labels: Some(self.selector.clone()), match_expressions: None }),
+            ip_block: None,
+        };
+        let ports =
+            vec![NetworkPolicyPort { port: Some(target.clone()), protocol: Some("TCP".into()), end_port: None }];
+        Some(NetworkPolicyEgressRule { to: Some(vec![peer]), ports: Some(ports) })
+    }
+}
+
+/// The label the API server puts on every namespace: its name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// The Service a host name refers to from a pod in `namespace`, by the
+/// cluster DNS's rules: `name`, `name.namespace`, `name.namespace.svc` and
+/// `name.namespace.svc.<cluster domain>`. `None` for IP literals and other
+/// names (`api.example.com`). A two-label name such as `example.com` is a
+/// candidate too; the lookup simply finds no Service.
+pub fn service_ref(host: &str, namespace: &str) -> Option<ServiceRef> {
+    if host.parse::<IpAddr>().is_ok() {
+        return None;
+    }
+    let labels: Vec<&str> = host.trim_end_matches('.').split('.').collect();
+    let (name, namespace) = match labels.as_slice() {
+        [name] => (*name, namespace),
+        [name, namespace] | [name, namespace, "svc", ..] => (*name, *namespace),
+        _ => return None,
+    };
+    let dns_label = |s: &str, first_digit_ok: bool| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+            && (first_digit_ok || !s.starts_with(|c: char| c.is_ascii_digit()))
+    };
+    (dns_label(name, false) && dns_label(namespace, true))
+        .then(|| ServiceRef { namespace: namespace.to_string(), name: name.to_string() })
 }
 
 /// Host and port of an `http(s)://` URL (default ports 80 and 443); `None`
@@ -136,14 +228,22 @@ fn ingress_rules(peers: &[NetworkPolicyPeer]) -> Option<Vec<NetworkPolicyIngress
 /// The NetworkPolicy.
 pub fn network_policy(input: &BuildInput<'_>) -> NetworkPolicy {
     let endpoints = endpoints(input);
-    // Host names open only their port; one rule per distinct port suffices.
+    // Host names that are not a found Service open only their port; one rule per distinct port suffices.
     let mut rules = vec![dns_rule()];
     let mut open_ports = BTreeSet::new();
     for endpoint in &endpoints {
         if endpoint.host.parse::<IpAddr>().is_ok() {
             rules.push(endpoint_rule(endpoint));
-        } else {
-            open_ports.insert(endpoint.port);
+            continue;
+        }
+        let service_rule = service_ref(&endpoint.host, input.namespace)
+            .and_then(|service| input.services.get(&service).and_then(|t| t.rule(&service, endpoint.port)));
+        match service_rule {
+            Some(rule) if !rules.contains(&rule) => rules.push(rule),
+            Some(_) => {}
+            None => {
+                open_ports.insert(endpoint.port);
+            }
         }
     }
     rules.extend(open_ports.into_iter().map(|port| NetworkPolicyEgressRule { to: None, ports: Some(vec![tcp(port)]) }));

@@ -316,6 +316,72 @@ fn the_network_policy_allows_dns_policy_tools_and_s3_only() {
 }
 
 #[test]
+fn a_host_name_that_is_a_found_service_allows_its_pods_on_the_target_port_only() {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use network_policy::{ServiceRef, ServiceTarget, service_ref};
+
+    let mut spec = base_spec();
+    spec["policy"]["endpoint"] = json!("http://vllm.models.svc.cluster.local:8000/v1");
+    let task = task(spec);
+    // MinIO (port 9000) is a Service in the task's own namespace, named by its short name.
+    let settings = Settings { s3_endpoint: Some("http://minio:9000".into()), ..Default::default() };
+    let sandbox = sandbox(json!({"tools": {
+        "track_order": {"http": {"url": "http://shop.team-a:8080/orders/{order_id}"}},
+        "refund": {"http": {"url": "https://payments.example.com/refund"}},
+    }}));
+    let vllm = ServiceRef { namespace: "models".into(), name: "vllm".into() };
+    let minio = ServiceRef { namespace: "team-a".into(), name: "minio".into() };
+    let shop = ServiceRef { namespace: "team-a".into(), name: "shop".into() };
+    assert_eq!(service_ref("vllm.models.svc.cluster.local", "team-a"), Some(vllm.clone()));
+    assert_eq!(service_ref("minio", "team-a"), Some(minio.clone()));
+    assert_eq!(service_ref("shop.team-a", "x"), Some(shop.clone()));
+    assert_eq!(service_ref("payments.example.com", "team-a"), None, "not a cluster DNS name");
+    assert_eq!(service_ref("10.0.0.7", "team-a"), None);
+    assert_eq!(service_ref("Bad_Name.team-a", "team-a"), None);
+    assert_eq!(service_ref("7up", "team-a"), None, "a Service name starts with a letter");
+
+    let target = |selector: &[(&str, &str)], ports: Vec<(i32, IntOrString)>| ServiceTarget {
+        selector: selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ports,
+    };
+    let egress_with = |services: Vec<(ServiceRef, ServiceTarget)>| {
+        let mut input = BuildInput::new(&task, vec![variant("default", sandbox.clone())], &settings).expect("input");
+        input.services = services.into_iter().collect();
+        to_json(&network_policy::network_policy(&input))["spec"]["egress"].as_array().expect("egress").clone()
+    };
+    let open_ports = |egress: &[Value]| -> Vec<i64> {
+        egress.iter().filter(|r| r["to"].is_null()).filter_map(|r| r["ports"][0]["port"].as_i64()).collect()
+    };
+
+    // No Service found (none exist, or the operator may not read them): every host name opens its port.
+    let unresolved = egress_with(vec![]);
+    assert_eq!(open_ports(&unresolved), [443, 8000, 8080, 9000]);
+
+    let resolved = egress_with(vec![
+        // Service port 8000 forwards to container port 8080: the rule names 8080, checked after translation.
+        (vllm.clone(), target(&[("app", "vllm")], vec![(8000, IntOrString::Int(8080))])),
+        // A named target port stays a name.
+        (minio.clone(), target(&[("app", "minio")], vec![(9000, IntOrString::String("s3".into()))])),
+        // A Service without a selector (Endpoints by hand) says nothing about pods.
+        (shop.clone(), target(&[], vec![(8080, IntOrString::Int(8080))])),
+    ]);
+    let to_pods = |namespace: &str, app: &str, port: Value| {
+        json!({
+            "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "podSelector": {"matchLabels": {"app": app}}}],
+            "ports": [{"port": port, "protocol": "TCP"}],
+        })
+    };
+    assert!(resolved.contains(&to_pods("models", "vllm", json!(8080))), "{resolved:#?}");
+    assert!(resolved.contains(&to_pods("team-a", "minio", json!("s3"))), "{resolved:#?}");
+    assert_eq!(open_ports(&resolved), [443, 8080], "the external host and the selector-less Service stay open");
+
+    // The URL's port is not one of the Service's: nothing narrower can be said.
+    let wrong_port = egress_with(vec![(vllm, target(&[("app", "vllm")], vec![(80, IntOrString::Int(8080))]))]);
+    assert_eq!(open_ports(&wrong_port), [443, 8000, 8080, 9000]);
+}
+
+#[test]
 fn the_network_policy_admits_the_metrics_peers_to_port_9464_only() {
     let task = task(base_spec());
     let peers: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer> = serde_json::from_value(json!([

@@ -1,15 +1,18 @@
 //! `dereference`: read what a task refers to — the SandboxConfigs its
 //! variants name and, when a sandbox asks for particular GPUs, the nodes
 //! (for the capacity check). A missing SandboxConfig is a value here (the
-//! validate step turns it into a clear condition), not an error.
+//! validate step turns it into a clear condition), not an error. And the
+//! Services the task's endpoints name ([`services`]), for the egress rules.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use basecamp_api::{HarnessTask, SandboxConfig};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
+
+use crate::build::network_policy::{ServiceRef, ServiceTarget};
 
 /// What a task refers to, as read from the API.
 #[derive(Debug, Clone, Default)]
@@ -96,4 +99,30 @@ pub async fn dereference(
         }
     }
     Ok(world)
+}
+
+/// Reads the Services that the task's endpoint host names may refer to
+/// (`build::network_policy::service_ref`). One that does not exist, or that
+/// the operator may not read (a namespace it does not watch), is left out,
+/// and its host name then opens its port to any address, as it would
+/// without this lookup: the rule gets narrower when the Service is known,
+/// never absent.
+pub async fn services(client: &Client, candidates: BTreeSet<ServiceRef>) -> BTreeMap<ServiceRef, ServiceTarget> {
+    let mut found = BTreeMap::new();
+    for service in candidates {
+        let api: Api<Service> = Api::namespaced(client.clone(), &service.namespace);
+        match api.get_opt(&service.name).await {
+            Ok(Some(object)) => {
+                found.insert(service, ServiceTarget::of(&object));
+            }
+            Ok(None) => {}
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                tracing::debug!(namespace = %service.namespace, name = %service.name, "may not read the Service; its port stays open to any address");
+            }
+            Err(error) => {
+                tracing::warn!(namespace = %service.namespace, name = %service.name, %error, "cannot read the Service; its port stays open to any address");
+            }
+        }
+    }
+    found
 }

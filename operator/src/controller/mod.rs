@@ -44,7 +44,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::build::{self, BuildError, BuildInput, ResolvedVariant};
+use crate::build::{self, BuildError, BuildInput, ResolvedVariant, network_policy};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use apply::AppliedJob;
@@ -209,7 +209,12 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         Verdict::Invalid(report) => return reject(task, ctx, &report).await,
     };
     let capacity_problem = capacity_problem(&world, &variants);
-    let input = BuildInput::new(task, variants, &ctx.settings)?;
+    let mut input = BuildInput::new(task, variants, &ctx.settings)?;
+    let candidates = network_policy::endpoints(&input)
+        .iter()
+        .filter_map(|endpoint| network_policy::service_ref(&endpoint.host, input.namespace))
+        .collect();
+    input.services = dereference::services(&ctx.client, candidates).await;
     let desired = build::build(&input)?;
     let namespace = task.namespace().unwrap_or_default();
     let applied =
