@@ -1,8 +1,21 @@
-//! `basecamp trace cleanup`: a dry run by default, and only old `.trace` files ever go.
+//! `basecamp trace cleanup`: a dry run by default, and only old `.trace`
+//! files ever go, locally and on S3. S3 is the real test server (s3s-fs on
+//! 127.0.0.1, `support/s3.rs`), which gives a file's modification time as
+//! its object's `LastModified`, so an object is aged by aging its file. A
+//! key refused in a `DeleteObjects` answer (which s3s-fs never does) comes
+//! from a small stand-in server.
+
+#[path = "support/s3.rs"]
+mod s3;
 
 use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, SystemTime};
+
+use s3::{BUCKET, S3Server, basecamp_with_s3};
 
 fn basecamp(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
@@ -65,4 +78,204 @@ fn only_old_traces_go_and_only_with_delete() {
     let out = basecamp(&["trace", "cleanup", &r, "--older-than", "7 days"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown unit"));
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The same tree as the local test, as objects under `runs/` of the test
+/// bucket (s3s-fs stores a key as a path), plus one old trace elsewhere.
+fn seed_bucket(data: &Path) {
+    let bucket = data.join(BUCKET);
+    write_aged(&bucket.join("runs/2026/01/a/ep-1.trace"), 100, 30);
+    write_aged(&bucket.join("runs/2026/01/a/ep-2.trace"), 50, 10);
+    write_aged(&bucket.join("runs/2026/01/a/ep-3.trace"), 70, 1);
+    write_aged(&bucket.join("runs/2026/01/a/summary.json"), 10, 30);
+    write_aged(&bucket.join("runs/2026/01/a/index.json"), 10, 30);
+    write_aged(&bucket.join("runs/checkpoints/step-1200.safetensors"), 10, 30);
+    write_aged(&bucket.join("runs/2026/01/a/ep-1.rollback_trace.json"), 10, 30);
+    write_aged(&bucket.join("other/ep-9.trace"), 30, 20);
+}
+
+#[test]
+fn s3_prefixes_and_keys_lose_only_their_old_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    seed_bucket(&data);
+    let local = dir.path().join("local");
+    write_aged(&local.join("ep-old.trace"), 7, 30);
+    write_aged(&local.join("ep-new.trace"), 8, 0);
+    let server = S3Server::start(&data);
+    let bucket = data.join(BUCKET);
+    let prefix = format!("s3://{BUCKET}/runs");
+    let l = local.display().to_string();
+
+    // A dry run: the same lines and summary as for local files, nothing deleted.
+    let out = server.basecamp(&["trace", "cleanup", &prefix, "--older-than", "7d"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!(
+            "would delete {prefix}/2026/01/a/ep-1.trace (100 bytes)\nwould delete {prefix}/2026/01/a/ep-2.trace (50 bytes)\n\
+             dry run: would delete 2 traces, 150 bytes; 1 newer traces kept; add --delete to delete\n"
+        )
+    );
+    assert!(bucket.join("runs/2026/01/a/ep-1.trace").exists(), "a dry run deletes nothing");
+
+    // Local and S3 in one run, in argument order; one object named by its key.
+    let key = format!("s3://{BUCKET}/other/ep-9.trace");
+    let out = server.basecamp(&["trace", "cleanup", &l, &key, "--older-than", "7d"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!(
+            "would delete {l}/ep-old.trace (7 bytes)\nwould delete {key} (30 bytes)\n\
+             dry run: would delete 2 traces, 37 bytes; 1 newer traces kept; add --delete to delete\n"
+        )
+    );
+
+    // --delete: exactly the old traces go, under the prefix and named directly.
+    let out = server.basecamp(&["trace", "cleanup", &prefix, &l, &key, "--older-than", "7d", "--delete"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!(
+            "deleted {prefix}/2026/01/a/ep-1.trace (100 bytes)\ndeleted {prefix}/2026/01/a/ep-2.trace (50 bytes)\n\
+             deleted {l}/ep-old.trace (7 bytes)\ndeleted {key} (30 bytes)\n\
+             deleted 4 traces, 187 bytes; 2 newer traces kept\n"
+        )
+    );
+    for gone in ["runs/2026/01/a/ep-1.trace", "runs/2026/01/a/ep-2.trace", "other/ep-9.trace"] {
+        assert!(!bucket.join(gone).exists(), "{gone} was not deleted");
+    }
+    assert!(!local.join("ep-old.trace").exists());
+    assert!(local.join("ep-new.trace").exists());
+    for kept in [
+        "runs/2026/01/a/ep-3.trace",
+        "runs/2026/01/a/summary.json",
+        "runs/2026/01/a/index.json",
+        "runs/checkpoints/step-1200.safetensors",
+        "runs/2026/01/a/ep-1.rollback_trace.json",
+    ] {
+        assert!(bucket.join(kept).exists(), "{kept} was deleted");
+    }
+
+    // Run again: nothing old is left.
+    let out = server.basecamp(&["trace", "cleanup", &prefix, "--older-than", "7d", "--delete"], dir.path());
+    assert_eq!(text(&out.stdout), "deleted 0 traces, 0 bytes; 1 newer traces kept\n");
+
+    // A trace key that is not there, and a prefix without traces.
+    let out = server.basecamp(&["trace", "cleanup", &key, "--older-than", "7d"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), format!("error: {key}: no such object\n"));
+    let out =
+        server.basecamp(&["trace", "cleanup", &format!("s3://{BUCKET}/nothing"), "--older-than", "7d"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), format!("note: s3://{BUCKET}/nothing: no .trace objects under this prefix\n"));
+}
+
+#[test]
+fn an_unreachable_endpoint_is_named_and_nothing_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("local");
+    write_aged(&local.join("ep-old.trace"), 7, 30);
+    let prefix = format!("s3://{BUCKET}/runs");
+    let port = basecamp_sandbox::testing::free_port();
+    let l = local.display().to_string();
+    let out = basecamp_with_s3(port, &["trace", "cleanup", &l, &prefix, "--older-than", "7d", "--delete"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr), format!("error: failed to list {prefix}: connection refused (after 4 attempts)\n"));
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    assert!(local.join("ep-old.trace").exists(), "nothing is deleted when a location cannot be read");
+}
+
+/// A stand-in for S3 that lists three old traces under `runs/` and, asked
+/// to delete them, refuses `runs/denied.trace` in its answer (as S3 does
+/// for a key a policy protects) and deletes the others.
+fn start_refusing_s3() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || answer_requests(stream));
+        }
+    });
+    port
+}
+
+fn answer_requests(stream: TcpStream) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut length = 0usize;
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body).unwrap();
+        let answer = if request_line.starts_with("GET") {
+            let contents: String = ["ep-1", "denied", "ep-2"]
+                .iter()
+                .map(|name| {
+                    format!(
+                        "<Contents><Key>runs/{name}.trace</Key><LastModified>2020-01-01T00:00:00.000Z</LastModified>\
+                         <Size>10</Size></Contents>"
+                    )
+                })
+                .collect();
+            format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>{BUCKET}</Name><Prefix>runs/</Prefix>\
+                 <KeyCount>3</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>{contents}</ListBucketResult>"
+            )
+        } else {
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><DeleteResult><Error><Key>runs/denied.trace</Key>\
+             <Code>AccessDenied</Code><Message>Access Denied</Message></Error></DeleteResult>"
+                .to_string()
+        };
+        let head =
+            format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
+        if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_key_s3_refuses_to_delete_is_named_and_the_others_still_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = start_refusing_s3();
+    let prefix = format!("s3://{BUCKET}/runs");
+    let out = basecamp_with_s3(port, &["trace", "cleanup", &prefix, "--older-than", "7d", "--delete"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!(
+            "deleted {prefix}/ep-1.trace (10 bytes)\ndeleted {prefix}/ep-2.trace (10 bytes)\n\
+             deleted 2 traces, 20 bytes; 0 newer traces kept\n"
+        )
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "error: failed to delete {prefix}/denied.trace: AccessDenied: Access Denied (after 1 attempt); check"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.ends_with("error: 1 traces could not be deleted\n"), "{stderr}");
 }

@@ -1,24 +1,40 @@
 //! `basecamp trace cleanup PATHS... --older-than 7d [--delete]`: removes old
-//! traces. A dry run by default: it lists what would go and sums it up;
-//! `--delete` deletes. Only files whose names end in `.trace` are ever
-//! considered — checkpoints, `summary.json`, `index.json`, rollback traces
-//! and anything else stay, even when named explicitly or matched by a glob.
+//! traces from local directories and from S3. A dry run by default: it lists
+//! what would go and sums it up; `--delete` deletes. Only files and objects
+//! whose names end in `.trace` are ever considered — checkpoints,
+//! `summary.json`, `index.json`, rollback traces and anything else stay, even
+//! when named explicitly or matched by a glob.
+//!
+//! A local file's age is its modification time; an S3 object's, its
+//! `LastModified`. `s3://BUCKET/PREFIX` takes every `*.trace` object under
+//! the prefix (one listing), `s3://BUCKET/KEY.trace` that one object (one
+//! HEAD). S3 goes through the sandbox's storage client (`AWS_ENDPOINT_URL_S3`,
+//! the standard credential chain, retries), which deletes 1,000 keys a
+//! request and reports each key that did not go. Everything is found before
+//! anything is deleted, so a location that cannot be read stops the command
+//! with nothing deleted; a trace that cannot be deleted is named with the
+//! cause, the others still go, and the exit code is 1.
 
+use std::collections::HashSet;
 use std::fs;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
+use basecamp_sandbox::storage::{Destination, ObjectInfo, Storage, StorageConfig};
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
 use clap::Args;
 
 #[derive(Args)]
+#[command(after_help = "S3: s3://BUCKET/PREFIX takes every *.trace object under the prefix, \
+    s3://BUCKET/KEY.trace one object; the endpoint and credentials come from AWS_ENDPOINT_URL_S3 \
+    and the standard AWS chain. Keys are deleted 1,000 a request; each one that fails is named.")]
 pub struct CleanupArgs {
-    /// Directories (searched recursively for *.trace), trace files or glob patterns.
+    /// Directories (searched recursively for *.trace), trace files, glob patterns,
+    /// s3://BUCKET/PREFIX (every *.trace object under it) or s3://BUCKET/KEY.trace.
     #[arg(required = true)]
     paths: Vec<String>,
-    /// Age above which a trace goes, by modification time: 90s, 30m, 12h, 7d, 2w.
+    /// Age above which a trace goes, by modification time (S3: LastModified): 90s, 30m, 12h, 7d, 2w.
     #[arg(long, value_name = "AGE", value_parser = parse_age)]
     older_than: Duration,
     /// Delete (without it, only report what would be deleted).
@@ -42,54 +58,150 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(n.saturating_mul(seconds)))
 }
 
-pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
-    let files = expand_inputs(&args.paths, TRACE_SUFFIX)?;
-    let now = SystemTime::now();
-    let (mut kept_other, mut young) = (0usize, 0usize);
-    let mut old: Vec<(PathBuf, u64)> = Vec::new();
-    for file in files {
-        if !file.file_name().is_some_and(|n| n.to_string_lossy().ends_with(TRACE_SUFFIX)) {
-            kept_other += 1;
-            continue;
+/// A trace old enough to go.
+struct OldTrace {
+    /// How output names it: the path, or the `s3://` URL.
+    name: String,
+    location: Destination,
+    size: u64,
+}
+
+/// What the arguments found, before anything is deleted.
+#[derive(Default)]
+struct Plan {
+    old: Vec<OldTrace>,
+    young: usize,
+    /// Files matched by a glob or named directly that are not traces.
+    kept_other: usize,
+    seen: HashSet<String>,
+}
+
+impl Plan {
+    /// Sorts one found file or object by name and age; each name counts once.
+    fn consider(&mut self, object: ObjectInfo, now: SystemTime, older_than: Duration) -> anyhow::Result<()> {
+        let name = object.location.to_string();
+        if !self.seen.insert(name.clone()) {
+            return Ok(());
         }
-        let meta = fs::metadata(&file).with_context(|| format!("{}: cannot read its age", file.display()))?;
-        let age =
-            now.duration_since(meta.modified().with_context(|| format!("{}: no modification time", file.display()))?);
-        if age.is_ok_and(|age| age > args.older_than) {
-            old.push((file, meta.len()));
+        if !name.ends_with(TRACE_SUFFIX) {
+            self.kept_other += 1;
+            return Ok(());
+        }
+        let Some(modified) = object.last_modified else { bail!("{name}: no modification time, so its age is unknown") };
+        if now.duration_since(modified).is_ok_and(|age| age > older_than) {
+            self.old.push(OldTrace { name, location: object.location, size: object.size });
         } else {
-            young += 1;
+            self.young += 1;
         }
+        Ok(())
     }
-    let bytes: u64 = old.iter().map(|(_, b)| b).sum();
-    let mut failed = 0usize;
-    for (file, size) in &old {
-        if args.delete {
-            match fs::remove_file(file) {
-                Ok(()) => println!("deleted {} ({size} bytes)", file.display()),
-                Err(e) => {
-                    failed += 1;
-                    eprintln!("error: {}: cannot delete: {e}", file.display());
-                }
+}
+
+pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
+    let now = SystemTime::now();
+    let mut plan = Plan::default();
+    let mut s3: Option<(tokio::runtime::Runtime, Storage)> = None;
+    for arg in &args.paths {
+        if arg.starts_with("s3://") {
+            let (runtime, storage) = match &mut s3 {
+                Some(client) => client,
+                None => s3.insert(s3_client()?),
+            };
+            for object in find_s3(runtime, storage, arg)? {
+                plan.consider(object, now, args.older_than)?;
             }
         } else {
-            println!("would delete {} ({size} bytes)", file.display());
+            for file in expand_inputs(std::slice::from_ref(arg), TRACE_SUFFIX)? {
+                let meta = fs::metadata(&file).with_context(|| format!("{}: cannot read its age", file.display()))?;
+                let object = ObjectInfo {
+                    relative: String::new(),
+                    size: meta.len(),
+                    last_modified: Some(
+                        meta.modified().with_context(|| format!("{}: no modification time", file.display()))?,
+                    ),
+                    location: Destination::Local(file),
+                };
+                plan.consider(object, now, args.older_than)?;
+            }
         }
     }
+    let Plan { old, young, kept_other, .. } = plan;
     let note =
         if kept_other > 0 { format!("; {kept_other} files that are not .trace left alone") } else { String::new() };
-    if args.delete {
-        println!("deleted {} traces, {} bytes; {young} newer traces kept{note}", old.len() - failed, bytes);
-    } else {
+    if !args.delete {
+        for trace in &old {
+            println!("would delete {} ({} bytes)", trace.name, trace.size);
+        }
+        let bytes: u64 = old.iter().map(|t| t.size).sum();
         println!(
             "dry run: would delete {} traces, {bytes} bytes; {young} newer traces kept{note}; add --delete to delete",
             old.len()
         );
+        return Ok(ExitCode::SUCCESS);
     }
+
+    // S3 objects go in one call (1,000 keys a request); its results come
+    // back in order, so they pair up with the S3 traces as listed.
+    let on_s3: Vec<Destination> = old.iter().filter(|t| t.location.is_s3()).map(|t| t.location.clone()).collect();
+    let mut s3_results = match (&s3, on_s3.is_empty()) {
+        (Some((runtime, storage)), false) => runtime.block_on(storage.delete_objects(&on_s3)),
+        _ => Vec::new(),
+    }
+    .into_iter();
+    let (mut deleted, mut bytes, mut failed) = (0usize, 0u64, 0usize);
+    for trace in &old {
+        let result = match &trace.location {
+            Destination::Local(path) => {
+                fs::remove_file(path).map_err(|e| format!("{}: cannot delete: {e}", path.display()))
+            }
+            Destination::S3(_) => match s3_results.next() {
+                Some(deletion) => deletion.result.map_err(|e| e.to_string()),
+                None => Err(format!("{}: cannot delete: the storage client gave no result", trace.name)),
+            },
+        };
+        match result {
+            Ok(()) => {
+                deleted += 1;
+                bytes += trace.size;
+                println!("deleted {} ({} bytes)", trace.name, trace.size);
+            }
+            Err(message) => {
+                failed += 1;
+                eprintln!("error: {message}");
+            }
+        }
+    }
+    println!("deleted {deleted} traces, {bytes} bytes; {young} newer traces kept{note}");
     if failed > 0 {
         bail!("{failed} traces could not be deleted");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the S3 client's runtime")?;
+    Ok((runtime, Storage::new(StorageConfig::from_env())))
+}
+
+/// `s3://B/KEY.trace` is one object (one HEAD); anything else is a prefix,
+/// listed whole, of which only `*.trace` objects count (as in a directory).
+fn find_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> anyhow::Result<Vec<ObjectInfo>> {
+    let location = Destination::parse(arg.trim_end_matches('/'))?;
+    if arg.ends_with(TRACE_SUFFIX) {
+        return match runtime.block_on(storage.stat(&location))? {
+            Some(object) => Ok(vec![object]),
+            None => bail!("{arg}: no such object"),
+        };
+    }
+    let objects: Vec<ObjectInfo> =
+        runtime.block_on(storage.list(&location))?.into_iter().filter(|o| o.relative.ends_with(TRACE_SUFFIX)).collect();
+    if objects.is_empty() {
+        eprintln!("note: {arg}: no .trace objects under this prefix");
+    }
+    Ok(objects)
 }
 
 #[cfg(test)]
@@ -104,5 +216,33 @@ mod tests {
         assert!(parse_age("7").unwrap_err().contains("unknown unit"));
         assert!(parse_age("d").unwrap_err().contains("not an age"));
         assert!(parse_age("7 days").is_err());
+    }
+
+    fn found(name: &str, size: u64, days_old: u64) -> ObjectInfo {
+        ObjectInfo {
+            location: Destination::parse(name).expect("a valid location"),
+            relative: String::new(),
+            size,
+            last_modified: Some(SystemTime::now() - Duration::from_secs(days_old * 86_400)),
+        }
+    }
+
+    #[test]
+    fn a_plan_counts_each_name_once_and_keeps_what_is_not_a_trace() {
+        let (now, week) = (SystemTime::now(), Duration::from_secs(7 * 86_400));
+        let mut plan = Plan::default();
+        for object in [
+            found("s3://bkt/runs/ep-1.trace", 10, 30),
+            found("s3://bkt/runs/ep-1.trace", 10, 30),
+            found("s3://bkt/runs/ep-2.trace", 20, 1),
+            found("s3://bkt/runs/summary.json", 5, 30),
+        ] {
+            plan.consider(object, now, week).expect("has an age");
+        }
+        let old: Vec<&str> = plan.old.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!((old, plan.young, plan.kept_other), (vec!["s3://bkt/runs/ep-1.trace"], 1, 1));
+        let ageless = ObjectInfo { last_modified: None, ..found("s3://bkt/runs/ep-3.trace", 1, 0) };
+        let err = plan.consider(ageless, now, week).expect_err("no age");
+        assert!(err.to_string().starts_with("s3://bkt/runs/ep-3.trace: no modification time"), "{err}");
     }
 }
