@@ -195,3 +195,36 @@ fn the_raw_logits_example_reduces_logits_to_top_k_records_and_a_divergence() {
         }
     }
 }
+
+#[test]
+fn a_rerun_into_the_same_directory_replaces_the_earlier_shards() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let out = tempfile::tempdir().unwrap();
+    let run = |shards: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", example.to_str().unwrap(), "--no-progress", "--shards", shards])
+            .args(["--out", out.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    run("2");
+    let variant_dir = out.path().join("default");
+    assert!(variant_dir.join("shard-1/summary.json").is_file());
+    assert_eq!(traces_under(out.path()).len(), 5);
+    // Something of the user's in a shard directory is not the run's to remove.
+    std::fs::write(variant_dir.join("shard-1/notes.txt"), "mine").unwrap();
+
+    let stderr = run("1");
+    assert!(stderr.contains(&format!("replacing an earlier run in {}", variant_dir.display())), "{stderr}");
+    // Before: the first run's shard-1 stayed, so its traces and summary were
+    // counted again (7 traces of 5 episodes, shard summaries of two runs).
+    assert_eq!(traces_under(out.path()).len(), 5);
+    assert!(!variant_dir.join("shard-1/summary.json").exists());
+    assert_eq!(std::fs::read_to_string(variant_dir.join("shard-1/notes.txt")).unwrap(), "mine");
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(variant_dir.join("shard-0/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["shard_count"], 1);
+    assert_eq!(summary["episodes"].as_array().unwrap().len(), 5);
+}

@@ -8,6 +8,10 @@
 //! aggregates, success criteria, A/B deltas and root-cause hints read back
 //! from the traces -> `run.json` and `report.html` in the run directory.
 //!
+//! A run into a directory that holds an earlier run of the same variants
+//! replaces it: the earlier shards' traces and summaries are removed once
+//! everything is set up, just before the first episode.
+//!
 //! Ctrl-C stops starting episodes and cuts off the running ones; their
 //! traces stay readable, every shard still writes its `summary.json`, and
 //! the summary table shows what finished.
@@ -156,6 +160,19 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
         }
     }
 
+    // Everything is set up: only now replace what an earlier run left in
+    // these variants' directories, so its traces and shard summaries are not
+    // read as part of this run (e.g. its shard-1 after a rerun with --shards 1).
+    for variant in &variants {
+        let removed = remove_previous_shards(&out_root.join(&variant.name))?;
+        if removed > 0 {
+            eprintln!(
+                "replacing an earlier run in {}: removed {removed} file(s) of its shards",
+                out_root.join(&variant.name).display()
+            );
+        }
+    }
+
     // Ctrl-C while waiting goes straight to the summaries: every episode not started.
     tokio::select! {
         ready = basecamp_sandbox::readiness::wait_for_policy_server(&task.spec.policy) => { ready?; }
@@ -191,6 +208,44 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     summary.write(&out_root)?;
     report::write(&summary, &out_root)?;
     Ok(summary)
+}
+
+/// Removes the files a run writes into `variant_dir/shard-<i>/` (traces,
+/// rollback traces, `summary.json`), and each shard directory left empty;
+/// anything else is left where it is. Returns how many files went.
+fn remove_previous_shards(variant_dir: &Path) -> Result<usize> {
+    let entries = match std::fs::read_dir(variant_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e).with_context(|| format!("cannot list {}", variant_dir.display())),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("cannot list {}", variant_dir.display()))?;
+        let name = entry.file_name();
+        let is_shard = name.to_str().and_then(|n| n.strip_prefix("shard-")).is_some_and(|i| i.parse::<u32>().is_ok());
+        if !is_shard || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let shard_dir = entry.path();
+        for file in std::fs::read_dir(&shard_dir).with_context(|| format!("cannot list {}", shard_dir.display()))? {
+            let file = file.with_context(|| format!("cannot list {}", shard_dir.display()))?;
+            let name = file.file_name();
+            let written_by_a_run = name.to_str().is_some_and(|n| {
+                n == basecamp_sandbox::driver::SUMMARY_FILE
+                    || n.ends_with(".trace")
+                    || n.ends_with(".rollback_trace.json")
+            });
+            if written_by_a_run && file.file_type().is_ok_and(|t| t.is_file()) {
+                std::fs::remove_file(file.path())
+                    .with_context(|| format!("cannot remove {} of an earlier run", file.path().display()))?;
+                removed += 1;
+            }
+        }
+        // Only succeeds when nothing else is in it.
+        let _ = std::fs::remove_dir(&shard_dir);
+    }
+    Ok(removed)
 }
 
 fn progress_bar(total: u64, hidden: bool) -> ProgressBar {
