@@ -316,6 +316,9 @@ fn the_report_finds_a_reward_weight_that_fights_accuracy() {
     assert!(html.contains("in 4 of 4 failed episodes <code>track_order</code> failed first (timeout x4)"));
     // Three groups: shop/a, shop/b, and the traces-only shop-replay/a.
     assert!(stdout.contains("in 3 task variant(s)"), "{stdout}");
+    // Each episode names its file as found (an s3:// input names the object: tests/serve.rs).
+    let file = fixtures::shard_dir(dir.path(), fixtures::TASK, "a").join("ep-003.trace");
+    assert!(html.contains(&format!("file <code>{}</code>", file.display())), "the episode names its file");
 
     // Files named directly still find the summary next to them.
     let dir_a = fixtures::shard_dir(dir.path(), fixtures::TASK, "a");

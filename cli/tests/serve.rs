@@ -307,3 +307,34 @@ fn an_s3_prefix_is_mirrored_served_and_refreshed() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn a_report_of_an_s3_prefix_names_the_objects_not_its_deleted_copy() {
+    let staging = tempfile::tempdir().unwrap();
+    write_run(staging.path());
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("s3");
+    let prefix = data.join("runs/traces");
+    let a = shard_dir(staging.path(), TASK, "a");
+    copy_tree(&a, &prefix.join(a.strip_prefix(staging.path()).unwrap()));
+    std::fs::write(prefix.join("junk.trace"), b"not a trace").unwrap();
+    let s3 = S3Server::start(&data);
+
+    let out = tempfile::tempdir().unwrap();
+    let report = out.path().join("r.html");
+    let result = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "report", "s3://runs/traces/", "-o", report.to_str().unwrap()])
+        .envs(s3.env())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "{stderr}");
+    let html = std::fs::read_to_string(&report).unwrap();
+    let object = format!("s3://runs/traces/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-003.trace");
+    assert!(html.contains(&format!("file <code>{object}</code>")), "the episode names its object");
+    // The problem with the unreadable object names it too, in the page and on stderr.
+    assert!(html.contains("s3://runs/traces/junk.trace: "), "{html}");
+    assert!(stderr.contains("warning: s3://runs/traces/junk.trace: "), "{stderr}");
+    let temp = std::env::temp_dir().join("basecamp-report-");
+    assert!(!html.contains(temp.to_str().unwrap()), "no path into the deleted copy");
+}

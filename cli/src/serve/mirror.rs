@@ -51,6 +51,20 @@ impl Mirror {
         Ok(Mirror { storage: Storage::new(StorageConfig::from_env()), prefix, dir })
     }
 
+    /// The prefix mirrored, as its `s3://` URL.
+    pub fn url(&self) -> String {
+        self.prefix.to_string()
+    }
+
+    /// The `s3://` URL of the object mirrored at `relative` (`/`-separated, under [`Self::dir`]).
+    pub fn url_of(&self, relative: &str) -> String {
+        match self.prefix.join(relative) {
+            Ok(object) => object.to_string(),
+            // Not a key this mirror would have written; named as it is.
+            Err(_) => format!("{}/{relative}", self.url().trim_end_matches('/')),
+        }
+    }
+
     pub async fn sync(&self) -> Result<Synced> {
         let objects = self.storage.list(&self.prefix).await.with_context(|| format!("cannot list {}", self.prefix))?;
         let mut synced = Synced::default();

@@ -6,12 +6,13 @@
 //!
 //! PATHS are trace files, directories (a `basecamp run` output), globs, or
 //! `s3://BUCKET/PREFIX` (its traces and summaries are fetched into a
-//! temporary directory first).
+//! temporary directory first, deleted when the report is written; the
+//! report names those traces by their `s3://` URLs).
 //! Episode metrics come from the shard `summary.json` next to the traces
 //! when there is one, else from what each trace holds.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -40,20 +41,47 @@ pub struct ReportArgs {
 pub fn run(args: &ReportArgs) -> Result<ExitCode> {
     let mut fetched = Vec::new();
     let result = report(args, &mut fetched);
-    for dir in fetched {
-        let _ = std::fs::remove_dir_all(dir);
+    for copy in fetched {
+        let _ = std::fs::remove_dir_all(copy.mirror.dir);
     }
     result
 }
 
+/// An `s3://` input's temporary local copy.
+struct Fetched {
+    mirror: Mirror,
+}
+
+impl Fetched {
+    /// The object's URL when `path` lies in this copy.
+    fn url_of(&self, path: &Path) -> Option<String> {
+        let relative = path.strip_prefix(&self.mirror.dir).ok()?;
+        let relative: Vec<String> =
+            relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        Some(self.mirror.url_of(&relative.join("/")))
+    }
+
+    /// `text` (a message) with the copy's paths replaced by the objects' URLs.
+    fn rename_in(&self, text: &str) -> String {
+        let local = format!("{}/", self.mirror.dir.display());
+        text.replace(&local, &format!("{}/", self.mirror.url().trim_end_matches('/')))
+    }
+}
+
+/// Names what lies in the temporary copies by `s3://` URLs: the copies are
+/// deleted once the report is written, the objects stay.
+fn s3_names(fetched: &[Fetched], text: &str) -> String {
+    fetched.iter().fold(text.to_string(), |text, copy| copy.rename_in(&text))
+}
+
 /// Mirrors an `s3://` input into a new temporary directory (recorded in `fetched`).
-fn local_input(input: &str, fetched: &mut Vec<PathBuf>) -> Result<String> {
+fn local_input(input: &str, fetched: &mut Vec<Fetched>) -> Result<String> {
     if !input.starts_with("s3://") {
         return Ok(input.to_string());
     }
     let dir = std::env::temp_dir().join(format!("basecamp-report-{}-{}", std::process::id(), fetched.len()));
-    fetched.push(dir.clone());
-    let mirror = Mirror::new(input, dir.clone())?;
+    fetched.push(Fetched { mirror: Mirror::new(input, dir.clone())? });
+    let mirror = &fetched.last().expect("just pushed").mirror;
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
     let synced = runtime.block_on(mirror.sync())?;
@@ -66,9 +94,17 @@ fn local_input(input: &str, fetched: &mut Vec<PathBuf>) -> Result<String> {
     Ok(dir.display().to_string())
 }
 
-fn report(args: &ReportArgs, fetched: &mut Vec<PathBuf>) -> Result<ExitCode> {
+fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     let inputs = args.paths.iter().map(|p| local_input(p, fetched)).collect::<Result<Vec<_>>>()?;
-    let catalog = Catalog::from_inputs(&inputs)?;
+    let mut catalog = Catalog::from_inputs(&inputs)?;
+    for entry in &mut catalog.episodes {
+        if let Some(url) = fetched.iter().find_map(|copy| copy.url_of(&entry.trace)) {
+            entry.relative = url;
+        }
+    }
+    for problem in &mut catalog.problems {
+        *problem = s3_names(fetched, problem);
+    }
     if catalog.episodes.is_empty() {
         let why =
             if catalog.problems.is_empty() { String::new() } else { format!(": {}", catalog.problems.join("; ")) };
@@ -96,8 +132,14 @@ fn report(args: &ReportArgs, fetched: &mut Vec<PathBuf>) -> Result<ExitCode> {
     }
     let mut rendered = Vec::new();
     for (namespace, task, variant, entries, loaded) in &loaded_groups {
-        let insights = compute(loaded, &args.metric, args.cluster_by);
-        let traces = entries.iter().map(|e| basecamp_trace::read_trace(&e.trace).map_err(|e| e.to_string())).collect();
+        let mut insights = compute(loaded, &args.metric, args.cluster_by);
+        for unreadable in &mut insights.unreadable {
+            *unreadable = s3_names(fetched, unreadable);
+        }
+        let traces = entries
+            .iter()
+            .map(|e| basecamp_trace::read_trace(&e.trace).map_err(|e| s3_names(fetched, &e.to_string())))
+            .collect();
         rendered.push(Group { namespace, task, variant, entries: entries.clone(), insights, traces });
     }
     let html = render(&rendered, &args.paths, &catalog.problems);
