@@ -741,6 +741,9 @@ impl RefusingDeleteServer {
     }
 }
 
+/// What [`RefusingDeleteServer`] lists under any prefix.
+const PREFIX_LISTING: [&str; 3] = ["runs/ep-1.trace", "runs/denied.trace", "runs/ep-2.trace"];
+
 fn serve_deletes(stream: std::net::TcpStream, seen: &std::sync::Mutex<Vec<Vec<String>>>) {
     use std::io::{BufRead, Read, Write};
     let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone the stream"));
@@ -767,6 +770,28 @@ fn serve_deletes(stream: std::net::TcpStream, seen: &std::sync::Mutex<Vec<Vec<St
         }
         let mut body = vec![0u8; length];
         reader.read_exact(&mut body).expect("read the body");
+        if line.starts_with("GET") {
+            // A listing (for delete_prefix): the keys of PREFIX_LISTING, all recent.
+            let contents: String = PREFIX_LISTING
+                .iter()
+                .map(|key| {
+                    format!(
+                        "<Contents><Key>{key}</Key><LastModified>2026-01-05T12:00:00.000Z</LastModified>\
+                         <Size>1</Size></Contents>"
+                    )
+                })
+                .collect();
+            let answer = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>{BUCKET}</Name>\
+                 <IsTruncated>false</IsTruncated>{contents}</ListBucketResult>"
+            );
+            let head =
+                format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
+            if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
+                return;
+            }
+            continue;
+        }
         let body = String::from_utf8_lossy(&body);
         let keys: Vec<String> = body
             .split("<Key>")
@@ -822,4 +847,22 @@ async fn keys_refused_in_a_delete_answer_fail_alone_and_retryable_ones_go_again(
         )),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_prefix_counts_the_keys_refused_in_the_answer_and_names_the_first() {
+    // The operator's retention Delete: a policy that protects one key must
+    // not read as success.
+    let server = RefusingDeleteServer::start();
+    let storage = storage_for(server.port);
+    let err = storage.delete_prefix(&dest("runs")).await.expect_err("one key refused");
+    assert_eq!((err.category(), err.attempts()), ("S3AccessDenied", 1), "{err}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "failed to delete everything under s3://{BUCKET}/runs: 1 of 3 objects were not deleted, \
+             first: delete s3://{BUCKET}/runs/denied.trace: AccessDenied: Access Denied (after 1 attempt)"
+        )),
+        "{err}"
+    );
+    assert_eq!(server.requests.lock().expect("lock").clone(), [PREFIX_LISTING.to_vec()]);
 }
