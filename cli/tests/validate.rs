@@ -52,3 +52,26 @@ fn valid_traces_exit_0_and_each_finding_names_file_and_step() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((v["step"].as_u64(), v["check"].as_str()), (Some(4), Some("memory")));
 }
+
+#[test]
+fn a_directory_without_traces_is_an_error_not_all_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    // Traces saved under another name are not found by a directory search.
+    let ep = generate(&EpisodeShape { seed: 1, steps: 2, tokens_per_step: 1, ..Default::default() });
+    std::fs::write(dir.path().join("ep-1.trace.bak"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let root = dir.path().display().to_string();
+    // Before: "0 traces checked: all valid", exit 0.
+    for args in [
+        vec!["trace", "validate", &root],
+        vec!["trace", "search", "exists(error_context)", &root],
+        vec!["trace", "export", "--otlp", &root],
+    ] {
+        let out = basecamp(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("error: {root}: no .trace files in this directory (searched recursively)\n"),
+            "{args:?}"
+        );
+    }
+}

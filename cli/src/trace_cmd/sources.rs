@@ -1,6 +1,7 @@
 //! Where the trace commands read traces from: local files, directories and
 //! globs (`basecamp_trace::inputs`), and `s3://BUCKET/PREFIX` (every
 //! `*.trace` object under the prefix, in key order) or `s3://BUCKET/KEY.trace`.
+//! A directory, glob or prefix that names no trace is an error.
 //!
 //! S3 goes through the sandbox's storage client (`AWS_ENDPOINT_URL_S3`, the
 //! standard credential chain, retries). Objects are fetched one at a time
@@ -57,7 +58,14 @@ impl Sources {
                 };
                 list_s3(runtime, storage, arg)?
             } else {
-                expand_inputs_named(std::slice::from_ref(arg), TRACE_SUFFIX)?
+                let found = expand_inputs_named(std::slice::from_ref(arg), TRACE_SUFFIX)?;
+                // As for an S3 prefix and a glob: a directory that holds no
+                // trace is a mistake (a wrong path, traces named otherwise),
+                // not zero traces that all pass.
+                if found.is_empty() && Path::new(arg).is_dir() {
+                    bail!("{arg}: no {TRACE_SUFFIX} files in this directory (searched recursively)");
+                }
+                found
                     .into_iter()
                     .map(|input| Source {
                         name: input.path.display().to_string(),
