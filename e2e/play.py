@@ -8,15 +8,15 @@ For one Running pod:
     from the pod's `batch.kubernetes.io/job-completion-index` annotation
     through the downward API; `secretKeyRef`/`envFrom` Secrets are read from
     the cluster);
-  * the ConfigMap volume's files written to a directory standing in for its
-    mount path, and the emptyDir mounted at the working directory: only the
-    path prefixes in args are rewritten, `--listen` becomes a free
-    loopback port, and `--metrics-linger` becomes 0s (nothing scrapes a
-    played pod: waiting for a final scrape would only slow the run);
-  * the working directory holds the example's files (tools/, services/,
-    policy.jsonl), as a tools image would. basecamp-sandbox resolves relative
-    paths in the manifests against the manifests' own directory, so the
-    ConfigMap's files go into that same directory (see README.md, "Findings");
+  * each volume gets a directory of its own standing in for its mount path
+    (a ConfigMap's files written into it; emptyDirs empty): only the path
+    prefixes in args are rewritten, `--listen` becomes a free loopback port,
+    and `--metrics-linger` becomes 0s (nothing scrapes a played pod: waiting
+    for a final scrape would only slow the run);
+  * the process starts in a directory holding the example's files (tools/,
+    services/, policy.jsonl) standing in for the tools image's WORKDIR (the
+    pod sets no workingDir), apart from the ConfigMap's directory, as in a
+    real pod: the operator's `--base-dir .` is what finds them;
   * the binary's exit status becomes the pod's phase (Succeeded on 0, else
     Failed) with the container's terminated state and exit code, a status
     patch as e2e/cluster/smoke.sh shows, so the Job controller counts it.
@@ -112,23 +112,22 @@ class Player:
         container = next(c for c in spec["containers"] if c["name"] == SANDBOX_CONTAINER)
         root = WORK / "play" / ns / name
         shutil.rmtree(root, ignore_errors=True)
-        workdir = root / "work"
-        shutil.copytree(self.files, workdir, ignore=shutil.ignore_patterns("*.yaml", "__pycache__", "generate.py"))
+        image_dir = root / "image"  # the tools image's WORKDIR
+        shutil.copytree(self.files, image_dir, ignore=shutil.ignore_patterns("*.yaml", "__pycache__", "generate.py"))
         # Volumes: ConfigMaps are written out; everything else is an emptyDir.
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         prefixes: list[tuple[str, str]] = []
         for mount in container.get("volumeMounts") or []:
             volume = volumes[mount["name"]]
+            local = root / "volumes" / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
             if "configMap" in volume:
                 cm = self.kube.json("configmap", volume["configMap"]["name"], "-n", ns)
                 for key, text in (cm.get("data") or {}).items():
-                    (workdir / key).write_text(text)
-                prefixes.append((mount["mountPath"], str(workdir)))
-            elif mount["mountPath"] == container.get("workingDir"):
-                prefixes.append((mount["mountPath"], str(workdir)))
-            elif mount["mountPath"] == "/tmp":
-                (root / "tmp").mkdir(exist_ok=True)
-                prefixes.append(("/tmp", str(root / "tmp")))
+                    (local / key).write_text(text)
+            prefixes.append((mount["mountPath"], str(local)))
+        working_dir = container.get("workingDir")
+        cwd = Path(rewrite(working_dir, prefixes)) if working_dir else image_dir
         env = container_env(self.kube, pod, container)
         args = loopback_listen([rewrite(expand(a, env), prefixes) for a in container.get("args") or []])
         command = [expand(c, env) for c in container["command"]]
@@ -141,9 +140,9 @@ class Player:
         started = datetime.now(timezone.utc)
         t0 = time.monotonic()
         with open(log, "w") as out:
-            out.write(f"$ {' '.join(argv)}\n# env: {sorted(env)}\n")
+            out.write(f"$ {' '.join(argv)}\n# cwd: {cwd}\n# env: {sorted(env)}\n")
             out.flush()
-            proc = subprocess.Popen(argv, cwd=workdir, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(argv, cwd=cwd, env=run_env, stdout=out, stderr=subprocess.STDOUT)
             self.running[proc.pid] = proc
             pid_file = WORK / "pids" / f"sandbox-{ns}-{name}"
             pid_file.parent.mkdir(parents=True, exist_ok=True)

@@ -197,6 +197,13 @@ impl Manifests {
     /// every sandbox on its own, reading local files (test sets, fixtures)
     /// relative to each manifest's directory.
     pub fn validate(&self) -> Report {
+        self.validate_in(None)
+    }
+
+    /// [`Manifests::validate`], reading local files relative to `base_dir`
+    /// when given (what `basecamp-sandbox run --base-dir` resolves against)
+    /// instead of each manifest's directory.
+    pub fn validate_in(&self, base_dir: Option<&Path>) -> Report {
         let mut report = Report::new();
         for task in &self.tasks {
             let namespace = task.object.metadata.namespace.as_deref();
@@ -206,7 +213,7 @@ impl Manifests {
                 .filter(|s| s.object.metadata.namespace.as_deref() == namespace)
                 .filter_map(|s| s.object.metadata.name.as_deref().map(|name| (name, &s.object.spec)))
                 .collect();
-            let base_dir = task.base_dir();
+            let base_dir = base_dir.map_or_else(|| task.base_dir(), Path::to_path_buf);
             let ctx = ValidationContext {
                 task_name: task.object.metadata.name.as_deref(),
                 test_set: None,
@@ -215,7 +222,7 @@ impl Manifests {
             report.extend(validate_task(&task.object.spec, &sandboxes, &ctx));
         }
         for sandbox in &self.sandboxes {
-            let base_dir = sandbox.base_dir();
+            let base_dir = base_dir.map_or_else(|| sandbox.base_dir(), Path::to_path_buf);
             let ctx = ValidationContext { base_dir: Some(&base_dir), ..Default::default() };
             let name = sandbox.object.metadata.name.as_deref().unwrap_or("");
             report.extend(validate_sandbox(name, &sandbox.object.spec, &ctx));

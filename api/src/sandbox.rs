@@ -106,8 +106,10 @@ pub struct SandboxConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// The image holding your tools (exec tools run inside it). The sandbox
-    /// binary is injected by an init container, so any image works. Default:
-    /// the Basecamp image.
+    /// binary is injected by an init container, so any image works. In a
+    /// pod, relative paths of this spec (services, exec tools, fixtures)
+    /// are resolved against the image's working directory (its `WORKDIR`),
+    /// which is read-only: write to `/tmp`. Default: the Basecamp image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// RuntimeClass of sandbox pods, e.g. `gvisor` or `kata` for stronger

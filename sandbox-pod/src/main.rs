@@ -78,6 +78,11 @@ struct RunArgs {
     /// Where traces and summary.json go (default: basecamp-runs/<task>/<variant>/shard-<i>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Resolve relative paths in the manifests (services, exec tools, fixtures, a local test
+    /// set or scripted policy) against DIR instead of the manifest file's directory. The
+    /// operator passes `.`: the tools image's working directory.
+    #[arg(long, value_name = "DIR")]
+    base_dir: Option<PathBuf>,
     /// Episodes run at the same time.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
@@ -186,6 +191,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         shard: args.shard.0,
         shard_count: args.shard.1,
         out_dir: args.out,
+        base_dir: args.base_dir,
         concurrency: args.concurrency,
         listen: args.listen,
         upload: !args.no_upload,

@@ -43,6 +43,12 @@ pub struct RunRequest {
     pub shard: u32,
     pub shard_count: u32,
     pub out_dir: Option<PathBuf>,
+    /// What relative paths in the manifests (services, exec tools,
+    /// fixtures, a local test set or scripted policy) are resolved against;
+    /// `None`: each manifest's own directory. In a pod the operator passes
+    /// `.`, the tools image's working directory, since the manifests come
+    /// from a ConfigMap mount that holds nothing else.
+    pub base_dir: Option<PathBuf>,
     pub concurrency: usize,
     /// Serve `/metrics`, `/healthz` and live injection here while running
     /// (and after, until the caller stops [`RunOutcome::server`]).
@@ -119,9 +125,15 @@ fn problems(report: &Report, errors_only: bool) -> String {
 /// Loads `paths` and runs every check (the same as the operator's and
 /// `basecamp harness validate`'s); the warnings come back as lines.
 pub fn load_manifests(paths: &[PathBuf]) -> Result<(Manifests, Vec<String>), RunError> {
+    load_manifests_in(paths, None)
+}
+
+/// [`load_manifests`], with local files resolved against `base_dir` when
+/// given instead of each manifest's directory.
+pub fn load_manifests_in(paths: &[PathBuf], base_dir: Option<&Path>) -> Result<(Manifests, Vec<String>), RunError> {
     let (manifests, load_report) = Manifests::load(paths);
     let mut report = load_report;
-    report.extend(manifests.validate());
+    report.extend(manifests.validate_in(base_dir));
     if report.has_errors() {
         return Err(RunError::Invalid(problems(&report, true)));
     }
@@ -195,7 +207,8 @@ pub fn resolve_variants(
 }
 
 pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
-    let (manifests, mut warnings) = load_manifests(&request.manifests)?;
+    let base_dir_flag = request.base_dir.as_deref().map(absolute_dir).transpose()?;
+    let (manifests, mut warnings) = load_manifests_in(&request.manifests, base_dir_flag.as_deref())?;
     let loaded = select_task(&manifests, request.task.as_deref())?;
     let task = &loaded.object;
     let task_name = task.metadata.name.clone().unwrap_or_default();
@@ -205,7 +218,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         None => task_name.clone(),
     };
     let namespace = task.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-    let base_dir = loaded.base_dir();
+    let base_dir = base_dir_flag.unwrap_or_else(|| loaded.base_dir());
     let variant = resolve_variants(&manifests, task, request.variant.as_deref())?.remove(0);
 
     if let Some(warning) = check_gpu(&variant.sandbox, &basecamp_gpu::probe::probe_gpus())? {
@@ -302,6 +315,18 @@ pub fn check_gpu(
         GpuDecision::Gpu(_) => Ok(None),
         GpuDecision::Cpu { warning } => Ok(warning),
         GpuDecision::Refuse(e) => Err(e.into()),
+    }
+}
+
+/// `--base-dir`'s directory as an absolute path (relative: against the
+/// working directory), or why it cannot be one.
+fn absolute_dir(dir: &Path) -> Result<PathBuf, RunError> {
+    let refused = |why: String| RunError::Selection(format!("--base-dir {}: {why}", dir.display()));
+    let absolute = std::path::absolute(dir).map_err(|e| refused(e.to_string()))?;
+    match std::fs::metadata(&absolute) {
+        Ok(meta) if meta.is_dir() => Ok(absolute),
+        Ok(_) => Err(refused("not a directory".into())),
+        Err(e) => Err(refused(e.to_string())),
     }
 }
 

@@ -123,6 +123,47 @@ fn a_shard_runs_writes_traces_and_summary_and_uploads_them() {
     assert!(uploaded.iter().any(|p| p.ends_with("default/shipping/default/0/ep-2.trace")), "{uploaded:?}");
 }
 
+/// A pod's layout: the manifests alone in a ConfigMap mount, the files they
+/// name in the tools image's working directory.
+#[test]
+fn base_dir_resolves_the_manifests_relative_paths_against_the_tools_images_working_directory() {
+    let config = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    write_project(image.path(), dest.path());
+    std::fs::rename(image.path().join("task.yaml"), config.path().join("manifests.yaml")).unwrap();
+    let manifest = config.path().join("manifests.yaml");
+    let out_dir = config.path().join("out");
+    let run_in = |cwd: &Path, extra: &[&str]| {
+        let mut args =
+            vec!["run", "--config", manifest.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--no-upload"];
+        args.extend(extra);
+        Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox")).args(&args).current_dir(cwd).output().unwrap()
+    };
+
+    // Without --base-dir the files are looked for beside the manifests, and are not there.
+    let refused = run_in(image.path(), &[]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains(&config.path().join("fixture.jsonl").display().to_string()), "{said}");
+
+    // `--base-dir .` (what the operator passes): the working directory, here the "image".
+    let run = run_in(image.path(), &["--base-dir", "."]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("shipping/default shard 0/1: 3 episodes"), "{stdout}");
+    let summary: Value = serde_json::from_slice(&std::fs::read(out_dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["episodes"][0]["failure_class"], "ok", "the fixture was found: {summary}");
+
+    // A --base-dir that is not a directory is refused, naming the flag.
+    for bad in ["no-such-dir", "fixture.jsonl"] {
+        let refused = run_in(image.path(), &["--base-dir", bad]);
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{said}");
+        assert!(said.contains(&format!("--base-dir {bad}: ")), "{said}");
+    }
+}
+
 fn walk(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {

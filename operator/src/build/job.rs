@@ -54,8 +54,11 @@ pub const SANDBOX_CONTAINER: &str = "sandbox";
 pub const INJECT_CONTAINER: &str = "inject-sandbox";
 /// Where the manifests are mounted.
 pub const CONFIG_DIR: &str = "/etc/basecamp";
-/// The writable working directory (traces are written under it).
-pub const WORK_DIR: &str = "/work";
+/// The writable directory (an emptyDir) traces are written under. Not the
+/// working directory: the sandbox runs in the tools image's own `WORKDIR`
+/// (`--base-dir .`), where its tools and services are, and an emptyDir
+/// mounted there would hide them.
+pub const WORK_DIR: &str = "/basecamp/work";
 /// Where the injected binary lives in a tools image.
 pub const INJECTED_BIN_DIR: &str = "/basecamp/bin";
 /// Env var holding the pod's index; the kubelet expands it in args.
@@ -131,6 +134,8 @@ pub fn sandbox_args(
         &format!("$({INDEX_ENV})/{shards}"),
         "--out",
         &format!("{WORK_DIR}/traces"),
+        "--base-dir",
+        ".",
         "--listen",
         &format!("0.0.0.0:{SANDBOX_METRICS_PORT}"),
         "--metrics-linger",
@@ -280,7 +285,6 @@ pub fn pod_template(
             checkpoint.map(|c| c.step),
             input.settings.sandbox_metrics_linger,
         )),
-        working_dir: Some(WORK_DIR.into()),
         env: Some(sandbox_env(input, checkpoint)),
         env_from: input.settings.s3_secret.as_ref().map(|name| {
             vec![EnvFromSource {

@@ -121,7 +121,9 @@ fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
             "--shard",
             "$(JOB_COMPLETION_INDEX)/4",
             "--out",
-            "/work/traces",
+            "/basecamp/work/traces",
+            "--base-dir",
+            ".",
             "--listen",
             "0.0.0.0:9464",
             "--metrics-linger",
@@ -153,7 +155,10 @@ fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
     assert!(pod["initContainers"].is_null(), "no tools image: the Basecamp image runs the sandbox");
     let mounts: Vec<&str> =
         container["volumeMounts"].as_array().expect("mounts").iter().filter_map(|m| m["mountPath"].as_str()).collect();
-    assert_eq!(mounts, ["/etc/basecamp", "/work", "/tmp"]);
+    assert_eq!(mounts, ["/etc/basecamp", "/basecamp/work", "/tmp"]);
+    // The tools image's own WORKDIR, where its tools and services are: no
+    // workingDir, and nothing mounted over a place an image keeps files.
+    assert!(container["workingDir"].is_null(), "{}", container["workingDir"]);
     assert_eq!(pod["volumes"][0]["configMap"]["name"], "eval-sandbox");
 }
 
