@@ -175,6 +175,9 @@ fn input_errors_name_the_file_the_tensor_and_the_shapes() {
 
     let line = failure(&analyze(&["--logits", a_s, "--top-k", "21"]));
     assert_eq!(line, "error: top-k of 21 is more than the 20 supported: ask for at most 20");
+    // A huge k is refused the same way (it aborted allocating rows x k outputs, with a backtrace).
+    let line = failure(&analyze(&["--logits", a_s, "--top-k", "100000000000"]));
+    assert_eq!(line, "error: top-k of 100000000000 is more than the 20 supported: ask for at most 20");
 
     let missing = dir.path().join("missing.safetensors");
     let line = failure(&analyze(&["--logits", path_str(&missing)]));
