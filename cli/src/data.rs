@@ -71,8 +71,8 @@ pub struct PreprocessArgs {
     /// builtin:trajectory, exec:PROGRAM ARGS..., or python:module.function (overrides the manifest).
     #[arg(long)]
     pub preprocessor: Option<String>,
-    /// Rows per batch file (overrides the manifest's dataPipeline.batchSize; default 64).
-    #[arg(long)]
+    /// Rows per batch file, at least 1 (overrides the manifest's dataPipeline.batchSize; default 64).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: Option<u32>,
     /// The batch files' format (overrides the manifest's dataPipeline.format; default jsonl).
     #[arg(long, value_parser = format_parser())]
@@ -147,7 +147,8 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
     let name = args.preprocessor.clone().or(name).unwrap_or_else(|| "builtin:trajectory".into());
     Ok(Settings {
         preprocessor: name.parse()?,
-        batch_size: args.batch_size.or(batch).unwrap_or(64).max(1) as usize,
+        // Both are at least 1: the flag's parser and the manifest's validation refuse 0.
+        batch_size: args.batch_size.or(batch).unwrap_or(64) as usize,
         format: args.format.or(format).unwrap_or_default(),
         calculator,
         workdir,

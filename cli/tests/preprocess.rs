@@ -615,3 +615,20 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+#[test]
+fn a_batch_size_of_0_is_refused_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
+        seed: 1,
+        steps: 3,
+        tokens_per_step: 1,
+        ..Default::default()
+    });
+    std::fs::write(tmp.path().join("ep.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    // Before: taken as 1, one batch file a row, exit 0.
+    let output = basecamp(&["data", "preprocess", "ep.trace", "--batch-size", "0", "--out", "ds"], tmp.path());
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(text(&output).contains("invalid value '0' for '--batch-size <BATCH_SIZE>'"), "{}", text(&output));
+    assert!(!tmp.path().join("ds").exists());
+}

@@ -228,3 +228,17 @@ fn a_rerun_into_the_same_directory_replaces_the_earlier_shards() {
     assert_eq!(summary["shard_count"], 1);
     assert_eq!(summary["episodes"].as_array().unwrap().len(), 5);
 }
+
+#[test]
+fn a_concurrency_of_0_is_refused_naming_the_flag() {
+    let out = tempfile::tempdir().unwrap();
+    // Before: taken as 1 without a word.
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example().to_str().unwrap(), "--concurrency", "0", "--out", out.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid value '0' for '--concurrency <CONCURRENCY>'"), "{stderr}");
+    assert!(traces_under(out.path()).is_empty());
+}

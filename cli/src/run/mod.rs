@@ -52,8 +52,8 @@ pub struct RunArgs {
     /// Shards per variant (default: the task's `shards`).
     #[arg(long)]
     pub shards: Option<u32>,
-    /// Episodes at once in each shard.
-    #[arg(long, default_value_t = 8)]
+    /// Episodes at once in each shard (at least 1).
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub concurrency: usize,
     /// Exit with status 1 when a variant misses a success criterion.
     #[arg(long)]
