@@ -157,6 +157,8 @@ fn a_run_still_writing_shows_up_between_two_requests() {
     let b_page = get(&server.addr, &format!("{}/episodes/b/ep-001", task_path())).text();
     assert!(b_page.contains("metrics from the trace alone"));
     assert_eq!(get(&server.addr, "/").text(), index, "nothing changed, nothing differs");
+    let replay_page = format!("/tasks/{NAMESPACE}/{TRACE_ONLY_TASK}");
+    assert!(get(&server.addr, &replay_page).text().contains("damaged_trace"), "the half-written trace's failure");
 
     // The trace grows to its end; another trace is deleted; a new variant's trace appears.
     std::fs::OpenOptions::new()
@@ -176,6 +178,8 @@ fn a_run_still_writing_shows_up_between_two_requests() {
     let index = get(&server.addr, "/").text();
     assert_eq!(counts_of(&index, TRACE_ONLY_TASK, "a"), "2/5 failed", "{index}");
     assert!(counts_of(&index, TRACE_ONLY_TASK, "c").ends_with("/1 failed"), "{index}");
+    let replay = get(&server.addr, &replay_page).text();
+    assert!(!replay.contains("damaged_trace"), "the task page's analysis follows the grown trace");
 
     // The summary lands, with numbers of its own: the task page shows them.
     assert!(!variant_row(&get(&server.addr, &task_path()).text(), "b").contains("<td>0.123</td>"));

@@ -173,7 +173,7 @@ impl CatalogCache {
             Ok(listing) => listing,
             Err(problem) => {
                 *state = State::default();
-                return Arc::new(Catalog { episodes: Vec::new(), problems: vec![problem] });
+                return Arc::new(Catalog { problems: vec![problem], ..Catalog::default() });
             }
         };
         let mut changed = false;

@@ -15,6 +15,7 @@ use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
 use basecamp_trace::metrics::EpisodeMetrics;
 
 use super::digest::TraceDigest;
+use super::insights::InsightsMemo;
 use crate::run::summary::EpisodeRow;
 
 /// The namespace of traces that name none (older local runs).
@@ -111,6 +112,9 @@ pub struct Catalog {
     pub episodes: Vec<EpisodeEntry>,
     /// One line per file that was skipped, and why.
     pub problems: Vec<String>,
+    /// What the task page computed from these episodes, kept as long as
+    /// the catalog is (`serve` builds a new one when a file changes).
+    pub insights: InsightsMemo,
 }
 
 /// A task as the task list shows it.
@@ -128,7 +132,7 @@ impl Catalog {
         let arg = root.display().to_string();
         let files = match expand_inputs(&[arg], TRACE_SUFFIX) {
             Ok(files) => files,
-            Err(e) => return Catalog { episodes: Vec::new(), problems: vec![e.to_string()] },
+            Err(e) => return Catalog { problems: vec![e.to_string()], ..Catalog::default() },
         };
         let real_root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
         let inside: Vec<PathBuf> =

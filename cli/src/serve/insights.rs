@@ -6,14 +6,15 @@
 //! of `basecamp run`, the weakest step, a strong correlation, and a reward
 //! component whose weighted contribution works against tool accuracy.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::catalog::EpisodeEntry;
 use super::digest::TraceDigest;
 use crate::run::analysis::root_causes;
 
 /// What failed episodes are clustered by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ClusterBy {
     /// The first memory key set to null (by which source), as `basecamp run` reports it.
     #[value(name = "memory_state", alias = "memory-state")]
@@ -69,6 +70,50 @@ impl<'a> Loaded<'a> {
             }
         }
         values
+    }
+}
+
+/// Insights already computed for a catalog, by (namespace, task, variant,
+/// metric, cluster key): the task page's analysis reads the failed
+/// episodes' traces again (`basecamp run`'s root causes), so a catalog
+/// that did not change answers from here.
+#[derive(Default)]
+pub struct InsightsMemo(Mutex<HashMap<InsightsKey, Arc<Insights>>>);
+
+type InsightsKey = (String, String, String, String, ClusterBy);
+
+/// Distinct queries remembered per catalog; more are computed and not kept
+/// (`?metric=` is free text).
+const MEMO_LIMIT: usize = 256;
+
+impl std::fmt::Debug for InsightsMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = self.0.lock().map_or(0, |memo| memo.len());
+        write!(f, "InsightsMemo({kept} kept)")
+    }
+}
+
+impl InsightsMemo {
+    /// The insights of one task variant for `metric` and `cluster_by`:
+    /// remembered, or computed now by `compute` (outside the lock, so
+    /// concurrent pages do not wait on each other).
+    pub fn get_or_compute(
+        &self,
+        (namespace, task, variant): (&str, &str, &str),
+        metric: &str,
+        cluster_by: ClusterBy,
+        compute: impl FnOnce() -> Insights,
+    ) -> Arc<Insights> {
+        let key = (namespace.to_string(), task.to_string(), variant.to_string(), metric.to_string(), cluster_by);
+        if let Some(kept) = self.0.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+            return Arc::clone(kept);
+        }
+        let computed = Arc::new(compute());
+        let mut memo = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if memo.len() < MEMO_LIMIT {
+            memo.insert(key, Arc::clone(&computed));
+        }
+        computed
     }
 }
 
@@ -438,5 +483,33 @@ mod tests {
         // A known value: r of (1,2,3,4,5) and (2,4,5,4,5) is 0.7745966...
         let r = pearson(&[1.0, 2.0, 3.0, 4.0, 5.0], &[2.0, 4.0, 5.0, 4.0, 5.0]).unwrap();
         assert!((r - 0.774_596_669).abs() < 1e-6, "{r}");
+    }
+
+    #[test]
+    fn the_memo_computes_each_query_once() {
+        let memo = InsightsMemo::default();
+        let calls = std::cell::Cell::new(0);
+        let compute = |metric: &str| {
+            calls.set(calls.get() + 1);
+            Insights { metric: metric.to_string(), ..Default::default() }
+        };
+        let variant = ("ns", "task", "a");
+        let first = memo.get_or_compute(variant, "error_rate", ClusterBy::Tool, || compute("error_rate"));
+        let again = memo.get_or_compute(variant, "error_rate", ClusterBy::Tool, || compute("error_rate"));
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(calls.get(), 1);
+        // Another metric, cluster key or variant is another query.
+        memo.get_or_compute(variant, "reward", ClusterBy::Tool, || compute("reward"));
+        memo.get_or_compute(variant, "error_rate", ClusterBy::Error, || compute("error_rate"));
+        memo.get_or_compute(("ns", "task", "b"), "error_rate", ClusterBy::Tool, || compute("error_rate"));
+        assert_eq!(calls.get(), 4);
+        // Past the limit, queries are answered but not kept.
+        for i in 0..MEMO_LIMIT {
+            memo.get_or_compute(variant, &format!("m{i}"), ClusterBy::Tool, || compute("m"));
+        }
+        let before = calls.get();
+        memo.get_or_compute(variant, &format!("m{}", MEMO_LIMIT - 1), ClusterBy::Tool, || compute("m"));
+        assert_eq!(calls.get(), before + 1, "not kept: computed again");
+        assert_eq!(memo.0.lock().unwrap().len(), MEMO_LIMIT);
     }
 }

@@ -181,8 +181,10 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         if query.variant.as_ref().is_some_and(|v| v != name) {
             continue;
         }
-        let loaded: Vec<Loaded<'_>> = episodes.iter().map(|e| Loaded::load(e)).collect();
-        let insights = compute(&loaded, &metric, cluster_by);
+        let insights = catalog.insights.get_or_compute((namespace, task, name), &metric, cluster_by, || {
+            let loaded: Vec<Loaded<'_>> = episodes.iter().map(|e| Loaded::load(e)).collect();
+            compute(&loaded, &metric, cluster_by)
+        });
         let _ = write!(h, "<h2 id=\"variant-{}\">variant {}</h2>", esc(name), esc(name));
         h.push_str(&insight_sections(&insights, episodes, &link, name));
     }
