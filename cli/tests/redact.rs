@@ -71,3 +71,41 @@ fn redacted_traces_are_valid_and_hold_no_original_value() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("the output would overwrite the input"));
 }
+
+/// Two file names that differ only in bytes that are not UTF-8 display
+/// alike ("ep�.trace"); each is still a trace of its own.
+#[test]
+fn file_names_that_are_not_utf8_are_each_read_and_keep_their_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    let names = [std::ffi::OsStr::from_bytes(b"ep\xfe.trace"), std::ffi::OsStr::from_bytes(b"ep\xff.trace")];
+    for (seed, name) in names.iter().enumerate() {
+        let ep = generate(&EpisodeShape { seed: seed as u64 + 1, steps: 3, tokens_per_step: 1, ..Default::default() });
+        std::fs::write(input.join(name), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    }
+    let i = input.display().to_string();
+
+    // Before: the second was dropped as a duplicate of the first (one match, "1 traces").
+    let out = basecamp(&["trace", "search", "step == 1", &i]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+
+    // Redacted copies keep each file's own name (before: one, named "ep\u{FFFD}.trace").
+    let output = dir.path().join("out");
+    let out = basecamp(&["trace", "redact", &i, "--pii-fields", "order_id", "-o", &output.display().to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in names {
+        assert!(output.join(name).is_file(), "{name:?}");
+    }
+    assert_eq!(std::fs::read_dir(&output).unwrap().count(), 2);
+
+    // An archive cannot name them (its index is JSON): refused, naming the file.
+    let archive = dir.path().join("a.tar.zst");
+    let out = basecamp(&["trace", "archive", &i, "-o", &archive.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ep\\xFE.trace\": the file name is not UTF-8"), "{stderr}");
+    assert!(!archive.exists());
+}

@@ -68,6 +68,14 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     let files = &sources.items;
     let mut names = std::collections::HashMap::new();
     for file in files {
+        // Member names are UTF-8 (the index is JSON): a file name that is not
+        // would be archived under another name.
+        if file.relative_path.to_str() != Some(file.relative.as_str()) {
+            bail!(
+                "{:?}: the file name is not UTF-8, which archive member names must be; rename it first",
+                file.local_path().unwrap_or(&file.relative_path)
+            );
+        }
         if let Some(other) = names.insert(file.relative.as_str(), &file.name) {
             bail!("{other} and {} would both be archived as {}; archive them separately", file.name, file.relative);
         }

@@ -101,7 +101,7 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut seen: HashMap<PathBuf, &str> = HashMap::new();
     let mut outputs = Vec::with_capacity(files.len());
     for file in files {
-        let output = out.join(&file.relative);
+        let output = out.join(&file.relative_path);
         if let Some(other) = seen.insert(output.clone(), &file.name) {
             bail!(
                 "{other} and {} would both be written to {}; redact them into different directories",
@@ -109,7 +109,7 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 output.display()
             );
         }
-        if let (Ok(a), Ok(b)) = (fs::canonicalize(&file.name), fs::canonicalize(&output))
+        if let (Some(Ok(a)), Ok(b)) = (file.local_path().map(fs::canonicalize), fs::canonicalize(&output))
             && a == b
         {
             bail!("{}: the output would overwrite the input; choose another -o directory", file.name);

@@ -25,6 +25,9 @@ pub struct Source {
     /// the glob's fixed prefix, the S3 prefix); the file name for a file
     /// named directly. Mirrored by outputs, so `a/ep.trace` and `b/ep.trace` stay apart.
     pub relative: String,
+    /// [`Source::relative`] with the file name's own bytes (which need not
+    /// be UTF-8), for outputs written next to each other on disk.
+    pub relative_path: PathBuf,
     location: Location,
 }
 
@@ -33,7 +36,15 @@ enum Location {
     S3(Destination),
 }
 
-impl Source {}
+impl Source {
+    /// The file, when the source is local.
+    pub fn local_path(&self) -> Option<&Path> {
+        match &self.location {
+            Location::Local(path) => Some(path),
+            Location::S3(_) => None,
+        }
+    }
+}
 
 /// A reader over either kind of source.
 pub type SourceReader = TraceReader<Box<dyn Read + Send>>;
@@ -69,13 +80,20 @@ impl Sources {
                     .into_iter()
                     .map(|input| Source {
                         name: input.path.display().to_string(),
+                        relative_path: relative_path(&input.path, &input.relative),
                         relative: input.relative,
                         location: Location::Local(input.path),
                     })
                     .collect()
             };
             for source in found {
-                if seen.insert(source.name.clone()) {
+                // By the file itself: two names that differ only in bytes
+                // that are not UTF-8 display alike, and both are inputs.
+                let key = match &source.location {
+                    Location::Local(path) => path.clone().into_os_string(),
+                    Location::S3(_) => source.name.clone().into(),
+                };
+                if seen.insert((matches!(source.location, Location::S3(_)), key)) {
                     items.push(source);
                 }
             }
@@ -127,6 +145,14 @@ impl Sources {
     }
 }
 
+/// The last components of `path`, as many as `relative` (built from them,
+/// lossily) has: the same names with their original bytes.
+fn relative_path(path: &Path, relative: &str) -> PathBuf {
+    let count = relative.split('/').filter(|c| !c.is_empty()).count();
+    let components: Vec<_> = path.components().collect();
+    components[components.len().saturating_sub(count)..].iter().collect()
+}
+
 fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -141,13 +167,23 @@ fn list_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> a
     let destination = Destination::parse(arg.trim_end_matches('/'))?;
     if arg.ends_with(TRACE_SUFFIX) {
         let relative = arg.rsplit('/').next().unwrap_or(arg).to_string();
-        return Ok(vec![Source { name: arg.to_string(), relative, location: Location::S3(destination) }]);
+        return Ok(vec![Source {
+            name: arg.to_string(),
+            relative_path: PathBuf::from(&relative),
+            relative,
+            location: Location::S3(destination),
+        }]);
     }
     let objects = runtime.block_on(storage.list(&destination)).with_context(|| format!("cannot list {arg}"))?;
     let found: Vec<Source> = objects
         .into_iter()
         .filter(|o| o.relative.ends_with(TRACE_SUFFIX))
-        .map(|o| Source { name: o.location.to_string(), relative: o.relative, location: Location::S3(o.location) })
+        .map(|o| Source {
+            name: o.location.to_string(),
+            relative_path: PathBuf::from(&o.relative),
+            relative: o.relative,
+            location: Location::S3(o.location),
+        })
         .collect();
     if found.is_empty() {
         anyhow::bail!("{arg}: no .trace objects under this prefix");
