@@ -1,5 +1,5 @@
 //! `basecamp trace replay FILE --config MANIFEST...`: re-executes a recorded
-//! episode through the sandbox — the same executor, memory policy,
+//! episode (FILE, or one `s3://BUCKET/KEY.trace` object) through the sandbox — the same executor, memory policy,
 //! fallbacks, rewards and metrics — with the policy's recorded outputs and
 //! the tools' recorded responses, then compares the new trace with the old
 //! one and reports "identical" or the first divergence (step, field,
@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 /// Re-execute a recorded episode and report the first divergence.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
-    /// The .trace file to replay.
+    /// The .trace file to replay, or one s3://BUCKET/KEY.trace object.
     pub file: PathBuf,
     /// The manifests the episode ran with (HarnessTask, SandboxConfig, test set).
     #[arg(long = "config", required = true)]
@@ -53,8 +53,8 @@ pub struct Divergence {
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
-    let recorded =
-        basecamp_trace::read_trace(&args.file).map_err(|e| anyhow!("cannot replay {}: {e}", args.file.display()))?;
+    let recorded = crate::trace_cmd::parse::read_one(&args.file)
+        .map_err(|e| anyhow!("cannot replay {}: {e:#}", args.file.display()))?;
     if let Some(damage) = recorded.damage() {
         bail!(
             "cannot replay {}: the trace is incomplete ({damage}); replay needs a finished episode",

@@ -2,6 +2,9 @@
 //! identical; the same trace under another sandbox configuration diverges
 //! where the configurations differ, and says how.
 
+#[path = "support/s3.rs"]
+mod s3;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -42,6 +45,21 @@ fn a_recorded_episode_replays_identically_and_diverges_under_the_other_variant()
         let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", example]);
         assert!(ok && text.starts_with("identical:"), "{text}");
     }
+
+    // The same episode where the operator keeps it: one object on S3 (s3s-fs on 127.0.0.1).
+    let data = out.path().join("s3");
+    let key = "traces/shard-0/failed.trace";
+    std::fs::create_dir_all(data.join(s3::BUCKET).join("traces/shard-0")).unwrap();
+    std::fs::copy(out.path().join(failed["trace"].as_str().unwrap()), data.join(s3::BUCKET).join(key)).unwrap();
+    let server = s3::S3Server::start(&data);
+    let url = format!("s3://{}/{key}", s3::BUCKET);
+    let replayed = server.basecamp(&["trace", "replay", &url, "--config", example], out.path());
+    let said = String::from_utf8_lossy(&replayed.stdout);
+    assert!(
+        replayed.status.success() && said.starts_with("identical:"),
+        "{said}{}",
+        String::from_utf8_lossy(&replayed.stderr)
+    );
 
     // The failed episode hit track_order's fallback; variant b's fallback writes "pending", not null.
     let trace = out.path().join(failed["trace"].as_str().unwrap());

@@ -60,3 +60,40 @@ fn search_validate_export_and_archive_read_s3_prefixes() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stderr), format!("error: s3://{BUCKET}/nothing-here: no .trace objects under this prefix\n"));
 }
+
+#[test]
+fn parse_and_replay_take_one_s3_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let run = data.join(BUCKET).join("runs/shard-0");
+    std::fs::create_dir_all(&run).unwrap();
+    let bytes = generate(&EpisodeShape { seed: 7, steps: 5, tokens_per_step: 2, ..Default::default() })
+        .write_to(Vec::new(), 3)
+        .unwrap();
+    let local = dir.path().join("ep-7.trace");
+    std::fs::write(&local, &bytes).unwrap();
+    std::fs::write(run.join("ep-7.trace"), &bytes).unwrap();
+    let server = S3Server::start(&data);
+    let url = format!("s3://{BUCKET}/runs/shard-0/ep-7.trace");
+
+    // The same document as the local copy, named by its URL.
+    let remote = server.basecamp(&["trace", "parse", &url], dir.path());
+    assert_eq!(remote.status.code(), Some(0), "{}", text(&remote.stderr));
+    let here = server.basecamp(&["trace", "parse", &local.display().to_string()], dir.path());
+    assert_eq!(text(&remote.stdout), text(&here.stdout).replace(&local.display().to_string(), &url));
+
+    // A prefix, or a key that is not there, is refused with what to give.
+    let out = server.basecamp(&["trace", "parse", &format!("s3://{BUCKET}/runs/")], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("give one trace object, s3://BUCKET/KEY.trace"), "{}", text(&out.stderr));
+    let missing = format!("s3://{BUCKET}/runs/shard-0/ep-8.trace");
+    let out = server.basecamp(&["trace", "parse", &missing], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(&missing), "{}", text(&out.stderr));
+
+    // replay reads the object the same way (the manifests are another test's: here the
+    // trace must be read before the manifests are even looked at).
+    let out = server.basecamp(&["trace", "replay", &missing, "--config", "no-such.yaml"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).starts_with(&format!("error: cannot replay {missing}: ")), "{}", text(&out.stderr));
+}

@@ -5,7 +5,7 @@ mod archive;
 mod cleanup;
 mod export;
 mod html;
-mod parse;
+pub mod parse;
 mod redact;
 mod report;
 mod search;

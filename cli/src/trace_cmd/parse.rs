@@ -1,16 +1,21 @@
-//! `basecamp trace parse FILE --output json|html`.
+//! `basecamp trace parse FILE --output json|html`; FILE may be one
+//! `s3://BUCKET/KEY.trace` object.
 //!
 //! A damaged file still prints what could be recovered (a crashed pod's
 //! trace is still evidence), then one line naming the file and byte offset
 //! on stderr, and exits 1 unless `--allow-truncated` accepts a clean
 //! truncation.
 
-use std::io::{self, Write};
-use std::path::PathBuf;
+use std::io::{self, Cursor, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use basecamp_trace::{TraceError, json::trace_to_json, read_trace};
+use anyhow::bail;
+use basecamp_trace::inputs::TRACE_SUFFIX;
+use basecamp_trace::{TraceContents, TraceError, json::trace_to_json, read_trace, read_trace_from};
 use clap::{Args, ValueEnum};
+
+use super::sources::Sources;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum OutputFormat {
@@ -22,7 +27,7 @@ pub enum OutputFormat {
 
 #[derive(Args)]
 pub struct ParseArgs {
-    /// The .trace file.
+    /// The .trace file, or one s3://BUCKET/KEY.trace object.
     file: PathBuf,
     #[arg(long, short, value_enum, default_value = "json")]
     output: OutputFormat,
@@ -32,7 +37,7 @@ pub struct ParseArgs {
 }
 
 pub fn run(args: &ParseArgs) -> anyhow::Result<ExitCode> {
-    let trace = read_trace(&args.file)?;
+    let trace = read_one(&args.file)?;
     let name = args.file.display().to_string();
     match args.output {
         OutputFormat::Json => {
@@ -56,4 +61,22 @@ pub fn run(args: &ParseArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         }
     })
+}
+
+/// One whole trace: a local file, or one `s3://BUCKET/KEY.trace` object
+/// fetched with the trace commands' S3 client (`AWS_ENDPOINT_URL_S3`, the
+/// standard credential chain, retries). A damaged trace is a value
+/// ([`TraceContents::damage`]); only one that cannot be opened is an error.
+pub fn read_one(file: &Path) -> anyhow::Result<TraceContents> {
+    let Some(url) = file.to_str().filter(|f| f.starts_with("s3://")) else {
+        return Ok(read_trace(file)?);
+    };
+    if !url.ends_with(TRACE_SUFFIX) {
+        bail!(
+            "{url}: give one trace object, s3://BUCKET/KEY{TRACE_SUFFIX} (trace search, validate and report take a prefix)"
+        );
+    }
+    let sources = Sources::resolve(&[url.to_string()])?;
+    let bytes = sources.read_bytes(&sources.items[0])?;
+    Ok(read_trace_from(Cursor::new(bytes), url)?)
 }
