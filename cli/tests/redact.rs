@@ -109,3 +109,32 @@ fn file_names_that_are_not_utf8_are_each_read_and_keep_their_bytes() {
     assert!(stderr.contains("ep\\xFE.trace\": the file name is not UTF-8"), "{stderr}");
     assert!(!archive.exists());
 }
+
+/// Traces named directly need not end in .trace; each is redacted into its
+/// own file even when several are written at once.
+#[test]
+fn traces_named_without_the_trace_suffix_are_redacted_each_into_its_own_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut inputs = Vec::new();
+    for seed in 1..=6u64 {
+        let ep = generate(&EpisodeShape { seed, steps: 4, tokens_per_step: 1, ..Default::default() });
+        let path = dir.path().join(format!("ep.b{seed}"));
+        std::fs::write(&path, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+        inputs.push(path.display().to_string());
+    }
+    let output = dir.path().join("out");
+    let mut args = vec!["trace", "redact", "--pii-fields", "order_id", "-j", "4", "-o"];
+    let o = output.display().to_string();
+    args.push(&o);
+    args.extend(inputs.iter().map(String::as_str));
+    // Before: all six were written through one temporary file, ep.trace.partial:
+    // renames failed and outputs held other inputs' episodes.
+    let out = basecamp(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for seed in 1..=6u64 {
+        let input = read_trace(dir.path().join(format!("ep.b{seed}"))).unwrap();
+        let redacted = read_trace(output.join(format!("ep.b{seed}"))).unwrap();
+        assert_eq!(redacted.header.episode_id, input.header.episode_id, "ep.b{seed}");
+    }
+    assert_eq!(std::fs::read_dir(&output).unwrap().count(), 6, "no temporary left");
+}
