@@ -31,6 +31,16 @@ enum Command {
     Serve(ServeArgs),
 }
 
+/// `--base-dir`, the same for `run` and `serve`.
+#[derive(clap::Args)]
+struct BaseDir {
+    /// Resolve relative paths in the manifests (services, exec tools, fixtures, a local test
+    /// set or scripted policy) against DIR instead of the manifest file's directory. The
+    /// operator passes `.`: the tools image's working directory.
+    #[arg(long = "base-dir", value_name = "DIR")]
+    dir: Option<PathBuf>,
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     /// Manifest files or directories holding the HarnessTask and its SandboxConfig(s).
@@ -48,6 +58,8 @@ struct ServeArgs {
     /// Where traces go (default: basecamp-runs/<task>/<variant>/serve).
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    base_dir: BaseDir,
     /// Episodes open at once; creating one more answers 429.
     #[arg(long, default_value_t = basecamp_sandbox::gym::DEFAULT_MAX_EPISODES)]
     max_episodes: usize,
@@ -78,11 +90,8 @@ struct RunArgs {
     /// Where traces and summary.json go (default: basecamp-runs/<task>/<variant>/shard-<i>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Resolve relative paths in the manifests (services, exec tools, fixtures, a local test
-    /// set or scripted policy) against DIR instead of the manifest file's directory. The
-    /// operator passes `.`: the tools image's working directory.
-    #[arg(long, value_name = "DIR")]
-    base_dir: Option<PathBuf>,
+    #[command(flatten)]
+    base_dir: BaseDir,
     /// Episodes run at the same time.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
@@ -129,6 +138,7 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
         task: args.task,
         variant: args.variant,
         out_dir: args.out,
+        base_dir: args.base_dir.dir,
         max_episodes: args.max_episodes,
         idle_timeout: args.idle_timeout,
     };
@@ -191,7 +201,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         shard: args.shard.0,
         shard_count: args.shard.1,
         out_dir: args.out,
-        base_dir: args.base_dir,
+        base_dir: args.base_dir.dir,
         concurrency: args.concurrency,
         listen: args.listen,
         upload: !args.no_upload,

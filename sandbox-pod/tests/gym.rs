@@ -701,3 +701,51 @@ async fn the_serve_command_serves_a_task_and_completes_open_traces_on_sigterm() 
         assert_eq!(trace.header.task, "shipping");
     }
 }
+
+/// `serve --base-dir`: the manifests alone in one directory (a ConfigMap
+/// mount), the files they name in another (the tools image's).
+#[tokio::test]
+async fn the_serve_command_resolves_relative_paths_against_base_dir() {
+    use std::io::{BufRead, BufReader};
+    let config = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    std::fs::write(config.path().join("task.yaml"), MANIFEST).unwrap();
+    std::fs::write(image.path().join("fixture.jsonl"), MANIFEST_FIXTURE).unwrap();
+    std::fs::write(image.path().join("tests.jsonl"), TESTS).unwrap();
+    let serve = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+            .args(["serve", "--config"])
+            .arg(config.path())
+            .args(["--listen", "127.0.0.1:0", "--out"])
+            .arg(config.path().join("traces"))
+            .args(extra)
+            .current_dir(image.path())
+            .env_remove("BASECAMP_SANDBOX_LISTEN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    let refused = serve(&[]).wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains(&config.path().join("fixture.jsonl").display().to_string()), "{said}");
+
+    let mut child = serve(&["--base-dir", "."]);
+    let mut first_line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first_line).unwrap();
+    let base = first_line.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_string);
+    let created = match &base {
+        Some(base) => {
+            let request = client().post(format!("{base}/v1/episodes")).body(r#"{"row_id": "ep-1"}"#);
+            Some(json_answer(request.send().await.unwrap()).await)
+        }
+        None => None,
+    };
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    let (status, body) = created
+        .unwrap_or_else(|| panic!("no address in {first_line:?}; stderr: {}", String::from_utf8_lossy(&output.stderr)));
+    assert_eq!(status, 201, "the test set was found under --base-dir: {body}");
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::GymConfig;
 use crate::config::{RunContext, build_runner, episode_input};
-use crate::run::{RunError, check_gpu, load_manifests, load_test_set, resolve_variants, select_task};
+use crate::run::{RunError, absolute_dir, check_gpu, load_manifests_in, load_test_set, resolve_variants, select_task};
 use crate::services::RunningServices;
 
 /// What to serve.
@@ -28,6 +28,9 @@ pub struct ServeRequest {
     pub variant: Option<String>,
     /// Where traces go (default: `basecamp-runs/<task>/<variant>/serve`).
     pub out_dir: Option<PathBuf>,
+    /// What relative paths in the manifests resolve against (`None`: each
+    /// manifest's directory), as [`crate::run::RunRequest::base_dir`].
+    pub base_dir: Option<PathBuf>,
     pub max_episodes: usize,
     pub idle_timeout: Duration,
 }
@@ -44,11 +47,12 @@ pub struct Prepared {
 
 /// Loads the manifests and prepares everything a [`super::Gym`] needs.
 pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
-    let (manifests, mut warnings) = load_manifests(&request.manifests)?;
+    let base_dir_flag = request.base_dir.as_deref().map(absolute_dir).transpose()?;
+    let (manifests, mut warnings) = load_manifests_in(&request.manifests, base_dir_flag.as_deref())?;
     let loaded = select_task(&manifests, request.task.as_deref())?;
     let task = &loaded.object;
     let task_name = task.metadata.name.clone().unwrap_or_default();
-    let base_dir = loaded.base_dir();
+    let base_dir = base_dir_flag.unwrap_or_else(|| loaded.base_dir());
     let variant = resolve_variants(&manifests, task, request.variant.as_deref())?.remove(0);
     if let Some(warning) = check_gpu(&variant.sandbox, &basecamp_gpu::probe::probe_gpus())? {
         warnings.push(warning);
