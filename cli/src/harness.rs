@@ -1,6 +1,7 @@
 //! `basecamp harness validate | convert`: every check the operator and the
 //! sandbox make (the one shared validation function, the same words), over
-//! YAML manifests, directories and the JSON harness form.
+//! YAML manifests, directories and the JSON harness form. Paths that hold no
+//! HarnessTask or SandboxConfig at all fail validation: nothing was checked.
 //!
 //! A JSON harness file (`task_definition`, `data_pipeline`,
 //! `training_config`, `evaluation`) is converted to a HarnessTask first; its
@@ -99,6 +100,17 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     let objects = manifests.tasks.len() + manifests.sandboxes.len();
     let summary =
         format!("{errors} error(s), {warnings} warning(s) in {objects} object(s) from {} path(s)", paths.len());
+    if errors == 0 && objects == 0 {
+        // Nothing was checked (an empty file, `kind` misspelt, another kind
+        // only): passing it would let a broken manifest through CI.
+        let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        println!(
+            "error: {}: no HarnessTask or SandboxConfig to validate; give the files that define them",
+            named.join(", ")
+        );
+        eprintln!("{summary}");
+        return Ok(ExitCode::FAILURE);
+    }
     if errors > 0 {
         eprintln!("{summary}");
         Ok(ExitCode::FAILURE)

@@ -133,3 +133,26 @@ fn a_test_set_on_an_unreachable_s3_endpoint_fails_with_the_location() {
     assert!(out.contains("127.0.0.1:9") || out.to_lowercase().contains("connect"), "says it could not connect: {out}");
     assert!(!dir.path().join("basecamp-runs").join("shipping-delay-ab").join("a").join("shard-0").exists());
 }
+
+#[test]
+fn paths_without_a_harness_task_or_sandbox_config_fail_validation() {
+    let dir = tempfile::tempdir().unwrap();
+    // `kind` misspelt, an empty file: before, "ok: 0 error(s), ... in 0 object(s)" and exit 0.
+    let misspelt = dir.path().join("task.yaml");
+    std::fs::write(&misspelt, "apiVersion: basecamp.dev/v1alpha1\nkindd: HarnessTask\nmetadata: {name: t}\n").unwrap();
+    let empty = dir.path().join("empty.yaml");
+    std::fs::write(&empty, "").unwrap();
+    for file in [&misspelt, &empty] {
+        let f = file.to_str().unwrap();
+        let output = basecamp(&["harness", "validate", f]);
+        let out = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{out}");
+        assert!(
+            out.contains(&format!(
+                "error: {f}: no HarnessTask or SandboxConfig to validate; give the files that define them"
+            )),
+            "{out}"
+        );
+        assert!(!out.contains("ok:"), "{out}");
+    }
+}
