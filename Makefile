@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-logits bench-search demo demo-trace browser image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-logits bench-search bench-serve demo demo-trace browser image fuzz clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -72,7 +72,7 @@ e2e: ## End-to-end tests on the real control plane: helm install + RBAC, the rea
 bench-operator: ## 1,000 HarnessTasks at once on the real control plane: time to every Job, reconcile p50/p99, peak RSS (bench/results/operator.json)
 	BASECAMP_CACHE=$(BASECAMP_CACHE) BASECAMP_E2E_BENCH=1 bash scripts/e2e.sh -k scale
 
-bench: bench-trace bench-sandbox bench-logits bench-search ## Every benchmark; results under bench/results/
+bench: bench-trace bench-sandbox bench-logits bench-search bench-serve ## Every benchmark; results under bench/results/
 
 bench-trace: ## Trace write/read throughput, delta vs snapshot size, zstd vs gzip
 	$(CARGO) bench -p basecamp-trace --bench trace
@@ -82,6 +82,9 @@ bench-sandbox: ## Executor overhead vs a direct call, timeout lateness, episodes
 
 bench-search: ## trace search over >= 1 GB of traces vs the same traces as JSON Lines filtered by jq (about 4 minutes)
 	$(CARGO) bench -p basecamp-trace --bench search
+
+bench-serve: ## basecamp serve over 2,000 traces: a warm task page from the kept catalog vs a full rescan (bench/results/serve.json)
+	$(CARGO) bench -p basecamp-cli --bench serve
 
 bench-logits: ## CPU logit analytics (fused vs scalar loop); the GPU run is gpu/bench/run_device.sh
 	$(CARGO) bench -p basecamp-gpu --bench logits
