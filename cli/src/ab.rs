@@ -8,6 +8,7 @@
 //! first (by name) is the baseline.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -53,12 +54,15 @@ pub fn run(command: AbCommand) -> Result<ExitCode> {
         }
     };
     let comparison = compare(&baseline, &candidate);
+    // Written, not print!ed: a closed stdout (`| head`) is an error to return, not a panic.
+    let mut stdout = std::io::stdout().lock();
     if json {
         let out = serde_json::json!({ "comparison": comparison, "baseline": baseline, "candidate": candidate });
-        println!("{}", serde_json::to_string_pretty(&out).expect("serialisable"));
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&out).expect("serialisable"))?;
     } else {
-        print!("{}", render(&comparison, &baseline, &candidate));
+        write!(stdout, "{}", render(&comparison, &baseline, &candidate))?;
     }
+    stdout.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -8,6 +8,7 @@
 //! problems are reported with the JSON spelling of each field
 //! (`data_pipeline.batch_size`) and the file's name.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -94,8 +95,10 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     }
     let errors = report.errors().count();
     let warnings = report.problems().len() - errors;
+    // Written, not print!ed: a closed stdout (`| grep -q`) is an error to return, not a panic.
+    let mut stdout = std::io::stdout().lock();
     for problem in report.problems() {
-        println!("{problem}");
+        writeln!(stdout, "{problem}")?;
     }
     let objects = manifests.tasks.len() + manifests.sandboxes.len();
     let summary =
@@ -104,10 +107,11 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
         // Nothing was checked (an empty file, `kind` misspelt, another kind
         // only): passing it would let a broken manifest through CI.
         let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        println!(
+        writeln!(
+            stdout,
             "error: {}: no HarnessTask or SandboxConfig to validate; give the files that define them",
             named.join(", ")
-        );
+        )?;
         eprintln!("{summary}");
         return Ok(ExitCode::FAILURE);
     }
@@ -115,7 +119,7 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
         eprintln!("{summary}");
         Ok(ExitCode::FAILURE)
     } else {
-        println!("ok: {summary}");
+        writeln!(stdout, "ok: {summary}")?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -166,7 +170,7 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
     let yaml = format!("# Converted from {name} by `basecamp harness convert`.\n{yaml}");
     match out {
         Some(path) => std::fs::write(path, &yaml).with_context(|| format!("cannot write {}", path.display()))?,
-        None => print!("{yaml}"),
+        None => std::io::stdout().lock().write_all(yaml.as_bytes())?,
     }
     if sandbox.is_none() && converted.manifest["spec"].get("sandboxRef").is_none() {
         eprintln!("note: the task names no SandboxConfig yet; add spec.sandboxRef (or convert with --sandbox NAME)");

@@ -156,3 +156,34 @@ fn paths_without_a_harness_task_or_sandbox_config_fail_validation() {
         assert!(!out.contains("ok:"), "{out}");
     }
 }
+
+/// `... | head`, `... | grep -q`: the reader goes away before the output is written.
+fn with_stdout_closed(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the basecamp binary runs");
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_stdout_is_an_error_line_not_a_panic() {
+    let example = repo("examples/ecommerce");
+    let out = tempfile::tempdir().unwrap();
+    let raw = repo("examples/raw-logits");
+    let run = basecamp(&["run", raw.to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run));
+    let variant = out.path().join("default");
+    let v = variant.to_str().unwrap();
+    // Before: "thread 'main' panicked ... failed printing to stdout: Broken pipe", exit 101.
+    for args in [vec!["harness", "validate", example.to_str().unwrap()], vec!["ab", "compare", v, v, "--json"]] {
+        let output = with_stdout_closed(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(stderr.ends_with("error: Broken pipe (os error 32)\n"), "{args:?}: {stderr}");
+    }
+}
