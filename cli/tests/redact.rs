@@ -138,3 +138,31 @@ fn traces_named_without_the_trace_suffix_are_redacted_each_into_its_own_file() {
     }
     assert_eq!(std::fs::read_dir(&output).unwrap().count(), 6, "no temporary left");
 }
+
+/// `basecamp trace redact ... | head -1`: the reader goes away; every trace
+/// is still redacted, and the closed pipe is one error line, not a panic.
+#[test]
+fn a_closed_stdout_still_redacts_every_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    for seed in 1..=20u64 {
+        let ep = generate(&EpisodeShape { seed, steps: 2, tokens_per_step: 1, ..Default::default() });
+        std::fs::write(input.join(format!("ep-{seed:02}.trace")), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    }
+    let output = dir.path().join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "redact", input.to_str().unwrap(), "--pii-fields", "order_id", "-j", "1", "-o"])
+        .arg(&output)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Before: "panicked ... failed printing to stdout: Broken pipe", exit 101, after the first trace.
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr, "error: Broken pipe (os error 32)\n");
+    assert_eq!(std::fs::read_dir(&output).unwrap().count(), 20);
+}

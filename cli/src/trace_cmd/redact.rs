@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -61,6 +61,10 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     let jobs: Vec<(&Source, &PathBuf)> = files.iter().zip(&outputs).collect();
     let mut failed = 0usize;
     let mut total = RedactStats::default();
+    // A closed stdout (`| head`) does not stop the redaction: every trace is
+    // still written, and the error is returned at the end (print! would panic).
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error: Option<std::io::Error> = None;
     for_each_ordered(
         &jobs,
         args.jobs.unwrap_or_else(default_jobs),
@@ -71,13 +75,18 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                 Ok(stats) => {
                     total.records += stats.records;
                     total.replaced += stats.replaced;
-                    println!(
-                        "{} -> {}: {} values replaced in {} records",
-                        input.name,
-                        output.display(),
-                        stats.replaced,
-                        stats.records
-                    );
+                    if write_error.is_none()
+                        && let Err(e) = writeln!(
+                            stdout,
+                            "{} -> {}: {} values replaced in {} records",
+                            input.name,
+                            output.display(),
+                            stats.replaced,
+                            stats.records
+                        )
+                    {
+                        write_error = Some(e);
+                    }
                 }
                 Err(e) => {
                     failed += 1;
@@ -86,12 +95,16 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
             }
         },
     );
-    println!(
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    writeln!(
+        stdout,
         "{} traces redacted, {} values replaced{}",
         files.len() - failed,
         total.replaced,
         if args.salt.is_none() { " (random salt)" } else { "" }
-    );
+    )?;
     Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
