@@ -17,7 +17,7 @@
 //! pages must be byte-identical. Reported apart: the cached server's first
 //! request (which reads everything), and its task page when one new trace
 //! (without a summary) has landed before each request, as in a run still
-//! writing. `SERVE_BENCH_ROUNDS` (default 7) sets the rounds. Writes a
+//! writing. `SERVE_BENCH_ROUNDS` (default 11) sets the rounds. Writes a
 //! table and `bench/results/serve.json`.
 
 #[path = "../tests/support/http.rs"]
@@ -43,7 +43,7 @@ fn main() {
     let started = Instant::now();
     let loadavg_at_start = read_trimmed("/proc/loadavg");
     let traces: usize = env_or("SERVE_BENCH_TRACES", 2000).max(1);
-    let rounds: usize = env_or("SERVE_BENCH_ROUNDS", 7).max(1);
+    let rounds: usize = env_or("SERVE_BENCH_ROUNDS", 11).max(1);
     let dir = TempDir::new();
     let (shards, bytes) = write_traces(&dir.0, traces);
     println!("{traces} traces in {shards} shards, {:.1} MB on disk", bytes as f64 / 1e6);
