@@ -158,6 +158,12 @@ fn to_json_spelling(mut problem: Problem, file: &str, object: Option<&str>) -> P
 
 fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<ExitCode> {
     let name = file.display().to_string();
+    if let Some(out) = out
+        && let (Ok(a), Ok(b)) = (std::fs::canonicalize(file), std::fs::canonicalize(out))
+        && a == b
+    {
+        bail!("{name}: -o would replace the JSON harness with its conversion; write the manifest to another file");
+    }
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {name}"))?;
     let converted = harness_json::convert(&name, &text, sandbox);
     if converted.report.has_errors() || converted.manifest.is_null() {

@@ -187,3 +187,21 @@ fn a_closed_stdout_is_an_error_line_not_a_panic() {
         assert!(stderr.ends_with("error: Broken pipe (os error 32)\n"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn convert_refuses_to_write_over_its_own_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let harness = dir.path().join("harness.json");
+    std::fs::write(&harness, HARNESS).unwrap();
+    let h = harness.to_str().unwrap();
+    // Before: the JSON harness was replaced by the YAML manifest, exit 0.
+    let output = basecamp(&["harness", "convert", h, "--sandbox", "shipping-b", "-o", h]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: {h}: -o would replace the JSON harness with its conversion; write the manifest to another file\n"
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&harness).unwrap(), HARNESS);
+}
