@@ -391,6 +391,39 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_requests_while_a_run_writes_end_where_the_full_scan_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let cache = Arc::new(CatalogCache::new(root.clone()));
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let cache = Arc::clone(&cache);
+                std::thread::spawn(move || {
+                    for _ in 0..20 {
+                        let catalog = cache.catalog();
+                        // Every entry a request sees is whole: ids unique, digests readable.
+                        let mut ids: Vec<&str> = catalog.episodes.iter().map(|e| e.id.as_str()).collect();
+                        ids.dedup();
+                        assert_eq!(ids.len(), catalog.episodes.len());
+                    }
+                })
+            })
+            .collect();
+        for seed in 1..=12 {
+            write_trace(&root.join(format!("shard-{}/ep-{seed}.trace", seed % 3)), seed);
+        }
+        write_summary(&root.join("shard-0"), &[3, 6, 9, 12], 0.5);
+        for reader in readers {
+            reader.join().expect("a reader panicked");
+        }
+        let shown = |c: &Catalog| -> Vec<String> {
+            c.episodes.iter().map(|e| format!("{} {} {:?}", e.relative, e.from_summary, e.metrics)).collect()
+        };
+        assert_eq!(shown(&cache.catalog()), shown(&Catalog::scan(&root)));
+        assert_eq!(cache.catalog().episodes.len(), 12);
+    }
+
+    #[test]
     fn the_cache_finds_what_the_full_scan_finds() {
         let outer = tempfile::tempdir().unwrap();
         let root = outer.path().join("served");
