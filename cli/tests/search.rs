@@ -168,3 +168,31 @@ fn a_missing_path_is_one_clear_line() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stderr), "error: /nonexistent/traces: no such file or directory\n");
 }
+
+#[test]
+fn a_generated_query_too_deep_or_too_long_is_refused_not_a_stack_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 1, steps: 3, tokens_per_step: 1, ..Default::default() });
+    let trace = dir.path().join("ep.trace");
+    std::fs::write(&trace, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let t = trace.display().to_string();
+    // Before: "thread 'main' has overflowed its stack", abort (exit 134).
+    let nested = format!("{}step == 1{}", "(".repeat(2000), ")".repeat(2000));
+    let chained = vec!["step == 1"; 2000].join(" and ");
+    let negated = format!("{}step == 1", "not ".repeat(2000));
+    for (query, expected) in [
+        (&nested, "the query nests '(' and 'not' more than 64 levels deep; simplify it"),
+        (&negated, "the query nests '(' and 'not' more than 64 levels deep; simplify it"),
+        (&chained, "the query has more than 256 conditions; split it into several searches"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "search", query, &t]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.starts_with(&format!("error: invalid query: {expected}")), "{stderr}");
+    }
+    // Within the limits, as before.
+    let fine = vec!["step == 1"; 200].join(" and ");
+    let out = Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "search", &fine, &t]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}

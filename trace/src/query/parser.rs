@@ -10,9 +10,18 @@
 //! OP      := "==" | "!=" | "<" | "<=" | ">" | ">="
 //! literal := string | number | "true" | "false" | "null"
 //! ```
+//!
+//! At most [`MAX_NESTING`] levels of '(' and 'not', and [`MAX_CONDITIONS`]
+//! conditions.
 
 use super::QueryError;
 use super::lexer::{Tok, Token, lex};
+
+/// How deep '(' and 'not' may nest, and how many conditions a query may
+/// have: the parser and the evaluator recurse over the tree, so a generated
+/// query of thousands of them overflowed the stack (an abort, not an error).
+pub const MAX_NESTING: usize = 64;
+pub const MAX_CONDITIONS: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -78,7 +87,7 @@ pub enum Expr {
 
 pub fn parse(query: &str) -> Result<Expr, QueryError> {
     let tokens = lex(query)?;
-    let mut p = Parser { query, tokens, pos: 0 };
+    let mut p = Parser { query, tokens, pos: 0, nesting: 0, conditions: 0 };
     if p.peek() == &Tok::End {
         return Err(QueryError::new(query, 0, "the query is empty".into()));
     }
@@ -94,6 +103,10 @@ struct Parser<'q> {
     query: &'q str,
     tokens: Vec<Token>,
     pos: usize,
+    /// '(' and 'not' open around the current position.
+    nesting: usize,
+    /// Comparisons and exists() so far.
+    conditions: usize,
 }
 
 impl Parser<'_> {
@@ -139,18 +152,45 @@ impl Parser<'_> {
 
     fn unary(&mut self) -> Result<Expr, QueryError> {
         if self.peek() == &Tok::Not {
+            self.enter()?;
             self.bump();
-            return Ok(Expr::Not(Box::new(self.unary()?)));
+            let inner = self.unary()?;
+            self.nesting -= 1;
+            return Ok(Expr::Not(Box::new(inner)));
         }
         self.primary()
+    }
+
+    /// One more level of '(' or 'not', refused past [`MAX_NESTING`].
+    fn enter(&mut self) -> Result<(), QueryError> {
+        if self.nesting == MAX_NESTING {
+            return Err(self.error_here(format!(
+                "the query nests '(' and 'not' more than {MAX_NESTING} levels deep; simplify it"
+            )));
+        }
+        self.nesting += 1;
+        Ok(())
+    }
+
+    /// One more condition, refused past [`MAX_CONDITIONS`].
+    fn condition(&mut self) -> Result<(), QueryError> {
+        if self.conditions == MAX_CONDITIONS {
+            return Err(self.error_here(format!(
+                "the query has more than {MAX_CONDITIONS} conditions; split it into several searches"
+            )));
+        }
+        self.conditions += 1;
+        Ok(())
     }
 
     fn primary(&mut self) -> Result<Expr, QueryError> {
         match self.peek().clone() {
             Tok::LParen => {
                 let open = self.at();
+                self.enter()?;
                 self.bump();
                 let inner = self.or()?;
+                self.nesting -= 1;
                 match self.peek() {
                     Tok::RParen => {
                         self.bump();
@@ -161,6 +201,7 @@ impl Parser<'_> {
                 }
             }
             Tok::Exists => {
+                self.condition()?;
                 self.bump();
                 if self.peek() != &Tok::LParen {
                     return Err(self.error_here(format!("expected '(' after exists, found {}", self.peek().describe())));
@@ -176,6 +217,7 @@ impl Parser<'_> {
                 Ok(Expr::Exists { path })
             }
             Tok::Ident(_) => {
+                self.condition()?;
                 let path = self.path()?;
                 let op_at = self.at();
                 let op = match self.peek() {
