@@ -13,6 +13,7 @@ COPY sandbox-pod sandbox-pod
 COPY operator operator
 COPY cli cli
 COPY gpu gpu
+COPY bench/support bench/support
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \

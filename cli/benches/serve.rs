@@ -25,9 +25,9 @@ mod http;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use basecamp_bench_support::{git_commit, loadavg, machine, utc_now};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 use serde_json::{Value, json};
 
@@ -41,7 +41,7 @@ const SETTLED_AFTER: Duration = Duration::from_millis(2500);
 
 fn main() {
     let started = Instant::now();
-    let loadavg_at_start = read_trimmed("/proc/loadavg");
+    let loadavg_at_start = loadavg();
     let traces: usize = env_or("SERVE_BENCH_TRACES", 2000).max(1);
     let rounds: usize = env_or("SERVE_BENCH_ROUNDS", 11).max(1);
     let dir = TempDir::new();
@@ -264,45 +264,4 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
-}
-
-fn read_trimmed(path: &str) -> Option<String> {
-    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
-}
-
-fn machine(loadavg_at_start: Option<String>) -> Value {
-    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu_model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()));
-    json!({
-        "nproc": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "cpu_model": cpu_model,
-        "kernel": read_trimmed("/proc/sys/kernel/osrelease"),
-        "loadavg_at_start": loadavg_at_start,
-        "loadavg_at_end": read_trimmed("/proc/loadavg"),
-        "arch": std::env::consts::ARCH,
-    })
-}
-
-fn git_commit() -> Option<String> {
-    let out =
-        Command::new("git").args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// The current UTC time as RFC 3339, without a date crate.
-fn utc_now() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }

@@ -15,9 +15,9 @@
 //! on stdout and `bench/results/logits_cpu.json`.
 
 use std::hint::black_box;
-use std::process::Command;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use basecamp_bench_support::{cpu_model, git_commit, loadavg};
 use basecamp_gpu::logits::fused::{CpuKernel, analyze_into};
 use basecamp_gpu::logits::reference::{reference, scalar_into};
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
@@ -77,25 +77,6 @@ fn stats(values: &[f64]) -> Value {
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn shell(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default()
 }
 
 fn main() {
@@ -229,10 +210,10 @@ fn main() {
         "machine": {
             "nproc": all,
             "cpu": cpu_model(),
-            "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+            "loadavg": loadavg(),
             "kernel_auto": CpuKernel::Auto.name(),
         },
-        "commit": shell("git", &["rev-parse", "--short", "HEAD"]),
+        "commit": git_commit(),
         "unix_time": unix,
         "reps": reps,
         "wall_seconds": started.elapsed().as_secs_f64(),

@@ -39,8 +39,9 @@ use std::hint::black_box;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use basecamp_bench_support::{git_commit, loadavg, machine, utc_now};
 use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner, LiveInjections};
 use basecamp_sandbox::executor::{NullWrites, ToolCall, ToolDef, ToolExecutor};
 use basecamp_sandbox::metrics::SandboxMetrics;
@@ -78,7 +79,7 @@ const EPISODE_CONCURRENCY: [usize; 3] = [1, 2, 4];
 fn main() {
     let settings = Settings::from_env();
     let started = Instant::now();
-    let loadavg_at_start = read_trimmed("/proc/loadavg");
+    let loadavg_at_start = loadavg();
     let filter = std::env::args().skip(1).find(|a| !a.starts_with("--"));
     let runs = |part: &str| filter.as_deref().is_none_or(|f| part.contains(f));
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -140,7 +141,7 @@ fn main() {
         "\nwrote {} in {elapsed_s:.1} s; load average at start {}, at end {}",
         path.display(),
         loadavg_at_start.as_deref().unwrap_or("?"),
-        read_trimmed("/proc/loadavg").as_deref().unwrap_or("?"),
+        loadavg().as_deref().unwrap_or("?"),
     );
 }
 
@@ -1192,49 +1193,3 @@ fn print_targets(targets: &[Target]) {
 }
 
 // ---- machine and date ------------------------------------------------------
-
-fn read_trimmed(path: &str) -> Option<String> {
-    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
-}
-
-fn machine(loadavg_at_start: Option<String>) -> Value {
-    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu_model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()));
-    json!({
-        "nproc": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "cpuinfo_processors": cpuinfo.lines().filter(|l| l.starts_with("processor")).count(),
-        "cpu_model": cpu_model,
-        "kernel": read_trimmed("/proc/sys/kernel/osrelease"),
-        "clocksource": read_trimmed("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
-        "loadavg_at_start": loadavg_at_start,
-        "loadavg_at_end": read_trimmed("/proc/loadavg"),
-        "arch": std::env::consts::ARCH,
-    })
-}
-
-fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// The current UTC time as RFC 3339, without a date crate.
-fn utc_now() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil-from-days (Howard Hinnant), for days since 1970-01-01.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}

@@ -18,8 +18,9 @@ use std::fs::{self, File};
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
+use basecamp_bench_support::{git_commit, machine, utc_now};
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
@@ -855,7 +856,7 @@ impl Report<'_, '_> {
             "command": "cargo bench -p basecamp-trace --bench trace",
             "date_utc": utc_now(),
             "git_commit": git_commit(),
-            "machine": machine(),
+            "machine": machine(None),
             "method": {
                 "rounds": reps,
                 "target_sample_ms": sample_ms,
@@ -923,44 +924,3 @@ fn range(s: Stats, scale: f64, decimals: usize, suffix: &str) -> String {
 }
 
 // ---- machine and date ----------------------------------------------------------
-
-fn machine() -> Value {
-    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu_model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string()));
-    let read_trimmed = |path: &str| fs::read_to_string(path).ok().map(|s| s.trim().to_string());
-    json!({
-        "nproc": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "cpuinfo_processors": cpuinfo.lines().filter(|l| l.starts_with("processor")).count(),
-        "cpu_model": cpu_model,
-        "kernel": read_trimmed("/proc/sys/kernel/osrelease"),
-        "loadavg_at_end": read_trimmed("/proc/loadavg"),
-        "arch": std::env::consts::ARCH,
-    })
-}
-
-fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// The current UTC time as RFC 3339, without a date crate.
-fn utc_now() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil-from-days (Howard Hinnant), for days since 1970-01-01.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
