@@ -9,8 +9,6 @@
 mod s3;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, SystemTime};
@@ -190,76 +188,11 @@ fn an_unreachable_endpoint_is_named_and_nothing_is_deleted() {
     assert!(local.join("ep-old.trace").exists(), "nothing is deleted when a location cannot be read");
 }
 
-/// A stand-in for S3 that lists three old traces under `runs/` and, asked
-/// to delete them, refuses `runs/denied.trace` in its answer (as S3 does
-/// for a key a policy protects) and deletes the others.
-fn start_refusing_s3() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || answer_requests(stream));
-        }
-    });
-    port
-}
-
-fn answer_requests(stream: TcpStream) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut writer = stream;
-    loop {
-        let mut request_line = String::new();
-        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut length = 0usize;
-        loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header).unwrap_or(0) == 0 {
-                return;
-            }
-            if header == "\r\n" {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0u8; length];
-        reader.read_exact(&mut body).unwrap();
-        let answer = if request_line.starts_with("GET") {
-            let contents: String = ["ep-1", "denied", "ep-2"]
-                .iter()
-                .map(|name| {
-                    format!(
-                        "<Contents><Key>runs/{name}.trace</Key><LastModified>2020-01-01T00:00:00.000Z</LastModified>\
-                         <Size>10</Size></Contents>"
-                    )
-                })
-                .collect();
-            format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>{BUCKET}</Name><Prefix>runs/</Prefix>\
-                 <KeyCount>3</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>{contents}</ListBucketResult>"
-            )
-        } else {
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><DeleteResult><Error><Key>runs/denied.trace</Key>\
-             <Code>AccessDenied</Code><Message>Access Denied</Message></Error></DeleteResult>"
-                .to_string()
-        };
-        let head =
-            format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
-        if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
-            return;
-        }
-    }
-}
-
 #[test]
 fn a_key_s3_refuses_to_delete_is_named_and_the_others_still_go() {
     let dir = tempfile::tempdir().unwrap();
-    let port = start_refusing_s3();
+    // Lists ep-1, denied and ep-2 under runs/ (old, 10 bytes each) and refuses denied.trace.
+    let port = basecamp_sandbox::testing::RefusingDeleteServer::start().port;
     let prefix = format!("s3://{BUCKET}/runs");
     let out = basecamp_with_s3(port, &["trace", "cleanup", &prefix, "--older-than", "7d", "--delete"], dir.path());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));

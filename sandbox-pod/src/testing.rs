@@ -4,6 +4,8 @@
 //! `${BASECAMP_CACHE:-~/.cache/basecamp}/s3s-fs/bin/s3s-fs`; without it the
 //! tests fail and say to run `scripts/s3-server.sh install`. Storage clients
 //! stay with each test suite: their retry tuning is part of what they assert.
+//! And [`RefusingDeleteServer`], a stand-in for the per-key refusals of
+//! `DeleteObjects` that s3s-fs never gives.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -102,5 +104,120 @@ impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A stand-in for S3, for what s3s-fs never does: refusing single keys in
+/// the body of a 200 `DeleteObjects` answer. A key
+/// containing `denied` is refused with `AccessDenied` every time; one
+/// containing `flaky` with `InternalError` the first time it is asked for.
+/// Every request's keys are recorded.
+pub struct RefusingDeleteServer {
+    pub port: u16,
+    /// The keys of each `DeleteObjects` request, in order.
+    pub requests: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+impl RefusingDeleteServer {
+    /// Starts it on a free port of 127.0.0.1 (it lives as long as the test process).
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let requests: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>> = Default::default();
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let seen = seen.clone();
+                std::thread::spawn(move || serve_deletes(stream, &seen));
+            }
+        });
+        Self { port, requests }
+    }
+}
+
+/// What [`RefusingDeleteServer`] lists under any prefix: objects last
+/// modified on 2020-01-01, 10 bytes each.
+pub const PREFIX_LISTING: [&str; 3] = ["runs/ep-1.trace", "runs/denied.trace", "runs/ep-2.trace"];
+
+fn serve_deletes(stream: TcpStream, seen: &std::sync::Mutex<Vec<Vec<String>>>) {
+    use std::io::{BufRead, Read, Write};
+    let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone the stream"));
+    let mut writer = stream;
+    loop {
+        let mut length = 0usize;
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            if header == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().expect("a content length");
+            }
+        }
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body).expect("read the body");
+        if line.starts_with("GET") {
+            // A listing: the keys of PREFIX_LISTING, old enough for any cleanup.
+            let contents: String = PREFIX_LISTING
+                .iter()
+                .map(|key| {
+                    format!(
+                        "<Contents><Key>{key}</Key><LastModified>2020-01-01T00:00:00.000Z</LastModified>\
+                         <Size>10</Size></Contents>"
+                    )
+                })
+                .collect();
+            let answer = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>{BUCKET}</Name>\
+                 <IsTruncated>false</IsTruncated>{contents}</ListBucketResult>"
+            );
+            let head =
+                format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
+            if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
+                return;
+            }
+            continue;
+        }
+        let body = String::from_utf8_lossy(&body);
+        let keys: Vec<String> = body
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("</Key>").map(|(key, _)| key.to_string()))
+            .collect();
+        let mut all = seen.lock().expect("lock");
+        let asked_before = |key: &str| all.iter().flatten().any(|k| k == key);
+        let mut answer = String::from(r#"<?xml version="1.0" encoding="UTF-8"?><DeleteResult>"#);
+        for key in &keys {
+            let code = if key.contains("denied") {
+                Some(("AccessDenied", "Access Denied"))
+            } else if key.contains("flaky") && !asked_before(key) {
+                Some(("InternalError", "We encountered an internal error. Please try again."))
+            } else {
+                None
+            };
+            if let Some((code, message)) = code {
+                answer.push_str(&format!(
+                    "<Error><Key>{key}</Key><Code>{code}</Code><Message>{message}</Message></Error>"
+                ));
+            }
+        }
+        answer.push_str("</DeleteResult>");
+        all.push(keys);
+        drop(all);
+        let head =
+            format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
+        if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
+            return;
+        }
     }
 }

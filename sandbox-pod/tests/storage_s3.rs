@@ -19,7 +19,9 @@ use basecamp_sandbox::storage::{
     Destination, RetryPolicy, ShardPartition, StaticCredentials, Storage, StorageConfig, UtcDate,
 };
 
-use basecamp_sandbox::testing::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY, free_port};
+use basecamp_sandbox::testing::{
+    ACCESS_KEY, BUCKET, PREFIX_LISTING, RefusingDeleteServer, S3Server, SECRET_KEY, free_port,
+};
 
 fn endpoint(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
@@ -711,118 +713,6 @@ async fn delete_objects_with_the_endpoint_down_fails_every_key_by_name() {
         let err = deletion.result.as_ref().expect_err("the endpoint is down");
         assert_eq!((err.category(), err.attempts()), ("S3Unreachable", 3), "{err}");
         assert!(err.to_string().starts_with(&format!("failed to delete s3://{BUCKET}/{key}: ")), "{err}");
-    }
-}
-
-/// A stand-in for S3 that answers only `DeleteObjects`, for what s3s-fs
-/// never does: refusing single keys in the body of a 200 answer. A key
-/// containing `denied` is refused with `AccessDenied` every time; one
-/// containing `flaky` with `InternalError` the first time it is asked for.
-/// Every request's keys are recorded.
-struct RefusingDeleteServer {
-    port: u16,
-    requests: Arc<std::sync::Mutex<Vec<Vec<String>>>>,
-}
-
-impl RefusingDeleteServer {
-    fn start() -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("address").port();
-        let requests: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
-        let seen = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let seen = seen.clone();
-                std::thread::spawn(move || serve_deletes(stream, &seen));
-            }
-        });
-        Self { port, requests }
-    }
-}
-
-/// What [`RefusingDeleteServer`] lists under any prefix.
-const PREFIX_LISTING: [&str; 3] = ["runs/ep-1.trace", "runs/denied.trace", "runs/ep-2.trace"];
-
-fn serve_deletes(stream: std::net::TcpStream, seen: &std::sync::Mutex<Vec<Vec<String>>>) {
-    use std::io::{BufRead, Read, Write};
-    let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone the stream"));
-    let mut writer = stream;
-    loop {
-        let mut length = 0usize;
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header).unwrap_or(0) == 0 {
-                return;
-            }
-            if header == "\r\n" {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().expect("a content length");
-            }
-        }
-        let mut body = vec![0u8; length];
-        reader.read_exact(&mut body).expect("read the body");
-        if line.starts_with("GET") {
-            // A listing (for delete_prefix): the keys of PREFIX_LISTING, all recent.
-            let contents: String = PREFIX_LISTING
-                .iter()
-                .map(|key| {
-                    format!(
-                        "<Contents><Key>{key}</Key><LastModified>2026-01-05T12:00:00.000Z</LastModified>\
-                         <Size>1</Size></Contents>"
-                    )
-                })
-                .collect();
-            let answer = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>{BUCKET}</Name>\
-                 <IsTruncated>false</IsTruncated>{contents}</ListBucketResult>"
-            );
-            let head =
-                format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
-            if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
-                return;
-            }
-            continue;
-        }
-        let body = String::from_utf8_lossy(&body);
-        let keys: Vec<String> = body
-            .split("<Key>")
-            .skip(1)
-            .filter_map(|rest| rest.split_once("</Key>").map(|(key, _)| key.to_string()))
-            .collect();
-        let mut all = seen.lock().expect("lock");
-        let asked_before = |key: &str| all.iter().flatten().any(|k| k == key);
-        let mut answer = String::from(r#"<?xml version="1.0" encoding="UTF-8"?><DeleteResult>"#);
-        for key in &keys {
-            let code = if key.contains("denied") {
-                Some(("AccessDenied", "Access Denied"))
-            } else if key.contains("flaky") && !asked_before(key) {
-                Some(("InternalError", "We encountered an internal error. Please try again."))
-            } else {
-                None
-            };
-            if let Some((code, message)) = code {
-                answer.push_str(&format!(
-                    "<Error><Key>{key}</Key><Code>{code}</Code><Message>{message}</Message></Error>"
-                ));
-            }
-        }
-        answer.push_str("</DeleteResult>");
-        all.push(keys);
-        drop(all);
-        let head =
-            format!("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n", answer.len());
-        if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(answer.as_bytes())).is_err() {
-            return;
-        }
     }
 }
 
