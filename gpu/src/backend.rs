@@ -10,7 +10,7 @@ use std::fmt;
 
 use crate::cuda::{GpuError, GpuLogits};
 use crate::logits::fused::{self, CpuKernel};
-use crate::logits::{LogitStats, LogitsError, LogitsView};
+use crate::logits::{LogitStats, LogitsError, LogitsView, MAX_TOP_K};
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,6 +111,10 @@ impl Analyzer {
 
     /// Top-k, log-sum-exp, entropy of `p` and, with `q`, KL(p || q).
     pub fn analyze(&self, p: LogitsView<'_>, q: Option<LogitsView<'_>>, k: usize) -> Result<LogitStats, BackendError> {
+        // Before the outputs are sized by it (rows x k): a huge k is an input error, not an abort.
+        if k > MAX_TOP_K {
+            return Err(LogitsError::TopKTooLarge { k }.into());
+        }
         let mut out = LogitStats::poisoned(p.rows(), p.vocab(), k, q.is_some());
         match &self.gpu {
             Some(gpu) => gpu.analyze_into(p, q, k, &mut out).map_err(|e| match e {
@@ -134,6 +138,9 @@ mod tests {
         let x = [0.0f32, 1.0, 2.0, 3.0];
         let stats = cpu.analyze(LogitsView::f32(&x, 2, 2).expect("2 x 2"), None, 1).expect("valid");
         assert_eq!(stats.token(1).top_ids, vec![1]);
+        // Refused before anything is sized by it (100 billion x 2 rows would abort on allocation).
+        let huge = cpu.analyze(LogitsView::f32(&x, 2, 2).expect("2 x 2"), None, 100_000_000_000).err();
+        assert_eq!(huge.map(|e| e.category()), Some("TopKTooLarge"));
 
         let auto = Analyzer::new(DeviceChoice::Auto).expect("auto never fails");
         if matches!(auto.backend(), Backend::Cpu(_)) {

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use basecamp_gpu::file::{LoadedLogits, LogitsFile};
-use basecamp_gpu::logits::{Input, LogitsError, MAX_TOP_K};
+use basecamp_gpu::logits::{Input, LogitsError};
 use basecamp_gpu::{Analyzer, BackendError, DeviceChoice, LogitStats};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
@@ -69,10 +69,6 @@ impl Source<'_> {
 }
 
 pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
-    // Before anything is sized by it: the outputs are allocated per row and k.
-    if args.top_k > MAX_TOP_K {
-        return Err(LogitsError::TopKTooLarge { k: args.top_k }.into());
-    }
     let files = args.logits.iter().map(|path| LogitsFile::open(path)).collect::<Result<Vec<_>, _>>()?;
     let sources = files
         .iter()
