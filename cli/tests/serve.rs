@@ -342,3 +342,53 @@ fn a_report_of_an_s3_prefix_names_the_objects_not_its_deleted_copy() {
     let temp = std::env::temp_dir().join("basecamp-report-");
     assert!(!html.contains(temp.to_str().unwrap()), "no path into the deleted copy");
 }
+
+#[test]
+fn a_report_of_lone_traces_is_about_reward_and_never_overwrites_an_input() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let trace = walk_traces(dir.path()).into_iter().next().expect("a trace");
+    let lone = dir.path().join("lone");
+    std::fs::create_dir_all(&lone).unwrap();
+    let copy = lone.join("ep.trace");
+    std::fs::copy(&trace, &copy).unwrap();
+    let report = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_basecamp")).arg("trace").arg("report").args(args).output().unwrap()
+    };
+
+    // No summary.json beside it: no tool_call_accuracy, so without --metric the report is about reward, and says so.
+    let out = dir.path().join("r.html");
+    let result = report(&[copy.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "{stderr}");
+    assert!(stderr.contains("the report is about reward (choose with --metric)"), "{stderr}");
+    assert!(String::from_utf8_lossy(&result.stdout).contains("metric reward"));
+    // A metric asked for by name is still checked.
+    let result = report(&[copy.to_str().unwrap(), "--metric", "tool_call_accuracy", "-o", out.to_str().unwrap()]);
+    assert_eq!(result.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&result.stderr).contains("--metric tool_call_accuracy: no episode has this metric")
+    );
+
+    // -o naming an input trace is refused; the trace is untouched.
+    let before = std::fs::read(&copy).unwrap();
+    let result = report(&[lone.to_str().unwrap(), "-o", copy.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the report would overwrite this input trace"), "{stderr}");
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
+}
+
+fn walk_traces(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk_traces(&path));
+        } else if path.extension().is_some_and(|e| e == "trace") {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}

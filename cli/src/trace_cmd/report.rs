@@ -9,9 +9,13 @@
 //! temporary directory first, deleted when the report is written; the
 //! report names those traces by their `s3://` URLs).
 //! Episode metrics come from the shard `summary.json` next to the traces
-//! when there is one, else from what each trace holds.
+//! when there is one, else from what each trace holds (no
+//! `tool_call_accuracy` then: without `--metric` the report is about
+//! `reward`, and says so). An `-o` that is one of the input traces is
+//! refused.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -27,9 +31,10 @@ pub struct ReportArgs {
     /// Trace files, directories (searched recursively) or glob patterns.
     #[arg(required = true)]
     pub paths: Vec<String>,
-    /// The metric the report is about: correlations are computed against it.
-    #[arg(long, default_value = "tool_call_accuracy")]
-    pub metric: String,
+    /// The metric the report is about: correlations are computed against it
+    /// [default: tool_call_accuracy, or reward for traces without a summary.json].
+    #[arg(long)]
+    pub metric: Option<String>,
     /// What failed episodes are clustered by.
     #[arg(long, value_enum, default_value_t = ClusterBy::MemoryState)]
     pub cluster_by: ClusterBy,
@@ -110,6 +115,12 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
             if catalog.problems.is_empty() { String::new() } else { format!(": {}", catalog.problems.join("; ")) };
         bail!("no readable traces in {}{why}", args.paths.join(" "));
     }
+    if let Ok(output) = std::fs::canonicalize(&args.output)
+        && let Some(input) =
+            catalog.episodes.iter().find(|e| std::fs::canonicalize(&e.trace).is_ok_and(|t| t == output))
+    {
+        bail!("{}: the report would overwrite this input trace; choose another -o file", input.trace.display());
+    }
     // Groups: one per task and variant, in order.
     let mut groups: BTreeMap<(String, String, String), Vec<&_>> = BTreeMap::new();
     for e in &catalog.episodes {
@@ -123,16 +134,30 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     }
     let known: std::collections::BTreeSet<String> =
         loaded_groups.iter().flat_map(|(_, _, _, _, loaded)| metric_names(loaded)).collect();
-    if !known.contains(&args.metric) {
-        bail!(
-            "--metric {}: no episode has this metric; these do: {}",
-            args.metric,
+    let metric = match &args.metric {
+        Some(metric) if !known.contains(metric) => bail!(
+            "--metric {metric}: no episode has this metric; these do: {}",
             known.into_iter().collect::<Vec<_>>().join(", ")
-        );
-    }
+        ),
+        Some(metric) => metric.clone(),
+        None => match ["tool_call_accuracy", "reward"].into_iter().find(|m| known.contains(*m)) {
+            Some("tool_call_accuracy") => "tool_call_accuracy".to_string(),
+            Some(other) => {
+                eprintln!(
+                    "note: no episode has tool_call_accuracy (it comes from the summary.json beside the traces); \
+                     the report is about {other} (choose with --metric)"
+                );
+                other.to_string()
+            }
+            None => bail!(
+                "no episode has tool_call_accuracy or reward; give --metric, one of: {}",
+                known.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        },
+    };
     let mut rendered = Vec::new();
     for (namespace, task, variant, entries, loaded) in &loaded_groups {
-        let mut insights = compute(loaded, &args.metric, args.cluster_by);
+        let mut insights = compute(loaded, &metric, args.cluster_by);
         for unreadable in &mut insights.unreadable {
             *unreadable = s3_names(fetched, unreadable);
         }
@@ -146,16 +171,18 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     std::fs::write(&args.output, html).with_context(|| format!("cannot write {}", args.output.display()))?;
     let episodes: usize = rendered.iter().map(|g| g.entries.len()).sum();
     let failed: usize = rendered.iter().map(|g| g.insights.failed).sum();
-    println!(
-        "wrote {}: {episodes} episodes ({failed} failed) in {} task variant(s), metric {}, failures clustered by {}",
+    // Written, not printed: a closed stdout (`| head -1`) is an error line, not a panic.
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "wrote {}: {episodes} episodes ({failed} failed) in {} task variant(s), metric {metric}, failures clustered by {}",
         args.output.display(),
         rendered.len(),
-        args.metric,
         args.cluster_by.name()
-    );
+    )?;
     for g in &rendered {
         for hint in g.insights.hints.iter().take(3) {
-            println!("  {}/{}: {}", g.task, g.variant, hint);
+            writeln!(out, "  {}/{}: {}", g.task, g.variant, hint)?;
         }
     }
     for problem in &catalog.problems {
