@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
-use basecamp_sandbox::storage::{Destination, ObjectInfo, Storage, StorageConfig};
+use basecamp_sandbox::storage::{Destination, ObjectInfo, Storage};
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
 use clap::Args;
 
@@ -105,7 +105,7 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
         if arg.starts_with("s3://") {
             let (runtime, storage) = match &mut s3 {
                 Some(client) => client,
-                None => s3.insert(s3_client()?),
+                None => s3.insert(super::sources::s3_client()?),
             };
             for object in find_s3(runtime, storage, arg)? {
                 plan.consider(object, now, args.older_than)?;
@@ -176,14 +176,6 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
         bail!("{failed} traces could not be deleted");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the S3 client's runtime")?;
-    Ok((runtime, Storage::new(StorageConfig::from_env())))
 }
 
 /// `s3://B/KEY.trace` is one object (one HEAD); anything else is a prefix,

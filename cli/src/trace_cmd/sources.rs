@@ -153,7 +153,9 @@ fn relative_path(path: &Path, relative: &str) -> PathBuf {
     components[components.len().saturating_sub(count)..].iter().collect()
 }
 
-fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> {
+/// The trace commands' S3 client (`AWS_ENDPOINT_URL_S3`, the standard
+/// credential chain, retries) and the runtime it runs on.
+pub(crate) fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
