@@ -375,14 +375,15 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     for line in &skipped {
         eprintln!("skipped {line}");
     }
-    println!(
+    writeln!(
+        std::io::stdout(),
         "{} rows from {traces} traces in {} {} batch(es) of up to {} -> {}",
         batches.rows,
         batches.files.len(),
         settings.format,
         settings.batch_size,
         output.display()
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -14,6 +14,7 @@
 //! means the sandbox or its configuration no longer does what it did when
 //! the trace was written.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -78,14 +79,16 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let compared = comparable(&recorded.records).count();
     match first_divergence(&recorded.records, &replayed) {
         None => {
-            println!(
+            writeln!(
+                std::io::stdout(),
                 "identical: {} ({compared} records: plan steps, memory deltas, rewards, episode end)",
                 args.file.display()
-            );
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Some(d) => {
-            println!(
+            writeln!(
+                std::io::stdout(),
                 "diverged: {} at step {} (record {} of {compared}, {}): {} recorded {} vs replayed {}",
                 args.file.display(),
                 d.step,
@@ -94,7 +97,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
                 d.field,
                 d.recorded,
                 d.replayed
-            );
+            )?;
             Ok(ExitCode::FAILURE)
         }
     }

@@ -5,6 +5,7 @@
 //! (`basecamp-sandbox serve`), which take the same request — delivered
 //! before the policy's turn at `--at-step N` (or its next turn).
 
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -81,6 +82,6 @@ fn inject(args: &InjectArgs) -> anyhow::Result<ExitCode> {
         (None, Some(step)) => format!("queued for step {step}"),
         (None, None) => "queued for the episode's next step".to_string(),
     };
-    println!("injected {id} into episode {}: {when}", args.episode);
+    writeln!(std::io::stdout(), "injected {id} into episode {}: {when}", args.episode)?;
     Ok(ExitCode::SUCCESS)
 }

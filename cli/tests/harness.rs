@@ -205,3 +205,35 @@ fn convert_refuses_to_write_over_its_own_input() {
     );
     assert_eq!(std::fs::read_to_string(&harness).unwrap(), HARNESS);
 }
+
+#[test]
+fn a_closed_stdout_stops_no_deletion_or_run_and_is_one_error_line() {
+    let out = tempfile::tempdir().unwrap();
+    let raw = repo("examples/raw-logits");
+    let run_dir = out.path().join("run");
+    // Before: the summary table's print! panicked (exit 101) after the run.
+    let run = with_stdout_closed(&["run", raw.to_str().unwrap(), "--no-progress", "--out", run_dir.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked") && stderr.ends_with("error: Broken pipe (os error 32)\n"), "{stderr}");
+    assert!(run_dir.join("run.json").is_file(), "the run's files are written before its table");
+
+    // Before: the first "deleted ..." line panicked, and the other local traces stayed.
+    let traces = |dir: &Path| walk(dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == "trace")).count();
+    assert!(traces(&run_dir) > 1);
+    let cleanup =
+        with_stdout_closed(&["trace", "cleanup", run_dir.to_str().unwrap(), "--older-than", "0s", "--delete"]);
+    let stderr = String::from_utf8_lossy(&cleanup.stderr);
+    assert_eq!(cleanup.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked") && stderr.ends_with("error: Broken pipe (os error 32)\n"), "{stderr}");
+    assert_eq!(traces(&run_dir), 0, "every trace was still deleted");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() { found.extend(walk(&path)) } else { found.push(path) }
+    }
+    found
+}

@@ -20,6 +20,7 @@ pub(crate) mod analysis;
 mod report;
 pub mod summary;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -82,9 +83,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         }
     });
     let summary = runtime.block_on(run_task(&args, stop))?;
-    print!("{}", summary.table());
-    println!("\ntraces, summaries and report: {}", summary.out_dir.display());
-    println!("report: {}", summary.out_dir.join(report::REPORT_FILE).display());
+    write!(std::io::stdout(), "{}", summary.table())?;
+    writeln!(std::io::stdout(), "\ntraces, summaries and report: {}", summary.out_dir.display())?;
+    writeln!(std::io::stdout(), "report: {}", summary.out_dir.join(report::REPORT_FILE).display())?;
     Ok(if summary.stopped_early {
         ExitCode::from(EXIT_INTERRUPTED)
     } else if summary.lost_episodes() > 0 {

@@ -122,8 +122,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr().context("cannot read the listening address")?;
-        println!("serving {} at http://{addr}/", root.display());
         use std::io::Write as _;
+        writeln!(std::io::stdout(), "serving {} at http://{addr}/", root.display())?;
         let _ = std::io::stdout().flush();
         let served =
             Served { cache: CatalogCache::new(root.clone()), root, rescan_every_request: args.rescan_every_request };

@@ -130,7 +130,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()));
     }
     let size = fs::metadata(out).map(|m| m.len()).unwrap_or(0);
-    println!("archived {count} traces ({input_bytes} bytes) into {} ({size} bytes)", out.display());
+    writeln!(std::io::stdout(), "archived {count} traces ({input_bytes} bytes) into {} ({size} bytes)", out.display())?;
     Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
@@ -179,6 +179,9 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
         wanted.extend(found);
     }
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // A closed stdout (`| head`) does not stop the extraction; its error is returned at the end.
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error: Option<std::io::Error> = None;
     for member in wanted {
         let data = reader.read_member(&member)?;
         // Member names come from the archive: refuse any that would leave DIR.
@@ -195,7 +198,15 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
             fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
         }
         fs::write(&path, data).with_context(|| format!("cannot write {}", path.display()))?;
-        println!("extracted {} (episode {}) -> {}", member.name, member.episode, path.display());
+        if write_error.is_none()
+            && let Err(e) =
+                writeln!(stdout, "extracted {} (episode {}) -> {}", member.name, member.episode, path.display())
+        {
+            write_error = Some(e);
+        }
     }
-    Ok(ExitCode::SUCCESS)
+    match write_error {
+        Some(e) => Err(e.into()),
+        None => Ok(ExitCode::SUCCESS),
+    }
 }

@@ -17,6 +17,7 @@
 
 use std::collections::HashSet;
 use std::fs;
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -130,13 +131,14 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
         if kept_other > 0 { format!("; {kept_other} files that are not .trace left alone") } else { String::new() };
     if !args.delete {
         for trace in &old {
-            println!("would delete {} ({} bytes)", trace.name, trace.size);
+            writeln!(std::io::stdout(), "would delete {} ({} bytes)", trace.name, trace.size)?;
         }
         let bytes: u64 = old.iter().map(|t| t.size).sum();
-        println!(
+        writeln!(
+            std::io::stdout(),
             "dry run: would delete {} traces, {bytes} bytes; {young} newer traces kept{note}; add --delete to delete",
             old.len()
-        );
+        )?;
         return Ok(ExitCode::SUCCESS);
     }
 
@@ -149,6 +151,9 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
     }
     .into_iter();
     let (mut deleted, mut bytes, mut failed) = (0usize, 0u64, 0usize);
+    // A closed stdout (`| head`) does not stop the deletion; its error is returned at the end.
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error: Option<std::io::Error> = None;
     for trace in &old {
         let result = match &trace.location {
             Destination::Local(path) => {
@@ -163,7 +168,11 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
             Ok(()) => {
                 deleted += 1;
                 bytes += trace.size;
-                println!("deleted {} ({} bytes)", trace.name, trace.size);
+                if write_error.is_none()
+                    && let Err(e) = writeln!(stdout, "deleted {} ({} bytes)", trace.name, trace.size)
+                {
+                    write_error = Some(e);
+                }
             }
             Err(message) => {
                 failed += 1;
@@ -171,7 +180,10 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    println!("deleted {deleted} traces, {bytes} bytes; {young} newer traces kept{note}");
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    writeln!(stdout, "deleted {deleted} traces, {bytes} bytes; {young} newer traces kept{note}")?;
     if failed > 0 {
         bail!("{failed} traces could not be deleted");
     }
