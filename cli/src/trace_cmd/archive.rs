@@ -88,7 +88,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         );
     }
     sources.refuse_as_output(out)?;
-    let tmp = out.with_extension("partial");
+    let tmp = super::partial_path(out);
     let sink = File::create(&tmp).with_context(|| format!("cannot create {}", out.display()))?;
     let mut writer = ArchiveWriter::new(BufWriter::new(sink));
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);

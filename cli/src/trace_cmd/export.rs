@@ -8,7 +8,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
@@ -52,7 +52,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             sources.refuse_as_output(path)?;
-            let tmp = partial_path(path);
+            let tmp = super::partial_path(path);
             let file = File::create(&tmp).with_context(|| format!("cannot create {}", path.display()))?;
             Some((path, tmp, file))
         }
@@ -102,11 +102,4 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()));
     }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
-}
-
-/// `FILE.partial` next to `FILE`.
-fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    path.with_file_name(name)
 }

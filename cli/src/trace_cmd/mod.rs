@@ -55,3 +55,13 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
         TraceCommand::Export(args) => export::run(&args),
     }
 }
+
+/// `FILE.partial` next to `FILE`, where an output is written before it is
+/// renamed into place: the whole name and a suffix, since `with_extension`
+/// would give `a.tar.zst` and `a.tar.gz` (or traces named `ep.b1` and
+/// `ep.b2`) one temporary file.
+pub(crate) fn partial_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
+}

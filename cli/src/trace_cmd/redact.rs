@@ -137,11 +137,7 @@ fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &P
     if let Some(parent) = output.parent() {
         fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     }
-    // The whole name and a suffix: `with_extension` would give ep.b1 and
-    // ep.b2 (traces named directly need no .trace) one temporary file.
-    let mut tmp_name = output.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(".partial");
-    let tmp = output.with_file_name(tmp_name);
+    let tmp = super::partial_path(output);
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let result = redactor.redact(reader, BufWriter::new(file), &output.display().to_string());
     match result {
