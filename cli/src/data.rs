@@ -32,7 +32,7 @@ use basecamp_api::task::DataFormat;
 use basecamp_sandbox::config::reward_calculator;
 use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, trajectory_row};
 use basecamp_sandbox::rewards::RewardCalculator;
-use basecamp_sandbox::run::{load_manifests, resolve_variants, select_task};
+use basecamp_sandbox::run::{absolute_dir, load_manifests_in, resolve_variants, select_task};
 use basecamp_sandbox::storage::{Destination, Storage, StorageConfig, UtcDate};
 
 use crate::trace_cmd::sources::Sources;
@@ -62,6 +62,11 @@ pub struct PreprocessArgs {
     /// The HarnessTask manifests: source, version, preprocessor, batch size, format and reward weights come from them.
     #[arg(long = "config")]
     pub config: Vec<PathBuf>,
+    /// With --config: run a user preprocessor in, and resolve a local dataPipeline.source
+    /// against, DIR instead of the manifest's directory (the trainer pod passes `.`: its
+    /// image's working directory).
+    #[arg(long, value_name = "DIR", requires = "config")]
+    pub base_dir: Option<PathBuf>,
     /// The HarnessTask, when the manifests hold several.
     #[arg(long)]
     pub task: Option<String>,
@@ -113,10 +118,11 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
     let (mut name, mut batch, mut calculator, mut workdir) = (None, None, None, std::env::current_dir()?);
     let (mut source, mut version, mut format) = (None, None, None);
     if !args.config.is_empty() {
-        let (manifests, _) = load_manifests(&args.config).map_err(|e| anyhow!("{e}"))?;
+        let base_dir = args.base_dir.as_deref().map(absolute_dir).transpose().map_err(|e| anyhow!("{e}"))?;
+        let (manifests, _) = load_manifests_in(&args.config, base_dir.as_deref()).map_err(|e| anyhow!("{e}"))?;
         let loaded = select_task(&manifests, args.task.as_deref()).map_err(|e| anyhow!("{e}"))?;
         let task = &loaded.object;
-        workdir = loaded.base_dir();
+        workdir = base_dir.unwrap_or_else(|| loaded.base_dir());
         if let Some(pipeline) = &task.spec.data_pipeline {
             name = pipeline.preprocessor.clone();
             batch = pipeline.batch_size;

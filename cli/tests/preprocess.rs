@@ -167,6 +167,31 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     );
     assert!(output.status.success(), "{}", text(&output));
     assert_eq!(rows(&out).len(), built.len());
+    // An exec: preprocessor's relative file: against the manifest's directory (not there), or
+    // with --base-dir . against the working directory (the trainer image's WORKDIR in a pod).
+    std::fs::write(
+        tmp.path().join("prep_exec.py"),
+        "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    \
+         print(json.dumps([{'memory': r['memory_before']}, r['action'], r.get('episode_reward', 0.0)]), flush=True)\n",
+    )
+    .unwrap();
+    let exec = |out: &str, extra: &[&str]| {
+        let mut args =
+            vec!["data", "preprocess", runs.to_str().unwrap(), "-o", out, "--config", example.to_str().unwrap()];
+        args.extend(extra);
+        args.extend(["--preprocessor", "exec:python3 prep_exec.py"]);
+        basecamp(&args, tmp.path())
+    };
+    let output = exec("exec-manifest-dir", &[]);
+    assert!(!output.status.success(), "prep_exec.py is not beside the manifests: {}", text(&output));
+    assert!(text(&output).contains("prep_exec.py': [Errno 2] No such file or directory"), "{}", text(&output));
+    // Every relative path of the manifests resolves there, so the "image" holds their files too.
+    for file in ["tests.jsonl", "policy.jsonl"] {
+        std::fs::copy(example.join(file), tmp.path().join(file)).unwrap();
+    }
+    let output = exec("exec-base-dir", &["--base-dir", "."]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(rows(&tmp.path().join("exec-base-dir")).len(), built.len());
 
     // The wrong shape fails before the run, naming the record, the answer and what was expected.
     let output = basecamp(

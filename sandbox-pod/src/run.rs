@@ -320,7 +320,7 @@ pub fn check_gpu(
 
 /// `--base-dir`'s directory as an absolute path (relative: against the
 /// working directory), or why it cannot be one.
-pub(crate) fn absolute_dir(dir: &Path) -> Result<PathBuf, RunError> {
+pub fn absolute_dir(dir: &Path) -> Result<PathBuf, RunError> {
     let refused = |why: String| RunError::Selection(format!("--base-dir {}: {why}", dir.display()));
     let absolute = std::path::absolute(dir).map_err(|e| refused(e.to_string()))?;
     match std::fs::metadata(&absolute) {

@@ -152,6 +152,8 @@ fn the_trainer_job_injects_basecamp_preprocesses_and_trains_on_gpus() {
             "v3",
             "--config",
             "/etc/basecamp/manifests.yaml",
+            "--base-dir",
+            ".",
             "--out",
             "s3://bkt/traces/checkpoints/team-a/eval/dataset/"
         ])

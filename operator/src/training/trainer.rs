@@ -105,7 +105,7 @@ fn s3_secret(input: &BuildInput<'_>) -> Option<Vec<EnvFromSource>> {
     })
 }
 
-/// `basecamp data preprocess <source> [--version V] --config ... --out C/dataset/`.
+/// `basecamp data preprocess <source> [--version V] --config ... --base-dir . --out C/dataset/`.
 pub fn preprocess_args(source: &str, version: Option<&str>, dataset: &str) -> Vec<String> {
     let mut args = vec!["data".to_string(), "preprocess".to_string(), source.to_string()];
     if let Some(version) = version {
@@ -114,6 +114,9 @@ pub fn preprocess_args(source: &str, version: Option<&str>, dataset: &str) -> Ve
     args.extend([
         "--config".to_string(),
         format!("{CONFIG_DIR}/{MANIFESTS_KEY}"),
+        // The image's working directory, where the user's preprocessor is (as for sandbox pods).
+        "--base-dir".to_string(),
+        ".".to_string(),
         "--out".to_string(),
         dataset.to_string(),
     ]);
