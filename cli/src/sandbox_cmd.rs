@@ -39,7 +39,7 @@ pub struct InjectArgs {
     #[arg(long)]
     id: Option<String>,
     /// How long to wait for the sandbox's answer, in seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_s: u64,
 }
 
@@ -73,7 +73,7 @@ fn observation(text: &str) -> anyhow::Result<Value> {
 
 fn inject(args: &InjectArgs) -> anyhow::Result<ExitCode> {
     let observation = observation(&args.observation)?;
-    let client = SandboxClient::new(&args.endpoint, Duration::from_secs(args.timeout_s.max(1)))?;
+    let client = SandboxClient::new(&args.endpoint, Duration::from_secs(args.timeout_s))?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let answer = runtime.block_on(client.inject(&args.episode, observation, args.at_step, args.id.as_deref()))?;
     let id = answer["id"].as_str().unwrap_or("?");

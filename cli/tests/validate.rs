@@ -75,3 +75,38 @@ fn a_directory_without_traces_is_an_error_not_all_valid() {
         );
     }
 }
+
+#[test]
+fn zero_workers_or_a_zero_timeout_are_refused_naming_the_flag() {
+    // Before: -j 0 (every trace command) and --timeout-s 0 were silently taken as 1.
+    for command in ["validate", "search", "export", "redact", "archive"] {
+        let mut args = vec!["trace", command];
+        args.extend(match command {
+            "search" => vec!["exists(plan_execution)", "."],
+            "export" => vec!["--otlp", "."],
+            "redact" => vec![".", "-o", "out", "--pii-fields", "x"],
+            "archive" => vec![".", "-o", "a.tar.zst"],
+            _ => vec!["."],
+        });
+        args.extend(["-j", "0"]);
+        let out = basecamp(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains("invalid value '0' for '--jobs <JOBS>'"), "{command}: {stderr}");
+    }
+    let out = basecamp(&[
+        "sandbox",
+        "inject",
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--episode",
+        "e",
+        "--observation",
+        "{}",
+        "--timeout-s",
+        "0",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid value '0' for '--timeout-s <TIMEOUT_S>'"), "{stderr}");
+}

@@ -29,7 +29,7 @@ pub struct ArchiveArgs {
     #[arg(long, short = 'o', value_name = "FILE", required = true)]
     out: Option<PathBuf>,
     /// Worker threads compressing members (default: one per core).
-    #[arg(long, short = 'j')]
+    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
     jobs: Option<usize>,
 }
 

@@ -22,7 +22,7 @@ pub struct ValidateArgs {
     #[arg(long)]
     json: bool,
     /// Worker threads (default: one per core).
-    #[arg(long, short = 'j')]
+    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
     jobs: Option<usize>,
 }
 
