@@ -252,7 +252,9 @@ impl<R: Read + Seek> ArchiveReader<R> {
         inner.read_exact(&mut loc).map_err(io)?;
         if loc[..4] != SKIPPABLE_MAGIC.to_le_bytes() || loc[4..8] != 24u32.to_le_bytes() || &loc[8..16] != LOCATOR_MAGIC
         {
-            return Err(not("no index locator at the end (made by another tool?)"));
+            return Err(not(
+                "no index locator at the end (cut short by an interrupted write or copy, or made by another tool)",
+            ));
         }
         let offset = u64::from_le_bytes(loc[16..24].try_into().expect("8 bytes"));
         let frame_len = u64::from_le_bytes(loc[24..32].try_into().expect("8 bytes"));

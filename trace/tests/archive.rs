@@ -81,6 +81,11 @@ fn a_file_that_is_not_an_archive_is_one_clear_error() {
         ArchiveReader::new(Cursor::new(b"plain text, no locator at all........".to_vec()), "x.tar.zst").err().unwrap();
     assert_eq!(
         err.to_string(),
-        "x.tar.zst: not a basecamp trace archive: no index locator at the end (made by another tool?)"
+        "x.tar.zst: not a basecamp trace archive: no index locator at the end (cut short by an interrupted write or \
+         copy, or made by another tool)"
     );
+    // A real archive cut short says the same, not something about its members.
+    let bytes = archive(&traces());
+    let err = ArchiveReader::new(Cursor::new(bytes[..bytes.len() - 10].to_vec()), "cut.tar.zst").err().unwrap();
+    assert!(err.to_string().contains("no index locator at the end (cut short by an interrupted write"), "{err}");
 }
