@@ -285,9 +285,30 @@ fn an_s3_prefix_is_mirrored_served_and_refreshed() {
     assert_eq!(page.status, 200);
     assert!(page.text().contains("was set to null by the fallback of <code>track_order</code>"));
     assert!(!page.text().contains("data-variant=\"b\""));
-    let raw = get(&server.addr, &format!("/raw/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-003.trace"));
+    let raw_path = format!("/raw/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-003.trace");
+    let raw = get(&server.addr, &raw_path);
     assert_eq!(raw.status, 200);
     assert_eq!(raw.body, std::fs::read(a.join("ep-003.trace")).unwrap());
+
+    // An object rewritten with the same size (another episode's bytes, padded or cut) is fetched
+    // again: the mirror compares LastModified too, not only the size.
+    let object = prefix.join(a.strip_prefix(staging.path()).unwrap()).join("ep-003.trace");
+    let mut rewritten = std::fs::read(a.join("ep-004.trace")).unwrap();
+    rewritten.resize(raw.body.len(), 0);
+    assert_ne!(rewritten, raw.body);
+    std::thread::sleep(Duration::from_millis(1100)); // a LastModified of a later second
+    std::fs::write(&object, &rewritten).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&server.addr, &raw_path).body != rewritten {
+        assert!(Instant::now() < deadline, "the same-size rewrite was not mirrored within 30 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::copy(a.join("ep-003.trace"), &object).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&server.addr, &raw_path).body != raw.body {
+        assert!(Instant::now() < deadline, "the restored object was not mirrored within 30 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // `trace report` reads the same prefix.
     let out = tempfile::tempdir().unwrap();

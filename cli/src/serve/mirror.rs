@@ -1,7 +1,10 @@
 //! `basecamp serve s3://BUCKET/PREFIX`: the prefix's traces and summaries
 //! (`*.trace`, `*.json`) mirrored into a local directory, then served from
 //! there like any run directory. The mirror is refreshed in the background;
-//! an object is fetched again only when its size changed. Keys are checked
+//! an object is fetched again only when its size or its `LastModified`
+//! changed (a mirrored file's modification time is set to the object's
+//! `LastModified`, so an object rewritten with the same size is noticed).
+//! Keys are checked
 //! segment by segment before they become local paths, so no key (`a/../..`)
 //! can write outside the mirror.
 
@@ -76,7 +79,11 @@ impl Mirror {
                     continue;
                 }
             };
-            if std::fs::metadata(&local).is_ok_and(|m| m.len() == object.size) {
+            let same = |m: std::fs::Metadata| {
+                m.len() == object.size
+                    && object.last_modified.is_none_or(|t| m.modified().is_ok_and(|local| local == t))
+            };
+            if std::fs::metadata(&local).is_ok_and(same) {
                 synced.unchanged += 1;
                 continue;
             }
@@ -87,6 +94,13 @@ impl Mirror {
                 .fetch_to_file(&object.location, &local)
                 .await
                 .with_context(|| format!("cannot fetch {}", object.location))?;
+            if let Some(modified) = object.last_modified {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&local)
+                    .and_then(|f| f.set_modified(modified))
+                    .with_context(|| format!("cannot set the modification time of {}", local.display()))?;
+            }
             synced.fetched += 1;
         }
         Ok(synced)
