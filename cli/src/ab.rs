@@ -3,9 +3,10 @@
 //! root causes differ — from the shards' `summary.json` files and traces.
 //!
 //! `A` and `B` are directories holding shard summaries at any depth (a
-//! `basecamp run` variant directory, a downloaded S3 prefix). With only `A`,
-//! it must be a run directory with exactly two variant subdirectories; the
-//! first (by name) is the baseline.
+//! `basecamp run` variant directory), or `s3://` prefixes where the operator
+//! uploads them (`s3://BUCKET/…/<namespace>/<task>/<variant>/`, fetched into a
+//! temporary directory first). With only `A`, it must hold exactly two
+//! variant subdirectories; the first (by name) is the baseline.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,14 +17,15 @@ use anyhow::{Context, Result, bail};
 use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
 
 use crate::run::summary::{Comparison, VariantSummary, columns, compare};
+use crate::serve::mirror::TempMirror;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum AbCommand {
     /// The A/B table (metric, A, B, delta %) and a root-cause comparison.
     Compare {
-        /// The baseline run directory (or a run with two variants when B is absent).
+        /// The baseline run directory or s3:// prefix (or a run with two variants when B is absent).
         a: PathBuf,
-        /// The candidate run directory.
+        /// The candidate run directory or s3:// prefix.
         b: Option<PathBuf>,
         /// Print the comparison as JSON.
         #[arg(long)]
@@ -33,11 +35,27 @@ pub enum AbCommand {
 
 pub fn run(command: AbCommand) -> Result<ExitCode> {
     let AbCommand::Compare { a, b, json } = command;
+    // s3:// prefixes are read from temporary copies, removed when `copies` is dropped.
+    let mut copies = Vec::new();
+    // Each side: where it is read (a copy, for a prefix) and what it is called.
+    let mut local = |arg: PathBuf| -> Result<Side> {
+        let url = arg.to_str().filter(|a| a.starts_with("s3://")).map(str::to_string);
+        let Some(url) = url else {
+            return Ok(Side::named_after(arg.clone(), arg.display().to_string()));
+        };
+        let copy = TempMirror::fetch(&url, "ab")?;
+        let dir = copy.mirror.dir.clone();
+        copies.push(copy);
+        let name = url.trim_end_matches('/').rsplit('/').next().unwrap_or(&url).to_string();
+        Ok(Side { dir, name, shown: url })
+    };
+    let a = local(a)?;
+    let b = b.map(&mut local).transpose()?;
     let (baseline, candidate) = match b {
         Some(b) => (side(&a)?, side(&b)?),
         None => {
-            let mut variants: Vec<PathBuf> = std::fs::read_dir(&a)
-                .with_context(|| format!("cannot read {}", a.display()))?
+            let mut variants: Vec<PathBuf> = std::fs::read_dir(&a.dir)
+                .with_context(|| format!("cannot read {}", a.shown))?
                 .flatten()
                 .map(|e| e.path())
                 .filter(|p| p.is_dir() && !summaries_under(p).is_empty())
@@ -46,11 +64,18 @@ pub fn run(command: AbCommand) -> Result<ExitCode> {
             if variants.len() != 2 {
                 bail!(
                     "{} holds {} variant directories with shard summaries; compare two runs with `basecamp ab compare A B`",
-                    a.display(),
+                    a.shown,
                     variants.len()
                 );
             }
-            (side(&variants[0])?, side(&variants[1])?)
+            let variant = |dir: &PathBuf| {
+                let shown = match dir.strip_prefix(&a.dir) {
+                    Ok(rel) => format!("{}/{}", a.shown.trim_end_matches('/'), rel.display()),
+                    Err(_) => dir.display().to_string(),
+                };
+                side(&Side::named_after(dir.clone(), shown))
+            };
+            (variant(&variants[0])?, variant(&variants[1])?)
         }
     };
     let comparison = compare(&baseline, &candidate);
@@ -84,13 +109,31 @@ fn summaries_under(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// One side of the comparison, named after its directory.
-fn side(dir: &Path) -> Result<VariantSummary> {
+/// One side of the comparison.
+struct Side {
+    /// Where its summaries are read.
+    dir: PathBuf,
+    /// What the table calls it: the last segment of its path or prefix.
+    name: String,
+    /// What messages call it: the path or `s3://` URL given.
+    shown: String,
+}
+
+impl Side {
+    fn named_after(dir: PathBuf, shown: String) -> Side {
+        let name = dir.file_name().map_or_else(|| shown.clone(), |n| n.to_string_lossy().into_owned());
+        Side { dir, name, shown }
+    }
+}
+
+/// The summaries under a side's directory.
+fn side(side: &Side) -> Result<VariantSummary> {
+    let dir = side.dir.as_path();
     let files = summaries_under(dir);
     if files.is_empty() {
         bail!(
             "{}: no {SUMMARY_FILE} below this directory; give a `basecamp run` output or a variant directory",
-            dir.display()
+            side.shown
         );
     }
     let mut shards = Vec::new();
@@ -101,9 +144,8 @@ fn side(dir: &Path) -> Result<VariantSummary> {
         let relative = file.parent().and_then(|p| p.strip_prefix(dir).ok()).unwrap_or(Path::new("")).to_path_buf();
         shards.push((summary, relative));
     }
-    let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
     let sandbox = shards.first().map(|(s, _)| format!("{}/{}", s.task, s.variant)).unwrap_or_default();
-    Ok(VariantSummary::from_shards(&name, &sandbox, shards, &[], dir))
+    Ok(VariantSummary::from_shards(&side.name, &sandbox, shards, &[], dir))
 }
 
 fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {

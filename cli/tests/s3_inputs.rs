@@ -97,3 +97,51 @@ fn parse_and_replay_take_one_s3_object() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).starts_with(&format!("error: cannot replay {missing}: ")), "{}", text(&out.stderr));
 }
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            copy_tree(&path, &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(&path, to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn ab_compare_reads_variants_where_the_operator_uploads_them() {
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce");
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let data = dir.path().join("data");
+    let server = S3Server::start(&data);
+    let out = server.basecamp(
+        &["run", example.to_str().unwrap(), "--shards", "2", "--no-progress", "--out", run.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The operator's layout: <destination>/<yyyy>/<mm>/<dd>/<namespace>/<task>/<variant>/<shard>/.
+    let task = data.join(BUCKET).join("traces/2026/11/30/default/shipping-delay-ab");
+    for variant in ["a", "b"] {
+        copy_tree(&run.join(variant), &task.join(variant));
+    }
+    let prefix = format!("s3://{BUCKET}/traces/2026/11/30/default/shipping-delay-ab");
+
+    let here = server
+        .basecamp(&["ab", "compare", run.join("a").to_str().unwrap(), run.join("b").to_str().unwrap()], dir.path());
+    assert_eq!(here.status.code(), Some(0), "{}", text(&here.stderr));
+    let remote = server.basecamp(&["ab", "compare", &format!("{prefix}/a"), &format!("{prefix}/b/")], dir.path());
+    assert_eq!(remote.status.code(), Some(0), "{}", text(&remote.stderr));
+    assert_eq!(text(&remote.stdout), text(&here.stdout), "the same table, the variants named a and b");
+    // One prefix holding the two variants, as one run directory.
+    let both = server.basecamp(&["ab", "compare", &prefix], dir.path());
+    assert_eq!(both.status.code(), Some(0), "{}", text(&both.stderr));
+    assert_eq!(text(&both.stdout), text(&here.stdout));
+    // A prefix without summaries names the URL, not a temporary copy.
+    let empty = server.basecamp(&["ab", "compare", &format!("s3://{BUCKET}/nothing/")], dir.path());
+    assert_eq!(empty.status.code(), Some(1));
+    assert!(text(&empty.stderr).contains(&format!("s3://{BUCKET}/nothing/")), "{}", text(&empty.stderr));
+    assert!(!text(&empty.stderr).contains("basecamp-ab-"), "{}", text(&empty.stderr));
+}

@@ -107,6 +107,41 @@ impl Mirror {
     }
 }
 
+/// An `s3://` prefix fetched once into a new temporary directory, which is
+/// removed when this is dropped: for the commands that read a prefix as a
+/// directory (`trace report`, `ab compare`).
+pub struct TempMirror {
+    pub mirror: Mirror,
+}
+
+impl TempMirror {
+    /// Fetches `url`'s traces and summaries; `what` names the directory
+    /// (`basecamp-<what>-<pid>-<n>`). Keys refused are warned about; a prefix
+    /// with nothing to fetch is an error.
+    pub fn fetch(url: &str, what: &str) -> Result<TempMirror> {
+        static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("basecamp-{what}-{}-{n}", std::process::id()));
+        let fetched = TempMirror { mirror: Mirror::new(url, dir)? };
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
+        let synced = runtime.block_on(fetched.mirror.sync())?;
+        for refused in &synced.refused {
+            eprintln!("warning: not fetched: {refused}");
+        }
+        if synced.fetched == 0 {
+            bail!("{url}: no .trace or .json objects under this prefix");
+        }
+        Ok(fetched)
+    }
+}
+
+impl Drop for TempMirror {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.mirror.dir);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use super::html::{Group, render};
 use crate::serve::catalog::Catalog;
 use crate::serve::insights::{ClusterBy, Loaded, compute, metric_names};
-use crate::serve::mirror::Mirror;
+use crate::serve::mirror::TempMirror;
 
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
@@ -44,32 +44,29 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: &ReportArgs) -> Result<ExitCode> {
+    // The temporary copies are removed when `fetched` is dropped.
     let mut fetched = Vec::new();
-    let result = report(args, &mut fetched);
-    for copy in fetched {
-        let _ = std::fs::remove_dir_all(copy.mirror.dir);
-    }
-    result
+    report(args, &mut fetched)
 }
 
 /// An `s3://` input's temporary local copy.
 struct Fetched {
-    mirror: Mirror,
+    copy: TempMirror,
 }
 
 impl Fetched {
     /// The object's URL when `path` lies in this copy.
     fn url_of(&self, path: &Path) -> Option<String> {
-        let relative = path.strip_prefix(&self.mirror.dir).ok()?;
+        let relative = path.strip_prefix(&self.copy.mirror.dir).ok()?;
         let relative: Vec<String> =
             relative.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
-        Some(self.mirror.url_of(&relative.join("/")))
+        Some(self.copy.mirror.url_of(&relative.join("/")))
     }
 
     /// `text` (a message) with the copy's paths replaced by the objects' URLs.
     fn rename_in(&self, text: &str) -> String {
-        let local = format!("{}/", self.mirror.dir.display());
-        text.replace(&local, &format!("{}/", self.mirror.url().trim_end_matches('/')))
+        let local = format!("{}/", self.copy.mirror.dir.display());
+        text.replace(&local, &format!("{}/", self.copy.mirror.url().trim_end_matches('/')))
     }
 }
 
@@ -84,19 +81,10 @@ fn local_input(input: &str, fetched: &mut Vec<Fetched>) -> Result<String> {
     if !input.starts_with("s3://") {
         return Ok(input.to_string());
     }
-    let dir = std::env::temp_dir().join(format!("basecamp-report-{}-{}", std::process::id(), fetched.len()));
-    fetched.push(Fetched { mirror: Mirror::new(input, dir.clone())? });
-    let mirror = &fetched.last().expect("just pushed").mirror;
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
-    let synced = runtime.block_on(mirror.sync())?;
-    for refused in &synced.refused {
-        eprintln!("warning: not fetched: {refused}");
-    }
-    if synced.fetched == 0 {
-        bail!("{input}: no .trace or .json objects under this prefix");
-    }
-    Ok(dir.display().to_string())
+    let copy = TempMirror::fetch(input, "report")?;
+    let dir = copy.mirror.dir.display().to_string();
+    fetched.push(Fetched { copy });
+    Ok(dir)
 }
 
 fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
