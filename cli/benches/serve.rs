@@ -24,10 +24,10 @@
 mod http;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use basecamp_bench_support::{git_commit, loadavg, machine, utc_now};
+use basecamp_bench_support::{TempDir, env_or, git_commit, loadavg, machine, median, utc_now};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 use serde_json::{Value, json};
 
@@ -44,13 +44,13 @@ fn main() {
     let loadavg_at_start = loadavg();
     let traces: usize = env_or("SERVE_BENCH_TRACES", 2000).max(1);
     let rounds: usize = env_or("SERVE_BENCH_ROUNDS", 11).max(1);
-    let dir = TempDir::new();
-    let (shards, bytes) = write_traces(&dir.0, traces);
+    let dir = TempDir::new("serve");
+    let (shards, bytes) = write_traces(dir.path(), traces);
     println!("{traces} traces in {shards} shards, {:.1} MB on disk", bytes as f64 / 1e6);
     std::thread::sleep(SETTLED_AFTER);
 
     let serve = |extra: &[&str]| {
-        let mut args = vec!["serve", dir.0.to_str().expect("a UTF-8 temp dir"), "--listen", "127.0.0.1:0"];
+        let mut args = vec!["serve", dir.path().to_str().expect("a UTF-8 temp dir"), "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         http::Server::start_with(&args, &[])
     };
@@ -84,7 +84,7 @@ fn main() {
     }
     let (task_ratio, index_ratio) = (task.ratios(), index.ratios());
     // A run still writing: one new trace lands before each request.
-    let live = dir.0.join("2026/11/30").join(NAMESPACE).join(TASK).join("a/shard-live");
+    let live = dir.path().join("2026/11/30").join(NAMESPACE).join(TASK).join("a/shard-live");
     fs::create_dir_all(&live).expect("create the live shard");
     let mut after_a_new_trace = Vec::new();
     for k in 0..rounds.min(5) {
@@ -231,37 +231,10 @@ fn shape(seed: u64) -> EpisodeShape {
     EpisodeShape { seed, steps: 10, memory_keys: 10, tokens_per_step: 20, ..Default::default() }
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
-}
-
 fn min(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
 fn max(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("basecamp-serve-bench-{}", std::process::id()));
-        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }

@@ -17,7 +17,7 @@
 use std::hint::black_box;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use basecamp_bench_support::{cpu_model, git_commit, loadavg};
+use basecamp_bench_support::{cpu_model, env_or, git_commit, loadavg, median};
 use basecamp_gpu::logits::fused::{CpuKernel, analyze_into};
 use basecamp_gpu::logits::reference::{reference, scalar_into};
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
@@ -63,20 +63,10 @@ impl Case<'_> {
     }
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn stats(values: &[f64]) -> Value {
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     json!({ "median": median(values), "min": min, "max": max })
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn main() {

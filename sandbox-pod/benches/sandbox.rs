@@ -41,7 +41,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use basecamp_bench_support::{git_commit, loadavg, machine, utc_now};
+use basecamp_bench_support::{env_or, git_commit, loadavg, machine, utc_now};
 use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner, LiveInjections};
 use basecamp_sandbox::executor::{NullWrites, ToolCall, ToolDef, ToolExecutor};
 use basecamp_sandbox::metrics::SandboxMetrics;
@@ -173,10 +173,6 @@ impl Settings {
         json!({"overhead_calls": self.calls, "overhead_warmup_calls": self.warmup_calls, "rounds": self.rounds,
                "timeout_calls": self.timeout_calls, "episode_window_ms": self.episode_window.as_millis() as u64})
     }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 // ---- statistics -----------------------------------------------------------------

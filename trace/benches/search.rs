@@ -30,7 +30,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use basecamp_bench_support::{git_commit, machine, utc_now};
+use basecamp_bench_support::{TempDir, env_or, git_commit, machine, median, utc_now};
 use basecamp_trace::format::{FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
 use basecamp_trace::inputs::for_each_ordered;
 use basecamp_trace::json::record_to_json;
@@ -51,7 +51,7 @@ fn main() {
     let target_bytes: u64 = env_or("SEARCH_BENCH_BYTES", 1_000_000_000);
     let reps: usize = env_or("SEARCH_BENCH_REPS", 3).max(1);
     let jobs: usize = env_or("SEARCH_BENCH_JOBS", basecamp_trace::inputs::default_jobs()).max(1);
-    let dir = TempDir::new();
+    let dir = TempDir::new("search");
     let query = Query::parse(QUERY).expect("the benchmark query compiles");
 
     // ---- input: traces until `target_bytes` uncompressed ----
@@ -64,12 +64,12 @@ fn main() {
     println!(
         "generating {episodes} episodes (~{:.2} GB uncompressed) in {} ...",
         (episodes * per_episode) as f64 / 1e9,
-        dir.0.display()
+        dir.path().display()
     );
     let seeds: Vec<u64> = (1..=episodes).collect();
-    let paths: Vec<PathBuf> = seeds.iter().map(|s| dir.0.join(format!("traces/ep-{s:05}.trace"))).collect();
-    fs::create_dir_all(dir.0.join("traces")).unwrap();
-    fs::create_dir_all(dir.0.join("jsonl")).unwrap();
+    let paths: Vec<PathBuf> = seeds.iter().map(|s| dir.path().join(format!("traces/ep-{s:05}.trace"))).collect();
+    fs::create_dir_all(dir.path().join("traces")).unwrap();
+    fs::create_dir_all(dir.path().join("jsonl")).unwrap();
     let raw_total = AtomicU64::new(0);
     let disk_total = AtomicU64::new(0);
     let json_total = AtomicU64::new(0);
@@ -83,9 +83,9 @@ fn main() {
             let bytes = episode.write_to(Vec::new(), 3).expect("writing into a Vec cannot fail");
             raw_total.fetch_add(raw_bytes(&bytes), Ordering::Relaxed);
             disk_total.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            let path = dir.0.join(format!("traces/ep-{seed:05}.trace"));
+            let path = dir.path().join(format!("traces/ep-{seed:05}.trace"));
             fs::write(&path, &bytes).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
-            json_total.fetch_add(export_jsonl(&path, &jsonl_path(&dir.0, seed)), Ordering::Relaxed);
+            json_total.fetch_add(export_jsonl(&path, &jsonl_path(dir.path(), seed)), Ordering::Relaxed);
             token_logit_total.fetch_add(token_logit_bytes(&bytes), Ordering::Relaxed);
         },
         |_, ()| {},
@@ -101,7 +101,7 @@ fn main() {
         gen_started.elapsed().as_secs_f64()
     );
     // Warm the page cache for both sides.
-    for path in paths.iter().cloned().chain(seeds.iter().map(|&s| jsonl_path(&dir.0, s))) {
+    for path in paths.iter().cloned().chain(seeds.iter().map(|&s| jsonl_path(dir.path(), s))) {
         let mut sink = Vec::new();
         File::open(&path).and_then(|mut f| f.read_to_end(&mut sink)).expect("read back a generated file");
     }
@@ -136,7 +136,7 @@ fn main() {
         assert!(records > 0);
     }
     let (t, cpu) = (Instant::now(), cpu_seconds().1);
-    let jq_found = run_jq(&dir.0, &seeds, jobs);
+    let jq_found = run_jq(dir.path(), &seeds, jobs);
     let jq_s = t.elapsed().as_secs_f64();
     let jq_cpu = cpu_seconds().1 - cpu;
     assert_eq!(search_found.len(), jq_found.len(), "search and jq disagree on the number of matches");
@@ -337,31 +337,4 @@ fn clock_ticks_per_second() -> f64 {
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
             .unwrap_or(100.0)
     })
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("basecamp-search-bench-{}", std::process::id()));
-        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }

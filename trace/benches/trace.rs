@@ -17,10 +17,10 @@
 use std::fs::{self, File};
 use std::hint::black_box;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
-use basecamp_bench_support::{git_commit, machine, utc_now};
+use basecamp_bench_support::{TempDir, env_or, git_commit, machine, utc_now};
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
@@ -50,7 +50,7 @@ fn main() {
     let shape = EpisodeShape::default();
     let episode = synthetic::generate(&shape);
     let input = Input::new(&episode);
-    let tmp = TempDir::new();
+    let tmp = TempDir::new("trace");
 
     let mut cases = timed_cases(&episode, &input, tmp.path());
     // `cargo bench` passes `--bench`; any other argument filters the cases.
@@ -76,10 +76,6 @@ fn main() {
     text.push('\n');
     fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
     println!("\nwrote {} in {:.1} s", path.display(), started.elapsed().as_secs_f64());
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 // ---- the input, prepared once -------------------------------------------------
@@ -195,27 +191,6 @@ impl FrameWalker {
                 return walked;
             }
         }
-    }
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("basecamp-trace-bench-{}", std::process::id()));
-        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
-        Self(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
     }
 }
 

@@ -2,9 +2,12 @@
 //! about its run, so numbers from shared, noisy machines can be read in
 //! context: the machine ([`machine`]: CPUs, kernel, clock source, load
 //! average at the start and end), the commit ([`git_commit`]) and the time
-//! ([`utc_now`]). A dev-dependency of the crates that have benchmarks.
+//! ([`utc_now`]); and the small helpers every benchmark needs ([`median`],
+//! [`env_or`], [`TempDir`]). A dev-dependency of the crates that have
+//! benchmarks.
 
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -74,9 +77,48 @@ fn rfc3339(secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// The median (the upper one of an even count) of `values`, which must not be empty.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The environment variable `name` parsed, or `default` when unset or unparsable.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A directory under the system temp dir, `basecamp-<name>-bench-<pid>`, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("basecamp-{name}-bench-{}", std::process::id()));
+        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
+        Self(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_is_the_middle_value() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
+    }
 
     #[test]
     fn dates_are_civil_dates() {
