@@ -356,6 +356,12 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         }
     }
     batches.finish()?;
+    if let Output::Local(dir) = &output {
+        let removed = remove_stale_batches(dir, &batches.names())?;
+        if removed > 0 {
+            eprintln!("note: removed {removed} batch file(s) of an earlier run from {}", dir.display());
+        }
+    }
     let traces = sources.items.len() - skipped.len();
     let dataset = serde_json::json!({
         "source": settings.inputs.join(", "),
@@ -393,6 +399,29 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `batch-00000.jsonl` / `batch-00000.parquet`: the names this command writes.
+fn is_batch_name(name: &str) -> bool {
+    let Some((digits, extension)) = name.strip_prefix("batch-").and_then(|rest| rest.split_once('.')) else {
+        return false;
+    };
+    digits.len() >= 5 && digits.bytes().all(|b| b.is_ascii_digit()) && matches!(extension, "jsonl" | "parquet")
+}
+
+/// Removes the batch files in `dir` that this run did not write (an earlier,
+/// larger run's): a reader of the whole directory (`pyarrow.parquet.read_table(dir)`)
+/// would otherwise get them too. Nothing else in `dir` is touched.
+fn remove_stale_batches(dir: &Path, written: &[String]) -> Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_batch_name(&name) && !written.contains(&name) {
+            std::fs::remove_file(entry.path()).with_context(|| format!("cannot remove {}", entry.path().display()))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// Uploads the batches, then — only when every one arrived — `dataset.json`.
 fn upload(batches: &Batches, staging: &Path, destination: &Destination) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -418,6 +447,27 @@ fn upload(batches: &Batches, staging: &Path, destination: &Destination) -> Resul
             message.push_str(&format!("\n  ... and {} more", failed.len() - FAILURES_SHOWN));
         }
         bail!(message);
+    }
+    // An earlier, larger run's batch objects under the prefix go, as in a local directory.
+    let written = batches.names();
+    let listed = runtime.block_on(storage.list(destination)).with_context(|| format!("cannot list {destination}/"))?;
+    let stale: Vec<Destination> = listed
+        .into_iter()
+        .filter(|o| is_batch_name(&o.relative) && !written.contains(&o.relative))
+        .map(|o| o.location)
+        .collect();
+    if !stale.is_empty() {
+        let deletions = runtime.block_on(storage.delete_objects(&stale));
+        let failed: Vec<String> =
+            deletions.iter().filter_map(|d| d.result.as_ref().err().map(|e| e.to_string())).collect();
+        if let Some(first) = failed.first() {
+            bail!(
+                "cannot remove {} batch object(s) of an earlier run from {destination}/, so {DATASET_FILE} was not \
+                 written: {first}",
+                failed.len()
+            );
+        }
+        eprintln!("note: removed {} batch object(s) of an earlier run from {destination}/", stale.len());
     }
     let target = destination.join(DATASET_FILE)?;
     runtime.block_on(storage.upload_file(&staging.join(DATASET_FILE), &target)).into_result().map_err(|e| {

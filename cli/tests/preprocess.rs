@@ -535,6 +535,36 @@ fn a_dataset_from_the_manifests_s3_source_is_uploaded_to_s3_with_dataset_json_la
     there.sort();
     assert_eq!(here, there);
 
+    // Again into the same places with bigger batches: the earlier run's extra batch files and
+    // objects go (a reader of the whole directory or prefix would get them too); nothing else does.
+    std::fs::write(local.join("notes.txt"), "mine").unwrap();
+    std::fs::write(uploaded.join("notes.txt"), "mine").unwrap();
+    let before = batch_files(&local, "jsonl").len();
+    assert!(before > 1);
+    for out in [local.to_str().unwrap(), out.as_str()] {
+        let output = server.basecamp(
+            &[
+                "data",
+                "preprocess",
+                runs.join("a").to_str().unwrap(),
+                "--config",
+                project_config,
+                "--batch-size",
+                "100000",
+                "-o",
+                out,
+            ],
+            tmp.path(),
+        );
+        assert!(output.status.success(), "{}", text(&output));
+        assert!(text(&output).contains(&format!("removed {} batch", before - 1)), "{}", text(&output));
+    }
+    for dir in [&local, &uploaded] {
+        assert_eq!(batch_files(dir, "jsonl"), [dir.join("batch-00000.jsonl")]);
+        assert_eq!(rows(dir).len(), rows_uploaded.len(), "every row, once");
+        assert_eq!(std::fs::read_to_string(dir.join("notes.txt")).unwrap(), "mine");
+    }
+
     // Parquet (--format; the manifest says nothing): the same rows in the same order, uploaded
     // with dataset.json last, as pyarrow reads them.
     let out_parquet = format!("s3://{BUCKET}/datasets/parquet/");
