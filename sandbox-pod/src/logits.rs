@@ -73,10 +73,6 @@ pub trait LogitBackend: Send + Sync {
     fn analyze(&self, p: LogitsView<'_>, q: Option<LogitsView<'_>>, k: usize) -> Result<LogitStats, BackendError>;
     /// What runs, for logs and [`TurnLogits::backend`].
     fn backend(&self) -> Backend;
-    /// Why `auto` runs on the CPU, if it does.
-    fn fallback_reason(&self) -> Option<&str> {
-        None
-    }
 }
 
 impl LogitBackend for Analyzer {
@@ -86,10 +82,6 @@ impl LogitBackend for Analyzer {
 
     fn backend(&self) -> Backend {
         Analyzer::backend(self)
-    }
-
-    fn fallback_reason(&self) -> Option<&str> {
-        Analyzer::fallback_reason(self)
     }
 }
 
@@ -144,40 +136,41 @@ impl LogitAnalytics {
         self.cpu.get_or_init(|| Analyzer::new(DeviceChoice::Cpu).expect("the CPU is always there"))
     }
 
-    /// Runs the pass on the primary backend; a GPU failure (not an input
-    /// error) runs it again on the CPU. Returns the stats and what ran.
+    /// Runs the pass on `primary`; a GPU failure (not an input error) runs
+    /// it again on the CPU. Returns the stats and what ran.
     fn run(
         &self,
+        primary: &dyn LogitBackend,
         p: LogitsView<'_>,
         q: Option<LogitsView<'_>>,
         k: usize,
-    ) -> Result<Result<(LogitStats, Backend), BackendError>, RawLogitsError> {
-        let primary = self.primary()?;
-        if !matches!(primary.backend(), Backend::Gpu { .. }) {
-            return Ok(primary.analyze(p, q, k).map(|stats| (stats, primary.backend())));
+    ) -> Result<(LogitStats, Backend), BackendError> {
+        let backend = primary.backend();
+        if !matches!(backend, Backend::Gpu { .. }) {
+            return primary.analyze(p, q, k).map(|stats| (stats, backend));
         }
         if self.gpu_failures.load(Ordering::Relaxed) < GPU_FAILURES_BEFORE_CPU_ONLY {
             match primary.analyze(p, q, k) {
                 Ok(stats) => {
                     self.gpu_failures.store(0, Ordering::Relaxed);
-                    return Ok(Ok((stats, primary.backend())));
+                    return Ok((stats, backend));
                 }
-                Err(BackendError::Logits(error)) => return Ok(Err(BackendError::Logits(error))),
+                Err(BackendError::Logits(error)) => return Err(BackendError::Logits(error)),
                 Err(gpu_error) => {
                     let failures = self.gpu_failures.fetch_add(1, Ordering::Relaxed) + 1;
                     if failures >= GPU_FAILURES_BEFORE_CPU_ONLY {
                         tracing::warn!(
-                            backend = %primary.backend(),
+                            %backend,
                             "raw logits: GPU run failed ({failures} in a row), using the CPU for the rest of this run: {gpu_error}"
                         );
                     } else {
-                        tracing::warn!(backend = %primary.backend(), "raw logits: GPU run failed, using the CPU: {gpu_error}");
+                        tracing::warn!(%backend, "raw logits: GPU run failed, using the CPU: {gpu_error}");
                     }
                 }
             }
         }
         let cpu = self.cpu();
-        Ok(cpu.analyze(p, q, k).map(|stats| (stats, cpu.backend())))
+        cpu.analyze(p, q, k).map(|stats| (stats, cpu.backend()))
     }
 
     /// Reads the turn's logits and derives its records (blocking; see
@@ -211,7 +204,8 @@ impl LogitAnalytics {
         let p_view = p.view().map_err(logits_error)?;
         let q_view = q.as_ref().map(LoadedLogits::view).transpose().map_err(logits_error)?;
         let k = top_k.min(MAX_TOP_K);
-        let (stats, backend) = self.run(p_view, q_view, k)?.map_err(|e| match e {
+        let primary = self.primary()?;
+        let (stats, backend) = self.run(primary, p_view, q_view, k).map_err(|e| match e {
             BackendError::Logits(error) => logits_error(error),
             other => RawLogitsError::Backend(other.to_string()),
         })?;

@@ -273,17 +273,8 @@ pub(crate) async fn list_dirs(dir: &Path) -> Result<Vec<String>, AttemptError> {
     Ok(names)
 }
 
-/// Whether `path` is a file (following links). Nothing there, or a
-/// directory, is `false`, as for an S3 key with no object.
-pub(crate) async fn exists(path: &Path) -> Result<bool, AttemptError> {
-    match tokio::fs::metadata(path).await {
-        Ok(meta) => Ok(meta.is_file()),
-        Err(err) if matches!(err.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(false),
-        Err(err) => Err(AttemptError::io("cannot stat the file", &err)),
-    }
-}
-
-/// The file's size and modification time; `None` when there is no such file.
+/// The file's size and modification time (following links); `None` when
+/// there is no such file, or a directory, as for an S3 key with no object.
 pub(crate) async fn head(path: &Path) -> Result<Option<ObjectInfo>, AttemptError> {
     match tokio::fs::metadata(path).await {
         Ok(meta) if meta.is_file() => Ok(Some(ObjectInfo {

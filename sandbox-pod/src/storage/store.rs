@@ -291,15 +291,7 @@ impl Storage {
     /// one `HeadObject`, where not found is `false` and any other answer an
     /// error (retried like [`Self::fetch`]); locally, whether it is a file.
     pub async fn exists(&self, object: &Destination) -> Result<bool, StorageError> {
-        let operation = Operation::Fetch { from: object.to_string(), to: None };
-        refuse_bucket_root(object, &operation)?;
-        self.with_retries(operation, || async {
-            match object {
-                Destination::S3(location) => self.s3().await.head(location).await.map(|found| found.is_some()),
-                Destination::Local(path) => local::exists(path).await,
-            }
-        })
-        .await
+        Ok(self.stat(object).await?.is_some())
     }
 
     /// Deletes every object under the prefix (taken as a directory) and
