@@ -27,7 +27,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use basecamp_bench_support::{TempDir, env_or, git_commit, loadavg, machine, median, utc_now};
+use basecamp_bench_support::{TempDir, env_or, git_commit, loadavg, machine, median, utc_now, write_results};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 use serde_json::{Value, json};
 
@@ -142,11 +142,8 @@ fn main() {
         "pages_identical": true,
         "wall_seconds": started.elapsed().as_secs_f64(),
     });
+    write_results(RESULTS, &report);
     let path = Path::new(RESULTS);
-    fs::create_dir_all(path.parent().expect("the results path has a parent")).expect("create bench/results");
-    let mut text = serde_json::to_string_pretty(&report).expect("a JSON value always serializes");
-    text.push('\n');
-    fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
     println!("\nwrote {} in {:.1} s", path.display(), started.elapsed().as_secs_f64());
 }
 

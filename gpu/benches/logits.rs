@@ -17,7 +17,7 @@
 use std::hint::black_box;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use basecamp_bench_support::{cpu_model, env_or, git_commit, loadavg, median};
+use basecamp_bench_support::{cpu_model, env_or, git_commit, loadavg, median, write_results};
 use basecamp_gpu::logits::fused::{CpuKernel, analyze_into};
 use basecamp_gpu::logits::reference::{reference, scalar_into};
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
@@ -209,9 +209,6 @@ fn main() {
         "wall_seconds": started.elapsed().as_secs_f64(),
         "cases": json_cases,
     });
-    let text = serde_json::to_string_pretty(&doc).expect("JSON");
-    match std::fs::write(RESULTS, text + "\n") {
-        Ok(()) => println!("wrote {RESULTS} in {:.0} s", started.elapsed().as_secs_f64()),
-        Err(e) => eprintln!("could not write {RESULTS}: {e}"),
-    }
+    write_results(RESULTS, &doc);
+    println!("wrote {RESULTS} in {:.0} s", started.elapsed().as_secs_f64());
 }

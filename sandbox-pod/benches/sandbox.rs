@@ -41,7 +41,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use basecamp_bench_support::{env_or, git_commit, loadavg, machine, utc_now};
+use basecamp_bench_support::{env_or, git_commit, loadavg, machine, utc_now, write_results};
 use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner, LiveInjections};
 use basecamp_sandbox::executor::{NullWrites, ToolCall, ToolDef, ToolExecutor};
 use basecamp_sandbox::metrics::SandboxMetrics;
@@ -132,11 +132,8 @@ fn main() {
         "episodes": episodes.to_json(),
         "targets": targets.iter().map(Target::to_json).collect::<Vec<_>>(),
     });
+    write_results(RESULTS, &json);
     let path = Path::new(RESULTS);
-    fs::create_dir_all(path.parent().expect("the results path has a parent")).expect("create bench/results");
-    let mut text = serde_json::to_string_pretty(&json).expect("a JSON value always serializes");
-    text.push('\n');
-    fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
     println!(
         "\nwrote {} in {elapsed_s:.1} s; load average at start {}, at end {}",
         path.display(),

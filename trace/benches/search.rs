@@ -30,7 +30,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use basecamp_bench_support::{TempDir, env_or, git_commit, machine, median, utc_now};
+use basecamp_bench_support::{TempDir, env_or, git_commit, machine, median, utc_now, write_results};
 use basecamp_trace::format::{FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
 use basecamp_trace::inputs::for_each_ordered;
 use basecamp_trace::json::record_to_json;
@@ -219,11 +219,8 @@ fn main() {
         ],
         "wall_seconds": started.elapsed().as_secs_f64(),
     });
+    write_results(RESULTS, &report);
     let path = Path::new(RESULTS);
-    fs::create_dir_all(path.parent().expect("the results path has a parent")).expect("create bench/results");
-    let mut text = serde_json::to_string_pretty(&report).expect("a JSON value always serializes");
-    text.push('\n');
-    fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
     println!("\nwrote {} in {:.1} s", path.display(), started.elapsed().as_secs_f64());
 }
 

@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use basecamp_bench_support::{TempDir, env_or, git_commit, machine, utc_now};
+use basecamp_bench_support::{TempDir, env_or, git_commit, machine, utc_now, write_results};
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
@@ -70,11 +70,8 @@ fn main() {
     let report = Report { shape: &shape, input: &input, cases: &cases, memory: &memory, compression: &compression };
     report.print(reps, sample_ms);
     let json = report.to_json(reps, sample_ms, started.elapsed().as_secs_f64());
+    write_results(RESULTS, &json);
     let path = Path::new(RESULTS);
-    fs::create_dir_all(path.parent().expect("the results path has a parent")).expect("create bench/results");
-    let mut text = serde_json::to_string_pretty(&json).expect("a JSON value always serializes");
-    text.push('\n');
-    fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
     println!("\nwrote {} in {:.1} s", path.display(), started.elapsed().as_secs_f64());
 }
 

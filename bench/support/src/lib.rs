@@ -77,6 +77,17 @@ fn rfc3339(secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// Writes a benchmark's result document to `path` (its directory created),
+/// pretty-printed with a final newline; a benchmark that cannot keep its
+/// numbers fails.
+pub fn write_results(path: &str, doc: &Value) {
+    let path = Path::new(path);
+    fs::create_dir_all(path.parent().expect("the results path has a parent")).expect("create bench/results");
+    let mut text = serde_json::to_string_pretty(doc).expect("a JSON value always serializes");
+    text.push('\n');
+    fs::write(path, text).unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
+}
+
 /// The median (the upper one of an even count) of `values`, which must not be empty.
 pub fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
