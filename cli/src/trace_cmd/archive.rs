@@ -3,7 +3,7 @@
 //! `zstd -d | tar x` unpacks, with an index (`basecamp_trace::archive`) so
 //! `extract` reads and decompresses only the members it returns.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -80,16 +80,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
             bail!("{other} and {} would both be archived as {}; archive them separately", file.name, file.relative);
         }
     }
-    if out.is_dir() {
-        bail!(
-            "{} is a directory; give the archive's file name, e.g. {}",
-            out.display(),
-            out.join("traces.tar.zst").display()
-        );
-    }
-    sources.refuse_as_output(out)?;
-    let tmp = super::partial_path(out);
-    let sink = File::create(&tmp).with_context(|| format!("cannot create {}", out.display()))?;
+    let (tmp, sink) = sources.create_output(out, "the archive's file name", "traces.tar.zst")?;
     let mut writer = ArchiveWriter::new(BufWriter::new(sink));
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
     let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {

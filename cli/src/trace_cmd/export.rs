@@ -6,7 +6,7 @@
 //! `-o FILE` is written as `FILE.partial` and renamed when every trace is
 //! exported; it may not be one of the inputs.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,16 +44,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     // interrupted export leaves no file that looks finished.
     let target = match &args.out {
         Some(path) => {
-            if path.is_dir() {
-                bail!(
-                    "{} is a directory; give the file to write, e.g. {}",
-                    path.display(),
-                    path.join("spans.jsonl").display()
-                );
-            }
-            sources.refuse_as_output(path)?;
-            let tmp = super::partial_path(path);
-            let file = File::create(&tmp).with_context(|| format!("cannot create {}", path.display()))?;
+            let (tmp, file) = sources.create_output(path, "the file to write", "spans.jsonl")?;
             Some((path, tmp, file))
         }
         None => None,

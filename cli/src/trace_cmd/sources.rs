@@ -101,9 +101,24 @@ impl Sources {
         Ok(Self { items, s3 })
     }
 
+    /// Opens the output file `out` under its temporary name (`FILE.partial`,
+    /// renamed by the caller when complete, so an interrupted command leaves
+    /// nothing that looks finished). Refused: a directory (the message asks
+    /// for `what`, e.g. `the file to write`, suggesting `DIR/<example>`), and
+    /// one of the inputs. Returns the temporary path and the file.
+    pub fn create_output(&self, out: &Path, what: &str, example: &str) -> anyhow::Result<(PathBuf, File)> {
+        if out.is_dir() {
+            bail!("{} is a directory; give {what}, e.g. {}", out.display(), out.join(example).display());
+        }
+        self.refuse_as_output(out)?;
+        let tmp = super::partial_path(out);
+        let file = File::create(&tmp).with_context(|| format!("cannot create {}", out.display()))?;
+        Ok((tmp, file))
+    }
+
     /// Refuses an output file that is one of the local inputs: writing it
     /// would truncate or replace a trace before (or after) it is read.
-    pub fn refuse_as_output(&self, out: &Path) -> anyhow::Result<()> {
+    fn refuse_as_output(&self, out: &Path) -> anyhow::Result<()> {
         let Ok(out) = std::fs::canonicalize(out) else {
             // Not there yet: it cannot be an input.
             return Ok(());
