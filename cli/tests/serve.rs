@@ -333,6 +333,76 @@ fn an_s3_prefix_is_mirrored_served_and_refreshed() {
     }
 }
 
+/// Polls `done` every 200 ms for up to 60 s; `what` names what did not happen.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within 60 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn an_object_deleted_from_s3_leaves_the_view_and_an_unreachable_s3_empties_nothing() {
+    let staging = tempfile::tempdir().unwrap();
+    write_run(staging.path());
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("s3");
+    let prefix = data.join("runs/traces");
+    let (a, b) = (shard_dir(staging.path(), TASK, "a"), shard_dir(staging.path(), TASK, "b"));
+    for shard in [&a, &b] {
+        copy_tree(shard, &prefix.join(shard.strip_prefix(staging.path()).unwrap()));
+    }
+    let s3 = S3Server::start(&data);
+    let cache = tempfile::tempdir().unwrap();
+    // The user's own file in the cache directory: not the mirror's to remove.
+    std::fs::write(cache.path().join("notes.txt"), b"mine").unwrap();
+    let server = Server::start_with(
+        &[
+            "serve",
+            "s3://runs/traces",
+            "--listen",
+            "127.0.0.1:0",
+            "--cache",
+            cache.path().to_str().unwrap(),
+            "--refresh",
+            "1",
+        ],
+        &s3.env(),
+    );
+    let raw_a = format!("/raw/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-003.trace");
+    let raw_b = format!("/raw/2026/11/30/{NAMESPACE}/{TASK}/b/shard-0/ep-000.trace");
+    assert!(get(&server.addr, &task_path()).text().contains("data-variant=\"b\""));
+    assert_eq!(get(&server.addr, &raw_a).status, 200);
+    assert_eq!(get(&server.addr, &raw_b).status, 200);
+
+    // Variant b's objects (traces and summary) and one trace of variant a are deleted.
+    std::fs::remove_dir_all(prefix.join(b.strip_prefix(staging.path()).unwrap())).unwrap();
+    std::fs::remove_file(prefix.join(a.strip_prefix(staging.path()).unwrap()).join("ep-003.trace")).unwrap();
+    wait_for("the deleted objects did not leave the view", || {
+        !get(&server.addr, &task_path()).text().contains("data-variant=\"b\"")
+            && get(&server.addr, &raw_a).status == 404
+    });
+    assert_eq!(get(&server.addr, &raw_b).status, 404);
+    assert_eq!(get(&server.addr, &format!("{}/episodes/a/ep-003", task_path())).status, 404);
+    let index = get(&server.addr, "/").text();
+    assert_eq!(counts_of(&index, TASK, "a"), format!("3/{} failed", EPISODES - 1), "{index}");
+    assert_eq!(std::fs::read(cache.path().join("notes.txt")).unwrap(), b"mine");
+
+    // S3 goes away: refreshes fail, and the view stays as it was.
+    let before = get(&server.addr, &task_path()).text();
+    let seen = server.stderr().len();
+    drop(s3);
+    wait_for("no refresh failed", || server.stderr()[seen..].contains("refreshing the mirror failed"));
+    let failures = server.stderr()[seen..].matches("refreshing the mirror failed").count();
+    wait_for("no second refresh failed", || {
+        server.stderr()[seen..].matches("refreshing the mirror failed").count() > failures
+    });
+    assert_eq!(get(&server.addr, &task_path()).text(), before);
+    let raw = format!("/raw/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-000.trace");
+    assert_eq!(get(&server.addr, &raw).body, std::fs::read(a.join("ep-000.trace")).unwrap());
+}
+
 #[test]
 fn a_report_of_an_s3_prefix_names_the_objects_not_its_deleted_copy() {
     let staging = tempfile::tempdir().unwrap();

@@ -4,10 +4,13 @@
 //! an object is fetched again only when its size or its `LastModified`
 //! changed (a mirrored file's modification time is set to the object's
 //! `LastModified`, so an object rewritten with the same size is noticed).
-//! Keys are checked
-//! segment by segment before they become local paths, so no key (`a/../..`)
-//! can write outside the mirror.
+//! A mirrored file whose object is gone from a listing is removed, so a
+//! deleted object stops being served; a listing that fails removes nothing
+//! (S3 being down must not empty the view). Only files of the kinds mirrored
+//! are ever removed. Keys are checked segment by segment before they become
+//! local paths, so no key (`a/../..`) can write outside the mirror.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -24,8 +27,12 @@ pub struct Mirror {
 pub struct Synced {
     pub fetched: usize,
     pub unchanged: usize,
+    /// Mirrored files removed because their objects are gone.
+    pub removed: usize,
     /// Keys that were not mirrored, and why.
     pub refused: Vec<String>,
+    /// Mirrored files whose objects are gone but that could not be removed, and why.
+    pub not_removed: Vec<String>,
 }
 
 /// The local path of a key relative to the prefix, or why it has none.
@@ -71,14 +78,18 @@ impl Mirror {
     pub async fn sync(&self) -> Result<Synced> {
         let objects = self.storage.list(&self.prefix).await.with_context(|| format!("cannot list {}", self.prefix))?;
         let mut synced = Synced::default();
+        let mut wanted = Vec::new();
         for object in objects.iter().filter(|o| mirrored(&o.relative)) {
-            let local = match local_path(&self.dir, &object.relative) {
-                Ok(path) => path,
-                Err(why) => {
-                    synced.refused.push(format!("{}: {why}", object.location));
-                    continue;
-                }
-            };
+            match local_path(&self.dir, &object.relative) {
+                Ok(path) => wanted.push((object, path)),
+                Err(why) => synced.refused.push(format!("{}: {why}", object.location)),
+            }
+        }
+        // Before fetching, so that an object that cannot be fetched does not
+        // keep the deleted ones in the view.
+        let listed: HashSet<&Path> = wanted.iter().map(|(_, path)| path.as_path()).collect();
+        remove_unlisted(&self.dir, &listed, &mut synced);
+        for (object, local) in wanted {
             let same = |m: std::fs::Metadata| {
                 m.len() == object.size
                     && object.last_modified.is_none_or(|t| m.modified().is_ok_and(|local| local == t))
@@ -104,6 +115,43 @@ impl Mirror {
             synced.fetched += 1;
         }
         Ok(synced)
+    }
+}
+
+/// Removes every file under `dir` of a kind mirrored that is not in
+/// `listed`: the copies of objects deleted since they were fetched. Only
+/// regular files are removed and symlinks are not followed (the mirror
+/// writes neither symlinks nor anything but `.trace` and `.json` files), so
+/// nothing else in the directory, and nothing outside it, is touched.
+fn remove_unlisted(dir: &Path, listed: &HashSet<&Path>, synced: &mut Synced) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) => {
+            synced.not_removed.push(format!("{}: cannot read the directory: {err}", dir.display()));
+            return;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(err) => {
+                synced.not_removed.push(format!("{}: cannot read the directory: {err}", dir.display()));
+                continue;
+            }
+        };
+        let path = entry.path();
+        // The type of the entry itself: a symlink is neither a file nor a directory here.
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
+            remove_unlisted(&path, listed, synced);
+        } else if kind.is_file() && entry.file_name().to_str().is_some_and(mirrored) && !listed.contains(path.as_path())
+        {
+            match std::fs::remove_file(&path) {
+                Ok(()) => synced.removed += 1,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => synced.not_removed.push(format!("{}: cannot remove it: {err}", path.display())),
+            }
+        }
     }
 }
 
@@ -153,5 +201,35 @@ mod tests {
         for key in ["../x.trace", "a/../../x.trace", "a//x.trace", "./x.trace", "a\\..\\x.trace", ""] {
             assert!(local_path(dir, key).is_err(), "{key:?} must be refused");
         }
+    }
+
+    #[test]
+    fn only_mirrored_kinds_whose_objects_are_gone_are_removed() {
+        let outer = tempfile::tempdir().unwrap();
+        let outside = outer.path().join("outside");
+        let dir = outer.path().join("mirror");
+        std::fs::create_dir_all(dir.join("a/shard-0")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        for file in ["a/shard-0/kept.trace", "a/shard-0/gone.trace", "a/shard-0/summary.json", "notes.txt"] {
+            std::fs::write(dir.join(file), b"x").unwrap();
+        }
+        std::fs::write(dir.join("a/shard-0/.gone.trace.basecamp-tmp-1-2"), b"x").unwrap();
+        std::fs::write(outside.join("secret.trace"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.join("secret.trace"), dir.join("link.trace")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("linked-dir")).unwrap();
+
+        let kept = dir.join("a/shard-0/kept.trace");
+        let listed = HashSet::from([kept.as_path()]);
+        let mut synced = Synced::default();
+        remove_unlisted(&dir, &listed, &mut synced);
+
+        assert_eq!(synced.removed, 2, "{synced:?}");
+        assert!(synced.not_removed.is_empty(), "{synced:?}");
+        assert!(kept.exists());
+        assert!(!dir.join("a/shard-0/gone.trace").exists() && !dir.join("a/shard-0/summary.json").exists());
+        for untouched in ["notes.txt", "a/shard-0/.gone.trace.basecamp-tmp-1-2", "link.trace"] {
+            assert!(dir.join(untouched).symlink_metadata().is_ok(), "{untouched} must stay");
+        }
+        assert!(outside.join("secret.trace").exists(), "nothing outside the mirror is removed");
     }
 }

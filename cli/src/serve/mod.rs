@@ -54,6 +54,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// For an s3:// DIR: the local mirror (default: a new directory under the system's temp dir).
+    /// Its `.trace` and `.json` files whose objects are gone from the prefix are removed.
     #[arg(long)]
     pub cache: Option<PathBuf>,
     /// For an s3:// DIR: seconds between refreshes of the mirror.
@@ -90,22 +91,25 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         let mirror = mirror::Mirror::new(&args.dir, cache)?;
         let first = runtime.block_on(mirror.sync())?;
         eprintln!(
-            "mirrored {} into {}: {} file(s) fetched, {} unchanged",
+            "mirrored {} into {}: {} file(s) fetched, {} unchanged, {} removed (their objects are gone)",
             args.dir,
             mirror.dir.display(),
             first.fetched,
-            first.unchanged
+            first.unchanged,
+            first.removed
         );
         for refused in &first.refused {
             eprintln!("warning: not mirrored: {refused}");
         }
+        warn_not_removed(&first);
         let dir = mirror.dir.clone();
         let every = std::time::Duration::from_secs(args.refresh.max(1));
         runtime.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                if let Err(e) = mirror.sync().await {
-                    eprintln!("warning: refreshing the mirror failed (serving what is there): {e:#}");
+                match mirror.sync().await {
+                    Ok(synced) => warn_not_removed(&synced),
+                    Err(e) => eprintln!("warning: refreshing the mirror failed (serving what is there): {e:#}"),
                 }
             }
         });
@@ -156,6 +160,13 @@ fn not_found(what: &str) -> Response {
 fn bad_request(what: &str) -> Response {
     (StatusCode::BAD_REQUEST, Html(html::page("bad request", &format!("<h1>400</h1><p>{}</p>", html::esc(what)))))
         .into_response()
+}
+
+/// A deleted object still served is worth a warning at every refresh.
+fn warn_not_removed(synced: &mirror::Synced) {
+    for kept in &synced.not_removed {
+        eprintln!("warning: its object is gone but the mirrored file stays (still served): {kept}");
+    }
 }
 
 /// Runs blocking file work off the async threads.

@@ -7,12 +7,15 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A running `basecamp serve`, stopped when dropped.
 pub struct Server {
     child: Child,
     pub addr: String,
+    /// What it has written to stderr so far (also passed on to the test's stderr).
+    stderr: Arc<Mutex<String>>,
 }
 
 impl Server {
@@ -26,9 +29,17 @@ impl Server {
             .args(args)
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("basecamp serve starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (pipe, seen) = (child.stderr.take().unwrap(), stderr.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                seen.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let addr = line
@@ -37,7 +48,12 @@ impl Server {
             .and_then(|rest| rest.trim().strip_suffix('/'))
             .unwrap_or_else(|| panic!("serve printed no URL: {line:?}"))
             .to_string();
-        Server { child, addr }
+        Server { child, addr, stderr }
+    }
+
+    /// Everything written to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
     }
 }
 
