@@ -242,3 +242,19 @@ fn a_concurrency_of_0_is_refused_naming_the_flag() {
     assert!(stderr.contains("invalid value '0' for '--concurrency <CONCURRENCY>'"), "{stderr}");
     assert!(traces_under(out.path()).is_empty());
 }
+
+#[test]
+fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
+    let out = tempfile::tempdir().unwrap();
+    let raw = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    // Before: a shard task panicked ("a semaphore may not have more than MAX_PERMITS permits").
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", raw.to_str().unwrap(), "--no-progress", "--concurrency", "18446744073709551615", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.path().join("run.json").is_file());
+}

@@ -76,7 +76,9 @@ pub async fn run_shard(
     std::fs::create_dir_all(out_dir)?;
     let started_wall = SystemTime::now();
     let started = Instant::now();
-    let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+    // More permits than episodes change nothing, and tokio panics above
+    // `Semaphore::MAX_PERMITS` (`--concurrency 18446744073709551615`).
+    let permits = Arc::new(Semaphore::new(concurrency.clamp(1, episodes.len().max(1))));
     let mut tasks = JoinSet::new();
     for (index, input) in episodes.into_iter().enumerate() {
         let runner = runner.clone();

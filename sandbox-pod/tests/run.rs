@@ -519,3 +519,25 @@ fn a_metrics_linger_needs_a_listen_address_and_a_duration() {
     assert_eq!(negative.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&negative.stderr).contains("0s or more"), "{negative:?}");
 }
+
+#[test]
+fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    // Before: "a semaphore may not have more than MAX_PERMITS permits", a panic, exit 101.
+    let run = sandbox(&[
+        "run",
+        "--config",
+        manifest.to_str().unwrap(),
+        "--no-upload",
+        "--concurrency",
+        "18446744073709551615",
+        "--out",
+        out.path().to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(String::from_utf8_lossy(&run.stdout).contains("shard 0/1: 3 episodes"));
+}
