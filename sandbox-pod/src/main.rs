@@ -61,11 +61,16 @@ struct ServeArgs {
     #[command(flatten)]
     base_dir: BaseDir,
     /// Episodes open at once; creating one more answers 429.
-    #[arg(long, default_value_t = basecamp_sandbox::gym::DEFAULT_MAX_EPISODES)]
+    #[arg(long, default_value_t = basecamp_sandbox::gym::DEFAULT_MAX_EPISODES, value_parser = at_least_one())]
     max_episodes: usize,
     /// Close an episode after this long without a request: 90s, 10m, 500ms.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     idle_timeout: std::time::Duration,
+}
+
+/// A count flag that 0 would silently turn into 1.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -93,7 +98,7 @@ struct RunArgs {
     #[command(flatten)]
     base_dir: BaseDir,
     /// Episodes run at the same time.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = at_least_one())]
     concurrency: usize,
     /// Serve /metrics, /healthz and live injection on this address while running.
     #[arg(long, env = "BASECAMP_SANDBOX_LISTEN")]

@@ -521,6 +521,20 @@ fn a_metrics_linger_needs_a_listen_address_and_a_duration() {
 }
 
 #[test]
+fn count_flags_of_0_are_refused_naming_the_flag() {
+    // Before: both were taken as 1 without a word.
+    for (args, flag) in [
+        (vec!["run", "--config", "x.yaml", "--concurrency", "0"], "--concurrency"),
+        (vec!["serve", "--config", "x.yaml", "--listen", "127.0.0.1:0", "--max-episodes", "0"], "--max-episodes"),
+    ] {
+        let run = sandbox(&args);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(&format!("invalid value '0' for '{flag}")), "{stderr}");
+    }
+}
+
+#[test]
 fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
     let project = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
