@@ -80,6 +80,8 @@ pub enum RunError {
     Gpu(#[from] basecamp_gpu::requirement::GpuRequirementError),
     #[error(transparent)]
     PolicyServer(#[from] crate::readiness::NotReady),
+    #[error("cannot create the output directory {}: {source}; give another with --out", dir.display())]
+    OutDir { dir: PathBuf, source: std::io::Error },
     #[error("cannot run the shard: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -95,7 +97,7 @@ impl RunError {
             Self::Service(e) => e.category(),
             Self::Gpu(e) => e.category(),
             Self::PolicyServer(e) => e.category(),
-            Self::Io(_) => "TraceIo",
+            Self::OutDir { .. } | Self::Io(_) => "TraceIo",
         }
     }
 }
@@ -206,6 +208,13 @@ pub fn resolve_variants(
         .collect()
 }
 
+/// Creates the directory traces (and the services' logs) go to, first: a
+/// path that cannot be one (a file, say) is named as the output directory,
+/// not reported later as a service that cannot start.
+pub(crate) fn create_out_dir(dir: &Path) -> Result<(), RunError> {
+    std::fs::create_dir_all(dir).map_err(|source| RunError::OutDir { dir: dir.to_path_buf(), source })
+}
+
 pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let base_dir_flag = request.base_dir.as_deref().map(absolute_dir).transpose()?;
     let (manifests, mut warnings) = load_manifests_in(&request.manifests, base_dir_flag.as_deref())?;
@@ -233,6 +242,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let out_dir = request.out_dir.clone().unwrap_or_else(|| {
         Path::new("basecamp-runs").join(&run_name).join(&variant.name).join(format!("shard-{}", request.shard))
     });
+    create_out_dir(&out_dir)?;
     let services = RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"))?;
     let sandbox = services.expand(&variant.sandbox)?;
 

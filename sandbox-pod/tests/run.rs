@@ -555,3 +555,22 @@ fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
     assert_eq!(run.status.code(), Some(0), "{stderr}");
     assert!(String::from_utf8_lossy(&run.stdout).contains("shard 0/1: 3 episodes"));
 }
+
+#[test]
+fn an_output_path_that_is_a_file_is_named_as_the_output_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = dir.path().join("taken");
+    std::fs::write(&taken, "mine").unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce");
+    let common = ["--config", example.to_str().unwrap(), "--variant", "a", "--out", taken.to_str().unwrap()];
+    for command in [&["run"][..], &["serve", "--listen", "127.0.0.1:0"][..]] {
+        let out = sandbox(&[command, &common[..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
+        // Before: "error [ServiceStart]: service tracking: cannot start \"python3\": Not a directory".
+        let expected = format!("error [TraceIo]: cannot create the output directory {}: ", taken.display());
+        assert!(stderr.contains(&expected) && stderr.contains("give another with --out"), "{command:?}: {stderr}");
+        assert!(!stderr.contains("ServiceStart"), "{stderr}");
+        assert_eq!(std::fs::read_to_string(&taken).unwrap(), "mine");
+    }
+}

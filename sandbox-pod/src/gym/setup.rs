@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use super::GymConfig;
 use crate::config::{RunContext, build_runner, episode_input};
-use crate::run::{RunError, absolute_dir, check_gpu, load_manifests_in, load_test_set, resolve_variants, select_task};
+use crate::run::{
+    RunError, absolute_dir, check_gpu, create_out_dir, load_manifests_in, load_test_set, resolve_variants, select_task,
+};
 use crate::services::RunningServices;
 
 /// What to serve.
@@ -64,6 +66,7 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         .out_dir
         .clone()
         .unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name).join(&variant.name).join("serve"));
+    create_out_dir(&out_dir)?;
     let services = RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"))?;
     let sandbox = services.expand(&variant.sandbox)?;
 
