@@ -82,6 +82,8 @@ pub enum RunError {
     PolicyServer(#[from] crate::readiness::NotReady),
     #[error("cannot create the output directory {}: {source}; give another with --out", dir.display())]
     OutDir { dir: PathBuf, source: std::io::Error },
+    #[error("cannot listen on {addr} (--listen): {source}")]
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("cannot run the shard: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -98,6 +100,7 @@ impl RunError {
             Self::Gpu(e) => e.category(),
             Self::PolicyServer(e) => e.category(),
             Self::OutDir { .. } | Self::Io(_) => "TraceIo",
+            Self::Listen { .. } => "Listen",
         }
     }
 }
@@ -278,7 +281,8 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
 
     let server = match request.listen {
         Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.map_err(|source| RunError::Listen { addr, source })?;
             let server = RunningServer::start(listener, ServerState::new(metrics.clone(), live))?;
             // With port 0 this line is the only way to learn the port.
             eprintln!("serving /metrics, /healthz and live injection on http://{}", server.addr());

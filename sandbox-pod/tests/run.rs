@@ -574,3 +574,28 @@ fn an_output_path_that_is_a_file_is_named_as_the_output_directory() {
         assert_eq!(std::fs::read_to_string(&taken).unwrap(), "mine");
     }
 }
+
+#[test]
+fn a_listen_address_in_use_is_named_with_its_flag() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let manifest = project.path().join("task.yaml");
+    let out_dir = out.path().join("shard-0");
+    let run = sandbox(&[
+        "run",
+        "--config",
+        manifest.to_str().unwrap(),
+        "--no-upload",
+        "--listen",
+        &addr,
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    // Before: "error [TraceIo]: cannot run the shard: Address already in use (os error 98)".
+    assert!(stderr.contains(&format!("error [Listen]: cannot listen on {addr} (--listen): ")), "{stderr}");
+}
