@@ -3,6 +3,7 @@
 //! set and writes one `.trace` per episode plus the shard's `summary.json`;
 //! `serve` offers the sandbox to an external trainer over HTTP (server mode).
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -174,7 +175,11 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
         }
     };
     let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
-    println!("serving the sandbox API on http://{addr} (traces in {})", gym.out_dir().display());
+    let serving = format!("serving the sandbox API on http://{addr} (traces in {})", gym.out_dir().display());
+    if let Err(e) = writeln!(std::io::stdout(), "{serving}") {
+        // A supervisor that closed stdout still gets a server, and its address here.
+        eprintln!("warning: cannot write to stdout ({e}); {serving}");
+    }
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         let terminated = async {
@@ -236,6 +241,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         }
         stop.cancel();
     });
+    let mut stdout = Stdout::default();
     let mut outcome = match run(&request).await {
         Ok(o) => o,
         Err(e) => {
@@ -249,7 +255,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
     let s = &outcome.summary;
     let agg = &s.aggregate;
     let mean = |k: &str| agg.means.get(k).map_or("-".to_string(), |v| format!("{v:.3}"));
-    println!(
+    stdout.line(format_args!(
         "{}/{} shard {}/{}: {} episodes in {:.1}s  tool_call_accuracy {}  plan_step_f1 {}  memory_consistency {}  error_rate {}  p50 {:.2}s  p95 {:.2}s",
         s.task,
         s.variant,
@@ -263,8 +269,8 @@ async fn run_command(args: RunArgs) -> ExitCode {
         mean("error_rate"),
         agg.resolution_time_p50_s,
         agg.resolution_time_p95_s,
-    );
-    println!("traces and summary.json: {}", outcome.out_dir.display());
+    ));
+    stdout.line(format_args!("traces and summary.json: {}", outcome.out_dir.display()));
     let mut code = ExitCode::SUCCESS;
     for lost in &s.lost {
         eprintln!("error: episode {} lost: {}", lost.id, lost.error);
@@ -272,11 +278,18 @@ async fn run_command(args: RunArgs) -> ExitCode {
     }
     if let Some(report) = &outcome.upload {
         if report.is_complete() {
-            println!("uploaded {} files to {}", report.files.len(), report.destination);
+            stdout.line(format_args!("uploaded {} files to {}", report.files.len(), report.destination));
         } else {
             eprintln!("{report}");
             eprintln!("the local copies are kept in {}", outcome.out_dir.display());
             code = ExitCode::from(3);
+        }
+    }
+    if let Some(e) = stdout.failed {
+        eprintln!("error [Stdout]: cannot write the outcome to stdout: {e}; the traces and summary.json are written");
+        // A lost episode (2) or a failed upload (3) says more.
+        if code == ExitCode::SUCCESS {
+            code = ExitCode::FAILURE;
         }
     }
     shard_done.store(true, Ordering::SeqCst);
@@ -287,6 +300,24 @@ async fn run_command(args: RunArgs) -> ExitCode {
         }
     }
     code
+}
+
+/// The outcome lines of `run`: a reader gone (`| head`) must not panic the
+/// process after the shard, so the first failed write is kept and reported
+/// once, after everything else is done.
+#[derive(Default)]
+struct Stdout {
+    failed: Option<std::io::Error>,
+}
+
+impl Stdout {
+    fn line(&mut self, text: std::fmt::Arguments) {
+        if self.failed.is_none()
+            && let Err(e) = writeln!(std::io::stdout(), "{text}")
+        {
+            self.failed = Some(e);
+        }
+    }
 }
 
 /// `--metrics-linger`: Prometheus has only what it scraped, and the counts

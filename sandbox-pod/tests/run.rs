@@ -599,3 +599,54 @@ fn a_listen_address_in_use_is_named_with_its_flag() {
     // Before: "error [TraceIo]: cannot run the shard: Address already in use (os error 98)".
     assert!(stderr.contains(&format!("error [Listen]: cannot listen on {addr} (--listen): ")), "{stderr}");
 }
+
+/// `basecamp-sandbox ARGS | head -0`: the reader is gone before anything is written.
+fn with_stdout_closed(args: &[&str]) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child
+}
+
+#[test]
+fn a_closed_stdout_is_an_error_line_after_a_complete_shard_not_a_panic() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    let out_dir = out.path().join("shard-0");
+    let args = ["run", "--config", manifest.to_str().unwrap(), "--no-upload", "--out", out_dir.to_str().unwrap()];
+    let run = with_stdout_closed(&args).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    // Before: "panicked ... failed printing to stdout: Broken pipe", exit 101.
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("error [Stdout]: cannot write the outcome to stdout: Broken pipe"), "{stderr}");
+    let summary: Value = serde_json::from_slice(&std::fs::read(out_dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["aggregate"]["episodes"], 3);
+    assert!(matches!(read_trace(out_dir.join("ep-1.trace")).unwrap().tail, Tail::Complete));
+}
+
+#[test]
+fn a_server_whose_stdout_is_closed_keeps_serving_and_says_where() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    let args = ["serve", "--config", manifest.to_str().unwrap(), "--listen", "127.0.0.1:0"];
+    let mut child = with_stdout_closed(&[&args[..], &["--out", out.path().to_str().unwrap()]].concat());
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Before: "panicked ... failed printing to stdout: Broken pipe" before serving anything.
+    let warning =
+        lines.find_map(|line| line.ok().filter(|l| l.contains("cannot write to stdout") || l.contains("panicked")));
+    let warning = warning.expect("a line about stdout");
+    assert!(warning.starts_with("warning: cannot write to stdout (Broken pipe"), "{warning}");
+    let addr = address_in(&warning);
+    get(&addr, "/healthz"); // a 200: the server still serves
+    let _ = child.kill();
+    let _ = child.wait();
+}
