@@ -216,3 +216,27 @@ def test_strict80_fails_with_the_sandbox_gpu_refusal(kube: Kube, applied):
     assert st["shards"]["b"]["failed"] == 1, st["shards"]
     job = kube.items("jobs", "-n", ns, "-l", SEL.format("strict80"))[0]
     assert job["status"].get("failed", 0) == 1, job["status"]  # FailIndex on exit 1: no retry
+
+
+def apply_counts(operator) -> dict[tuple[str, str], float]:
+    return {(m.group(1), m.group(2)): float(m.group(3)) for m in re.finditer(
+        r'^basecamp_applies_total\{kind="([^"]+)",result="([^"]+)"\} (\S+)$', operator.metrics(), re.M)}
+
+
+def test_a_settled_task_is_reconciled_from_the_caches_without_a_write(kube: Kube, operator, applied):
+    """The operator's watches keep copies of its objects: a reconcile with
+    nothing to change (here woken by an annotation on the task) finds each
+    applied object up to date and sends nothing. This is what the real API
+    server returns for the objects, defaults and all, not a mock's echo."""
+    ns = applied["ns"]
+    before = apply_counts(operator)
+    pokes = 3
+    for i in range(pokes):
+        kube.run("annotate", "harnesstask", "need95", "-n", ns, f"e2e.basecamp.dev/poke={i}", "--overwrite")
+        wait_until(f"reconcile {i + 1} of need95", lambda: apply_counts(operator).get(("NetworkPolicy", "unchanged"), 0)
+                   >= before.get(("NetworkPolicy", "unchanged"), 0) + i + 1, timeout=30)
+    after = apply_counts(operator)
+    print(json.dumps({f"{k}/{r}": [before.get((k, r), 0), v] for (k, r), v in sorted(after.items())}, indent=1))
+    for kind in ("ConfigMap", "NetworkPolicy", "Job"):
+        assert after.get((kind, "unchanged"), 0) >= before.get((kind, "unchanged"), 0) + pokes, kind
+        assert after.get((kind, "applied"), 0) == before.get((kind, "applied"), 0), f"{kind} applied again"

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use basecamp_api::{HarnessTask, SandboxConfig};
+use basecamp_operator::controller::cache::{Caches, Watch};
 use basecamp_operator::controller::{self, Context};
 use basecamp_operator::leader::LeaderElector;
 use basecamp_operator::metrics::Metrics;
@@ -20,7 +21,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -200,34 +201,55 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// One controller's watches of the objects it owns and the SandboxConfigs;
+/// each also fills a store of `Caches`.
+struct Watches {
+    jobs: Watch<Job>,
+    config_maps: Watch<ConfigMap>,
+    network_policies: Watch<NetworkPolicy>,
+    sandboxes: Watch<SandboxConfig>,
+}
+
+impl Watches {
+    fn new(client: &Client, namespace: Option<&str>, caches: &mut Caches) -> Self {
+        let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=basecamp-operator");
+        Self {
+            jobs: caches.watch_jobs(api(client, namespace), owned.clone()),
+            config_maps: caches.watch_config_maps(api(client, namespace), owned.clone()),
+            network_policies: caches.watch_network_policies(api(client, namespace), owned),
+            sandboxes: caches.watch_sandboxes(api(client, namespace), watcher::Config::default()),
+        }
+    }
+}
+
 async fn run_controller(
     client: Client,
     namespace: Option<String>,
+    watches: Watches,
     concurrency: u16,
     ctx: Arc<Context>,
     stop: watch::Receiver<bool>,
 ) {
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        <K as kube::Resource>::DynamicType: Default,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
     let ns = namespace.as_deref();
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=basecamp-operator");
     let controller = Controller::new(api::<HarnessTask>(&client, ns), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let tasks = controller.store();
     controller
-        .owns(api::<Job>(&client, ns), owned.clone())
-        .owns(api::<ConfigMap>(&client, ns), owned)
-        .watches(api::<SandboxConfig>(&client, ns), watcher::Config::default(), move |sandbox| {
-            controller::tasks_referencing(&tasks.state(), &sandbox)
-        })
+        .owns_stream(watches.jobs)
+        .owns_stream(watches.config_maps)
+        .owns_stream(watches.network_policies)
+        .watches_stream(watches.sandboxes, move |sandbox| controller::tasks_referencing(&tasks.state(), &sandbox))
         .graceful_shutdown_on(stopped(stop))
         .run(controller::reconcile, controller::error_policy, ctx)
         .for_each(|result| async move {
@@ -313,17 +335,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let mut context = Context::new(client.clone(), metrics, settings, Storage::new(storage_config), Some(identity));
     context.node_cache = Some(node_cache(client.clone(), stop_rx.clone()));
-    let ctx = Arc::new(context);
     let namespaces: Vec<Option<String>> = {
         let named: Vec<String> =
             args.namespaces.iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
         if named.is_empty() { vec![None] } else { named.into_iter().map(Some).collect() }
     };
+    let watches: Vec<Watches> =
+        namespaces.iter().map(|ns| Watches::new(&client, ns.as_deref(), &mut context.caches)).collect();
+    let ctx = Arc::new(context);
     tracing::info!(namespaces = ?namespaces, "starting the HarnessTask controller");
-    let controllers =
-        futures::future::join_all(namespaces.into_iter().map(|ns| {
-            run_controller(client.clone(), ns, args.max_concurrent_reconciles, ctx.clone(), stop_rx.clone())
-        }));
+    let controllers = futures::future::join_all(namespaces.into_iter().zip(watches).map(|(ns, watches)| {
+        run_controller(client.clone(), ns, watches, args.max_concurrent_reconciles, ctx.clone(), stop_rx.clone())
+    }));
     let lost = async {
         match &elector {
             Some(elector) => elector.keep().await,

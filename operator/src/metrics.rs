@@ -84,6 +84,12 @@ struct CategoryLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApplyLabels {
+    kind: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabels {
     operation: &'static str,
 }
@@ -154,6 +160,7 @@ pub struct Metrics {
     reconcile_errors: Family<CategoryLabels, Counter>,
     s3_errors: Family<OperationLabels, Counter>,
     s3_duration: Family<OperationLabels, Histogram>,
+    applies: Family<ApplyLabels, Counter>,
     known: Mutex<Known>,
 }
 
@@ -202,7 +209,8 @@ impl Metrics {
         registry.register("basecamp_shards", "Shards of a variant by state", shards.clone());
         let tasks = Family::<PhaseLabels, Gauge>::default();
         registry.register("basecamp_tasks", "HarnessTasks by phase", tasks.clone());
-        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        // From 0.5 ms: a reconcile served from the caches takes well under 5 ms.
+        let reconcile_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 18));
         registry.register_with_unit(
             "basecamp_reconcile_duration",
             "Time of one reconcile",
@@ -230,6 +238,12 @@ impl Metrics {
             Unit::Seconds,
             s3_duration.clone(),
         );
+        let applies = Family::<ApplyLabels, Counter>::default();
+        registry.register(
+            "basecamp_applies",
+            "Objects a reconcile applied (result=applied) or found up to date in its cache and did not send (result=unchanged), by kind",
+            applies.clone(),
+        );
         let metrics = Self {
             registry,
             variant_gauges,
@@ -242,6 +256,7 @@ impl Metrics {
             reconcile_errors,
             s3_errors,
             s3_duration,
+            applies,
             known: Mutex::default(),
         };
         for phase in PHASES {
@@ -256,6 +271,12 @@ impl Metrics {
         if let Some(category) = error_category {
             self.reconcile_errors.get_or_create(&CategoryLabels { category }).inc();
         }
+    }
+
+    /// One object a reconcile applied (`sent`) or found up to date.
+    pub fn count_apply(&self, kind: &'static str, sent: bool) {
+        let result = if sent { "applied" } else { "unchanged" };
+        self.applies.get_or_create(&ApplyLabels { kind, result }).inc();
     }
 
     /// One S3 operation (`list`, `get`, `put`, `delete`).

@@ -12,9 +12,11 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
+use super::cache::{self, Caches};
 use crate::FIELD_MANAGER;
 use crate::build::Desired;
 use crate::build::names::{KUEUE_QUEUE_LABEL, TEMPLATE_HASH_ANNOTATION, VARIANT_LABEL};
+use crate::metrics::Metrics;
 
 /// Why applying failed.
 #[derive(Debug, thiserror::Error)]
@@ -96,54 +98,103 @@ pub fn with_live_suspend(want: &Job, existing: Option<&Job>) -> Job {
     want
 }
 
-/// Applies the ConfigMap, the NetworkPolicy and the Jobs (in that order).
+/// Applies one object by server-side apply, unless its cached copy is
+/// already what the apply would make it (`cache::up_to_date`).
+async fn apply_object<K>(
+    api: &Api<K>,
+    metrics: &Metrics,
+    namespace: &str,
+    kind: &'static str,
+    desired: &K,
+    cached: Option<std::sync::Arc<K>>,
+) -> Result<(), ApplyError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let want = cache::stamp(desired);
+    if cached.is_some_and(|live| cache::up_to_date(&want, &live)) {
+        metrics.count_apply(kind, false);
+        return Ok(());
+    }
+    let name = want.name_any();
+    api.patch(&name, &params(), &Patch::Apply(&want)).await.map_err(|source| ApplyError::Api {
+        action: "apply",
+        kind,
+        namespace: namespace.to_string(),
+        name: name.clone(),
+        source,
+    })?;
+    metrics.count_apply(kind, true);
+    Ok(())
+}
+
+/// Applies the ConfigMap, the NetworkPolicy and the Jobs (concurrently: the
+/// Jobs' pods wait for the ConfigMap volume, not the Job for the ConfigMap).
+/// An object whose cached copy is up to date is not sent.
 pub async fn apply(
     client: &Client,
+    caches: &Caches,
+    metrics: &Metrics,
     namespace: &str,
     desired: &Desired,
     status: Option<&HarnessTaskStatus>,
     generation: Option<i64>,
 ) -> Result<Vec<AppliedJob>, ApplyError> {
-    let err = |action, kind, name: &str| {
-        let namespace = namespace.to_string();
-        let name = name.to_string();
-        move |source| ApplyError::Api { action, kind, namespace, name, source }
-    };
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let name = desired.config_map.name_any();
-    config_maps.patch(&name, &params(), &Patch::Apply(&desired.config_map)).await.map_err(err(
-        "apply",
+    let config_map = apply_object(
+        &config_maps,
+        metrics,
+        namespace,
         "ConfigMap",
-        &name,
-    ))?;
+        &desired.config_map,
+        caches.config_map(namespace, &desired.config_map.name_any()),
+    );
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
-    let name = desired.network_policy.name_any();
-    policies.patch(&name, &params(), &Patch::Apply(&desired.network_policy)).await.map_err(err(
-        "apply",
+    let network_policy = apply_object(
+        &policies,
+        metrics,
+        namespace,
         "NetworkPolicy",
-        &name,
-    ))?;
-
+        &desired.network_policy,
+        caches.network_policy(namespace, &desired.network_policy.name_any()),
+    );
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-    let mut applied = Vec::new();
-    for want in &desired.jobs {
+    let applied_jobs = futures::future::try_join_all(desired.jobs.iter().map(|want| {
         let variant = variant_of(want);
-        let (job, replaced) = apply_job(&jobs, namespace, want, finished_before(status, generation, &variant)).await?;
-        applied.push(AppliedJob { variant, job, replaced });
-    }
+        let finished = finished_before(status, generation, &variant);
+        let cached = caches.job(namespace, &want.name_any());
+        let jobs = &jobs;
+        async move {
+            let (job, replaced) = apply_job(jobs, metrics, namespace, want, cached, finished).await?;
+            Ok::<_, ApplyError>(AppliedJob { variant, job, replaced })
+        }
+    }));
+    let ((), (), applied) = futures::try_join!(config_map, network_policy, applied_jobs)?;
     Ok(applied)
 }
 
 /// Applies one Job: an outdated one (its template hash differs) is deleted
 /// and created anew; a missing one is not recreated when `finished_before`
 /// (its TTL removed it after it finished). Returns the Job as the API has
-/// it (`None`: finished and gone) and whether it was replaced.
+/// it (`None`: finished and gone) and whether it was replaced. A `cached`
+/// copy that is up to date is returned as it is; otherwise the Job is read
+/// from the API first, so that a replacement or Kueue's `suspend` is
+/// decided on the live object, never on a stale copy.
 pub async fn apply_job(
     jobs: &Api<Job>,
+    metrics: &Metrics,
     namespace: &str,
     want: &Job,
+    cached: Option<std::sync::Arc<Job>>,
     finished_before: bool,
 ) -> Result<(Option<Job>, bool), ApplyError> {
+    let want = cache::stamp(want);
+    if let Some(live) = cached
+        && cache::up_to_date(&with_live_suspend(&want, Some(&live)), &live)
+    {
+        metrics.count_apply("Job", false);
+        return Ok((Some(live.as_ref().clone()), false));
+    }
     let name = want.name_any();
     let err = |action| {
         let namespace = namespace.to_string();
@@ -163,8 +214,9 @@ pub async fn apply_job(
         }
         _ => {}
     }
-    let want = with_live_suspend(want, existing.as_ref().filter(|_| !replaced));
+    let want = with_live_suspend(&want, existing.as_ref().filter(|_| !replaced));
     let job = jobs.patch(&name, &params(), &Patch::Apply(&want)).await.map_err(err("apply"))?;
+    metrics.count_apply("Job", true);
     Ok((Some(job), replaced))
 }
 

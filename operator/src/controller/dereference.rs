@@ -12,6 +12,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
+use super::cache::Caches;
 use crate::build::network_policy::{ServiceRef, ServiceTarget};
 
 /// What a task refers to, as read from the API.
@@ -59,11 +60,13 @@ fn constrains_gpus(sandbox: &SandboxConfig) -> bool {
 /// How long a reconcile waits for the node cache's first listing.
 const NODE_CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Reads the SandboxConfigs (in name order) and, if needed, the nodes:
+/// Reads the SandboxConfigs (in name order; from `caches` when there, a
+/// miss is read from the API) and, if needed, the nodes:
 /// from `node_cache` (a reflector the operator keeps) when there is one,
 /// else by listing them.
 pub async fn dereference(
     client: &Client,
+    caches: &Caches,
     task: &HarnessTask,
     node_cache: Option<&Store<Node>>,
 ) -> Result<World, DereferenceError> {
@@ -74,6 +77,10 @@ pub async fn dereference(
     names.dedup();
     let mut world = World::default();
     for name in names {
+        if let Some(cached) = caches.sandbox(&namespace, &name) {
+            world.sandboxes.insert(name, Some(cached.as_ref().clone()));
+            continue;
+        }
         let found = sandboxes_api.get_opt(&name).await.map_err(|source| DereferenceError::Sandbox {
             namespace: namespace.clone(),
             name: name.clone(),

@@ -5,6 +5,8 @@
 //! ```
 //!
 //! - [`dereference`]: read the SandboxConfigs (and nodes) the task refers to;
+//! - [`cache`]: the watched objects' copies, so that a reconcile with
+//!   nothing to change reads and writes nothing;
 //! - [`validate`]: the shared checks plus the cluster's (pure);
 //! - [`crate::build`]: the desired ConfigMap, Jobs, NetworkPolicy (pure);
 //! - [`apply`]: server-side apply (field manager `basecamp-operator`);
@@ -24,6 +26,7 @@
 pub mod aggregate;
 pub mod api_error;
 pub mod apply;
+pub mod cache;
 pub mod capacity;
 pub mod dereference;
 pub mod finalizer;
@@ -103,6 +106,9 @@ pub struct Context {
     /// A cache of the cluster's nodes (for the GPU capacity check); without
     /// it, nodes are listed when a sandbox constrains GPUs.
     pub node_cache: Option<Store<Node>>,
+    /// Copies of the watched objects, so that a reconcile with nothing to
+    /// change makes no API call (empty: every read goes to the API).
+    pub caches: cache::Caches,
     /// Consecutive failures per task, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -124,6 +130,7 @@ impl Context {
             settings,
             storage,
             node_cache: None,
+            caches: cache::Caches::default(),
             failures: Mutex::default(),
         }
     }
@@ -203,7 +210,7 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         return finalize(task, ctx).await;
     }
     finalizer::ensure(&ctx.client, task).await?;
-    let world = dereference::dereference(&ctx.client, task, ctx.node_cache.as_ref()).await?;
+    let world = dereference::dereference(&ctx.client, &ctx.caches, task, ctx.node_cache.as_ref()).await?;
     let (variants, warnings) = match validate::check(task, &world) {
         Verdict::Valid { variants, warnings } => (variants, warnings),
         Verdict::Invalid(report) => return reject(task, ctx, &report).await,
@@ -217,8 +224,16 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     input.services = dereference::services(&ctx.client, candidates).await;
     let desired = build::build(&input)?;
     let namespace = task.namespace().unwrap_or_default();
-    let applied =
-        apply::apply(&ctx.client, &namespace, &desired, task.status.as_ref(), task.metadata.generation).await?;
+    let applied = apply::apply(
+        &ctx.client,
+        &ctx.caches,
+        &ctx.metrics,
+        &namespace,
+        &desired,
+        task.status.as_ref(),
+        task.metadata.generation,
+    )
+    .await?;
     for replaced in applied.iter().filter(|a| a.replaced) {
         let note =
             format!("the spec changed; the Job of variant {} was replaced and its shards run again", replaced.variant);
@@ -226,7 +241,7 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     }
     let shards = shard_states(task, &applied);
     let aggregated = aggregate_step(task, ctx, &applied, &shards).await;
-    let training = crate::training::reconcile(&ctx.client, &ctx.storage, &ctx.metrics, &input).await?;
+    let training = crate::training::reconcile(&ctx.client, &ctx.caches, &ctx.storage, &ctx.metrics, &input).await?;
     for evaluation in training.iter().flat_map(|t| t.evaluated.iter()) {
         let note = crate::training::evaluation::evaluated_note(evaluation);
         // The recorder folds Events of one (type, reason, action) into a

@@ -42,10 +42,16 @@ struct Outcome {
 }
 
 async fn scenario(task: &Value, storage: Storage, script: Vec<Call>) -> Outcome {
+    scenario_with_caches(task, storage, cache::Caches::default(), script).await
+}
+
+async fn scenario_with_caches(task: &Value, storage: Storage, caches: cache::Caches, script: Vec<Call>) -> Outcome {
     let task: HarnessTask = serde_json::from_value(task.clone()).expect("task fixture");
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
-    let ctx = Arc::new(Context::new(client, Arc::new(Metrics::new()), Settings::default(), storage, None));
+    let mut ctx = Context::new(client, Arc::new(Metrics::new()), Settings::default(), storage, None);
+    ctx.caches = caches;
+    let ctx = Arc::new(ctx);
     let verifier = tokio::spawn(verify(handle, script));
     let result = tokio::time::timeout(Duration::from_secs(30), reconcile(Arc::new(task), ctx.clone()))
         .await
@@ -179,6 +185,73 @@ async fn create_adds_the_finalizer_applies_the_objects_and_reports_pending() {
     assert_eq!(condition(&status, "Progressing")["reason"], "ShardsPending");
     assert_eq!(event_reasons(seen), [("Normal".into(), "Resolved".into()), ("Normal".into(), "ShardsPending".into())]);
     assert!(out.ctx.metrics.encode().contains(r#"basecamp_tasks{phase="Pending"} 1"#));
+}
+
+/// What the API server keeps of an applied object: the body sent, with its uid.
+fn stored<K: serde::de::DeserializeOwned>(seen: &Seen) -> K {
+    serde_json::from_value(merge(seen.body.clone(), &json!({"metadata": {"uid": "uid-9", "resourceVersion": "11"}})))
+        .expect("an applied object")
+}
+
+fn applies(metrics: &Metrics) -> Vec<String> {
+    metrics.encode().lines().filter(|l| l.starts_with("basecamp_applies_total")).map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn a_reconcile_whose_caches_are_up_to_date_makes_no_api_call_and_a_drifted_object_is_applied_alone() {
+    // A first reconcile, without caches, creates everything.
+    let current = task(spec(), true);
+    let mut script = apply_calls(not_found(), json!({}));
+    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())), event(), event()]);
+    let first = scenario(&current, storage_down(), script).await;
+    assert!(first.result.is_ok(), "{:?}", first.result.err());
+    let body = |uri: &str| first.seen.iter().find(|s| s.uri.starts_with(uri) && !s.body.is_null()).expect(uri);
+    let config_map: k8s_openapi::api::core::v1::ConfigMap = stored(body(CONFIG_MAP));
+    let policy: k8s_openapi::api::networking::v1::NetworkPolicy = stored(body(NETWORK_POLICY));
+    let job: k8s_openapi::api::batch::v1::Job = stored(body(JOB));
+    let sandbox: basecamp_api::SandboxConfig = serde_json::from_value(sandbox()).expect("sandbox");
+    for applied in [CONFIG_MAP, NETWORK_POLICY, JOB] {
+        assert!(
+            body(applied).body["metadata"]["annotations"][cache::APPLIED_DIGEST_ANNOTATION].is_string(),
+            "{applied} carries its digest"
+        );
+    }
+    // The watches have seen what it applied and its status: the next
+    // reconcile (woken by those events) has nothing to read or write.
+    let settled = merge(current.clone(), &json!({"status": status_patch(&first.seen)}));
+    let caches = || {
+        cache::Caches::holding(vec![job.clone()], vec![config_map.clone()], vec![policy.clone()], vec![sandbox.clone()])
+    };
+    let quiet = scenario_with_caches(&settled, storage_down(), caches(), Vec::new()).await;
+    assert!(quiet.result.is_ok(), "{:?}", quiet.result.err());
+    assert!(quiet.seen.is_empty(), "{:?}", quiet.seen.iter().map(|s| &s.uri).collect::<Vec<_>>());
+    let mut counted = applies(&quiet.ctx.metrics);
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            r#"basecamp_applies_total{kind="ConfigMap",result="unchanged"} 1"#,
+            r#"basecamp_applies_total{kind="Job",result="unchanged"} 1"#,
+            r#"basecamp_applies_total{kind="NetworkPolicy",result="unchanged"} 1"#,
+        ]
+    );
+
+    // The ConfigMap edited by hand and the Job gone from the cache: those
+    // two are applied (the Job read first), the NetworkPolicy is not.
+    let mut edited = config_map.clone();
+    edited.data.get_or_insert_default().insert("manifests.yaml".into(), "edited: by hand".into());
+    let drifted = cache::Caches::holding(Vec::new(), vec![edited], vec![policy.clone()], vec![sandbox.clone()]);
+    let script = vec![
+        call("PATCH", CONFIG_MAP, Reply::Echo),
+        call("GET", JOB, Reply::Json(200, serde_json::to_value(&job).expect("job"))),
+        call("PATCH", JOB, Reply::Echo),
+    ];
+    let repaired = scenario_with_caches(&settled, storage_down(), drifted, script).await;
+    assert!(repaired.result.is_ok(), "{:?}", repaired.result.err());
+    assert_eq!(repaired.seen.len(), 3, "only the scripted calls");
+    assert!(
+        repaired.seen[0].body["data"]["manifests.yaml"].as_str().is_some_and(|m| m.contains("kind: SandboxConfig"))
+    );
 }
 
 #[tokio::test]

@@ -37,6 +37,7 @@ use crate::build::job::CheckpointUnderTest;
 use crate::build::{BuildError, BuildInput};
 use crate::controller::aggregate::{self, timed, write_json};
 use crate::controller::apply::{ApplyError, apply_job};
+use crate::controller::cache::Caches;
 use crate::controller::status::{AggregatedStatus, TrainingObserved};
 use crate::controller::{CLOCK_SKEW_NANOS, api_error, today};
 use crate::metrics::Metrics;
@@ -212,6 +213,7 @@ async fn find_checkpoints(
 /// The training step (see the module docs). `None` for a task that does not train.
 pub async fn reconcile(
     client: &Client,
+    caches: &Caches,
     storage: &Storage,
     metrics: &Metrics,
     input: &BuildInput<'_>,
@@ -249,7 +251,8 @@ pub async fn reconcile(
     if let Some(want) = trainer::trainer_job(input, &locations)? {
         let finished_before =
             generation_seen && matches!(previous.phase, Some(TaskPhase::Succeeded | TaskPhase::Failed));
-        trainer_job = apply_job(&jobs, namespace, &want, finished_before).await?.0;
+        trainer_job =
+            apply_job(&jobs, metrics, namespace, &want, caches.job(namespace, &trainer_name), finished_before).await?.0;
     }
     let trainer_done = trainer_job.as_ref().is_some_and(|job| {
         job.status
@@ -394,7 +397,7 @@ pub async fn reconcile(
     for step in &next.start {
         let Some(under_test) = checkpoint(*step, None) else { continue };
         for job in evaluation::evaluation_jobs(input, &under_test)? {
-            apply_job(&jobs, namespace, &job, false).await?;
+            apply_job(&jobs, metrics, namespace, &job, None, false).await?;
         }
     }
     // A step started by an operator that stopped half-way: its missing variants.
@@ -409,7 +412,7 @@ pub async fn reconcile(
             if step_jobs.is_some_and(|j| j.contains_key(&variant)) {
                 continue;
             }
-            apply_job(&jobs, namespace, &job, false).await?;
+            apply_job(&jobs, metrics, namespace, &job, None, false).await?;
         }
     }
 

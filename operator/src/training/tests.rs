@@ -688,10 +688,13 @@ mod against_s3 {
         let settings = Settings { report_base_url: Some("https://basecamp.example.com".into()), ..settings() };
         let input = BuildInput::new(task, vec![variant("default", None)], &settings).expect("input");
         let metrics = Arc::new(Metrics::new());
-        let result = tokio::time::timeout(Duration::from_secs(30), reconcile(&client, &storage, &metrics, &input))
-            .await
-            .expect("the training step did not finish within 30 s")
-            .expect("the training step");
+        let result = tokio::time::timeout(
+            Duration::from_secs(30),
+            reconcile(&client, &Default::default(), &storage, &metrics, &input),
+        )
+        .await
+        .expect("the training step did not finish within 30 s")
+        .expect("the training step");
         let waited = tokio::time::timeout(Duration::from_secs(10), verifier).await;
         let seen = match waited.unwrap_or_else(|_| panic!("a scripted call never came; the step saw {result:#?}")) {
             Ok(seen) => seen,

@@ -1,0 +1,335 @@
+//! Local copies of the objects the controller watches (reflector stores),
+//! so that a reconcile with nothing to change reads nothing from the API
+//! and writes nothing to it.
+//!
+//! The controller watches its Jobs, ConfigMaps and NetworkPolicies (to be
+//! woken when they change) and the SandboxConfigs (to wake the tasks that
+//! name them); each of those watches also fills a store here. A store may
+//! lag the API server by a few events, so it is used only to decide that
+//! there is nothing to do:
+//!
+//! - an object is applied again unless its cached copy carries the digest
+//!   of the object the operator would apply now ([`stamp`]) *and* every
+//!   field of it ([`holds`]) — so a spec change, a field removed from the
+//!   desired object, an edit by hand and a deleted object are all applied;
+//! - when something is to be done, the step reads the API as it would with
+//!   no cache (a Job is read before it is replaced or suspended), so a
+//!   stale copy costs a write, never a wrong one;
+//! - a SandboxConfig missing from the store is read from the API.
+//!
+//! A stale copy that looks up to date is followed by the watch event that
+//! made it stale, which wakes the task again.
+
+use std::sync::Arc;
+
+use basecamp_api::SandboxConfig;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::build::names::stable_hash;
+
+/// The annotation holding the digest of the object as the operator last applied it.
+pub const APPLIED_DIGEST_ANNOTATION: &str = "basecamp.dev/applied-digest";
+
+/// The stores of one or more controllers (one per watched namespace).
+#[derive(Clone, Default)]
+pub struct Caches {
+    jobs: Vec<Store<Job>>,
+    config_maps: Vec<Store<ConfigMap>>,
+    network_policies: Vec<Store<NetworkPolicy>>,
+    sandboxes: Vec<Store<SandboxConfig>>,
+}
+
+impl std::fmt::Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches")
+            .field("jobs", &self.jobs.iter().map(|s| s.state().len()).sum::<usize>())
+            .field("config_maps", &self.config_maps.iter().map(|s| s.state().len()).sum::<usize>())
+            .field("network_policies", &self.network_policies.iter().map(|s| s.state().len()).sum::<usize>())
+            .field("sandboxes", &self.sandboxes.iter().map(|s| s.state().len()).sum::<usize>())
+            .finish()
+    }
+}
+
+fn find<K>(stores: &[Store<K>], namespace: &str, name: &str) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let key = ObjectRef::new(name).within(namespace);
+    stores.iter().find_map(|store| store.get(&key))
+}
+
+impl Caches {
+    /// The cached Job `namespace/name`.
+    pub fn job(&self, namespace: &str, name: &str) -> Option<Arc<Job>> {
+        find(&self.jobs, namespace, name)
+    }
+
+    /// The cached ConfigMap `namespace/name`.
+    pub fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
+        find(&self.config_maps, namespace, name)
+    }
+
+    /// The cached NetworkPolicy `namespace/name`.
+    pub fn network_policy(&self, namespace: &str, name: &str) -> Option<Arc<NetworkPolicy>> {
+        find(&self.network_policies, namespace, name)
+    }
+
+    /// The cached SandboxConfig `namespace/name`.
+    pub fn sandbox(&self, namespace: &str, name: &str) -> Option<Arc<SandboxConfig>> {
+        find(&self.sandboxes, namespace, name)
+    }
+
+    /// Watches the Jobs of `api` (with `config`), keeping their copies here.
+    pub fn watch_jobs(&mut self, api: Api<Job>, config: watcher::Config) -> Watch<Job> {
+        let (store, stream) = reflect(api, config);
+        self.jobs.push(store);
+        stream
+    }
+
+    /// Watches ConfigMaps, keeping their copies here.
+    pub fn watch_config_maps(&mut self, api: Api<ConfigMap>, config: watcher::Config) -> Watch<ConfigMap> {
+        let (store, stream) = reflect(api, config);
+        self.config_maps.push(store);
+        stream
+    }
+
+    /// Watches NetworkPolicies, keeping their copies here.
+    pub fn watch_network_policies(&mut self, api: Api<NetworkPolicy>, config: watcher::Config) -> Watch<NetworkPolicy> {
+        let (store, stream) = reflect(api, config);
+        self.network_policies.push(store);
+        stream
+    }
+
+    /// Watches SandboxConfigs, keeping their copies here.
+    pub fn watch_sandboxes(&mut self, api: Api<SandboxConfig>, config: watcher::Config) -> Watch<SandboxConfig> {
+        let (store, stream) = reflect(api, config);
+        self.sandboxes.push(store);
+        stream
+    }
+}
+
+/// The objects a watch saw change (or go), for the controller's triggers.
+/// The store is updated before an object comes out of the stream.
+pub type Watch<K> = BoxStream<'static, Result<K, watcher::Error>>;
+
+fn reflect<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Watch<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    // managedFields are most of a small object's size and never read here.
+    let watch = watcher(api, config).default_backoff().modify(|object| object.managed_fields_mut().clear());
+    (reader, reflector::reflector(writer, watch).touched_objects().boxed())
+}
+
+/// The digest of `object` as it would be applied (its own digest annotation left out).
+pub fn digest<K: Resource + Serialize>(object: &K) -> String {
+    let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
+    if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut)
+        && let Some(annotations) = metadata.get_mut("annotations").and_then(Value::as_object_mut)
+    {
+        annotations.remove(APPLIED_DIGEST_ANNOTATION);
+        if annotations.is_empty() {
+            metadata.remove("annotations");
+        }
+    }
+    stable_hash(value.to_string().as_bytes())
+}
+
+/// `object` with its digest annotation set: what `apply` sends.
+pub fn stamp<K: Resource + Serialize + Clone>(object: &K) -> K {
+    let digest = digest(object);
+    let mut stamped = object.clone();
+    stamped.annotations_mut().insert(APPLIED_DIGEST_ANNOTATION.to_string(), digest);
+    stamped
+}
+
+/// Whether `live` is already what applying `stamped` (from [`stamp`]) would
+/// make it: it carries the same digest and holds every field of it.
+pub fn up_to_date<K: Resource + Serialize>(stamped: &K, live: &K) -> bool {
+    let digest = stamped.annotations().get(APPLIED_DIGEST_ANNOTATION);
+    if digest.is_none() || live.annotations().get(APPLIED_DIGEST_ANNOTATION) != digest {
+        return false;
+    }
+    match (serde_json::to_value(stamped), serde_json::to_value(live)) {
+        (Ok(want), Ok(have)) => match first_difference(&have, &want) {
+            None => true,
+            Some(field) => {
+                tracing::debug!(name = %live.name_any(), %field, "the cached copy differs from the desired object");
+                false
+            }
+        },
+        _ => false,
+    }
+}
+
+/// Whether `have` holds every field of `want` with the same value: maps may
+/// carry more keys (fields the API server defaults or others own), lists
+/// must have the same length and hold each element in order, scalars must be
+/// equal. An empty map in `want` (`emptyDir: {}`) is held by any map. A
+/// missing field holds a zero value (`false`, `0`, `""`, `[]`, `{}`): the API
+/// server leaves those out of what it returns (Go's `omitempty`), as it
+/// does with a volume mount's `readOnly: false`.
+pub fn holds(have: &Value, want: &Value) -> bool {
+    first_difference(have, want).is_none()
+}
+
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::Null => true,
+    }
+}
+
+/// The JSON pointer of the first field of `want` that `have` does not hold
+/// (see [`holds`]); `None` when it holds them all.
+pub fn first_difference(have: &Value, want: &Value) -> Option<String> {
+    match (have, want) {
+        (Value::Object(have), Value::Object(want)) => want.iter().find_map(|(key, want)| {
+            let at = |rest: String| format!("/{}{rest}", key.replace('~', "~0").replace('/', "~1"));
+            match have.get(key) {
+                Some(have) => first_difference(have, want).map(at),
+                None if is_zero(want) => None,
+                None => Some(at(String::new())),
+            }
+        }),
+        (Value::Array(have), Value::Array(want)) if have.len() == want.len() => have
+            .iter()
+            .zip(want)
+            .enumerate()
+            .find_map(|(i, (have, want))| first_difference(have, want).map(|rest| format!("/{i}{rest}"))),
+        (have, want) if have == want => None,
+        _ => Some(String::new()),
+    }
+}
+
+#[cfg(test)]
+impl Caches {
+    /// Caches holding these objects, as the watches would have filled them.
+    pub(crate) fn holding(
+        jobs: Vec<Job>,
+        config_maps: Vec<ConfigMap>,
+        network_policies: Vec<NetworkPolicy>,
+        sandboxes: Vec<SandboxConfig>,
+    ) -> Self {
+        fn filled<K>(objects: Vec<K>) -> Vec<Store<K>>
+        where
+            K: Resource<DynamicType = ()> + Clone + 'static,
+        {
+            let (reader, mut writer) = reflector::store();
+            for object in objects {
+                writer.apply_watcher_event(&watcher::Event::Apply(object));
+            }
+            vec![reader]
+        }
+        Self {
+            jobs: filled(jobs),
+            config_maps: filled(config_maps),
+            network_policies: filled(network_policies),
+            sandboxes: filled(sandboxes),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+    use serde_json::json;
+
+    fn config_map(data: &[(&str, &str)], labels: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("eval-sandbox".into()),
+                namespace: Some("team-a".into()),
+                labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                ..Default::default()
+            },
+            data: Some(data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        }
+    }
+
+    /// What the API server returns for an applied object: the fields sent,
+    /// plus what it adds (uid, resourceVersion, defaults, others' labels).
+    fn as_stored(applied: &ConfigMap) -> ConfigMap {
+        let mut live = applied.clone();
+        live.metadata.uid = Some("uid-7".into());
+        live.metadata.resource_version = Some("42".into());
+        live.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
+        live.labels_mut().insert("added-by-someone-else".into(), "x".into());
+        live
+    }
+
+    #[test]
+    fn an_applied_object_is_up_to_date_until_the_desired_or_the_live_one_changes() {
+        let want = stamp(&config_map(&[("manifests.yaml", "a: 1")], &[("app", "basecamp")]));
+        let live = as_stored(&want);
+        assert!(up_to_date(&want, &live), "what the API returns for what was applied");
+
+        let changed = stamp(&config_map(&[("manifests.yaml", "a: 2")], &[("app", "basecamp")]));
+        assert!(!up_to_date(&changed, &live), "the desired data changed");
+
+        let fewer_labels = config_map(&[("manifests.yaml", "a: 1")], &[]);
+        assert!(
+            holds(&serde_json::to_value(&live).unwrap(), &serde_json::to_value(&fewer_labels).unwrap()),
+            "the live object holds every field of the smaller one ..."
+        );
+        assert!(
+            !up_to_date(&stamp(&fewer_labels), &live),
+            "... but a field the operator stopped applying must go: the digest tells"
+        );
+
+        let mut edited = live.clone();
+        edited.data.as_mut().unwrap().insert("manifests.yaml".into(), "edited: by hand".into());
+        assert!(!up_to_date(&want, &edited), "an edit by hand of an applied field is undone");
+
+        let unstamped = config_map(&[("manifests.yaml", "a: 1")], &[("app", "basecamp")]);
+        assert!(!up_to_date(&unstamped, &as_stored(&unstamped)), "an object without a digest is always applied");
+        assert!(!up_to_date(&want, &as_stored(&unstamped)), "a live object from before digests is applied once");
+    }
+
+    #[test]
+    fn the_digest_ignores_its_own_annotation_and_nothing_else() {
+        let object = config_map(&[("k", "v")], &[("app", "basecamp")]);
+        assert_eq!(digest(&object), digest(&stamp(&object)));
+        assert_ne!(digest(&object), digest(&config_map(&[("k", "w")], &[("app", "basecamp")])));
+    }
+
+    #[test]
+    fn holds_compares_maps_as_subsets_and_lists_element_by_element() {
+        let have = json!({"a": 1, "b": {"c": [1, {"d": 2, "e": 3}], "f": {}}, "extra": true});
+        assert!(holds(&have, &json!({"a": 1, "b": {"c": [1, {"d": 2}]}})));
+        assert!(holds(&have, &json!({"b": {"f": {}}})));
+        assert!(!holds(&have, &json!({"a": 2})));
+        assert!(!holds(&have, &json!({"missing": 1})));
+        assert!(
+            holds(&have, &json!({"b": {"c": [1, {"d": 2, "readOnly": false}]}, "gone": "", "none": [], "zero": 0})),
+            "the API server leaves zero values out"
+        );
+        assert!(!holds(&have, &json!({"b": {"c": [1, {"readOnly": true}]}})));
+        assert!(!holds(&have, &json!({"b": {"c": [1]}})), "a list with an element fewer is a change");
+        assert!(!holds(&have, &json!({"b": {"c": [1, {"d": 2}, 3]}})));
+        assert!(!holds(&have, &json!({"b": {"c": [{"d": 2}, 1]}})), "order matters");
+        assert!(!holds(&json!({"a": "1"}), &json!({"a": 1})));
+        assert_eq!(first_difference(&have, &json!({"b": {"c": [1, {"d": 5}]}})).as_deref(), Some("/b/c/1/d"));
+        assert_eq!(first_difference(&have, &json!({"a/b": 1})).as_deref(), Some("/a~1b"));
+        assert_eq!(first_difference(&have, &json!({"b": {"c": []}})).as_deref(), Some("/b/c"));
+    }
+}
