@@ -258,3 +258,64 @@ fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.path().join("run.json").is_file());
 }
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The live tracking services (`python3 services/tracking.py`) working in `dir`: those a run of the project there started.
+fn services_in(dir: &Path) -> Vec<u32> {
+    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
+    let tracking = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"services/tracking.py\0"))
+            && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
+    };
+    pids.filter(tracking).collect()
+}
+
+#[test]
+fn sigterm_stops_a_run_like_ctrl_c_and_stops_its_services() {
+    // A copy of the example: its services are the only processes working in it.
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().canonicalize().unwrap();
+    copy_tree(&example(), &project);
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--concurrency", "1"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while traces_under(out.path()).len() < 4 {
+        assert!(Instant::now() < deadline, "no traces appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(services_in(&project).len(), 2, "each variant's tracking service runs");
+    // What `timeout`, `kill` or a cancelled CI job sends.
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the run did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    // Before: killed by the signal, no summaries, and both tracking services left running for good.
+    assert_eq!(output.status.code(), Some(130), "{}", String::from_utf8_lossy(&output.stderr));
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["stopped_early"], true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -12,9 +12,10 @@
 //! replaces it: the earlier shards' traces and summaries are removed once
 //! everything is set up, just before the first episode.
 //!
-//! Ctrl-C stops starting episodes and cuts off the running ones; their
-//! traces stay readable, every shard still writes its `summary.json`, and
-//! the summary table shows what finished.
+//! Ctrl-C (or SIGTERM: `timeout`, a CI job cancelled) stops starting
+//! episodes and cuts off the running ones; their traces stay readable, every
+//! shard still writes its `summary.json`, the services are stopped, and the
+//! summary table shows what finished.
 
 pub(crate) mod analysis;
 mod report;
@@ -73,13 +74,27 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     let stop = StopSignal::new();
     let on_ctrl_c = stop.clone();
+    // SIGTERM's default would end the process on the spot: no summaries,
+    // and the services (in process groups of their own) left running.
+    let mut terminate = {
+        let _context = runtime.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok()
+    };
     runtime.spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\nstopping: no new episodes; traces so far stay readable (Ctrl-C again to quit at once)");
-            on_ctrl_c.cancel();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                std::process::exit(i32::from(EXIT_INTERRUPTED));
+        let terminated = async {
+            match terminate.as_mut() {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            Ok(()) = tokio::signal::ctrl_c() => {}
+            _ = terminated => {}
+        }
+        eprintln!("\nstopping: no new episodes; traces so far stay readable (Ctrl-C again to quit at once)");
+        on_ctrl_c.cancel();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
         }
     });
     let summary = runtime.block_on(run_task(&args, stop))?;
