@@ -73,7 +73,8 @@ pub async fn run_shard(
     stop: StopSignal,
     on_done: impl Fn(&EpisodeResult),
 ) -> std::io::Result<ShardSummary> {
-    std::fs::create_dir_all(out_dir)?;
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot create {}: {e}", out_dir.display())))?;
     let started_wall = SystemTime::now();
     let started = Instant::now();
     // More permits than episodes change nothing, and tokio panics above
@@ -140,9 +141,14 @@ pub async fn run_shard(
     Ok(summary)
 }
 
-/// Writes `summary.json` atomically (temp file, then rename).
+/// Writes `summary.json` atomically (temp file, then rename). The error
+/// names the file: a full disk is otherwise a bare "No space left on device".
 pub fn write_summary(summary: &ShardSummary, out_dir: &Path) -> std::io::Result<()> {
     let tmp = out_dir.join(format!(".{SUMMARY_FILE}.tmp"));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(summary).map_err(std::io::Error::other)?)?;
-    std::fs::rename(&tmp, out_dir.join(SUMMARY_FILE))
+    let path = out_dir.join(SUMMARY_FILE);
+    let text = serde_json::to_vec_pretty(summary).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()))
+    })
 }

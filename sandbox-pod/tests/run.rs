@@ -650,3 +650,23 @@ fn a_server_whose_stdout_is_closed_keeps_serving_and_says_where() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn a_summary_that_cannot_be_written_is_named() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    // A full disk at the end of the shard: the summary's temporary file is /dev/full.
+    std::os::unix::fs::symlink("/dev/full", out.path().join(".summary.json.tmp")).unwrap();
+    let run =
+        sandbox(&["run", "--config", manifest.to_str().unwrap(), "--no-upload", "--out", out.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    // Before: "error [TraceIo]: cannot run the shard: No space left on device (os error 28)".
+    let summary = out.path().join("summary.json");
+    let expected = format!("cannot write {}: No space left on device", summary.display());
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(!out.path().join(".summary.json.tmp").exists(), "no temporary file is left");
+    assert!(matches!(read_trace(out.path().join("ep-1.trace")).unwrap().tail, Tail::Complete));
+}
