@@ -16,6 +16,18 @@
 //! - [`services`]: helper processes the tools talk to (a mock API);
 //! - [`storage`]: where traces go (local directory, S3).
 
+/// `eprintln!` that never panics. With stderr gone (`2>&1 | head`),
+/// `eprintln!` panics at its next line: in the SIGTERM handler that meant a
+/// stop that never came, after a shard an exit 101 instead of its code. A
+/// line that cannot be shown is dropped instead.
+#[macro_export]
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod config;
 pub mod driver;
 pub mod episode;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use basecamp_sandbox::driver::StopSignal;
 use basecamp_sandbox::run::{RunRequest, run};
 use basecamp_sandbox::server::{LingerEnd, RunningServer};
+use basecamp_sandbox::stderr_line;
 use clap::{Parser, Subcommand};
 
 /// Runs an agent's episodes in a sandbox and writes one .trace per episode.
@@ -151,26 +152,26 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
     let prepared = match setup::load(&request).await {
         Ok(prepared) => prepared,
         Err(e) => {
-            eprintln!("error [{}]: {e}", e.category());
+            stderr_line!("error [{}]: {e}", e.category());
             return ExitCode::FAILURE;
         }
     };
     for w in &prepared.warnings {
-        eprintln!("{w}");
+        stderr_line!("{w}");
     }
     // The helper services live as long as this binding: until the server stops.
     let _services = prepared.services;
     let gym = match Gym::new(prepared.config) {
         Ok(gym) => gym,
         Err(e) => {
-            eprintln!("error [TraceIo]: cannot create the trace directory: {e}");
+            stderr_line!("error [TraceIo]: cannot create the trace directory: {e}");
             return ExitCode::FAILURE;
         }
     };
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error [Listen]: cannot listen on {}: {e}", args.listen);
+            stderr_line!("error [Listen]: cannot listen on {}: {e}", args.listen);
             return ExitCode::FAILURE;
         }
     };
@@ -178,7 +179,7 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
     let serving = format!("serving the sandbox API on http://{addr} (traces in {})", gym.out_dir().display());
     if let Err(e) = writeln!(std::io::stdout(), "{serving}") {
         // A supervisor that closed stdout still gets a server, and its address here.
-        eprintln!("warning: cannot write to stdout ({e}); {serving}");
+        stderr_line!("warning: cannot write to stdout ({e}); {serving}");
     }
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -192,12 +193,12 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
             _ = tokio::signal::ctrl_c() => {},
             _ = terminated => {},
         }
-        eprintln!("stopping: closing open episodes so their traces are complete");
+        stderr_line!("stopping: closing open episodes so their traces are complete");
     };
     match serve(listener, gym, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error [Serve]: {e}");
+            stderr_line!("error [Serve]: {e}");
             ExitCode::FAILURE
         }
     }
@@ -237,7 +238,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
             _ = terminated => {},
         }
         if !shard_done_for_signal.load(Ordering::SeqCst) {
-            eprintln!("stopping: no new episodes; the summary lists what was cut off");
+            stderr_line!("stopping: no new episodes; the summary lists what was cut off");
         }
         stop.cancel();
     });
@@ -245,12 +246,12 @@ async fn run_command(args: RunArgs) -> ExitCode {
     let mut outcome = match run(&request).await {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("error [{}]: {e}", e.category());
+            stderr_line!("error [{}]: {e}", e.category());
             return ExitCode::FAILURE;
         }
     };
     for w in &outcome.warnings {
-        eprintln!("{w}");
+        stderr_line!("{w}");
     }
     let s = &outcome.summary;
     let agg = &s.aggregate;
@@ -273,20 +274,22 @@ async fn run_command(args: RunArgs) -> ExitCode {
     stdout.line(format_args!("traces and summary.json: {}", outcome.out_dir.display()));
     let mut code = ExitCode::SUCCESS;
     for lost in &s.lost {
-        eprintln!("error: episode {} lost: {}", lost.id, lost.error);
+        stderr_line!("error: episode {} lost: {}", lost.id, lost.error);
         code = ExitCode::from(2);
     }
     if let Some(report) = &outcome.upload {
         if report.is_complete() {
             stdout.line(format_args!("uploaded {} files to {}", report.files.len(), report.destination));
         } else {
-            eprintln!("{report}");
-            eprintln!("the local copies are kept in {}", outcome.out_dir.display());
+            stderr_line!("{report}");
+            stderr_line!("the local copies are kept in {}", outcome.out_dir.display());
             code = ExitCode::from(3);
         }
     }
     if let Some(e) = stdout.failed {
-        eprintln!("error [Stdout]: cannot write the outcome to stdout: {e}; the traces and summary.json are written");
+        stderr_line!(
+            "error [Stdout]: cannot write the outcome to stdout: {e}; the traces and summary.json are written"
+        );
         // A lost episode (2) or a failed upload (3) says more.
         if code == ExitCode::SUCCESS {
             code = ExitCode::FAILURE;
@@ -296,7 +299,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
     if let Some(server) = outcome.server.take() {
         wait_for_final_scrape(&server, args.metrics_linger, &request.stop).await;
         if let Err(e) = server.stop().await {
-            eprintln!("warning: the metrics server did not stop cleanly: {e}");
+            stderr_line!("warning: the metrics server did not stop cleanly: {e}");
         }
     }
     code
@@ -328,7 +331,7 @@ async fn wait_for_final_scrape(server: &RunningServer, linger: Duration, stop: &
         return;
     }
     let shown = basecamp_api::Duration::from(linger);
-    eprintln!(
+    stderr_line!(
         "waiting for a final scrape of http://{}/metrics (at most {shown}, --metrics-linger) so that the last counts reach Prometheus",
         server.addr()
     );
@@ -340,5 +343,5 @@ async fn wait_for_final_scrape(server: &RunningServer, linger: Duration, stop: &
         LingerEnd::Stopped => "stopped waiting for a final scrape (SIGTERM or Ctrl-C); exiting".to_string(),
         LingerEnd::ServerDown => "not waiting for a final scrape: the metrics server has stopped; exiting".to_string(),
     };
-    eprintln!("{line}");
+    stderr_line!("{line}");
 }

@@ -83,7 +83,7 @@ pub async fn wait_for_policy_server(policy: &PolicySpec) -> Result<Option<Durati
     let Some(server) = &policy.server else { return Ok(None) };
     let url = server.readiness_url();
     let took = wait_until_ready(&url, server.startup_timeout(), POLL_INTERVAL).await?;
-    eprintln!("policy server ready: {url} answered 200 after {:.1}s", took.as_secs_f64());
+    crate::stderr_line!("policy server ready: {url} answered 200 after {:.1}s", took.as_secs_f64());
     Ok(Some(took))
 }
 

@@ -285,7 +285,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
                 tokio::net::TcpListener::bind(addr).await.map_err(|source| RunError::Listen { addr, source })?;
             let server = RunningServer::start(listener, ServerState::new(metrics.clone(), live))?;
             // With port 0 this line is the only way to learn the port.
-            eprintln!("serving /metrics, /healthz and live injection on http://{}", server.addr());
+            crate::stderr_line!("serving /metrics, /healthz and live injection on http://{}", server.addr());
             Some(server)
         }
         None => None,

@@ -670,3 +670,24 @@ fn a_summary_that_cannot_be_written_is_named() {
     assert!(!out.path().join(".summary.json.tmp").exists(), "no temporary file is left");
     assert!(matches!(read_trace(out.path().join("ep-1.trace")).unwrap().tail, Tail::Complete));
 }
+
+#[test]
+fn a_closed_stderr_loses_its_lines_not_the_shard() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    // `2>&1 | head -1`, after head has gone: every write to stderr fails.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let run = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["run", "--config", manifest.to_str().unwrap(), "--no-upload", "--listen", "127.0.0.1:0"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stderr(writer)
+        .output()
+        .unwrap();
+    // Before: the "serving /metrics" line panicked before the first episode, exit 101, no summary.
+    assert_eq!(run.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("shipping/default shard 0/1: 3 episodes"));
+    assert!(out.path().join("summary.json").is_file());
+}
