@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", report(&e));
+            basecamp_sandbox::stderr_line!("error: {}", report(&e));
             ExitCode::FAILURE
         }
     }

@@ -319,3 +319,20 @@ fn sigterm_stops_a_run_like_ctrl_c_and_stops_its_services() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_closed_stderr_loses_its_lines_not_the_run() {
+    let out = tempfile::tempdir().unwrap();
+    // `2>&1 | head -1`, after head has gone: every write to stderr fails.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example().to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
+        .stderr(writer)
+        .output()
+        .unwrap();
+    // Before: the first warning (variant a's null fallback) panicked, exit 101, before any episode.
+    assert_eq!(output.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("b vs a:"));
+    assert!(out.path().join("run.json").is_file());
+}

@@ -91,7 +91,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             Ok(()) = tokio::signal::ctrl_c() => {}
             _ = terminated => {}
         }
-        eprintln!("\nstopping: no new episodes; traces so far stay readable (Ctrl-C again to quit at once)");
+        basecamp_sandbox::stderr_line!(
+            "\nstopping: no new episodes; traces so far stay readable (Ctrl-C again to quit at once)"
+        );
         on_ctrl_c.cancel();
         if tokio::signal::ctrl_c().await.is_ok() {
             std::process::exit(i32::from(EXIT_INTERRUPTED));
@@ -125,7 +127,7 @@ struct ShardJob {
 pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let (manifests, warnings) = load_manifests(&args.paths).map_err(|e| anyhow::anyhow!("{e}"))?;
     for warning in &warnings {
-        eprintln!("{warning}");
+        basecamp_sandbox::stderr_line!("{warning}");
     }
     let loaded = select_task(&manifests, args.task.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let task = &loaded.object;
@@ -147,7 +149,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let mut jobs = Vec::new();
     for (v, variant) in variants.iter().enumerate() {
         if let Some(warning) = check_gpu(&variant.sandbox, &probe).map_err(|e| anyhow::anyhow!("{e}"))? {
-            eprintln!("warning: variant {}: {warning}", variant.name);
+            basecamp_sandbox::stderr_line!("warning: variant {}: {warning}", variant.name);
         }
         let variant_dir = out_root.join(&variant.name);
         let running = RunningServices::start(&variant.sandbox.services, &base_dir, &variant_dir.join("services"))
@@ -182,7 +184,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     for variant in &variants {
         let removed = remove_previous_shards(&out_root.join(&variant.name))?;
         if removed > 0 {
-            eprintln!(
+            basecamp_sandbox::stderr_line!(
                 "replacing an earlier run in {}: removed {removed} file(s) of its shards",
                 out_root.join(&variant.name).display()
             );
