@@ -691,3 +691,28 @@ fn a_closed_stderr_loses_its_lines_not_the_shard() {
     assert!(String::from_utf8_lossy(&run.stdout).contains("shipping/default shard 0/1: 3 episodes"));
     assert!(out.path().join("summary.json").is_file());
 }
+
+#[test]
+fn an_api_key_that_cannot_be_a_header_is_refused_before_any_episode() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    let key = project.path().join("key");
+    // Two lines: a key file holding more than the key.
+    std::fs::write(&key, "sk-abc\nsk-def\n").unwrap();
+    let text = std::fs::read_to_string(&manifest).unwrap().replace(
+        "scripted: policy.jsonl",
+        &format!("endpoint: http://127.0.0.1:9/v1\n    model: m\n    apiKeyFile: {}", key.display()),
+    );
+    std::fs::write(&manifest, text).unwrap();
+    let run =
+        sandbox(&["run", "--config", manifest.to_str().unwrap(), "--no-upload", "--out", out.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    // Before: exit 0, every episode failed with "builder error: failed to parse header value".
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let expected = format!("policy API key from file {} cannot be sent in an HTTP header", key.display());
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(!stderr.contains("sk-abc"), "the key is never printed");
+    assert!(!out.path().join("ep-1.trace").exists(), "no episode ran");
+}

@@ -47,6 +47,10 @@ pub enum OpenAiError {
     #[error("policy API key from {origin} is empty; put the key there or remove the API key setting")]
     ApiKeyEmpty { origin: String },
     #[error(
+        "policy API key from {origin} cannot be sent in an HTTP header: it holds a line break or another control character; put the key there alone, on one line"
+    )]
+    ApiKeyNotAHeader { origin: String },
+    #[error(
         "policy endpoint {endpoint:?} is not usable: {reason}; give the base URL of an OpenAI-compatible API, such as http://127.0.0.1:8000/v1"
     )]
     InvalidEndpoint { endpoint: String, reason: String },
@@ -80,6 +84,7 @@ impl OpenAiError {
             Self::ApiKeyEnvMissing { .. } => "PolicyApiKeyMissing",
             Self::ApiKeyFile { .. } => "PolicyApiKeyUnreadable",
             Self::ApiKeyEmpty { .. } => "PolicyApiKeyEmpty",
+            Self::ApiKeyNotAHeader { .. } => "PolicyApiKeyInvalid",
             Self::InvalidEndpoint { .. } => "PolicyEndpointInvalid",
             Self::Client { .. } => "PolicyClientSetup",
             Self::Status { status: 429, .. } => "PolicyRateLimited",
@@ -138,6 +143,10 @@ impl ApiKeySource {
         let key = key.trim();
         if key.is_empty() {
             return Err(OpenAiError::ApiKeyEmpty { origin });
+        }
+        // Found now rather than as "builder error: failed to parse header value" in every episode.
+        if reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).is_err() {
+            return Err(OpenAiError::ApiKeyNotAHeader { origin });
         }
         Ok(Some(ApiKey(key.to_owned())))
     }
@@ -752,6 +761,10 @@ mod tests {
         let path = dir.path().join("key");
         std::fs::write(&path, "  \n").unwrap();
         assert_eq!(ApiKeySource::File(path.clone()).load().unwrap_err().category(), "PolicyApiKeyEmpty");
+        std::fs::write(&path, "sk-abc\nsk-def\n").unwrap();
+        let err = ApiKeySource::File(path.clone()).load().unwrap_err();
+        assert_eq!(err.category(), "PolicyApiKeyInvalid");
+        assert!(!err.to_string().contains("sk-abc"), "the key is never printed: {err}");
         std::fs::write(&path, "sk-abc\n").unwrap();
         assert_eq!(ApiKeySource::File(path).load().unwrap(), Some(ApiKey("sk-abc".into())));
     }
