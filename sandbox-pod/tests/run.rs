@@ -716,3 +716,20 @@ fn an_api_key_that_cannot_be_a_header_is_refused_before_any_episode() {
     assert!(!stderr.contains("sk-abc"), "the key is never printed");
     assert!(!out.path().join("ep-1.trace").exists(), "no episode ran");
 }
+
+#[test]
+fn an_http_header_that_cannot_be_sent_is_refused_naming_the_field() {
+    let project = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap().replace(
+        "      recorded:\n        fixture: fixture.jsonl\n",
+        "      http:\n        url: http://127.0.0.1:9/orders/{{order_id}}\n        headers: {\"X-Order\": \"a\\nb\"}\n",
+    );
+    std::fs::write(&manifest, text).unwrap();
+    let run = sandbox(&["run", "--config", manifest.to_str().unwrap(), "--no-upload"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    // Before: exit 0, every call failed with "builder error: failed to parse header value".
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("spec.tools.track_order.http.headers.X-Order: the value holds a line break"), "{stderr}");
+}

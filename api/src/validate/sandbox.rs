@@ -525,7 +525,9 @@ fn check_http(
         templates.push((format!("{path}.http.body"), body.as_str()));
     }
     for (header, value) in &http.headers {
-        templates.push((key_path(&format!("{path}.http.headers"), header), value.as_str()));
+        let field = key_path(&format!("{path}.http.headers"), header);
+        check_header(&field, header, value, problems);
+        templates.push((field, value.as_str()));
     }
     for (field, template) in templates {
         check_service_refs(&field, template, spec, problems);
@@ -590,6 +592,29 @@ fn check_http(
 }
 
 /// `$(services.…)` references in a tool field must name a defined service.
+/// What an HTTP header can carry (RFC 9110): a name of token characters,
+/// a value without line breaks or other control characters. Values filled
+/// from arguments are checked again when sent.
+fn check_header(field: &str, name: &str, value: &str, problems: &mut Vec<Problem>) {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        problems.push(Problem::error(
+            Rule::InvalidTool,
+            field,
+            format!(
+                "{name:?} is not an HTTP header name: use letters, digits and !#$%&'*+-.^_`|~ (no spaces or colons)"
+            ),
+        ));
+    }
+    if value.chars().any(|c| (c < ' ' && c != '\t') || c == '\u{7f}') {
+        problems.push(Problem::error(
+            Rule::InvalidTool,
+            field,
+            "the value holds a line break or another control character, which an HTTP header cannot carry",
+        ));
+    }
+}
+
 fn check_service_refs(field: &str, text: &str, spec: &SandboxConfigSpec, problems: &mut Vec<Problem>) {
     match crate::service::service_refs(text) {
         Err(error) => problems.push(Problem::error(Rule::InvalidTemplate, field, error.to_string())),

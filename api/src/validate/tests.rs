@@ -361,6 +361,22 @@ fn tool_definitions_need_exactly_one_kind_and_valid_parts() {
 }
 
 #[test]
+fn http_headers_need_a_token_name_and_a_value_without_line_breaks() {
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"tools": {"track_order": {"http": {"headers": {
+            "bad header": "x", "X-Line": "a\nb", "X-Token": "Bearer {{order_id}}\t"
+        }}}}}),
+    ));
+    let paths: Vec<&str> = report.by_rule(Rule::InvalidTool).map(field).collect();
+    assert_eq!(
+        paths,
+        ["spec.tools.track_order.http.headers.X-Line", "spec.tools.track_order.http.headers[\"bad header\"]"],
+        "{report}"
+    );
+}
+
+#[test]
 fn template_placeholders_that_are_not_parameters_are_warnings() {
     let report = check_sandbox(with(
         good_sandbox(),

@@ -14,6 +14,7 @@ use std::time::Duration;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Method;
+use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 
 use super::{DEFAULT_MAX_RESPONSE_BYTES, ToolError, ToolOutput, excerpt};
@@ -97,7 +98,8 @@ impl HttpTool {
         let url = fill_url(&self.url_template, arguments)?;
         let mut request = self.client.request(self.method.clone(), &url);
         for (name, value) in &self.headers {
-            request = request.header(name, fill_text(value, arguments, |s| s.to_string())?);
+            let (name, value) = header(name, fill_text(value, arguments, |s| s.to_string())?)?;
+            request = request.header(name, value);
         }
         match &self.body_template {
             Some(template) => request = request.json(&fill_json(template, arguments)?),
@@ -213,6 +215,19 @@ fn fill_text(template: &str, arguments: &Value, encode: impl Fn(&str) -> String)
     Ok(out)
 }
 
+/// One request header, or which one cannot be sent and why (reqwest's own
+/// error is "builder error: failed to parse header value", naming neither).
+fn header(name: &str, value: String) -> Result<(HeaderName, HeaderValue), ToolError> {
+    let header_name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| ToolError::Arguments(format!("header {name:?} is not a valid HTTP header name")))?;
+    let header_value = HeaderValue::try_from(value).map_err(|_| {
+        ToolError::Arguments(format!(
+            "header {name}: its value holds a line break or another control character (from the call's arguments?), which an HTTP header cannot carry"
+        ))
+    })?;
+    Ok((header_name, header_value))
+}
+
 fn fill_url(template: &str, arguments: &Value) -> Result<String, ToolError> {
     fill_text(template, arguments, |s| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string())
 }
@@ -249,6 +264,16 @@ mod tests {
     fn url_values_are_percent_encoded() {
         let url = fill_url("http://h/track/{{order_id}}?q={{q}}", &json!({"order_id": "A/1 2", "q": 3})).unwrap();
         assert_eq!(url, "http://h/track/A%2F1%202?q=3");
+    }
+
+    #[test]
+    fn a_header_value_with_a_line_break_names_the_header() {
+        let value = fill_text("Bearer {{token}}", &json!({"token": "a\r\nX-Admin: 1"}), |s| s.to_string()).unwrap();
+        let err = header("Authorization", value).unwrap_err();
+        assert_eq!(err.error_type(), "bad_arguments");
+        assert!(err.to_string().contains("header Authorization: its value holds a line break"), "{err}");
+        assert!(header("bad name", "x".into()).unwrap_err().to_string().contains("\"bad name\""));
+        assert!(header("X-Ok", "Bearer a\tb".into()).is_ok());
     }
 
     #[test]
