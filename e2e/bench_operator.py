@@ -116,6 +116,8 @@ def test_operator_scale(kube: Kube, operator, task_ns: str, bucket: str):
         "reconciles": int(reconciles),
         "reconcile_p50_seconds": histogram_quantile(text, "basecamp_reconcile_duration_seconds", 0.5),
         "reconcile_p99_seconds": histogram_quantile(text, "basecamp_reconcile_duration_seconds", 0.99),
+        "applies": {f"{m.group(1)}/{m.group(2)}": int(float(m.group(3))) for m in re.finditer(
+            r'^basecamp_applies_total\{kind="([^"]+)",result="([^"]+)"\} (\S+)$', text, re.M)},
         "operator_peak_rss_mib": round(peak_kib / 1024, 1),
         "operator_rss_after_mib": round(rss_kib / 1024, 1),
         "setup": f"suspended one-shard tasks, one SandboxConfig, {operator.build()} build of basecamp-operator run as the chart's "

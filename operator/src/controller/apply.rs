@@ -12,7 +12,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
-use super::cache::{self, Caches};
+use super::cache::{self, CachedJob, Caches};
 use crate::FIELD_MANAGER;
 use crate::build::Desired;
 use crate::build::names::{KUEUE_QUEUE_LABEL, TEMPLATE_HASH_ANNOTATION, VARIANT_LABEL};
@@ -109,7 +109,12 @@ async fn apply_object<K>(
     cached: Option<std::sync::Arc<K>>,
 ) -> Result<(), ApplyError>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()>
+        + cache::Slim
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
 {
     let want = cache::stamp(desired);
     if cached.is_some_and(|live| cache::up_to_date(&want, &live)) {
@@ -162,7 +167,7 @@ pub async fn apply(
     let applied_jobs = futures::future::try_join_all(desired.jobs.iter().map(|want| {
         let variant = variant_of(want);
         let finished = finished_before(status, generation, &variant);
-        let cached = caches.job(namespace, &want.name_any());
+        let cached = caches.job_state(namespace, &want.name_any());
         let jobs = &jobs;
         async move {
             let (job, replaced) = apply_job(jobs, metrics, namespace, want, cached, finished).await?;
@@ -176,32 +181,41 @@ pub async fn apply(
 /// Applies one Job: an outdated one (its template hash differs) is deleted
 /// and created anew; a missing one is not recreated when `finished_before`
 /// (its TTL removed it after it finished). Returns the Job as the API has
-/// it (`None`: finished and gone) and whether it was replaced. A `cached`
-/// copy that is up to date is returned as it is; otherwise the Job is read
-/// from the API first, so that a replacement or Kueue's `suspend` is
-/// decided on the live object, never on a stale copy.
+/// it (`None`: finished and gone; a cached copy has no pod template) and
+/// whether it was replaced.
+///
+/// A cached copy that is up to date is returned as it is. Otherwise the Job
+/// is read from the API first, so that a replacement or Kueue's `suspend`
+/// is decided on the live object, never on a stale copy — except when the
+/// listed cache does not have it and no queue owns `suspend`: then it is
+/// created without the read (had a stale cache missed it, the apply keeps
+/// it, or is refused for its immutable template and the next reconcile,
+/// with the Job in the cache, replaces it).
 pub async fn apply_job(
     jobs: &Api<Job>,
     metrics: &Metrics,
     namespace: &str,
     want: &Job,
-    cached: Option<std::sync::Arc<Job>>,
+    cached: CachedJob,
     finished_before: bool,
 ) -> Result<(Option<Job>, bool), ApplyError> {
     let want = cache::stamp(want);
-    if let Some(live) = cached
-        && cache::up_to_date(&with_live_suspend(&want, Some(&live)), &live)
-    {
-        metrics.count_apply("Job", false);
-        return Ok((Some(live.as_ref().clone()), false));
-    }
     let name = want.name_any();
     let err = |action| {
         let namespace = namespace.to_string();
         let name = name.clone();
         move |source| ApplyError::Api { action, kind: "Job", namespace, name, source }
     };
-    let existing = jobs.get_opt(&name).await.map_err(err("read"))?;
+    let queued = want.labels().contains_key(KUEUE_QUEUE_LABEL);
+    let existing = match cached {
+        CachedJob::Present(live) if cache::up_to_date(&with_live_suspend(&want, Some(&live)), &live) => {
+            metrics.count_apply("Job", false);
+            return Ok((Some(live.as_ref().clone()), false));
+        }
+        CachedJob::Absent if finished_before => return Ok((None, false)),
+        CachedJob::Absent if !queued => None,
+        _ => jobs.get_opt(&name).await.map_err(err("read"))?,
+    };
     let want_hash = want.annotations().get(TEMPLATE_HASH_ANNOTATION);
     let mut replaced = false;
     match &existing {

@@ -23,8 +23,8 @@
 use std::sync::Arc;
 
 use basecamp_api::SandboxConfig;
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -40,6 +40,53 @@ use crate::build::names::stable_hash;
 
 /// The annotation holding the digest of the object as the operator last applied it.
 pub const APPLIED_DIGEST_ANNOTATION: &str = "basecamp.dev/applied-digest";
+
+/// What a cache keeps of an object, and what [`up_to_date`] compares: the
+/// parts that can change under the operator, with the bulk that cannot
+/// left out or hashed (1,000 tasks' Jobs and ConfigMaps in full were about
+/// 40 MiB of the operator's memory).
+pub trait Slim {
+    /// Leaves out or hashes what need not be kept.
+    fn slim(&mut self) {}
+}
+
+/// A Job's pod template is immutable and covered by its template-hash
+/// annotation (a changed one replaces the Job): the cache keeps the rest
+/// (metadata, `suspend`, parallelism, status).
+impl Slim for Job {
+    fn slim(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.template = Default::default();
+        }
+    }
+}
+
+/// A ConfigMap's values (the resolved manifests) are kept as hashes.
+impl Slim for ConfigMap {
+    fn slim(&mut self) {
+        for value in self.data.iter_mut().flat_map(|data| data.values_mut()) {
+            *value = format!("fnv64:{}", stable_hash(value.as_bytes()));
+        }
+        for value in self.binary_data.iter_mut().flat_map(|data| data.values_mut()) {
+            value.0 = format!("fnv64:{}", stable_hash(&value.0)).into_bytes();
+        }
+    }
+}
+
+impl Slim for NetworkPolicy {}
+
+impl Slim for SandboxConfig {}
+
+/// What the cache knows of a Job.
+#[derive(Debug, Clone)]
+pub enum CachedJob {
+    /// No cache, or not listed yet: ask the API.
+    Unknown,
+    /// Not there after the first listing: most likely it does not exist.
+    Absent,
+    /// This copy (slimmed: no pod template).
+    Present(Arc<Job>),
+}
 
 /// The stores of one or more controllers (one per watched namespace).
 #[derive(Clone, Default)]
@@ -69,10 +116,23 @@ where
     stores.iter().find_map(|store| store.get(&key))
 }
 
+/// Whether every store has had its first complete listing (so an object
+/// missing from them was missing from the API moments ago).
+fn listed<K>(stores: &[Store<K>]) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    !stores.is_empty() && stores.iter().all(|store| store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
+}
+
 impl Caches {
-    /// The cached Job `namespace/name`.
-    pub fn job(&self, namespace: &str, name: &str) -> Option<Arc<Job>> {
-        find(&self.jobs, namespace, name)
+    /// What the cache knows of the Job `namespace/name`.
+    pub fn job_state(&self, namespace: &str, name: &str) -> CachedJob {
+        match find(&self.jobs, namespace, name) {
+            Some(job) => CachedJob::Present(job),
+            None if listed(&self.jobs) => CachedJob::Absent,
+            None => CachedJob::Unknown,
+        }
     }
 
     /// The cached ConfigMap `namespace/name`.
@@ -125,11 +185,14 @@ pub type Watch<K> = BoxStream<'static, Result<K, watcher::Error>>;
 
 fn reflect<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Watch<K>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Slim + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
     // managedFields are most of a small object's size and never read here.
-    let watch = watcher(api, config).default_backoff().modify(|object| object.managed_fields_mut().clear());
+    let watch = watcher(api, config).default_backoff().modify(|object| {
+        object.managed_fields_mut().clear();
+        object.slim();
+    });
     (reader, reflector::reflector(writer, watch).touched_objects().boxed())
 }
 
@@ -155,14 +218,17 @@ pub fn stamp<K: Resource + Serialize + Clone>(object: &K) -> K {
     stamped
 }
 
-/// Whether `live` is already what applying `stamped` (from [`stamp`]) would
-/// make it: it carries the same digest and holds every field of it.
-pub fn up_to_date<K: Resource + Serialize>(stamped: &K, live: &K) -> bool {
+/// Whether `live` (a cached, slimmed copy) is already what applying
+/// `stamped` (from [`stamp`]) would make it: it carries the same digest and
+/// holds every field of it, slimmed alike.
+pub fn up_to_date<K: Resource + Serialize + Slim + Clone>(stamped: &K, live: &K) -> bool {
     let digest = stamped.annotations().get(APPLIED_DIGEST_ANNOTATION);
     if digest.is_none() || live.annotations().get(APPLIED_DIGEST_ANNOTATION) != digest {
         return false;
     }
-    match (serde_json::to_value(stamped), serde_json::to_value(live)) {
+    let mut want = stamped.clone();
+    want.slim();
+    match (serde_json::to_value(&want), serde_json::to_value(live)) {
         (Ok(want), Ok(have)) => match first_difference(&have, &want) {
             None => true,
             Some(field) => {
@@ -229,12 +295,15 @@ impl Caches {
     ) -> Self {
         fn filled<K>(objects: Vec<K>) -> Vec<Store<K>>
         where
-            K: Resource<DynamicType = ()> + Clone + 'static,
+            K: Resource<DynamicType = ()> + Slim + Clone + 'static,
         {
             let (reader, mut writer) = reflector::store();
-            for object in objects {
-                writer.apply_watcher_event(&watcher::Event::Apply(object));
+            writer.apply_watcher_event(&watcher::Event::Init);
+            for mut object in objects {
+                object.slim();
+                writer.apply_watcher_event(&watcher::Event::InitApply(object));
             }
+            writer.apply_watcher_event(&watcher::Event::InitDone);
             vec![reader]
         }
         Self {
@@ -269,6 +338,7 @@ mod tests {
     /// plus what it adds (uid, resourceVersion, defaults, others' labels).
     fn as_stored(applied: &ConfigMap) -> ConfigMap {
         let mut live = applied.clone();
+        live.slim();
         live.metadata.uid = Some("uid-7".into());
         live.metadata.resource_version = Some("42".into());
         live.metadata.creation_timestamp =
@@ -287,8 +357,10 @@ mod tests {
         assert!(!up_to_date(&changed, &live), "the desired data changed");
 
         let fewer_labels = config_map(&[("manifests.yaml", "a: 1")], &[]);
+        let mut slimmed = fewer_labels.clone();
+        slimmed.slim();
         assert!(
-            holds(&serde_json::to_value(&live).unwrap(), &serde_json::to_value(&fewer_labels).unwrap()),
+            holds(&serde_json::to_value(&live).unwrap(), &serde_json::to_value(&slimmed).unwrap()),
             "the live object holds every field of the smaller one ..."
         );
         assert!(
@@ -296,13 +368,31 @@ mod tests {
             "... but a field the operator stopped applying must go: the digest tells"
         );
 
-        let mut edited = live.clone();
+        let mut edited = want.clone();
         edited.data.as_mut().unwrap().insert("manifests.yaml".into(), "edited: by hand".into());
-        assert!(!up_to_date(&want, &edited), "an edit by hand of an applied field is undone");
+        assert!(!up_to_date(&want, &as_stored(&edited)), "an edit by hand of an applied field is undone");
 
         let unstamped = config_map(&[("manifests.yaml", "a: 1")], &[("app", "basecamp")]);
         assert!(!up_to_date(&unstamped, &as_stored(&unstamped)), "an object without a digest is always applied");
         assert!(!up_to_date(&want, &as_stored(&unstamped)), "a live object from before digests is applied once");
+    }
+
+    #[test]
+    fn the_cache_keeps_a_job_without_its_pod_template_and_a_config_map_with_hashed_values() {
+        let mut map = config_map(&[("manifests.yaml", "a: 1")], &[]);
+        map.slim();
+        assert_eq!(map.data.unwrap()["manifests.yaml"], format!("fnv64:{}", stable_hash(b"a: 1")));
+        let mut job: Job = serde_json::from_value(json!({
+            "metadata": {"name": "eval-a", "annotations": {"basecamp.dev/template-hash": "h"}},
+            "spec": {"suspend": true, "template": {"spec": {"containers": [{"name": "sandbox", "image": "x"}]}}},
+            "status": {"completedIndexes": "0-1"},
+        }))
+        .unwrap();
+        job.slim();
+        let kept = serde_json::to_value(&job).unwrap();
+        assert_eq!(kept["spec"], json!({"suspend": true, "template": {}}));
+        assert_eq!(kept["status"]["completedIndexes"], "0-1");
+        assert_eq!(kept["metadata"]["annotations"]["basecamp.dev/template-hash"], "h");
     }
 
     #[test]

@@ -135,7 +135,10 @@ impl Context {
         }
     }
 
-    async fn publish(&self, task: &HarnessTask, warning: bool, reason: &str, note: &str, action: &str) {
+    /// Publishes an Event in the background: Events are best-effort (one
+    /// that cannot be written is logged), and a reconcile does not wait for
+    /// them, so its slot goes to the next task at once.
+    fn publish(&self, task: &HarnessTask, warning: bool, reason: &str, note: &str, action: &str) {
         let mut note = note.to_string();
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -151,9 +154,13 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, &task.object_ref(&())).await {
-            tracing::warn!(%error, reason, "cannot publish an Event");
-        }
+        let recorder = self.recorder.clone();
+        let reference = task.object_ref(&());
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, reason = %event.reason, "cannot publish an Event");
+            }
+        });
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -184,7 +191,7 @@ pub async fn reconcile(task: Arc<HarnessTask>, ctx: Arc<Context>) -> Result<Acti
         }
         Err(error) => {
             tracing::warn!(task = %key(&task), category = error.category(), %error, "reconcile failed");
-            ctx.publish(&task, true, error.category(), &error.to_string(), "Reconcile").await;
+            ctx.publish(&task, true, error.category(), &error.to_string(), "Reconcile");
         }
     }
     ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref().err().map(Error::category));
@@ -237,7 +244,7 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     for replaced in applied.iter().filter(|a| a.replaced) {
         let note =
             format!("the spec changed; the Job of variant {} was replaced and its shards run again", replaced.variant);
-        ctx.publish(task, false, "JobReplaced", &note, "Apply").await;
+        ctx.publish(task, false, "JobReplaced", &note, "Apply");
     }
     let shards = shard_states(task, &applied);
     let aggregated = aggregate_step(task, ctx, &applied, &shards).await;
@@ -248,7 +255,7 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         // series keeping the first note: the step in the action keeps each
         // step's Event (and its accuracy) visible.
         let action = format!("EvaluateStep{}", evaluation.step);
-        ctx.publish(task, false, "CheckpointEvaluated", &note, &action).await;
+        ctx.publish(task, false, "CheckpointEvaluated", &note, &action);
     }
     let observed = Observed {
         task,
@@ -389,7 +396,7 @@ async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatu
         status::write(&ctx.client, task, new).await?;
     }
     for transition in status::transitions(&old.conditions, &new.conditions) {
-        ctx.publish(task, transition.warning, &transition.reason, &transition.note, "UpdateStatus").await;
+        ctx.publish(task, transition.warning, &transition.reason, &transition.note, "UpdateStatus");
     }
     ctx.metrics.record_task(&task.namespace().unwrap_or_default(), &task.name_any(), new);
     Ok(())
@@ -421,7 +428,7 @@ async fn finalize(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
             finalizer::Cleanup::Retained(note) => ("TracesRetained", note),
             finalizer::Cleanup::Deleted(_, note) => ("TracesDeleted", note),
         };
-        ctx.publish(task, false, reason, &note, "Finalize").await;
+        ctx.publish(task, false, reason, &note, "Finalize");
     }
     Ok(Action::await_change())
 }

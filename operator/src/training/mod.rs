@@ -37,7 +37,7 @@ use crate::build::job::CheckpointUnderTest;
 use crate::build::{BuildError, BuildInput};
 use crate::controller::aggregate::{self, timed, write_json};
 use crate::controller::apply::{ApplyError, apply_job};
-use crate::controller::cache::Caches;
+use crate::controller::cache::{CachedJob, Caches};
 use crate::controller::status::{AggregatedStatus, TrainingObserved};
 use crate::controller::{CLOCK_SKEW_NANOS, api_error, today};
 use crate::metrics::Metrics;
@@ -252,7 +252,9 @@ pub async fn reconcile(
         let finished_before =
             generation_seen && matches!(previous.phase, Some(TaskPhase::Succeeded | TaskPhase::Failed));
         trainer_job =
-            apply_job(&jobs, metrics, namespace, &want, caches.job(namespace, &trainer_name), finished_before).await?.0;
+            apply_job(&jobs, metrics, namespace, &want, caches.job_state(namespace, &trainer_name), finished_before)
+                .await?
+                .0;
     }
     let trainer_done = trainer_job.as_ref().is_some_and(|job| {
         job.status
@@ -397,7 +399,7 @@ pub async fn reconcile(
     for step in &next.start {
         let Some(under_test) = checkpoint(*step, None) else { continue };
         for job in evaluation::evaluation_jobs(input, &under_test)? {
-            apply_job(&jobs, metrics, namespace, &job, None, false).await?;
+            apply_job(&jobs, metrics, namespace, &job, CachedJob::Unknown, false).await?;
         }
     }
     // A step started by an operator that stopped half-way: its missing variants.
@@ -412,7 +414,7 @@ pub async fn reconcile(
             if step_jobs.is_some_and(|j| j.contains_key(&variant)) {
                 continue;
             }
-            apply_job(&jobs, metrics, namespace, &job, None, false).await?;
+            apply_job(&jobs, metrics, namespace, &job, CachedJob::Unknown, false).await?;
         }
     }
 
