@@ -336,3 +336,41 @@ fn a_closed_stderr_loses_its_lines_not_the_run() {
     assert!(String::from_utf8_lossy(&output.stdout).contains("b vs a:"));
     assert!(out.path().join("run.json").is_file());
 }
+
+#[test]
+fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().canonicalize().unwrap();
+    copy_tree(&example(), &project);
+    // A tracking service that never becomes ready: the run waits for it (30 s by default).
+    std::fs::write(project.join("services/tracking.py"), "import time\ntime.sleep(600)\n").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "the service did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let interrupt =
+        || assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    interrupt();
+    std::thread::sleep(Duration::from_millis(500));
+    interrupt();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(10), "the second Ctrl-C did not quit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    // Before: the service, in a process group of its own, was left sleeping.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

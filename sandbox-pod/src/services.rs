@@ -6,19 +6,37 @@
 //! so a service that dies is explained, not just missing.
 //!
 //! [`RunningServices::expand`] turns the spec's `$(services.NAME.url)`
-//! references into the addresses the services actually got.
+//! references into the addresses the services actually got. A process that
+//! must exit at once, skipping destructors (a second Ctrl-C), calls
+//! [`kill_all_now`] first: a terminal's Ctrl-C does not reach a service's
+//! own process group.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use basecamp_api::SandboxConfigSpec;
 use basecamp_api::service::{ServiceRefError, ServiceSpec, expand_service_refs};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+
+/// The process groups of the services started and not yet stopped.
+static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+fn live_groups() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    LIVE_GROUPS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// SIGKILLs every service still running (and its children), at once.
+pub fn kill_all_now() {
+    for group in std::mem::take(&mut *live_groups()) {
+        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+    }
+}
 
 /// How long a stopping service gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -184,6 +202,7 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
         .process_group(0)
         .spawn()
         .map_err(spawn_error)?;
+    live_groups().push(child.id() as i32);
     Ok(Running { name: name.into(), addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)), child })
 }
 
@@ -249,6 +268,13 @@ fn http_ok(addr: SocketAddr, path: &str) -> bool {
 }
 
 fn stop_one(running: &mut Running) {
+    terminate(running);
+    let id = running.child.id() as i32;
+    live_groups().retain(|group| *group != id);
+}
+
+/// SIGTERM to the service's process group, SIGKILL after [`STOP_GRACE`].
+fn terminate(running: &mut Running) {
     if let Ok(Some(_)) = running.child.try_wait() {
         return;
     }

@@ -96,6 +96,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         );
         on_ctrl_c.cancel();
         if tokio::signal::ctrl_c().await.is_ok() {
+            // Exiting skips the destructors that stop the services.
+            basecamp_sandbox::services::kill_all_now();
             std::process::exit(i32::from(EXIT_INTERRUPTED));
         }
     });
