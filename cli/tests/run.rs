@@ -259,6 +259,17 @@ fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
     assert!(out.path().join("run.json").is_file());
 }
 
+/// Makes the copied example's tracking service one that never becomes ready, allowed 60 s.
+fn never_ready(project: &Path) {
+    std::fs::write(project.join("services/tracking.py"), "import time\ntime.sleep(600)\n").unwrap();
+    for sandbox in ["sandbox-a.yaml", "sandbox-b.yaml"] {
+        let path = project.join(sandbox);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.replace("readyPath: /healthz", "readyPath: /healthz\n      readyTimeout: 60s");
+        std::fs::write(path, text).unwrap();
+    }
+}
+
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap().flatten() {
@@ -342,8 +353,10 @@ fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().canonicalize().unwrap();
     copy_tree(&example(), &project);
-    // A tracking service that never becomes ready: the run waits for it (30 s by default).
-    std::fs::write(project.join("services/tracking.py"), "import time\ntime.sleep(600)\n").unwrap();
+    never_ready(&project);
+    // ...and ignores SIGTERM: stopping it takes a 2 s grace period, in which the second Ctrl-C comes.
+    let script = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n";
+    std::fs::write(project.join("services/tracking.py"), script).unwrap();
     let out = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
         .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
@@ -368,6 +381,42 @@ fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
     }
     assert_eq!(child.wait().unwrap().code(), Some(130));
     // Before: the service, in a process group of its own, was left sleeping.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ctrl_c_while_a_service_starts_ends_the_wait_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().canonicalize().unwrap();
+    copy_tree(&example(), &project);
+    never_ready(&project);
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "the service did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        // Before: the stop waited for the service's readyTimeout, then failed the run with NotReady.
+        assert!(started.elapsed() < Duration::from_secs(10), "Ctrl-C did not end the wait for the service");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "{}", String::from_utf8_lossy(&output.stderr));
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["stopped_early"], true);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !services_in(&project).is_empty() {
         assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));

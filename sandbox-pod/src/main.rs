@@ -140,6 +140,24 @@ async fn main() -> ExitCode {
 
 async fn serve_command(args: ServeArgs) -> ExitCode {
     use basecamp_sandbox::gym::{Gym, serve, setup};
+    // Listening from the start: SIGTERM's default while the services start
+    // would end the process on the spot and leave them running.
+    let stop = StopSignal::new();
+    let on_signal = stop.clone();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::spawn(async move {
+        let terminated = async {
+            match term.as_mut() {
+                Some(term) => term.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = terminated => {},
+        }
+        on_signal.cancel();
+    });
     let request = setup::ServeRequest {
         manifests: args.config,
         task: args.task,
@@ -148,6 +166,7 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
         base_dir: args.base_dir.dir,
         max_episodes: args.max_episodes,
         idle_timeout: args.idle_timeout,
+        stop: stop.clone(),
     };
     let prepared = match setup::load(&request).await {
         Ok(prepared) => prepared,
@@ -161,6 +180,10 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
     }
     // The helper services live as long as this binding: until the server stops.
     let _services = prepared.services;
+    if stop.is_cancelled() {
+        stderr_line!("stopping: SIGTERM or Ctrl-C before the API was served; the services are stopped");
+        return ExitCode::SUCCESS;
+    }
     let gym = match Gym::new(prepared.config) {
         Ok(gym) => gym,
         Err(e) => {
@@ -181,18 +204,8 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
         // A supervisor that closed stdout still gets a server, and its address here.
         stderr_line!("warning: cannot write to stdout ({e}); {serving}");
     }
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let terminated = async {
-            match term.as_mut() {
-                Some(term) => term.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = terminated => {},
-        }
+    let shutdown = async move {
+        stop.cancelled().await;
         stderr_line!("stopping: closing open episodes so their traces are complete");
     };
     match serve(listener, gym, shutdown).await {

@@ -246,7 +246,8 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         Path::new("basecamp-runs").join(&run_name).join(&variant.name).join(format!("shard-{}", request.shard))
     });
     create_out_dir(&out_dir)?;
-    let services = RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"))?;
+    let services =
+        RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"), &request.stop)?;
     let sandbox = services.expand(&variant.sandbox)?;
 
     let ctx = RunContext {

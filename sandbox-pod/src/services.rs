@@ -24,6 +24,8 @@ use basecamp_api::service::{ServiceRefError, ServiceSpec, expand_service_refs};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use crate::driver::StopSignal;
+
 /// The process groups of the services started and not yet stopped.
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
@@ -93,18 +95,22 @@ pub struct RunningServices {
 
 impl RunningServices {
     /// Starts every service of `services` (commands relative to `base_dir`,
-    /// logs in `log_dir`) and waits until each is ready.
+    /// logs in `log_dir`) and waits until each is ready. Once `stop` fires
+    /// (Ctrl-C, SIGTERM) the waits end at once, ready or not: no episode
+    /// starts after a stop, and the caller goes on to its summary (or exit)
+    /// instead of waiting up to each `readyTimeout`.
     pub fn start(
         services: &BTreeMap<String, ServiceSpec>,
         base_dir: &Path,
         log_dir: &Path,
+        stop: &StopSignal,
     ) -> Result<Self, ServiceError> {
         let mut started = Self::default();
         for (name, spec) in services {
             let running = start_one(name, spec, base_dir, log_dir)?;
             started.running.push(running);
             let running = started.running.last_mut().expect("just pushed");
-            wait_ready(running, spec, log_dir)?;
+            wait_ready(running, spec, log_dir, stop)?;
         }
         Ok(started)
     }
@@ -213,8 +219,13 @@ fn log_tail(log_dir: &Path, name: &str) -> String {
     if tail.is_empty() { "(nothing)".into() } else { tail }
 }
 
-/// Polls until the service answers its probe, exits, or the timeout passes.
-fn wait_ready(running: &mut Running, spec: &ServiceSpec, log_dir: &Path) -> Result<(), ServiceError> {
+/// Polls until the service answers its probe, exits, the timeout passes, or `stop` fires.
+fn wait_ready(
+    running: &mut Running,
+    spec: &ServiceSpec,
+    log_dir: &Path,
+    stop: &StopSignal,
+) -> Result<(), ServiceError> {
     let timeout = spec.ready_timeout();
     let deadline = Instant::now() + timeout;
     let probe = match &spec.ready_path {
@@ -235,7 +246,7 @@ fn wait_ready(running: &mut Running, spec: &ServiceSpec, log_dir: &Path) -> Resu
             Some(path) => http_ok(running.addr, path),
             None => std::net::TcpStream::connect_timeout(&running.addr, READY_POLL).is_ok(),
         };
-        if ready {
+        if ready || stop.is_cancelled() {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -312,7 +323,7 @@ mod tests {
         let mut spec = python_service(script);
         spec.ready_path = Some("/healthz".into());
         let services = BTreeMap::from([("tracking".to_string(), spec)]);
-        let mut running = RunningServices::start(&services, dir.path(), dir.path()).unwrap();
+        let mut running = RunningServices::start(&services, dir.path(), dir.path(), &StopSignal::new()).unwrap();
         let addr = running.addr("tracking").unwrap();
         assert!(http_ok(addr, "/anything"));
 
@@ -338,7 +349,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let services =
             BTreeMap::from([("db".to_string(), python_service("import sys; print('no fixture file'); sys.exit(3)"))]);
-        let err = RunningServices::start(&services, dir.path(), dir.path()).unwrap_err();
+        let err = RunningServices::start(&services, dir.path(), dir.path(), &StopSignal::new()).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("service db exited") && text.contains("no fixture file"), "{text}");
         assert_eq!(err.category(), "ServiceNotReady");
@@ -351,8 +362,26 @@ mod tests {
         spec.ready_timeout = Some(std::time::Duration::from_millis(300).into());
         let services = BTreeMap::from([("slow".to_string(), spec)]);
         let started = Instant::now();
-        let err = RunningServices::start(&services, dir.path(), dir.path()).unwrap_err();
+        let err = RunningServices::start(&services, dir.path(), dir.path(), &StopSignal::new()).unwrap_err();
         assert!(err.to_string().contains("not ready within 300ms"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(10), "the sleeper was killed, not waited for");
+    }
+
+    #[test]
+    fn a_stop_ends_the_wait_for_readiness() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = python_service("import time; time.sleep(30)");
+        spec.ready_timeout = Some(std::time::Duration::from_secs(20).into());
+        let services = BTreeMap::from([("slow".to_string(), spec)]);
+        let stop = StopSignal::new();
+        let stopper = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            stopper.cancel();
+        });
+        let started = Instant::now();
+        let mut running = RunningServices::start(&services, dir.path(), dir.path(), &stop).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5), "the wait ended with the stop");
+        running.stop();
     }
 }

@@ -733,3 +733,73 @@ fn an_http_header_that_cannot_be_sent_is_refused_naming_the_field() {
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("spec.tools.track_order.http.headers.X-Order: the value holds a line break"), "{stderr}");
 }
+
+/// Makes the copied example's tracking service one that never becomes ready, allowed 60 s.
+fn never_ready(project: &Path) {
+    std::fs::write(project.join("services/tracking.py"), "import time\ntime.sleep(600)\n").unwrap();
+    for sandbox in ["sandbox-a.yaml", "sandbox-b.yaml"] {
+        let path = project.join(sandbox);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.replace("readyPath: /healthz", "readyPath: /healthz\n      readyTimeout: 60s");
+        std::fs::write(path, text).unwrap();
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The live `python3 services/tracking.py` processes working in `dir`.
+fn services_in(dir: &Path) -> Vec<u32> {
+    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
+    let tracking = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"services/tracking.py\0"))
+            && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
+    };
+    pids.filter(tracking).collect()
+}
+
+#[test]
+fn sigterm_while_a_service_starts_stops_it_and_serves_nothing() {
+    // The e-commerce example with a tracking service that never becomes ready.
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().canonicalize().unwrap();
+    copy_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce"), &project);
+    never_ready(&project);
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["serve", "--config", project.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "the service did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(10), "SIGTERM did not end the wait for the service");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    // Before: killed by the signal on the spot, the service left sleeping.
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.stdout.is_empty(), "nothing was served");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

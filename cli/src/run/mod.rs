@@ -154,8 +154,9 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
             basecamp_sandbox::stderr_line!("warning: variant {}: {warning}", variant.name);
         }
         let variant_dir = out_root.join(&variant.name);
-        let running = RunningServices::start(&variant.sandbox.services, &base_dir, &variant_dir.join("services"))
-            .with_context(|| format!("variant {}", variant.name))?;
+        let running =
+            RunningServices::start(&variant.sandbox.services, &base_dir, &variant_dir.join("services"), &stop)
+                .with_context(|| format!("variant {}", variant.name))?;
         let sandbox = running.expand(&variant.sandbox)?;
         services.push(running);
         for shard in 0..shard_count {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use super::GymConfig;
 use crate::config::{RunContext, build_runner, episode_input};
+use crate::driver::StopSignal;
 use crate::run::{
     RunError, absolute_dir, check_gpu, create_out_dir, load_manifests_in, load_test_set, resolve_variants, select_task,
 };
@@ -35,6 +36,8 @@ pub struct ServeRequest {
     pub base_dir: Option<PathBuf>,
     pub max_episodes: usize,
     pub idle_timeout: Duration,
+    /// Fired by SIGTERM or Ctrl-C: ends the wait for the services at once.
+    pub stop: StopSignal,
 }
 
 /// What [`load`] prepared: the config, the helper services the tools talk
@@ -67,7 +70,8 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         .clone()
         .unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name).join(&variant.name).join("serve"));
     create_out_dir(&out_dir)?;
-    let services = RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"))?;
+    let services =
+        RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"), &request.stop)?;
     let sandbox = services.expand(&variant.sandbox)?;
 
     let mut spec = task.spec.clone();
@@ -84,7 +88,11 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         training_step: 0,
     };
     let runner = build_runner(&spec, &sandbox, &ctx)?;
-    crate::readiness::wait_for_policy_server(&spec.policy).await?;
+    // A stop while waiting: the caller sees it and serves nothing.
+    tokio::select! {
+        ready = crate::readiness::wait_for_policy_server(&spec.policy) => { ready?; }
+        _ = request.stop.cancelled() => {}
+    }
     let config = GymConfig {
         runner,
         rows,
