@@ -163,7 +163,7 @@ impl Manifests {
             };
             for file in files {
                 let name = file.display().to_string();
-                match std::fs::read_to_string(&file) {
+                match read_manifest_file(&file) {
                     Ok(text) => {
                         let (more, problems) = Manifests::parse(&name, &text);
                         manifests.tasks.extend(more.tasks);
@@ -255,6 +255,24 @@ impl Manifests {
         }
         report
     }
+}
+
+/// The most a file of manifests may hold. The API server takes objects of
+/// about 1.5 MiB; a file far larger is not manifests (`/dev/zero`, a data
+/// set named by mistake), and reading it whole could take all memory.
+const MAX_MANIFEST_FILE_BYTES: u64 = 16 << 20;
+
+fn read_manifest_file(file: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(file)?.take(MAX_MANIFEST_FILE_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_MANIFEST_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "more than {} MiB, larger than any file of manifests (the API server takes objects of about 1.5 MiB); is it the right file?",
+            MAX_MANIFEST_FILE_BYTES >> 20
+        )));
+    }
+    Ok(text)
 }
 
 fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {

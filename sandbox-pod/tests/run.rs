@@ -803,3 +803,15 @@ fn sigterm_while_a_service_starts_stops_it_and_serves_nothing() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_manifest_file_far_too_large_is_refused_without_reading_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    // 17 MiB of zero bytes (sparse); `--config /dev/zero` was read until the OOM killer came.
+    std::fs::File::create(&big).unwrap().set_len(17 << 20).unwrap();
+    let run = sandbox(&["run", "--config", big.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{}: cannot read it: more than 16 MiB", big.display())), "{stderr}");
+}
