@@ -104,6 +104,8 @@ def test_operator_scale(kube: Kube, operator, task_ns: str, bucket: str):
     status = Path(f"/proc/{operator.proc.pid}/status").read_text()
     peak_kib = int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1))
     rss_kib = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))
+    stat = Path(f"/proc/{operator.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu_s = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
     reconciles = sum(float(v) for v in re.findall(r"^basecamp_reconcile_duration_seconds_count(?:\{[^}]*\})? (\S+)$",
                                                  text, re.M))
     result = {
@@ -118,6 +120,7 @@ def test_operator_scale(kube: Kube, operator, task_ns: str, bucket: str):
         "reconcile_p99_seconds": histogram_quantile(text, "basecamp_reconcile_duration_seconds", 0.99),
         "applies": {f"{m.group(1)}/{m.group(2)}": int(float(m.group(3))) for m in re.finditer(
             r'^basecamp_applies_total\{kind="([^"]+)",result="([^"]+)"\} (\S+)$', text, re.M)},
+        "operator_cpu_seconds": round(cpu_s, 2),
         "operator_peak_rss_mib": round(peak_kib / 1024, 1),
         "operator_rss_after_mib": round(rss_kib / 1024, 1),
         "setup": f"suspended one-shard tasks, one SandboxConfig, {operator.build()} build of basecamp-operator run as the chart's "
