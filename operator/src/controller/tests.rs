@@ -231,6 +231,7 @@ async fn a_reconcile_whose_caches_are_up_to_date_makes_no_api_call_and_a_drifted
         counted,
         [
             r#"basecamp_applies_total{kind="ConfigMap",result="unchanged"} 1"#,
+            r#"basecamp_applies_total{kind="HarnessTaskStatus",result="unchanged"} 1"#,
             r#"basecamp_applies_total{kind="Job",result="unchanged"} 1"#,
             r#"basecamp_applies_total{kind="NetworkPolicy",result="unchanged"} 1"#,
         ]
