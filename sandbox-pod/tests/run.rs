@@ -815,3 +815,57 @@ fn a_manifest_file_far_too_large_is_refused_without_reading_it_whole() {
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(&format!("{}: cannot read it: more than 16 MiB", big.display())), "{stderr}");
 }
+
+/// `POST path` with `body` sent `times` times; the status and the body of the answer. A
+/// server that answers before the whole body is sent may close the connection: the rest
+/// is not sent, and the answer still read.
+fn post(addr: &str, path: &str, body: &[u8], times: usize) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let length = body.len() * times;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    for _ in 0..times {
+        if stream.write_all(body).is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+#[test]
+fn server_mode_reads_large_bodies_and_refuses_larger_ones_as_json() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["serve", "--config", manifest.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = address_in(&line);
+
+    // 3 MB, as a step's raw logits of a few tokens are. Before: 413 in plain text
+    // ("Failed to buffer the request body: length limit exceeded"), axum's 2 MB default.
+    let big = serde_json::to_vec(&serde_json::json!({"instruction": "a".repeat(3 << 20)})).unwrap();
+    let (status, answer) = post(&addr, "/v1/episodes", &big, 1);
+    assert_eq!(status, 201, "{}", &answer[..answer.len().min(300)]);
+    // Over the limit: the API's JSON error.
+    let (status, answer) = post(&addr, "/v1/episodes", &[b' '; 1 << 20], 257);
+    assert_eq!(status, 413, "{answer}");
+    let error: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert_eq!(error["error"]["category"], "RequestTooLarge", "{answer}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -56,8 +57,28 @@ pub fn router(gym: GymState) -> Router {
         by_path.insert(path, merged);
     }
     let api = by_path.into_iter().fold(Router::new(), |router, (path, handler)| router.route(path, handler));
+    let api = api.layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     let metrics = gym.metrics.clone();
     with_fallbacks(api.with_state(gym).merge(observability(metrics)), SERVED)
+}
+
+/// The largest request body read. A step's `raw_logits` (a `[tokens,
+/// vocab]` F32 safetensors file, base64) outgrows axum's default of 2 MB
+/// at 16 tokens of a 32k vocabulary.
+pub const MAX_BODY_BYTES: usize = 256 << 20;
+
+/// The body, or the API's JSON error for one that cannot be read (axum's
+/// own answer is plain text, which a client parsing errors cannot read).
+fn readable(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            let limit = MAX_BODY_BYTES >> 20;
+            ApiError::new(status, "RequestTooLarge", format!("the request body is over {limit} MiB, the most read"))
+        } else {
+            ApiError::new(status, "UnreadableBody", format!("cannot read the request body: {}", rejection.body_text()))
+        }
+    })
 }
 
 fn trace_io(episode: &str, e: &std::io::Error) -> ApiError {
@@ -175,7 +196,8 @@ async fn list(State(gym): State<GymState>) -> Response {
         .into_response()
 }
 
-async fn create(State(gym): State<GymState>, body: Bytes) -> Result<Response, ApiError> {
+async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = readable(body)?;
     let request = parse_create(&body).map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?;
     let number = gym.registry.next_number();
     let (row_id, episode_id) = match (&request.source, request.episode_id) {
@@ -350,7 +372,12 @@ fn step_info(report: &StepReport, injections: &[String]) -> Value {
     })
 }
 
-async fn step(State(gym): State<GymState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+async fn step(
+    State(gym): State<GymState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = readable(body)?;
     let entry = gym.entry(&id)?;
     let mut slot = entry.slot.lock().await;
     let Some(episode) = slot.episode.as_mut() else { return Err(done_conflict(&id, &entry, &slot)) };
@@ -397,7 +424,12 @@ async fn step(State(gym): State<GymState>, Path(id): Path<String>, body: Bytes) 
     Ok(axum::Json(body).into_response())
 }
 
-async fn inject(State(gym): State<GymState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+async fn inject(
+    State(gym): State<GymState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = readable(body)?;
     let entry = gym.entry(&id)?;
     let injection = parse_injection(&id, &body, &gym.next_injection)?;
     let mut slot = entry.slot.lock().await;
