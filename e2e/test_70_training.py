@@ -329,7 +329,14 @@ def test_history_and_steps_json(loop, s3, bucket: str):
         root, f"{root}dataset/", len(STEPS), f"{NAME}-train"), tr
     steps = s3_json(s3, bucket, f"traces/reports/{ns}/{NAME}/steps.json")
     assert [s["step"] for s in steps] == list(STEPS), steps
-    assert [s["metrics"] for s in steps] == [h["metrics"] for h in history]
+    differences = [
+        (s["step"], v, k, s["metrics"][v].get(k), h["metrics"].get(v, {}).get(k))
+        for s, h in zip(steps, history)
+        for v in s["metrics"]
+        for k in sorted(set(s["metrics"][v]) | set(h["metrics"].get(v, {})))
+        if s["metrics"][v].get(k) != h["metrics"].get(v, {}).get(k)
+    ]
+    assert not differences, f"(step, variant, metric, steps.json, status): {differences}"
 
 
 def test_a_report_and_traces_per_step(loop, s3, bucket: str):

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use basecamp_sandbox::testing::{example_copy, never_ready, services_in};
 use serde_json::Value;
 
 fn example() -> PathBuf {
@@ -259,45 +260,11 @@ fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
     assert!(out.path().join("run.json").is_file());
 }
 
-/// Makes the copied example's tracking service one that never becomes ready, allowed 60 s.
-fn never_ready(project: &Path) {
-    std::fs::write(project.join("services/tracking.py"), "import time\ntime.sleep(600)\n").unwrap();
-    for sandbox in ["sandbox-a.yaml", "sandbox-b.yaml"] {
-        let path = project.join(sandbox);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let text = text.replace("readyPath: /healthz", "readyPath: /healthz\n      readyTimeout: 60s");
-        std::fs::write(path, text).unwrap();
-    }
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
-/// The live tracking services (`python3 services/tracking.py`) working in `dir`: those a run of the project there started.
-fn services_in(dir: &Path) -> Vec<u32> {
-    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
-    let tracking = |pid: &u32| {
-        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"services/tracking.py\0"))
-            && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
-    };
-    pids.filter(tracking).collect()
-}
-
 #[test]
 fn sigterm_stops_a_run_like_ctrl_c_and_stops_its_services() {
     // A copy of the example: its services are the only processes working in it.
     let dir = tempfile::tempdir().unwrap();
-    let project = dir.path().canonicalize().unwrap();
-    copy_tree(&example(), &project);
+    let project = example_copy(dir.path());
     let out = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
         .args(["run", project.to_str().unwrap(), "--no-progress", "--concurrency", "1"])
@@ -351,8 +318,7 @@ fn a_closed_stderr_loses_its_lines_not_the_run() {
 #[test]
 fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
     let dir = tempfile::tempdir().unwrap();
-    let project = dir.path().canonicalize().unwrap();
-    copy_tree(&example(), &project);
+    let project = example_copy(dir.path());
     never_ready(&project);
     // ...and ignores SIGTERM: stopping it takes a 2 s grace period, in which the second Ctrl-C comes.
     let script = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n";
@@ -391,8 +357,7 @@ fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
 #[test]
 fn ctrl_c_while_a_service_starts_ends_the_wait_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let project = dir.path().canonicalize().unwrap();
-    copy_tree(&example(), &project);
+    let project = example_copy(dir.path());
     never_ready(&project);
     let out = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))

@@ -138,14 +138,12 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve_command(args: ServeArgs) -> ExitCode {
-    use basecamp_sandbox::gym::{Gym, serve, setup};
-    // Listening from the start: SIGTERM's default while the services start
-    // would end the process on the spot and leave them running.
-    let stop = StopSignal::new();
-    let on_signal = stop.clone();
+/// Listens for SIGTERM from now on (its default would end the process on
+/// the spot and leave the services running) and ends at the first Ctrl-C
+/// or SIGTERM.
+fn ctrl_c_or_sigterm() -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::spawn(async move {
+    async move {
         let terminated = async {
             match term.as_mut() {
                 Some(term) => term.recv().await,
@@ -156,6 +154,18 @@ async fn serve_command(args: ServeArgs) -> ExitCode {
             _ = tokio::signal::ctrl_c() => {},
             _ = terminated => {},
         }
+    }
+}
+
+async fn serve_command(args: ServeArgs) -> ExitCode {
+    use basecamp_sandbox::gym::{Gym, serve, setup};
+    // Listening from the start: SIGTERM's default while the services start
+    // would end the process on the spot and leave them running.
+    let stop = StopSignal::new();
+    let on_signal = stop.clone();
+    let signalled = ctrl_c_or_sigterm();
+    tokio::spawn(async move {
+        signalled.await;
         on_signal.cancel();
     });
     let request = setup::ServeRequest {
@@ -238,18 +248,9 @@ async fn run_command(args: RunArgs) -> ExitCode {
     let stop = request.stop.clone();
     let shard_done = Arc::new(AtomicBool::new(false));
     let shard_done_for_signal = shard_done.clone();
+    let signalled = ctrl_c_or_sigterm();
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let terminated = async {
-            match term.as_mut() {
-                Some(term) => term.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = terminated => {},
-        }
+        signalled.await;
         if !shard_done_for_signal.load(Ordering::SeqCst) {
             stderr_line!("stopping: no new episodes; the summary lists what was cut off");
         }

@@ -5,7 +5,9 @@
 //! tests fail and say to run `scripts/s3-server.sh install`. Storage clients
 //! stay with each test suite: their retry tuning is part of what they assert.
 //! And [`RefusingDeleteServer`], a stand-in for the per-key refusals of
-//! `DeleteObjects` that s3s-fs never gives.
+//! `DeleteObjects` that s3s-fs never gives; and the e-commerce example's
+//! copies for the signal tests ([`example_copy`], [`never_ready`],
+//! [`services_in`]).
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -220,4 +222,45 @@ fn serve_deletes(stream: TcpStream, seen: &std::sync::Mutex<Vec<Vec<String>>>) {
             return;
         }
     }
+}
+
+/// `examples/ecommerce` copied into `dir` (canonical path returned): its
+/// services are then the only processes working in that directory.
+pub fn example_copy(dir: &Path) -> PathBuf {
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).expect("a directory for the copy");
+        for entry in std::fs::read_dir(from).expect("the example").flatten() {
+            let target = to.join(entry.file_name());
+            if entry.file_type().expect("a file type").is_dir() {
+                copy_tree(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).expect("a copy");
+            }
+        }
+    }
+    let project = dir.canonicalize().expect("a directory");
+    copy_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce"), &project);
+    project
+}
+
+/// Makes a copied example's tracking service one that never becomes ready, allowed 60 s.
+pub fn never_ready(project: &Path) {
+    std::fs::write(project.join("services/tracking.py"), "import time\ntime.sleep(600)\n").expect("a service");
+    for sandbox in ["sandbox-a.yaml", "sandbox-b.yaml"] {
+        let path = project.join(sandbox);
+        let text = std::fs::read_to_string(&path).expect("a sandbox");
+        let text = text.replace("readyPath: /healthz", "readyPath: /healthz\n      readyTimeout: 60s");
+        std::fs::write(path, text).expect("a sandbox");
+    }
+}
+
+/// The live `python3 services/tracking.py` processes working in `dir`.
+pub fn services_in(dir: &Path) -> Vec<u32> {
+    let pids =
+        std::fs::read_dir("/proc").expect("/proc").flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
+    let tracking = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"services/tracking.py\0"))
+            && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
+    };
+    pids.filter(tracking).collect()
 }

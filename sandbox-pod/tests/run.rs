@@ -8,6 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use basecamp_sandbox::testing::{example_copy, never_ready, services_in};
 use basecamp_trace::{Tail, read_trace};
 use serde_json::Value;
 
@@ -734,45 +735,11 @@ fn an_http_header_that_cannot_be_sent_is_refused_naming_the_field() {
     assert!(stderr.contains("spec.tools.track_order.http.headers.X-Order: the value holds a line break"), "{stderr}");
 }
 
-/// Makes the copied example's tracking service one that never becomes ready, allowed 60 s.
-fn never_ready(project: &Path) {
-    std::fs::write(project.join("services/tracking.py"), "import time\ntime.sleep(600)\n").unwrap();
-    for sandbox in ["sandbox-a.yaml", "sandbox-b.yaml"] {
-        let path = project.join(sandbox);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let text = text.replace("readyPath: /healthz", "readyPath: /healthz\n      readyTimeout: 60s");
-        std::fs::write(path, text).unwrap();
-    }
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
-/// The live `python3 services/tracking.py` processes working in `dir`.
-fn services_in(dir: &Path) -> Vec<u32> {
-    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
-    let tracking = |pid: &u32| {
-        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"services/tracking.py\0"))
-            && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
-    };
-    pids.filter(tracking).collect()
-}
-
 #[test]
 fn sigterm_while_a_service_starts_stops_it_and_serves_nothing() {
     // The e-commerce example with a tracking service that never becomes ready.
     let dir = tempfile::tempdir().unwrap();
-    let project = dir.path().canonicalize().unwrap();
-    copy_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce"), &project);
+    let project = example_copy(dir.path());
     never_ready(&project);
     let out = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
