@@ -111,7 +111,13 @@ pub struct Context {
     pub caches: cache::Caches,
     /// Consecutive failures per task, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The status this process last wrote, by task uid: see [`Context::freshest`].
+    written: Mutex<HashMap<String, (Instant, HarnessTaskStatus)>>,
 }
+
+/// How long a status this process wrote stands in for the task's cached
+/// status (the watch delivers the write well within it, even under load).
+const WRITTEN_STATUS_STANDS_FOR: Duration = Duration::from_secs(30);
 
 impl Context {
     /// A context; Events are reported as `basecamp-operator` (and `instance`).
@@ -132,6 +138,7 @@ impl Context {
             node_cache: None,
             caches: cache::Caches::default(),
             failures: Mutex::default(),
+            written: Mutex::default(),
         }
     }
 
@@ -165,6 +172,30 @@ impl Context {
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, HarnessTaskStatus)>> {
+        self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The task with the status this process wrote in the last
+    /// [`WRITTEN_STATUS_STANDS_FOR`], when it differs from the cached one:
+    /// a reconcile woken by another event (its Job appearing) can come
+    /// before the watch delivers the status write, and would otherwise
+    /// write the same status again and publish its Events twice.
+    fn freshest(&self, task: &HarnessTask) -> Option<HarnessTask> {
+        let uid = task.uid()?;
+        let written = self.written();
+        let (at, status) = written.get(&uid)?;
+        (at.elapsed() < WRITTEN_STATUS_STANDS_FOR && task.status.as_ref() != Some(status))
+            .then(|| HarnessTask { status: Some(status.clone()), ..task.clone() })
+    }
+
+    fn remember_written(&self, task: &HarnessTask, status: &HarnessTaskStatus) {
+        let Some(uid) = task.uid() else { return };
+        let mut written = self.written();
+        written.retain(|_, (at, _)| at.elapsed() < WRITTEN_STATUS_STANDS_FOR);
+        written.insert(uid, (Instant::now(), status.clone()));
     }
 }
 
@@ -216,6 +247,8 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     if task.metadata.deletion_timestamp.is_some() {
         return finalize(task, ctx).await;
     }
+    let freshest = ctx.freshest(task);
+    let task = freshest.as_ref().unwrap_or(task);
     finalizer::ensure(&ctx.client, task).await?;
     let world = dereference::dereference(&ctx.client, &ctx.caches, task, ctx.node_cache.as_ref()).await?;
     let (variants, warnings) = match validate::check(task, &world) {
@@ -395,6 +428,7 @@ async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatu
     let changed = &old != new;
     if changed {
         status::write(&ctx.client, task, new).await?;
+        ctx.remember_written(task, new);
     }
     ctx.metrics.count_apply("HarnessTaskStatus", changed);
     for transition in status::transitions(&old.conditions, &new.conditions) {

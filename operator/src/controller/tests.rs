@@ -253,6 +253,55 @@ async fn a_reconcile_whose_caches_are_up_to_date_makes_no_api_call_and_a_drifted
 }
 
 #[tokio::test]
+async fn a_reconcile_before_the_watch_delivers_the_status_write_neither_writes_it_again_nor_repeats_its_events() {
+    // Caches holding what a first reconcile applied, and a task whose cached
+    // copy does not show the status written yet.
+    let current = task(spec(), true);
+    let sandbox: basecamp_api::SandboxConfig = serde_json::from_value(sandbox()).expect("sandbox");
+    let desired = |task: &Value| {
+        let task: HarnessTask = serde_json::from_value(task.clone()).expect("task");
+        let variants = vec![ResolvedVariant {
+            name: "default".into(),
+            sandbox_name: "shop".into(),
+            profile: None,
+            spec: sandbox.spec.clone(),
+        }];
+        let settings = Settings::default();
+        crate::build::build(&BuildInput::new(&task, variants, &settings).expect("input")).expect("build")
+    };
+    let built = desired(&current);
+    let caches = cache::Caches::holding(
+        vec![cache::stamp(&built.jobs[0])],
+        vec![cache::stamp(&built.config_map)],
+        vec![cache::stamp(&built.network_policy)],
+        vec![sandbox.clone()],
+    );
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut ctx = Context::new(
+        Client::new(service, "default"),
+        Arc::new(Metrics::new()),
+        Settings::default(),
+        storage_down(),
+        None,
+    );
+    ctx.caches = caches;
+    let ctx = Arc::new(ctx);
+    let script = vec![call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())), event(), event()];
+    let verifier = tokio::spawn(verify(handle, script));
+    let stale: HarnessTask = serde_json::from_value(current.clone()).expect("task");
+    for _ in 0..3 {
+        let result = reconcile(Arc::new(stale.clone()), ctx.clone()).await;
+        assert!(result.is_ok(), "{:?}", result.err());
+    }
+    let seen =
+        tokio::time::timeout(Duration::from_secs(10), verifier).await.expect("the scripted calls").expect("verifier");
+    assert_eq!(seen.len(), 3, "one status write and its two Events, for three reconciles");
+    let counted = ctx.metrics.encode();
+    assert!(counted.contains(r#"basecamp_applies_total{kind="HarnessTaskStatus",result="applied"} 1"#), "{counted}");
+    assert!(counted.contains(r#"basecamp_applies_total{kind="HarnessTaskStatus",result="unchanged"} 2"#), "{counted}");
+}
+
+#[tokio::test]
 async fn a_spec_change_replaces_the_job_and_keeps_transition_times() {
     let old = task(spec(), true);
     let mut new_spec = spec();

@@ -424,6 +424,14 @@ fn history_keeps_one_evaluation_per_step_and_the_newest_twenty() {
     assert!(parse_steps(b"{").is_err());
     let round_trip = parse_steps(&serde_json::to_vec(&merged).expect("json")).expect("parse");
     assert_eq!(round_trip, merged);
+    // Values read back from steps.json are the values written, to the last
+    // bit (serde_json's `float_roundtrip`): without it these two came back
+    // one unit in the last place off, and the status history written from
+    // them disagreed with steps.json (found by the training e2e test).
+    for value in [0.36284880794999996, 1.3033333333333335] {
+        let exact = parse_steps(&serde_json::to_vec(&[evaluated(40, value)]).expect("json")).expect("parse");
+        assert_eq!(exact[0].metrics["default"]["tool_call_accuracy"].to_bits(), f64::to_bits(value), "{value}");
+    }
 }
 
 // --- the trainer's state -----------------------------------------------------------------------
