@@ -97,17 +97,6 @@ pub struct Caches {
     sandboxes: Vec<Store<SandboxConfig>>,
 }
 
-impl std::fmt::Debug for Caches {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Caches")
-            .field("jobs", &self.jobs.iter().map(|s| s.state().len()).sum::<usize>())
-            .field("config_maps", &self.config_maps.iter().map(|s| s.state().len()).sum::<usize>())
-            .field("network_policies", &self.network_policies.iter().map(|s| s.state().len()).sum::<usize>())
-            .field("sandboxes", &self.sandboxes.iter().map(|s| s.state().len()).sum::<usize>())
-            .finish()
-    }
-}
-
 fn find<K>(stores: &[Store<K>], namespace: &str, name: &str) -> Option<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
