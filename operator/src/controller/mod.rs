@@ -249,7 +249,6 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     }
     let freshest = ctx.freshest(task);
     let task = freshest.as_ref().unwrap_or(task);
-    finalizer::ensure(&ctx.client, task).await?;
     let world = dereference::dereference(&ctx.client, &ctx.caches, task, ctx.node_cache.as_ref()).await?;
     let (variants, warnings) = match validate::check(task, &world) {
         Verdict::Valid { variants, warnings } => (variants, warnings),
@@ -264,16 +263,24 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     input.services = dereference::services(&ctx.client, candidates).await;
     let desired = build::build(&input)?;
     let namespace = task.namespace().unwrap_or_default();
-    let applied = apply::apply(
-        &ctx.client,
-        &ctx.caches,
-        &ctx.metrics,
-        &namespace,
-        &desired,
-        task.status.as_ref(),
-        task.metadata.generation,
-    )
-    .await?;
+    // The finalizer is added in the same round trip as the first applies:
+    // a new task's Jobs exist one API round trip sooner. Should the patch
+    // fail, the reconcile fails and is retried; the objects applied meanwhile
+    // are owned by the task, so nothing outlives it.
+    let (_, applied) =
+        futures::try_join!(async { finalizer::ensure(&ctx.client, task).await.map_err(Error::from) }, async {
+            apply::apply(
+                &ctx.client,
+                &ctx.caches,
+                &ctx.metrics,
+                &namespace,
+                &desired,
+                task.status.as_ref(),
+                task.metadata.generation,
+            )
+            .await
+            .map_err(Error::from)
+        },)?;
     for replaced in applied.iter().filter(|a| a.replaced) {
         let note =
             format!("the spec changed; the Job of variant {} was replaced and its shards run again", replaced.variant);
@@ -311,6 +318,9 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
 
 /// An invalid spec: a condition and an Event saying what to fix; no objects.
 async fn reject(task: &HarnessTask, ctx: &Context, report: &basecamp_api::Report) -> Result<Action, Error> {
+    // Before the status write: both change the task, and the finalizer's
+    // patch is a compare-and-swap on its resourceVersion.
+    finalizer::ensure(&ctx.client, task).await?;
     let reason = validate::reason(report);
     let message = validate::summarize(report, 4000);
     let status = status::invalid(task, reason, &message, &now());

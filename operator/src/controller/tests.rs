@@ -159,14 +159,15 @@ fn apply_calls(job_get: Reply, job_status: Value) -> Vec<Call> {
 async fn create_adds_the_finalizer_applies_the_objects_and_reports_pending() {
     let fresh = task(spec(), false);
     let with_finalizer = task(spec(), true);
-    let mut script = vec![call("PATCH", TASK, Reply::Json(200, with_finalizer.clone()))];
-    script.extend(apply_calls(not_found(), json!({})));
+    // The finalizer patch goes out with the applies, in the same round trip.
+    let mut script = apply_calls(not_found(), json!({}));
+    script.insert(1, call("PATCH", TASK, Reply::Json(200, with_finalizer.clone())));
     script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, with_finalizer)), event(), event()]);
     let out = scenario(&fresh, storage_down(), script).await;
     assert!(out.result.is_ok(), "{:?}", out.result.err());
     let seen = &out.seen;
-    assert_eq!(seen[0].body["metadata"]["finalizers"], json!(["basecamp.dev/traces"]));
-    assert_eq!(seen[0].body["metadata"]["resourceVersion"], "7", "the finalizer patch is a compare-and-swap");
+    assert_eq!(seen[1].body["metadata"]["finalizers"], json!(["basecamp.dev/traces"]));
+    assert_eq!(seen[1].body["metadata"]["resourceVersion"], "7", "the finalizer patch is a compare-and-swap");
     assert!(
         seen[2].uri.contains("fieldManager=basecamp-operator") && seen[2].uri.contains("force=true"),
         "{}",
