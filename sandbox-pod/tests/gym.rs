@@ -425,6 +425,27 @@ async fn an_exec_tool_past_the_plan_step_deadline_is_rolled_back_and_reported() 
 }
 
 #[tokio::test]
+async fn a_step_without_tool_calls_reports_a_latency_of_zero_never_negative_zero() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    let (status, _) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "answer"}"#).await;
+    assert_eq!(status, 201);
+    let response = client()
+        .post(server.url("/v1/episodes/answer/step"))
+        .body(r#"{"content": "It ships tomorrow."}"#)
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    // Before: `"latency_ms":-0.0`, the f64 sum of no calls.
+    assert!(!text.contains(r#""latency_ms":-0.0"#), "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let latency = answer["info"]["latency_ms"].as_f64().unwrap();
+    assert!(latency == 0.0 && latency.is_sign_positive(), "{text}");
+    assert_eq!(answer["info"]["calls"], json!([]), "{text}");
+    server.shut_down().await;
+}
+
+#[tokio::test]
 async fn the_last_step_allowed_ends_the_episode_at_max_steps() {
     let server = TestServer::start(4, Duration::from_secs(60)).await;
     let (_, created) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "loop"}"#).await;

@@ -364,7 +364,8 @@ fn step_info(report: &StepReport, injections: &[String]) -> Value {
         "step": report.step,
         "status": first_failure.map_or("ok", |c| status_label(c.status)),
         "error_type": first_failure.and_then(|c| c.error_type.clone()),
-        "latency_ms": report.calls.iter().map(|c| c.latency.as_secs_f64() * 1000.0).sum::<f64>(),
+        // Summed as durations: an f64 sum of no calls is -0.0, which went out as `"latency_ms": -0.0`.
+        "latency_ms": report.calls.iter().map(|c| c.latency).sum::<Duration>().as_secs_f64() * 1000.0,
         "memory_delta_keys": delta_keys,
         "plan_step_timed_out": report.plan_step_timed_out,
         "calls": calls,
