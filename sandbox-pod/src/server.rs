@@ -17,7 +17,9 @@
 //!
 //! Every error is JSON `{"error": {"category": <PascalCase>, "message": …}}`
 //! ([`ApiError`]), the shape server mode ([`crate::gym`]) answers with too;
-//! its routes reuse [`observability`] and [`parse_injection`].
+//! its routes reuse [`observability`], [`parse_injection`] and [`readable`].
+//! Both modes read bodies of up to [`MAX_BODY_BYTES`]; a larger one is a
+//! 413 `RequestTooLarge`.
 //!
 //! The server binds nothing itself: [`serve`] runs on the listener the
 //! caller bound (loopback by default, all interfaces in a pod).
@@ -35,7 +37,8 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -47,6 +50,26 @@ use crate::metrics::{OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE, San
 
 /// The longest episode or injection id the endpoint accepts.
 pub const MAX_ID_LEN: usize = 256;
+
+/// The largest request body read, in both modes. A step's `raw_logits` (a
+/// `[tokens, vocab]` F32 safetensors file, base64) outgrows axum's default
+/// of 2 MB at 16 tokens of a 32k vocabulary; an injected observation may
+/// be as large as any other.
+pub const MAX_BODY_BYTES: usize = 256 << 20;
+
+/// The body, or the API's JSON error for one that cannot be read (axum's
+/// own answer is plain text, which a client parsing errors cannot read).
+pub fn readable(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            let limit = MAX_BODY_BYTES >> 20;
+            ApiError::new(status, "RequestTooLarge", format!("the request body is over {limit} MiB, the most read"))
+        } else {
+            ApiError::new(status, "UnreadableBody", format!("cannot read the request body: {}", rejection.body_text()))
+        }
+    })
+}
 
 /// What the handlers share: the metrics to serve and the injection queues
 /// the episode runner reads.
@@ -106,7 +129,10 @@ const INJECT_BODY_SHAPE: &str =
 
 /// The routes of driver mode: [`observability`] and live injection.
 pub fn router(state: ServerState) -> Router {
-    let routes = Router::new().route("/v1/episodes/{episode}/inject", post(inject)).with_state(state.clone());
+    let routes = Router::new()
+        .route("/v1/episodes/{episode}/inject", post(inject))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state.clone());
     with_fallbacks(
         routes.merge(observability(state.metrics)),
         "this sandbox serves GET /metrics, GET /healthz and POST /v1/episodes/{id}/inject",
@@ -268,7 +294,15 @@ pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Resul
     Ok(LiveInjection { id, observation: request.observation, at_step: request.at_step })
 }
 
-async fn inject(State(state): State<ServerState>, Path(episode): Path<String>, body: Bytes) -> Response {
+async fn inject(
+    State(state): State<ServerState>,
+    Path(episode): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match readable(body) {
+        Ok(body) => body,
+        Err(e) => return e.into_response(),
+    };
     let injection = match parse_injection(&episode, &body, &state.next_injection) {
         Ok(injection) => injection,
         Err(e) => return e.into_response(),

@@ -20,7 +20,7 @@ use super::registry::{Entry, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
 use crate::episode::{Episode, EpisodeResult, StepReport};
 use crate::metrics::status_label;
-use crate::server::{ApiError, MAX_ID_LEN, observability, parse_injection, with_fallbacks};
+use crate::server::{ApiError, MAX_BODY_BYTES, MAX_ID_LEN, observability, parse_injection, readable, with_fallbacks};
 
 /// Every route server mode serves, as `(method, path)`: the API's own
 /// (built into the router from this same list) and `/metrics`, `/healthz`.
@@ -60,25 +60,6 @@ pub fn router(gym: GymState) -> Router {
     let api = api.layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     let metrics = gym.metrics.clone();
     with_fallbacks(api.with_state(gym).merge(observability(metrics)), SERVED)
-}
-
-/// The largest request body read. A step's `raw_logits` (a `[tokens,
-/// vocab]` F32 safetensors file, base64) outgrows axum's default of 2 MB
-/// at 16 tokens of a 32k vocabulary.
-pub const MAX_BODY_BYTES: usize = 256 << 20;
-
-/// The body, or the API's JSON error for one that cannot be read (axum's
-/// own answer is plain text, which a client parsing errors cannot read).
-fn readable(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        let status = rejection.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            let limit = MAX_BODY_BYTES >> 20;
-            ApiError::new(status, "RequestTooLarge", format!("the request body is over {limit} MiB, the most read"))
-        } else {
-            ApiError::new(status, "UnreadableBody", format!("cannot read the request body: {}", rejection.body_text()))
-        }
-    })
 }
 
 fn trace_io(episode: &str, e: &std::io::Error) -> ApiError {
