@@ -388,3 +388,32 @@ fn ctrl_c_while_a_service_starts_ends_the_wait_at_once() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn sigkill_of_a_run_takes_its_services_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--concurrency", "1"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while traces_under(out.path()).is_empty() {
+        assert!(Instant::now() < deadline, "no traces appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(services_in(&project).len(), 2, "each variant's tracking service runs");
+    // The OOM killer, `kill -9`: no handler and no destructor runs, only the kernel acts.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !services_in(&project).is_empty() {
+        // Before: both tracking services slept on, reparented to init.
+        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -2,7 +2,9 @@
 //! fixture database) started before the first episode and stopped after the
 //! last, on 127.0.0.1. Each runs in its own process group, so stopping it —
 //! or dropping [`RunningServices`] on Ctrl-C or a panic — takes its children
-//! down too. Its output goes to `services/<name>.log` in the run directory,
+//! down too. A starter killed outright (SIGKILL, the OOM killer) stops
+//! nothing itself: the kernel then SIGKILLs each service (Linux's parent-death
+//! signal), though not what a service started in turn. Its output goes to `services/<name>.log` in the run directory,
 //! so a service that dies is explained, not just missing.
 //!
 //! [`RunningServices::expand`] turns the spec's `$(services.NAME.url)`
@@ -196,7 +198,8 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
     } else {
         program.clone().into()
     };
-    let child = Command::new(program_path)
+    let mut command = Command::new(program_path);
+    command
         .args(&spec.command[1.min(spec.command.len())..])
         .current_dir(base_dir)
         .envs(&spec.env)
@@ -205,11 +208,35 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
-        .process_group(0)
-        .spawn()
-        .map_err(spawn_error)?;
+        .process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        let starter = nix::unistd::getpid();
+        // SAFETY: between fork and exec the closure makes only async-signal-safe
+        // system calls (prctl, getppid) and allocates nothing.
+        unsafe {
+            command.pre_exec(move || die_with_parent(starter));
+        }
+    }
+    let child = command.spawn().map_err(spawn_error)?;
     live_groups().push(child.id() as i32);
     Ok(Running { name: name.into(), addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)), child })
+}
+
+/// Runs in the service's process between fork and exec: the kernel
+/// SIGKILLs the service when its starter dies, even by SIGKILL (no signal
+/// handler, no destructor runs then). The signal follows the thread that
+/// forked, so services are started from a thread that outlives them (the
+/// binaries' main thread). A starter that died before the request took
+/// effect is caught by asking for the parent again; the service then does
+/// not start.
+#[cfg(target_os = "linux")]
+fn die_with_parent(starter: Pid) -> std::io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    if nix::unistd::getppid() != starter {
+        return Err(nix::errno::Errno::ESRCH.into());
+    }
+    Ok(())
 }
 
 fn log_tail(log_dir: &Path, name: &str) -> String {

@@ -772,6 +772,37 @@ fn sigterm_while_a_service_starts_stops_it_and_serves_nothing() {
 }
 
 #[test]
+fn sigkill_of_the_sandbox_takes_its_services_with_it() {
+    // The e-commerce example with a tracking service that never becomes ready: it runs
+    // while the sandbox waits for it.
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    never_ready(&project);
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["run", "--config", project.to_str().unwrap(), "--no-upload"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while services_in(&project).is_empty() {
+        assert!(Instant::now() < deadline, "the service did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // No handler and no destructor runs: only the kernel can stop the service now.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !services_in(&project).is_empty() {
+        // Before: the service slept on, reparented to init.
+        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn a_manifest_file_far_too_large_is_refused_without_reading_it_whole() {
     let dir = tempfile::tempdir().unwrap();
     let big = dir.path().join("big.yaml");
