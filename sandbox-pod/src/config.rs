@@ -24,7 +24,7 @@ use crate::executor::{Fallback, NullWrites, ToolDef, ToolExecutor};
 use crate::policy::{ApiKeySource, ChatMessage, OpenAiConfig, Policy, PolicyConfig, ScriptedConfig, ToolSpec};
 use crate::rewards::{ComponentSpec, RewardCalculator, RewardSpec, ScheduleEntry, WeightSchedule};
 use crate::tools::Tool;
-use crate::tools::exec::ExecTool;
+use crate::tools::exec::{ExecTool, ProgramProblem};
 use crate::tools::http::{HttpTool, RateLimit};
 use crate::tools::recorded::{RecordedTool, Recording};
 
@@ -54,6 +54,9 @@ pub enum ConfigError {
     Rewards(String),
     #[error("{field}: {value} is not a positive duration")]
     Duration { field: String, value: String },
+    /// An exec tool whose program cannot be started: every call would fail.
+    #[error("{field}: {message}")]
+    ExecProgram { field: String, message: String },
 }
 
 impl ConfigError {
@@ -63,6 +66,7 @@ impl ConfigError {
             Self::Policy(_) => "PolicyConfig",
             Self::Rewards(_) => "RewardsConfig",
             Self::Duration { .. } => "InvalidDuration",
+            Self::ExecProgram { .. } => "ExecProgramUnavailable",
         }
     }
 }
@@ -228,6 +232,14 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
             tool.env = exec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             tool.working_dir =
                 Some(exec.working_dir.as_deref().map_or_else(|| base_dir.to_path_buf(), |d| resolve(base_dir, d)));
+            // Checked now: a program that cannot start failed every call with a spawn error, exit 0.
+            if let Some(problem) = tool.cannot_start() {
+                let (field, message) = match problem {
+                    ProgramProblem::Program(m) => (format!("spec.tools.{name}.exec.command[0]"), m),
+                    ProgramProblem::WorkingDir(m) => (format!("spec.tools.{name}.exec.workingDir"), m),
+                };
+                return Err(ConfigError::ExecProgram { field, message });
+            }
             Tool::Exec(tool)
         } else if let Some(recorded) = &spec.recorded {
             let path = resolve(base_dir, &recorded.fixture);

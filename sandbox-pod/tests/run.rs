@@ -736,6 +736,56 @@ fn an_http_header_that_cannot_be_sent_is_refused_naming_the_field() {
 }
 
 #[test]
+fn an_exec_tool_whose_program_cannot_start_is_refused_naming_the_field() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(project.path().join("plain.sh"), "#!/bin/sh\necho '{}'\n").unwrap();
+    std::fs::set_permissions(project.path().join("plain.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .unwrap();
+    let field = "spec.tools.track_order.exec.command[0]";
+    for (command, said) in [
+        (
+            "[tools/missing.py]",
+            format!("\"tools/missing.py\" ({}) does not exist", project.path().join("tools/missing.py").display()),
+        ),
+        ("[no-such-program-basecamp]", "\"no-such-program-basecamp\" is not an executable on PATH".to_string()),
+        ("[./plain.sh]", "is not executable (mode 644)".to_string()),
+    ] {
+        let exec = format!("      exec:\n        command: {command}\n");
+        std::fs::write(&manifest, text.replace("      recorded:\n        fixture: fixture.jsonl\n", &exec)).unwrap();
+        let run = sandbox(&[
+            "run",
+            "--config",
+            manifest.to_str().unwrap(),
+            "--no-upload",
+            "--out",
+            out.path().to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        // Before: exit 0, every call failed with a spawn error.
+        assert_eq!(run.status.code(), Some(1), "{command}: {stderr}");
+        assert!(stderr.contains(&format!("error [ExecProgramUnavailable]: {field}: ")), "{stderr}");
+        assert!(stderr.contains(&said), "{command}: {stderr}");
+        assert!(!out.path().join("ep-1.trace").exists(), "no episode ran");
+    }
+    // Made executable, it runs: a relative path is the manifest directory's, that directory
+    // given relative to the working directory too.
+    std::fs::set_permissions(project.path().join("plain.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["run", "--config", "./task.yaml", "--no-upload", "--out", out.path().to_str().unwrap()])
+        .current_dir(project.path())
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let summary: Value = serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["aggregate"]["means"]["error_rate"], 0.0, "every call ran: {summary}");
+}
+
+#[test]
 fn sigterm_while_a_service_starts_stops_it_and_serves_nothing() {
     // The e-commerce example with a tracking service that never becomes ready.
     let dir = tempfile::tempdir().unwrap();

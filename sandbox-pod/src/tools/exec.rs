@@ -6,7 +6,7 @@
 //! killed, so a tool's grandchildren (a shell pipeline, a helper server)
 //! never outlive the call.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use nix::sys::signal::{Signal, killpg};
@@ -33,10 +33,62 @@ impl ExecTool {
         Self { command, env: Vec::new(), working_dir: None, max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES }
     }
 
+    /// The program as it is started: a relative path with a `/` in it is
+    /// taken from the working directory (made absolute, as the child starts
+    /// in that directory), anything else as given (a bare name is looked up
+    /// on `PATH`).
+    pub fn program_path(&self) -> Option<PathBuf> {
+        let program = self.command.first()?;
+        Some(match &self.working_dir {
+            Some(dir) if program.contains('/') && Path::new(program).is_relative() => {
+                let path = dir.join(program);
+                std::path::absolute(&path).unwrap_or(path)
+            }
+            _ => PathBuf::from(program),
+        })
+    }
+
+    /// Why the program cannot be started, checked before any call: not
+    /// there, not on `PATH` (the tool's own `env` `PATH` when it sets one,
+    /// as for the call), a directory, or not executable. The working
+    /// directory must be a directory too. `None` when it can start.
+    pub fn cannot_start(&self) -> Option<ProgramProblem> {
+        let program = self.command.first()?;
+        if let Some(dir) = &self.working_dir
+            && !dir.is_dir()
+        {
+            return Some(ProgramProblem::WorkingDir(format!("{} is not a directory", dir.display())));
+        }
+        let path = self.program_path()?;
+        if !program.contains('/') {
+            let search = self.env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone().into());
+            let search = search.or_else(|| std::env::var_os("PATH")).unwrap_or_default();
+            let found = std::env::split_paths(&search).map(|dir| dir.join(program)).find(|p| executable(p).is_ok());
+            return match found {
+                Some(_) => None,
+                None => Some(ProgramProblem::Program(format!(
+                    "{program:?} is not an executable on PATH ({}); install it, or give its path",
+                    search.to_string_lossy()
+                ))),
+            };
+        }
+        let shown = if Path::new(program).is_relative() {
+            format!("{program:?} ({})", path.display())
+        } else {
+            format!("{program:?}")
+        };
+        let hint = if path.exists() {
+            ""
+        } else {
+            "; a relative path is taken from the tool's workingDir (default: the manifest's directory, or --base-dir)"
+        };
+        executable(&path).err().map(|why| ProgramProblem::Program(format!("{shown} {why}{hint}")))
+    }
+
     pub async fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
         let (program, args) =
             self.command.split_first().ok_or_else(|| ToolError::Spawn("the tool's command is empty".into()))?;
-        let mut cmd = tokio::process::Command::new(program);
+        let mut cmd = tokio::process::Command::new(self.program_path().unwrap_or_else(|| program.into()));
         cmd.args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
@@ -73,6 +125,30 @@ impl ExecTool {
             ToolError::InvalidJson(format!("{e}; stdout starts with {:?}", excerpt(&text, 120)))
         })?;
         ToolOutput::from_json(value, stdout.len() as u64)
+    }
+}
+
+/// What [`ExecTool::cannot_start`] found, and in which field it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProgramProblem {
+    /// `command[0]`.
+    Program(String),
+    /// `workingDir`.
+    WorkingDir(String),
+}
+
+/// Whether `path` is a file someone may execute, or what it is instead.
+fn executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("does not exist".into()),
+        Err(e) => Err(format!("cannot be read: {e}")),
+        Ok(meta) if meta.is_dir() => Err("is a directory, not a program".into()),
+        Ok(meta) if meta.permissions().mode() & 0o111 == 0 => Err(format!(
+            "is not executable (mode {:o}); make it executable (chmod +x) or run it through its interpreter, e.g. [python3, tools/refund.py]",
+            meta.permissions().mode() & 0o7777
+        )),
+        Ok(_) => Ok(()),
     }
 }
 
