@@ -1024,7 +1024,54 @@ pub fn rollback_path(trace: &Path) -> PathBuf {
     trace.with_file_name(format!("{stem}.rollback_trace.json"))
 }
 
-/// An episode id as a file name: path separators and odd characters replaced.
+/// Longest stem before [`file_safe`] shortens it: with `.rollback_trace.json` it stays
+/// well under the 255 bytes a file name may have.
+const MAX_STEM: usize = 200;
+/// What a shortened stem keeps of the escaped id.
+const SHORTENED_KEEP: usize = 180;
+
+/// An episode id as a file name stem, one id to one name. ASCII letters,
+/// digits, `-`, `_` and `.` (but not a leading one) stay; every other byte
+/// becomes `~` and its two hex digits. So no id leaves the directory or
+/// hides in it (`../../x` is `~2E.~2F..~2Fx`), and two ids never share a
+/// file (`a/b` is `a~2Fb`, `a_b` stays `a_b`; before, both were `a_b`). A
+/// stem longer than 200 bytes keeps its first 180 and ends in `~~` and 32
+/// hex digits of the id's sha256: an escaped stem never holds `~~`.
 pub fn file_safe(id: &str) -> String {
-    id.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect()
+    let mut stem = String::with_capacity(id.len());
+    for (i, byte) in id.bytes().enumerate() {
+        let kept = byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_' || (byte == b'.' && i > 0);
+        if kept {
+            stem.push(char::from(byte));
+        } else {
+            stem.push_str(&format!("~{byte:02X}"));
+        }
+    }
+    if stem.len() > MAX_STEM {
+        let digest = hash_json(&Value::String(id.to_string())).0;
+        stem.truncate(SHORTENED_KEEP);
+        stem.push_str("~~");
+        for byte in &digest[..16] {
+            stem.push_str(&format!("{byte:02x}"));
+        }
+    }
+    stem
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_ids_that_differ_only_past_the_kept_prefix_get_names_of_their_own() {
+        let (a, b) = (format!("{}a", "x".repeat(300)), format!("{}b", "x".repeat(300)));
+        let (name_a, name_b) = (file_safe(&a), file_safe(&b));
+        assert_ne!(name_a, name_b);
+        assert_eq!(name_a.len(), SHORTENED_KEEP + 2 + 32);
+        assert!(name_a.starts_with(&"x".repeat(SHORTENED_KEEP)) && name_a.contains("~~"), "{name_a}");
+        // An id already a short safe name stays as it is, and no escaped name holds `~~`.
+        assert_eq!(file_safe("ep-1.a_b"), "ep-1.a_b");
+        assert_eq!(file_safe("~~"), "~7E~7E");
+        assert_eq!(file_safe(".."), "~2E.");
+    }
 }

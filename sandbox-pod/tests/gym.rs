@@ -150,11 +150,16 @@ impl TestServer {
     }
 
     async fn trace(&self, episode: &str) -> TraceContents {
-        let response = client().get(self.url(&format!("/v1/episodes/{episode}/trace"))).send().await.unwrap();
+        self.trace_at(&format!("/v1/episodes/{episode}")).await
+    }
+
+    /// The trace of the episode at `path` (`/v1/episodes/<id, URL-encoded>`).
+    async fn trace_at(&self, path: &str) -> TraceContents {
+        let response = client().get(self.url(&format!("{path}/trace"))).send().await.unwrap();
         assert_eq!(response.status().as_u16(), 200);
         assert_eq!(response.headers()["content-type"], "application/octet-stream");
         let bytes = response.bytes().await.unwrap();
-        read_trace_from(&bytes[..], episode).unwrap()
+        read_trace_from(&bytes[..], path).unwrap()
     }
 
     /// Stops the server; the directory of its traces lives on in the answer.
@@ -442,6 +447,44 @@ async fn a_step_without_tool_calls_reports_a_latency_of_zero_never_negative_zero
     let latency = answer["info"]["latency_ms"].as_f64().unwrap();
     assert!(latency == 0.0 && latency.is_sign_positive(), "{text}");
     assert_eq!(answer["info"]["calls"], json!([]), "{text}");
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn episode_ids_that_are_not_file_names_get_traces_of_their_own_inside_the_output_directory() {
+    let server = TestServer::start(8, Duration::from_secs(60)).await;
+    let long = "x/".repeat(120);
+    let ids = ["../../x", "a/b", "a_b", "a~2Fb", ".hidden", "订单 7", long.as_str()];
+    let mut files = Vec::new();
+    for id in ids {
+        let body = json!({"row_id": "ok", "episode_id": id}).to_string();
+        let (status, created) = server.post("/v1/episodes", &body).await;
+        assert_eq!(status, 201, "{id}: {created}");
+        let path =
+            format!("/v1/episodes/{}", percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC));
+        let (status, closed) = server.post(&format!("{path}/close"), "").await;
+        assert_eq!(status, 200, "{id}: {closed}");
+        let file = closed["trace_file"].as_str().unwrap().to_string();
+        assert!(!file.starts_with('.') && !file.contains('/') && file.len() < 255, "{id}: {file}");
+        // The file under the output directory is this episode's, and the API serves it.
+        let trace = read_trace(server.gym.out_dir().join(&file)).unwrap();
+        assert_eq!(trace.header.episode_id, id);
+        assert_eq!(server.trace_at(&path).await.header.episode_id, id);
+        files.push(file);
+    }
+    // Before: `a/b` and `a_b` were both a_b.trace (the second truncated the first), and
+    // `../../x` was `.._.._x.trace`.
+    assert_eq!(files[0], "~2E.~2F..~2Fx.trace");
+    assert_eq!(files[1], "a~2Fb.trace");
+    assert_eq!(files[2], "a_b.trace");
+    let distinct: std::collections::BTreeSet<&String> = files.iter().collect();
+    assert_eq!(distinct.len(), ids.len(), "{files:?}");
+    let listed: Vec<String> = std::fs::read_dir(server.gym.out_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".trace"))
+        .collect();
+    assert_eq!(listed.len(), ids.len(), "every trace is in the output directory: {listed:?}");
     server.shut_down().await;
 }
 
