@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner};
+use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner, file_safe, rollback_path};
 use crate::executor::unix_nanos;
 
 /// A shard's `summary.json`.
@@ -40,6 +40,37 @@ pub struct ShardSummary {
     /// Episodes the stop kept from starting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_started: Vec<String>,
+}
+
+impl ShardSummary {
+    /// The files of `out_dir` this shard wrote, relative to it:
+    /// `summary.json`, each finished episode's trace and rollback evidence,
+    /// and the trace of each episode cut off or lost when one was written
+    /// since the shard started. What an earlier run left in the directory
+    /// is not among them.
+    pub fn files_written(&self, out_dir: &Path) -> Vec<String> {
+        let mut files = vec![SUMMARY_FILE.to_string()];
+        for episode in &self.episodes {
+            files.push(episode.trace_file.clone());
+            if episode.rollbacks > 0 {
+                let rollback = rollback_path(Path::new(&episode.trace_file));
+                files.push(rollback.to_string_lossy().into_owned());
+            }
+        }
+        // File times come from a coarse clock that may lag the precise one
+        // by a tick: a second of slack.
+        let started = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(self.started_unix_nanos.max(0) as u64)
+            - std::time::Duration::from_secs(1);
+        let cut_off = self.interrupted.iter().chain(self.lost.iter().map(|lost| &lost.id));
+        for id in cut_off {
+            let trace = format!("{}.trace", file_safe(id));
+            let modified = std::fs::metadata(out_dir.join(&trace)).and_then(|m| m.modified());
+            if modified.is_ok_and(|modified| modified >= started) && !files.contains(&trace) {
+                files.push(trace);
+            }
+        }
+        files
+    }
 }
 
 /// Stops a run early (Ctrl-C): cancel it and every shard winds down.

@@ -5,9 +5,11 @@
 //! profile -> load the test set (local or `s3://`) and take this shard ->
 //! start the sandbox's services -> build the runner -> wait for the policy
 //! server (`spec.policy.server`) -> run the episodes (optionally serving
-//! `/metrics` and live injection) -> write `summary.json` -> upload to the
-//! task's trace destination, keeping the local copy and reporting any file
-//! that failed -> declare the metrics final. With `listen`, the server is
+//! `/metrics` and live injection) -> write `summary.json` -> upload what
+//! this run wrote (the traces and summary, the services' logs; not what an
+//! earlier run left in the output directory) to the task's trace
+//! destination, keeping the local copy and reporting any file that failed
+//! -> declare the metrics final. With `listen`, the server is
 //! still running in [`RunOutcome::server`]: the caller may
 //! [`RunningServer::linger`] for a final scrape before stopping it.
 //!
@@ -305,8 +307,12 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
             let date = UtcDate::from_system_time(started).map_err(|e| RunError::Selection(e.to_string()))?;
             let partition = ShardPartition::new(date, &namespace, &run_name, &variant.name, request.shard)
                 .map_err(|e| RunError::Selection(e.to_string()))?;
+            // This run's files only: --out may hold an earlier run's traces,
+            // which the summary does not count and which are not this shard's.
+            let mut files = summary.files_written(&out_dir);
+            files.extend(variant.sandbox.services.keys().map(|name| format!("services/{name}.log")));
             let storage = Storage::new(StorageConfig::from_env());
-            Some(storage.upload_dir(&out_dir, &destination.for_shard(&partition)).await)
+            Some(storage.upload_files(&out_dir, &files, &destination.for_shard(&partition)).await)
         }
         _ => None,
     };

@@ -124,6 +124,46 @@ fn a_shard_runs_writes_traces_and_summary_and_uploads_them() {
     assert!(uploaded.iter().any(|p| p.ends_with("default/shipping/default/0/ep-2.trace")), "{uploaded:?}");
 }
 
+#[test]
+fn a_run_uploads_only_what_it_wrote_and_leaves_the_rest_of_the_output_directory_alone() {
+    let project = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), dest.path());
+    let manifest = project.path().join("task.yaml");
+    let run = |shard: &str| {
+        let run = sandbox(&[
+            "run",
+            "--config",
+            manifest.to_str().unwrap(),
+            "--shard",
+            shard,
+            "--out",
+            out.path().to_str().unwrap(),
+        ]);
+        let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+        assert!(run.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&run.stderr));
+        stdout
+    };
+    // Shard 0 (ep-1, ep-2), then shard 1 (ep-3) into the same --out, which also holds a file of the user's.
+    run("0/2");
+    std::fs::write(out.path().join("notes.txt"), "mine").unwrap();
+    let stdout = run("1/2");
+    assert!(stdout.contains("uploaded 2 files"), "ep-3.trace and summary.json: {stdout}");
+    let shard_1: Vec<String> = walk(dest.path())
+        .into_iter()
+        .filter_map(|p| p.split_once("/default/shipping/default/1/").map(|(_, file)| file.to_string()))
+        .collect();
+    // Before: ep-1.trace, ep-2.trace and notes.txt went up as shard 1's too.
+    let mut shard_1 = shard_1;
+    shard_1.sort();
+    assert_eq!(shard_1, ["ep-3.trace", "summary.json"]);
+    // Nothing local is removed.
+    for kept in ["ep-1.trace", "ep-2.trace", "ep-3.trace", "notes.txt"] {
+        assert!(out.path().join(kept).is_file(), "{kept}");
+    }
+}
+
 /// A pod's layout: the manifests alone in a ConfigMap mount, the files they
 /// name in the tools image's working directory.
 #[test]

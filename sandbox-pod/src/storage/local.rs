@@ -68,6 +68,35 @@ pub(crate) async fn walk_files(root: &Path) -> (Vec<FoundFile>, Vec<WalkProblem>
     }
 }
 
+/// The files `relative` (`/`-separated) under `root`, in the order given,
+/// plus those that cannot be read or are not regular files.
+pub(crate) async fn stat_files(root: &Path, relative: &[String]) -> (Vec<FoundFile>, Vec<WalkProblem>) {
+    let mut files = Vec::new();
+    let mut problems = Vec::new();
+    for relative in relative {
+        let path = root.join(relative);
+        match tokio::fs::metadata(&path).await {
+            Ok(meta) if meta.is_file() => files.push(FoundFile {
+                path,
+                relative: relative.clone(),
+                size: meta.len(),
+                modified: meta.modified().ok(),
+            }),
+            Ok(_) => problems.push(WalkProblem {
+                path,
+                relative: relative.clone(),
+                error: AttemptError::new(FailureKind::LocalIo, "not a regular file; not uploaded"),
+            }),
+            Err(err) => problems.push(WalkProblem {
+                path,
+                relative: relative.clone(),
+                error: AttemptError::io("cannot stat", &err),
+            }),
+        }
+    }
+    (files, problems)
+}
+
 fn walk(dir: &Path, relative_dir: &str, depth: usize, files: &mut Vec<FoundFile>, problems: &mut Vec<WalkProblem>) {
     let problem = |path: &Path, relative: &str, error: AttemptError| WalkProblem {
         path: path.to_path_buf(),

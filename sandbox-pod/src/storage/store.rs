@@ -90,6 +90,24 @@ impl Storage {
     /// failed too. Local files are never deleted.
     pub async fn upload_dir(&self, dir: &Path, to: &Destination) -> UploadReport {
         let (found, problems) = local::walk_files(dir).await;
+        self.upload_found(found, problems, to).await
+    }
+
+    /// Copies the files `relative` (`/`-separated paths under `dir`) to the
+    /// directory `to`, keeping their relative paths: what one run wrote into
+    /// a directory that may hold more. Every file is reported, uploaded or
+    /// failed (one that is missing too). Local files are never deleted.
+    pub async fn upload_files(&self, dir: &Path, relative: &[String], to: &Destination) -> UploadReport {
+        let (found, problems) = local::stat_files(dir, relative).await;
+        self.upload_found(found, problems, to).await
+    }
+
+    async fn upload_found(
+        &self,
+        found: Vec<local::FoundFile>,
+        problems: Vec<local::WalkProblem>,
+        to: &Destination,
+    ) -> UploadReport {
         let mut files: Vec<FileUpload> = Vec::new();
         let mut jobs = Vec::new();
         for file in found {
