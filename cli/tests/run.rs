@@ -417,3 +417,43 @@ fn sigkill_of_a_run_takes_its_services_with_it() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_shard_count_above_the_episodes_is_refused_naming_where_it_came_from() {
+    let raw = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let out = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", raw.to_str().unwrap(), "--no-progress", "--shards", "4000000000", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // Before: a runner built for every one of the 4e9 shards, memory growing until the machine gave out.
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "--shards 4000000000: the test set tests.jsonl has 5 episodes, so at most 5 shards can hold one each; give --shards 5 or fewer"
+        ),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(traces_under(out.path()).is_empty());
+
+    // The task's own `shards`, when it is the one too large, is named instead.
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    assert!(task.contains("shards: 2"), "{task}");
+    std::fs::write(project.join("task.yaml"), task.replace("shards: 2", "shards: 61")).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("spec.shards is 61: the test set tests.jsonl has 60 episodes"), "{stderr}");
+    assert!(stderr.contains("give --shards 60 or fewer to run it here"), "{stderr}");
+    assert!(services_in(&project).is_empty(), "refused before any service started");
+}

@@ -146,6 +146,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
 
     let test_set =
         load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    check_shard_count(shard_count, args.shards.is_some(), test_set.episodes.len(), &task.spec.evaluation.test_set)?;
     let probe = basecamp_gpu::probe::probe_gpus();
     let mut services = Vec::new();
     let mut jobs = Vec::new();
@@ -229,6 +230,22 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     summary.write(&out_root)?;
     report::write(&summary, &out_root)?;
     Ok(summary)
+}
+
+/// Every shard is set up (a runner, a task, a directory and a summary)
+/// before the first episode, so the count is bounded by what can hold an
+/// episode: a shard beyond the test set's size runs nothing, and
+/// `--shards 4000000000` grew memory until the machine gave out.
+fn check_shard_count(shards: u32, from_flag: bool, episodes: usize, test_set: &str) -> Result<()> {
+    let most = episodes.max(1);
+    if shards as usize <= most {
+        return Ok(());
+    }
+    let held = format!("the test set {test_set} has {episodes} episodes, so at most {most} shards can hold one each");
+    if from_flag {
+        bail!("--shards {shards}: {held}; give --shards {most} or fewer");
+    }
+    bail!("spec.shards is {shards}: {held}; give --shards {most} or fewer to run it here");
 }
 
 /// Removes the files a run writes into `variant_dir/shard-<i>/` (traces,
