@@ -15,7 +15,7 @@ ALLOWED = [
     *[(v, "sandboxconfigs.basecamp.dev", None) for v in ("get", "list", "watch")],
     *[(v, "jobs.batch", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "pods", None) for v in ("get", "list")],  # read-only: the trainer pod's termination message
-    ("get", "services", None),  # read-only: the Service an endpoint names (egress rule)
+    *[(v, "services", None) for v in ("get", "list", "watch")],  # read-only: the Service an endpoint names (egress rule)
     *[(v, "configmaps", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "networkpolicies.networking.k8s.io", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "events.events.k8s.io", None) for v in ("create", "patch")],
@@ -37,7 +37,7 @@ DENIED = [
     ("patch", "pods", None),
     ("create", "pods/exec", None),
     ("get", "pods/log", TASK_NS),
-    ("list", "services", None),
+    ("patch", "services", None),
     ("create", "services", TASK_NS),
     ("create", "harnesstasks.basecamp.dev", None),
     ("delete", "harnesstasks.basecamp.dev", None),

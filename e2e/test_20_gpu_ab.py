@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
@@ -229,7 +230,18 @@ def test_a_settled_task_is_reconciled_from_the_caches_without_a_write(kube: Kube
     applied object up to date and sends nothing. This is what the real API
     server returns for the objects, defaults and all, not a mock's echo."""
     ns = applied["ns"]
-    before = apply_counts(operator)
+
+    def settled():
+        # Run alone, this test can start while the fixture's tasks are still being created.
+        for name in ("ab80", "strict80", "need95"):
+            t = task(kube, ns, name)
+            if t.get("status", {}).get("observedGeneration") != t["metadata"]["generation"]:
+                return None
+        counts = apply_counts(operator)
+        time.sleep(1.0)
+        return counts if apply_counts(operator) == counts else None
+
+    before = wait_until("the fixture's tasks to settle", settled, timeout=60)
     pokes = 3
     for i in range(pokes):
         kube.run("annotate", "harnesstask", "need95", "-n", ns, f"e2e.basecamp.dev/poke={i}", "--overwrite")

@@ -369,6 +369,7 @@ yes list sandboxconfigs.basecamp.dev $watched
 yes create jobs.batch $watched
 yes delete configmaps $watched
 yes get services $watched
+yes watch services $watched
 yes create networkpolicies.networking.k8s.io $watched
 yes create events.events.k8s.io $watched
 yes list nodes
@@ -378,7 +379,6 @@ no delete harnesstasks.basecamp.dev $watched
 no update sandboxconfigs.basecamp.dev $watched
 no get secrets $watched
 no create pods $watched
-no list services $watched
 no get services default
 no create leases.coordination.k8s.io $watched
 no update nodes

@@ -20,7 +20,7 @@ use basecamp_sandbox::storage::{Storage, StorageConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -219,6 +219,7 @@ struct Watches {
     config_maps: Watch<ConfigMap>,
     network_policies: Watch<NetworkPolicy>,
     sandboxes: Watch<SandboxConfig>,
+    services: Watch<Service>,
 }
 
 impl Watches {
@@ -229,6 +230,7 @@ impl Watches {
             config_maps: caches.watch_config_maps(api(client, namespace), owned.clone()),
             network_policies: caches.watch_network_policies(api(client, namespace), owned),
             sandboxes: caches.watch_sandboxes(api(client, namespace), watcher::Config::default()),
+            services: caches.watch_services(namespace, watcher::Config::default(), client.clone()),
         }
     }
 }
@@ -245,11 +247,13 @@ async fn run_controller(
     let controller = Controller::new(api::<HarnessTask>(&client, ns), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let tasks = controller.store();
+    let services_ctx = ctx.clone();
     controller
         .owns_stream(watches.jobs)
         .owns_stream(watches.config_maps)
         .owns_stream(watches.network_policies)
         .watches_stream(watches.sandboxes, move |sandbox| controller::tasks_referencing(&tasks.state(), &sandbox))
+        .watches_stream(watches.services, move |service| services_ctx.tasks_using(&service))
         .graceful_shutdown_on(stopped(stop))
         .run(controller::reconcile, controller::error_policy, ctx)
         .for_each(|result| async move {

@@ -292,7 +292,7 @@ EXPECTED_NAMESPACED_RULES = {
     (("basecamp.dev",), ("sandboxconfigs",), ("get", "list", "watch")),
     (("batch",), ("jobs",), ("get", "list", "watch", "create", "patch", "delete")),
     (("",), ("pods",), ("get", "list")),
-    (("",), ("services",), ("get",)),
+    (("",), ("services",), ("get", "list", "watch")),
     (("",), ("configmaps",), ("get", "list", "watch", "create", "patch", "delete")),
     (("networking.k8s.io",), ("networkpolicies",), ("get", "list", "watch", "create", "patch", "delete")),
     (("events.k8s.io",), ("events",), ("create", "patch")),

@@ -15,7 +15,9 @@
 //! - when something is to be done, the step reads the API as it would with
 //!   no cache (a Job is read before it is replaced or suspended), so a
 //!   stale copy costs a write, never a wrong one;
-//! - a SandboxConfig missing from the store is read from the API.
+//! - a SandboxConfig missing from the store is read from the API; so is a
+//!   Service (for the egress rule) in a namespace no store covers or before
+//!   the first listing — one missing from a listed store does not exist.
 //!
 //! A stale copy that looks up to date is followed by the watch event that
 //! made it stale, which wakes the task again.
@@ -26,12 +28,12 @@ use basecamp_api::SandboxConfig;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceSpec};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -77,16 +79,38 @@ impl Slim for NetworkPolicy {}
 
 impl Slim for SandboxConfig {}
 
-/// What the cache knows of a Job.
+/// A Service is kept as what the egress rule reads of it: its selector and
+/// ports (and type); its status, labels and annotations (often kubectl's
+/// copy of the whole object) are left out.
+impl Slim for Service {
+    fn slim(&mut self) {
+        self.status = None;
+        self.metadata.annotations = None;
+        self.metadata.labels = None;
+        if let Some(spec) = self.spec.as_mut() {
+            *spec = ServiceSpec {
+                selector: spec.selector.take(),
+                ports: spec.ports.take(),
+                type_: spec.type_.take(),
+                ..ServiceSpec::default()
+            };
+        }
+    }
+}
+
+/// What a cache knows of an object.
 #[derive(Debug, Clone)]
-pub enum CachedJob {
-    /// No cache, or not listed yet: ask the API.
+pub enum Cached<K> {
+    /// No cache covers it, or not listed yet: ask the API.
     Unknown,
     /// Not there after the first listing: most likely it does not exist.
     Absent,
-    /// This copy (slimmed: no pod template).
-    Present(Arc<Job>),
+    /// This copy (slimmed).
+    Present(Arc<K>),
 }
+
+/// What the cache knows of a Job (a present copy has no pod template).
+pub type CachedJob = Cached<Job>;
 
 /// The stores of one or more controllers (one per watched namespace).
 #[derive(Clone, Default)]
@@ -95,6 +119,8 @@ pub struct Caches {
     config_maps: Vec<Store<ConfigMap>>,
     network_policies: Vec<Store<NetworkPolicy>>,
     sandboxes: Vec<Store<SandboxConfig>>,
+    /// Each with the namespace it watches (`None`: all).
+    services: Vec<(Option<String>, Store<Service>)>,
 }
 
 fn find<K>(stores: &[Store<K>], namespace: &str, name: &str) -> Option<Arc<K>>
@@ -111,7 +137,14 @@ fn listed<K>(stores: &[Store<K>]) -> bool
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    !stores.is_empty() && stores.iter().all(|store| store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
+    !stores.is_empty() && stores.iter().all(is_listed)
+}
+
+fn is_listed<K>(store: &Store<K>) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok())
 }
 
 impl Caches {
@@ -139,6 +172,21 @@ impl Caches {
         find(&self.sandboxes, namespace, name)
     }
 
+    /// What the caches know of the Service `namespace/name`: `Unknown` when
+    /// no store watches that namespace (or none has listed it yet, as when
+    /// the operator may not watch Services).
+    pub fn service(&self, namespace: &str, name: &str) -> Cached<Service> {
+        let key = ObjectRef::new(name).within(namespace);
+        let mut listed = false;
+        for (_, store) in self.services.iter().filter(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace)) {
+            if let Some(service) = store.get(&key) {
+                return Cached::Present(service);
+            }
+            listed |= is_listed(store);
+        }
+        if listed { Cached::Absent } else { Cached::Unknown }
+    }
+
     /// Watches the Jobs of `api` (with `config`), keeping their copies here.
     pub fn watch_jobs(&mut self, api: Api<Job>, config: watcher::Config) -> Watch<Job> {
         let (store, stream) = reflect(api, config);
@@ -164,6 +212,22 @@ impl Caches {
     pub fn watch_sandboxes(&mut self, api: Api<SandboxConfig>, config: watcher::Config) -> Watch<SandboxConfig> {
         let (store, stream) = reflect(api, config);
         self.sandboxes.push(store);
+        stream
+    }
+
+    /// Watches the Services of `namespace` (`None`: all), keeping their copies here.
+    pub fn watch_services(
+        &mut self,
+        namespace: Option<&str>,
+        config: watcher::Config,
+        client: Client,
+    ) -> Watch<Service> {
+        let api = match namespace {
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
+        };
+        let (store, stream) = reflect(api, config);
+        self.services.push((namespace.map(str::to_string), store));
         stream
     }
 }
@@ -282,26 +346,35 @@ impl Caches {
         network_policies: Vec<NetworkPolicy>,
         sandboxes: Vec<SandboxConfig>,
     ) -> Self {
-        fn filled<K>(objects: Vec<K>) -> Vec<Store<K>>
-        where
-            K: Resource<DynamicType = ()> + Slim + Clone + 'static,
-        {
-            let (reader, mut writer) = reflector::store();
-            writer.apply_watcher_event(&watcher::Event::Init);
-            for mut object in objects {
-                object.slim();
-                writer.apply_watcher_event(&watcher::Event::InitApply(object));
-            }
-            writer.apply_watcher_event(&watcher::Event::InitDone);
-            vec![reader]
-        }
         Self {
-            jobs: filled(jobs),
-            config_maps: filled(config_maps),
-            network_policies: filled(network_policies),
-            sandboxes: filled(sandboxes),
+            jobs: vec![filled(jobs)],
+            config_maps: vec![filled(config_maps)],
+            network_policies: vec![filled(network_policies)],
+            sandboxes: vec![filled(sandboxes)],
+            services: Vec::new(),
         }
     }
+
+    /// These caches and a listed store of the Services of `namespace` (`None`: all).
+    pub(crate) fn with_services(mut self, namespace: Option<&str>, services: Vec<Service>) -> Self {
+        self.services.push((namespace.map(str::to_string), filled(services)));
+        self
+    }
+}
+
+#[cfg(test)]
+fn filled<K>(objects: Vec<K>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Slim + Clone + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for mut object in objects {
+        object.slim();
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    reader
 }
 
 #[cfg(test)]
@@ -389,6 +462,40 @@ mod tests {
         let object = config_map(&[("k", "v")], &[("app", "basecamp")]);
         assert_eq!(digest(&object), digest(&stamp(&object)));
         assert_ne!(digest(&object), digest(&config_map(&[("k", "w")], &[("app", "basecamp")])));
+    }
+
+    #[test]
+    fn a_service_is_present_absent_or_unknown_by_the_namespaces_the_stores_watch() {
+        let service = |namespace: &str, name: &str| Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                annotations: Some(
+                    [("kubectl.kubernetes.io/last-applied-configuration".into(), "x".repeat(4000))].into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(ServiceSpec {
+                selector: Some([("app".into(), name.into())].into()),
+                cluster_ip: Some("10.96.0.7".into()),
+                ..ServiceSpec::default()
+            }),
+            ..Service::default()
+        };
+        assert!(matches!(Caches::default().service("a", "vllm"), Cached::Unknown), "no store: ask the API");
+        let one = Caches::default().with_services(Some("a"), vec![service("a", "vllm")]);
+        let Cached::Present(kept) = one.service("a", "vllm") else { panic!("a/vllm is cached") };
+        assert_eq!(kept.spec.as_ref().and_then(|s| s.selector.clone()), Some([("app".into(), "vllm".into())].into()));
+        assert!(kept.metadata.annotations.is_none() && kept.spec.as_ref().is_some_and(|s| s.cluster_ip.is_none()));
+        assert!(matches!(one.service("a", "other"), Cached::Absent), "listed, not there");
+        assert!(matches!(one.service("b", "vllm"), Cached::Unknown), "namespace b is not watched");
+        let all = Caches::default().with_services(None, vec![service("b", "vllm")]);
+        assert!(matches!(all.service("b", "vllm"), Cached::Present(_)));
+        assert!(matches!(all.service("c", "vllm"), Cached::Absent), "a cluster-wide store covers every namespace");
+        let (unlisted, _writer) = reflector::store::<Service>();
+        let mut waiting = Caches::default();
+        waiting.services.push((Some("a".into()), unlisted));
+        assert!(matches!(waiting.service("a", "vllm"), Cached::Unknown), "not listed yet (or no right to watch)");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use super::cache::Caches;
+use super::cache::{Cached, Caches};
 use crate::build::network_policy::{ServiceRef, ServiceTarget};
 
 /// What a task refers to, as read from the API.
@@ -113,10 +113,24 @@ pub async fn dereference(
 /// the operator may not read (a namespace it does not watch), is left out,
 /// and its host name then opens its port to any address, as it would
 /// without this lookup: the rule gets narrower when the Service is known,
-/// never absent.
-pub async fn services(client: &Client, candidates: BTreeSet<ServiceRef>) -> BTreeMap<ServiceRef, ServiceTarget> {
+/// never absent. The Service caches answer first; only a Service they do
+/// not cover (a namespace not watched, or no right to watch Services) is
+/// read from the API.
+pub async fn services(
+    client: &Client,
+    caches: &Caches,
+    candidates: BTreeSet<ServiceRef>,
+) -> BTreeMap<ServiceRef, ServiceTarget> {
     let mut found = BTreeMap::new();
     for service in candidates {
+        match caches.service(&service.namespace, &service.name) {
+            Cached::Present(object) => {
+                found.insert(service, ServiceTarget::of(&object));
+                continue;
+            }
+            Cached::Absent => continue,
+            Cached::Unknown => {}
+        }
         let api: Api<Service> = Api::namespaced(client.clone(), &service.namespace);
         match api.get_opt(&service.name).await {
             Ok(Some(object)) => {

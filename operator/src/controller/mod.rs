@@ -47,7 +47,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::build::{self, BuildError, BuildInput, ResolvedVariant, network_policy};
+use crate::build::network_policy::{self, ServiceRef};
+use crate::build::{self, BuildError, BuildInput, ResolvedVariant};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use apply::AppliedJob;
@@ -113,6 +114,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// The status this process last wrote, by task uid: see [`Context::freshest`].
     written: Mutex<HashMap<String, (Instant, HarnessTaskStatus)>>,
+    /// The Services each task's endpoints may name (found or not), as its
+    /// last reconcile saw them: a Service's change wakes these tasks.
+    service_users: Mutex<HashMap<ObjectRef<HarnessTask>, BTreeSet<ServiceRef>>>,
 }
 
 /// How long a status this process wrote stands in for the task's cached
@@ -139,6 +143,7 @@ impl Context {
             caches: cache::Caches::default(),
             failures: Mutex::default(),
             written: Mutex::default(),
+            service_users: Mutex::default(),
         }
     }
 
@@ -189,6 +194,32 @@ impl Context {
         let (at, status) = written.get(&uid)?;
         (at.elapsed() < WRITTEN_STATUS_STANDS_FOR && task.status.as_ref() != Some(status))
             .then(|| HarnessTask { status: Some(status.clone()), ..task.clone() })
+    }
+
+    fn service_users(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<HarnessTask>, BTreeSet<ServiceRef>>> {
+        self.service_users.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records the Services `task`'s endpoints may name (none: forgets the task).
+    fn note_services(&self, task: &HarnessTask, services: &BTreeSet<ServiceRef>) {
+        let mut users = self.service_users();
+        let task = ObjectRef::from_obj(task);
+        if services.is_empty() {
+            users.remove(&task);
+        } else if users.get(&task) != Some(services) {
+            users.insert(task, services.clone());
+        }
+    }
+
+    /// The tasks whose last reconcile looked for `service` (the controller's
+    /// trigger for a Service that was created, changed or deleted).
+    pub fn tasks_using(&self, service: &k8s_openapi::api::core::v1::Service) -> Vec<ObjectRef<HarnessTask>> {
+        let wanted = ServiceRef { namespace: service.namespace().unwrap_or_default(), name: service.name_any() };
+        self.service_users()
+            .iter()
+            .filter(|(_, services)| services.contains(&wanted))
+            .map(|(task, _)| task.clone())
+            .collect()
     }
 
     fn remember_written(&self, task: &HarnessTask, status: &HarnessTaskStatus) {
@@ -256,11 +287,12 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     };
     let capacity_problem = capacity_problem(&world, &variants);
     let mut input = BuildInput::new(task, variants, &ctx.settings)?;
-    let candidates = network_policy::endpoints(&input)
+    let candidates: BTreeSet<ServiceRef> = network_policy::endpoints(&input)
         .iter()
         .filter_map(|endpoint| network_policy::service_ref(&endpoint.host, input.namespace))
         .collect();
-    input.services = dereference::services(&ctx.client, candidates).await;
+    ctx.note_services(task, &candidates);
+    input.services = dereference::services(&ctx.client, &ctx.caches, candidates).await;
     let desired = build::build(&input)?;
     let namespace = task.namespace().unwrap_or_default();
     // The finalizer is added in the same round trip as the first applies:
@@ -469,6 +501,7 @@ pub fn next_action(status: &HarnessTaskStatus, checkpoint_poll: Duration) -> Act
 }
 
 async fn finalize(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
+    ctx.note_services(task, &BTreeSet::new());
     if let Some(outcome) = finalizer::cleanup(&ctx.client, &ctx.storage, &ctx.metrics, task, today()).await? {
         let (reason, note) = match outcome {
             finalizer::Cleanup::Retained(note) => ("TracesRetained", note),

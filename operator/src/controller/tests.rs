@@ -253,6 +253,72 @@ async fn a_reconcile_whose_caches_are_up_to_date_makes_no_api_call_and_a_drifted
     );
 }
 
+fn vllm_service(namespace: &str) -> k8s_openapi::api::core::v1::Service {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "vllm", "namespace": namespace, "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+        "spec": {"selector": {"app": "vllm"}, "ports": [{"port": 8000, "targetPort": 8080, "protocol": "TCP"}]},
+    }))
+    .expect("service")
+}
+
+#[tokio::test]
+async fn a_service_an_endpoint_names_comes_from_the_cache_and_its_change_wakes_the_task() {
+    let mut spec = spec();
+    spec["policy"]["endpoint"] = json!("http://vllm:8000/v1");
+    let current = task(spec, true);
+    let sandbox: basecamp_api::SandboxConfig = serde_json::from_value(sandbox()).expect("sandbox");
+    let holding = |services: Vec<k8s_openapi::api::core::v1::Service>| {
+        cache::Caches::holding(Vec::new(), Vec::new(), Vec::new(), vec![sandbox.clone()])
+            .with_services(Some("team-a"), services)
+    };
+    let script = || {
+        vec![
+            call("PATCH", CONFIG_MAP, Reply::Echo),
+            call("PATCH", NETWORK_POLICY, Reply::Echo),
+            call("PATCH", JOB, Reply::Echo),
+            call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+            event(),
+            event(),
+        ]
+    };
+    let to_vllm = json!({
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}},
+                "podSelector": {"matchLabels": {"app": "vllm"}}}],
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+    });
+    let open_8000 = json!({"ports": [{"port": 8000, "protocol": "TCP"}]});
+    let egress = |seen: &[Seen]| {
+        seen.iter().find(|s| s.uri.starts_with(NETWORK_POLICY)).expect("the policy").body["spec"]["egress"].clone()
+    };
+
+    // The Service in the listed cache: no read of it, and the policy allows its pods on the target port.
+    let found = scenario_with_caches(&current, storage_down(), holding(vec![vllm_service("team-a")]), script()).await;
+    assert!(found.result.is_ok(), "{:?}", found.result.err());
+    let rules = egress(&found.seen);
+    assert!(rules.as_array().is_some_and(|r| r.contains(&to_vllm) && !r.contains(&open_8000)), "{rules}");
+    // Its change (or deletion) wakes this task, and only for that Service.
+    let woken = found.ctx.tasks_using(&vllm_service("team-a"));
+    assert_eq!(woken, [kube::runtime::reflector::ObjectRef::new("eval").within("team-a")]);
+    assert!(found.ctx.tasks_using(&vllm_service("team-b")).is_empty());
+
+    // Not in the listed cache: it does not exist (no read either), and the port stays open.
+    let missing = scenario_with_caches(&current, storage_down(), holding(Vec::new()), script()).await;
+    assert!(missing.result.is_ok(), "{:?}", missing.result.err());
+    let rules = egress(&missing.seen);
+    assert!(rules.as_array().is_some_and(|r| r.contains(&open_8000) && !r.contains(&to_vllm)), "{rules}");
+    assert_eq!(missing.ctx.tasks_using(&vllm_service("team-a")).len(), 1, "a Service created later wakes it too");
+
+    // No Service cache (the operator may not watch Services): read from the API.
+    let caches = cache::Caches::holding(Vec::new(), Vec::new(), Vec::new(), vec![sandbox.clone()]);
+    let mut read = script();
+    let stored = serde_json::to_value(vllm_service("team-a")).expect("json");
+    read.insert(0, call("GET", "/api/v1/namespaces/team-a/services/vllm", Reply::Json(200, stored)));
+    let uncached = scenario_with_caches(&current, storage_down(), caches, read).await;
+    assert!(uncached.result.is_ok(), "{:?}", uncached.result.err());
+    assert!(egress(&uncached.seen).as_array().is_some_and(|r| r.contains(&to_vllm)));
+}
+
 #[tokio::test]
 async fn a_reconcile_before_the_watch_delivers_the_status_write_neither_writes_it_again_nor_repeats_its_events() {
     // Caches holding what a first reconcile applied, and a task whose cached
