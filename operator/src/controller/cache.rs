@@ -157,6 +157,19 @@ impl Caches {
         }
     }
 
+    /// The cached Jobs of `namespace` that `keep` selects (slimmed: no pod
+    /// template); `None` before every store's first listing.
+    pub fn jobs_where(&self, namespace: &str, keep: impl Fn(&Job) -> bool) -> Option<Vec<Job>> {
+        listed(&self.jobs).then(|| {
+            self.jobs
+                .iter()
+                .flat_map(|store| store.state())
+                .filter(|job| job.namespace().as_deref() == Some(namespace) && keep(job))
+                .map(|job| job.as_ref().clone())
+                .collect()
+        })
+    }
+
     /// The cached ConfigMap `namespace/name`.
     pub fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
         find(&self.config_maps, namespace, name)

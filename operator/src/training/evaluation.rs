@@ -19,6 +19,13 @@ pub fn selector(task: &str) -> String {
     format!("{TASK_LABEL}={},{ROLE_LABEL}={ROLE_EVALUATION}", crate::build::names::label_value(task))
 }
 
+/// Whether `job` is one of `task`'s evaluation Jobs (what [`selector`] selects).
+pub fn is_evaluation_of(job: &Job, task: &str) -> bool {
+    let labels = job.labels();
+    labels.get(ROLE_LABEL).is_some_and(|role| role == ROLE_EVALUATION)
+        && labels.get(TASK_LABEL).is_some_and(|t| *t == crate::build::names::label_value(task))
+}
+
 /// The evaluation Jobs of one step, one per variant in variant order.
 pub fn evaluation_jobs(input: &BuildInput<'_>, checkpoint: &CheckpointUnderTest) -> Result<Vec<Job>, BuildError> {
     input.variants.iter().map(|variant| job_for(input, variant, Some(checkpoint))).collect()

@@ -286,12 +286,18 @@ pub async fn reconcile(
         message.clone_from(&previous.message);
     }
 
-    // The evaluations: what runs, what was evaluated.
-    let listed = jobs
-        .list(&ListParams::default().labels(&evaluation::selector(input.name)))
-        .await
-        .map_err(list_error("evaluation Jobs"))?
-        .items;
+    // The evaluations: what runs, what was evaluated. From the Job cache
+    // when it is listed: a Job it does not show yet (created moments ago)
+    // is at worst applied again below, which leaves it as it is.
+    let listed = match caches.jobs_where(namespace, |job| evaluation::is_evaluation_of(job, input.name)) {
+        Some(cached) => cached,
+        None => {
+            jobs.list(&ListParams::default().labels(&evaluation::selector(input.name)))
+                .await
+                .map_err(list_error("evaluation Jobs"))?
+                .items
+        }
+    };
     let by_step = evaluation::by_step(listed);
     let variants: Vec<String> = input.variants.iter().map(|v| v.name.clone()).collect();
     let shards = task.spec.shards();

@@ -690,19 +690,26 @@ mod against_s3 {
         storage: Storage,
         script: Vec<Call>,
     ) -> (Option<Observation>, Vec<Seen>, S3Calls) {
+        step_with_caches(task, storage, &Default::default(), script).await
+    }
+
+    async fn step_with_caches(
+        task: &HarnessTask,
+        storage: Storage,
+        caches: &crate::controller::cache::Caches,
+        script: Vec<Call>,
+    ) -> (Option<Observation>, Vec<Seen>, S3Calls) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let verifier = tokio::spawn(verify(handle, script));
         let settings = Settings { report_base_url: Some("https://basecamp.example.com".into()), ..settings() };
         let input = BuildInput::new(task, vec![variant("default", None)], &settings).expect("input");
         let metrics = Arc::new(Metrics::new());
-        let result = tokio::time::timeout(
-            Duration::from_secs(30),
-            reconcile(&client, &Default::default(), &storage, &metrics, &input),
-        )
-        .await
-        .expect("the training step did not finish within 30 s")
-        .expect("the training step");
+        let result =
+            tokio::time::timeout(Duration::from_secs(30), reconcile(&client, caches, &storage, &metrics, &input))
+                .await
+                .expect("the training step did not finish within 30 s")
+                .expect("the training step");
         let waited = tokio::time::timeout(Duration::from_secs(10), verifier).await;
         let seen = match waited.unwrap_or_else(|_| panic!("a scripted call never came; the step saw {result:#?}")) {
             Ok(seen) => seen,
@@ -870,6 +877,44 @@ mod against_s3 {
         assert_eq!(training.history.iter().map(|e| e.step).collect::<Vec<_>>(), [20, 30, 40]);
         let recorded = get_json(&storage, "traces/reports/team-a/eval/steps.json").await;
         assert_eq!(recorded.as_array().map(Vec::len), Some(3));
+    }
+
+    #[tokio::test]
+    async fn the_evaluation_jobs_come_from_the_listed_job_cache_without_a_list() {
+        let server = S3Server::start();
+        let storage = storage(&server);
+        seed(&storage).await;
+        put_summaries(&storage, "eval@step-30", &[0, 1], 0.75).await;
+        let task = task_with(training_spec(BUCKET));
+        let job = |value: Value| serde_json::from_value::<k8s_openapi::api::batch::v1::Job>(value).expect("job");
+        // Another task's evaluation of step 40 and this task's own variant Job are not its evaluations.
+        let mut other = finished_job(40, false);
+        other["metadata"]["name"] = json!("other-s40-default");
+        other["metadata"]["labels"]["basecamp.dev/task"] = json!("other");
+        let mut own = finished_job(40, false);
+        own["metadata"]["name"] = json!("eval-default");
+        own["metadata"]["labels"]["basecamp.dev/role"] = json!("shards");
+        let caches = crate::controller::cache::Caches::holding(
+            vec![job(finished_job(30, false)), job(other), job(own)],
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        // The trainer is not in the listed cache either: created without a read.
+        let script = vec![
+            call("PATCH", &format!("{JOBS}/eval-train"), Reply::EchoWith(json!({"status": {"active": 1}}))),
+            call("GET", PODS, list("PodList", vec![])),
+            call("GET", &format!("{JOBS}/eval-s40-default"), not_found()),
+            call("PATCH", &format!("{JOBS}/eval-s40-default"), Reply::Echo),
+        ];
+        let (observation, seen, _) = step_with_caches(&task, storage, &caches, script).await;
+        assert_eq!(seen.len(), 4, "no list of Jobs: {:?}", seen.iter().map(|s| &s.uri).collect::<Vec<_>>());
+        let observation = observation.expect("a training task");
+        assert_eq!(observation.observed.problem, None);
+        assert_eq!(observation.evaluated.iter().map(|e| e.step).collect::<Vec<_>>(), [20, 30]);
+        let training = &observation.observed.status;
+        assert_eq!(training.evaluating, [40], "step 40 started: the other task's step-40 Job is not this task's");
+        assert_eq!(training.history.iter().map(|e| e.step).collect::<Vec<_>>(), [20, 30]);
     }
 
     #[tokio::test]
