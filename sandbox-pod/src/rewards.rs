@@ -118,9 +118,11 @@ impl RewardComponents {
     }
 
     /// `sum(score * weight)` over the components, in name order (so the
-    /// floating-point result does not depend on insertion order).
+    /// floating-point result does not depend on insertion order). Never
+    /// `-0.0` (a score of 0 with a negative weight, or no components):
+    /// `+ 0.0` turns it into `0.0` and leaves every other value as it is.
     pub fn weighted_sum(&self) -> Result<f64, RewardError> {
-        let sum: f64 = self.0.values().map(|c| c.score * c.weight).sum();
+        let sum: f64 = self.0.values().map(|c| c.score * c.weight).sum::<f64>() + 0.0;
         if sum.is_finite() {
             Ok(sum)
         } else {
@@ -456,6 +458,20 @@ mod tests {
         assert_eq!(signal.components.len(), 2);
         assert_eq!(signal.components[0].name, "accuracy");
         assert_eq!(signal.components[1].weight, 0.3);
+    }
+
+    #[test]
+    fn a_zero_score_with_a_negative_weight_sums_to_zero_not_negative_zero() {
+        let components = RewardComponents::new(BTreeMap::from([(
+            "efficiency".to_owned(),
+            Component { score: 0.0, weight: -0.05 },
+        )]))
+        .unwrap();
+        let sum = components.weighted_sum().unwrap();
+        assert!(sum == 0.0 && sum.is_sign_positive(), "{sum:?}");
+        let none = RewardComponents::new(BTreeMap::new()).unwrap().weighted_sum().unwrap();
+        assert!(none.is_sign_positive(), "{none:?}");
+        assert_eq!(serde_json::to_string(&components.to_signal(vec![]).unwrap().weighted_sum).unwrap(), "0.0");
     }
 
     #[test]
