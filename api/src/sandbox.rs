@@ -399,6 +399,24 @@ pub struct MemoryMatch {
     pub equals: serde_json::Value,
 }
 
+/// The per-episode metrics a reward component's `source` can name: what the
+/// sandbox scores each episode on (the runner's `metric_score`; a test in
+/// the sandbox crate keeps the two lists equal). Any other source would
+/// score 0 on every episode.
+pub const REWARD_SOURCES: &[&str] = &[
+    "tool_call_accuracy",
+    "tool_call_accuracy_lenient",
+    "plan_step_f1",
+    "memory_consistency",
+    "error_rate",
+    "logit_divergence",
+    "steps",
+    "resolution_time",
+    "efficiency_penalty",
+    "success",
+    "task_success",
+];
+
 /// Reward components and their weights.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -7,7 +7,7 @@ use crate::duration::Duration;
 use crate::fixture::Fixture;
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::profile::{ProfileError, resolve_profile};
-use crate::sandbox::{NullWrites, SandboxConfigSpec};
+use crate::sandbox::{NullWrites, REWARD_SOURCES, SandboxConfigSpec};
 use crate::tool::{ToolSpec, template_placeholders};
 
 use super::names::{is_dns_label, is_dns_subdomain, is_tool_name};
@@ -55,6 +55,34 @@ pub(super) fn key_path(prefix: &str, key: &str) -> String {
     } else {
         format!("{prefix}[{key:?}]")
     }
+}
+
+/// A reward component's score comes from the metric its `source` names (its
+/// own name without one); the runner scores anything else as 0 on every
+/// episode, so the component would silently do nothing.
+fn check_reward_source(problems: &mut Vec<Problem>, path: &str, name: &str, source: Option<&str>) {
+    let metric = source.unwrap_or(name);
+    if REWARD_SOURCES.contains(&metric) {
+        return;
+    }
+    let sources = REWARD_SOURCES.join(", ");
+    let hint = suggestion(metric, REWARD_SOURCES.iter().copied());
+    problems.push(match source {
+        Some(source) => Problem::error(
+            Rule::InvalidRewards,
+            format!("{path}.source"),
+            format!(
+                "reward source {source:?} is not a metric the sandbox scores, so the component always scores 0; use one of: {sources}.{hint}"
+            ),
+        ),
+        None => Problem::error(
+            Rule::InvalidRewards,
+            path,
+            format!(
+                "reward component {name:?} has no source and its name is not a metric the sandbox scores, so it always scores 0; add `source:` naming one of: {sources}.{hint}"
+            ),
+        ),
+    });
 }
 
 /// Problems about the profiles themselves, before any is applied.
@@ -305,13 +333,15 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
     // Rewards.
     if let Some(rewards) = &spec.rewards {
         for (name, component) in &rewards.components {
+            let path = key_path("spec.rewards.components", name);
             if !component.weight.is_finite() {
                 problems.push(Problem::error(
                     Rule::InvalidRewards,
-                    format!("{}.weight", key_path("spec.rewards.components", name)),
+                    format!("{path}.weight"),
                     "the weight must be a finite number",
                 ));
             }
+            check_reward_source(&mut problems, &path, name, component.source.as_deref());
         }
         let mut previous: Option<u64> = None;
         for (index, change) in rewards.weight_schedule.iter().enumerate() {

@@ -444,7 +444,7 @@ fn reward_schedules_must_name_components_in_increasing_steps() {
     let report = check_sandbox(with(
         good_sandbox(),
         json!({"rewards": {
-            "components": {"correctness": {"weight": 1.0}},
+            "components": {"correctness": {"weight": 1.0, "source": "tool_call_accuracy"}},
             "weightSchedule": [
                 {"atTrainingStep": 100, "weights": {"corectness": 0.5}},
                 {"atTrainingStep": 50, "weights": {"correctness": 0.2}}
@@ -570,4 +570,28 @@ fn a_trainer_command_without_an_image_is_refused() {
         check_task(with(good_task(), json!({"trainingConfig": {"command": ["python3", "train.py"]}})), good_sandbox());
     let problem = only(&report, Rule::InvalidManifest);
     assert_eq!(field(&problem), "spec.trainingConfig.command");
+}
+
+#[test]
+fn reward_components_must_name_a_source_the_sandbox_scores() {
+    // An unknown source is scored 0 on every episode: the component silently does nothing.
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({"rewards": {"components": {
+            "correctness": {"weight": 1.0, "source": "tool_call_accuracy"},
+            "efficiency": {"weight": -0.05, "source": "stepz"},
+            "helpfulness": {"weight": 0.5},
+            "plan_step_f1": {"weight": 0.2}
+        }}}),
+    ));
+    let problems: Vec<&Problem> = report.by_rule(Rule::InvalidRewards).collect();
+    assert_eq!(problems.len(), 2, "{report}");
+    assert_eq!(field(problems[0]), "spec.rewards.components.efficiency.source");
+    assert!(problems[0].message.contains("\"stepz\""), "{}", problems[0]);
+    assert!(problems[0].message.contains("always scores 0"), "{}", problems[0]);
+    assert!(problems[0].message.contains("Did you mean \"steps\"?"), "{}", problems[0]);
+    assert_eq!(field(problems[1]), "spec.rewards.components.helpfulness");
+    assert!(problems[1].message.contains("add `source:`"), "{}", problems[1]);
+    assert!(problems[1].message.contains("tool_call_accuracy"), "{}", problems[1]);
+    assert_eq!(problems[0].severity, Severity::Error);
 }
