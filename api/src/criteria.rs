@@ -95,6 +95,88 @@ impl Criterion {
     }
 }
 
+/// What values a metric a run reports takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// A share between 0 and 1 (`tool_call_accuracy`, `error_rate`).
+    Ratio,
+    /// A time in seconds (`avg_resolution_time`).
+    Seconds,
+    /// A count (`episodes`).
+    Count,
+    /// Any number (`reward`).
+    Number,
+}
+
+/// The metrics a criterion can name: what `basecamp run` and the operator
+/// report for a variant (their means, also with an `avg_` or `mean_`
+/// prefix, and the aliases either one reads). A criterion on any other name
+/// is never measured, so it is never met.
+pub const CRITERION_METRICS: &[(&str, MetricKind)] = &[
+    ("tool_call_accuracy", MetricKind::Ratio),
+    ("tool_call_accuracy_lenient", MetricKind::Ratio),
+    ("plan_step_f1", MetricKind::Ratio),
+    ("memory_consistency", MetricKind::Ratio),
+    ("error_rate", MetricKind::Ratio),
+    ("success_rate", MetricKind::Ratio),
+    ("completion_rate", MetricKind::Ratio),
+    ("reward", MetricKind::Number),
+    ("logit_divergence", MetricKind::Number),
+    ("episodes", MetricKind::Count),
+    ("lost_episodes", MetricKind::Count),
+    ("resolution_time", MetricKind::Seconds),
+    ("resolution_time_s", MetricKind::Seconds),
+    ("resolution_time_avg", MetricKind::Seconds),
+    ("resolution_time_p50", MetricKind::Seconds),
+    ("resolution_time_p95", MetricKind::Seconds),
+    ("resolution_time_p50_s", MetricKind::Seconds),
+    ("resolution_time_p95_s", MetricKind::Seconds),
+    ("p50_resolution_time", MetricKind::Seconds),
+    ("p95_resolution_time", MetricKind::Seconds),
+];
+
+/// The kind of a metric a run reports, `None` for a name no run reports.
+pub fn metric_kind(metric: &str) -> Option<MetricKind> {
+    let find = |name: &str| CRITERION_METRICS.iter().find(|(m, _)| *m == name).map(|(_, kind)| *kind);
+    find(metric).or_else(|| find(metric.strip_prefix("avg_").or_else(|| metric.strip_prefix("mean_"))?))
+}
+
+impl Criterion {
+    /// Why this criterion can never be met however the run goes (a metric
+    /// no run reports, a share compared with a value outside 0..1, a
+    /// duration for a metric that is not a time), or `None`.
+    pub fn never_met_because(&self) -> Option<String> {
+        let Some(kind) = metric_kind(&self.metric) else {
+            return Some(format!("{:?} is not a metric any run reports, so the criterion is never met", self.metric));
+        };
+        if matches!(self.threshold, Threshold::Duration(_)) && kind != MetricKind::Seconds {
+            return Some(format!(
+                "{} is not a time but the threshold is a duration, so the criterion is never met as meant; write a plain number (e.g. 0.9) or a percentage",
+                self.metric
+            ));
+        }
+        if kind == MetricKind::Ratio {
+            let t = self.threshold.value();
+            let possible = match self.op {
+                Comparison::Greater => t < 1.0,
+                Comparison::GreaterOrEqual => t <= 1.0,
+                Comparison::Less => t > 0.0,
+                Comparison::LessOrEqual => t >= 0.0,
+                Comparison::Equal => (0.0..=1.0).contains(&t),
+                Comparison::NotEqual => true,
+            };
+            if !possible {
+                return Some(format!(
+                    "{} is a share between 0 and 1 (write 90% or 0.9), so `{} {t}` never holds",
+                    self.metric,
+                    self.op.as_str()
+                ));
+            }
+        }
+        None
+    }
+}
+
 impl fmt::Display for Criterion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)

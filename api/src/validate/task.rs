@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::criteria::Criterion;
+use crate::criteria::{CRITERION_METRICS, Criterion, metric_kind};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::profile::resolve_profile;
 use crate::sandbox::SandboxConfigSpec;
@@ -25,12 +25,28 @@ pub(super) fn validate(
     let mut problems: Vec<Problem> = Vec::new();
 
     for (index, criterion) in task.task_definition.success_criteria.iter().enumerate() {
-        if let Err(error) = criterion.parse::<Criterion>() {
-            problems.push(Problem::error(
-                Rule::InvalidCriterion,
-                format!("spec.taskDefinition.successCriteria[{index}]"),
-                error.to_string(),
-            ));
+        let path = format!("spec.taskDefinition.successCriteria[{index}]");
+        match criterion.parse::<Criterion>() {
+            Err(error) => problems.push(Problem::error(Rule::InvalidCriterion, path, error.to_string())),
+            // A warning, not an error: the task still runs and reports every
+            // metric; only this criterion is reported as not met.
+            Ok(parsed) => {
+                if let Some(reason) = parsed.never_met_because() {
+                    let hint = match metric_kind(&parsed.metric) {
+                        Some(_) => String::new(),
+                        None => format!(
+                            "; use one of: {}.{}",
+                            list(CRITERION_METRICS.iter().map(|(m, _)| *m), 8),
+                            suggestion(&parsed.metric, CRITERION_METRICS.iter().map(|(m, _)| *m))
+                        ),
+                    };
+                    problems.push(Problem::warning(
+                        Rule::InvalidCriterion,
+                        path,
+                        format!("success criterion {criterion:?}: {reason}{hint}"),
+                    ));
+                }
+            }
         }
     }
 

@@ -242,7 +242,8 @@ fn success_criteria_that_do_not_parse_point_at_the_column() {
         ),
         good_sandbox(),
     );
-    let problems: Vec<&Problem> = report.by_rule(Rule::InvalidCriterion).collect();
+    let problems: Vec<&Problem> =
+        report.by_rule(Rule::InvalidCriterion).filter(|p| p.severity == Severity::Error).collect();
     assert_eq!(problems.len(), 2, "{report}");
     assert_eq!(field(problems[0]), "spec.taskDefinition.successCriteria[1]");
     assert!(problems[0].message.contains("column 26"), "{}", problems[0]);
@@ -594,4 +595,34 @@ fn reward_components_must_name_a_source_the_sandbox_scores() {
     assert!(problems[1].message.contains("add `source:`"), "{}", problems[1]);
     assert!(problems[1].message.contains("tool_call_accuracy"), "{}", problems[1]);
     assert_eq!(problems[0].severity, Severity::Error);
+}
+
+#[test]
+fn success_criteria_that_can_never_be_met_are_warned_about() {
+    let criteria = json!({"taskDefinition": {"successCriteria": [
+        "tool_call_accuracy >= 0.9",
+        "avg_resolution_time < 90s",
+        "episodes == 50",
+        "tool_call_acuracy >= 0.9",
+        "user_satisfaction_score > 0.85",
+        "tool_call_accuracy >= 2",
+        "error_rate < 0",
+        "plan_step_f1 >= 5s",
+        "memory_consistency >= 100%"
+    ]}});
+    let report = check_task(with(good_task(), criteria), good_sandbox());
+    let problems: Vec<&Problem> = report.by_rule(Rule::InvalidCriterion).collect();
+    let paths: Vec<&str> = problems.iter().map(|p| field(p)).collect();
+    assert_eq!(
+        paths,
+        (3..=7).map(|i| format!("spec.taskDefinition.successCriteria[{i}]")).collect::<Vec<_>>(),
+        "{report}"
+    );
+    assert!(problems.iter().all(|p| p.severity == Severity::Warning), "{report}");
+    assert!(problems[0].message.contains("not a metric any run reports"), "{}", problems[0]);
+    assert!(problems[0].message.contains("Did you mean \"tool_call_accuracy\"?"), "{}", problems[0]);
+    assert!(problems[1].message.contains("\"user_satisfaction_score\""), "{}", problems[1]);
+    assert!(problems[2].message.contains("between 0 and 1"), "{}", problems[2]);
+    assert!(problems[3].message.contains("between 0 and 1"), "{}", problems[3]);
+    assert!(problems[4].message.contains("not a time"), "{}", problems[4]);
 }
