@@ -262,7 +262,9 @@ impl Manifests {
 /// set named by mistake), and reading it whole could take all memory.
 const MAX_MANIFEST_FILE_BYTES: u64 = 16 << 20;
 
-fn read_manifest_file(file: &Path) -> std::io::Result<String> {
+/// A manifest file's text (YAML, or a JSON harness), refusing one larger
+/// than any file of manifests without reading it whole.
+pub fn read_manifest_file(file: &Path) -> std::io::Result<String> {
     use std::io::Read as _;
     let mut text = String::new();
     std::fs::File::open(file)?.take(MAX_MANIFEST_FILE_BYTES + 1).read_to_string(&mut text)?;

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use basecamp_api::harness_json::{self, Converted};
+use basecamp_api::manifest::read_manifest_file;
 use basecamp_api::{Location, Manifests, Problem, Report};
 use clap::Subcommand;
 
@@ -47,11 +48,14 @@ pub fn run(command: HarnessCommand) -> Result<ExitCode> {
     }
 }
 
+/// The file's text when it is a JSON harness. A file that cannot be read
+/// (one too large to be manifests included) is not: the YAML loader then
+/// reports why.
 fn is_json_harness(path: &Path) -> Option<String> {
     if !path.is_file() {
         return None;
     }
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = read_manifest_file(path).ok()?;
     (path.extension().is_some_and(|e| e == "json") || harness_json::is_harness_json(&text)).then_some(text)
 }
 
@@ -164,7 +168,7 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
     {
         bail!("{name}: -o would replace the JSON harness with its conversion; write the manifest to another file");
     }
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {name}"))?;
+    let text = read_manifest_file(file).with_context(|| format!("cannot read {name}"))?;
     let converted = harness_json::convert(&name, &text, sandbox);
     if converted.report.has_errors() || converted.manifest.is_null() {
         for problem in converted.report.problems() {

@@ -237,3 +237,23 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+#[test]
+fn a_huge_file_is_refused_by_its_size_not_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sparse: 64 MiB of NUL bytes that take no disk. Before, validate and
+    // convert read any file whole to see whether it is a JSON harness (a
+    // data set named by mistake, however large, went into memory) and then
+    // reported "invalid JSON: expected value at line 1 column 1".
+    let big = dir.path().join("harness.json");
+    std::fs::File::create(&big).unwrap().set_len(64 << 20).unwrap();
+    let b = big.to_str().unwrap();
+    let output = basecamp(&["harness", "validate", b]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(&format!("error: {b}: cannot read it: more than 16 MiB")), "{out}");
+    let output = basecamp(&["harness", "convert", b]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(b) && out.contains("more than 16 MiB"), "{out}");
+}
