@@ -64,6 +64,10 @@ pub struct Manifests {
     pub tasks: Vec<Loaded<HarnessTask>>,
     /// SandboxConfigs in file order.
     pub sandboxes: Vec<Loaded<SandboxConfig>>,
+    /// SandboxConfigs whose documents were found but could not be read (a
+    /// field of the wrong type): `(namespace, name)` and where. A task that
+    /// references one is told so, not that it does not exist.
+    pub unreadable_sandboxes: Vec<Loaded<(Option<String>, String)>>,
 }
 
 /// Why a manifest could not be read (each becomes a [`Problem`]).
@@ -168,6 +172,7 @@ impl Manifests {
                         let (more, problems) = Manifests::parse(&name, &text);
                         manifests.tasks.extend(more.tasks);
                         manifests.sandboxes.extend(more.sandboxes);
+                        manifests.unreadable_sandboxes.extend(more.unreadable_sandboxes);
                         report.extend(problems);
                     }
                     Err(source) => report.push(ManifestError::Io { path: name, source }.to_problem()),
@@ -219,13 +224,49 @@ impl Manifests {
                 test_set: None,
                 base_dir: Some(&base_dir),
             };
-            report.extend(validate_task(&task.object.spec, &sandboxes, &ctx));
+            let problems = validate_task(&task.object.spec, &sandboxes, &ctx);
+            report.extend(self.unreadable_not_missing(&task.object, problems));
         }
         for sandbox in &self.sandboxes {
             let base_dir = base_dir.map_or_else(|| sandbox.base_dir(), Path::to_path_buf);
             let ctx = ValidationContext { base_dir: Some(&base_dir), ..Default::default() };
             let name = sandbox.object.metadata.name.as_deref().unwrap_or("");
             report.extend(validate_sandbox(name, &sandbox.object.spec, &ctx));
+        }
+        report
+    }
+
+    /// `problems` of `task`, with "SandboxConfig not found" for a reference
+    /// to a SandboxConfig whose document could not be read replaced by what
+    /// happened to it (its own error is reported where it is).
+    fn unreadable_not_missing(&self, task: &HarnessTask, problems: Report) -> Report {
+        let namespace = task.metadata.namespace.as_deref();
+        let refs: Vec<(String, &str)> = if task.spec.variants.is_empty() {
+            task.spec.sandbox_ref.iter().map(|r| ("spec.sandboxRef.name".to_string(), r.name.as_str())).collect()
+        } else {
+            let variants = task.spec.variants.iter().enumerate();
+            variants
+                .map(|(i, v)| (format!("spec.variants[{i}].sandboxRef.name"), v.sandbox_ref.name.as_str()))
+                .collect()
+        };
+        let mut report = Report::new();
+        for mut problem in problems.problems().iter().cloned() {
+            let referenced = match &problem.location {
+                Location::Field(path) if problem.rule == Rule::UnknownSandbox => {
+                    refs.iter().find(|(p, _)| p == path).map(|(_, name)| *name)
+                }
+                _ => None,
+            };
+            let unreadable = referenced.and_then(|name| {
+                self.unreadable_sandboxes.iter().find(|u| u.object.0.as_deref() == namespace && u.object.1 == name)
+            });
+            if let Some(unreadable) = unreadable {
+                problem.message = format!(
+                    "SandboxConfig {:?} ({}:{}) could not be read, so this variant cannot run; fix the error reported for it",
+                    unreadable.object.1, unreadable.source.file, unreadable.source.line
+                );
+            }
+            report.push(problem);
         }
         report
     }
@@ -424,6 +465,17 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
             .map(|object| manifests.sandboxes.push(Loaded { object, source })),
     };
     if let Err(boxed) = result {
+        if kind == "SandboxConfig"
+            && let Some(name) = name
+        {
+            let namespace = object
+                .get("metadata")
+                .and_then(|m| m.get("namespace"))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string);
+            let source = Source { file: file.to_string(), line: document.start_line };
+            manifests.unreadable_sandboxes.push(Loaded { object: (namespace, name.to_string()), source });
+        }
         let (path, error) = *boxed;
         let (line, _) = location_of(&error, document.start_line);
         report.push(ManifestError::Invalid { file: file.into(), line, path, message: message_of(&error) }.to_problem());
@@ -622,6 +674,21 @@ mod tests {
             ManifestError::Io { path: "x".into(), source: std::io::ErrorKind::NotFound.into() }.category(),
             "MissingFile"
         );
+    }
+
+    #[test]
+    fn a_task_referencing_a_sandbox_that_did_not_parse_is_not_told_it_is_missing() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: shop-a}\nspec:\n  maxSteps: many\n---\napiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: shop-b}\nspec: {}\n---\napiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {name: t}\nspec:\n  taskDefinition: {}\n  evaluation: {testSet: s3://bucket/tests.jsonl}\n  policy: {endpoint: http://localhost:8000/v1, model: m}\n  variants:\n    - {name: a, sandboxRef: {name: shop-a}}\n    - {name: b, sandboxRef: {name: shop-b}}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        assert_eq!(report.len(), 1, "{report}");
+        assert!(report.problems()[0].message.starts_with("spec.maxSteps: "), "{report}");
+        let validation = manifests.validate();
+        // Before: "SandboxConfig \"shop-a\" not found (available: shop-b) ... Did you mean \"shop-b\"?"
+        let problem = validation.by_rule(Rule::UnknownSandbox).next().expect("the reference is still an error");
+        assert_eq!(problem.location, Location::field("spec.variants[0].sandboxRef.name"));
+        assert!(!problem.message.contains("not found") && !problem.message.contains("Did you mean"), "{problem}");
+        assert!(problem.message.contains("SandboxConfig \"shop-a\" (m.yaml:1) could not be read"), "{problem}");
+        assert_eq!(validation.errors().count(), 1, "{validation}");
     }
 
     #[test]
