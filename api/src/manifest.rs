@@ -389,7 +389,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         Err(error) => {
             let (line, column) = location_of(&error, document.start_line);
             report.push(
-                ManifestError::Yaml { file: file.into(), line, column, message: message_of(&error) }.to_problem(),
+                ManifestError::Yaml { file: file.into(), line, column, message: message_of(&error, None) }.to_problem(),
             );
             return;
         }
@@ -478,7 +478,8 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         }
         let (path, error) = *boxed;
         let (line, _) = location_of(&error, document.start_line);
-        report.push(ManifestError::Invalid { file: file.into(), line, path, message: message_of(&error) }.to_problem());
+        let message = message_of(&error, value_at(&value, &path));
+        report.push(ManifestError::Invalid { file: file.into(), line, path, message }.to_problem());
     }
 }
 
@@ -569,13 +570,82 @@ fn location_of(error: &serde_saphyr::Error, fallback_line: u64) -> (u64, u64) {
     }
 }
 
-/// The parser's message without its own " at line L, column C" suffix.
-fn message_of(error: &serde_saphyr::Error) -> String {
-    let text = error.without_snippet().to_string();
-    match text.rfind(" at line ") {
-        Some(index) if text[index..].contains("column") => text[..index].to_string(),
-        _ => text,
+/// The parser's message as a sentence: without its location (the problem
+/// gives file:line) or alias notes, and with the parser's own terms (`u32`,
+/// budgets, option names) in the user's. `found` is the value at the
+/// error's field, when known.
+fn message_of(error: &serde_saphyr::Error, found: Option<&serde_json::Value>) -> String {
+    use serde_saphyr::{Error, MessageFormatter as _};
+    let mut inner = error;
+    while let Error::WithSnippet { error, .. } | Error::AliasError { error, .. } = inner {
+        inner = error;
     }
+    let found = found.map(|value| format!(", found {value}")).unwrap_or_default();
+    let text = match inner {
+        Error::InvalidScalar { ty, .. } => format!("{}{found}", expected_scalar(ty)),
+        Error::DuplicateMappingKey { key: Some(key), .. } => {
+            format!("{key} is given twice in the same mapping; keep one")
+        }
+        Error::DuplicateMappingKey { key: None, .. } => "a key is given twice in the same mapping; keep one".into(),
+        Error::Budget { breach, .. } => budget_message(breach),
+        other => serde_saphyr::UserMessageFormatter.format_message(other).into_owned(),
+    };
+    // The text may quote the file (a key); it goes to a terminal.
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+/// What a scalar of the Rust type `ty` must look like.
+fn expected_scalar(ty: &str) -> String {
+    let max = match ty {
+        "u8" => u64::from(u8::MAX),
+        "u16" => u64::from(u16::MAX),
+        "u32" => u64::from(u32::MAX),
+        "u64" | "usize" => u64::MAX,
+        "i8" | "i16" | "i32" | "i64" | "isize" => return "expected a whole number".into(),
+        "f32" | "f64" => return "expected a number".into(),
+        "bool" => return "expected true or false".into(),
+        other => return format!("expected a value of type {other}"),
+    };
+    format!("expected a whole number from 0 to {max}")
+}
+
+/// A resource limit of the YAML parser, which stops hostile or runaway
+/// documents (alias bombs, deep nesting) long before memory runs out.
+fn budget_message(breach: &serde_saphyr::budget::BudgetBreach) -> String {
+    use serde_saphyr::budget::BudgetBreach;
+    match breach {
+        BudgetBreach::Nodes { nodes } => format!(
+            "the document expands to more than {} values: aliases (*name) of anchors that hold aliases multiply it (a \"billion laughs\"); a manifest is far smaller, so write the values out",
+            nodes.saturating_sub(1)
+        ),
+        BudgetBreach::Aliases { aliases } => {
+            format!(
+                "the document uses more than {} aliases (*name); a manifest needs far fewer",
+                aliases.saturating_sub(1)
+            )
+        }
+        BudgetBreach::Depth { depth } => format!(
+            "the document is nested more than {} levels deep; no manifest field is, so look for unclosed brackets or runaway indentation",
+            depth.saturating_sub(1)
+        ),
+        other => format!("the document is too large or too complex to be a manifest (parser limit: {other:?})"),
+    }
+}
+
+/// The value at a field path as serde_path_to_error writes it
+/// (`spec.tools.t.exec.command[0]`), when the path can be followed.
+fn value_at<'v>(document: &'v serde_json::Value, path: &str) -> Option<&'v serde_json::Value> {
+    let mut value = document;
+    for segment in path.split('.') {
+        let (key, indexes) = segment.split_once('[').map_or((segment, ""), |(k, rest)| (k, rest));
+        if !key.is_empty() {
+            value = value.get(key)?;
+        }
+        for index in indexes.split('[').filter(|i| !i.is_empty()) {
+            value = value.get(index.strip_suffix(']')?.parse::<usize>().ok()?)?;
+        }
+    }
+    Some(value)
 }
 
 #[cfg(test)]
@@ -689,6 +759,38 @@ mod tests {
         assert!(!problem.message.contains("not found") && !problem.message.contains("Did you mean"), "{problem}");
         assert!(problem.message.contains("SandboxConfig \"shop-a\" (m.yaml:1) could not be read"), "{problem}");
         assert_eq!(validation.errors().count(), 1, "{validation}");
+    }
+
+    #[test]
+    fn yaml_errors_read_as_sentences_without_parser_internals() {
+        let head = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\n";
+        let message = |text: &str| {
+            let (_, report) = Manifests::parse("m.yaml", &format!("{head}{text}"));
+            assert_eq!(report.len(), 1, "{report}");
+            report.problems()[0].message.clone()
+        };
+        // A type error on an aliased value: before, the message was cut at
+        // its alias note and ended in "(used".
+        let aliased = message("metadata: {name: a, labels: {steps: &n many}}\nspec:\n  maxSteps: *n\n");
+        assert!(aliased.starts_with("spec.maxSteps: expected a whole number from 0 to 4294967295"), "{aliased}");
+        assert!(!aliased.contains("(used") && !aliased.contains("u32"), "{aliased}");
+        let negative = message("metadata: {name: a}\nspec:\n  maxSteps: -1\n");
+        assert_eq!(negative, "spec.maxSteps: expected a whole number from 0 to 4294967295, found -1");
+        // Before: "budget breached: Nodes { nodes: 250001 } at line 5, column 35 (defined at ... (used".
+        let mut bomb =
+            String::from("metadata: {name: a}\nspec:\n  x0: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for (i, (anchor, alias)) in
+            ["b", "c", "d", "e", "f", "g"].iter().zip(["a", "b", "c", "d", "e", "f"]).enumerate()
+        {
+            let items = vec![format!("*{alias}"); 9].join(", ");
+            bomb.push_str(&format!("  x{}: &{anchor} [{items}]\n", i + 1));
+        }
+        let bomb = message(&bomb);
+        assert!(bomb.starts_with("invalid YAML: the document expands to more than"), "{bomb}");
+        assert!(bomb.contains("aliases") && !bomb.contains("Nodes {") && !bomb.contains("(used"), "{bomb}");
+        // Before: "... set DuplicateKeyPolicy in Options if acceptable".
+        let duplicate = message("metadata: {name: a}\nspec:\n  maxSteps: 3\n  maxSteps: 5\n");
+        assert_eq!(duplicate, "invalid YAML: maxSteps is given twice in the same mapping; keep one");
     }
 
     #[test]
