@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::sandbox::{SandboxConfig, SandboxConfigSpec};
 use crate::task::HarnessTask;
-use crate::validate::{ValidationContext, is_dns_subdomain, validate_sandbox, validate_task};
+use crate::validate::{ValidationContext, is_dns_label, is_dns_subdomain, validate_sandbox, validate_task};
 
 /// Where an object came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,15 +426,41 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
             format!("apiVersion: {api_version:?}; {kind} is served as apiVersion: {}", crate::API_VERSION),
         ));
     }
-    let name = object.get("metadata").and_then(|m| m.get("name")).and_then(serde_json::Value::as_str);
-    match name {
-        None => report.push(invalid("metadata.name", format!("every {kind} needs metadata.name"))),
-        Some(name) if !is_dns_subdomain(name) => report.push(Problem::error_at(
+    let metadata = object.get("metadata");
+    let name_value = metadata.and_then(|m| m.get("name")).filter(|v| !v.is_null());
+    let name = name_value.and_then(serde_json::Value::as_str);
+    let name_problem = |message: String| {
+        let line = line_of_key(document, "name").unwrap_or(document.start_line);
+        Problem::error_at(Rule::InvalidName, file_location(file, Some(line)), message)
+    };
+    match (name_value, name) {
+        (None, _) => report.push(invalid("metadata.name", format!("every {kind} needs metadata.name"))),
+        // The API server takes only a string; YAML reads 12345 or true as another type.
+        (Some(value), None) => report.push(name_problem(format!(
+            "metadata.name is the {} {value}, not a string; quote it: name: \"{}\"",
+            json_type(value),
+            value.as_str().map_or_else(|| value.to_string(), str::to_string)
+        ))),
+        (_, Some(name)) if name.len() > 253 => report.push(name_problem(format!(
+            "metadata.name is {} characters; Kubernetes names are at most 253",
+            name.chars().count()
+        ))),
+        (_, Some(name)) if !is_dns_subdomain(name) => report.push(name_problem(format!(
+            "metadata.name {name:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit)"
+        ))),
+        _ => {}
+    }
+    if let Some(namespace) = metadata.and_then(|m| m.get("namespace")).and_then(serde_json::Value::as_str)
+        && !is_dns_label(namespace)
+    {
+        let line = line_of_key(document, "namespace").unwrap_or(document.start_line);
+        report.push(Problem::error_at(
             Rule::InvalidName,
-            file_location(file, Some(line_of_key(document, "name").unwrap_or(document.start_line))),
-            format!("metadata.name {name:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.')"),
-        )),
-        Some(_) => {}
+            file_location(file, Some(line)),
+            format!(
+                "metadata.namespace {namespace:?} is not a Kubernetes namespace (1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
+            ),
+        ));
     }
     if let Some(schema) = crate::crd::schema_of(kind) {
         let mut unknown = Vec::new();
@@ -480,6 +506,17 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         let (line, _) = location_of(&error, document.start_line);
         let message = message_of(&error, value_at(&value, &path));
         report.push(ManifestError::Invalid { file: file.into(), line, path, message }.to_problem());
+    }
+}
+
+fn json_type(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "boolean",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "list",
+        serde_json::Value::Object(_) => "mapping",
     }
 }
 
@@ -791,6 +828,34 @@ mod tests {
         // Before: "... set DuplicateKeyPolicy in Options if acceptable".
         let duplicate = message("metadata: {name: a}\nspec:\n  maxSteps: 3\n  maxSteps: 5\n");
         assert_eq!(duplicate, "invalid YAML: maxSteps is given twice in the same mapping; keep one");
+    }
+
+    #[test]
+    fn names_that_are_numbers_too_long_or_bad_namespaces_say_what_is_wrong() {
+        let problem = |metadata: &str| {
+            let text =
+                format!("apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {metadata}\nspec: {{}}\n");
+            let (_, report) = Manifests::parse("m.yaml", &text);
+            assert_eq!(report.len(), 1, "{report}");
+            report.problems()[0].clone()
+        };
+        // Before: "every SandboxConfig needs metadata.name", though it has one.
+        let number = problem("{name: 12345}");
+        assert_eq!(number.rule, Rule::InvalidName);
+        assert!(
+            number.message.contains("metadata.name is the number 12345") && number.message.contains("\"12345\""),
+            "{number}"
+        );
+        // Before: "is not a Kubernetes name (lowercase letters, digits, '-' and '.')", which it was.
+        let long = problem(&format!("{{name: {}}}", "a".repeat(300)));
+        assert!(long.message.contains("300 characters") && long.message.contains("at most 253"), "{long}");
+        // Before: accepted; the API server refuses it.
+        let namespace = problem("{name: a, namespace: Team A}");
+        assert_eq!(namespace.rule, Rule::InvalidName);
+        assert!(
+            namespace.message.starts_with("metadata.namespace \"Team A\" is not a Kubernetes namespace"),
+            "{namespace}"
+        );
     }
 
     #[test]
