@@ -189,14 +189,16 @@ impl ToolExecutor {
             (Some(_), Err(raw)) => {
                 Err(CallError::InvalidArguments { tool: call.name.to_string(), raw: raw.chars().take(200).collect() })
             }
-            (Some(def), Ok(args)) => match tokio::time::timeout(def.timeout, def.tool.call(call.name, args)).await {
-                Ok(Ok(output)) => Ok(output),
-                Ok(Err(source)) => Err(CallError::Tool { tool: call.name.to_string(), source }),
-                Err(_) => Err(CallError::Tool {
-                    tool: call.name.to_string(),
-                    source: ToolError::Timeout(def.timeout.as_millis() as u64),
-                }),
-            },
+            (Some(def), Ok(args)) => {
+                match crate::deadline::timeout(def.timeout, def.tool.call(call.name, args)).await {
+                    Ok(Ok(output)) => Ok(output),
+                    Ok(Err(source)) => Err(CallError::Tool { tool: call.name.to_string(), source }),
+                    Err(_) => Err(CallError::Tool {
+                        tool: call.name.to_string(),
+                        source: ToolError::Timeout(def.timeout.as_millis() as u64),
+                    }),
+                }
+            }
         };
         let latency = started.elapsed();
 

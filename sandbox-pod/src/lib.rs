@@ -29,6 +29,7 @@ macro_rules! stderr_line {
 }
 
 pub mod config;
+pub mod deadline;
 pub mod driver;
 pub mod episode;
 pub mod executor;
