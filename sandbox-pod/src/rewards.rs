@@ -462,11 +462,9 @@ mod tests {
 
     #[test]
     fn a_zero_score_with_a_negative_weight_sums_to_zero_not_negative_zero() {
-        let components = RewardComponents::new(BTreeMap::from([(
-            "efficiency".to_owned(),
-            Component { score: 0.0, weight: -0.05 },
-        )]))
-        .unwrap();
+        let components =
+            RewardComponents::new(BTreeMap::from([("efficiency".to_owned(), Component { score: 0.0, weight: -0.05 })]))
+                .unwrap();
         let sum = components.weighted_sum().unwrap();
         assert!(sum == 0.0 && sum.is_sign_positive(), "{sum:?}");
         let none = RewardComponents::new(BTreeMap::new()).unwrap().weighted_sum().unwrap();
