@@ -208,23 +208,37 @@ pub struct Aggregate {
     pub outcomes: BTreeMap<String, u32>,
 }
 
+/// The one name of a metric a success criterion or a report may name in
+/// several ways: an `avg_`/`mean_` prefix is dropped (metrics are means),
+/// `resolution_time` and `resolution_time_avg` are `resolution_time_s`,
+/// `p50_resolution_time` and `resolution_time_p50` are
+/// `resolution_time_p50_s` (p95 alike), `completion_rate` is
+/// `success_rate`. `basecamp run` and the operator both look criteria up by
+/// it, so a criterion means the same on a laptop and in the cluster.
+pub fn canonical_metric(metric: &str) -> &str {
+    let name = metric.strip_prefix("avg_").or_else(|| metric.strip_prefix("mean_")).unwrap_or(metric);
+    match name {
+        "resolution_time" | "resolution_time_avg" => "resolution_time_s",
+        "p50_resolution_time" | "resolution_time_p50" => "resolution_time_p50_s",
+        "p95_resolution_time" | "resolution_time_p95" => "resolution_time_p95_s",
+        "completion_rate" => "success_rate",
+        other => other,
+    }
+}
+
 impl Aggregate {
-    /// The value a success criterion or a report names: a metric's mean by
-    /// its name (`tool_call_accuracy`, also `avg_`/`mean_` prefixed),
-    /// `resolution_time` / `avg_resolution_time` (mean, seconds),
-    /// `p50_resolution_time` / `p95_resolution_time`, `success_rate` (the
-    /// share of completed episodes) and `episodes`. `None` for a name no
-    /// episode had.
+    /// The value a success criterion or a report names (any name
+    /// [`canonical_metric`] knows): a metric's mean, `episodes`, the
+    /// resolution-time percentiles and `success_rate` (the share of
+    /// completed episodes). `None` for a name no episode had.
     pub fn value_of(&self, metric: &str) -> Option<f64> {
-        let name = metric.strip_prefix("avg_").or_else(|| metric.strip_prefix("mean_")).unwrap_or(metric);
-        match name {
+        match canonical_metric(metric) {
             "episodes" => Some(f64::from(self.episodes)),
-            "p50_resolution_time" | "resolution_time_p50" => Some(self.resolution_time_p50_s),
-            "p95_resolution_time" | "resolution_time_p95" => Some(self.resolution_time_p95_s),
-            "success_rate" | "completion_rate" => (self.episodes > 0)
+            "resolution_time_p50_s" => (self.episodes > 0).then_some(self.resolution_time_p50_s),
+            "resolution_time_p95_s" => (self.episodes > 0).then_some(self.resolution_time_p95_s),
+            "success_rate" => (self.episodes > 0)
                 .then(|| f64::from(self.outcomes.get("completed").copied().unwrap_or(0)) / f64::from(self.episodes)),
-            "resolution_time" => self.means.get("resolution_time_s").copied(),
-            _ => self.means.get(name).copied(),
+            name => self.means.get(name).copied(),
         }
     }
 }

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use basecamp_api::criteria::parse_criterion;
 use basecamp_sandbox::driver::{LostEpisode, ShardSummary};
 use basecamp_sandbox::run::ResolvedVariant;
-use basecamp_trace::metrics::{Aggregate, EpisodeMetrics, aggregate};
+use basecamp_trace::metrics::{Aggregate, EpisodeMetrics, aggregate, canonical_metric};
 use serde::Serialize;
 
 use super::analysis::{RootCause, root_causes};
@@ -93,8 +93,9 @@ pub struct Delta {
     pub delta_percent: Option<f64>,
 }
 
-/// Evaluates each success criterion against a variant's aggregate.
-pub fn evaluate_criteria(criteria: &[String], aggregate: &Aggregate) -> Vec<CriterionResult> {
+/// Evaluates each success criterion against a variant's aggregate and the
+/// count of its episodes lost (`lost_episodes`, as the operator reports it).
+pub fn evaluate_criteria(criteria: &[String], aggregate: &Aggregate, lost: usize) -> Vec<CriterionResult> {
     criteria
         .iter()
         .map(|text| match parse_criterion(text) {
@@ -106,7 +107,10 @@ pub fn evaluate_criteria(criteria: &[String], aggregate: &Aggregate) -> Vec<Crit
                 problem: Some(e.to_string()),
             },
             Ok(criterion) => {
-                let observed = aggregate.value_of(&criterion.metric);
+                let observed = match canonical_metric(&criterion.metric) {
+                    "lost_episodes" => Some(lost as f64),
+                    _ => aggregate.value_of(&criterion.metric),
+                };
                 CriterionResult {
                     criterion: criterion.text.clone(),
                     metric: criterion.metric.clone(),
@@ -155,7 +159,7 @@ impl VariantSummary {
             name: name.to_string(),
             sandbox: sandbox.to_string(),
             shards: shards.len(),
-            criteria: evaluate_criteria(criteria, &aggregate),
+            criteria: evaluate_criteria(criteria, &aggregate, lost.len()),
             root_causes: root_causes(&failed),
             failed: failed.len(),
             aggregate,
@@ -384,12 +388,30 @@ mod tests {
             "success_rate > 0.9".to_string(),
             "user_satisfaction_score > 0.85".to_string(),
         ];
-        let results = evaluate_criteria(&criteria, &aggregate_with(0.95));
+        let results = evaluate_criteria(&criteria, &aggregate_with(0.95), 0);
         assert_eq!(results.iter().map(|r| r.met).collect::<Vec<_>>(), [true, true, false, false]);
         assert_eq!(results[2].observed, Some(0.8));
         assert!(results[3].problem.as_deref().unwrap().contains("user_satisfaction_score was not measured"));
-        let missed = evaluate_criteria(&criteria[..1], &aggregate_with(0.5));
+        let missed = evaluate_criteria(&criteria[..1], &aggregate_with(0.5), 0);
         assert!(!missed[0].met);
+    }
+
+    #[test]
+    fn every_metric_a_criterion_may_name_is_measured_here_as_in_the_operator() {
+        let mut aggregate = aggregate_with(0.95);
+        for name in ["tool_call_accuracy_lenient", "plan_step_f1", "memory_consistency", "error_rate", "reward"] {
+            aggregate.means.insert(name.into(), 0.5);
+        }
+        aggregate.means.insert("resolution_time_s".into(), 1.5);
+        aggregate.means.insert("logit_divergence".into(), 0.01);
+        for (metric, _) in basecamp_api::criteria::CRITERION_METRICS {
+            for name in [metric.to_string(), format!("avg_{metric}"), format!("mean_{metric}")] {
+                let [result] = evaluate_criteria(&[format!("{name} >= 0")], &aggregate, 2).try_into().expect("one");
+                assert!(result.observed.is_some(), "{name}: {:?}", result.problem);
+            }
+        }
+        let lost = evaluate_criteria(&["lost_episodes == 0".to_string()], &aggregate, 2);
+        assert_eq!((lost[0].observed, lost[0].met), (Some(2.0), false));
     }
 
     fn variant(name: &str, aggregate: Aggregate) -> VariantSummary {

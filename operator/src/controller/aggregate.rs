@@ -25,7 +25,7 @@ use std::time::Instant;
 use basecamp_api::Criterion;
 use basecamp_api::task::CriterionResult;
 use basecamp_sandbox::storage::{Destination, Storage, StorageError, UtcDate};
-use basecamp_trace::metrics::{Aggregate, EpisodeMetrics, aggregate};
+use basecamp_trace::metrics::{Aggregate, EpisodeMetrics, aggregate, canonical_metric};
 use serde::{Deserialize, Serialize};
 
 use super::status::AggregatedStatus;
@@ -196,16 +196,11 @@ fn days_from_civil(date: UtcDate) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The value of a criterion's metric in a variant's metrics (with the
-/// aliases users write: `avg_resolution_time`, `resolution_time_p95`, ...).
+/// The value of a criterion's metric in a variant's metrics, by the names
+/// `basecamp run` reads too ([`canonical_metric`]: `avg_resolution_time`,
+/// `p95_resolution_time`, `completion_rate`, ...).
 pub fn metric_value(metrics: &BTreeMap<String, f64>, name: &str) -> Option<f64> {
-    let key = match name {
-        "resolution_time" | "avg_resolution_time" | "resolution_time_avg" => "resolution_time_s",
-        "resolution_time_p50" => "resolution_time_p50_s",
-        "resolution_time_p95" => "resolution_time_p95_s",
-        other => other,
-    };
-    metrics.get(key).copied()
+    metrics.get(canonical_metric(name)).copied()
 }
 
 /// Each criterion for each variant.
@@ -273,9 +268,10 @@ pub fn variant_metrics(aggregate: &Aggregate, lost: usize) -> BTreeMap<String, f
         aggregate.means.iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k.clone(), *v)).collect();
     metrics.insert("episodes".into(), f64::from(aggregate.episodes));
     metrics.insert("lost_episodes".into(), lost as f64);
-    if aggregate.episodes > 0 {
-        metrics.insert("resolution_time_p50_s".into(), aggregate.resolution_time_p50_s);
-        metrics.insert("resolution_time_p95_s".into(), aggregate.resolution_time_p95_s);
+    for name in ["resolution_time_p50_s", "resolution_time_p95_s", "success_rate"] {
+        if let Some(value) = aggregate.value_of(name) {
+            metrics.insert(name.into(), value);
+        }
     }
     metrics
 }

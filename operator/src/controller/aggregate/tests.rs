@@ -228,3 +228,29 @@ fn criteria_name_missing_metrics() {
         results[0]
     );
 }
+
+#[test]
+fn every_metric_a_criterion_may_name_is_in_a_variants_metrics_as_basecamp_run_reads_it() {
+    let measured = EpisodeMetrics {
+        tool_call_accuracy: 0.9,
+        tool_call_accuracy_lenient: 0.95,
+        memory_consistency: Some(1.0),
+        resolution_time_s: 1.5,
+        reward: Some(0.5),
+        logit_divergence: Some(0.01),
+        ..Default::default()
+    };
+    let aggregate = aggregate_metrics([(&measured, "completed"), (&measured, "max_steps")]);
+    let metrics = variant_metrics(&aggregate, 1);
+    for (metric, _) in basecamp_api::criteria::CRITERION_METRICS {
+        for name in [metric.to_string(), format!("avg_{metric}"), format!("mean_{metric}")] {
+            let value = metric_value(&metrics, &name);
+            assert!(value.is_some(), "{name}: the metrics hold {:?}", metrics.keys().collect::<Vec<_>>());
+            if *metric != "lost_episodes" {
+                assert_eq!(value, aggregate.value_of(&name), "{name}: basecamp run reads the same value");
+            }
+        }
+    }
+    assert_eq!(metric_value(&metrics, "completion_rate"), Some(0.5), "one of two episodes completed");
+    assert_eq!(metric_value(&metrics, "p95_resolution_time"), Some(1.5));
+}
