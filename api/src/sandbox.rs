@@ -401,8 +401,8 @@ pub struct MemoryMatch {
 
 /// The per-episode metrics a reward component's `source` can name: what the
 /// sandbox scores each episode on (the runner's `metric_score`; a test in
-/// the sandbox crate keeps the two lists equal). Any other source would
-/// score 0 on every episode.
+/// the sandbox crate checks it scores each). Any other source would score 0
+/// on every episode.
 pub const REWARD_SOURCES: &[&str] = &[
     "tool_call_accuracy",
     "tool_call_accuracy_lenient",

@@ -993,21 +993,6 @@ pub fn metric_score(source: &str, m: &EpisodeMetrics, outcome: Outcome, max_step
     })
 }
 
-/// Reward sources the runner can score.
-pub const REWARD_SOURCES: [&str; 11] = [
-    "tool_call_accuracy",
-    "tool_call_accuracy_lenient",
-    "plan_step_f1",
-    "memory_consistency",
-    "error_rate",
-    "logit_divergence",
-    "steps",
-    "resolution_time",
-    "efficiency_penalty",
-    "success",
-    "task_success",
-];
-
 fn outcome_name(o: Outcome) -> &'static str {
     match o {
         Outcome::Completed => "completed",
