@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use basecamp_sandbox::testing::{example_copy, never_ready, services_in};
+use basecamp_sandbox::testing::{example_copy, never_ready, services_in, wait_for_no_services, wait_for_services};
 use serde_json::Value;
 
 fn example() -> PathBuf {
@@ -291,11 +291,7 @@ fn sigterm_stops_a_run_like_ctrl_c_and_stops_its_services() {
     assert_eq!(output.status.code(), Some(130), "{}", String::from_utf8_lossy(&output.stderr));
     let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
     assert_eq!(run["stopped_early"], true);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_no_services(&project, Duration::from_secs(10));
 }
 
 #[test]
@@ -330,11 +326,7 @@ fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "the service did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_services(&project, Duration::from_secs(20));
     let interrupt =
         || assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
     interrupt();
@@ -347,11 +339,7 @@ fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
     }
     assert_eq!(child.wait().unwrap().code(), Some(130));
     // Before: the service, in a process group of its own, was left sleeping.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_no_services(&project, Duration::from_secs(5));
 }
 
 #[test]
@@ -366,11 +354,7 @@ fn ctrl_c_while_a_service_starts_ends_the_wait_at_once() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "the service did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_services(&project, Duration::from_secs(20));
     assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
     let started = Instant::now();
     while child.try_wait().unwrap().is_none() {
@@ -382,11 +366,7 @@ fn ctrl_c_while_a_service_starts_ends_the_wait_at_once() {
     assert_eq!(output.status.code(), Some(130), "{}", String::from_utf8_lossy(&output.stderr));
     let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
     assert_eq!(run["stopped_early"], true);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_no_services(&project, Duration::from_secs(5));
 }
 
 #[test]
@@ -410,12 +390,8 @@ fn sigkill_of_a_run_takes_its_services_with_it() {
     // The OOM killer, `kill -9`: no handler and no destructor runs, only the kernel acts.
     child.kill().unwrap();
     child.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !services_in(&project).is_empty() {
-        // Before: both tracking services slept on, reparented to init.
-        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Before: both tracking services slept on, reparented to init.
+    wait_for_no_services(&project, Duration::from_secs(5));
 }
 
 #[test]

@@ -254,6 +254,24 @@ pub fn never_ready(project: &Path) {
     }
 }
 
+/// Waits until a tracking service runs in `project` (see [`services_in`]).
+pub fn wait_for_services(project: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while services_in(project).is_empty() {
+        assert!(Instant::now() < deadline, "no service started within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until no tracking service runs in `project` any more.
+pub fn wait_for_no_services(project: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !services_in(project).is_empty() {
+        assert!(Instant::now() < deadline, "services still running after {timeout:?}: {:?}", services_in(project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The live `python3 services/tracking.py` processes working in `dir`.
 pub fn services_in(dir: &Path) -> Vec<u32> {
     let pids =

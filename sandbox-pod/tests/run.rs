@@ -8,7 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use basecamp_sandbox::testing::{example_copy, never_ready, services_in};
+use basecamp_sandbox::testing::{example_copy, never_ready, wait_for_no_services, wait_for_services};
 use basecamp_trace::{Tail, read_trace};
 use serde_json::Value;
 
@@ -839,11 +839,7 @@ fn sigterm_while_a_service_starts_stops_it_and_serves_nothing() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "the service did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_services(&project, Duration::from_secs(20));
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     let started = Instant::now();
     while child.try_wait().unwrap().is_none() {
@@ -854,11 +850,7 @@ fn sigterm_while_a_service_starts_stops_it_and_serves_nothing() {
     // Before: killed by the signal on the spot, the service left sleeping.
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(output.stdout.is_empty(), "nothing was served");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_no_services(&project, Duration::from_secs(5));
 }
 
 #[test]
@@ -876,20 +868,12 @@ fn sigkill_of_the_sandbox_takes_its_services_with_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while services_in(&project).is_empty() {
-        assert!(Instant::now() < deadline, "the service did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_services(&project, Duration::from_secs(20));
     // No handler and no destructor runs: only the kernel can stop the service now.
     child.kill().unwrap();
     child.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !services_in(&project).is_empty() {
-        // Before: the service slept on, reparented to init.
-        assert!(Instant::now() < deadline, "services still running: {:?}", services_in(&project));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Before: the service slept on, reparented to init.
+    wait_for_no_services(&project, Duration::from_secs(5));
 }
 
 #[test]
