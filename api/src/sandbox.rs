@@ -452,10 +452,11 @@ impl Rewards {
 pub struct RewardComponent {
     /// Its weight in the sum (negative for penalties).
     pub weight: f64,
-    /// Where the score comes from: a per-episode metric
-    /// (`tool_call_accuracy`, `plan_step_f1`, `memory_consistency`,
-    /// `error_rate`, `steps`, `resolution_time`) or a field of
-    /// `expected_outputs`. Default: the component's name.
+    /// Where the score comes from: a per-episode metric the sandbox scores
+    /// (`tool_call_accuracy`, `tool_call_accuracy_lenient`, `plan_step_f1`,
+    /// `memory_consistency`, `error_rate`, `logit_divergence`, `steps`,
+    /// `resolution_time`, `efficiency_penalty`, `success`/`task_success`);
+    /// any other is refused by validation. Default: the component's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
 }

@@ -131,9 +131,13 @@ pub struct TaskDefinition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// Conditions on the aggregated metrics, each `metric OP value`, e.g.
-    /// `tool_call_accuracy >= 0.9`, `user_satisfaction_score > 0.85`,
-    /// `avg_resolution_time < 90s`. OP: < <= > >= == !=; values are numbers,
-    /// percentages (5%) or durations (ms, s, m, h; compared in seconds).
+    /// `tool_call_accuracy >= 0.9`, `success_rate > 0.85`,
+    /// `avg_resolution_time < 90s`. The metric is one a run reports: a
+    /// metric's mean (`avg_`/`mean_` prefix optional), `success_rate`,
+    /// `episodes`, `lost_episodes`, `p50_resolution_time`,
+    /// `p95_resolution_time`; any other name is never met (validation
+    /// warns). OP: < <= > >= == !=; values are numbers, percentages (5%) or
+    /// durations (ms, s, m, h; compared in seconds).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub success_criteria: Vec<String>,
 }
