@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner, file_safe, rollback_path};
+use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner, rollback_path, trace_file_name};
 use crate::executor::unix_nanos;
 
 /// A shard's `summary.json`.
@@ -63,7 +63,7 @@ impl ShardSummary {
             - std::time::Duration::from_secs(1);
         let cut_off = self.interrupted.iter().chain(self.lost.iter().map(|lost| &lost.id));
         for id in cut_off {
-            let trace = format!("{}.trace", file_safe(id));
+            let trace = trace_file_name(id);
             let modified = std::fs::metadata(out_dir.join(&trace)).and_then(|m| m.modified());
             if modified.is_ok_and(|modified| modified >= started) && !files.contains(&trace) {
                 files.push(trace);

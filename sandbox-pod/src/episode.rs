@@ -369,7 +369,7 @@ impl EpisodeRunner {
     /// Starts an episode: creates `<dir>/<id>.trace` with its header and the
     /// initial memory. No step has begun yet: call [`Episode::advance`].
     pub fn start(&self, input: EpisodeInput, dir: &Path) -> std::io::Result<Episode> {
-        let trace_path = dir.join(format!("{}.trace", file_safe(&input.id)));
+        let trace_path = dir.join(trace_file_name(&input.id));
         let mut header = self.header.clone();
         header.episode_id = input.id.clone();
         header.start_time_unix_nanos = unix_nanos(SystemTime::now());
@@ -1007,6 +1007,11 @@ fn outcome_name(o: Outcome) -> &'static str {
 pub fn rollback_path(trace: &Path) -> PathBuf {
     let stem = trace.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     trace.with_file_name(format!("{stem}.rollback_trace.json"))
+}
+
+/// The trace file an episode writes into its directory: `<file_safe(id)>.trace`.
+pub fn trace_file_name(id: &str) -> String {
+    format!("{}.trace", file_safe(id))
 }
 
 /// Longest stem before [`file_safe`] shortens it: with `.rollback_trace.json` it stays

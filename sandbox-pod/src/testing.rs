@@ -7,9 +7,10 @@
 //! And [`RefusingDeleteServer`], a stand-in for the per-key refusals of
 //! `DeleteObjects` that s3s-fs never gives; and the e-commerce example's
 //! copies for the signal tests ([`example_copy`], [`never_ready`],
-//! [`services_in`]).
+//! [`services_in`]); [`post_repeated`] for request bodies too large to build.
 
-use std::net::{TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -281,4 +282,33 @@ pub fn services_in(dir: &Path) -> Vec<u32> {
             && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
     };
     pids.filter(tracking).collect()
+}
+
+/// `POST path` with `body` sent `times` times over a plain connection; the
+/// status and the body of the answer. A server that answers before the whole
+/// body is sent may close the connection: the rest is not sent, and the
+/// answer still read.
+pub fn post_repeated(
+    addr: impl ToSocketAddrs + std::fmt::Display,
+    path: &str,
+    body: &[u8],
+    times: usize,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(&addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).expect("a read timeout");
+    let length = body.len() * times;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).expect("the request head");
+    for _ in 0..times {
+        if stream.write_all(body).is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
 }

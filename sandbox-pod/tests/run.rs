@@ -8,7 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use basecamp_sandbox::testing::{example_copy, never_ready, wait_for_no_services, wait_for_services};
+use basecamp_sandbox::testing::{example_copy, never_ready, post_repeated, wait_for_no_services, wait_for_services};
 use basecamp_trace::{Tail, read_trace};
 use serde_json::Value;
 
@@ -888,29 +888,6 @@ fn a_manifest_file_far_too_large_is_refused_without_reading_it_whole() {
     assert!(stderr.contains(&format!("{}: cannot read it: more than 16 MiB", big.display())), "{stderr}");
 }
 
-/// `POST path` with `body` sent `times` times; the status and the body of the answer. A
-/// server that answers before the whole body is sent may close the connection: the rest
-/// is not sent, and the answer still read.
-fn post(addr: &str, path: &str, body: &[u8], times: usize) -> (u16, String) {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let length = body.len() * times;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    for _ in 0..times {
-        if stream.write_all(body).is_err() {
-            break;
-        }
-    }
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
-}
-
 #[test]
 fn server_mode_reads_large_bodies_and_refuses_larger_ones_as_json() {
     let project = tempfile::tempdir().unwrap();
@@ -931,10 +908,10 @@ fn server_mode_reads_large_bodies_and_refuses_larger_ones_as_json() {
     // 3 MB, as a step's raw logits of a few tokens are. Before: 413 in plain text
     // ("Failed to buffer the request body: length limit exceeded"), axum's 2 MB default.
     let big = serde_json::to_vec(&serde_json::json!({"instruction": "a".repeat(3 << 20)})).unwrap();
-    let (status, answer) = post(&addr, "/v1/episodes", &big, 1);
+    let (status, answer) = post_repeated(&addr, "/v1/episodes", &big, 1);
     assert_eq!(status, 201, "{}", &answer[..answer.len().min(300)]);
     // Over the limit: the API's JSON error.
-    let (status, answer) = post(&addr, "/v1/episodes", &[b' '; 1 << 20], 257);
+    let (status, answer) = post_repeated(&addr, "/v1/episodes", &[b' '; 1 << 20], 257);
     assert_eq!(status, 413, "{answer}");
     let error: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
     assert_eq!(error["error"]["category"], "RequestTooLarge", "{answer}");

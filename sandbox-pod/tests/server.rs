@@ -16,6 +16,7 @@ use basecamp_sandbox::executor::{CallOutcome, Fallback, NullWrites, ToolCall, To
 use basecamp_sandbox::metrics::{OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE, SandboxMetrics};
 use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
 use basecamp_sandbox::server::{ServerState, serve};
+use basecamp_sandbox::testing::post_repeated;
 use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
 use basecamp_sandbox::tools::{Tool, ToolOutput};
 use basecamp_trace::pb::{Header, InjectionTrigger, record::Body};
@@ -517,30 +518,6 @@ async fn an_injection_for_an_episode_that_will_not_run_or_has_finished_is_refuse
     assert_eq!(status, 409, "{answer}");
     assert_eq!(answer["error"]["category"], "EpisodeFinished");
     server.shut_down().await;
-}
-
-/// `POST path` with `body` sent `times` times over a plain connection; the status and the
-/// body of the answer. A server that answers before the whole body is sent may close the
-/// connection: the rest is not sent, and the answer still read.
-fn post_repeated(addr: SocketAddr, path: &str, body: &[u8], times: usize) -> (u16, String) {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let length = body.len() * times;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    for _ in 0..times {
-        if stream.write_all(body).is_err() {
-            break;
-        }
-    }
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
 }
 
 #[tokio::test]

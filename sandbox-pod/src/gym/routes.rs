@@ -242,7 +242,7 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
         ),
         RegisterError::Exists(_) => exists(),
     })?;
-    let trace_file = format!("{}.trace", crate::episode::file_safe(&episode_id));
+    let trace_file = crate::episode::trace_file_name(&episode_id);
     let entry = Arc::new(Entry {
         slot: tokio::sync::Mutex::new(Slot { episode: None, result: None }),
         status: std::sync::Mutex::new(SlotStatus {
