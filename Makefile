@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-logits bench-search bench-serve demo demo-trace browser image fuzz clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-logits bench-search bench-serve demo demo-trace browser image fuzz prune clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -107,6 +107,9 @@ fuzz: ## A bounded fuzzing run of the trace reader (FUZZ_SECONDS, default 60)
 
 image: ## Build the container image with the three binaries (needs a Docker engine)
 	docker build -t $(IMAGE) .
+
+prune: ## Delete superseded test/bench executables from the cargo target directory (it otherwise grows by GBs a week)
+	bash scripts/prune-target.sh "$${CARGO_TARGET_DIR:-target}"
 
 clean:
 	$(CARGO) clean
