@@ -13,19 +13,22 @@
 //!    with `flatten`, and would make the operator refuse objects written by
 //!    a newer CRD. Every unknown field is reported, with a "did you mean";
 //!    its line is found by searching the document for the key (best effort:
-//!    given only when the key occurs once);
+//!    given only when the key occurs once). `metadata` is checked against
+//!    ObjectMeta's keys, with its name and namespace (the `metadata` module);
 //! 3. types, by deserializing the document straight from YAML, so a type
 //!    error has both its field path and its line.
 //!
 //! Documents of other kinds are reported as `UnknownKind` warnings and
 //! skipped, so a file may also hold, say, a Secret.
 
+mod metadata;
+
 use std::path::{Path, PathBuf};
 
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::sandbox::{SandboxConfig, SandboxConfigSpec};
 use crate::task::HarnessTask;
-use crate::validate::{ValidationContext, is_dns_label, is_dns_subdomain, validate_sandbox, validate_task};
+use crate::validate::{ValidationContext, validate_sandbox, validate_task};
 
 /// Where an object came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,42 +429,8 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
             format!("apiVersion: {api_version:?}; {kind} is served as apiVersion: {}", crate::API_VERSION),
         ));
     }
-    let metadata = object.get("metadata");
-    let name_value = metadata.and_then(|m| m.get("name")).filter(|v| !v.is_null());
-    let name = name_value.and_then(serde_json::Value::as_str);
-    let name_problem = |message: String| {
-        let line = line_of_key(document, "name").unwrap_or(document.start_line);
-        Problem::error_at(Rule::InvalidName, file_location(file, Some(line)), message)
-    };
-    match (name_value, name) {
-        (None, _) => report.push(invalid("metadata.name", format!("every {kind} needs metadata.name"))),
-        // The API server takes only a string; YAML reads 12345 or true as another type.
-        (Some(value), None) => report.push(name_problem(format!(
-            "metadata.name is the {} {value}, not a string; quote it: name: \"{}\"",
-            json_type(value),
-            value.as_str().map_or_else(|| value.to_string(), str::to_string)
-        ))),
-        (_, Some(name)) if name.len() > 253 => report.push(name_problem(format!(
-            "metadata.name is {} characters; Kubernetes names are at most 253",
-            name.chars().count()
-        ))),
-        (_, Some(name)) if !is_dns_subdomain(name) => report.push(name_problem(format!(
-            "metadata.name {name:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit)"
-        ))),
-        _ => {}
-    }
-    if let Some(namespace) = metadata.and_then(|m| m.get("namespace")).and_then(serde_json::Value::as_str)
-        && !is_dns_label(namespace)
-    {
-        let line = line_of_key(document, "namespace").unwrap_or(document.start_line);
-        report.push(Problem::error_at(
-            Rule::InvalidName,
-            file_location(file, Some(line)),
-            format!(
-                "metadata.namespace {namespace:?} is not a Kubernetes namespace (1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
-            ),
-        ));
-    }
+    metadata::check(file, document, kind, object.get("metadata"), report);
+    let name = object.get("metadata").and_then(|m| m.get("name")).and_then(serde_json::Value::as_str);
     if let Some(schema) = crate::crd::schema_of(kind) {
         let mut unknown = Vec::new();
         for (key, child) in object {
@@ -850,6 +819,26 @@ mod tests {
             namespace.message.starts_with("metadata.namespace \"Team A\" is not a Kubernetes namespace"),
             "{namespace}"
         );
+    }
+
+    #[test]
+    fn an_unknown_metadata_key_is_an_error_with_a_did_you_mean() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\n  namespce: team-a\nspec: {}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        // Before: accepted, and the object went to the default namespace.
+        assert_eq!(report.len(), 1, "{report}");
+        let problem = &report.problems()[0];
+        assert_eq!(problem.rule, Rule::UnknownField);
+        assert_eq!(problem.location, Location::line("m.yaml", 5));
+        assert_eq!(
+            problem.message,
+            "metadata.namespce: unknown field \"namespce\" in SandboxConfig; remove it or fix its name. Did you mean \"namespace\"?"
+        );
+        assert_eq!(manifests.sandboxes.len(), 1, "the rest of the document is still read");
+        // What kubectl get -o yaml writes back is accepted as it is.
+        let exported = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\n  namespace: team-a\n  generateName: a-\n  labels: {team: a}\n  annotations: {note: x}\n  uid: 0b6d2c3e-8f1a-4c2b-9d7e-1f2a3b4c5d6e\n  resourceVersion: \"42\"\n  generation: 3\n  creationTimestamp: \"2026-11-30T10:00:00Z\"\n  finalizers: [basecamp.dev/cleanup]\n  ownerReferences: []\n  managedFields: [{manager: kubectl, operation: Apply}]\nspec: {}\n";
+        let (_, report) = Manifests::parse("m.yaml", exported);
+        assert!(report.is_empty(), "{report}");
     }
 
     #[test]

@@ -1,0 +1,110 @@
+//! `metadata` as the API server reads it: a name and a namespace that are
+//! Kubernetes names, and only the keys of ObjectMeta — strict field
+//! validation (`kubectl apply`'s default) refuses any other, such as a
+//! misspelt `namespce`, which would otherwise put the object in the default
+//! namespace without a word.
+//!
+//! The keys the API server fills in (`uid`, `resourceVersion`,
+//! `generation`, `creationTimestamp`, `managedFields`, ...) are accepted, as
+//! `kubectl get -o yaml` writes them, and ignored.
+
+use std::sync::OnceLock;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use super::{Document, ManifestError, file_location, join_path, json_type, line_of_key};
+use crate::problem::{Problem, Report, Rule};
+use crate::validate::{is_dns_label, is_dns_subdomain, suggestion};
+
+/// Every problem the API server would find in `metadata` of a `kind` document.
+pub(super) fn check(file: &str, document: &Document, kind: &str, metadata: Option<&Value>, report: &mut Report) {
+    let at_key = |key: &str| file_location(file, Some(line_of_key(document, key).unwrap_or(document.start_line)));
+    check_name(file, document, kind, metadata, report);
+    if let Some(namespace) = metadata.and_then(|m| m.get("namespace")).and_then(Value::as_str)
+        && !is_dns_label(namespace)
+    {
+        report.push(Problem::error_at(
+            Rule::InvalidName,
+            at_key("namespace"),
+            format!(
+                "metadata.namespace {namespace:?} is not a Kubernetes namespace (1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
+            ),
+        ));
+    }
+    let Some(Value::Object(metadata)) = metadata else { return };
+    let known = object_meta_keys();
+    for key in metadata.keys().filter(|key| !known.contains(key)) {
+        let hint = suggestion(key, known.iter().map(String::as_str));
+        report.push(Problem::error_at(
+            Rule::UnknownField,
+            at_key(key),
+            format!(
+                "{}: unknown field {key:?} in {kind}; remove it or fix its name.{hint}",
+                join_path("metadata", key)
+            ),
+        ));
+    }
+}
+
+fn check_name(file: &str, document: &Document, kind: &str, metadata: Option<&Value>, report: &mut Report) {
+    let name_value = metadata.and_then(|m| m.get("name")).filter(|v| !v.is_null());
+    let name = name_value.and_then(Value::as_str);
+    let name_problem = |message: String| {
+        let line = line_of_key(document, "name").unwrap_or(document.start_line);
+        Problem::error_at(Rule::InvalidName, file_location(file, Some(line)), message)
+    };
+    match (name_value, name) {
+        (None, _) => report.push(
+            ManifestError::Invalid {
+                file: file.into(),
+                line: document.start_line,
+                path: "metadata.name".into(),
+                message: format!("every {kind} needs metadata.name"),
+            }
+            .to_problem(),
+        ),
+        // The API server takes only a string; YAML reads 12345 or true as another type.
+        (Some(value), None) => report.push(name_problem(format!(
+            "metadata.name is the {} {value}, not a string; quote it: name: \"{}\"",
+            json_type(value),
+            value.as_str().map_or_else(|| value.to_string(), str::to_string)
+        ))),
+        (_, Some(name)) if name.len() > 253 => report.push(name_problem(format!(
+            "metadata.name is {} characters; Kubernetes names are at most 253",
+            name.chars().count()
+        ))),
+        (_, Some(name)) if !is_dns_subdomain(name) => report.push(name_problem(format!(
+            "metadata.name {name:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit)"
+        ))),
+        _ => {}
+    }
+}
+
+/// The keys of ObjectMeta, from k8s-openapi's schema of it: what the API
+/// server accepts under `metadata`.
+fn object_meta_keys() -> &'static [String] {
+    static KEYS: OnceLock<Vec<String>> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let schema = schemars::schema_for!(ObjectMeta);
+        let properties = schema.get("properties").and_then(Value::as_object);
+        properties.map(|p| p.keys().cloned().collect()).unwrap_or_default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_known_keys_are_those_of_object_meta() {
+        let keys = object_meta_keys();
+        for key in ["name", "namespace", "labels", "annotations", "generateName", "uid", "resourceVersion"] {
+            assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
+        }
+        for key in ["generation", "creationTimestamp", "managedFields", "ownerReferences", "finalizers"] {
+            assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
+        }
+        assert!(!keys.iter().any(|k| k == "spec"));
+    }
+}
