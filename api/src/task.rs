@@ -133,8 +133,10 @@ pub struct TaskDefinition {
     /// Conditions on the aggregated metrics, each `metric OP value`, e.g.
     /// `tool_call_accuracy >= 0.9`, `success_rate > 0.85`,
     /// `avg_resolution_time < 90s`. The metric is one a run reports: a
-    /// metric's mean (`avg_`/`mean_` prefix optional), `success_rate`,
-    /// `episodes`, `lost_episodes`, `p50_resolution_time`,
+    /// metric's mean (`avg_`/`mean_` prefix optional), `success_rate` (the
+    /// share of episodes with no tool error, every tool call right and the
+    /// memory as expected), `completion_rate` (the share that ran to their
+    /// end), `episodes`, `lost_episodes`, `p50_resolution_time`,
     /// `p95_resolution_time`; any other name is never met (validation
     /// warns). OP: < <= > >= == !=; values are numbers, percentages (5%) or
     /// durations (ms, s, m, h; compared in seconds).

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use basecamp_trace::metrics::{Aggregate, aggregate};
+use basecamp_trace::metrics::{Aggregate, EpisodeEnd, aggregate};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -161,7 +161,11 @@ pub async fn run_shard(
         shard_count: header.shard_count,
         started_unix_nanos: unix_nanos(started_wall),
         wall_seconds: started.elapsed().as_secs_f64(),
-        aggregate: aggregate(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str()))),
+        aggregate: aggregate(episodes.iter().map(|e| EpisodeEnd {
+            metrics: &e.metrics,
+            outcome: &e.outcome,
+            failure_class: &e.failure_class,
+        })),
         episodes,
         lost,
         stopped_early: stop.is_cancelled() && !(interrupted.is_empty() && not_started.is_empty()),

@@ -18,7 +18,7 @@ use basecamp_sandbox::executor::{NullWrites, ToolDef, ToolExecutor};
 use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
 use basecamp_sandbox::tools::Tool;
 use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
-use basecamp_trace::metrics::aggregate;
+use basecamp_trace::metrics::{EpisodeEnd, aggregate};
 use basecamp_trace::pb::{Header, TokenLogit, record::Body};
 use basecamp_trace::read_trace;
 use serde_json::{Value, json};
@@ -194,7 +194,11 @@ async fn raw_logits_become_token_records_and_the_episode_divergence() {
     );
     let summary = serde_json::to_value(&result.metrics).unwrap();
     assert_eq!(summary["logit_divergence"].as_f64(), Some(got));
-    let agg = aggregate([(&result.metrics, result.outcome.as_str())]);
+    let agg = aggregate([EpisodeEnd {
+        metrics: &result.metrics,
+        outcome: &result.outcome,
+        failure_class: &result.failure_class,
+    }]);
     assert_eq!(agg.value_of("logit_divergence"), Some(got));
 }
 

@@ -17,6 +17,11 @@
 //!   sandbox after scoring; see `basecamp_sandbox::logits`).
 //!
 //! A metric that cannot be computed (no expectation) is absent, never NaN.
+//!
+//! Over a variant: `success_rate` is the share of episodes that succeeded
+//! (failure class [`NO_FAILURE`]: no tool error, every tool call right, the
+//! memory as expected) and `completion_rate` the share that ran to their end
+//! (outcome `completed`, whatever went wrong on the way).
 
 use std::collections::BTreeMap;
 
@@ -206,14 +211,30 @@ pub struct Aggregate {
     pub resolution_time_p95_s: f64,
     /// Episode outcome name -> count.
     pub outcomes: BTreeMap<String, u32>,
+    /// Failure class -> count, [`NO_FAILURE`] included (absent from
+    /// aggregates written before it was counted).
+    #[serde(default)]
+    pub failure_classes: BTreeMap<String, u32>,
+}
+
+/// The failure class of an episode that succeeded.
+pub const NO_FAILURE: &str = "ok";
+
+/// How one episode ended, as an aggregate counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct EpisodeEnd<'a> {
+    pub metrics: &'a EpisodeMetrics,
+    /// The outcome name (`completed`, `max_steps`, `error`, ...).
+    pub outcome: &'a str,
+    /// [`NO_FAILURE`] or what went wrong first.
+    pub failure_class: &'a str,
 }
 
 /// The one name of a metric a success criterion or a report may name in
 /// several ways: an `avg_`/`mean_` prefix is dropped (metrics are means),
 /// `resolution_time` and `resolution_time_avg` are `resolution_time_s`,
 /// `p50_resolution_time` and `resolution_time_p50` are
-/// `resolution_time_p50_s` (p95 alike), `completion_rate` is
-/// `success_rate`. `basecamp run` and the operator both look criteria up by
+/// `resolution_time_p50_s` (p95 alike). `basecamp run` and the operator both look criteria up by
 /// it, so a criterion means the same on a laptop and in the cluster.
 pub fn canonical_metric(metric: &str) -> &str {
     let name = metric.strip_prefix("avg_").or_else(|| metric.strip_prefix("mean_")).unwrap_or(metric);
@@ -221,7 +242,6 @@ pub fn canonical_metric(metric: &str) -> &str {
         "resolution_time" | "resolution_time_avg" => "resolution_time_s",
         "p50_resolution_time" | "resolution_time_p50" => "resolution_time_p50_s",
         "p95_resolution_time" | "resolution_time_p95" => "resolution_time_p95_s",
-        "completion_rate" => "success_rate",
         other => other,
     }
 }
@@ -229,29 +249,38 @@ pub fn canonical_metric(metric: &str) -> &str {
 impl Aggregate {
     /// The value a success criterion or a report names (any name
     /// [`canonical_metric`] knows): a metric's mean, `episodes`, the
-    /// resolution-time percentiles and `success_rate` (the share of
-    /// completed episodes). `None` for a name no episode had.
+    /// resolution-time percentiles, `success_rate` (the share of episodes
+    /// that succeeded) and `completion_rate` (the share that ran to their
+    /// end). `None` for a name no episode had.
     pub fn value_of(&self, metric: &str) -> Option<f64> {
         match canonical_metric(metric) {
             "episodes" => Some(f64::from(self.episodes)),
             "resolution_time_p50_s" => (self.episodes > 0).then_some(self.resolution_time_p50_s),
             "resolution_time_p95_s" => (self.episodes > 0).then_some(self.resolution_time_p95_s),
-            "success_rate" => (self.episodes > 0)
-                .then(|| f64::from(self.outcomes.get("completed").copied().unwrap_or(0)) / f64::from(self.episodes)),
+            "success_rate" => (self.episodes > 0 && !self.failure_classes.is_empty())
+                .then(|| self.share(self.failure_classes.get(NO_FAILURE))),
+            "completion_rate" => (self.episodes > 0).then(|| self.share(self.outcomes.get("completed"))),
             name => self.means.get(name).copied(),
         }
     }
+
+    fn share(&self, count: Option<&u32>) -> f64 {
+        f64::from(count.copied().unwrap_or(0)) / f64::from(self.episodes)
+    }
 }
 
-/// Mean of every metric, resolution-time percentiles and outcome counts.
-pub fn aggregate<'a>(episodes: impl IntoIterator<Item = (&'a EpisodeMetrics, &'a str)>) -> Aggregate {
+/// Mean of every metric, resolution-time percentiles, outcome and failure
+/// class counts.
+pub fn aggregate<'a>(episodes: impl IntoIterator<Item = EpisodeEnd<'a>>) -> Aggregate {
     let mut sums: BTreeMap<&str, (f64, u32)> = BTreeMap::new();
     let mut times = Vec::new();
     let mut outcomes: BTreeMap<String, u32> = BTreeMap::new();
+    let mut failure_classes: BTreeMap<String, u32> = BTreeMap::new();
     let mut n = 0u32;
-    for (m, outcome) in episodes {
+    for EpisodeEnd { metrics: m, outcome, failure_class } in episodes {
         n += 1;
         *outcomes.entry(outcome.to_string()).or_default() += 1;
+        *failure_classes.entry(failure_class.to_string()).or_default() += 1;
         times.push(m.resolution_time_s);
         let mut add = |name, v: Option<f64>| {
             if let Some(v) = v.filter(|v| v.is_finite()) {
@@ -276,6 +305,7 @@ pub fn aggregate<'a>(episodes: impl IntoIterator<Item = (&'a EpisodeMetrics, &'a
         resolution_time_p50_s: percentile(&times, 0.50),
         resolution_time_p95_s: percentile(&times, 0.95),
         outcomes,
+        failure_classes,
     }
 }
 
@@ -384,7 +414,7 @@ mod tests {
                 ..Default::default()
             });
         }
-        let agg = aggregate(ms.iter().map(|m| (m, "completed")));
+        let agg = aggregate(ms.iter().map(|m| EpisodeEnd { metrics: m, outcome: "completed", failure_class: NO_FAILURE }));
         assert_eq!(agg.episodes, 20);
         assert_eq!(agg.means["tool_call_accuracy"], 0.75);
         assert_eq!(agg.means["memory_consistency"], 1.0);
@@ -392,5 +422,30 @@ mod tests {
         assert_eq!(agg.resolution_time_p50_s, 10.0);
         assert_eq!(agg.resolution_time_p95_s, 19.0);
         assert_eq!(agg.outcomes["completed"], 20);
+    }
+
+    #[test]
+    fn success_counts_episodes_without_a_failure_and_completion_those_that_ran_to_their_end() {
+        let m = EpisodeMetrics::default();
+        let ends = [
+            ("completed", NO_FAILURE),
+            ("completed", "timeout"),
+            ("completed", "memory_mismatch"),
+            ("max_steps", NO_FAILURE),
+        ];
+        let agg = aggregate(ends.iter().map(|&(outcome, failure_class)| EpisodeEnd { metrics: &m, outcome, failure_class }));
+        assert_eq!(agg.value_of("success_rate"), Some(0.5), "two of four episodes had no failure");
+        assert_eq!(agg.value_of("completion_rate"), Some(0.75), "three of four ran to their end");
+        assert_eq!(agg.failure_classes["timeout"], 1);
+
+        let none = aggregate([]);
+        assert_eq!((none.value_of("success_rate"), none.value_of("completion_rate")), (None, None));
+        let older: Aggregate = serde_json::from_value(json!({
+            "episodes": 2, "means": {}, "resolution_time_p50_s": 1.0, "resolution_time_p95_s": 1.0,
+            "outcomes": {"completed": 2}
+        }))
+        .expect("an aggregate written before failure classes were counted");
+        assert_eq!(older.value_of("success_rate"), None, "unknown, not 0");
+        assert_eq!(older.value_of("completion_rate"), Some(1.0));
     }
 }

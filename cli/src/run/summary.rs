@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use basecamp_api::criteria::parse_criterion;
 use basecamp_sandbox::driver::{LostEpisode, ShardSummary};
 use basecamp_sandbox::run::ResolvedVariant;
-use basecamp_trace::metrics::{Aggregate, EpisodeMetrics, aggregate, canonical_metric};
+use basecamp_trace::metrics::{Aggregate, EpisodeEnd, EpisodeMetrics, NO_FAILURE, aggregate, canonical_metric};
 use serde::Serialize;
 
 use super::analysis::{RootCause, root_causes};
@@ -62,7 +62,7 @@ pub struct EpisodeRow {
 
 impl EpisodeRow {
     pub fn failed(&self) -> bool {
-        self.failure_class != "ok"
+        self.failure_class != NO_FAILURE
     }
 }
 
@@ -152,7 +152,11 @@ impl VariantSummary {
             interrupted.extend(shard.interrupted.iter().cloned());
             not_started.extend(shard.not_started.iter().cloned());
         }
-        let aggregate = aggregate(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str())));
+        let aggregate = aggregate(episodes.iter().map(|e| EpisodeEnd {
+            metrics: &e.metrics,
+            outcome: &e.outcome,
+            failure_class: &e.failure_class,
+        }));
         let failed: Vec<(&EpisodeRow, PathBuf)> =
             episodes.iter().filter(|e| e.failed()).map(|e| (e, root.join(&e.trace))).collect();
         VariantSummary {
@@ -376,7 +380,8 @@ mod tests {
             means: [("tool_call_accuracy".to_string(), accuracy)].into(),
             resolution_time_p50_s: 0.5,
             resolution_time_p95_s: 2.0,
-            outcomes: [("completed".to_string(), 8)].into(),
+            outcomes: [("completed".to_string(), 10)].into(),
+            failure_classes: [("ok".to_string(), 8), ("timeout".to_string(), 2)].into(),
         }
     }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
-use basecamp_trace::metrics::EpisodeMetrics;
+use basecamp_trace::metrics::{EpisodeMetrics, NO_FAILURE};
 
 use super::digest::TraceDigest;
 use super::insights::InsightsMemo;
@@ -60,7 +60,7 @@ impl LazyDigest {
 
 impl EpisodeEntry {
     pub fn failed(&self) -> bool {
-        self.failure_class != "ok"
+        self.failure_class != NO_FAILURE
     }
 
     /// `<variant>/<episode>`: unique within a task, the key of in-page links.

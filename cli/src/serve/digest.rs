@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use basecamp_trace::metrics::NO_FAILURE;
 use basecamp_trace::pb::{self, Header, record::Body};
 
 /// One plan step as the timeline shows it.
@@ -164,7 +165,7 @@ impl TraceDigest {
         if self.outcome != "completed" {
             return self.outcome.clone();
         }
-        "ok".into()
+        NO_FAILURE.into()
     }
 
     /// The metrics a trace holds without the test set: error rate,

@@ -25,7 +25,7 @@ use std::time::Instant;
 use basecamp_api::Criterion;
 use basecamp_api::task::CriterionResult;
 use basecamp_sandbox::storage::{Destination, Storage, StorageError, UtcDate};
-use basecamp_trace::metrics::{Aggregate, EpisodeMetrics, aggregate, canonical_metric};
+use basecamp_trace::metrics::{Aggregate, EpisodeEnd, EpisodeMetrics, aggregate, canonical_metric};
 use serde::{Deserialize, Serialize};
 
 use super::status::AggregatedStatus;
@@ -268,7 +268,7 @@ pub fn variant_metrics(aggregate: &Aggregate, lost: usize) -> BTreeMap<String, f
         aggregate.means.iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k.clone(), *v)).collect();
     metrics.insert("episodes".into(), f64::from(aggregate.episodes));
     metrics.insert("lost_episodes".into(), lost as f64);
-    for name in ["resolution_time_p50_s", "resolution_time_p95_s", "success_rate"] {
+    for name in ["resolution_time_p50_s", "resolution_time_p95_s", "success_rate", "completion_rate"] {
         if let Some(value) = aggregate.value_of(name) {
             metrics.insert(name.into(), value);
         }
@@ -362,7 +362,11 @@ pub fn combine(found: &Found, variants: &[String]) -> (VariantMetrics, Vec<Index
         }
         let episodes: Vec<&EpisodeRow> = summaries.iter().flat_map(|(_, s)| s.episodes.iter()).collect();
         let lost: usize = summaries.iter().map(|(_, s)| s.lost.len()).sum();
-        let aggregate = aggregate(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str())));
+        let aggregate = aggregate(episodes.iter().map(|e| EpisodeEnd {
+            metrics: &e.metrics,
+            outcome: &e.outcome,
+            failure_class: &e.failure_class,
+        }));
         metrics.insert(variant.clone(), variant_metrics(&aggregate, lost));
         aggregates.insert(variant.clone(), aggregate);
         for (dir, summary) in &summaries {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use basecamp_sandbox::episode::EpisodeResult;
 use basecamp_sandbox::storage::{Destination, Storage, UtcDate};
-use basecamp_trace::metrics::{EpisodeMetrics, aggregate as aggregate_metrics};
+use basecamp_trace::metrics::{EpisodeEnd, EpisodeMetrics, NO_FAILURE, aggregate as aggregate_metrics};
 
 use super::*;
 use crate::metrics::Metrics;
@@ -40,7 +40,11 @@ fn summary(variant: &str, shard: u32, episodes: Vec<EpisodeResult>) -> serde_jso
         "shard_count": 2,
         "started_unix_nanos": 1_000,
         "wall_seconds": 1.0,
-        "aggregate": aggregate_metrics(episodes.iter().map(|e| (&e.metrics, e.outcome.as_str()))),
+        "aggregate": aggregate_metrics(episodes.iter().map(|e| EpisodeEnd {
+            metrics: &e.metrics,
+            outcome: &e.outcome,
+            failure_class: &e.failure_class,
+        })),
         "episodes": episodes,
         "lost": [],
     })
@@ -240,7 +244,12 @@ fn every_metric_a_criterion_may_name_is_in_a_variants_metrics_as_basecamp_run_re
         logit_divergence: Some(0.01),
         ..Default::default()
     };
-    let aggregate = aggregate_metrics([(&measured, "completed"), (&measured, "max_steps")]);
+    let ends = [("completed", NO_FAILURE), ("completed", "timeout"), ("max_steps", "wrong_tool_calls")];
+    let aggregate = aggregate_metrics(ends.map(|(outcome, failure_class)| EpisodeEnd {
+        metrics: &measured,
+        outcome,
+        failure_class,
+    }));
     let metrics = variant_metrics(&aggregate, 1);
     for (metric, _) in basecamp_api::criteria::CRITERION_METRICS {
         for name in [metric.to_string(), format!("avg_{metric}"), format!("mean_{metric}")] {
@@ -251,6 +260,7 @@ fn every_metric_a_criterion_may_name_is_in_a_variants_metrics_as_basecamp_run_re
             }
         }
     }
-    assert_eq!(metric_value(&metrics, "completion_rate"), Some(0.5), "one of two episodes completed");
+    assert_eq!(metric_value(&metrics, "success_rate"), Some(1.0 / 3.0), "one of three episodes had no failure");
+    assert_eq!(metric_value(&metrics, "completion_rate"), Some(2.0 / 3.0), "two of three ran to their end");
     assert_eq!(metric_value(&metrics, "p95_resolution_time"), Some(1.5));
 }
