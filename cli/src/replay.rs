@@ -5,7 +5,9 @@
 //! one and reports "identical" or the first divergence (step, field,
 //! recorded vs replayed).
 //!
-//! The manifests give what a trace does not hold: the SandboxConfig (memory
+//! The manifests give what a trace does not hold (without `--config`, those
+//! of the `basecamp run` whose directory holds the trace, named in its
+//! `run.json`): the SandboxConfig (memory
 //! patches, fallbacks, timeouts, rewards) and the test-set row (the input
 //! and the expectations the metrics are scored against). Every tool becomes
 //! a `recorded` tool answering in call order from the trace: a call that
@@ -26,13 +28,16 @@ use basecamp_sandbox::run::{load_manifests, load_test_set, resolve_variants, sel
 use basecamp_trace::pb::{self, record::Body};
 use serde_json::{Value, json};
 
+use crate::run::summary::RUN_FILE;
+
 /// Re-execute a recorded episode and report the first divergence.
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     /// The .trace file to replay, or one s3://BUCKET/KEY.trace object.
     pub file: PathBuf,
-    /// The manifests the episode ran with (HarnessTask, SandboxConfig, test set).
-    #[arg(long = "config", required = true)]
+    /// The manifests the episode ran with (HarnessTask, SandboxConfig, test
+    /// set); default: those of the `basecamp run` whose directory holds FILE.
+    #[arg(long = "config")]
     pub config: Vec<PathBuf>,
     /// The variant (default: the trace header's).
     #[arg(long)]
@@ -63,6 +68,14 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         );
     }
     let header = recorded.header.clone();
+    let manifests = if args.config.is_empty() {
+        let (run_file, manifests) = manifests_of_run(&args.file, &header.task)
+            .map_err(|e| anyhow!("cannot replay {}: {e}", args.file.display()))?;
+        basecamp_sandbox::stderr_line!("manifests: {} (from {})", join_paths(&manifests), run_file.display());
+        manifests
+    } else {
+        args.config.clone()
+    };
     let (scratch, keep) = match &args.out {
         Some(dir) => (dir.clone(), true),
         None => {
@@ -71,7 +84,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     };
     std::fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let replayed = runtime.block_on(replay(&args, &recorded.records, &header, &scratch));
+    let replayed = runtime.block_on(replay(&args, &manifests, &recorded.records, &header, &scratch));
     if !keep {
         let _ = std::fs::remove_dir_all(&scratch);
     }
@@ -103,14 +116,48 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     }
 }
 
+/// What `trace replay` reads of a `basecamp run`'s `run.json`.
+#[derive(serde::Deserialize)]
+struct RunManifests {
+    task: String,
+    #[serde(default)]
+    manifests: Vec<PathBuf>,
+}
+
+/// The manifests of the `basecamp run` whose directory holds `trace`: the
+/// nearest `run.json` above it (`<out>/<variant>/shard-<i>/<episode>.trace`)
+/// of the trace's task.
+fn manifests_of_run(trace: &Path, task: &str) -> Result<(PathBuf, Vec<PathBuf>)> {
+    let pass_config = "pass --config with the HarnessTask, its SandboxConfig and the test set the episode ran with";
+    let run_file = std::path::absolute(trace)
+        .ok()
+        .and_then(|trace| trace.ancestors().skip(1).take(4).map(|dir| dir.join(RUN_FILE)).find(|f| f.is_file()))
+        .ok_or_else(|| anyhow!("no --config, and no {RUN_FILE} of a `basecamp run` above the trace; {pass_config}"))?;
+    let text = std::fs::read(&run_file).with_context(|| format!("cannot read {}", run_file.display()))?;
+    let run: RunManifests = serde_json::from_slice(&text)
+        .map_err(|e| anyhow!("{} is not a `basecamp run` summary ({e}); {pass_config}", run_file.display()))?;
+    if run.task != task {
+        bail!("{} is a run of task {:?}, the trace of task {task:?}; {pass_config}", run_file.display(), run.task);
+    }
+    if run.manifests.is_empty() {
+        bail!("{} does not name its manifests (a run before they were recorded); {pass_config}", run_file.display());
+    }
+    Ok((run_file, run.manifests))
+}
+
+fn join_paths(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" ")
+}
+
 async fn replay(
     args: &ReplayArgs,
+    manifests: &[PathBuf],
     records: &[pb::Record],
     header: &pb::Header,
     scratch: &Path,
 ) -> Result<Vec<pb::Record>> {
     let err = |e: basecamp_sandbox::run::RunError| anyhow!("{e}");
-    let (manifests, _warnings) = load_manifests(&args.config).map_err(err)?;
+    let (manifests, _warnings) = load_manifests(manifests).map_err(err)?;
     let loaded = select_task(&manifests, Some(header.task.as_str())).map_err(err)?;
     let task = &loaded.object;
     let variant_name = args.variant.clone().unwrap_or_else(|| header.variant.clone());

@@ -46,6 +46,25 @@ fn a_recorded_episode_replays_identically_and_diverges_under_the_other_variant()
         assert!(ok && text.starts_with("identical:"), "{text}");
     }
 
+    // Without --config: the manifests of the run whose directory holds the trace.
+    let trace = out.path().join(passed["trace"].as_str().unwrap());
+    let replayed = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "replay", trace.to_str().unwrap()])
+        .output()
+        .expect("basecamp runs");
+    let (said, noted) = (String::from_utf8_lossy(&replayed.stdout), String::from_utf8_lossy(&replayed.stderr));
+    assert!(replayed.status.success() && said.starts_with("identical:"), "{said}{noted}");
+    assert!(noted.contains("examples/ecommerce (from ") && noted.contains("run.json)"), "{noted}");
+    // Outside a run directory, or under another task's run, it says to pass --config.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let lone = elsewhere.path().join("lone.trace");
+    std::fs::copy(&trace, &lone).unwrap();
+    let (ok, text) = basecamp(&["trace", "replay", lone.to_str().unwrap()]);
+    assert!(!ok && text.contains("no --config, and no run.json") && text.contains("pass --config"), "{text}");
+    std::fs::write(elsewhere.path().join("run.json"), r#"{"task": "another", "manifests": ["x.yaml"]}"#).unwrap();
+    let (ok, text) = basecamp(&["trace", "replay", lone.to_str().unwrap()]);
+    assert!(!ok && text.contains("a run of task \"another\""), "{text}");
+
     // The same episode where the operator keeps it: one object on S3 (s3s-fs on 127.0.0.1).
     let data = out.path().join("s3");
     let key = "traces/shard-0/failed.trace";

@@ -226,7 +226,9 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let wall_seconds = started.elapsed().as_secs_f64();
 
     let criteria = &task.spec.task_definition.success_criteria;
-    let summary = RunSummary::new(&task_name, &out_root, &variants, shards, criteria, wall_seconds);
+    let mut summary = RunSummary::new(&task_name, &out_root, &variants, shards, criteria, wall_seconds);
+    summary.manifests =
+        args.paths.iter().map(|path| std::path::absolute(path).unwrap_or_else(|_| path.clone())).collect();
     summary.write(&out_root)?;
     report::write(&summary, &out_root)?;
     Ok(summary)

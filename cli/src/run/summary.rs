@@ -24,6 +24,10 @@ pub const DIVERGENCE: &str = "logit_divergence";
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
     pub task: String,
+    /// The manifest paths the run was given, absolute (`trace replay` of a
+    /// trace in the run directory finds them here).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub manifests: Vec<PathBuf>,
     pub out_dir: PathBuf,
     pub wall_seconds: f64,
     pub episodes_per_second: f64,
@@ -207,6 +211,7 @@ impl RunSummary {
         let comparison = (summaries.len() >= 2).then(|| compare(&summaries[0], &summaries[1]));
         RunSummary {
             task: task.to_string(),
+            manifests: Vec::new(),
             out_dir: out_dir.to_path_buf(),
             wall_seconds,
             episodes_per_second: if wall_seconds > 0.0 { f64::from(episodes) / wall_seconds } else { 0.0 },
@@ -441,6 +446,7 @@ mod tests {
         let mut with_kl = variant("b", aggregate_with(0.8));
         with_kl.aggregate.means.insert(DIVERGENCE.into(), 0.000_421);
         let summary = |variants: Vec<VariantSummary>| RunSummary {
+            manifests: Vec::new(),
             task: "t".into(),
             out_dir: PathBuf::from("out"),
             wall_seconds: 1.0,
