@@ -842,6 +842,54 @@ mod tests {
     }
 
     #[test]
+    fn labels_and_annotations_are_strings_with_the_label_syntax() {
+        let text_with = |metadata: &str| {
+            format!(
+                "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\n{metadata}spec: {{}}\n"
+            )
+        };
+        let problems = |metadata: &str| {
+            let (manifests, report) = Manifests::parse("m.yaml", &text_with(metadata));
+            assert_eq!(manifests.sandboxes.len(), 1, "the rest of the document is still read: {report}");
+            report.problems().to_vec()
+        };
+        // Before: both accepted; the API server refuses a number or a boolean there.
+        let typed = problems("  labels:\n    team: 1\n  annotations:\n    enabled: true\n");
+        assert_eq!(typed.len(), 2, "{typed:?}");
+        assert_eq!(typed[0].rule, Rule::InvalidManifest);
+        assert_eq!(typed[0].location, Location::line("m.yaml", 6));
+        assert_eq!(typed[0].message, "metadata.labels.team is the number 1, not a string; quote it: team: \"1\"");
+        assert_eq!(typed[1].location, Location::line("m.yaml", 8));
+        assert_eq!(
+            typed[1].message,
+            "metadata.annotations.enabled is the boolean true, not a string; quote it: enabled: \"true\""
+        );
+        // Label syntax: keys (an optional DNS-subdomain prefix) and values.
+        let long = "v".repeat(64);
+        let syntax = problems(&format!(
+            "  labels:\n    app.kubernetes.io/name: shop\n    empty: ''\n    bad key: x\n    tier: -x\n    size: {long}\n    Team/x: v\n"
+        ));
+        let mut messages: Vec<&str> = syntax.iter().map(|p| p.message.as_str()).collect();
+        messages.sort_unstable();
+        assert_eq!(messages.len(), 4, "{messages:#?}");
+        assert_eq!(messages[0], "metadata.labels.size is 64 characters; label values are at most 63");
+        assert!(messages[1].starts_with("metadata.labels.tier: \"-x\" is not a label value"), "{messages:#?}");
+        assert!(messages[2].starts_with("metadata.labels[\"Team/x\"]: \"Team/x\" is not a label key"), "{messages:#?}");
+        assert!(
+            messages[3].starts_with("metadata.labels[\"bad key\"]: \"bad key\" is not a label key"),
+            "{messages:#?}"
+        );
+        // A missing value is the type check's, once.
+        let (_, null) = Manifests::parse("m.yaml", &text_with("  labels:\n    team:\n"));
+        assert_eq!(null.len(), 1, "{null}");
+        assert_eq!(null.problems()[0].message, "metadata.labels.team: null is not allowed here");
+        assert!(syntax.iter().all(|p| p.rule == Rule::InvalidName), "{syntax:?}");
+        let annotation = problems("  annotations:\n    note: '-free text, any length: fine-'\n    a b: x\n");
+        assert_eq!(annotation.len(), 1, "{annotation:?}");
+        assert!(annotation[0].message.starts_with("metadata.annotations[\"a b\"]: \"a b\" is not an annotation key"));
+    }
+
+    #[test]
     fn every_unknown_field_is_reported_not_just_the_first() {
         let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: a}\nspec:\n  tools:\n    t:\n      http: {url: 'http://x', methd: GET}\n  trace: {levle: full}\n  gpu: {minComputeCapability: '8.0'}\n";
         let (manifests, report) = Manifests::parse("m.yaml", text);

@@ -1,8 +1,10 @@
 //! `metadata` as the API server reads it: a name and a namespace that are
-//! Kubernetes names, and only the keys of ObjectMeta — strict field
-//! validation (`kubectl apply`'s default) refuses any other, such as a
-//! misspelt `namespce`, which would otherwise put the object in the default
-//! namespace without a word.
+//! Kubernetes names; only the keys of ObjectMeta — strict field validation
+//! (`kubectl apply`'s default) refuses any other, such as a misspelt
+//! `namespce`, which would otherwise put the object in the default
+//! namespace without a word; and labels and annotations whose values are
+//! strings (YAML reads `team: 1` as a number, `enabled: true` as a
+//! boolean) and whose keys, and label values, have the label syntax.
 //!
 //! The keys the API server fills in (`uid`, `resourceVersion`,
 //! `generation`, `creationTimestamp`, `managedFields`, ...) are accepted, as
@@ -14,36 +16,103 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::{Document, ManifestError, file_location, join_path, json_type, line_of_key};
-use crate::problem::{Problem, Report, Rule};
-use crate::validate::{is_dns_label, is_dns_subdomain, suggestion};
+use crate::problem::{Location, Problem, Report, Rule};
+use crate::validate::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name, suggestion};
 
 /// Every problem the API server would find in `metadata` of a `kind` document.
 pub(super) fn check(file: &str, document: &Document, kind: &str, metadata: Option<&Value>, report: &mut Report) {
-    let at_key = |key: &str| file_location(file, Some(line_of_key(document, key).unwrap_or(document.start_line)));
+    // The line of the first of `keys` found once in the document.
+    let at = |keys: &[&str]| {
+        let line = keys.iter().find_map(|key| line_of_key(document, key));
+        file_location(file, Some(line.unwrap_or(document.start_line)))
+    };
     check_name(file, document, kind, metadata, report);
     if let Some(namespace) = metadata.and_then(|m| m.get("namespace")).and_then(Value::as_str)
         && !is_dns_label(namespace)
     {
         report.push(Problem::error_at(
             Rule::InvalidName,
-            at_key("namespace"),
+            at(&["namespace"]),
             format!(
                 "metadata.namespace {namespace:?} is not a Kubernetes namespace (1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
             ),
         ));
     }
     let Some(Value::Object(metadata)) = metadata else { return };
+    for (field, noun) in [("labels", "a label"), ("annotations", "an annotation")] {
+        if let Some(Value::Object(entries)) = metadata.get(field) {
+            check_labels(field, noun, entries, &at, report);
+        }
+    }
     let known = object_meta_keys();
     for key in metadata.keys().filter(|key| !known.contains(key)) {
         let hint = suggestion(key, known.iter().map(String::as_str));
         report.push(Problem::error_at(
             Rule::UnknownField,
-            at_key(key),
+            at(&[key]),
             format!(
                 "{}: unknown field {key:?} in {kind}; remove it or fix its name.{hint}",
                 join_path("metadata", key)
             ),
         ));
+    }
+}
+
+/// `metadata.<field>` (labels or annotations, `noun` "a label" or "an
+/// annotation"): string values, keys that are qualified names, and label
+/// values of the label syntax.
+fn check_labels(
+    field: &str,
+    noun: &str,
+    entries: &serde_json::Map<String, Value>,
+    at: &dyn Fn(&[&str]) -> Location,
+    report: &mut Report,
+) {
+    let field_path = format!("metadata.{field}");
+    for (key, value) in entries {
+        let path = join_path(&field_path, key);
+        let at = || at(&[key, field]);
+        if !is_qualified_name(key) {
+            report.push(Problem::error_at(
+                Rule::InvalidName,
+                at(),
+                format!(
+                    "{path}: {key:?} is not {noun} key (an optional DNS-subdomain prefix and '/', then 1-63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
+                ),
+            ));
+        }
+        let text = match value {
+            Value::String(text) => text,
+            // The type check says "null is not allowed here".
+            Value::Null => continue,
+            // The API server takes only strings here.
+            other => {
+                report.push(Problem::error_at(
+                    Rule::InvalidManifest,
+                    at(),
+                    format!("{path} is the {} {other}, not a string; quote it: {key}: \"{other}\"", json_type(other)),
+                ));
+                continue;
+            }
+        };
+        if field != "labels" {
+            continue;
+        }
+        if text.len() > 63 {
+            report.push(Problem::error_at(
+                Rule::InvalidName,
+                at(),
+                format!("{path} is {} characters; label values are at most 63", text.chars().count()),
+            ));
+        } else if !is_label_value(text) {
+            report.push(Problem::error_at(
+                Rule::InvalidName,
+                at(),
+                format!(
+                    "{path}: {text:?} is not a label value (letters, digits, '-', '_' and '.', starting and ending with a letter or digit; or empty)"
+                ),
+            ));
+        }
     }
 }
 
