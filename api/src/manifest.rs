@@ -19,7 +19,9 @@
 //!    error has both its field path and its line.
 //!
 //! Documents of other kinds are reported as `UnknownKind` warnings and
-//! skipped, so a file may also hold, say, a Secret.
+//! skipped, so a file may also hold, say, a Secret; `sandboxconfig` is not
+//! another kind but SandboxConfig in the wrong case, an error (kinds are
+//! case-sensitive).
 
 mod metadata;
 
@@ -409,19 +411,8 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         }
         return;
     };
-    let kind = object.get("kind").and_then(serde_json::Value::as_str).unwrap_or("");
+    let Some(kind) = basecamp_kind(file, document, object.get("kind"), report) else { return };
     let api_version = object.get("apiVersion").and_then(serde_json::Value::as_str).unwrap_or("");
-    if kind != "HarnessTask" && kind != "SandboxConfig" {
-        let what = if kind.is_empty() { "a document without `kind`".to_string() } else { format!("kind {kind:?}") };
-        report.push(Problem {
-            severity: Severity::Warning,
-            rule: Rule::UnknownKind,
-            object: None,
-            location: file_location(file, Some(document.start_line)),
-            message: format!("{what} is not a Basecamp kind (HarnessTask, SandboxConfig); skipped"),
-        });
-        return;
-    }
     if api_version != crate::API_VERSION {
         report.push(Problem::error_at(
             Rule::WrongApiVersion,
@@ -476,6 +467,41 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         let message = message_of(&error, value_at(&value, &path));
         report.push(ManifestError::Invalid { file: file.into(), line, path, message }.to_problem());
     }
+}
+
+/// The Basecamp kind a document is read as, or `None` to skip it. Another
+/// kind is a warning (a file may hold a Secret too); a Basecamp kind in
+/// the wrong case is an error, since kinds are case-sensitive, and the
+/// document is read as the kind it means, so its other mistakes are found.
+fn basecamp_kind(
+    file: &str,
+    document: &Document,
+    kind: Option<&serde_json::Value>,
+    report: &mut Report,
+) -> Option<&'static str> {
+    const KINDS: [&str; 2] = ["HarnessTask", "SandboxConfig"];
+    let kind = kind.and_then(serde_json::Value::as_str).unwrap_or("");
+    if let Some(known) = KINDS.iter().find(|known| known.eq_ignore_ascii_case(kind)) {
+        if kind != *known {
+            report.push(Problem::error_at(
+                Rule::InvalidManifest,
+                file_location(file, Some(line_of_key(document, "kind").unwrap_or(document.start_line))),
+                format!(
+                    "kind: {kind:?}: kinds are case-sensitive, so Kubernetes does not know this one. Did you mean {known:?}?"
+                ),
+            ));
+        }
+        return Some(known);
+    }
+    let what = if kind.is_empty() { "a document without `kind`".to_string() } else { format!("kind {kind:?}") };
+    report.push(Problem {
+        severity: Severity::Warning,
+        rule: Rule::UnknownKind,
+        object: None,
+        location: file_location(file, Some(document.start_line)),
+        message: format!("{what} is not a Basecamp kind ({}); skipped", KINDS.join(", ")),
+    });
+    None
 }
 
 fn json_type(value: &serde_json::Value) -> &'static str {
@@ -923,6 +949,22 @@ mod tests {
         assert_eq!(report.by_rule(Rule::WrongApiVersion).count(), 1, "{report}");
         assert_eq!(manifests.sandboxes.len(), 2);
         assert_eq!(manifests.duplicates().by_rule(Rule::DuplicateObject).count(), 1);
+    }
+
+    #[test]
+    fn a_kind_in_the_wrong_case_is_an_error_naming_the_right_one() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: sandboxconfig\nmetadata: {name: a}\nspec: {}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        // Before: a warning ("not a Basecamp kind; skipped"); kubectl apply fails on it.
+        assert_eq!(report.len(), 1, "{report}");
+        let problem = &report.problems()[0];
+        assert_eq!((problem.severity, problem.rule), (Severity::Error, Rule::InvalidManifest));
+        assert_eq!(problem.location, Location::line("m.yaml", 2));
+        assert_eq!(
+            problem.message,
+            "kind: \"sandboxconfig\": kinds are case-sensitive, so Kubernetes does not know this one. Did you mean \"SandboxConfig\"?"
+        );
+        assert_eq!(manifests.sandboxes.len(), 1, "read as the kind it means, so its other mistakes are found too");
     }
 
     #[test]
