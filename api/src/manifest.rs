@@ -412,13 +412,29 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         return;
     };
     let Some(kind) = basecamp_kind(file, document, object.get("kind"), report) else { return };
-    let api_version = object.get("apiVersion").and_then(serde_json::Value::as_str).unwrap_or("");
-    if api_version != crate::API_VERSION {
-        report.push(Problem::error_at(
-            Rule::WrongApiVersion,
-            file_location(file, Some(line_of_key(document, "apiVersion").unwrap_or(document.start_line))),
-            format!("apiVersion: {api_version:?}; {kind} is served as apiVersion: {}", crate::API_VERSION),
-        ));
+    let api_version = object.get("apiVersion").filter(|v| !v.is_null());
+    let at_api_version =
+        || file_location(file, Some(line_of_key(document, "apiVersion").unwrap_or(document.start_line)));
+    match api_version {
+        Some(value) if !value.is_string() => report.push(Problem::error_at(
+            Rule::InvalidManifest,
+            at_api_version(),
+            format!(
+                "apiVersion is the {} {value}, not a string; write apiVersion: {}",
+                json_type(value),
+                crate::API_VERSION
+            ),
+        )),
+        _ => {
+            let api_version = api_version.and_then(serde_json::Value::as_str).unwrap_or("");
+            if api_version != crate::API_VERSION {
+                report.push(Problem::error_at(
+                    Rule::WrongApiVersion,
+                    at_api_version(),
+                    format!("apiVersion: {api_version:?}; {kind} is served as apiVersion: {}", crate::API_VERSION),
+                ));
+            }
+        }
     }
     metadata::check(file, document, kind, object.get("metadata"), report);
     let name = object.get("metadata").and_then(|m| m.get("name")).and_then(serde_json::Value::as_str);
@@ -480,12 +496,30 @@ fn basecamp_kind(
     report: &mut Report,
 ) -> Option<&'static str> {
     const KINDS: [&str; 2] = ["HarnessTask", "SandboxConfig"];
+    let at_kind = || file_location(file, Some(line_of_key(document, "kind").unwrap_or(document.start_line)));
+    if let Some(value) = kind.filter(|v| !v.is_string() && !v.is_null()) {
+        // `[SandboxConfig]`: the kind it holds is plain.
+        let meant = match value.as_array().map(Vec::as_slice) {
+            Some([item]) => item.as_str().and_then(|k| KINDS.iter().find(|known| known.eq_ignore_ascii_case(k))),
+            _ => None,
+        };
+        let write = match meant {
+            Some(known) => format!("kind: {known}"),
+            None => KINDS.map(|known| format!("kind: {known}")).join(" or "),
+        };
+        report.push(Problem::error_at(
+            Rule::InvalidManifest,
+            at_kind(),
+            format!("kind is the {} {value}, not a string; write {write}", json_type(value)),
+        ));
+        return meant.copied();
+    }
     let kind = kind.and_then(serde_json::Value::as_str).unwrap_or("");
     if let Some(known) = KINDS.iter().find(|known| known.eq_ignore_ascii_case(kind)) {
         if kind != *known {
             report.push(Problem::error_at(
                 Rule::InvalidManifest,
-                file_location(file, Some(line_of_key(document, "kind").unwrap_or(document.start_line))),
+                at_kind(),
                 format!(
                     "kind: {kind:?}: kinds are case-sensitive, so Kubernetes does not know this one. Did you mean {known:?}?"
                 ),
@@ -965,6 +999,31 @@ mod tests {
             "kind: \"sandboxconfig\": kinds are case-sensitive, so Kubernetes does not know this one. Did you mean \"SandboxConfig\"?"
         );
         assert_eq!(manifests.sandboxes.len(), 1, "read as the kind it means, so its other mistakes are found too");
+    }
+
+    #[test]
+    fn a_kind_or_api_version_that_is_not_a_string_is_named_for_what_it_is() {
+        let message = |head: &str| {
+            let (_, report) = Manifests::parse("m.yaml", &format!("{head}metadata: {{name: a}}\nspec: {{}}\n"));
+            assert_eq!(report.len(), 1, "{report}");
+            let problem = report.problems()[0].clone();
+            assert_eq!((problem.severity, problem.rule), (Severity::Error, Rule::InvalidManifest), "{problem}");
+            problem.message
+        };
+        // Before: "a document without `kind` is not a Basecamp kind ...; skipped", a warning.
+        assert_eq!(
+            message("apiVersion: basecamp.dev/v1alpha1\nkind: [SandboxConfig]\n"),
+            "kind is the list [\"SandboxConfig\"], not a string; write kind: SandboxConfig"
+        );
+        assert_eq!(
+            message("apiVersion: basecamp.dev/v1alpha1\nkind: 7\n"),
+            "kind is the number 7, not a string; write kind: HarnessTask or kind: SandboxConfig"
+        );
+        // Before: "apiVersion: \"\"; SandboxConfig is served as apiVersion: basecamp.dev/v1alpha1".
+        assert_eq!(
+            message("apiVersion: [basecamp.dev/v1alpha1]\nkind: SandboxConfig\n"),
+            "apiVersion is the list [\"basecamp.dev/v1alpha1\"], not a string; write apiVersion: basecamp.dev/v1alpha1"
+        );
     }
 
     #[test]
