@@ -6,8 +6,8 @@
 //!
 //! - gauges per variant: `basecamp_task_tool_call_accuracy`,
 //!   `basecamp_task_plan_step_f1`, `basecamp_task_memory_consistency`,
-//!   `basecamp_task_error_rate`, `basecamp_task_resolution_seconds_p95`,
-//!   `basecamp_task_episodes`, `basecamp_task_logit_divergence` (when the
+//!   `basecamp_task_error_rate`, `basecamp_task_success_rate`,
+//!   `basecamp_task_resolution_seconds_p95`, `basecamp_task_episodes`, `basecamp_task_logit_divergence` (when the
 //!   policy sent reference logits), `basecamp_task_criteria_met` (1/0);
 //! - `basecamp_tasks{phase}`, `basecamp_shards{namespace,task,variant,state}`;
 //! - training tasks: `basecamp_checkpoint_step{namespace,task}`, the newest
@@ -97,7 +97,7 @@ struct OperationLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Gauge name -> status metric it shows.
-const VARIANT_GAUGES: [(&str, &str, &str); 7] = [
+const VARIANT_GAUGES: [(&str, &str, &str); 8] = [
     (
         "basecamp_task_tool_call_accuracy",
         "tool_call_accuracy",
@@ -106,6 +106,11 @@ const VARIANT_GAUGES: [(&str, &str, &str); 7] = [
     ("basecamp_task_plan_step_f1", "plan_step_f1", "Mean plan-step F1 of the variant's episodes"),
     ("basecamp_task_memory_consistency", "memory_consistency", "Mean memory consistency of the variant's episodes"),
     ("basecamp_task_error_rate", "error_rate", "Mean tool-call error rate of the variant's episodes"),
+    (
+        "basecamp_task_success_rate",
+        "success_rate",
+        "Share of the variant's episodes with no failure: no tool error, every tool call right, memory as expected",
+    ),
     (
         "basecamp_task_resolution_seconds_p95",
         "resolution_time_p95_s",
@@ -120,7 +125,7 @@ const VARIANT_GAUGES: [(&str, &str, &str); 7] = [
 ];
 
 /// Checkpoint gauge name -> the evaluated step's metric it shows.
-const CHECKPOINT_GAUGES: [(&str, &str, &str); 7] = [
+const CHECKPOINT_GAUGES: [(&str, &str, &str); 8] = [
     (
         "basecamp_checkpoint_tool_call_accuracy",
         "tool_call_accuracy",
@@ -133,6 +138,11 @@ const CHECKPOINT_GAUGES: [(&str, &str, &str); 7] = [
         "Mean memory consistency of the newest evaluated checkpoint",
     ),
     ("basecamp_checkpoint_error_rate", "error_rate", "Mean tool-call error rate of the newest evaluated checkpoint"),
+    (
+        "basecamp_checkpoint_success_rate",
+        "success_rate",
+        "Share of the newest evaluated checkpoint's episodes with no failure, by variant",
+    ),
     (
         "basecamp_checkpoint_resolution_seconds_p95",
         "resolution_time_p95_s",
@@ -457,6 +467,7 @@ mod tests {
                     ("tool_call_accuracy".to_string(), 0.75),
                     ("episodes".to_string(), 20.0),
                     ("logit_divergence".to_string(), 0.125),
+                    ("success_rate".to_string(), 0.5),
                 ]
                 .into(),
             )]
@@ -485,6 +496,7 @@ mod tests {
             text.contains(r#"basecamp_task_logit_divergence{namespace="team",task="eval",variant="a"} 0.125"#),
             "{text}"
         );
+        assert!(text.contains(r#"basecamp_task_success_rate{namespace="team",task="eval",variant="a"} 0.5"#), "{text}");
         assert!(text.contains(r#"basecamp_task_criteria_met{namespace="team",task="eval",variant="a"} 0"#), "{text}");
         assert!(
             text.contains(r#"basecamp_shards{namespace="team",task="eval",variant="a",state="pending"} 1"#),

@@ -570,10 +570,10 @@ CONTRACT = {
     # name: (type, labels, target labels)
     **{m: ("gauge", VARIANT, OPERATOR_TARGET) for m in (
         "basecamp_task_tool_call_accuracy", "basecamp_task_plan_step_f1", "basecamp_task_memory_consistency",
-        "basecamp_task_error_rate", "basecamp_task_resolution_seconds_p95", "basecamp_task_episodes",
-        "basecamp_task_criteria_met")},
+        "basecamp_task_error_rate", "basecamp_task_success_rate", "basecamp_task_resolution_seconds_p95",
+        "basecamp_task_episodes", "basecamp_task_criteria_met")},
     **{f"basecamp_checkpoint_{m}": ("gauge", VARIANT, OPERATOR_TARGET) for m in (
-        "tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate")},
+        "tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate", "success_rate")},
     "basecamp_checkpoint_step": ("gauge", ("namespace", "task"), OPERATOR_TARGET),
     "basecamp_tasks": ("gauge", ("phase",), OPERATOR_TARGET),
     "basecamp_shards": ("gauge", VARIANT + ("state",), OPERATOR_TARGET),
@@ -676,6 +676,7 @@ def cmd_synth(out):
 
     variants = [dict(op, namespace="agents-dev", task="shipping", variant=v) for v in ("a", "b")]
     gauges = {"tool_call_accuracy": 0.8, "plan_step_f1": 0.7, "memory_consistency": 0.9, "error_rate": 0.05,
+              "success_rate": 0.75,
               "resolution_seconds_p95": 12.5, "episodes": 200, "criteria_met": 1}
     for metric, value in gauges.items():
         family(f"basecamp_task_{metric}", "gauge",
@@ -684,7 +685,7 @@ def cmd_synth(out):
     family("basecamp_checkpoint_step", "gauge",
            [(dict(op, namespace="agents-dev", task="shipping"), lambda i: 10 * (i // 20 + 1))])
     for metric, value in gauges.items():
-        if metric in ("tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate"):
+        if metric in ("tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate", "success_rate"):
             family(f"basecamp_checkpoint_{metric}", "gauge",
                    [(l, (lambda i, v=value, k=k: round(v * (0.5 + 0.02 * (i // 20)) * (1 - 0.1 * k), 4)))
                     for k, l in enumerate(variants)])

@@ -185,6 +185,8 @@ def evaluation():
          "Share of episodes whose final memory hash matches the expected memory."),
         ("Error rate", "basecamp_task_error_rate", "percentunit", 0, 1,
          "Share of tool calls that ended in an error, a timeout or a fallback."),
+        ("Success rate", "basecamp_task_success_rate", "percentunit", 0, 1,
+         "Share of episodes with no failure: no tool error, every tool call right, the memory as expected."),
         ("Resolution time p95", "basecamp_task_resolution_seconds_p95", "s", 0, None,
          "95th percentile time an episode takes to resolve."),
         ("Episodes aggregated", "basecamp_task_episodes", "short", 0, None,
@@ -200,6 +202,7 @@ def evaluation():
             ("B", "basecamp_task_plan_step_f1", "plan_step_f1"),
             ("C", "basecamp_task_memory_consistency", "memory_consistency"),
             ("D", "basecamp_task_error_rate", "error_rate"),
+            ("H", "basecamp_task_success_rate", "success_rate"),
             ("E", "basecamp_task_resolution_seconds_p95", "resolution p95 (s)"),
             ("F", "basecamp_task_episodes", "episodes"),
             ("G", "basecamp_task_criteria_met", "criteria met")]
@@ -228,7 +231,7 @@ def evaluation():
                 {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "gradient"}},
                 {"id": "color", "value": {"mode": "continuous-RdYlGr"}}, {"id": "min", "value": 0},
                 {"id": "max", "value": 1}]}
-            for n in ("tool_call_accuracy", "plan_step_f1", "memory_consistency")
+            for n in ("tool_call_accuracy", "plan_step_f1", "memory_consistency", "success_rate")
         ] + [
             {"matcher": {"id": "byName", "options": "error_rate"}, "properties": [
                 {"id": "unit", "value": "percentunit"}, {"id": "decimals", "value": 3}]},
@@ -398,6 +401,7 @@ CHECKPOINT_METRICS = [
     ("Plan step F1", "plan_step_f1"),
     ("Memory consistency", "memory_consistency"),
     ("Error rate", "error_rate"),
+    ("Success rate", "success_rate"),
 ]
 
 
