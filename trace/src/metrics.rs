@@ -414,7 +414,8 @@ mod tests {
                 ..Default::default()
             });
         }
-        let agg = aggregate(ms.iter().map(|m| EpisodeEnd { metrics: m, outcome: "completed", failure_class: NO_FAILURE }));
+        let agg =
+            aggregate(ms.iter().map(|m| EpisodeEnd { metrics: m, outcome: "completed", failure_class: NO_FAILURE }));
         assert_eq!(agg.episodes, 20);
         assert_eq!(agg.means["tool_call_accuracy"], 0.75);
         assert_eq!(agg.means["memory_consistency"], 1.0);
@@ -433,7 +434,8 @@ mod tests {
             ("completed", "memory_mismatch"),
             ("max_steps", NO_FAILURE),
         ];
-        let agg = aggregate(ends.iter().map(|&(outcome, failure_class)| EpisodeEnd { metrics: &m, outcome, failure_class }));
+        let agg =
+            aggregate(ends.iter().map(|&(outcome, failure_class)| EpisodeEnd { metrics: &m, outcome, failure_class }));
         assert_eq!(agg.value_of("success_rate"), Some(0.5), "two of four episodes had no failure");
         assert_eq!(agg.value_of("completion_rate"), Some(0.75), "three of four ran to their end");
         assert_eq!(agg.failure_classes["timeout"], 1);
