@@ -182,7 +182,7 @@ def evaluation():
         ("Plan step F1", "basecamp_task_plan_step_f1", "percentunit", 0, 1,
          "F1 of the plan steps taken against the expected ones."),
         ("Memory consistency", "basecamp_task_memory_consistency", "percentunit", 0, 1,
-         "Share of episodes whose final memory hash matches the expected memory."),
+         "Mean share of the expected memory keys that hold their expected value when an episode ends (1 or 0 against an expected memory hash)."),
         ("Error rate", "basecamp_task_error_rate", "percentunit", 0, 1,
          "Share of tool calls that ended in an error, a timeout or a fallback."),
         ("Success rate", "basecamp_task_success_rate", "percentunit", 0, 1,
