@@ -18,7 +18,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::jsonl::{ErrorList, JsonlError, parse_jsonl};
+use crate::jsonl::{ErrorList, JsonlError, parse_jsonl_bytes};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 
 /// One recorded answer.
@@ -85,6 +85,7 @@ impl FixtureError {
         let (file, line, rule) = match self {
             FixtureError::Jsonl(JsonlError::BlankLine { file, line, .. }) => (file, *line, Rule::BlankLine),
             FixtureError::Jsonl(JsonlError::InvalidJson { file, line, .. })
+            | FixtureError::Jsonl(JsonlError::NotUtf8 { file, line, .. })
             | FixtureError::Jsonl(JsonlError::NotAnObject { file, line, .. }) => (file, *line, Rule::InvalidJson),
             FixtureError::InvalidEntry { file, line, .. } => (file, *line, Rule::InvalidFixture),
         };
@@ -144,7 +145,13 @@ pub struct Fixture {
 impl Fixture {
     /// Parses a fixture; `name` is used in messages.
     pub fn parse(name: &str, text: &str) -> Result<Fixture, ErrorList<FixtureError>> {
-        let (rows, jsonl_errors) = parse_jsonl(name, "fixture", text);
+        Fixture::parse_bytes(name, text.as_bytes())
+    }
+
+    /// [`Fixture::parse`] of a file's bytes: a line that is not UTF-8 is an
+    /// error naming it, and the other lines are still read.
+    pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<Fixture, ErrorList<FixtureError>> {
+        let (rows, jsonl_errors) = parse_jsonl_bytes(name, "fixture", bytes);
         let mut errors: Vec<FixtureError> = jsonl_errors.into_iter().map(FixtureError::Jsonl).collect();
         let mut entries = Vec::new();
         for row in rows {
@@ -176,9 +183,8 @@ impl Fixture {
     pub fn load(path: impl AsRef<Path>) -> Result<Fixture, FixtureLoadError> {
         let path = path.as_ref();
         let name = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|source| FixtureLoadError::Io { path: name.clone(), source })?;
-        Fixture::parse(&name, &text).map_err(FixtureLoadError::Invalid)
+        let bytes = std::fs::read(path).map_err(|source| FixtureLoadError::Io { path: name.clone(), source })?;
+        Fixture::parse_bytes(&name, &bytes).map_err(FixtureLoadError::Invalid)
     }
 }
 
@@ -205,5 +211,11 @@ mod tests {
         assert_eq!(errors[1].category(), "BlankLine");
         assert!(errors[2].to_string().contains("extra"), "{}", errors[2]);
         assert_eq!(errors[2].to_problem().location, Location::line("f.jsonl", 3));
+        // Before, loading such a file said only "stream did not contain valid UTF-8".
+        let latin1 = b"{\"tool\": \"t\", \"observation\": 1}\n{\"tool\": \"caf\xe9\", \"observation\": 1}\n";
+        let errors = Fixture::parse_bytes("f.jsonl", latin1).expect_err("not UTF-8").0;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].to_problem().location, Location::line("f.jsonl", 2));
+        assert!(errors[0].to_string().contains("not UTF-8 text (byte 0xE9 at column 14)"), "{}", errors[0]);
     }
 }

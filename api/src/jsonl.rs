@@ -2,7 +2,9 @@
 //! policies) line by line with the rules users rely on: a UTF-8 BOM and
 //! CRLF line ends are accepted, blank lines at the END are fine (a trailing
 //! newline is normal), a blank line in the middle is an error, and every
-//! error names the file and the 1-based line. Nothing is skipped silently.
+//! error names the file and the 1-based line — a byte that is not UTF-8
+//! too, and the lines around it are still read. Nothing is skipped
+//! silently.
 
 use std::fmt;
 
@@ -29,6 +31,22 @@ pub enum JsonlError {
         /// The parser's message (with the column).
         message: String,
     },
+    /// A byte that is not UTF-8 (a file saved as Latin-1, a binary file).
+    #[error(
+        "{file}:{line}: the line is not UTF-8 text (byte {byte:#04X} at column {column}); save the {what} as UTF-8"
+    )]
+    NotUtf8 {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: u64,
+        /// 1-based byte column of the first byte that is not UTF-8.
+        column: u64,
+        /// That byte.
+        byte: u8,
+        /// "test set", "fixture", ...
+        what: &'static str,
+    },
     /// Valid JSON but not an object.
     #[error("{file}:{line}: expected a JSON object per line, found {found}")]
     NotAnObject {
@@ -46,7 +64,9 @@ impl JsonlError {
     pub fn category(&self) -> &'static str {
         match self {
             JsonlError::BlankLine { .. } => "BlankLine",
-            JsonlError::InvalidJson { .. } | JsonlError::NotAnObject { .. } => "InvalidJson",
+            JsonlError::InvalidJson { .. } | JsonlError::NotUtf8 { .. } | JsonlError::NotAnObject { .. } => {
+                "InvalidJson"
+            }
         }
     }
 
@@ -55,6 +75,7 @@ impl JsonlError {
         match self {
             JsonlError::BlankLine { line, .. }
             | JsonlError::InvalidJson { line, .. }
+            | JsonlError::NotUtf8 { line, .. }
             | JsonlError::NotAnObject { line, .. } => *line,
         }
     }
@@ -72,16 +93,32 @@ pub struct JsonlRow {
 /// Every object in `text`, and every line that is not one. `file` names the
 /// file in errors; `what` says what it is ("test set").
 pub fn parse_jsonl(file: &str, what: &'static str, text: &str) -> (Vec<JsonlRow>, Vec<JsonlError>) {
-    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
-    let lines: Vec<&str> = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).collect();
-    let last_content = lines.iter().rposition(|l| !l.trim().is_empty());
+    parse_jsonl_bytes(file, what, text.as_bytes())
+}
+
+/// [`parse_jsonl`] of a file's bytes: a line that is not UTF-8 is an error
+/// naming its line and column, and the other lines are read.
+pub fn parse_jsonl_bytes(file: &str, what: &'static str, bytes: &[u8]) -> (Vec<JsonlRow>, Vec<JsonlError>) {
+    let bytes = bytes.strip_prefix("\u{FEFF}".as_bytes()).unwrap_or(bytes);
+    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l)).collect();
+    let is_blank = |line: &[u8]| std::str::from_utf8(line).is_ok_and(|l| l.trim().is_empty());
+    let last_content = lines.iter().rposition(|l| !is_blank(l));
     let mut rows = Vec::new();
     let mut errors = Vec::new();
     let Some(last_content) = last_content else {
         return (rows, errors);
     };
-    for (index, line_text) in lines.iter().enumerate().take(last_content + 1) {
+    for (index, line_bytes) in lines.iter().enumerate().take(last_content + 1) {
         let line = index as u64 + 1;
+        let line_text = match std::str::from_utf8(line_bytes) {
+            Ok(text) => text,
+            Err(error) => {
+                let at = error.valid_up_to();
+                let (column, byte) = (at as u64 + 1, line_bytes[at]);
+                errors.push(JsonlError::NotUtf8 { file: file.to_string(), line, column, byte, what });
+                continue;
+            }
+        };
         if line_text.trim().is_empty() {
             errors.push(JsonlError::BlankLine { file: file.to_string(), line, what });
             continue;

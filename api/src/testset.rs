@@ -24,7 +24,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::jsonl::{ErrorList, JsonlError, json_type, parse_jsonl};
+use crate::jsonl::{ErrorList, JsonlError, json_type, parse_jsonl_bytes};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 
 /// One episode of a test set.
@@ -183,6 +183,7 @@ impl TestSetError {
         let (file, line) = match self {
             TestSetError::Jsonl(JsonlError::BlankLine { file, line, .. })
             | TestSetError::Jsonl(JsonlError::InvalidJson { file, line, .. })
+            | TestSetError::Jsonl(JsonlError::NotUtf8 { file, line, .. })
             | TestSetError::Jsonl(JsonlError::NotAnObject { file, line, .. })
             | TestSetError::MissingId { file, line }
             | TestSetError::BadId { file, line, .. }
@@ -299,7 +300,13 @@ pub struct TestSet {
 impl TestSet {
     /// Parses a test set; `name` is used in messages (`tests.jsonl:17: ...`).
     pub fn parse(name: &str, text: &str) -> Result<TestSet, TestSetErrors> {
-        let (rows, jsonl_errors) = parse_jsonl(name, "test set", text);
+        TestSet::parse_bytes(name, text.as_bytes())
+    }
+
+    /// [`TestSet::parse`] of a file's bytes: a line that is not UTF-8 is an
+    /// error naming it, and the other lines are still read.
+    pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<TestSet, TestSetErrors> {
+        let (rows, jsonl_errors) = parse_jsonl_bytes(name, "test set", bytes);
         let mut errors: Vec<(u64, TestSetError)> =
             jsonl_errors.into_iter().map(|e| (e.line(), TestSetError::Jsonl(e))).collect();
         let mut episodes = Vec::new();
@@ -345,9 +352,8 @@ impl TestSet {
         if name.starts_with("s3://") {
             return Err(TestSetLoadError::Remote { uri: name });
         }
-        let text =
-            std::fs::read_to_string(path).map_err(|source| TestSetLoadError::Io { path: name.clone(), source })?;
-        TestSet::parse(&name, &text).map_err(TestSetLoadError::Invalid)
+        let bytes = std::fs::read(path).map_err(|source| TestSetLoadError::Io { path: name.clone(), source })?;
+        TestSet::parse_bytes(&name, &bytes).map_err(TestSetLoadError::Invalid)
     }
 
     /// Number of episodes.
@@ -594,6 +600,34 @@ mod tests {
         let set = TestSet::parse("t.jsonl", &text).expect("valid");
         let ids: Vec<&str> = set.shard(1, 2).expect("shard").iter().map(|e| e.id.as_str()).collect();
         assert_eq!(ids, ["3", "4"]);
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_named_by_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("basecamp-api-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp");
+        let path = dir.join("tests.jsonl");
+        // Latin-1 "café" on line 2; line 3 repeats id 1.
+        std::fs::write(
+            &path,
+            b"{\"id\": 1, \"instruction\": \"x\"}\n{\"id\": 2, \"instruction\": \"caf\xe9\"}\n{\"id\": 1, \"instruction\": \"y\"}\n",
+        )
+        .expect("write");
+        let name = path.display().to_string();
+        // Before: "cannot read test set <file>: stream did not contain valid UTF-8", no line.
+        let error = TestSet::load(&path).expect_err("not UTF-8");
+        let lines: Vec<String> = error.to_string().lines().map(str::to_string).collect();
+        assert_eq!(
+            lines[0],
+            format!("{name}:2: the line is not UTF-8 text (byte 0xE9 at column 30); save the test set as UTF-8")
+        );
+        assert!(
+            lines[1].starts_with(&format!("{name}:3: duplicate id \"1\"")),
+            "the other lines are still read: {lines:?}"
+        );
+        assert_eq!(error.category(), "InvalidJson");
+        assert_eq!(error.to_report().problems()[0].location, Location::line(name, 2));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -106,6 +106,38 @@ fn a_missing_sandbox_config_is_named_by_validate_and_by_run() {
 }
 
 #[test]
+fn a_test_set_line_that_is_not_utf8_is_named_by_validate_and_by_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo("examples/ecommerce");
+    for file in ["task.yaml", "sandbox-a.yaml", "sandbox-b.yaml", "policy.jsonl"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    // Line 3 saved as Latin-1: "café" with the byte 0xE9.
+    let mut lines: Vec<Vec<u8>> =
+        std::fs::read(example.join("tests.jsonl")).unwrap().split(|b| *b == b'\n').map(<[u8]>::to_vec).collect();
+    // At the start of the instruction's text: `"instruction":"` is 14 bytes.
+    let at = lines[2].windows(11).position(|w| w == b"instruction").unwrap() + 14;
+    lines[2].splice(at..at, *b"caf\xe9 ");
+    let tests = dir.path().join("tests.jsonl");
+    std::fs::write(&tests, lines.join(&b'\n')).unwrap();
+    // Before: "cannot read the test set: stream did not contain valid UTF-8", no line.
+    let expected = format!(
+        "{}:3: the line is not UTF-8 text (byte 0xE9 at column {}); save the test set as UTF-8",
+        tests.display(),
+        at + 4
+    );
+    let path = dir.path().to_str().unwrap();
+    let output = basecamp(&["harness", "validate", path]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(&expected), "{expected:?} in:\n{out}");
+    let output = basecamp(&["run", path, "--no-progress", "--out", dir.path().join("out").to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(&expected), "{expected:?} in:\n{out}");
+}
+
+#[test]
 fn a_test_set_on_an_unreachable_s3_endpoint_fails_with_the_location() {
     let dir = tempfile::tempdir().unwrap();
     let example = repo("examples/ecommerce");

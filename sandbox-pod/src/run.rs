@@ -358,8 +358,7 @@ pub async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, R
         let destination = Destination::parse(location).map_err(|e| err(e.to_string()))?;
         let storage = Storage::new(StorageConfig::from_env());
         let bytes = storage.fetch(&destination).await.map_err(|e| err(e.to_string()))?;
-        let text = String::from_utf8(bytes).map_err(|_| err("is not UTF-8 text".into()))?;
-        return TestSet::parse(location, &text).map_err(|e| err(e.to_string()));
+        return TestSet::parse_bytes(location, &bytes).map_err(|e| err(e.to_string()));
     }
     let path = if Path::new(location).is_absolute() { PathBuf::from(location) } else { base_dir.join(location) };
     TestSet::load(&path).map_err(|e| err(e.to_string()))
