@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kube import ROOT, WORK, E2EError, Kube, s3_client, wait_until  # noqa: E402
+from kube import ROOT, WORK, E2EError, Kube, free_port, s3_client, wait_until  # noqa: E402
 from play import Player, container_env  # noqa: E402
 
 RELEASE = "basecamp"
@@ -30,14 +29,6 @@ TASK_NS = "e2e"
 S3_SECRET = "basecamp-s3"
 TEST_SET_KEY = "testsets/ecommerce/tests.jsonl"
 POLICY_KEY = "testsets/ecommerce/policy.jsonl"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def record_pid(name: str, pid: int) -> None:
@@ -211,17 +202,26 @@ class Operator:
 class Prometheus:
     """Debian's prometheus scraping the operator on loopback every second
     (job `basecamp-metrics`, the metrics Service's name, as the chart's
-    ServiceMonitor would name it; honor_labels as the ServiceMonitor sets)."""
+    ServiceMonitor would name it; honor_labels as the ServiceMonitor sets),
+    and the sandbox pods the player registers in `sandbox_targets` (job
+    `basecamp-sandbox`, file discovery standing in for the chart's
+    PodMonitor: the pod's namespace, name and container, and its task,
+    variant and shard labels)."""
 
     def __init__(self, binary: str, target: str):
         self.port = free_port()
         data = WORK / "prometheus"
         shutil.rmtree(data, ignore_errors=True)
         data.mkdir(parents=True)
+        self.sandbox_targets = data / "sandboxes"
+        self.sandbox_targets.mkdir()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "basecamp-metrics", "honor_labels": True,
-                                "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": [
+                {"job_name": "basecamp-metrics", "honor_labels": True, "static_configs": [{"targets": [target]}]},
+                {"job_name": "basecamp-sandbox",
+                 "file_sd_configs": [{"files": [str(self.sandbox_targets / "*.json")], "refresh_interval": "1s"}]},
+            ],
         }
         (data / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.proc = subprocess.Popen(
@@ -245,6 +245,17 @@ class Prometheus:
         if body.get("status") != "success":
             raise E2EError(f"prometheus query failed: {expr}: {body}")
         return body["data"]["result"]
+
+    def label_values(self, label: str, match: str, seconds: float = 3600) -> list[str]:
+        """The values of `label` on series matching `match` over the last
+        `seconds`, as Grafana's label_values(match, label) asks for them."""
+        now = time.time()
+        r = requests.get(f"http://127.0.0.1:{self.port}/api/v1/label/{label}/values",
+                         params={"match[]": match, "start": now - seconds, "end": now}, timeout=10)
+        body = r.json()
+        if body.get("status") != "success":
+            raise E2EError(f"prometheus label values failed: {label} of {match}: {body}")
+        return body["data"]
 
     def stop(self) -> None:
         self.proc.terminate()

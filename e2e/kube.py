@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -26,6 +27,15 @@ WORK = Path(os.environ.get("BASECAMP_E2E_WORK", "/tmp/basecamp-e2e-run"))
 
 class E2EError(AssertionError):
     pass
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def wait_until(what: str, probe: Callable[[], Any], timeout: float = 120, interval: float = 0.5) -> Any:

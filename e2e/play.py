@@ -12,7 +12,10 @@ For one Running pod:
     (a ConfigMap's files written into it; emptyDirs empty): only the path
     prefixes in args are rewritten, `--listen` becomes a free loopback port,
     and `--metrics-linger` becomes 0s (nothing scrapes a played pod: waiting
-    for a final scrape would only slow the run);
+    for a final scrape would only slow the run) — unless the pod is played
+    inside `Player.scraped(...)`: then its port is registered for the test's
+    Prometheus with the labels the chart's PodMonitor gives, and it lingers
+    long enough to be scraped;
   * the process starts in a directory holding the example's files (tools/,
     services/, policy.jsonl) standing in for the tools image's WORKDIR (the
     pod sets no workingDir), apart from the ConfigMap's directory, as in a
@@ -54,14 +57,18 @@ import subprocess
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from kube import WORK, E2EError, Kube
+from kube import WORK, E2EError, Kube, free_port
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# The pod labels the chart's sandbox PodMonitor turns into task/variant/shard (values.yaml).
+SCRAPE_LABELS = {"task": "basecamp.dev/task", "variant": "basecamp.dev/variant",
+                 "shard": "batch.kubernetes.io/job-completion-index"}
 SANDBOX_CONTAINER = "sandbox"
 ROLE_LABEL = "basecamp.dev/role"
 TRAINER_ROLE = "trainer"
@@ -103,6 +110,21 @@ class Player:
     played: dict[str, Played] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     running: dict[int, subprocess.Popen] = field(default_factory=dict)  # what abort() kills
+    # Set by scraped(): where to register sandbox pods for Prometheus, and their linger.
+    scrape_targets: Path | None = None
+    scrape_linger: str = "0s"
+
+    @contextmanager
+    def scraped(self, targets: Path, linger: str = "10s"):
+        """Sandbox pods played inside are scraped: each registers its
+        metrics port in `targets` (Prometheus file discovery) while it runs,
+        and lingers after its episodes (`--metrics-linger`) so that discovery
+        (up to 5 s) and a scrape catch its final counts."""
+        self.scrape_targets, self.scrape_linger = targets, linger
+        try:
+            yield self
+        finally:
+            self.scrape_targets, self.scrape_linger = None, "0s"
 
     def play(self, pod: dict, timeout: float = 600) -> Played:
         """Runs the pod's sandbox container here and records its outcome on the pod."""
@@ -129,7 +151,16 @@ class Player:
         working_dir = container.get("workingDir")
         cwd = Path(rewrite(working_dir, prefixes)) if working_dir else image_dir
         env = container_env(self.kube, pod, container)
-        args = loopback_listen([rewrite(expand(a, env), prefixes) for a in container.get("args") or []])
+        targets = self.scrape_targets
+        port = free_port() if targets else 0
+        args = loopback_listen([rewrite(expand(a, env), prefixes) for a in container.get("args") or []],
+                               port, self.scrape_linger if targets else "0s")
+        target_file = targets / f"{ns}_{name}.json" if targets else None
+        if target_file:
+            pod_labels = meta.get("labels") or {}
+            labels = {"namespace": ns, "pod": name, "container": SANDBOX_CONTAINER,
+                      **{k: pod_labels[v] for k, v in SCRAPE_LABELS.items() if v in pod_labels}}
+            target_file.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": labels}]))
         command = [expand(c, env) for c in container["command"]]
         if not command[0].endswith("basecamp-sandbox"):
             raise E2EError(f"pod {name}: unexpected sandbox command {command}")
@@ -155,6 +186,8 @@ class Player:
                 code = 137
             pid_file.unlink(missing_ok=True)
             self.running.pop(proc.pid, None)
+        if target_file:
+            target_file.unlink(missing_ok=True)
         seconds = time.monotonic() - t0
         self.finish(pod, code, started)
         played = Played(name, env.get("JOB_COMPLETION_INDEX", "?"), code, seconds, log, dict(meta.get("labels") or {}))
@@ -483,23 +516,25 @@ def expand(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, text)
 
 
-def loopback_listen(args: list[str]) -> list[str]:
+def loopback_listen(args: list[str], port: int = 0, linger: str = "0s") -> list[str]:
     """A pod's sandbox listens on all interfaces at a fixed port (its
-    `metrics` port); played here, many at once, it listens on a free
-    loopback port instead. Nothing scrapes it, so it does not wait for a
-    final scrape either (`--metrics-linger 0s`).
+    `metrics` port); played here, many at once, it listens on a loopback
+    port instead (0: any free one) and lingers for a final scrape `linger`
+    (0s when nothing scrapes it).
 
     >>> loopback_listen(["run", "--listen", "0.0.0.0:9464", "--metrics-linger", "45s", "--metrics-linger=1m"])
     ['run', '--listen', '127.0.0.1:0', '--metrics-linger', '0s', '--metrics-linger=0s']
+    >>> loopback_listen(["run", "--listen", "0.0.0.0:9464", "--metrics-linger", "45s"], 9999, "10s")
+    ['run', '--listen', '127.0.0.1:9999', '--metrics-linger', '10s']
     """
     out = list(args)
     for i, arg in enumerate(out):
         if arg == "--listen" and i + 1 < len(out):
-            out[i + 1] = "127.0.0.1:0"
+            out[i + 1] = f"127.0.0.1:{port}"
         elif arg == "--metrics-linger" and i + 1 < len(out):
-            out[i + 1] = "0s"
+            out[i + 1] = linger
         elif arg.startswith("--metrics-linger="):
-            out[i] = "--metrics-linger=0s"
+            out[i] = f"--metrics-linger={linger}"
     return out
 
 
