@@ -1027,6 +1027,29 @@ mod tests {
     }
 
     #[test]
+    fn a_sandbox_defined_twice_is_an_error_naming_both_and_listed_once() {
+        let dir = std::env::temp_dir().join(format!("basecamp-api-twice-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp");
+        let sandbox = |name: &str| {
+            format!("apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {{name: {name}}}\nspec: {{}}\n")
+        };
+        let task = "apiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {name: t}\nspec:\n  taskDefinition: {}\n  evaluation: {testSet: s3://bucket/tests.jsonl}\n  policy: {endpoint: http://localhost:8000/v1, model: m}\n  sandboxRef: {name: shop-z}\n";
+        std::fs::write(dir.join("a.yaml"), format!("{}---\n{}---\n{task}", sandbox("shop-a"), sandbox("shop-b")))
+            .expect("write");
+        std::fs::write(dir.join("b.yaml"), sandbox("shop-a")).expect("write");
+        let (manifests, report) = Manifests::load(&[&dir]);
+        let duplicate = report.by_rule(Rule::DuplicateObject).next().expect("the second definition is an error");
+        let (first, second) = (dir.join("a.yaml").display().to_string(), dir.join("b.yaml").display().to_string());
+        assert_eq!(duplicate.location, Location::line(second, 1));
+        assert!(duplicate.message.contains(&format!("(first at {first}:1)")), "{duplicate}");
+        // Before: "(available: shop-a, shop-b, shop-a)".
+        let validation = manifests.validate();
+        let unknown = validation.by_rule(Rule::UnknownSandbox).next().expect("shop-z is not defined");
+        assert!(unknown.message.contains("(available: shop-a, shop-b)"), "{unknown}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn yaml_round_trip_keeps_the_spec() {
         let (manifests, report) = Manifests::load(&[examples().join("shipping-support.yaml")]);
         assert!(report.is_empty(), "{report}");

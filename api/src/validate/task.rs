@@ -515,7 +515,13 @@ fn check_sandbox_refs(
             .map(|(i, v)| (format!("spec.variants[{i}].sandboxRef"), &v.sandbox_ref))
             .collect()
     };
-    let available: Vec<&str> = sandboxes.iter().map(|(name, _)| *name).collect();
+    // Each name once: a SandboxConfig defined twice is its own error (DuplicateObject).
+    let mut available: Vec<&str> = Vec::new();
+    for (name, _) in sandboxes {
+        if !available.contains(name) {
+            available.push(name);
+        }
+    }
     for (path, sandbox_ref) in refs {
         let Some((name, spec)) = sandboxes.iter().find(|(name, _)| *name == sandbox_ref.name) else {
             own.push(Problem::error(
