@@ -5,7 +5,8 @@
 //! milliseconds and refuses anything finer (`"0.5ms"`). Zero and negative
 //! values parse, on purpose: the validator reports them with the field path
 //! ("must be greater than zero") instead of failing the whole manifest at the
-//! first bad character.
+//! first bad character; so do durations longer than [`MAX_SPEC_DURATION`],
+//! which validation refuses the same way.
 //!
 //! In the CRD schema a duration is `x-kubernetes-int-or-string: true`, the
 //! structural-schema form the apiserver accepts for "an integer or a string".
@@ -21,6 +22,14 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 const MS_PER_SECOND: i64 = 1_000;
 const MS_PER_MINUTE: i64 = 60 * MS_PER_SECOND;
 const MS_PER_HOUR: i64 = 60 * MS_PER_MINUTE;
+const MS_PER_DAY: i64 = 24 * MS_PER_HOUR;
+
+/// The longest duration a spec may give (a timeout, a readiness wait, a
+/// backoff): 7 days, 604800000 ms. Longer is a mistake — a bare number
+/// counts milliseconds — and a timer that far out never fires, so what it
+/// guards hangs instead of timing out. Validation refuses more, naming the
+/// field.
+pub const MAX_SPEC_DURATION: Duration = Duration::from_millis(7 * MS_PER_DAY);
 
 /// A signed duration with millisecond precision.
 ///
@@ -71,6 +80,11 @@ impl Duration {
     /// Whole milliseconds.
     pub const fn as_millis(self) -> i64 {
         self.millis
+    }
+
+    /// Whole days (`MAX_SPEC_DURATION` is 7), for messages.
+    pub const fn as_whole_days(self) -> i64 {
+        self.millis / MS_PER_DAY
     }
 
     /// Seconds as a float (`1500ms` -> `1.5`); success criteria compare
@@ -222,14 +236,14 @@ impl Visitor<'_> for DurationVisitor {
     }
 
     fn visit_u64<E: de::Error>(self, value: u64) -> Result<Duration, E> {
-        i64::try_from(value)
-            .map(Duration::from_millis)
-            .map_err(|_| E::custom(format!("duration of {value} milliseconds is too large")))
+        i64::try_from(value).map(Duration::from_millis).map_err(|_| E::custom(too_large(&value.to_string())))
     }
 
     fn visit_f64<E: de::Error>(self, value: f64) -> Result<Duration, E> {
         if value.fract() == 0.0 && value.abs() < 9.0e15 {
             Ok(Duration::from_millis(value as i64))
+        } else if value.fract() == 0.0 {
+            Err(E::custom(too_large(&value.to_string())))
         } else {
             Err(E::custom(format!(
                 "a bare number is a count of milliseconds and must be whole, got {value}; \
@@ -241,6 +255,14 @@ impl Visitor<'_> for DurationVisitor {
     fn visit_str<E: de::Error>(self, value: &str) -> Result<Duration, E> {
         value.parse().map_err(E::custom)
     }
+}
+
+/// A bare number of milliseconds beyond any duration (`1e20`, `u64::MAX`).
+fn too_large(millis: &str) -> String {
+    format!(
+        "a duration of {millis} milliseconds is far too long; durations in a spec are at most {MAX_SPEC_DURATION} ({} days)",
+        MAX_SPEC_DURATION.as_whole_days()
+    )
 }
 
 impl JsonSchema for Duration {
@@ -326,6 +348,11 @@ mod tests {
         assert_eq!(d.as_millis(), 1_500);
         let err = serde_json::from_str::<Duration>("1.5").expect_err("fractional ms");
         assert!(err.to_string().contains("\"1.5s\""), "{err}");
+        // Before: "must be whole, got 100000000000000000000"; it is whole, and far too long.
+        for huge in ["1e20", "18446744073709551615"] {
+            let err = serde_json::from_str::<Duration>(huge).expect_err("too large");
+            assert!(err.to_string().contains("far too long; durations in a spec are at most 168h (7 days)"), "{err}");
+        }
         assert_eq!(serde_json::to_string(&Duration::from_millis(3_000)).expect("ser"), "\"3s\"");
     }
 

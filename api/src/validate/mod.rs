@@ -19,7 +19,8 @@ mod task;
 
 use std::path::{Path, PathBuf};
 
-use crate::problem::{Problem, Report};
+use crate::duration::{Duration, MAX_SPEC_DURATION};
+use crate::problem::{Problem, Report, Rule};
 use crate::sandbox::SandboxConfigSpec;
 use crate::task::HarnessTaskSpec;
 use crate::testset::TestSet;
@@ -82,6 +83,20 @@ pub fn validate_sandbox(name: &str, spec: &SandboxConfigSpec, ctx: &ValidationCo
         report.extend(sandbox::check(name, spec, Some(profile), ctx));
     }
     report
+}
+
+/// A duration of a spec longer than [`MAX_SPEC_DURATION`]: an error at `path`.
+fn check_not_too_long(problems: &mut Vec<Problem>, path: &str, duration: Duration) {
+    if duration > MAX_SPEC_DURATION {
+        problems.push(Problem::error(
+            Rule::OutOfRange,
+            path,
+            format!(
+                "the duration is {duration}, longer than {MAX_SPEC_DURATION} ({} days), the most a duration in a spec may be; give a shorter one (a bare number counts milliseconds)",
+                MAX_SPEC_DURATION.as_whole_days()
+            ),
+        ));
+    }
 }
 
 fn push_all(report: &mut Report, object: &str, problems: impl IntoIterator<Item = Problem>) {

@@ -11,7 +11,7 @@ use crate::sandbox::{NullWrites, REWARD_SOURCES, SandboxConfigSpec};
 use crate::tool::{ToolSpec, template_placeholders};
 
 use super::names::{is_dns_label, is_dns_subdomain, is_tool_name};
-use super::{ValidationContext, list, push_all, suggestion};
+use super::{ValidationContext, check_not_too_long, list, push_all, suggestion};
 
 /// Problems of `spec` (as `SandboxConfig/<name>`) and, with `profile`, the
 /// problems that only the profile-applied spec has (as
@@ -167,11 +167,11 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
             }
         }
         for (suffix, timeout) in timeouts.entries() {
-            positive(&mut problems, &format!("spec.toolTimeouts{suffix}"), timeout);
+            check_duration(&mut problems, &format!("spec.toolTimeouts{suffix}"), timeout);
         }
     }
     if let Some(step) = spec.plan_step_timeout {
-        positive(&mut problems, "spec.planStepTimeout", step);
+        check_duration(&mut problems, "spec.planStepTimeout", step);
     }
     let step = spec.plan_step_timeout();
     if step.is_positive() {
@@ -433,7 +433,8 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
     problems
 }
 
-fn positive(problems: &mut Vec<Problem>, path: &str, duration: Duration) {
+/// A duration of the spec: greater than zero, and not longer than the most a spec may give.
+fn check_duration(problems: &mut Vec<Problem>, path: &str, duration: Duration) {
     if !duration.is_positive() {
         problems.push(Problem::error(
             Rule::NonPositiveDuration,
@@ -441,6 +442,7 @@ fn positive(problems: &mut Vec<Problem>, path: &str, duration: Duration) {
             format!("the duration is {duration}; it must be greater than zero (e.g. \"800ms\", \"3s\")"),
         ));
     }
+    check_not_too_long(problems, path, duration);
 }
 
 fn check_tool(
@@ -600,7 +602,7 @@ fn check_http(
             }
         }
         if let Some(backoff) = retry.backoff {
-            positive(problems, &format!("{path}.http.retry.backoff"), backoff);
+            check_duration(problems, &format!("{path}.http.retry.backoff"), backoff);
         }
     }
     if let Some(limit) = &http.rate_limit {
@@ -697,7 +699,7 @@ fn check_services(spec: &SandboxConfigSpec, problems: &mut Vec<Problem>) {
             ));
         }
         if let Some(timeout) = service.ready_timeout {
-            positive(problems, &format!("{path}.readyTimeout"), timeout);
+            check_duration(problems, &format!("{path}.readyTimeout"), timeout);
         }
     }
     let ports: Vec<(&String, u16)> =

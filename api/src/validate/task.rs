@@ -14,7 +14,7 @@ use crate::testset::TestSet;
 
 use super::names::{is_dns_label, is_dns_subdomain};
 use super::sandbox::key_path;
-use super::{ValidationContext, list, suggestion};
+use super::{ValidationContext, check_not_too_long, list, suggestion};
 
 pub(super) fn validate(
     task: &HarnessTaskSpec,
@@ -277,6 +277,9 @@ fn check_policy_server(
             "the startup timeout is not positive; give the time loading the model may take, e.g. 10m",
         ));
     }
+    if let Some(timeout) = server.startup_timeout {
+        check_not_too_long(problems, "spec.policy.server.startupTimeout", timeout);
+    }
     if let Some(endpoint) = &policy.endpoint {
         let local = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"]
             .iter()
@@ -436,6 +439,9 @@ fn check_policy(task: &HarnessTaskSpec, ctx: &ValidationContext<'_>, problems: &
             "spec.policy.requestTimeout",
             format!("the duration is {timeout}; it must be greater than zero (e.g. \"60s\")"),
         ));
+    }
+    if let Some(timeout) = policy.request_timeout {
+        check_not_too_long(problems, "spec.policy.requestTimeout", timeout);
     }
     if let Some(scripted) = &policy.scripted
         && let Some(file) = ctx.local_file(scripted)

@@ -224,6 +224,54 @@ fn zero_and_negative_durations_are_errors_with_their_paths() {
 }
 
 #[test]
+fn durations_longer_than_seven_days_are_errors_with_their_paths() {
+    // Before: accepted; i64::MAX ms made timers that never fire (292 million years).
+    let huge = i64::MAX;
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({
+            "toolTimeouts": {"default": huge, "refund": "169h"},
+            "planStepTimeout": huge,
+            "tools": {"track_order": {"http": {"retry": {"attempts": 3, "backoff": "8000h"}}}},
+            "services": {"db": {"command": ["db"], "readyTimeout": "604800001"}}
+        }),
+    ));
+    let problems: Vec<&Problem> = report.by_rule(Rule::OutOfRange).collect();
+    let paths: Vec<&str> = problems.iter().map(|p| field(p)).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.tools.track_order.http.retry.backoff",
+            "spec.services.db.readyTimeout",
+            "spec.toolTimeouts.default",
+            "spec.toolTimeouts.refund",
+            "spec.planStepTimeout"
+        ],
+        "{report}"
+    );
+    assert_eq!(
+        problems[4].message,
+        format!(
+            "the duration is {huge}ms, longer than 168h (7 days), the most a duration in a spec may be; give a shorter one (a bare number counts milliseconds)"
+        )
+    );
+    let bare = check_sandbox(good_sandbox().tap(|v| v["toolTimeouts"] = json!(huge)));
+    assert_eq!(field(&only(&bare, Rule::OutOfRange)), "spec.toolTimeouts");
+    let report = check_task(
+        with(
+            good_task(),
+            json!({"policy": {"requestTimeout": "200h", "server": {"image": "vllm", "startupTimeout": "169h"}}}),
+        ),
+        good_sandbox(),
+    );
+    let paths: Vec<&str> = report.by_rule(Rule::OutOfRange).map(field).collect();
+    assert_eq!(paths, ["spec.policy.server.startupTimeout", "spec.policy.requestTimeout"], "{report}");
+    // Exactly the bound is fine.
+    let report = check_sandbox(with(good_sandbox(), json!({"planStepTimeout": "168h"})));
+    assert!(report.by_rule(Rule::OutOfRange).next().is_none(), "{report}");
+}
+
+#[test]
 fn a_bare_number_tool_timeout_is_a_warning_that_names_every_tool() {
     let report = check_sandbox(good_sandbox().tap(|v| v["toolTimeouts"] = json!(800)));
     let problem = only(&report, Rule::BareToolTimeout);
