@@ -34,6 +34,7 @@ use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, t
 use basecamp_sandbox::rewards::RewardCalculator;
 use basecamp_sandbox::run::{absolute_dir, load_manifests_in, resolve_variants, select_task};
 use basecamp_sandbox::storage::{Destination, Storage, StorageConfig, UtcDate};
+use basecamp_trace::RecordKind;
 
 use crate::trace_cmd::sources::Sources;
 use parquet_file::ParquetBatch;
@@ -328,7 +329,10 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         // A trace that cannot be fetched is an error (the dataset would silently
         // lack it); one that cannot be read is skipped and listed.
         let bytes = sources.read_bytes(source).with_context(|| format!("cannot read {}", source.name))?;
-        let contents = match basecamp_trace::read_trace_from(Cursor::new(bytes), source.name.clone()) {
+        // Rows are made of plan steps, memory deltas and rewards: token logits are not read.
+        let lean =
+            basecamp_trace::read_trace_from_without(Cursor::new(bytes), source.name.clone(), &[RecordKind::TokenLogit]);
+        let contents = match lean {
             Ok(c) if c.damage().is_none() => c,
             Ok(c) => {
                 let damage = c.damage().map(|d| d.to_string()).unwrap_or_default();

@@ -24,7 +24,9 @@ use basecamp_bench_support::{TempDir, env_or, git_commit, machine, utc_now, writ
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
-use basecamp_trace::{Tail, TraceReader, TraceWriter, read_trace, read_trace_from};
+use basecamp_trace::{
+    RecordKind, Tail, TraceReader, TraceWriter, read_trace, read_trace_from, read_trace_from_without,
+};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
@@ -344,6 +346,17 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
         .records(n)
         .bytes(decompressed, "decompressed bytes"),
         Case::new(
+            "read.without_token_logits.slice",
+            "read_trace_from_without(&bytes[..], [TokenLogit]): every record but the token logits (their frames skipped undecompressed), as serve's catalog, basecamp run's root causes and data preprocess read",
+            || {
+                let contents = read_trace_from_without(&input.trace[..], "bench.trace", &[RecordKind::TokenLogit])
+                    .expect("the bench's trace reads");
+                black_box(contents.records);
+            },
+        )
+        .records(n)
+        .bytes(decompressed, "decompressed bytes of the whole trace"),
+        Case::new(
             "read.next_raw.slice",
             "TraceReader::next_raw over &bytes[..]: frames verified + every record's step and section, bodies not decoded",
             || {
@@ -482,7 +495,7 @@ fn time_ratio(cases: &[Case], numerator: &str, denominators: &[&str]) -> Stats {
 }
 
 /// The ratios the report shows: (label, numerator, denominators).
-const RATIOS: [(&str, &str, &[&str]); 9] = [
+const RATIOS: [(&str, &str, &[&str]); 10] = [
     ("writer (Vec) / bare prost encode", "write.writer.vec", &["write.floor.prost_encode"]),
     ("writer (Vec) / its parts by hand (encode+zstd+crc)", "write.writer.vec", &["write.parts.encode_zstd_crc"]),
     ("writer (Vec) / zstd-3 per frame alone", "write.writer.vec", &["zstd3.compress.per_frame"]),
@@ -494,6 +507,11 @@ const RATIOS: [(&str, &str, &[&str]); 9] = [
         &["read.frames_only.walker", "read.floor.prost_decode"],
     ),
     ("read_trace (file) / read_trace_from (slice)", "read.read_trace.file", &["read.read_trace_from.slice"]),
+    (
+        "read_trace_from / the same without token logits",
+        "read.read_trace_from.slice",
+        &["read.without_token_logits.slice"],
+    ),
     ("gzip-6 / zstd-3 compress time, per frame", "gzip6.compress.per_frame", &["zstd3.compress.per_frame"]),
     ("gzip / zstd decompress time, per frame", "gzip6.decompress.per_frame", &["zstd3.decompress.per_frame"]),
 ];

@@ -47,5 +47,8 @@ pub mod pb {
 pub use canonical::{Digest, canonical_json, hash_canonical_text, hash_json};
 pub use error::TraceError;
 pub use memory::{Memory, MemoryDelta, MemoryPatch, PatchOp};
-pub use reader::{IndexedTrace, RawRecord, RecordKind, Tail, TraceContents, TraceReader, read_trace, read_trace_from};
+pub use reader::{
+    IndexedTrace, RawRecord, RecordKind, Tail, TraceContents, TraceReader, read_trace, read_trace_from,
+    read_trace_from_without, read_trace_without,
+};
 pub use writer::TraceWriter;

@@ -9,7 +9,9 @@
 //! byte offset of the bad frame.
 //!
 //! A reader told which record kinds it needs
-//! ([`TraceReader::skip_frames_without`]) skips the frames of a version-2
+//! ([`TraceReader::skip_frames_without`]), or which it does not
+//! ([`TraceReader::without`], [`read_trace_without`]: a reader that needs no
+//! token logits, the bulk of a policy's trace), skips the frames of a version-2
 //! file that cannot hold them without decompressing them (see
 //! [`crate::format`]). A skipped frame's header checksum and payload
 //! checksum are still verified (the CRC costs a pass over the compressed
@@ -227,6 +229,8 @@ pub struct TraceReader<R> {
     frame_continues: bool,
     /// Set by [`TraceReader::skip_frames_without`].
     wanted: Option<u16>,
+    /// Record kinds the iterator neither decodes nor yields ([`TraceReader::without`]).
+    unwanted: u16,
 }
 
 impl TraceReader<BufReader<File>> {
@@ -275,6 +279,7 @@ impl<R: Read> TraceReader<R> {
             frame_kinds: frame.record_kinds,
             frame_continues: frame.continues_step,
             wanted: None,
+            unwanted: 0,
         })
     }
 
@@ -285,6 +290,17 @@ impl<R: Read> TraceReader<R> {
     /// step is lost. Checksums are verified on skipped frames too.
     pub fn skip_frames_without(&mut self, kinds: &[RecordKind]) {
         self.wanted = Some(kinds.iter().fold(0, |mask, k| mask | k.bit()));
+    }
+
+    /// Leaves out the records of `kinds`: the iterator neither decodes nor
+    /// yields them, and frames that hold nothing else are skipped
+    /// undecompressed (version-2 files). Every other record and every step
+    /// is still read, and damage is found as without it (checksums are
+    /// verified on skipped frames too).
+    pub fn without(mut self, kinds: &[RecordKind]) -> Self {
+        self.unwanted = kinds.iter().fold(0, |mask, k| mask | k.bit());
+        self.wanted = Some(!self.unwanted);
+        self
     }
 
     /// The file's format version.
@@ -468,9 +484,12 @@ impl<R: Read> Iterator for TraceReader<R> {
     type Item = Result<Record, TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let range = match self.advance()? {
-            Ok(range) => range,
-            Err(e) => return Some(Err(e)),
+        let range = loop {
+            match self.advance()? {
+                Ok(_) if self.last_kind.bit() & self.unwanted != 0 => continue,
+                Ok(range) => break range,
+                Err(e) => return Some(Err(e)),
+            }
         };
         match Record::decode(&self.frames.raw[range.clone()]) {
             Ok(record) => Some(Ok(record)),
@@ -640,6 +659,24 @@ pub fn read_trace(path: impl AsRef<Path>) -> Result<TraceContents, TraceError> {
 /// Like [`read_trace`] over any reader (a byte slice, a download).
 pub fn read_trace_from(inner: impl Read, name: impl Into<String>) -> Result<TraceContents, TraceError> {
     collect(TraceReader::new(inner, name)?)
+}
+
+/// Like [`read_trace`], without the records of `kinds` (e.g.
+/// `[RecordKind::TokenLogit]` for a reader that needs no logits): they are
+/// not decoded, and their frames are not decompressed
+/// ([`TraceReader::without`]). The header, every other record and the tail
+/// are what [`read_trace`] gives.
+pub fn read_trace_without(path: impl AsRef<Path>, kinds: &[RecordKind]) -> Result<TraceContents, TraceError> {
+    collect(TraceReader::open(path)?.without(kinds))
+}
+
+/// Like [`read_trace_without`] over any reader.
+pub fn read_trace_from_without(
+    inner: impl Read,
+    name: impl Into<String>,
+    kinds: &[RecordKind],
+) -> Result<TraceContents, TraceError> {
+    collect(TraceReader::new(inner, name)?.without(kinds))
 }
 
 fn collect<R: Read>(mut reader: TraceReader<R>) -> Result<TraceContents, TraceError> {

@@ -10,7 +10,9 @@ use basecamp_trace::format::{
 use basecamp_trace::pb::{EpisodeEnd, Header, PlanStep, Record, StepStatus, TokenLogit, record::Body};
 use basecamp_trace::query::{Query, Section};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
-use basecamp_trace::{RecordKind, Tail, TraceError, TraceReader, TraceWriter, read_trace_from};
+use basecamp_trace::{
+    RecordKind, Tail, TraceError, TraceReader, TraceWriter, read_trace_from, read_trace_from_without,
+};
 
 /// The shape the golden files were generated with.
 fn golden_shape() -> EpisodeShape {
@@ -278,4 +280,49 @@ fn a_writer_killed_mid_step_leaves_a_searchable_prefix() {
             assert!(!err.to_string().contains('\n'));
         }
     }
+}
+
+/// `read_trace_without(TokenLogit)` of `bytes` against a full read: the same
+/// header, every other record in order, the same tail; (decompressed, skipped).
+fn read_without_token_logits_agrees(bytes: &[u8], what: &str) -> (u64, u64) {
+    let full = read_trace_from(bytes, "t.trace").unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut reader = TraceReader::new(bytes, "t.trace").unwrap().without(&[RecordKind::TokenLogit]);
+    let records: Vec<Record> = reader.by_ref().map_while(Result::ok).collect();
+    let counts = (reader.frames_decompressed(), reader.frames_skipped());
+    let lean = read_trace_from_without(bytes, "t.trace", &[RecordKind::TokenLogit]).unwrap();
+    assert_eq!(lean.records, records, "{what}: the function and the reader agree");
+    assert_eq!(lean.header, full.header, "{what}");
+    let others: Vec<&Record> =
+        full.records.iter().filter(|r| RecordKind::of_body(r.body.as_ref()) != RecordKind::TokenLogit).collect();
+    assert_eq!(lean.records.iter().collect::<Vec<_>>(), others, "{what}: every other record, in order");
+    let tail = |t: &Tail| match t {
+        Tail::Complete => "complete".to_string(),
+        Tail::Damaged(e) => e.to_string(),
+    };
+    assert_eq!(tail(&lean.tail), tail(&full.tail), "{what}: the same end");
+    counts
+}
+
+#[test]
+fn a_read_without_token_logits_skips_their_frames_and_loses_nothing_else() {
+    let v2 = generate(&EpisodeShape { steps: 6, tokens_per_step: 40, ..Default::default() })
+        .write_to(Vec::new(), 3)
+        .unwrap();
+    let token_frames = frames(&v2).iter().filter(|(_, h)| h.record_kinds == RecordKind::TokenLogit.bit()).count();
+    let (_, skipped) = read_without_token_logits_agrees(&v2, "whole");
+    assert_eq!(skipped, token_frames as u64, "every token frame is skipped undecompressed");
+    // A v1 file has no kinds in its frame headers: nothing is skipped, the token logits are still left out.
+    assert_eq!(read_without_token_logits_agrees(&golden_v1(), "v1").1, 0);
+    // Cut anywhere: the same prefix and the same truncation.
+    for cut in (PREAMBLE_LEN + 200..v2.len()).step_by(v2.len() / 23) {
+        read_without_token_logits_agrees(&v2[..cut], &format!("cut at {cut}"));
+    }
+    // A flipped byte in a skipped token frame is found by its checksum, as a full read finds it.
+    let (at, _) =
+        frames(&v2).into_iter().find(|(_, h)| h.record_kinds == RecordKind::TokenLogit.bit()).expect("a token frame");
+    let mut flipped = v2.clone();
+    flipped[at + FRAME_HEADER_LEN + 5] ^= 0x10;
+    read_without_token_logits_agrees(&flipped, "flipped");
+    let lean = read_trace_from_without(flipped.as_slice(), "t.trace", &[RecordKind::TokenLogit]).unwrap();
+    assert!(matches!(lean.tail, Tail::Damaged(TraceError::Corrupt { offset, .. }) if offset == at as u64));
 }

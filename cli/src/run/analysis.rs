@@ -39,7 +39,8 @@ struct Evidence {
 
 fn evidence(path: &PathBuf) -> Evidence {
     let mut found = Evidence::default();
-    let contents = match basecamp_trace::read_trace(path) {
+    // The evidence is in plan steps and memory deltas, never in token logits.
+    let contents = match basecamp_trace::read_trace_without(path, &[basecamp_trace::RecordKind::TokenLogit]) {
         Ok(c) => c,
         Err(e) => {
             found.unreadable = Some(e.to_string());

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use basecamp_trace::RecordKind;
 use basecamp_trace::metrics::NO_FAILURE;
 use basecamp_trace::pb::{self, Header, record::Body};
 
@@ -76,8 +77,10 @@ pub fn outcome_name(outcome: i32) -> &'static str {
 
 impl TraceDigest {
     /// Reads the trace; a damaged one yields what its readable prefix holds.
+    /// Token logits (most of a policy's trace) are not read: nothing here uses them.
     pub fn load(path: &Path) -> Result<TraceDigest, String> {
-        let contents = basecamp_trace::read_trace(path).map_err(|e| e.to_string())?;
+        let contents =
+            basecamp_trace::read_trace_without(path, &[RecordKind::TokenLogit]).map_err(|e| e.to_string())?;
         Ok(Self::from_records(contents.header.clone(), &contents.records, contents.damage().map(|e| e.to_string())))
     }
 
