@@ -1,7 +1,9 @@
 //! Driver mode: run one shard of a test set — episodes as concurrent tasks
 //! sharing one runner — and write the shard's `summary.json` next to its
 //! traces. The summary is written even when episodes fail: every episode
-//! that ran is in it, with its failure class and trace file.
+//! that ran is in it, with its failure class and trace file, and so is the
+//! trace file of each episode cut off or lost after its trace was created,
+//! so that the summary names every file the shard wrote.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,18 +39,24 @@ pub struct ShardSummary {
     /// prefix); they are not in `episodes` or the aggregate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interrupted: Vec<String>,
+    /// The trace files of the `interrupted` episodes that had created one
+    /// (one cut off before its start has none), in the same order. Absent
+    /// from summaries written before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interrupted_traces: Vec<String>,
     /// Episodes the stop kept from starting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_started: Vec<String>,
 }
 
 impl ShardSummary {
-    /// The files of `out_dir` this shard wrote, relative to it:
-    /// `summary.json`, each finished episode's trace and rollback evidence,
-    /// and the trace of each episode cut off or lost when one was written
-    /// since the shard started. What an earlier run left in the directory
-    /// is not among them.
-    pub fn files_written(&self, out_dir: &Path) -> Vec<String> {
+    /// The files of the shard's directory this shard wrote, relative to
+    /// it: `summary.json`, each finished episode's trace and rollback
+    /// evidence, and the trace of each episode cut off or lost after it
+    /// created one — all as the summary names them, not guessed from the
+    /// directory (whose file times need not follow this machine's clock).
+    /// What an earlier run left in the directory is not among them.
+    pub fn files_written(&self) -> Vec<String> {
         let mut files = vec![SUMMARY_FILE.to_string()];
         for episode in &self.episodes {
             files.push(episode.trace_file.clone());
@@ -57,16 +65,10 @@ impl ShardSummary {
                 files.push(rollback.to_string_lossy().into_owned());
             }
         }
-        // File times come from a coarse clock that may lag the precise one
-        // by a tick: a second of slack.
-        let started = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(self.started_unix_nanos.max(0) as u64)
-            - std::time::Duration::from_secs(1);
-        let cut_off = self.interrupted.iter().chain(self.lost.iter().map(|lost| &lost.id));
-        for id in cut_off {
-            let trace = trace_file_name(id);
-            let modified = std::fs::metadata(out_dir.join(&trace)).and_then(|m| m.modified());
-            if modified.is_ok_and(|modified| modified >= started) && !files.contains(&trace) {
-                files.push(trace);
+        let cut_off = self.interrupted_traces.iter().chain(self.lost.iter().filter_map(|l| l.trace_file.as_ref()));
+        for trace in cut_off {
+            if !files.contains(trace) {
+                files.push(trace.clone());
             }
         }
         files
@@ -80,14 +82,19 @@ pub type StopSignal = tokio_util::sync::CancellationToken;
 pub struct LostEpisode {
     pub id: String,
     pub error: String,
+    /// Its trace file, when it had created one (what ran, up to the error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_file: Option<String>,
 }
 
 pub const SUMMARY_FILE: &str = "summary.json";
 
-/// How one episode's task ended.
+/// How one episode's task ended; `trace_file` is set when the episode had
+/// created its trace.
 enum Ended {
-    Ran(Box<std::io::Result<EpisodeResult>>),
-    Interrupted,
+    Ran(Box<EpisodeResult>),
+    Lost { error: String, trace_file: Option<String> },
+    Interrupted { trace_file: Option<String> },
     NotStarted,
 }
 
@@ -124,11 +131,27 @@ pub async fn run_shard(
                 permit = permits.acquire_owned() => Some(permit.expect("the semaphore is never closed")),
             };
             let Some(_permit) = permit else { return (index, input.id, Ended::NotStarted) };
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => (index, input.id, Ended::Interrupted),
-                result = runner.run(&input, &dir) => (index, input.id, Ended::Ran(Box::new(result))),
+            if stop.is_cancelled() {
+                return (index, input.id, Ended::Interrupted { trace_file: None });
             }
+            let lost = |e: std::io::Error, trace_file| Ended::Lost {
+                error: format!("cannot write the trace: {e}"),
+                trace_file,
+            };
+            let episode = match runner.start(input.clone(), &dir) {
+                Ok(episode) => episode,
+                Err(e) => return (index, input.id, lost(e, None)),
+            };
+            let trace_file = Some(trace_file_name(&input.id));
+            let ended = tokio::select! {
+                biased;
+                _ = stop.cancelled() => Ended::Interrupted { trace_file },
+                result = runner.run_started(episode) => match result {
+                    Ok(result) => Ended::Ran(Box::new(result)),
+                    Err(e) => lost(e, trace_file),
+                },
+            };
+            (index, input.id, ended)
         });
     }
     let mut done: Vec<(usize, EpisodeResult)> = Vec::new();
@@ -136,16 +159,16 @@ pub async fn run_shard(
     let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok((index, id, Ended::Ran(result))) => match *result {
-                Ok(result) => {
-                    on_done(&result);
-                    done.push((index, result));
-                }
-                Err(e) => lost.push(LostEpisode { id, error: format!("cannot write the trace: {e}") }),
-            },
-            Ok((index, id, Ended::Interrupted)) => interrupted.push((index, id)),
+            Ok((index, _, Ended::Ran(result))) => {
+                on_done(&result);
+                done.push((index, *result));
+            }
+            Ok((_, id, Ended::Lost { error, trace_file })) => lost.push(LostEpisode { id, error, trace_file }),
+            Ok((index, id, Ended::Interrupted { trace_file })) => interrupted.push((index, id, trace_file)),
             Ok((index, id, Ended::NotStarted)) => not_started.push((index, id)),
-            Err(e) => lost.push(LostEpisode { id: "?".into(), error: format!("episode task failed: {e}") }),
+            Err(e) => {
+                lost.push(LostEpisode { id: "?".into(), error: format!("episode task failed: {e}"), trace_file: None })
+            }
         }
     }
     interrupted.sort();
@@ -169,7 +192,8 @@ pub async fn run_shard(
         episodes,
         lost,
         stopped_early: stop.is_cancelled() && !(interrupted.is_empty() && not_started.is_empty()),
-        interrupted: interrupted.into_iter().map(|(_, id)| id).collect(),
+        interrupted_traces: interrupted.iter().filter_map(|(_, _, trace)| trace.clone()).collect(),
+        interrupted: interrupted.into_iter().map(|(_, id, _)| id).collect(),
         not_started: not_started.into_iter().map(|(_, id)| id).collect(),
     };
     write_summary(&summary, out_dir)?;

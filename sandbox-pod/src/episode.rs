@@ -339,11 +339,21 @@ impl EpisodeRunner {
     /// Runs one episode, writing `<dir>/<id>.trace`. Failures inside the
     /// episode are recorded and end it; only an unwritable trace is an `Err`.
     pub async fn run(&self, input: &EpisodeInput, dir: &Path) -> std::io::Result<EpisodeResult> {
-        let mut episode = self.start(input.clone(), dir)?;
+        let episode = self.start(input.clone(), dir)?;
+        self.run_started(episode).await
+    }
+
+    /// Runs an episode [`EpisodeRunner::start`] began (its trace created)
+    /// to its end: what [`EpisodeRunner::run`] does after the start.
+    pub async fn run_started(&self, mut episode: Episode) -> std::io::Result<EpisodeResult> {
         while episode.advance(self)? {
             let deadline = tokio::time::Instant::now() + self.plan_step_timeout;
-            let request =
-                PolicyRequest::new(input.id.clone(), episode.step - 1, episode.messages.clone(), self.tools.clone());
+            let request = PolicyRequest::new(
+                episode.id().to_string(),
+                episode.step - 1,
+                episode.messages.clone(),
+                self.tools.clone(),
+            );
             match tokio::time::timeout_at(deadline, self.policy.respond(&request)).await {
                 Ok(Ok(response)) => {
                     episode.act(self, &response, deadline).await?;

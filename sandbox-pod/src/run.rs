@@ -309,7 +309,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
                 .map_err(|e| RunError::Selection(e.to_string()))?;
             // This run's files only: --out may hold an earlier run's traces,
             // which the summary does not count and which are not this shard's.
-            let mut files = summary.files_written(&out_dir);
+            let mut files = summary.files_written();
             files.extend(variant.sandbox.services.keys().map(|name| format!("services/{name}.log")));
             let storage = Storage::new(StorageConfig::from_env());
             Some(storage.upload_files(&out_dir, &files, &destination.for_shard(&partition)).await)

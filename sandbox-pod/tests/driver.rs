@@ -1,0 +1,119 @@
+//! A shard's summary names every trace file the shard wrote — the cut-off
+//! and lost episodes' too — so that what is uploaded is exactly this run's
+//! files, whatever the files' times say.
+
+use std::time::{Duration, SystemTime};
+
+use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
+use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
+use basecamp_sandbox::executor::{NullWrites, ToolDef, ToolExecutor};
+use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
+use basecamp_sandbox::tools::Tool;
+use basecamp_sandbox::tools::exec::ExecTool;
+use serde_json::json;
+
+/// A summary as `summary.json` holds it: `hangs` were cut off by a stop,
+/// the first with a trace of this run's, the second before it wrote one;
+/// `lost` likewise.
+fn summary_of_a_stopped_shard() -> ShardSummary {
+    let started = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    serde_json::from_value(json!({
+        "namespace": "default", "task": "t", "variant": "a", "shard": 0, "shard_count": 1,
+        "started_unix_nanos": started, "wall_seconds": 1.0,
+        "aggregate": {"episodes": 0, "means": {}, "resolution_time_p50_s": 0.0, "resolution_time_p95_s": 0.0, "outcomes": {}},
+        "episodes": [],
+        "lost": [
+            {"id": "lost-traced", "error": "cannot write the trace: disk full", "trace_file": "lost-traced.trace"},
+            {"id": "lost-untraced", "error": "cannot write the trace: permission denied"}
+        ],
+        "stopped_early": true,
+        "interrupted": ["cut-traced", "cut-untraced"],
+        "interrupted_traces": ["cut-traced.trace"]
+    }))
+    .expect("a summary")
+}
+
+#[test]
+fn the_traces_of_cut_off_and_lost_episodes_are_those_the_summary_names() {
+    // Before: guessed from the directory by file time (a second of slack),
+    // so an earlier run's trace of an episode cut off before its start went
+    // up as this shard's when it was written just before, and this run's
+    // trace did not when the file system's clock lagged (NFS, FUSE).
+    assert_eq!(summary_of_a_stopped_shard().files_written(), ["summary.json", "cut-traced.trace", "lost-traced.trace"]);
+}
+
+#[test]
+fn a_summary_written_before_the_trace_names_were_recorded_still_reads() {
+    let mut old = serde_json::to_value(summary_of_a_stopped_shard()).unwrap();
+    old.as_object_mut().unwrap().remove("interrupted_traces");
+    for lost in old["lost"].as_array_mut().unwrap() {
+        lost.as_object_mut().unwrap().remove("trace_file");
+    }
+    let summary: ShardSummary = serde_json::from_value(old).expect("an older summary.json parses");
+    assert!(summary.interrupted_traces.is_empty() && summary.lost.iter().all(|l| l.trace_file.is_none()));
+    let written = serde_json::to_value(summary_of_a_stopped_shard()).unwrap();
+    assert_eq!(written["interrupted_traces"], json!(["cut-traced.trace"]));
+    assert_eq!(written["lost"][0]["trace_file"], "lost-traced.trace");
+    assert!(written["lost"][1].get("trace_file").is_none(), "no trace, no key: {written}");
+}
+
+fn input(id: &str) -> EpisodeInput {
+    EpisodeInput {
+        id: id.into(),
+        messages: vec![ChatMessage::user("Where is my order?")],
+        initial_memory: Default::default(),
+        expected_calls: Vec::new(),
+        expected_memory: None,
+        expected_memory_hash: None,
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_shard_records_the_trace_of_each_episode_it_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("policy.jsonl");
+    let turns = r#"[{"tool_calls": [{"name": "hang", "arguments": {}}]}, {"content": "done"}]"#;
+    std::fs::write(
+        &script,
+        format!("{{\"episode\": \"e1\", \"turns\": {turns}}}\n{{\"episode\": \"e2\", \"turns\": {turns}}}\n"),
+    )
+    .unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let mut executor = ToolExecutor::new(NullWrites::Warn);
+    let hang = Tool::Exec(ExecTool::new(vec!["sleep".into(), "60".into()]));
+    executor.add_tool(
+        "hang",
+        ToolDef { tool: hang, timeout: Duration::from_secs(30), fallback: None, memory_map: Vec::new() },
+    );
+    let runner = std::sync::Arc::new(EpisodeRunner {
+        plan_step_timeout: Duration::from_secs(30),
+        ..EpisodeRunner::new(executor, policy)
+    });
+    let out = dir.path().join("out");
+    let stop = StopSignal::new();
+    let stopper = stop.clone();
+    let trace = out.join("e1.trace");
+    tokio::spawn(async move {
+        while !trace.is_file() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stopper.cancel();
+    });
+    // One at a time: e1 starts and hangs in its tool; e2 never starts.
+    let summary = tokio::time::timeout(
+        Duration::from_secs(20),
+        run_shard(runner, vec![input("e1"), input("e2")], &out, 1, stop, |_| {}),
+    )
+    .await
+    .expect("the stop ends the shard")
+    .unwrap();
+    assert_eq!(
+        (summary.interrupted.as_slice(), summary.not_started.as_slice()),
+        (&["e1".to_string()][..], &["e2".to_string()][..])
+    );
+    assert_eq!(summary.interrupted_traces, ["e1.trace"]);
+    assert_eq!(summary.files_written(), ["summary.json", "e1.trace"]);
+    let on_disk: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["interrupted_traces"], json!(["e1.trace"]));
+}
