@@ -106,6 +106,58 @@ fn a_missing_sandbox_config_is_named_by_validate_and_by_run() {
 }
 
 #[test]
+fn what_the_api_server_would_refuse_stops_validate_and_run_naming_field_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo("examples/raw-logits");
+    for file in ["policy.jsonl", "tests.jsonl"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("fixtures")).unwrap();
+    std::fs::copy(example.join("fixtures/orders.jsonl"), dir.path().join("fixtures/orders.jsonl")).unwrap();
+    let manifest = std::fs::read_to_string(example.join("task.yaml"))
+        .unwrap()
+        .replace("kind: SandboxConfig", "kind: sandboxconfig")
+        .replacen(
+            "  name: raw-logits-tools\n",
+            "  name: raw-logits-tools\n  namespce: team-a\n  labels: {team: 1}\n",
+            1,
+        )
+        .replace("  maxSteps: 4\n", "  maxSteps: 4\n  planStepTimeout: 9223372036854775807\n");
+    let task = dir.path().join("task.yaml");
+    std::fs::write(&task, &manifest).unwrap();
+    let line_of = |needle: &str| manifest.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    let t = task.display();
+    // Before: validate passed and the run ran (with timers 292 million years out).
+    let expected = [
+        format!("{t}:{}: kind: \"sandboxconfig\": kinds are case-sensitive", line_of("kind: sandboxconfig")),
+        format!("{t}:{}: metadata.labels.team is the number 1, not a string; quote it", line_of("labels:")),
+        format!("{t}:{}: metadata.namespce: unknown field \"namespce\"", line_of("namespce")),
+        "SandboxConfig/raw-logits-tools: spec.planStepTimeout: the duration is 9223372036854775807ms, longer than 168h"
+            .to_string(),
+    ];
+    let output = basecamp(&["harness", "validate", task.to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    for expected in &expected {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    assert!(out.contains("4 error(s)"), "{out}");
+    let output = basecamp(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--no-progress",
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    for expected in &expected {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    assert!(!dir.path().join("out").join("run.json").exists(), "nothing ran: {out}");
+}
+
+#[test]
 fn a_test_set_line_that_is_not_utf8_is_named_by_validate_and_by_run() {
     let dir = tempfile::tempdir().unwrap();
     let example = repo("examples/ecommerce");
