@@ -23,7 +23,6 @@ pub struct Group<'a> {
     pub variant: &'a str,
     pub entries: Vec<&'a EpisodeEntry>,
     pub insights: Insights,
-    pub traces: Vec<Result<TraceContents, String>>,
 }
 
 /// The in-page key of an episode's trace view.
@@ -31,7 +30,14 @@ pub fn view_key(e: &EpisodeEntry) -> String {
     format!("{}/{}/{}", e.task, e.variant, e.id)
 }
 
-pub fn render(groups: &[Group<'_>], inputs: &[String], problems: &[String]) -> String {
+/// The page; `load` reads an episode's trace when its view is drawn, so one
+/// decoded trace is held at a time, whatever the number of episodes.
+pub fn render(
+    groups: &[Group<'_>],
+    inputs: &[String],
+    problems: &[String],
+    load: impl Fn(&EpisodeEntry) -> Result<TraceContents, String>,
+) -> String {
     let metric = groups.first().map_or("", |g| g.insights.metric.as_str());
     let mut h =
         format!("<h1>trace report: <code>{}</code></h1><p class=\"muted\">{}</p>", esc(metric), esc(&inputs.join(" ")));
@@ -65,16 +71,16 @@ pub fn render(groups: &[Group<'_>], inputs: &[String], problems: &[String]) -> S
         h.push_str(&insight_sections(&g.insights, &g.entries, &link, &format!("g{i}")));
     }
     for g in groups {
-        for (e, trace) in g.entries.iter().zip(&g.traces) {
+        for e in &g.entries {
             let _ = write!(
                 h,
                 "<section class=\"episode-view drawer\" id=\"episode:{}\" hidden><a class=\"close\" href=\"#\">close ✕</a>",
                 esc(&view_key(e))
             );
-            match trace {
-                Ok(contents) => h.push_str(&episode::render(e, contents, REPORT_TOKEN_CAP, None)),
+            match load(e) {
+                Ok(contents) => h.push_str(&episode::render(e, &contents, REPORT_TOKEN_CAP, None)),
                 Err(problem) => {
-                    let _ = write!(h, "<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(problem));
+                    let _ = write!(h, "<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(&problem));
                 }
             }
             h.push_str("</section>");

@@ -149,13 +149,11 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
         for unreadable in &mut insights.unreadable {
             *unreadable = s3_names(fetched, unreadable);
         }
-        let traces = entries
-            .iter()
-            .map(|e| basecamp_trace::read_trace(&e.trace).map_err(|e| s3_names(fetched, &e.to_string())))
-            .collect();
-        rendered.push(Group { namespace, task, variant, entries: entries.clone(), insights, traces });
+        rendered.push(Group { namespace, task, variant, entries: entries.clone(), insights });
     }
-    let html = render(&rendered, &args.paths, &catalog.problems);
+    let html = render(&rendered, &args.paths, &catalog.problems, |e| {
+        basecamp_trace::read_trace(&e.trace).map_err(|e| s3_names(fetched, &e.to_string()))
+    });
     std::fs::write(&args.output, html).with_context(|| format!("cannot write {}", args.output.display()))?;
     let episodes: usize = rendered.iter().map(|g| g.entries.len()).sum();
     let failed: usize = rendered.iter().map(|g| g.insights.failed).sum();
