@@ -18,6 +18,13 @@
 //! 3. types, by deserializing the document straight from YAML, so a type
 //!    error has both its field path and its line.
 //!
+//! A task uses the SandboxConfigs of its own namespace, as the operator
+//! resolves `sandboxRef`. A document without `metadata.namespace` lands in
+//! whatever namespace it is applied to (`kubectl apply -f DIR`), so it may
+//! share any: a task without one may use a SandboxConfig of any namespace,
+//! a SandboxConfig without one serves a task of any, and two objects of
+//! one kind and name are duplicates unless both give different namespaces.
+//!
 //! Documents of other kinds are reported as `UnknownKind` warnings and
 //! skipped, so a file may also hold, say, a Secret; `sandboxconfig` is not
 //! another kind but SandboxConfig in the wrong case, an error (kinds are
@@ -198,9 +205,44 @@ impl Manifests {
         (manifests, report)
     }
 
-    /// The SandboxConfig called `name`.
-    pub fn sandbox(&self, name: &str) -> Option<&Loaded<SandboxConfig>> {
-        self.sandboxes.iter().find(|s| s.object.metadata.name.as_deref() == Some(name))
+    /// The SandboxConfig called `name` that a task in `task_namespace` uses,
+    /// as the operator resolves `sandboxRef` in the task's namespace: one in
+    /// that namespace or without one (see [`may_share_namespace`]), never
+    /// another namespace's.
+    pub fn referenced_sandbox(
+        &self,
+        task_namespace: Option<&str>,
+        name: &str,
+    ) -> Result<&Loaded<SandboxConfig>, SandboxRefError> {
+        let named: Vec<&Loaded<SandboxConfig>> =
+            self.sandboxes.iter().filter(|s| s.object.metadata.name.as_deref() == Some(name)).collect();
+        let namespaces_of = |sandboxes: &[&Loaded<SandboxConfig>]| {
+            let mut namespaces: Vec<String> =
+                sandboxes.iter().filter_map(|s| s.object.metadata.namespace.clone()).collect();
+            namespaces.sort_unstable();
+            namespaces.dedup();
+            namespaces
+        };
+        let usable: Vec<&Loaded<SandboxConfig>> = named
+            .iter()
+            .copied()
+            .filter(|s| may_share_namespace(task_namespace, s.object.metadata.namespace.as_deref()))
+            .collect();
+        let namespaces = namespaces_of(&usable);
+        match (usable.first(), task_namespace) {
+            (None, Some(task_namespace)) if !named.is_empty() => Err(SandboxRefError::OtherNamespace {
+                name: name.to_string(),
+                namespaces: namespaces_of(&named),
+                task_namespace: task_namespace.to_string(),
+            }),
+            (None, _) => Err(SandboxRefError::Missing { name: name.to_string() }),
+            // Only a task without a namespace can see two; which it gets
+            // depends on where it is applied.
+            (Some(_), None) if namespaces.len() > 1 => {
+                Err(SandboxRefError::Ambiguous { name: name.to_string(), namespaces })
+            }
+            (Some(sandbox), _) => Ok(sandbox),
+        }
     }
 
     /// Validates every task against the sandboxes in the same namespace and
@@ -217,11 +259,15 @@ impl Manifests {
         let mut report = Report::new();
         for task in &self.tasks {
             let namespace = task.object.metadata.namespace.as_deref();
-            let sandboxes: Vec<(&str, &SandboxConfigSpec)> = self
-                .sandboxes
-                .iter()
-                .filter(|s| s.object.metadata.namespace.as_deref() == namespace)
-                .filter_map(|s| s.object.metadata.name.as_deref().map(|name| (name, &s.object.spec)))
+            // Each name once, and only those the task can use: a reference
+            // to another is reported as not found, then told why.
+            let mut names: Vec<&str> =
+                self.sandboxes.iter().filter_map(|s| s.object.metadata.name.as_deref()).collect();
+            names.sort_unstable();
+            names.dedup();
+            let sandboxes: Vec<(&str, &SandboxConfigSpec)> = names
+                .into_iter()
+                .filter_map(|name| self.referenced_sandbox(namespace, name).ok().map(|s| (name, &s.object.spec)))
                 .collect();
             let base_dir = base_dir.map_or_else(|| task.base_dir(), Path::to_path_buf);
             let ctx = ValidationContext {
@@ -241,9 +287,11 @@ impl Manifests {
         report
     }
 
-    /// `problems` of `task`, with "SandboxConfig not found" for a reference
-    /// to a SandboxConfig whose document could not be read replaced by what
-    /// happened to it (its own error is reported where it is).
+    /// `problems` of `task`, with "SandboxConfig not found" replaced by why
+    /// the task cannot use it: for a SandboxConfig whose document could not
+    /// be read, what happened to it (its own error is reported where it
+    /// is); for one in another namespace (or, for a task without a
+    /// namespace, in several), where it is.
     fn unreadable_not_missing(&self, task: &HarnessTask, problems: Report) -> Report {
         let namespace = task.metadata.namespace.as_deref();
         let refs: Vec<(String, &str)> = if task.spec.variants.is_empty() {
@@ -263,13 +311,19 @@ impl Manifests {
                 _ => None,
             };
             let unreadable = referenced.and_then(|name| {
-                self.unreadable_sandboxes.iter().find(|u| u.object.0.as_deref() == namespace && u.object.1 == name)
+                self.unreadable_sandboxes
+                    .iter()
+                    .find(|u| may_share_namespace(u.object.0.as_deref(), namespace) && u.object.1 == name)
             });
             if let Some(unreadable) = unreadable {
                 problem.message = format!(
                     "SandboxConfig {:?} ({}:{}) could not be read, so this variant cannot run; fix the error reported for it",
                     unreadable.object.1, unreadable.source.file, unreadable.source.line
                 );
+            } else if let Some(Err(unusable)) = referenced.map(|name| self.referenced_sandbox(namespace, name))
+                && !matches!(unusable, SandboxRefError::Missing { .. })
+            {
+                problem.message = unusable.to_string();
             }
             report.push(problem);
         }
@@ -288,7 +342,7 @@ impl Manifests {
             let Some(name) = metadata.name.as_deref() else { continue };
             let namespace = metadata.namespace.as_deref();
             if let Some((_, _, _, first)) =
-                seen.iter().find(|(k, ns, n, _)| *k == kind && *ns == namespace && *n == name)
+                seen.iter().find(|(k, ns, n, _)| *k == kind && may_share_namespace(*ns, namespace) && *n == name)
             {
                 report.push(Problem::error_at(
                     Rule::DuplicateObject,
@@ -301,6 +355,48 @@ impl Manifests {
         }
         report
     }
+}
+
+/// Whether two objects may end up in the same namespace. A document
+/// without `metadata.namespace` lands in whatever namespace it is applied
+/// to (`kubectl apply -f DIR`, `-n`), so it may share any namespace.
+pub fn may_share_namespace(a: Option<&str>, b: Option<&str>) -> bool {
+    a.is_none() || b.is_none() || a == b
+}
+
+/// Why a task cannot use the SandboxConfig its `sandboxRef` names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SandboxRefError {
+    /// No SandboxConfig of that name.
+    #[error("SandboxConfig {name:?} is not in the manifests")]
+    Missing {
+        /// The name referenced.
+        name: String,
+    },
+    /// SandboxConfigs of that name, each in a namespace other than the task's.
+    #[error(
+        "SandboxConfig {name:?} is in namespace {}, the task in {task_namespace}; a task uses the SandboxConfigs of its own namespace, so define {name:?} in {task_namespace} (or without a namespace) or move the task",
+        namespaces.join(" and ")
+    )]
+    OtherNamespace {
+        /// The name referenced.
+        name: String,
+        /// Where SandboxConfigs of that name are.
+        namespaces: Vec<String>,
+        /// The task's namespace.
+        task_namespace: String,
+    },
+    /// A task without a namespace and SandboxConfigs of that name in several.
+    #[error(
+        "SandboxConfig {name:?} is in namespaces {}, and the task has no namespace, so which one it uses depends on where it is applied; give the task metadata.namespace",
+        namespaces.join(" and ")
+    )]
+    Ambiguous {
+        /// The name referenced.
+        name: String,
+        /// Where SandboxConfigs of that name are.
+        namespaces: Vec<String>,
+    },
 }
 
 /// The most a file of manifests may hold. The API server takes objects of
@@ -740,7 +836,8 @@ mod tests {
         let task = &manifests.tasks[0];
         assert_eq!(task.object.metadata.name.as_deref(), Some("shipping-support"));
         assert!(task.source.line > 1, "the task is the second document");
-        let sandbox = manifests.sandbox("shipping-tools").expect("sandbox");
+        let namespace = task.object.metadata.namespace.as_deref();
+        let sandbox = manifests.referenced_sandbox(namespace, "shipping-tools").expect("sandbox");
         assert_eq!(sandbox.object.spec.tool_timeout_for("track_order").as_millis(), 2_000);
         let report = manifests.validate();
         assert!(report.is_empty(), "{report}");
@@ -1047,6 +1144,78 @@ mod tests {
         let unknown = validation.by_rule(Rule::UnknownSandbox).next().expect("shop-z is not defined");
         assert!(unknown.message.contains("(available: shop-a, shop-b)"), "{unknown}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// SandboxConfigs `s` in these namespaces (`None`: no `metadata.namespace`)
+    /// and, when `task` names one, a HarnessTask `t` there that uses `s`.
+    fn namespaced(sandboxes: &[Option<&str>], task: Option<Option<&str>>) -> String {
+        let metadata = |name: &str, namespace: Option<&str>| match namespace {
+            Some(namespace) => format!("{{name: {name}, namespace: {namespace}}}"),
+            None => format!("{{name: {name}}}"),
+        };
+        let mut documents: Vec<String> = sandboxes
+            .iter()
+            .map(|namespace| {
+                format!(
+                    "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {}\nspec: {{}}\n",
+                    metadata("s", *namespace)
+                )
+            })
+            .collect();
+        if let Some(namespace) = task {
+            documents.push(format!(
+                "apiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {}\nspec:\n  taskDefinition: {{}}\n  evaluation: {{testSet: s3://bucket/tests.jsonl}}\n  policy: {{endpoint: http://localhost:8000/v1, model: m}}\n  sandboxRef: {{name: s}}\n",
+                metadata("t", namespace)
+            ));
+        }
+        documents.join("---\n")
+    }
+
+    #[test]
+    fn a_sandbox_without_a_namespace_is_a_duplicate_of_one_in_any_namespace() {
+        let duplicates = |namespaces: &[Option<&str>]| {
+            let (manifests, report) = Manifests::parse("m.yaml", &namespaced(namespaces, None));
+            assert!(report.is_empty(), "{report}");
+            manifests.duplicates().problems().to_vec()
+        };
+        // Before: not duplicates, though `kubectl apply -f` puts the first in
+        // the namespace it applies to, `default` too, where one replaces the other.
+        let found = duplicates(&[None, Some("default")]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].rule, Rule::DuplicateObject);
+        assert_eq!(found[0].location, Location::line("m.yaml", 5));
+        assert_eq!(found[0].message, "SandboxConfig \"s\" is defined twice (first at m.yaml:1); rename one");
+        assert_eq!(duplicates(&[Some("team-a"), None]).len(), 1);
+        assert_eq!(duplicates(&[Some("team-a"), Some("team-a")]).len(), 1);
+        assert!(duplicates(&[Some("team-a"), Some("team-b")]).is_empty());
+    }
+
+    #[test]
+    fn a_task_uses_the_sandbox_of_its_own_namespace_or_one_without_a_namespace() {
+        let validation = |sandboxes: &[Option<&str>], task: Option<&str>| {
+            let (manifests, report) = Manifests::parse("m.yaml", &namespaced(sandboxes, Some(task)));
+            assert!(report.is_empty(), "{report}");
+            manifests.validate()
+        };
+        // Before: "not found", though `kubectl apply -f` puts `s` in team-a with the task.
+        let without_namespace = validation(&[None], Some("team-a"));
+        assert!(!without_namespace.has_errors(), "{without_namespace}");
+        assert!(!validation(&[Some("team-b"), Some("team-a")], Some("team-a")).has_errors());
+        assert!(!validation(&[Some("team-a")], None).has_errors());
+        // Before: "SandboxConfig \"s\" not found (available: none)".
+        let elsewhere = validation(&[Some("team-b")], Some("team-a"));
+        let problem = elsewhere.by_rule(Rule::UnknownSandbox).next().expect("team-b's s is not team-a's");
+        assert_eq!(problem.location, Location::field("spec.sandboxRef.name"));
+        assert!(
+            problem.message.starts_with("SandboxConfig \"s\" is in namespace team-b, the task in team-a;"),
+            "{problem}"
+        );
+        assert_eq!(elsewhere.errors().count(), 1, "{elsewhere}");
+        // A task without a namespace lands where it is applied: team-a's or team-b's.
+        let either = validation(&[Some("team-a"), Some("team-b")], None);
+        let problem = either.by_rule(Rule::UnknownSandbox).next().expect("which s is not known");
+        assert!(problem.message.starts_with("SandboxConfig \"s\" is in namespaces team-a and team-b"), "{problem}");
+        assert_eq!(either.errors().count(), 1, "{either}");
     }
 
     #[test]

@@ -106,6 +106,38 @@ fn a_missing_sandbox_config_is_named_by_validate_and_by_run() {
 }
 
 #[test]
+fn a_sandbox_config_of_another_namespace_is_refused_by_validate_and_by_run_naming_both_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo("examples/ecommerce");
+    for file in ["policy.jsonl", "tests.jsonl"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    let with_metadata = |file: &str, name: &str, more: &str| {
+        let text = std::fs::read_to_string(example.join(file)).unwrap();
+        let text = text.replacen(&format!("  name: {name}\n"), &format!("  name: {name}\n{more}"), 1);
+        std::fs::write(dir.path().join(file), text).unwrap();
+    };
+    with_metadata("task.yaml", "shipping-delay-ab", "  namespace: team-a\n");
+    with_metadata("sandbox-a.yaml", "shipping-a", "  namespace: team-b\n");
+    // Without a namespace: it goes where it is applied, with the task.
+    with_metadata("sandbox-b.yaml", "shipping-b", "");
+    // Before: both passed, and variant a ran with team-b's SandboxConfig.
+    let expected =
+        "spec.variants[0].sandboxRef.name: SandboxConfig \"shipping-a\" is in namespace team-b, the task in team-a";
+    let path = dir.path().to_str().unwrap();
+    let output = basecamp(&["harness", "validate", path]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(expected), "{expected:?} in:\n{out}");
+    assert!(!out.contains("\"shipping-b\" not found"), "{out}");
+    let output = basecamp(&["run", path, "--no-progress", "--out", dir.path().join("out").to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(expected), "{expected:?} in:\n{out}");
+    assert!(!dir.path().join("out").exists(), "nothing ran: {out}");
+}
+
+#[test]
 fn what_the_api_server_would_refuse_stops_validate_and_run_naming_field_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let example = repo("examples/raw-logits");

@@ -176,7 +176,9 @@ pub struct ResolvedVariant {
     pub sandbox: SandboxConfigSpec,
 }
 
-/// The task's variants (all, or only `only`), each with its resolved sandbox.
+/// The task's variants (all, or only `only`), each with its resolved
+/// sandbox: the SandboxConfig of the task's namespace (or one without a
+/// namespace), never another namespace's of the same name.
 pub fn resolve_variants(
     manifests: &Manifests,
     task: &HarnessTask,
@@ -196,12 +198,10 @@ pub fn resolve_variants(
     chosen
         .into_iter()
         .map(|variant| {
-            let sandbox = manifests.sandbox(&variant.sandbox_ref.name).ok_or_else(|| {
-                RunError::Selection(format!(
-                    "SandboxConfig {} (variant {}) is not in the manifests",
-                    variant.sandbox_ref.name, variant.name
-                ))
-            })?;
+            // In the task's namespace, as the operator resolves `sandboxRef`.
+            let sandbox = manifests
+                .referenced_sandbox(task.metadata.namespace.as_deref(), &variant.sandbox_ref.name)
+                .map_err(|e| RunError::Selection(format!("variant {}: {e}", variant.name)))?;
             let resolved = resolve_profile(&sandbox.object.spec, variant.sandbox_ref.profile.as_deref())
                 .map_err(|e| RunError::Selection(e.to_string()))?;
             Ok(ResolvedVariant {

@@ -918,3 +918,38 @@ fn server_mode_reads_large_bodies_and_refuses_larger_ones_as_json() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A HarnessTask in team-a using SandboxConfig `s`, and `s` in each of
+/// `sandboxes` (`None`: without a namespace), each with its own `maxSteps`.
+fn team_a_task_and_sandboxes(sandboxes: &[Option<&str>]) -> basecamp_api::Manifests {
+    let mut text = String::from(
+        "apiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {name: t, namespace: team-a}\nspec:\n  taskDefinition: {}\n  evaluation: {testSet: tests.jsonl}\n  policy: {scripted: policy.jsonl}\n  sandboxRef: {name: s}\n",
+    );
+    for (steps, namespace) in sandboxes.iter().enumerate() {
+        let namespace = namespace.map(|n| format!(", namespace: {n}")).unwrap_or_default();
+        text.push_str(&format!(
+            "---\napiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {{name: s{namespace}}}\nspec: {{maxSteps: {}}}\n",
+            steps + 1
+        ));
+    }
+    let (manifests, report) = basecamp_api::Manifests::parse("m.yaml", &text);
+    assert!(report.is_empty(), "{report}");
+    manifests
+}
+
+#[test]
+fn a_variant_gets_the_sandbox_config_of_its_tasks_namespace_never_another_namespaces() {
+    use basecamp_sandbox::run::resolve_variants;
+    let resolved_steps = |sandboxes: &[Option<&str>]| {
+        let manifests = team_a_task_and_sandboxes(sandboxes);
+        let variants = resolve_variants(&manifests, &manifests.tasks[0].object, None);
+        variants.map(|v| v[0].sandbox.max_steps)
+    };
+    // Before: team-b's `s` (maxSteps 1), the first of that name in the files.
+    assert_eq!(resolved_steps(&[Some("team-b"), Some("team-a")]).unwrap(), Some(2));
+    // `kubectl apply -f` puts a SandboxConfig without a namespace where the task goes.
+    assert_eq!(resolved_steps(&[Some("team-b"), None]).unwrap(), Some(2));
+    // Before: team-b's `s`, without a word.
+    let err = resolved_steps(&[Some("team-b")]).unwrap_err().to_string();
+    assert!(err.contains("SandboxConfig \"s\" is in namespace team-b, the task in team-a"), "{err}");
+}
