@@ -25,9 +25,11 @@
 //! a SandboxConfig without one serves a task of any, and two objects of
 //! one kind and name are duplicates unless both give different namespaces.
 //!
-//! Documents of other kinds are reported as `UnknownKind` warnings and
-//! skipped, so a file may also hold, say, a Secret; `sandboxconfig` is not
-//! another kind but SandboxConfig in the wrong case, an error (kinds are
+//! Documents of other groups' kinds are reported as `UnknownKind` warnings
+//! and skipped, so a file may also hold, say, a Secret; another kind under
+//! a `basecamp.dev` apiVersion (`SandboxConfg`) is an error with a "did you
+//! mean", as `kubectl apply` refuses it; `sandboxconfig` is not another
+//! kind but SandboxConfig in the wrong case, an error (kinds are
 //! case-sensitive).
 
 mod metadata;
@@ -507,7 +509,9 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         }
         return;
     };
-    let Some(kind) = basecamp_kind(file, document, object.get("kind"), report) else { return };
+    let Some(kind) = basecamp_kind(file, document, object.get("kind"), object.get("apiVersion"), report) else {
+        return;
+    };
     let api_version = object.get("apiVersion").filter(|v| !v.is_null());
     let at_api_version =
         || file_location(file, Some(line_of_key(document, "apiVersion").unwrap_or(document.start_line)));
@@ -582,13 +586,16 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
 }
 
 /// The Basecamp kind a document is read as, or `None` to skip it. Another
-/// kind is a warning (a file may hold a Secret too); a Basecamp kind in
-/// the wrong case is an error, since kinds are case-sensitive, and the
+/// group's kind is a warning (a file may hold a Secret too); another kind
+/// under a `basecamp.dev` apiVersion (`SandboxConfg`) is an error with a
+/// did-you-mean, as `kubectl apply` refuses it; a Basecamp kind in the
+/// wrong case is an error, since kinds are case-sensitive, and the
 /// document is read as the kind it means, so its other mistakes are found.
 fn basecamp_kind(
     file: &str,
     document: &Document,
     kind: Option<&serde_json::Value>,
+    api_version: Option<&serde_json::Value>,
     report: &mut Report,
 ) -> Option<&'static str> {
     const KINDS: [&str; 2] = ["HarnessTask", "SandboxConfig"];
@@ -622,6 +629,19 @@ fn basecamp_kind(
             ));
         }
         return Some(known);
+    }
+    let api_version = api_version.and_then(serde_json::Value::as_str).unwrap_or("");
+    if !kind.is_empty() && api_version.split('/').next() == Some(crate::GROUP) {
+        let hint = crate::validate::suggestion(kind, KINDS);
+        report.push(Problem::error_at(
+            Rule::InvalidManifest,
+            at_kind(),
+            format!(
+                "kind: {kind:?} is not a Basecamp kind ({}), but apiVersion {api_version} is Basecamp's, so Kubernetes refuses the document; fix the kind.{hint}",
+                KINDS.join(", ")
+            ),
+        ));
+        return None;
     }
     let what = if kind.is_empty() { "a document without `kind`".to_string() } else { format!("kind {kind:?}") };
     report.push(Problem {
@@ -1096,6 +1116,35 @@ mod tests {
             "kind: \"sandboxconfig\": kinds are case-sensitive, so Kubernetes does not know this one. Did you mean \"SandboxConfig\"?"
         );
         assert_eq!(manifests.sandboxes.len(), 1, "read as the kind it means, so its other mistakes are found too");
+    }
+
+    #[test]
+    fn a_kind_basecamp_does_not_have_under_its_api_version_is_an_error_with_a_did_you_mean() {
+        let read = |head: &str| {
+            let (manifests, report) = Manifests::parse("m.yaml", &format!("{head}metadata: {{name: a}}\nspec: {{}}\n"));
+            assert_eq!(report.len(), 1, "{report}");
+            (manifests, report.problems()[0].clone())
+        };
+        // Before: a warning ("not a Basecamp kind ...; skipped"); kubectl apply fails on it.
+        let (manifests, problem) = read("apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfg\n");
+        assert_eq!((problem.severity, problem.rule), (Severity::Error, Rule::InvalidManifest));
+        assert_eq!(problem.location, Location::line("m.yaml", 2));
+        assert_eq!(
+            problem.message,
+            "kind: \"SandboxConfg\" is not a Basecamp kind (HarnessTask, SandboxConfig), but apiVersion basecamp.dev/v1alpha1 is Basecamp's, so Kubernetes refuses the document; fix the kind. Did you mean \"SandboxConfig\"?"
+        );
+        assert!(manifests.sandboxes.is_empty() && manifests.tasks.is_empty());
+        let (_, problem) = read("apiVersion: basecamp.dev/v1\nkind: HarnessTsk\n");
+        assert_eq!(problem.severity, Severity::Error);
+        assert!(problem.message.ends_with("fix the kind. Did you mean \"HarnessTask\"?"), "{problem}");
+        let (_, problem) = read("apiVersion: basecamp.dev/v1alpha1\nkind: Widget\n");
+        assert_eq!(problem.severity, Severity::Error);
+        assert!(problem.message.ends_with("so Kubernetes refuses the document; fix the kind."), "{problem}");
+        // Another group's kinds are still skipped: a file may hold a ConfigMap too.
+        let (_, problem) = read("apiVersion: v1\nkind: ConfigMap\n");
+        assert_eq!((problem.severity, problem.rule), (Severity::Warning, Rule::UnknownKind));
+        let (_, problem) = read("apiVersion: apps.basecamp.dev/v1\nkind: SandboxConfg\n");
+        assert_eq!((problem.severity, problem.rule), (Severity::Warning, Rule::UnknownKind));
     }
 
     #[test]
