@@ -167,3 +167,25 @@ fn load_errors_name_file_and_line() {
     assert_eq!(err.category(), "ScriptedPolicyUnreadable");
     assert!(err.to_string().contains("nope.jsonl"), "{err}");
 }
+
+#[test]
+fn a_line_that_is_not_utf8_is_named_with_its_line_and_the_lines_before_it_are_checked_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.jsonl");
+    // Line 2 saved as Latin-1: "café" with the byte 0xE9.
+    std::fs::write(&path, b"{\"content\": \"a\"}\n{\"content\": \"caf\xe9\"}\n{\"content\": \"c\"}\n").unwrap();
+    let err = load(&path).unwrap_err();
+    // Before: "cannot read scripted policy ...: stream did not contain valid UTF-8", no line.
+    assert_eq!(err.category(), "ScriptedPolicyInvalidLine");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:2: the line is not UTF-8 text (byte 0xE9 at column 17); save the scripted policy as UTF-8",
+            path.display()
+        )
+    );
+    // A mistake on an earlier line is named first, as it was.
+    std::fs::write(&path, b"{\"contnet\": \"a\"}\n{\"content\": \"caf\xe9\"}\n").unwrap();
+    let err = load(&path).unwrap_err().to_string();
+    assert!(err.starts_with(&format!("{}:1: invalid response: unknown field `contnet`", path.display())), "{err}");
+}

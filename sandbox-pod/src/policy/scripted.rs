@@ -47,15 +47,17 @@
 //! - `delay_ms`: wait this long before answering (to exercise plan-step timeouts);
 //! - `error`: fail this turn with this message, as an unreachable policy would.
 //!
-//! Unknown fields are errors (a typo must not silently change a test). A
-//! trailing newline, or blank lines at the end, are fine; a blank or
-//! malformed line in the middle is an error naming `file:line`.
+//! Unknown fields are errors (a typo must not silently change a test). The
+//! lines are read as test sets are ([`basecamp_api::jsonl`]): a trailing
+//! newline, or blank lines at the end, are fine; a blank or malformed line
+//! in the middle, or one that is not UTF-8, is an error naming `file:line`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use basecamp_api::jsonl::{JsonlError, parse_jsonl_bytes};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -78,6 +80,9 @@ pub enum ScriptedError {
     },
     #[error("scripted policy {} holds no responses; add one JSON response a line, or {{\"episode\": ..., \"turns\": [...]}} lines", path.display())]
     Empty { path: PathBuf },
+    /// A line that is blank, not JSON, not an object or not UTF-8.
+    #[error(transparent)]
+    Jsonl(#[from] JsonlError),
     #[error("{}:{line}: {message}", path.display())]
     Line { path: PathBuf, line: usize, message: String },
     #[error("{}:{line}: episode `{episode}` is already scripted at line {first_line}; give each episode one line", path.display())]
@@ -102,7 +107,7 @@ impl ScriptedError {
         match self {
             Self::Read { .. } => "ScriptedPolicyUnreadable",
             Self::Empty { .. } => "ScriptedPolicyEmpty",
-            Self::Line { .. } => "ScriptedPolicyInvalidLine",
+            Self::Jsonl(_) | Self::Line { .. } => "ScriptedPolicyInvalidLine",
             Self::DuplicateEpisode { .. } => "ScriptedPolicyDuplicateEpisode",
             Self::UnknownEpisode { .. } => "ScriptedPolicyUnknownEpisode",
             Self::OutOfTurns { .. } => "ScriptedPolicyOutOfTurns",
@@ -233,19 +238,27 @@ pub struct ScriptedPolicy {
 impl ScriptedPolicy {
     /// Reads and checks the whole script; every problem names `file:line`.
     pub fn load(config: &ScriptedConfig) -> Result<Self, ScriptedError> {
-        let text = std::fs::read_to_string(&config.path)
+        let bytes = std::fs::read(&config.path)
             .map_err(|e| ScriptedError::Read { path: config.path.clone(), source: Arc::new(e) })?;
-        Self::parse(&config.path, &text)
+        Self::parse_bytes(&config.path, &bytes)
     }
 
     /// Parses script text; `path` is what errors name.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ScriptedError> {
+        Self::parse_bytes(path, text.as_bytes())
+    }
+
+    /// [`ScriptedPolicy::parse`] of a file's bytes: a line that is not
+    /// UTF-8 is an error naming its line and column.
+    pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Self, ScriptedError> {
         let line_error = |line: usize, message: String| ScriptedError::Line { path: path.to_owned(), line, message };
-        let lines: Vec<&str> = text.lines().collect();
-        let last_content = lines.iter().rposition(|l| !l.trim().is_empty());
-        let Some(last_content) = last_content else {
+        let (rows, jsonl_errors) = parse_jsonl_bytes(&path.display().to_string(), "scripted policy", bytes);
+        // The lines before the first that is not a JSON object are checked
+        // first: the error reported is the first in the file.
+        let first_bad = jsonl_errors.into_iter().next();
+        if rows.is_empty() && first_bad.is_none() {
             return Err(ScriptedError::Empty { path: path.to_owned() });
-        };
+        }
 
         let base = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
@@ -255,17 +268,11 @@ impl ScriptedPolicy {
         let mut episodes: BTreeMap<String, (usize, Vec<ScriptedResponse>)> = BTreeMap::new();
         // The line that decided the file's form, and whether it is per-episode.
         let mut form: Option<(usize, bool)> = None;
-        for (index, raw) in lines[..=last_content].iter().enumerate() {
-            let line = index + 1;
-            if raw.trim().is_empty() {
-                return Err(line_error(line, "blank line in the middle of the script; remove it".to_owned()));
-            }
-            let value: Value = serde_json::from_str(raw)
-                .map_err(|e| line_error(line, format!("not valid JSON (column {}): {e}", e.column())))?;
-            let Value::Object(object) = &value else {
-                return Err(line_error(line, "expected a JSON object".to_owned()));
-            };
-            let per_episode = object.contains_key("episode");
+        let before_bad_line = rows.into_iter().take_while(|row| first_bad.as_ref().is_none_or(|e| row.line < e.line()));
+        for row in before_bad_line {
+            let line = usize::try_from(row.line).unwrap_or(usize::MAX);
+            let per_episode = row.value.contains_key("episode");
+            let value = Value::Object(row.value);
             match form {
                 None => form = Some((line, per_episode)),
                 Some((first, was_per_episode)) if was_per_episode != per_episode => {
@@ -308,6 +315,9 @@ impl ScriptedPolicy {
                 check_response(&mut response, base).map_err(|m| line_error(line, m))?;
                 shared.push(Turn { line, response });
             }
+        }
+        if let Some(error) = first_bad {
+            return Err(error.into());
         }
         let script = match form {
             Some((_, true)) => Script::PerEpisode(episodes),
@@ -491,7 +501,10 @@ mod tests {
     #[test]
     fn blank_line_in_the_middle_names_file_and_line() {
         let err = parse("{\"content\": \"a\"}\n\n{\"content\": \"b\"}\n").unwrap_err();
-        assert_eq!(err.to_string(), "script.jsonl:2: blank line in the middle of the script; remove it");
+        assert_eq!(
+            err.to_string(),
+            "script.jsonl:2: blank line in the middle of the scripted policy; remove it (only trailing newlines are allowed)"
+        );
         // Trailing blank lines are fine.
         assert!(parse("{\"content\": \"a\"}\n\n\n").is_ok());
     }
@@ -499,13 +512,13 @@ mod tests {
     #[test]
     fn malformed_and_unknown_fields_name_the_line() {
         let err = parse("{\"content\": \"a\"}\n{\"content\": \n").unwrap_err().to_string();
-        assert!(err.starts_with("script.jsonl:2: not valid JSON"), "{err}");
+        assert!(err.starts_with("script.jsonl:2: invalid JSON: "), "{err}");
         let err = parse("{\"contnet\": \"a\"}\n").unwrap_err().to_string();
         assert!(err.starts_with("script.jsonl:1: invalid response: unknown field `contnet`"), "{err}");
         let err = parse("{\"finish_reason\": \"stop\"}\n").unwrap_err().to_string();
         assert!(err.contains("needs `content`, `tool_calls` or `error`"), "{err}");
         let err = parse("[1]\n").unwrap_err().to_string();
-        assert!(err.contains("expected a JSON object"), "{err}");
+        assert_eq!(err, "script.jsonl:1: expected a JSON object per line, found an array");
     }
 
     #[test]
