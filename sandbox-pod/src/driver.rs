@@ -5,8 +5,9 @@
 //! trace file of each episode cut off or lost after its trace was created,
 //! so that the summary names every file the shard wrote.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use basecamp_trace::metrics::{Aggregate, EpisodeEnd, aggregate};
@@ -30,7 +31,8 @@ pub struct ShardSummary {
     pub aggregate: Aggregate,
     pub episodes: Vec<EpisodeResult>,
     #[serde(default)]
-    /// Episodes whose trace could not be written, with the error.
+    /// Episodes that ended without a result, with the error: their trace
+    /// could not be written, or their task panicked.
     pub lost: Vec<LostEpisode>,
     /// True when the run was stopped (Ctrl-C) before every episode finished.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -119,12 +121,18 @@ pub async fn run_shard(
     // `Semaphore::MAX_PERMITS` (`--concurrency 18446744073709551615`).
     let permits = Arc::new(Semaphore::new(concurrency.clamp(1, episodes.len().max(1))));
     let mut tasks = JoinSet::new();
+    // Each task's episode id and, once created, its trace file: a task that
+    // panics returns neither, and its lost episode is recorded with them.
+    let mut spawned: HashMap<tokio::task::Id, (String, Arc<OnceLock<String>>)> = HashMap::new();
     for (index, input) in episodes.into_iter().enumerate() {
         let runner = runner.clone();
         let permits = permits.clone();
         let dir = out_dir.to_path_buf();
         let stop = stop.clone();
-        tasks.spawn(async move {
+        let trace_created = Arc::new(OnceLock::new());
+        let episode_id = input.id.clone();
+        let trace_created_by_task = trace_created.clone();
+        let task = tasks.spawn(async move {
             let permit = tokio::select! {
                 biased;
                 _ = stop.cancelled() => None,
@@ -142,7 +150,7 @@ pub async fn run_shard(
                 Ok(episode) => episode,
                 Err(e) => return (index, input.id, lost(e, None)),
             };
-            let trace_file = Some(trace_file_name(&input.id));
+            let trace_file = Some(trace_created_by_task.get_or_init(|| trace_file_name(&input.id)).clone());
             let ended = tokio::select! {
                 biased;
                 _ = stop.cancelled() => Ended::Interrupted { trace_file },
@@ -153,21 +161,25 @@ pub async fn run_shard(
             };
             (index, input.id, ended)
         });
+        spawned.insert(task.id(), (episode_id, trace_created));
     }
     let mut done: Vec<(usize, EpisodeResult)> = Vec::new();
     let mut lost = Vec::new();
     let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
-    while let Some(joined) = tasks.join_next().await {
+    while let Some(joined) = tasks.join_next_with_id().await {
         match joined {
-            Ok((index, _, Ended::Ran(result))) => {
+            Ok((_, (index, _, Ended::Ran(result)))) => {
                 on_done(&result);
                 done.push((index, *result));
             }
-            Ok((_, id, Ended::Lost { error, trace_file })) => lost.push(LostEpisode { id, error, trace_file }),
-            Ok((index, id, Ended::Interrupted { trace_file })) => interrupted.push((index, id, trace_file)),
-            Ok((index, id, Ended::NotStarted)) => not_started.push((index, id)),
-            Err(e) => {
-                lost.push(LostEpisode { id: "?".into(), error: format!("episode task failed: {e}"), trace_file: None })
+            Ok((_, (_, id, Ended::Lost { error, trace_file }))) => lost.push(LostEpisode { id, error, trace_file }),
+            Ok((_, (index, id, Ended::Interrupted { trace_file }))) => interrupted.push((index, id, trace_file)),
+            Ok((_, (index, id, Ended::NotStarted))) => not_started.push((index, id)),
+            Err(failed) => {
+                let (id, trace_created) =
+                    spawned.remove(&failed.id()).expect("every task is recorded when it is spawned");
+                let trace_file = trace_created.get().cloned();
+                lost.push(LostEpisode { id, error: task_failure(failed), trace_file });
             }
         }
     }
@@ -198,6 +210,22 @@ pub async fn run_shard(
     };
     write_summary(&summary, out_dir)?;
     Ok(summary)
+}
+
+/// Why an episode's task ended without a result: its panic message (a
+/// bug, but one episode's, recorded as that episode's error).
+fn task_failure(failed: tokio::task::JoinError) -> String {
+    match failed.try_into_panic() {
+        Ok(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|m| m.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            format!("the episode panicked: {message}")
+        }
+        Err(failed) => format!("the episode's task ended without a result: {failed}"),
+    }
 }
 
 /// Writes `summary.json` atomically (temp file, then rename). The error

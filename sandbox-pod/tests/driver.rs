@@ -2,14 +2,15 @@
 //! and lost episodes' too — so that what is uploaded is exactly this run's
 //! files, whatever the files' times say.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
 use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
 use basecamp_sandbox::executor::{NullWrites, ToolDef, ToolExecutor};
 use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
-use basecamp_sandbox::tools::Tool;
 use basecamp_sandbox::tools::exec::ExecTool;
+use basecamp_sandbox::tools::{Tool, ToolError, ToolOutput};
 use serde_json::json;
 
 /// A summary as `summary.json` holds it: `hangs` were cut off by a stop,
@@ -85,10 +86,8 @@ async fn a_stopped_shard_records_the_trace_of_each_episode_it_cut_off() {
         "hang",
         ToolDef { tool: hang, timeout: Duration::from_secs(30), fallback: None, memory_map: Vec::new() },
     );
-    let runner = std::sync::Arc::new(EpisodeRunner {
-        plan_step_timeout: Duration::from_secs(30),
-        ..EpisodeRunner::new(executor, policy)
-    });
+    let runner =
+        Arc::new(EpisodeRunner { plan_step_timeout: Duration::from_secs(30), ..EpisodeRunner::new(executor, policy) });
     let out = dir.path().join("out");
     let stop = StopSignal::new();
     let stopper = stop.clone();
@@ -116,4 +115,41 @@ async fn a_stopped_shard_records_the_trace_of_each_episode_it_cut_off() {
     assert_eq!(summary.files_written(), ["summary.json", "e1.trace"]);
     let on_disk: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(on_disk["interrupted_traces"], json!(["e1.trace"]));
+}
+
+#[tokio::test]
+async fn an_episode_whose_task_panicked_is_lost_under_its_own_id_with_its_trace_and_the_panic_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("policy.jsonl");
+    let calls =
+        |tool: &str| format!(r#"[{{"tool_calls": [{{"name": "{tool}", "arguments": {{}}}}]}}, {{"content": "done"}}]"#);
+    std::fs::write(
+        &script,
+        format!(
+            "{{\"episode\": \"ok\", \"turns\": {}}}\n{{\"episode\": \"broken\", \"turns\": {}}}\n",
+            calls("fine"),
+            calls("boom")
+        ),
+    )
+    .unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let mut executor = ToolExecutor::new(NullWrites::Warn);
+    let function =
+        |tool: Tool| ToolDef { tool, timeout: Duration::from_secs(5), fallback: None, memory_map: Vec::new() };
+    let fine = |_: &serde_json::Value| Ok(ToolOutput::observation(json!({"status": "shipped"})));
+    let boom = |_: &serde_json::Value| -> Result<ToolOutput, ToolError> { panic!("the tool broke") };
+    executor.add_tool("fine", function(Tool::Function(Arc::new(fine))));
+    executor.add_tool("boom", function(Tool::Function(Arc::new(boom))));
+    let runner = Arc::new(EpisodeRunner::new(executor, policy));
+    let out = dir.path().join("out");
+    let summary =
+        run_shard(runner, vec![input("ok"), input("broken")], &out, 2, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(summary.episodes.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["ok"]);
+    // Before: {"id": "?", "error": "episode task failed: task 12 panicked ...", no trace_file}.
+    assert_eq!(summary.lost.len(), 1, "{:?}", summary.lost);
+    let lost = &summary.lost[0];
+    assert_eq!((lost.id.as_str(), lost.trace_file.as_deref()), ("broken", Some("broken.trace")));
+    assert_eq!(lost.error, "the episode panicked: the tool broke");
+    assert!(out.join("broken.trace").is_file());
+    assert_eq!(summary.files_written(), ["summary.json", "ok.trace", "broken.trace"]);
 }
