@@ -25,7 +25,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::error::TraceError;
 use crate::pb::{Outcome, StepKind, StepStatus, record::Body};
-use crate::reader::{Tail, TraceReader};
+use crate::reader::{RecordKind, Tail, TraceReader};
 
 const SPAN_KIND_INTERNAL: i32 = 1;
 const SPAN_KIND_CLIENT: i32 = 3;
@@ -54,7 +54,9 @@ fn id(parts: &[&[u8]], len: usize) -> String {
 
 /// One trace as an OTLP/JSON `ExportTraceServiceRequest`. A damaged trace
 /// is exported as far as it reads, and the damage is returned with it.
-pub fn export<R: Read>(mut reader: TraceReader<R>) -> (Value, Option<TraceError>) {
+/// Token logits have no span: their frames are skipped unread.
+pub fn export<R: Read>(reader: TraceReader<R>) -> (Value, Option<TraceError>) {
+    let mut reader = reader.without(&[RecordKind::TokenLogit]);
     let header = reader.header().clone();
     let start = header.start_time_unix_nanos.max(0) as u64;
     let trace_id = id(&[b"basecamp", header.episode_id.as_bytes(), &start.to_le_bytes()], 16);
