@@ -230,6 +230,46 @@ mod tests {
         );
     }
 
+    /// `(path, description)` of every duration field under `schema`: an
+    /// int-or-string that is not a resource quantity, and `toolTimeouts`.
+    fn duration_fields(schema: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
+        let Some(map) = schema.as_object() else { return };
+        let description = map.get("description").and_then(serde_json::Value::as_str).unwrap_or("");
+        let is_duration = map.get("x-kubernetes-int-or-string").is_some() && !description.starts_with("Quantity is");
+        if is_duration || path.ends_with(".toolTimeouts") {
+            out.push((path.to_string(), description.to_string()));
+        }
+        for (key, child) in map.get("properties").and_then(serde_json::Value::as_object).into_iter().flatten() {
+            duration_fields(child, &format!("{path}.{key}"), out);
+        }
+        for (key, child) in [("*", map.get("additionalProperties")), ("[]", map.get("items"))] {
+            if let Some(child) = child {
+                duration_fields(child, &format!("{path}.{key}"), out);
+            }
+        }
+    }
+
+    #[test]
+    fn every_duration_field_says_how_long_it_may_be() {
+        let cap = format!(
+            "At most {} days ({})",
+            crate::duration::MAX_SPEC_DURATION.as_whole_days(),
+            crate::duration::MAX_SPEC_DURATION
+        );
+        let mut fields = Vec::new();
+        for kind in ["HarnessTask", "SandboxConfig"] {
+            duration_fields(schema_of(kind).expect("schema"), kind, &mut fields);
+        }
+        let names: std::collections::BTreeSet<&str> =
+            fields.iter().filter_map(|(path, _)| path.rsplit('.').next()).collect();
+        let expected =
+            ["backoff", "planStepTimeout", "readyTimeout", "requestTimeout", "startupTimeout", "toolTimeouts"];
+        assert_eq!(names.into_iter().collect::<Vec<_>>(), expected, "{fields:#?}");
+        // Before: the cap was documented only in api/src/duration.rs.
+        let silent: Vec<&String> = fields.iter().filter(|(_, d)| !d.contains(&cap)).map(|(path, _)| path).collect();
+        assert!(silent.is_empty(), "no {cap:?} in the descriptions of {silent:#?}");
+    }
+
     #[test]
     fn field_docs_become_descriptions() {
         let task = schema_of("HarnessTask").expect("schema");

@@ -28,7 +28,8 @@ const MS_PER_DAY: i64 = 24 * MS_PER_HOUR;
 /// backoff): 7 days, 604800000 ms. Longer is a mistake — a bare number
 /// counts milliseconds — and a timer that far out never fires, so what it
 /// guards hangs instead of timing out. Validation refuses more, naming the
-/// field.
+/// field. The duration fields' doc comments, and so the CRD descriptions,
+/// say so ("At most 7 days (168h)"; a test in `crd` checks each does).
 pub const MAX_SPEC_DURATION: Duration = Duration::from_millis(7 * MS_PER_DAY);
 
 /// A signed duration with millisecond precision.

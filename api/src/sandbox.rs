@@ -65,16 +65,18 @@ pub struct SandboxConfigSpec {
     /// Tool-call timeouts with millisecond precision: a map with `default`
     /// and per-tool entries (`{default: 800ms, track_order: 2s}`), or one
     /// duration that applies to EVERY tool. Durations are strings such as
-    /// "800ms", "1.5s", "2m" or integers in milliseconds. Default: 800ms for
-    /// every tool. A timed-out call returns the tool's fallback and is traced
-    /// with `error.type=timeout`.
+    /// "800ms", "1.5s", "2m" or integers in milliseconds.
+    /// At most 7 days (168h) each. Default: 800ms for every tool. A
+    /// timed-out call returns the tool's fallback and is traced with
+    /// `error.type=timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_timeouts: Option<ToolTimeouts>,
     /// What a tool returns when it times out or fails, by tool name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fallbacks: BTreeMap<String, Fallback>,
     /// Timeout of a whole plan step. When it fires, memory rolls back to the
-    /// last stable checkpoint and `rollback_trace.json` is written. Default: 3s.
+    /// last stable checkpoint and `rollback_trace.json` is written.
+    /// At most 7 days (168h). Default: 3s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_step_timeout: Option<Duration>,
     /// Steps after which an episode stops without a final answer. Default: 20.

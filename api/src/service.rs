@@ -39,7 +39,8 @@ pub struct ServiceSpec {
     /// ready once the port accepts a connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_path: Option<String>,
-    /// How long to wait for readiness before the run fails. Default: 10s.
+    /// How long to wait for readiness before the run fails.
+    /// At most 7 days (168h). Default: 10s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_timeout: Option<Duration>,
 }

@@ -298,7 +298,8 @@ pub struct PolicyServer {
     /// Path answering 200 once the model is loaded. Default: `/v1/models`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness_path: Option<String>,
-    /// How long loading may take before the pod fails. Default: 10m.
+    /// How long loading may take before the pod fails.
+    /// At most 7 days (168h). Default: 10m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup_timeout: Option<Duration>,
     /// GPUs for the server (`nvidia.com/gpu`). Default: none.
@@ -389,7 +390,7 @@ pub struct PolicySpec {
     /// `top_logprobs` to request (0-20). Default: the sandbox's `trace.topK`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
-    /// Timeout of one request. Default: 60s.
+    /// Timeout of one request. At most 7 days (168h). Default: 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout: Option<Duration>,
     /// A scripted policy instead of an endpoint: a JSONL file of responses

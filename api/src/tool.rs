@@ -128,7 +128,8 @@ pub struct HttpRetry {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub on_status: Vec<u16>,
     /// The wait before the second attempt when the answer has no
-    /// `Retry-After`; doubled for each further one. Default: 100ms.
+    /// `Retry-After`; doubled for each further one. At most 7 days (168h).
+    /// Default: 100ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<crate::duration::Duration>,
 }
