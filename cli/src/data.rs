@@ -68,7 +68,7 @@ pub struct PreprocessArgs {
     /// image's working directory).
     #[arg(long, value_name = "DIR", requires = "config")]
     pub base_dir: Option<PathBuf>,
-    /// The HarnessTask, when the manifests hold several.
+    /// The HarnessTask, when the manifests hold several (NAME, or NAMESPACE/NAME when two namespaces have one of that name).
     #[arg(long)]
     pub task: Option<String>,
     /// The variant whose SandboxConfig scores rewards (default: the first).

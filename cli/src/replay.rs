@@ -158,7 +158,10 @@ async fn replay(
 ) -> Result<Vec<pb::Record>> {
     let err = |e: basecamp_sandbox::run::RunError| anyhow!("{e}");
     let (manifests, _warnings) = load_manifests(manifests).map_err(err)?;
-    let loaded = select_task(&manifests, Some(header.task.as_str())).map_err(err)?;
+    // The header's namespace tells same-named tasks of two namespaces apart.
+    let task =
+        if header.namespace.is_empty() { header.task.clone() } else { format!("{}/{}", header.namespace, header.task) };
+    let loaded = select_task(&manifests, Some(&task)).map_err(err)?;
     let task = &loaded.object;
     let variant_name = args.variant.clone().unwrap_or_else(|| header.variant.clone());
     let variant = resolve_variants(&manifests, task, Some(&variant_name)).map_err(err)?.remove(0);

@@ -150,22 +150,48 @@ pub fn load_manifests_in(paths: &[PathBuf], base_dir: Option<&Path>) -> Result<(
 
 /// The HarnessTask named `name`, or the only one.
 pub fn select_task<'m>(manifests: &'m Manifests, name: Option<&str>) -> Result<&'m Loaded<HarnessTask>, RunError> {
-    match name {
-        Some(name) => manifests.tasks.iter().find(|t| t.object.metadata.name.as_deref() == Some(name)),
-        None if manifests.tasks.len() == 1 => manifests.tasks.first(),
-        None => None,
-    }
-    .ok_or_else(|| {
-        let names: Vec<&str> = manifests.tasks.iter().filter_map(|t| t.object.metadata.name.as_deref()).collect();
-        let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
-        match name {
-            Some(name) => RunError::Selection(format!("no HarnessTask {name:?} in the manifests; they hold: {names}")),
-            None if manifests.tasks.is_empty() => RunError::Selection(
-                "the manifests hold no HarnessTask; give the file or directory that defines one".into(),
-            ),
-            None => RunError::Selection(format!("choose a HarnessTask with --task; the manifests hold: {names}")),
+    let qualified = |t: &Loaded<HarnessTask>| {
+        let meta = &t.object.metadata;
+        match &meta.namespace {
+            Some(namespace) => format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default()),
+            None => meta.name.clone().unwrap_or_default(),
         }
-    })
+    };
+    let names = || {
+        let names: Vec<String> = manifests.tasks.iter().map(qualified).collect();
+        if names.is_empty() { "none".to_string() } else { names.join(", ") }
+    };
+    let Some(wanted) = name else {
+        return match manifests.tasks.as_slice() {
+            [only] => Ok(only),
+            [] => Err(RunError::Selection(
+                "the manifests hold no HarnessTask; give the file or directory that defines one".into(),
+            )),
+            _ => Err(RunError::Selection(format!("choose a HarnessTask with --task; the manifests hold: {}", names()))),
+        };
+    };
+    // NAMESPACE/NAME, or NAME; a task without a namespace is in any (as `kubectl apply -n`).
+    let (namespace, task_name) = match wanted.split_once('/') {
+        Some((namespace, task_name)) => (Some(namespace), task_name),
+        None => (None, wanted),
+    };
+    let found: Vec<&Loaded<HarnessTask>> = manifests
+        .tasks
+        .iter()
+        .filter(|t| t.object.metadata.name.as_deref() == Some(task_name))
+        .filter(|t| namespace.is_none_or(|ns| t.object.metadata.namespace.as_deref().is_none_or(|own| own == ns)))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one),
+        [] => Err(RunError::Selection(format!("no HarnessTask {wanted:?} in the manifests; they hold: {}", names()))),
+        several => {
+            let places: Vec<String> = several.iter().map(|t| qualified(t)).collect();
+            Err(RunError::Selection(format!(
+                "HarnessTask {task_name:?} is in several namespaces ({}); choose one with --task NAMESPACE/{task_name}",
+                places.join(", ")
+            )))
+        }
+    }
 }
 
 /// One variant of a task, its SandboxConfig resolved (profile applied).

@@ -953,3 +953,31 @@ fn a_variant_gets_the_sandbox_config_of_its_tasks_namespace_never_another_namesp
     let err = resolved_steps(&[Some("team-b")]).unwrap_err().to_string();
     assert!(err.contains("SandboxConfig \"s\" is in namespace team-b, the task in team-a"), "{err}");
 }
+
+#[test]
+fn a_task_is_chosen_by_name_or_by_namespace_and_name_never_by_the_order_of_the_files() {
+    use basecamp_sandbox::run::select_task;
+    let task = |namespace: &str| {
+        format!(
+            "apiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {{name: t, namespace: {namespace}}}\nspec:\n  taskDefinition: {{}}\n  evaluation: {{testSet: tests.jsonl}}\n  policy: {{scripted: policy.jsonl}}\n  sandboxRef: {{name: s}}\n"
+        )
+    };
+    let text = format!("{}---\n{}", task("team-b"), task("team-a"));
+    let (manifests, report) = basecamp_api::Manifests::parse("m.yaml", &text);
+    assert!(report.is_empty(), "{report}");
+    let namespace_of = |wanted: &str| {
+        select_task(&manifests, Some(wanted)).map(|t| t.object.metadata.namespace.clone().unwrap_or_default())
+    };
+    assert_eq!(namespace_of("team-a/t").unwrap(), "team-a");
+    assert_eq!(namespace_of("team-b/t").unwrap(), "team-b");
+    // Before: team-b's, the first in the file, without a word.
+    let err = namespace_of("t").unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "HarnessTask \"t\" is in several namespaces (team-b/t, team-a/t); choose one with --task NAMESPACE/t"
+        ),
+        "{err}"
+    );
+    let err = namespace_of("team-c/t").unwrap_err().to_string();
+    assert!(err.contains("no HarnessTask \"team-c/t\" in the manifests; they hold: team-b/t, team-a/t"), "{err}");
+}

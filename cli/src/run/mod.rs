@@ -42,7 +42,7 @@ pub struct RunArgs {
     /// Manifest files or directories holding the HarnessTask and its SandboxConfig(s).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
-    /// The HarnessTask to run, when the manifests hold several.
+    /// The HarnessTask to run, when the manifests hold several (NAME, or NAMESPACE/NAME when two namespaces have one of that name).
     #[arg(long)]
     pub task: Option<String>,
     /// Run only this variant (default: all of them).
