@@ -643,6 +643,17 @@ fn basecamp_kind(
         ));
         return None;
     }
+    if kind.is_empty() && api_version.split('/').next() == Some(crate::GROUP) {
+        report.push(Problem::error_at(
+            Rule::InvalidManifest,
+            file_location(file, Some(document.start_line)),
+            format!(
+                "a document of apiVersion {api_version} without `kind`, so Kubernetes refuses it; write {}",
+                KINDS.map(|known| format!("kind: {known}")).join(" or ")
+            ),
+        ));
+        return None;
+    }
     let what = if kind.is_empty() { "a document without `kind`".to_string() } else { format!("kind {kind:?}") };
     report.push(Problem {
         severity: Severity::Warning,

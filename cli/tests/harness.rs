@@ -258,17 +258,19 @@ fn paths_without_a_harness_task_or_sandbox_config_fail_validation() {
     std::fs::write(&misspelt, "apiVersion: basecamp.dev/v1alpha1\nkindd: HarnessTask\nmetadata: {name: t}\n").unwrap();
     let empty = dir.path().join("empty.yaml");
     std::fs::write(&empty, "").unwrap();
-    for file in [&misspelt, &empty] {
+    for (file, error) in [
+        // Kubernetes refuses a Basecamp document without a kind, so validate says so where it is.
+        (
+            &misspelt,
+            ":1: a document of apiVersion basecamp.dev/v1alpha1 without `kind`, so Kubernetes refuses it; write kind: HarnessTask or kind: SandboxConfig",
+        ),
+        (&empty, ": no HarnessTask or SandboxConfig to validate; give the files that define them"),
+    ] {
         let f = file.to_str().unwrap();
         let output = basecamp(&["harness", "validate", f]);
         let out = text(&output);
         assert_eq!(output.status.code(), Some(1), "{out}");
-        assert!(
-            out.contains(&format!(
-                "error: {f}: no HarnessTask or SandboxConfig to validate; give the files that define them"
-            )),
-            "{out}"
-        );
+        assert!(out.contains(&format!("error: {f}{error}")), "{out}");
         assert!(!out.contains("ok:"), "{out}");
     }
 }
