@@ -78,19 +78,22 @@ def concrete(expr: str) -> str:
     return re.sub(r"\$\{?(\w+)\}?", ".*", expr)
 
 
+def ask(prometheus, expr: str) -> list:
+    """What Grafana gets for a panel's query or a variable's
+    `label_values(...)` (label values over the last hour)."""
+    variable = re.fullmatch(r"label_values\((?:(.*),\s*)?(\w+)\)", expr)
+    if variable:
+        return prometheus.label_values(variable.group(2), concrete(variable.group(1) or '{__name__=~".+"}'))
+    return prometheus.query(concrete(expr))
+
+
 @pytest.mark.parametrize("dashboard", DASHBOARDS)
 def test_every_dashboard_query_returns_data(prometheus, dash, dashboard):
-    def ask(expr: str) -> list:
-        variable = re.fullmatch(r"label_values\((?:(.*),\s*)?(\w+)\)", expr)
-        if variable:
-            return prometheus.label_values(variable.group(2), concrete(variable.group(1) or '{__name__=~".+"}'))
-        return prometheus.query(concrete(expr))
-
     checked = [(title, expr) for title, expr in queries(dashboard) if not any(name in expr for name in ERROR_ONLY)]
     empty = checked
     deadline = time.monotonic() + 20
     while True:
-        empty = [(title, expr) for title, expr in empty if not ask(expr)]
+        empty = [(title, expr) for title, expr in empty if not ask(prometheus, expr)]
         if not empty or time.monotonic() > deadline:
             break
         time.sleep(1)

@@ -41,6 +41,7 @@ import yaml
 from conftest import POLICY_KEY, TEST_SET_KEY, delete_tasks, need, timed
 from kube import ROOT, WORK, E2EError, Kube, gauge, s3_json, s3_keys, wait_until
 from play import Background, Player
+from test_60_dashboards import ask as ask_dashboard_query
 from test_60_dashboards import concrete
 from test_60_dashboards import queries as dashboard_queries
 
@@ -377,7 +378,7 @@ def test_checkpoint_gauges(operator, loop, prometheus):
     assert float(earliest[0]["value"][1]) <= STEPS[1], earliest
     empty = []
     for title, expr in dashboard_queries("basecamp-training.json"):
-        if not prometheus.query(concrete(expr)):
+        if not ask_dashboard_query(prometheus, expr):
             empty.append(f"{title}: {concrete(expr)}")
     assert not empty, "Training dashboard queries without data:\n  " + "\n  ".join(empty)
 
