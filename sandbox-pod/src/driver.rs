@@ -7,7 +7,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime};
 
 use basecamp_trace::metrics::{Aggregate, EpisodeEnd, aggregate};
@@ -121,15 +122,15 @@ pub async fn run_shard(
     // `Semaphore::MAX_PERMITS` (`--concurrency 18446744073709551615`).
     let permits = Arc::new(Semaphore::new(concurrency.clamp(1, episodes.len().max(1))));
     let mut tasks = JoinSet::new();
-    // Each task's episode id and, once created, its trace file: a task that
+    // Each task's episode id and whether it created its trace: a task that
     // panics returns neither, and its lost episode is recorded with them.
-    let mut spawned: HashMap<tokio::task::Id, (String, Arc<OnceLock<String>>)> = HashMap::new();
+    let mut spawned: HashMap<tokio::task::Id, (String, Arc<AtomicBool>)> = HashMap::new();
     for (index, input) in episodes.into_iter().enumerate() {
         let runner = runner.clone();
         let permits = permits.clone();
         let dir = out_dir.to_path_buf();
         let stop = stop.clone();
-        let trace_created = Arc::new(OnceLock::new());
+        let trace_created = Arc::new(AtomicBool::new(false));
         let episode_id = input.id.clone();
         let trace_created_by_task = trace_created.clone();
         let task = tasks.spawn(async move {
@@ -150,7 +151,8 @@ pub async fn run_shard(
                 Ok(episode) => episode,
                 Err(e) => return (index, input.id, lost(e, None)),
             };
-            let trace_file = Some(trace_created_by_task.get_or_init(|| trace_file_name(&input.id)).clone());
+            trace_created_by_task.store(true, Ordering::Release);
+            let trace_file = Some(trace_file_name(&input.id));
             let ended = tokio::select! {
                 biased;
                 _ = stop.cancelled() => Ended::Interrupted { trace_file },
@@ -178,7 +180,7 @@ pub async fn run_shard(
             Err(failed) => {
                 let (id, trace_created) =
                     spawned.remove(&failed.id()).expect("every task is recorded when it is spawned");
-                let trace_file = trace_created.get().cloned();
+                let trace_file = trace_created.load(Ordering::Acquire).then(|| trace_file_name(&id));
                 lost.push(LostEpisode { id, error: task_failure(failed), trace_file });
             }
         }

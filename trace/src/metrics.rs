@@ -234,8 +234,9 @@ pub struct EpisodeEnd<'a> {
 /// several ways: an `avg_`/`mean_` prefix is dropped (metrics are means),
 /// `resolution_time` and `resolution_time_avg` are `resolution_time_s`,
 /// `p50_resolution_time` and `resolution_time_p50` are
-/// `resolution_time_p50_s` (p95 alike). `basecamp run` and the operator both look criteria up by
-/// it, so a criterion means the same on a laptop and in the cluster.
+/// `resolution_time_p50_s` (p95 alike). `basecamp run` and the operator
+/// both look criteria up by it, so a criterion means the same on a laptop
+/// and in the cluster.
 pub fn canonical_metric(metric: &str) -> &str {
     let name = metric.strip_prefix("avg_").or_else(|| metric.strip_prefix("mean_")).unwrap_or(metric);
     match name {

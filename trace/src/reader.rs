@@ -289,7 +289,7 @@ impl<R: Read> TraceReader<R> {
     /// (those sharing a frame with wanted ones); no record of `kinds` and no
     /// step is lost. Checksums are verified on skipped frames too.
     pub fn skip_frames_without(&mut self, kinds: &[RecordKind]) {
-        self.wanted = Some(kinds.iter().fold(0, |mask, k| mask | k.bit()));
+        self.wanted = Some(RecordKind::mask(kinds));
     }
 
     /// Leaves out the records of `kinds`: the iterator neither decodes nor
@@ -298,7 +298,7 @@ impl<R: Read> TraceReader<R> {
     /// is still read, and damage is found as without it (checksums are
     /// verified on skipped frames too).
     pub fn without(mut self, kinds: &[RecordKind]) -> Self {
-        self.unwanted = kinds.iter().fold(0, |mask, k| mask | k.bit());
+        self.unwanted = RecordKind::mask(kinds);
         self.wanted = Some(!self.unwanted);
         self
     }
@@ -560,6 +560,11 @@ impl RecordKind {
     /// This kind's bit in a frame header's record-kinds mask.
     pub fn bit(self) -> u16 {
         format::kind_bit(self.field())
+    }
+
+    /// The bits of all of `kinds`.
+    fn mask(kinds: &[RecordKind]) -> u16 {
+        kinds.iter().fold(0, |mask, k| mask | k.bit())
     }
 
     fn from_field(field: u32) -> Self {
