@@ -238,6 +238,9 @@ fn the_report_of_a_real_run_renders_and_opens_an_episode_from_a_click_link() {
     let key = format!("shipping-delay-ab/a/{}", failed["id"].as_str().unwrap());
     assert!(html.contains(&format!("<a href=\"#episode={key}\" class=\"point\"")));
     assert!(html.contains(&format!("<section class=\"episode-view drawer\" id=\"episode:{key}\" hidden>")));
+    // Each view is packed until its drawer opens: none of its markup is in the page as written.
+    let unpacked = fixtures::unpacked_report(&html);
+    assert!(!html.contains("<h2>Timeline</h2>") && unpacked.contains("<h2>Timeline</h2>"));
 
     let Some(bin) = chromium() else { return };
     let url = format!("file://{}", report.display());
@@ -307,7 +310,7 @@ fn the_report_finds_a_reward_weight_that_fights_accuracy() {
     ]);
     let stdout = String::from_utf8_lossy(&result.stdout);
     assert!(result.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&result.stderr));
-    let html = std::fs::read_to_string(&report).unwrap();
+    let html = fixtures::unpacked_report(&std::fs::read_to_string(&report).unwrap());
     // Variant a: weight -0.2 x steps is highest where the plan was cut short.
     assert!(html.contains(
         "reward component <code>efficiency</code> (weight -0.2) correlates negatively with \
@@ -325,7 +328,8 @@ fn the_report_finds_a_reward_weight_that_fights_accuracy() {
     let one = dir_a.join("ep-001.trace");
     let result = basecamp(&["trace", "report", one.to_str().unwrap(), "-o", report.to_str().unwrap()]);
     assert!(result.status.success());
-    assert!(std::fs::read_to_string(&report).unwrap().contains("metrics from the shard's summary.json"));
+    let html = fixtures::unpacked_report(&std::fs::read_to_string(&report).unwrap());
+    assert!(html.contains("metrics from the shard's summary.json"));
 
     // An unknown metric names the known ones.
     let result = basecamp(&["trace", "report", dir.path().to_str().unwrap(), "--metric", "nope", "-o", "/dev/null"]);

@@ -319,7 +319,7 @@ fn an_s3_prefix_is_mirrored_served_and_refreshed() {
         .output()
         .unwrap();
     assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
-    let html = std::fs::read_to_string(&report).unwrap();
+    let html = fixtures::unpacked_report(&std::fs::read_to_string(&report).unwrap());
     assert!(html.contains("in 4 of 4 failed episodes <code>shipping_status</code> was set to null"));
     assert!(html.contains("metrics from the shard's summary.json"));
 
@@ -424,7 +424,7 @@ fn a_report_of_an_s3_prefix_names_the_objects_not_its_deleted_copy() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(result.status.success(), "{stderr}");
-    let html = std::fs::read_to_string(&report).unwrap();
+    let html = fixtures::unpacked_report(&std::fs::read_to_string(&report).unwrap());
     let object = format!("s3://runs/traces/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-003.trace");
     assert!(html.contains(&format!("file <code>{object}</code>")), "the episode names its object");
     // The problem with the unreadable object names it too, in the page and on stderr.

@@ -77,9 +77,23 @@ tr.failed td{background:#fff4f4} .hint{background:#fffbe6;border-left:3px solid 
 nav a{margin-right:12px}
 "#;
 
+/// The type of the script element that holds a report drawer's view,
+/// gzipped and base64-encoded, until the page script inflates it.
+pub const PACKED_VIEW_TYPE: &str = "text/x-gzip-base64";
+
 const SCRIPT: &str = r#"
 (function () {
   function hash() { try { return decodeURIComponent(location.hash.slice(1)); } catch (e) { return ''; } }
+  // A report's drawer holds its view gzipped and base64-encoded until first opened.
+  function unpack(view) {
+    var packed = view.querySelector('script[type="text/x-gzip-base64"]');
+    if (!packed) { return Promise.resolve(); }
+    var bytes = Uint8Array.from(atob(packed.textContent), function (c) { return c.charCodeAt(0); });
+    var html = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'));
+    return new Response(html).text().then(function (text) {
+      if (packed.parentNode) { packed.insertAdjacentHTML('afterend', text); packed.remove(); }
+    });
+  }
   function show() {
     var h = hash(), body = document.body;
     document.querySelectorAll('.episode-view.drawer').forEach(function (s) { s.hidden = true; });
@@ -87,7 +101,12 @@ const SCRIPT: &str = r#"
     delete body.dataset.openEpisode; delete body.dataset.openStep;
     if (h.indexOf('episode=') === 0) {
       var id = h.slice(8), view = document.getElementById('episode:' + id);
-      if (view) { view.hidden = false; body.dataset.openEpisode = id; view.scrollTop = 0; }
+      if (view) {
+        return unpack(view).then(function () {
+          if (hash() !== h) { return; }
+          view.hidden = false; body.dataset.openEpisode = id; view.scrollTop = 0;
+        });
+      }
     } else if (h.indexOf('step=') === 0) {
       var n = h.slice(5);
       document.querySelectorAll('.step-detail[data-step="' + n + '"]').forEach(function (d) {
@@ -110,18 +129,27 @@ const SCRIPT: &str = r#"
     }
     box.addEventListener('change', apply); apply();
   });
-  show();
-  document.documentElement.dataset.ready = '1';
+  Promise.resolve(show()).then(function () { document.documentElement.dataset.ready = '1'; });
 })();
 "#;
 
 /// A whole page: title, body, the shared style and script.
 pub fn page(title: &str, body: &str) -> String {
+    format!("{}{body}{}", page_start(title), page_end())
+}
+
+/// A page's shell up to its body's content, for pages written in pieces.
+pub fn page_start(title: &str) -> String {
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
-         <title>{}</title><style>{STYLE}</style></head><body>\n{body}\n<script>{SCRIPT}</script></body></html>\n",
+         <title>{}</title><style>{STYLE}</style></head><body>\n",
         esc(title)
     )
+}
+
+/// What follows a page's body content: the shared script and the closing tags.
+pub fn page_end() -> String {
+    format!("\n<script>{SCRIPT}</script></body></html>\n")
 }
 
 fn status_class(rate: Option<f64>) -> &'static str {

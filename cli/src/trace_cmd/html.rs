@@ -2,15 +2,22 @@
 //! variant), each group's insight sections (shared with `basecamp serve`'s
 //! task page), and every episode's trace view as a hidden drawer that a
 //! click (a `#episode=<task>/<variant>/<id>` link) opens — so the report is
-//! one file that works offline.
+//! one file that works offline. The page is written as it is drawn, one
+//! episode's view at a time, each packed until opened.
 
 use std::fmt::Write as _;
+use std::io::{self, Write};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use basecamp_trace::TraceContents;
+use basecamp_trace::inputs::for_each_ordered;
+use flate2::Compression;
+use flate2::write::GzEncoder;
 
 use crate::serve::catalog::EpisodeEntry;
 use crate::serve::episode;
-use crate::serve::html::{esc, insight_sections, num, page};
+use crate::serve::html::{PACKED_VIEW_TYPE, esc, insight_sections, num, page_end, page_start};
 use crate::serve::insights::Insights;
 
 /// Token logits drawn per episode in the report (the rest are counted).
@@ -30,15 +37,47 @@ pub fn view_key(e: &EpisodeEntry) -> String {
     format!("{}/{}/{}", e.task, e.variant, e.id)
 }
 
-/// The page; `load` reads an episode's trace when its view is drawn, so one
-/// decoded trace is held at a time, whatever the number of episodes.
-pub fn render(
+/// Writes the page to `out`. `load` reads an episode's trace when its view
+/// is drawn, on `jobs` threads, in order; each view is written packed (see
+/// [`packed_drawer`]) as soon as it and the ones before it are, so memory
+/// holds a few views whatever the number of episodes.
+pub fn write(
+    out: &mut impl Write,
     groups: &[Group<'_>],
     inputs: &[String],
     problems: &[String],
-    load: impl Fn(&EpisodeEntry) -> Result<TraceContents, String>,
-) -> String {
+    jobs: usize,
+    load: impl Fn(&EpisodeEntry) -> Result<TraceContents, String> + Sync,
+) -> io::Result<()> {
     let metric = groups.first().map_or("", |g| g.insights.metric.as_str());
+    out.write_all(page_start(&format!("trace report: {metric}")).as_bytes())?;
+    out.write_all(summary(groups, inputs, problems, metric).as_bytes())?;
+    let entries: Vec<&EpisodeEntry> = groups.iter().flat_map(|g| g.entries.iter().copied()).collect();
+    let mut failed = None;
+    for_each_ordered(
+        &entries,
+        jobs,
+        |e| {
+            let view = match load(e) {
+                Ok(contents) => episode::render(e, &contents, REPORT_TOKEN_CAP, None),
+                Err(problem) => format!("<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(&problem)),
+            };
+            packed_drawer(&view_key(e), &view)
+        },
+        |_, drawer| {
+            if failed.is_none() {
+                failed = out.write_all(drawer.as_bytes()).err();
+            }
+        },
+    );
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    out.write_all(page_end().as_bytes())
+}
+
+/// The groups' table and each group's insight sections.
+fn summary(groups: &[Group<'_>], inputs: &[String], problems: &[String], metric: &str) -> String {
     let mut h =
         format!("<h1>trace report: <code>{}</code></h1><p class=\"muted\">{}</p>", esc(metric), esc(&inputs.join(" ")));
     h.push_str(
@@ -70,21 +109,60 @@ pub fn render(
         let _ = write!(h, "<h2 id=\"group-{i}\">{} / variant {}</h2>", esc(g.task), esc(g.variant));
         h.push_str(&insight_sections(&g.insights, &g.entries, &link, &format!("g{i}")));
     }
-    for g in groups {
-        for e in &g.entries {
-            let _ = write!(
-                h,
-                "<section class=\"episode-view drawer\" id=\"episode:{}\" hidden><a class=\"close\" href=\"#\">close ✕</a>",
-                esc(&view_key(e))
-            );
-            match load(e) {
-                Ok(contents) => h.push_str(&episode::render(e, &contents, REPORT_TOKEN_CAP, None)),
-                Err(problem) => {
-                    let _ = write!(h, "<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(&problem));
-                }
-            }
-            h.push_str("</section>");
-        }
+    h
+}
+
+/// An episode's hidden drawer with its view gzipped and base64-encoded in a
+/// script element the browser neither runs nor parses: a view is ~330 KB of
+/// HTML (mostly token-logit tables) that compresses ~10x, and a page with
+/// thousands of parsed hidden views loads slowly. The page script inflates
+/// a drawer when it is first opened (`DecompressionStream`, in every
+/// current browser).
+pub fn packed_drawer(key: &str, view: &str) -> String {
+    let mut gz = GzEncoder::new(Vec::with_capacity(view.len() / 8), Compression::default());
+    gz.write_all(view.as_bytes()).expect("writing to a Vec cannot fail");
+    let packed = BASE64.encode(gz.finish().expect("writing to a Vec cannot fail"));
+    format!(
+        "<section class=\"episode-view drawer\" id=\"episode:{}\" hidden><a class=\"close\" href=\"#\">close ✕</a>\
+         <script type=\"{PACKED_VIEW_TYPE}\">{packed}</script></section>",
+        esc(key)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+
+    use super::*;
+    use crate::serve::html::page;
+
+    /// The view a packed drawer holds, inflated as the page script does.
+    fn unpack(drawer: &str) -> String {
+        let open = format!("<script type=\"{PACKED_VIEW_TYPE}\">");
+        let start = drawer.find(&open).expect("a packed view") + open.len();
+        let end = start + drawer[start..].find("</script>").expect("its end");
+        let gz = BASE64.decode(&drawer[start..end]).expect("base64");
+        let mut view = String::new();
+        flate2::read::GzDecoder::new(gz.as_slice()).read_to_string(&mut view).expect("gzip");
+        view
     }
-    page(&format!("trace report: {metric}"), &h)
+
+    #[test]
+    fn a_drawer_packs_its_view_whole_and_hides_it_from_the_parser() {
+        let view = "<h1>episode e&lt;1&gt;</h1><script>alert(1)</script></section><p>ünïcode ✕</p>".repeat(500);
+        let drawer = packed_drawer("t/a/e<1>", &view);
+        assert!(drawer.starts_with("<section class=\"episode-view drawer\" id=\"episode:t/a/e&lt;1&gt;\" hidden>"));
+        assert_eq!(unpack(&drawer), view);
+        // Nothing of the view is markup until the script inflates it.
+        assert_eq!(drawer.matches("</script>").count(), 1);
+        assert_eq!(drawer.matches("<section").count(), 1);
+        assert!(drawer.len() < view.len() / 10, "{} bytes for a {} byte view", drawer.len(), view.len());
+    }
+
+    #[test]
+    fn the_page_script_inflates_the_packed_type_the_report_writes() {
+        let shell = page("t", "");
+        assert!(shell.contains(&format!("script[type=\"{PACKED_VIEW_TYPE}\"]")));
+        assert!(shell.contains("new DecompressionStream('gzip')"));
+    }
 }

@@ -15,13 +15,16 @@
 //! refused.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
-use super::html::{Group, render};
+use basecamp_trace::inputs::default_jobs;
+
+use super::html::{Group, write};
 use crate::serve::catalog::Catalog;
 use crate::serve::insights::{ClusterBy, Loaded, compute, metric_names};
 use crate::serve::mirror::TempMirror;
@@ -41,6 +44,33 @@ pub struct ReportArgs {
     /// The HTML file to write.
     #[arg(long, short, default_value = "trace_report.html")]
     pub output: PathBuf,
+    /// Traces read and drawn at once [default: one per core].
+    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
+    pub jobs: Option<usize>,
+}
+
+/// Writes `path` through `fill`: into a temporary file beside it, renamed
+/// over `path` once complete, so a failed report leaves the old file (or
+/// none), never half a page. A path that is not a regular file
+/// (`/dev/stdout`) is written in place.
+fn write_whole(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> std::io::Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        let mut out = BufWriter::new(File::create(path)?);
+        fill(&mut out)?;
+        return out.flush();
+    }
+    let name = path.file_name().map_or_else(|| "report".into(), |n| n.to_string_lossy().into_owned());
+    let partial = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+    let written = File::create(&partial).and_then(|file| {
+        let mut out = BufWriter::new(file);
+        fill(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&partial, path)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written
 }
 
 pub fn run(args: &ReportArgs) -> Result<ExitCode> {
@@ -151,10 +181,13 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
         }
         rendered.push(Group { namespace, task, variant, entries: entries.clone(), insights });
     }
-    let html = render(&rendered, &args.paths, &catalog.problems, |e| {
-        basecamp_trace::read_trace(&e.trace).map_err(|e| s3_names(fetched, &e.to_string()))
-    });
-    std::fs::write(&args.output, html).with_context(|| format!("cannot write {}", args.output.display()))?;
+    let jobs = args.jobs.unwrap_or_else(default_jobs);
+    write_whole(&args.output, |out| {
+        write(out, &rendered, &args.paths, &catalog.problems, jobs, |e| {
+            basecamp_trace::read_trace(&e.trace).map_err(|e| s3_names(fetched, &e.to_string()))
+        })
+    })
+    .with_context(|| format!("cannot write {}", args.output.display()))?;
     let episodes: usize = rendered.iter().map(|g| g.entries.len()).sum();
     let failed: usize = rendered.iter().map(|g| g.insights.failed).sum();
     // Written, not printed: a closed stdout (`| head -1`) is an error line, not a panic.

@@ -239,3 +239,23 @@ pub fn pearson(xs: &[f64], ys: &[f64]) -> f64 {
     let vy: f64 = ys.iter().map(|y| (y - my).powi(2)).sum();
     cov / (vx.sqrt() * vy.sqrt())
 }
+
+/// A `trace report` page with every episode drawer's packed view inflated in
+/// place, as the page script does when a drawer is opened.
+pub fn unpacked_report(html: &str) -> String {
+    use base64::Engine as _;
+    use std::io::Read as _;
+    let open = "<script type=\"text/x-gzip-base64\">";
+    let mut out = String::with_capacity(html.len() * 8);
+    let mut rest = html;
+    while let Some(at) = rest.find(open) {
+        out.push_str(&rest[..at]);
+        let body = &rest[at + open.len()..];
+        let end = body.find("</script>").expect("a packed view ends");
+        let gz = base64::engine::general_purpose::STANDARD.decode(&body[..end]).expect("a packed view is base64");
+        flate2::read::GzDecoder::new(gz.as_slice()).read_to_string(&mut out).expect("a packed view is gzip");
+        rest = &body[end + "</script>".len()..];
+    }
+    out.push_str(rest);
+    out
+}
