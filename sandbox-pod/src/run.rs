@@ -148,8 +148,25 @@ pub fn load_manifests_in(paths: &[PathBuf], base_dir: Option<&Path>) -> Result<(
     Ok((manifests, warnings))
 }
 
-/// The HarnessTask named `name`, or the only one.
-pub fn select_task<'m>(manifests: &'m Manifests, name: Option<&str>) -> Result<&'m Loaded<HarnessTask>, RunError> {
+/// The HarnessTask named `name` (`NAME` or `NAMESPACE/NAME`), or the only
+/// one. A task without a namespace matches any namespace (as `kubectl
+/// apply -n`), and runs in the one `NAMESPACE/NAME` named: the copy
+/// returned has it in its metadata, so its traces, upload partition and
+/// SandboxConfig lookup say where it ran.
+pub fn select_task(manifests: &Manifests, name: Option<&str>) -> Result<Loaded<HarnessTask>, RunError> {
+    let (namespace, found) = find_task(manifests, name)?;
+    let mut task = found.clone();
+    if task.object.metadata.namespace.is_none() {
+        task.object.metadata.namespace = namespace.map(str::to_string);
+    }
+    Ok(task)
+}
+
+/// The task [`select_task`] chooses, and the namespace `name` gave.
+fn find_task<'m, 'n>(
+    manifests: &'m Manifests,
+    name: Option<&'n str>,
+) -> Result<(Option<&'n str>, &'m Loaded<HarnessTask>), RunError> {
     let qualified = |t: &Loaded<HarnessTask>| {
         let meta = &t.object.metadata;
         match &meta.namespace {
@@ -163,7 +180,7 @@ pub fn select_task<'m>(manifests: &'m Manifests, name: Option<&str>) -> Result<&
     };
     let Some(wanted) = name else {
         return match manifests.tasks.as_slice() {
-            [only] => Ok(only),
+            [only] => Ok((None, only)),
             [] => Err(RunError::Selection(
                 "the manifests hold no HarnessTask; give the file or directory that defines one".into(),
             )),
@@ -182,7 +199,7 @@ pub fn select_task<'m>(manifests: &'m Manifests, name: Option<&str>) -> Result<&
         .filter(|t| namespace.is_none_or(|ns| t.object.metadata.namespace.as_deref().is_none_or(|own| own == ns)))
         .collect();
     match found.as_slice() {
-        [one] => Ok(one),
+        [one] => Ok((namespace, one)),
         [] => Err(RunError::Selection(format!("no HarnessTask {wanted:?} in the manifests; they hold: {}", names()))),
         several => {
             let places: Vec<String> = several.iter().map(|t| qualified(t)).collect();
@@ -191,6 +208,34 @@ pub fn select_task<'m>(manifests: &'m Manifests, name: Option<&str>) -> Result<&
                 places.join(", ")
             )))
         }
+    }
+}
+
+/// The namespace a task runs in, which its traces' headers and upload
+/// partition name: its own; for a task without one, that of the
+/// SandboxConfigs its variants use (`kubectl apply -n` would put both in
+/// one); else `default`.
+pub fn run_namespace(manifests: &Manifests, task: &HarnessTask) -> Result<String, RunError> {
+    if let Some(namespace) = &task.metadata.namespace {
+        return Ok(namespace.clone());
+    }
+    let variants = task.spec.effective_variants();
+    let mut namespaces: Vec<&str> = variants
+        .iter()
+        .filter_map(|v| manifests.referenced_sandbox(None, &v.sandbox_ref.name).ok())
+        .filter_map(|s| s.object.metadata.namespace.as_deref())
+        .collect();
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    match namespaces.as_slice() {
+        [] => Ok("default".into()),
+        [one] => Ok(one.to_string()),
+        several => Err(RunError::Selection(format!(
+            "HarnessTask {:?} has no metadata.namespace and its variants use SandboxConfigs of namespaces {}; \
+             a task runs in one namespace: set its metadata.namespace (or run it with --task NAMESPACE/NAME)",
+            task.metadata.name.as_deref().unwrap_or_default(),
+            several.join(", ")
+        ))),
     }
 }
 
@@ -257,7 +302,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         Some(step) => basecamp_api::task::checkpoint_run_name(&task_name, step),
         None => task_name.clone(),
     };
-    let namespace = task.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let namespace = run_namespace(&manifests, task)?;
     let base_dir = base_dir_flag.unwrap_or_else(|| loaded.base_dir());
     let variant = resolve_variants(&manifests, task, request.variant.as_deref())?.remove(0);
 

@@ -981,3 +981,48 @@ fn a_task_is_chosen_by_name_or_by_namespace_and_name_never_by_the_order_of_the_f
     let err = namespace_of("team-c/t").unwrap_err().to_string();
     assert!(err.contains("no HarnessTask \"team-c/t\" in the manifests; they hold: team-b/t, team-a/t"), "{err}");
 }
+
+#[test]
+fn a_task_without_a_namespace_runs_in_the_one_its_name_or_its_sandbox_configs_give() {
+    use basecamp_sandbox::run::{run_namespace, select_task};
+    // A namespace-less task with variants a and b using SandboxConfigs `sa` and `sb`.
+    let manifests = |sa: Option<&str>, sb: Option<&str>| {
+        let sandbox = |name: &str, namespace: Option<&str>| {
+            let namespace = namespace.map(|n| format!(", namespace: {n}")).unwrap_or_default();
+            format!(
+                "---\napiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {{name: {name}{namespace}}}\nspec: {{}}\n"
+            )
+        };
+        let text = format!(
+            "apiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {{name: t}}\nspec:\n  taskDefinition: {{}}\n  evaluation: {{testSet: tests.jsonl}}\n  policy: {{scripted: policy.jsonl}}\n  variants:\n    - {{name: a, sandboxRef: {{name: sa}}}}\n    - {{name: b, sandboxRef: {{name: sb}}}}\n{}{}",
+            sandbox("sa", sa),
+            sandbox("sb", sb)
+        );
+        let (manifests, report) = basecamp_api::Manifests::parse("m.yaml", &text);
+        assert!(report.is_empty(), "{report}");
+        manifests
+    };
+    let namespace = |sa, sb, wanted: Option<&str>| {
+        let manifests = manifests(sa, sb);
+        let task = select_task(&manifests, wanted)?;
+        run_namespace(&manifests, &task.object)
+    };
+    // Nothing says: `default`, as `kubectl apply` without -n.
+    assert_eq!(namespace(None, None, None).unwrap(), "default");
+    // Before: `default` in the traces and the upload partition, though the
+    // SandboxConfigs (and so, applied together, the task) are in team-a.
+    assert_eq!(namespace(Some("team-a"), None, None).unwrap(), "team-a");
+    assert_eq!(namespace(Some("team-a"), Some("team-a"), Some("t")).unwrap(), "team-a");
+    // Before: `default`, though --task named team-c.
+    assert_eq!(namespace(None, None, Some("team-c/t")).unwrap(), "team-c");
+    // One task runs in one namespace; before, the run went ahead as `default`.
+    let err = namespace(Some("team-a"), Some("team-b"), None).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "HarnessTask \"t\" has no metadata.namespace and its variants use SandboxConfigs of namespaces team-a, team-b; a task runs in one namespace"
+        ),
+        "{err}"
+    );
+    // --task NAMESPACE/NAME settles it: the variants' SandboxConfigs are looked up there.
+    assert_eq!(namespace(Some("team-a"), Some("team-b"), Some("team-a/t")).unwrap(), "team-a");
+}

@@ -30,7 +30,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
 use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
-use basecamp_sandbox::run::{check_gpu, load_manifests, load_test_set, resolve_variants, select_task};
+use basecamp_sandbox::run::{check_gpu, load_manifests, load_test_set, resolve_variants, run_namespace, select_task};
 use basecamp_sandbox::services::RunningServices;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -134,7 +134,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let loaded = select_task(&manifests, args.task.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let task = &loaded.object;
     let task_name = task.metadata.name.clone().unwrap_or_default();
-    let namespace = task.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let namespace = run_namespace(&manifests, task).map_err(|e| anyhow::anyhow!("{e}"))?;
     let base_dir = loaded.base_dir();
     let variants = resolve_variants(&manifests, task, args.variant.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let shard_count = args.shards.or(task.spec.shards).unwrap_or(1);

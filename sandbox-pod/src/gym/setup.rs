@@ -17,7 +17,8 @@ use super::GymConfig;
 use crate::config::{RunContext, build_runner, episode_input};
 use crate::driver::StopSignal;
 use crate::run::{
-    RunError, absolute_dir, check_gpu, create_out_dir, load_manifests_in, load_test_set, resolve_variants, select_task,
+    RunError, absolute_dir, check_gpu, create_out_dir, load_manifests_in, load_test_set, resolve_variants,
+    run_namespace, select_task,
 };
 use crate::services::RunningServices;
 
@@ -80,7 +81,7 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
     spec.policy.api_key_secret = None;
     let ctx = RunContext {
         base_dir,
-        namespace: task.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        namespace: run_namespace(&manifests, task)?,
         task: task_name,
         variant: variant.name.clone(),
         shard: 0,
