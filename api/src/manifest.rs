@@ -332,7 +332,11 @@ impl Manifests {
         report
     }
 
-    fn duplicates(&self) -> Report {
+    /// Each object of a kind and name already defined in a namespace it
+    /// may share (see [`may_share_namespace`]), as an error at its place
+    /// naming the first. [`Manifests::load`] reports these; a caller that
+    /// adds objects afterwards (converted JSON harness files) checks again.
+    pub fn duplicates(&self) -> Report {
         let mut report = Report::new();
         let mut seen: Vec<(&str, Option<&str>, &str, &Source)> = Vec::new();
         let objects = self

@@ -6,7 +6,9 @@
 //! A JSON harness file (`task_definition`, `data_pipeline`,
 //! `training_config`, `evaluation`) is converted to a HarnessTask first; its
 //! problems are reported with the JSON spelling of each field
-//! (`data_pipeline.batch_size`) and the file's name.
+//! (`data_pipeline.batch_size`) and the file's name. A converted task whose
+//! name another file's task has (YAML or JSON) is defined twice, an error
+//! at the JSON file's `task_definition.name`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -79,16 +81,30 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
         if manifest.is_null() {
             continue;
         }
-        let (more, parse_problems) = Manifests::parse(&file, &manifest.to_string());
+        let (mut more, parse_problems) = Manifests::parse(&file, &manifest.to_string());
         for problem in parse_problems.problems() {
             report.push(to_json_spelling(problem.clone(), &file, None));
         }
-        for task in &more.tasks {
+        // The converted manifest is one line; the task is defined where the
+        // file's JSON object opens (what "first at FILE:LINE" names).
+        let object_line = 1 + text[..text.len() - text.trim_start().len()].matches('\n').count() as u64;
+        for task in &mut more.tasks {
+            task.source.line = object_line;
             let name = task.object.metadata.name.clone().unwrap_or_default();
             converted_files.push(JsonHarness { file: file.clone(), object: format!("HarnessTask/{name}") });
         }
         manifests.tasks.extend(more.tasks);
         manifests.sandboxes.extend(more.sandboxes);
+    }
+    // `load` checked the YAML objects among themselves only. A converted task
+    // that repeats one of them, or another JSON file's task, is reported at
+    // its JSON file: those come after the YAML ones, so never first.
+    for problem in manifests.duplicates().problems() {
+        let Location::File { file, .. } = &problem.location else { continue };
+        if let Some(j) = converted_files.iter().find(|j| &j.file == file) {
+            let problem = Problem { location: Location::field("task_definition.name"), ..problem.clone() };
+            report.push(to_json_spelling(problem, &j.file, Some(&j.object)));
+        }
     }
     for problem in manifests.validate().problems() {
         let from_json = converted_files.iter().find(|j| problem.object.as_deref() == Some(j.object.as_str()));

@@ -90,6 +90,54 @@ fn a_json_harness_is_validated_in_its_own_spelling_and_converts_to_a_valid_manif
 }
 
 #[test]
+fn a_task_defined_again_by_a_json_harness_is_an_error_at_the_json_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo("examples/ecommerce");
+    for file in ["tests.jsonl", "policy.jsonl", "sandbox-b.yaml"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    let path = |file: &str| dir.path().join(file).to_str().unwrap().to_string();
+    let fixed = HARNESS.replace("resume_frm", "resume_from");
+    // The first opens its object on line 2, where "first at" points.
+    std::fs::write(path("harness.json"), format!("\n{fixed}")).unwrap();
+    std::fs::write(path("again.json"), &fixed).unwrap();
+    let (harness, again, sandbox) = (path("harness.json"), path("again.json"), path("sandbox-b.yaml"));
+    let validate = |paths: &[&str]| {
+        let output = basecamp(&[&["harness", "validate", "--sandbox", "shipping-b"], paths].concat());
+        (output.status.code(), text(&output))
+    };
+    let (code, out) = validate(&[&harness, &sandbox]);
+    assert_eq!(code, Some(0), "one definition is valid: {out}");
+
+    // Two JSON harness files naming the same task. Before: "ok", and the
+    // second replaced the first when applied.
+    let (code, out) = validate(&[&harness, &again, &sandbox]);
+    assert_eq!(code, Some(1), "{out}");
+    let expected = format!(
+        "error: {again} (HarnessTask/e-commerce-support-v4): task_definition.name: HarnessTask \"e-commerce-support-v4\" is defined twice (first at {harness}:2); rename one"
+    );
+    assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    assert!(out.contains("1 error(s)"), "{out}");
+
+    // A YAML manifest and a JSON harness naming the same task, the YAML one
+    // in a namespace (the JSON form has none, so it may land in any).
+    let output = basecamp(&["harness", "convert", &harness, "--sandbox", "shipping-b", "-o", &path("task.yaml")]);
+    assert!(output.status.success(), "{}", text(&output));
+    let yaml = std::fs::read_to_string(path("task.yaml")).unwrap();
+    let yaml =
+        yaml.replacen("  name: e-commerce-support-v4\n", "  name: e-commerce-support-v4\n  namespace: team-a\n", 1);
+    std::fs::write(path("task.yaml"), yaml).unwrap();
+    let task = path("task.yaml");
+    let (code, out) = validate(&[&again, &task, &sandbox]);
+    assert_eq!(code, Some(1), "{out}");
+    let expected = format!(
+        "error: {again} (HarnessTask/e-commerce-support-v4): task_definition.name: HarnessTask \"e-commerce-support-v4\" is defined twice (first at {task}:1); rename one"
+    );
+    assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    assert!(out.contains("1 error(s)"), "{out}");
+}
+
+#[test]
 fn a_missing_sandbox_config_is_named_by_validate_and_by_run() {
     let dir = tempfile::tempdir().unwrap();
     let task = std::fs::read_to_string(repo("examples/ecommerce/task.yaml")).unwrap();
