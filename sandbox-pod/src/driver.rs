@@ -147,11 +147,16 @@ pub async fn run_shard(
                 error: format!("cannot write the trace: {e}"),
                 trace_file,
             };
-            let episode = match runner.start(input.clone(), &dir) {
+            // Noted as soon as the trace exists, not once start returns: a
+            // start that fails (or panics) after it still leaves the trace.
+            let noted = || trace_created_by_task.store(true, Ordering::Release);
+            let episode = match runner.start_noting_trace(input.clone(), &dir, noted) {
                 Ok(episode) => episode,
-                Err(e) => return (index, input.id, lost(e, None)),
+                Err(e) => {
+                    let trace_file = trace_created_by_task.load(Ordering::Acquire).then(|| trace_file_name(&input.id));
+                    return (index, input.id, lost(e, trace_file));
+                }
             };
-            trace_created_by_task.store(true, Ordering::Release);
             let trace_file = Some(trace_file_name(&input.id));
             let ended = tokio::select! {
                 biased;

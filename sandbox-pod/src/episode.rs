@@ -379,6 +379,19 @@ impl EpisodeRunner {
     /// Starts an episode: creates `<dir>/<id>.trace` with its header and the
     /// initial memory. No step has begun yet: call [`Episode::advance`].
     pub fn start(&self, input: EpisodeInput, dir: &Path) -> std::io::Result<Episode> {
+        self.start_noting_trace(input, dir, || {})
+    }
+
+    /// [`EpisodeRunner::start`], calling `trace_created` as soon as the
+    /// trace holds its header: from then on the file is this episode's (a
+    /// readable prefix) whether the rest of the start succeeds, fails (an
+    /// initial memory too large for a frame, a full disk) or panics.
+    pub fn start_noting_trace(
+        &self,
+        input: EpisodeInput,
+        dir: &Path,
+        trace_created: impl FnOnce(),
+    ) -> std::io::Result<Episode> {
         let trace_path = dir.join(trace_file_name(&input.id));
         let mut header = self.header.clone();
         header.episode_id = input.id.clone();
@@ -391,6 +404,7 @@ impl EpisodeRunner {
             k => k,
         };
         let mut writer = TraceWriter::create(&trace_path, header)?;
+        trace_created();
 
         let mut memory = Memory::new();
         for delta in memory.apply(&MemoryPatch::from_object(&input.initial_memory), MemorySource::Initial, "test_set") {

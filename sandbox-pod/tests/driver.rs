@@ -153,3 +153,34 @@ async fn an_episode_whose_task_panicked_is_lost_under_its_own_id_with_its_trace_
     assert!(out.join("broken.trace").is_file());
     assert_eq!(summary.files_written(), ["summary.json", "ok.trace", "broken.trace"]);
 }
+
+#[tokio::test]
+async fn an_episode_whose_start_failed_after_creating_its_trace_is_lost_with_that_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("policy.jsonl");
+    let done = r#"[{"content": "done"}]"#;
+    std::fs::write(
+        &script,
+        format!("{{\"episode\": \"ok\", \"turns\": {done}}}\n{{\"episode\": \"huge\", \"turns\": {done}}}\n"),
+    )
+    .unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let runner = Arc::new(EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy));
+    // An initial memory too large for one trace frame: the start creates the
+    // trace and writes its header, then fails writing the initial memory.
+    let frame_limit = basecamp_trace::format::MAX_RAW_FRAME.min(basecamp_trace::format::MAX_COMPRESSED_FRAME);
+    let mut huge = input("huge");
+    huge.initial_memory.insert("document".into(), json!("x".repeat(frame_limit as usize + 1)));
+    let out = dir.path().join("out");
+    let summary = run_shard(runner, vec![input("ok"), huge], &out, 2, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(summary.episodes.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["ok"]);
+    assert_eq!(summary.lost.len(), 1, "{:?}", summary.lost);
+    let lost = &summary.lost[0];
+    assert!(lost.error.starts_with("cannot write the trace: a single trace record of"), "{}", lost.error);
+    // Before: no trace_file, so the trace (its header, a readable prefix)
+    // stayed on disk and was not uploaded.
+    assert_eq!((lost.id.as_str(), lost.trace_file.as_deref()), ("huge", Some("huge.trace")));
+    let trace = basecamp_trace::reader::read_trace(out.join("huge.trace")).expect("the header is readable");
+    assert_eq!(trace.header.episode_id, "huge");
+    assert_eq!(summary.files_written(), ["summary.json", "ok.trace", "huge.trace"]);
+}
