@@ -146,3 +146,51 @@ fn a_missing_file_exits_1_naming_it() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr_line(&out).starts_with(&format!("error: {}: cannot read: ", file.display())));
 }
+
+#[test]
+fn several_traces_print_json_lines_in_order_and_every_problem_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("shard-1")).unwrap();
+    let (a, b, junk) = (run.join("a.trace"), run.join("shard-1/b.trace"), run.join("junk.trace"));
+    std::fs::copy(golden("episode-v1.trace"), &a).unwrap();
+    std::fs::copy(golden("truncated-v1.trace"), &b).unwrap();
+    std::fs::write(&junk, b"not a trace").unwrap();
+    let run_parse = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "parse"]).args(args).output().unwrap()
+    };
+    let lines = |out: &Output| -> Vec<Value> {
+        String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+
+    // A directory: one line per trace (the same document as parsing it alone), in path order;
+    // the damaged one still printed, the unreadable one only named; exit 1.
+    let out = run_parse(&[run.to_str().unwrap(), "-j", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(lines(&out), vec![committed_json("episode-v1.trace", &a), committed_json("truncated-v1.trace", &b)]);
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    let size = std::fs::metadata(&b).unwrap().len();
+    assert_eq!(
+        stderr,
+        format!(
+            "error: {}: not a basecamp trace (bad magic at byte 0)\nerror: {}: truncated at byte {size}: records of 2 steps recovered\n",
+            junk.display(),
+            b.display()
+        )
+    );
+
+    // Several files and a glob, in the order given; --allow-truncated accepts the cut one.
+    let glob = format!("{}/shard-*/*.trace", run.display());
+    let out = run_parse(&[&glob, a.to_str().unwrap(), "--allow-truncated"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let found: Vec<String> = lines(&out).iter().map(|d| d["file"].as_str().unwrap().to_string()).collect();
+    assert_eq!(found, [b.display().to_string(), a.display().to_string()]);
+
+    // One file is still one pretty document; many cannot be one HTML page.
+    let one = run_parse(&[a.to_str().unwrap()]);
+    assert!(String::from_utf8(one.stdout).unwrap().starts_with("{\n"));
+    let out = run_parse(&[run.to_str().unwrap(), "--output", "html"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_line(&out).contains("--output html draws one trace; give one FILE, or use `basecamp trace report"));
+    assert!(out.stdout.is_empty());
+}

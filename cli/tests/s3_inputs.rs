@@ -82,10 +82,12 @@ fn parse_and_replay_take_one_s3_object() {
     let here = server.basecamp(&["trace", "parse", &local.display().to_string()], dir.path());
     assert_eq!(text(&remote.stdout), text(&here.stdout).replace(&local.display().to_string(), &url));
 
-    // A prefix, or a key that is not there, is refused with what to give.
+    // A prefix prints JSON Lines, one trace per line: here the one object's document.
     let out = server.basecamp(&["trace", "parse", &format!("s3://{BUCKET}/runs/")], dir.path());
-    assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("give one trace object, s3://BUCKET/KEY.trace"), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_str(text(&out.stdout).strip_suffix('\n').unwrap()).unwrap();
+    assert_eq!(listed, serde_json::from_str::<serde_json::Value>(&text(&remote.stdout)).unwrap());
+    // A key that is not there is named.
     let missing = format!("s3://{BUCKET}/runs/shard-0/ep-8.trace");
     let out = server.basecamp(&["trace", "parse", &missing], dir.path());
     assert_eq!(out.status.code(), Some(1));

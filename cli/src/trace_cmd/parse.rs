@@ -1,5 +1,7 @@
 //! `basecamp trace parse FILE --output json|html`; FILE may be one
-//! `s3://BUCKET/KEY.trace` object.
+//! `s3://BUCKET/KEY.trace` object. Several paths, a directory, a glob or an
+//! `s3://` prefix print JSON Lines instead: one trace's document per line,
+//! in path order (`basecamp trace parse runs/ | jq ...`).
 //!
 //! A damaged file still prints what could be recovered (a crashed pod's
 //! trace is still evidence), then one line naming the file and byte offset
@@ -7,15 +9,16 @@
 //! truncation.
 
 use std::io::{self, Cursor, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::bail;
-use basecamp_trace::inputs::TRACE_SUFFIX;
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
 use basecamp_trace::{TraceContents, TraceError, json::trace_to_json, read_trace, read_trace_from};
 use clap::{Args, ValueEnum};
 
-use super::sources::Sources;
+use super::sources::{Source, Sources};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum OutputFormat {
@@ -27,18 +30,40 @@ pub enum OutputFormat {
 
 #[derive(Args)]
 pub struct ParseArgs {
-    /// The .trace file, or one s3://BUCKET/KEY.trace object.
-    file: PathBuf,
+    /// The .trace file, or one s3://BUCKET/KEY.trace object (one JSON document);
+    /// or several, directories (searched recursively), globs and s3://BUCKET/PREFIX
+    /// (JSON Lines: one trace per line).
+    #[arg(required = true)]
+    paths: Vec<String>,
     #[arg(long, short, value_enum, default_value = "json")]
     output: OutputFormat,
     /// Exit 0 for a trace whose writer was killed (a clean truncation).
     #[arg(long)]
     allow_truncated: bool,
+    /// Worker threads for several traces (default: one per core).
+    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
+    jobs: Option<usize>,
 }
 
 pub fn run(args: &ParseArgs) -> anyhow::Result<ExitCode> {
-    let trace = read_one(&args.file)?;
-    let name = args.file.display().to_string();
+    match args.paths.as_slice() {
+        [one] if is_one_trace(one) => parse_one(args, Path::new(one)),
+        _ => parse_many(args),
+    }
+}
+
+/// A path that names one trace: a file, or an `s3://` object key ending in
+/// `.trace`; not a directory, a glob or a prefix.
+fn is_one_trace(path: &str) -> bool {
+    if path.starts_with("s3://") {
+        return path.ends_with(TRACE_SUFFIX);
+    }
+    !Path::new(path).is_dir() && !(path.contains(['*', '?', '[']) && !Path::new(path).exists())
+}
+
+fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
+    let trace = read_one(file)?;
+    let name = file.display().to_string();
     match args.output {
         OutputFormat::Json => {
             let doc = trace_to_json(&name, &trace);
@@ -50,17 +75,70 @@ pub fn run(args: &ParseArgs) -> anyhow::Result<ExitCode> {
             io::stdout().lock().write_all(basecamp_trace::html::trace_to_html(&name, &trace).as_bytes())?;
         }
     }
-    Ok(match trace.damage() {
-        None => ExitCode::SUCCESS,
-        Some(TraceError::Truncated { .. }) if args.allow_truncated => {
-            eprintln!("warning: {}", trace.damage().expect("matched Some"));
-            ExitCode::SUCCESS
+    Ok(if report_damage(trace.damage(), args.allow_truncated) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// Says on stderr how a damaged trace ended; true when that is a failure
+/// (not a clean truncation that `--allow-truncated` accepts).
+fn report_damage(damage: Option<&TraceError>, allow_truncated: bool) -> bool {
+    match damage {
+        None => false,
+        Some(damage @ TraceError::Truncated { .. }) if allow_truncated => {
+            eprintln!("warning: {damage}");
+            false
         }
         Some(damage) => {
             eprintln!("error: {damage}");
-            ExitCode::FAILURE
+            true
         }
-    })
+    }
+}
+
+/// Every trace the paths name, as JSON Lines on stdout, in order; a damaged
+/// trace prints what could be recovered and its error line, one that
+/// cannot be read only its error line, and both make the exit status 1.
+fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
+    if matches!(args.output, OutputFormat::Html) {
+        bail!(
+            "--output html draws one trace; give one FILE, or use `basecamp trace report {}` for many",
+            args.paths.join(" ")
+        );
+    }
+    let sources = Sources::resolve(&args.paths)?;
+    let stopped = AtomicBool::new(false);
+    // A trace's line and how it ended; Err: it could not be read at all.
+    let parse = |source: &Source| -> Result<(String, Option<TraceError>), TraceError> {
+        if stopped.load(Ordering::Relaxed) {
+            return Ok((String::new(), None));
+        }
+        let trace = match source.local_path() {
+            Some(path) => read_trace(path)?,
+            None => read_trace_from(Cursor::new(sources.read_bytes(source)?), &source.name)?,
+        };
+        Ok((trace_to_json(&source.name, &trace).to_string(), trace.damage().cloned()))
+    };
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let (mut failed, mut write_error) = (false, None);
+    for_each_ordered(&sources.items, args.jobs.unwrap_or_else(default_jobs), parse, |_, parsed| {
+        let (doc, damage) = match parsed {
+            Ok((doc, damage)) => (Some(doc), damage),
+            Err(unreadable) => (None, Some(unreadable)),
+        };
+        // Nothing read is a failure even when --allow-truncated accepts a cut.
+        let accept_cut = args.allow_truncated && doc.is_some();
+        if let Some(doc) = doc
+            && write_error.is_none()
+            && let Err(e) = writeln!(out, "{doc}")
+        {
+            stopped.store(true, Ordering::Relaxed);
+            write_error = Some(e);
+        }
+        failed |= report_damage(damage.as_ref(), accept_cut);
+    });
+    if let Some(e) = write_error.map_or_else(|| out.flush().err(), Some) {
+        return Err(e.into());
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// One whole trace: a local file, or one `s3://BUCKET/KEY.trace` object
