@@ -5,8 +5,10 @@
 //! `A` and `B` are directories holding shard summaries at any depth (a
 //! `basecamp run` variant directory), or `s3://` prefixes where the operator
 //! uploads them (`s3://BUCKET/…/<namespace>/<task>/<variant>/`, fetched into a
-//! temporary directory first). With only `A`, it must hold exactly two
-//! variant subdirectories; the first (by name) is the baseline.
+//! temporary directory first). Each side must hold one variant's shards
+//! (what their summaries say, not how the directories are named); each
+//! shard once. With only `A`, it must hold the shards of exactly two
+//! variants; the first (by name) is the baseline.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -52,31 +54,8 @@ pub fn run(command: AbCommand) -> Result<ExitCode> {
     let a = local(a)?;
     let b = b.map(&mut local).transpose()?;
     let (baseline, candidate) = match b {
-        Some(b) => (side(&a)?, side(&b)?),
-        None => {
-            let mut variants: Vec<PathBuf> = std::fs::read_dir(&a.dir)
-                .with_context(|| format!("cannot read {}", a.shown))?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.is_dir() && !summaries_under(p).is_empty())
-                .collect();
-            variants.sort();
-            if variants.len() != 2 {
-                bail!(
-                    "{} holds {} variant directories with shard summaries; compare two runs with `basecamp ab compare A B`",
-                    a.shown,
-                    variants.len()
-                );
-            }
-            let variant = |dir: &PathBuf| {
-                let shown = match dir.strip_prefix(&a.dir) {
-                    Ok(rel) => format!("{}/{}", a.shown.trim_end_matches('/'), rel.display()),
-                    Err(_) => dir.display().to_string(),
-                };
-                side(&Side::named_after(dir.clone(), shown))
-            };
-            (variant(&variants[0])?, variant(&variants[1])?)
-        }
+        Some(b) => (one_variant(&a)?, one_variant(&b)?),
+        None => two_variants(&a)?,
     };
     let comparison = compare(&baseline, &candidate);
     // Written, not print!ed: a closed stdout (`| head`) is an error to return, not a panic.
@@ -126,26 +105,129 @@ impl Side {
     }
 }
 
-/// The summaries under a side's directory.
-fn side(side: &Side) -> Result<VariantSummary> {
-    let dir = side.dir.as_path();
-    let files = summaries_under(dir);
+/// A shard summary under a side's directory, and the directory it is in.
+struct Shard {
+    summary: ShardSummary,
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl Shard {
+    /// The variant it belongs to: namespace, task, variant.
+    fn variant(&self) -> (&str, &str, &str) {
+        (&self.summary.namespace, &self.summary.task, &self.summary.variant)
+    }
+}
+
+/// Every shard summary under a side's directory, each shard of a variant once.
+fn shards_of(side: &Side) -> Result<Vec<Shard>> {
+    let files = summaries_under(&side.dir);
     if files.is_empty() {
         bail!(
             "{}: no {SUMMARY_FILE} below this directory; give a `basecamp run` output or a variant directory",
             side.shown
         );
     }
-    let mut shards = Vec::new();
+    let mut shards: Vec<Shard> = Vec::new();
     for file in files {
         let text = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
         let summary: ShardSummary =
             serde_json::from_slice(&text).with_context(|| format!("{} is not a shard summary", file.display()))?;
-        let relative = file.parent().and_then(|p| p.strip_prefix(dir).ok()).unwrap_or(Path::new("")).to_path_buf();
-        shards.push((summary, relative));
+        let dir = file.parent().unwrap_or(Path::new("")).to_path_buf();
+        let shard = Shard { summary, dir, file };
+        if let Some(same) =
+            shards.iter().find(|s| s.variant() == shard.variant() && s.summary.shard == shard.summary.shard)
+        {
+            bail!(
+                "{}: shard {} of {} is there twice ({} and {}); a comparison counts each episode once, so give one copy",
+                side.shown,
+                shard.summary.shard,
+                variant_name(shard.variant()),
+                same.file.display(),
+                shard.file.display()
+            );
+        }
+        shards.push(shard);
     }
-    let sandbox = shards.first().map(|(s, _)| format!("{}/{}", s.task, s.variant)).unwrap_or_default();
-    Ok(VariantSummary::from_shards(&side.name, &sandbox, shards, &[], dir))
+    Ok(shards)
+}
+
+fn variant_name((namespace, task, variant): (&str, &str, &str)) -> String {
+    format!("{namespace}/{task}/{variant}")
+}
+
+/// The shards grouped by variant, in order of (namespace, task, variant).
+fn by_variant(shards: Vec<Shard>) -> BTreeMap<(String, String, String), Vec<Shard>> {
+    let mut groups: BTreeMap<(String, String, String), Vec<Shard>> = BTreeMap::new();
+    for shard in shards {
+        let (namespace, task, variant) = shard.variant();
+        groups.entry((namespace.into(), task.into(), variant.into())).or_default().push(shard);
+    }
+    groups
+}
+
+/// A side that must hold one variant's shards (of any number of runs' layouts).
+fn one_variant(side: &Side) -> Result<VariantSummary> {
+    let groups = by_variant(shards_of(side)?);
+    if groups.len() > 1 {
+        let names: Vec<String> = groups.keys().map(|(n, t, v)| variant_name((n, t, v))).collect();
+        bail!(
+            "{}: holds shard summaries of {} variants ({}), which would be counted as one; \
+             give one variant's directory, or this run alone to compare its variants",
+            side.shown,
+            names.len(),
+            names.join(", ")
+        );
+    }
+    let shards = groups.into_values().next().expect("shards_of found one at least");
+    Ok(summarize(&side.name, &side.dir, shards))
+}
+
+/// The two variants the summaries under one directory belong to, whatever
+/// its layout: told apart by what the summaries say, so the shards of one
+/// variant are never taken for two. The baseline is the first by name.
+fn two_variants(side: &Side) -> Result<(VariantSummary, VariantSummary)> {
+    let groups = by_variant(shards_of(side)?);
+    let names: Vec<String> = groups.keys().map(|(n, t, v)| variant_name((n, t, v))).collect();
+    let [first, second] = <[_; 2]>::try_from(groups.into_iter().collect::<Vec<_>>()).map_err(|_| {
+        anyhow::anyhow!(
+            "{}: holds shard summaries of {} variant(s) ({}), not two; compare two runs with `basecamp ab compare A B`",
+            side.shown,
+            names.len(),
+            names.join(", ")
+        )
+    })?;
+    // Called by variant name, or by task when both have the same (two checkpoints' runs).
+    let same_variant = first.0.2 == second.0.2;
+    let name =
+        |(_, task, variant): &(String, String, String)| if same_variant { task.clone() } else { variant.clone() };
+    let (a_name, b_name) = (name(&first.0), name(&second.0));
+    Ok((summarize(&a_name, &common_dir(&first.1), first.1), summarize(&b_name, &common_dir(&second.1), second.1)))
+}
+
+/// The deepest directory that holds every one of the shards.
+fn common_dir(shards: &[Shard]) -> PathBuf {
+    let mut common = shards[0].dir.clone();
+    while !shards.iter().all(|s| s.dir.starts_with(&common)) {
+        if !common.pop() {
+            break;
+        }
+    }
+    common
+}
+
+/// One variant's summary from its shards; traces are found relative to `root`.
+fn summarize(name: &str, root: &Path, shards: Vec<Shard>) -> VariantSummary {
+    let (_, task, variant) = shards[0].variant();
+    let sandbox = format!("{task}/{variant}");
+    let shards = shards
+        .into_iter()
+        .map(|s| {
+            let relative = s.dir.strip_prefix(root).unwrap_or(Path::new("")).to_path_buf();
+            (s.summary, relative)
+        })
+        .collect();
+    VariantSummary::from_shards(name, &sandbox, shards, &[], root)
 }
 
 fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {

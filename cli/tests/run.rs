@@ -93,6 +93,28 @@ fn the_ecommerce_ab_run_shows_the_null_fallback_in_a_and_b_fixing_it() {
     let counts: Vec<&str> = cluster.split_whitespace().skip(1).collect();
     assert_eq!(counts, [top["episodes"].to_string().as_str(), "0"], "{text}");
     assert!(text.contains("gone in b"), "{text}");
+
+    // Variants are what the summaries say, not directories: before, `a/` alone was
+    // compared as two variants (its shards), and `out` against `b/` merged a and b into one side.
+    let ab = |args: &[&std::path::Path]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["ab", "compare"]).args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", String::from_utf8_lossy(&output.stdout));
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let (dir_a, dir_b) = (out.path().join("a"), out.path().join("b"));
+    let err = ab(&[&dir_a]);
+    assert!(err.contains("holds shard summaries of 1 variant(s) (default/shipping-delay-ab/a), not two"), "{err}");
+    let err = ab(&[out.path(), &dir_b]);
+    assert!(
+        err.contains("holds shard summaries of 2 variants (default/shipping-delay-ab/a, default/shipping-delay-ab/b), which would be counted as one"),
+        "{err}"
+    );
+    // A shard twice (a copied directory) would count its episodes twice.
+    let copy = out.path().join("a-copy/shard-0");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::copy(dir_a.join("shard-0/summary.json"), copy.join("summary.json")).unwrap();
+    let err = ab(&[&dir_b, out.path()]);
+    assert!(err.contains("shard 0 of default/shipping-delay-ab/a is there twice"), "{err}");
 }
 
 #[test]
