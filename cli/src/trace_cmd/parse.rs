@@ -58,7 +58,9 @@ fn is_one_trace(path: &str) -> bool {
     if path.starts_with("s3://") {
         return path.ends_with(TRACE_SUFFIX);
     }
-    !Path::new(path).is_dir() && !(path.contains(['*', '?', '[']) && !Path::new(path).exists())
+    let file = Path::new(path);
+    // A glob names many, unless a file has that very name.
+    !file.is_dir() && (file.exists() || !path.contains(['*', '?', '[']))
 }
 
 fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
