@@ -101,3 +101,54 @@ fn an_output_that_is_an_input_or_a_directory_is_refused_before_writing() {
     names.sort();
     assert_eq!(names, ["ep.trace", "runs"], "no runs.partial left behind");
 }
+
+#[test]
+fn extract_keeps_a_different_file_already_there_and_writes_each_member_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let traces = dir.path().join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+    let mut bytes = Vec::new();
+    for seed in 1..=2 {
+        let ep = generate(&EpisodeShape { seed, steps: 3, tokens_per_step: 2, ..Default::default() });
+        bytes.push(ep.write_to(Vec::new(), 3).unwrap());
+        std::fs::write(traces.join(format!("ep-{seed}.trace")), &bytes[seed as usize - 1]).unwrap();
+    }
+    let archive = dir.path().join("run.tar.zst");
+    let (t, a) = (traces.display().to_string(), archive.display().to_string());
+    let out = basecamp(&["trace", "archive", &t, "-o", &a]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Asked for by episode and by name: one member, written once.
+    let dest = dir.path().join("out");
+    let d = dest.display().to_string();
+    let out = basecamp(&["trace", "archive", "extract", &a, "ep-0001", "ep-1", "-o", &d]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("extracted ep-1.trace (episode ep-0001) -> {d}/ep-1.trace\n")
+    );
+
+    // The same bytes already there: nothing to do, and said so.
+    let out = basecamp(&["trace", "archive", "extract", &a, "ep-1", "-o", &d]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("ep-1.trace (episode ep-0001) is already at {d}/ep-1.trace\n")
+    );
+
+    // Another trace under that name is kept, and nothing else is extracted either.
+    std::fs::write(dest.join("ep-1.trace"), &bytes[1]).unwrap();
+    let out = basecamp(&["trace", "archive", "extract", &a, "ep-2", "ep-1", "-o", &d]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "error: {d}/ep-1.trace: already exists and is not the archived ep-1.trace (of episode ep-0001); \
+             nothing was extracted: extract into another directory or move the file away\n"
+        )
+    );
+    assert_eq!(std::fs::read(dest.join("ep-1.trace")).unwrap(), bytes[1], "the file already there is kept");
+    let mut names: Vec<_> = std::fs::read_dir(&dest).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["ep-1.trace"], "ep-2 is not extracted, and no .partial is left");
+}

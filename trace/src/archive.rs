@@ -71,6 +71,14 @@ pub struct Member {
     pub frame_len: u64,
 }
 
+impl Member {
+    /// Whether `data` is this member's trace (same size and sha256), e.g. a
+    /// file already where it would be extracted.
+    pub fn holds_the_same_bytes_as(&self, data: &[u8]) -> bool {
+        data.len() as u64 == self.bytes && hex::encode(Sha256::digest(data)) == self.sha256
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct Index {
     format: String,

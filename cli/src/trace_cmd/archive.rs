@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use basecamp_trace::archive::{ArchiveReader, ArchiveWriter, PreparedMember, prepare_member};
+use basecamp_trace::archive::{ArchiveReader, ArchiveWriter, Member, PreparedMember, prepare_member};
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -157,7 +157,7 @@ fn list(file: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
 
 fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode> {
     let mut reader = ArchiveReader::open(file)?;
-    let mut wanted = Vec::new();
+    let mut wanted: Vec<Member> = Vec::new();
     for key in keys {
         let found: Vec<_> = reader.find(key).into_iter().cloned().collect();
         if found.is_empty() {
@@ -167,31 +167,57 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
                 reader.members().len()
             );
         }
-        wanted.extend(found);
+        // A member asked for twice (by name and by episode) comes out once.
+        for member in found {
+            if !wanted.iter().any(|w| w.name == member.name && w.frame_offset == member.frame_offset) {
+                wanted.push(member);
+            }
+        }
+    }
+    // Every destination is checked before anything is written: a file already
+    // there is kept unless it holds exactly the archived bytes.
+    let mut plan = Vec::with_capacity(wanted.len());
+    for member in wanted {
+        let path = destination(file, dir, &member)?;
+        let already_there = match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(e).with_context(|| format!("cannot check {}", path.display())),
+            Ok(meta) if meta.is_file() && holds(&path, &member)? => true,
+            Ok(_) => bail!(
+                "{}: already exists and is not the archived {} (of episode {}); nothing was extracted: \
+                 extract into another directory or move the file away",
+                path.display(),
+                member.name,
+                member.episode
+            ),
+        };
+        plan.push((member, path, already_there));
     }
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     // A closed stdout (`| head`) does not stop the extraction; its error is returned at the end.
     let mut stdout = std::io::stdout().lock();
     let mut write_error: Option<std::io::Error> = None;
-    for member in wanted {
-        let data = reader.read_member(&member)?;
-        // Member names come from the archive: refuse any that would leave DIR.
-        let relative = Path::new(&member.name);
-        if relative.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
-            bail!(
-                "{}: member name {:?} is not a relative path below the output directory",
-                file.display(),
-                member.name
-            );
+    for (member, path, already_there) in plan {
+        if !already_there {
+            let data = reader.read_member(&member)?;
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+            }
+            // Written under a temporary name and renamed when complete, so an
+            // interrupted extraction leaves no trace that looks whole.
+            let tmp = super::partial_path(&path);
+            if let Err(e) = fs::write(&tmp, data).and_then(|()| fs::rename(&tmp, &path)) {
+                let _ = fs::remove_file(&tmp);
+                return Err(e).with_context(|| format!("cannot write {}", path.display()));
+            }
         }
-        let path = dir.join(relative);
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
-        }
-        fs::write(&path, data).with_context(|| format!("cannot write {}", path.display()))?;
+        let line = if already_there {
+            format!("{} (episode {}) is already at {}", member.name, member.episode, path.display())
+        } else {
+            format!("extracted {} (episode {}) -> {}", member.name, member.episode, path.display())
+        };
         if write_error.is_none()
-            && let Err(e) =
-                writeln!(stdout, "extracted {} (episode {}) -> {}", member.name, member.episode, path.display())
+            && let Err(e) = writeln!(stdout, "{line}")
         {
             write_error = Some(e);
         }
@@ -200,4 +226,20 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
         Some(e) => Err(e.into()),
         None => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// Where `member` goes below `dir`. Member names come from the archive:
+/// refuse any that would leave `dir`.
+fn destination(file: &Path, dir: &Path, member: &Member) -> anyhow::Result<PathBuf> {
+    let relative = Path::new(&member.name);
+    if relative.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+        bail!("{}: member name {:?} is not a relative path below the output directory", file.display(), member.name);
+    }
+    Ok(dir.join(relative))
+}
+
+/// Whether the file at `path` is `member`'s trace, byte for byte.
+fn holds(path: &Path, member: &Member) -> anyhow::Result<bool> {
+    let data = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(member.holds_the_same_bytes_as(&data))
 }
