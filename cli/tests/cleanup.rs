@@ -212,3 +212,31 @@ fn a_key_s3_refuses_to_delete_is_named_and_the_others_still_go() {
     );
     assert!(stderr.ends_with("error: 1 traces could not be deleted\n"), "{stderr}");
 }
+
+#[test]
+fn a_trace_reached_by_two_spellings_counts_once_and_is_deleted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("runs");
+    write_aged(&root.join("a/ep-1.trace"), 100, 30);
+    write_aged(&root.join("a/ep-2.trace"), 50, 30);
+    std::os::unix::fs::symlink(root.join("a"), dir.path().join("latest")).unwrap();
+    let r = root.display().to_string();
+    let (dotted, latest) =
+        (format!("{}/./runs", dir.path().display()), dir.path().join("latest").display().to_string());
+
+    let out = basecamp(&["trace", "cleanup", &r, &dotted, &latest, "--older-than", "7d"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!(
+            "would delete {r}/a/ep-1.trace (100 bytes)\nwould delete {r}/a/ep-2.trace (50 bytes)\n\
+             dry run: would delete 2 traces, 150 bytes; 0 newer traces kept; add --delete to delete\n"
+        )
+    );
+
+    let out = basecamp(&["trace", "cleanup", &r, &dotted, &latest, "--older-than", "7d", "--delete"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert!(String::from_utf8(out.stdout).unwrap().ends_with("deleted 2 traces, 150 bytes; 0 newer traces kept\n"));
+    assert!(!root.join("a/ep-1.trace").exists() && !root.join("a/ep-2.trace").exists());
+}

@@ -18,6 +18,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -75,6 +76,8 @@ struct Plan {
     /// Files matched by a glob or named directly that are not traces.
     kept_other: usize,
     seen: HashSet<String>,
+    /// Local files by [`directory_entry`].
+    seen_local: HashSet<PathBuf>,
 }
 
 impl Plan {
@@ -113,6 +116,11 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
             }
         } else {
             for file in expand_inputs(std::slice::from_ref(arg), TRACE_SUFFIX)? {
+                // One file reached by two spellings (`runs` and `./runs`, a
+                // symlinked directory) counts once and is deleted once.
+                if !plan.seen_local.insert(directory_entry(&file)) {
+                    continue;
+                }
                 let meta = fs::metadata(&file).with_context(|| format!("{}: cannot read its age", file.display()))?;
                 let object = ObjectInfo {
                     relative: String::new(),
@@ -188,6 +196,15 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
         bail!("{failed} traces could not be deleted");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The directory entry `file` names, however it was spelt: its directory
+/// resolved, its own name kept (a symbolic link named `x.trace` is its own
+/// entry, and deleting it removes the link, not what it points to).
+fn directory_entry(file: &Path) -> PathBuf {
+    let (Some(parent), Some(name)) = (file.parent(), file.file_name()) else { return file.to_path_buf() };
+    let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+    fs::canonicalize(parent).map(|dir| dir.join(name)).unwrap_or_else(|_| file.to_path_buf())
 }
 
 /// `s3://B/KEY.trace` is one object (one HEAD); anything else is a prefix,
