@@ -166,3 +166,31 @@ fn a_closed_stdout_still_redacts_every_trace() {
     assert_eq!(stderr, "error: Broken pipe (os error 32)\n");
     assert_eq!(std::fs::read_dir(&output).unwrap().count(), 20);
 }
+
+/// `-o runs/sub` where `runs/sub/ep.trace` is itself an input: the copy of
+/// `runs/ep.trace` would replace it (and a second run into `-o runs/redacted`
+/// would replace the first run's outputs while reading them).
+#[test]
+fn an_output_that_is_another_input_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    std::fs::create_dir_all(runs.join("sub")).unwrap();
+    let mut bytes = Vec::new();
+    for (seed, path) in [(1, "ep.trace"), (2, "sub/ep.trace")] {
+        let ep = generate(&EpisodeShape { seed, steps: 3, tokens_per_step: 2, ..Default::default() });
+        bytes.push(ep.write_to(Vec::new(), 3).unwrap());
+        std::fs::write(runs.join(path), bytes.last().unwrap()).unwrap();
+    }
+    let (r, sub) = (runs.display().to_string(), runs.join("sub").display().to_string());
+    let out = basecamp(&["trace", "redact", &r, "--patterns", "email", "-o", &sub]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "error: {r}/sub/ep.trace: the redacted copy of {r}/ep.trace would overwrite this input; \
+             choose an -o directory that holds no input\n"
+        )
+    );
+    assert_eq!(std::fs::read(runs.join("sub/ep.trace")).unwrap(), bytes[1], "the input is untouched");
+    assert!(!runs.join("sub/sub").exists(), "nothing is written");
+}

@@ -51,8 +51,8 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     }
     let sources = Sources::resolve(&args.paths)?;
     let files = &sources.items;
-    fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let outputs = output_paths(files, &args.out)?;
+    fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     let salt = match &args.salt {
         Some(s) => s.as_bytes().to_vec(),
         None => Redactor::random_salt(),
@@ -109,8 +109,11 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// OUTDIR/<file name> for each input; two inputs with one name, or an
-/// output that is its own input, are refused before anything is written.
+/// output that is one of the inputs (its own, or another's when OUTDIR is
+/// inside an input directory), are refused before anything is written.
 fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let inputs: HashMap<PathBuf, &Source> =
+        files.iter().filter_map(|file| Some((fs::canonicalize(file.local_path()?).ok()?, file))).collect();
     let mut seen: HashMap<PathBuf, &str> = HashMap::new();
     let mut outputs = Vec::with_capacity(files.len());
     for file in files {
@@ -122,10 +125,15 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 output.display()
             );
         }
-        if let (Some(Ok(a)), Ok(b)) = (file.local_path().map(fs::canonicalize), fs::canonicalize(&output))
-            && a == b
-        {
-            bail!("{}: the output would overwrite the input; choose another -o directory", file.name);
+        if let Some(input) = fs::canonicalize(&output).ok().and_then(|path| inputs.get(&path)) {
+            if std::ptr::eq(*input, file) {
+                bail!("{}: the output would overwrite the input; choose another -o directory", file.name);
+            }
+            bail!(
+                "{}: the redacted copy of {} would overwrite this input; choose an -o directory that holds no input",
+                input.name,
+                file.name
+            );
         }
         outputs.push(output);
     }
