@@ -1,6 +1,7 @@
 //! `basecamp trace redact` as a user runs it: a directory of real traces in,
 //! valid traces out, and no order id left anywhere in the decoded output.
 
+use std::path::Path;
 use std::process::Command;
 
 use basecamp_trace::read_trace;
@@ -193,4 +194,39 @@ fn an_output_that_is_another_input_is_refused_before_writing() {
     );
     assert_eq!(std::fs::read(runs.join("sub/ep.trace")).unwrap(), bytes[1], "the input is untouched");
     assert!(!runs.join("sub/sub").exists(), "nothing is written");
+}
+
+/// `--pii-fields ""` (an unset shell variable) was taken as a field list, so
+/// every trace was copied with nothing replaced and exit 0; `"a, b"` looked
+/// for a field named " b".
+#[test]
+fn an_empty_pii_field_is_refused_and_spaces_around_names_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 1, steps: 6, tokens_per_step: 2, ..Default::default() });
+    let trace = dir.path().join("ep.trace");
+    std::fs::write(&trace, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    assert!(decoded_text(&trace).contains("ACME"), "the input names a carrier");
+    let t = trace.display().to_string();
+    for (n, fields) in ["", ",", "order_id,,carrier"].into_iter().enumerate() {
+        let o = dir.path().join(format!("empty-{n}")).display().to_string();
+        let out = basecamp(&["trace", "redact", &t, "--pii-fields", fields, "-o", &o]);
+        assert_eq!(out.status.code(), Some(2), "{fields:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).starts_with(
+                "error: invalid value '' for '--pii-fields <FIELDS>': an empty field name (two commas in a row, \
+                 or an empty list?)"
+            ),
+            "{fields:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!Path::new(&o).exists(), "{fields:?}: nothing is written");
+    }
+    let (spaced, plain) = (dir.path().join("spaced"), dir.path().join("plain"));
+    for (fields, out_dir) in [("order_id, carrier ", &spaced), ("order_id,carrier", &plain)] {
+        let o = out_dir.display().to_string();
+        let out = basecamp(&["trace", "redact", &t, "--pii-fields", fields, "--salt", "s", "-o", &o]);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(std::fs::read(spaced.join("ep.trace")).unwrap(), std::fs::read(plain.join("ep.trace")).unwrap());
+    assert!(!decoded_text(&spaced.join("ep.trace")).contains("ACME"), "the carrier is replaced");
 }

@@ -23,7 +23,7 @@ pub struct RedactArgs {
     #[arg(required = true)]
     paths: Vec<String>,
     /// Memory keys and JSON fields (at any depth) whose values are replaced, e.g. user_phone,user_address.
-    #[arg(long, value_delimiter = ',', value_name = "FIELDS")]
+    #[arg(long, value_delimiter = ',', value_name = "FIELDS", value_parser = pii_field)]
     pii_fields: Vec<String>,
     /// Patterns replaced inside every string: email, phone.
     #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
@@ -38,6 +38,19 @@ pub struct RedactArgs {
     /// Worker threads (default: one per core).
     #[arg(long, short = 'j', value_parser = super::jobs_parser())]
     jobs: Option<usize>,
+}
+
+/// One `--pii-fields` entry, without the spaces around it (`a, b`). An
+/// empty one (`a,,b`, `--pii-fields "$UNSET"`) is refused: it names no
+/// field, and on its own it would copy every value unredacted.
+fn pii_field(text: &str) -> Result<String, String> {
+    match text.trim() {
+        "" => Err(
+            "an empty field name (two commas in a row, or an empty list?); give names such as user_phone,user_address"
+                .into(),
+        ),
+        name => Ok(name.to_string()),
+    }
 }
 
 pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
