@@ -230,3 +230,21 @@ fn an_empty_pii_field_is_refused_and_spaces_around_names_are_dropped() {
     assert_eq!(std::fs::read(spaced.join("ep.trace")).unwrap(), std::fs::read(plain.join("ep.trace")).unwrap());
     assert!(!decoded_text(&spaced.join("ep.trace")).contains("ACME"), "the carrier is replaced");
 }
+
+/// A field named in --pii-fields that no trace holds (a typo) replaced
+/// nothing, and nothing said so: the copies kept the values it meant.
+#[test]
+fn a_pii_field_found_in_no_trace_is_pointed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 1, steps: 6, tokens_per_step: 2, ..Default::default() });
+    let trace = dir.path().join("ep.trace");
+    std::fs::write(&trace, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let (t, o) = (trace.display().to_string(), dir.path().join("out").display().to_string());
+    let out = basecamp(&["trace", "redact", &t, "--pii-fields", "order_id,order-id", "-o", &o]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "warning: --pii-fields order-id: no JSON field or memory key of this name in any of the 1 traces redacted \
+         (misspelt?); nothing was replaced for it\n"
+    );
+}

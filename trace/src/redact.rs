@@ -77,11 +77,21 @@ pub struct Redactor {
 }
 
 /// How much one trace's redaction replaced.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedactStats {
     pub records: u64,
     /// Values (fields, memory values, pattern matches) replaced.
     pub replaced: u64,
+    /// The PII fields that occur in the trace (as a JSON key or a memory
+    /// key), so a field found in no trace (misspelt?) can be pointed out.
+    pub fields_found: BTreeSet<String>,
+}
+
+/// What the first pass over a trace finds: PII values and the fields holding them.
+#[derive(Default)]
+struct Found {
+    values: BTreeSet<String>,
+    fields: BTreeSet<String>,
 }
 
 impl Redactor {
@@ -243,12 +253,13 @@ impl Redactor {
             return Err(e.clone().into());
         }
         let mut this = self.clone();
-        this.known = self.known_values(&records);
+        let found = self.find_pii(&records);
+        this.known = self.known_values(found.values);
         let mut header = reader.header().clone();
         this.text(&mut header.episode_id, &mut 0);
         let mut writer = TraceWriter::new(out, header, crate::writer::DEFAULT_ZSTD_LEVEL).map_err(write_err)?;
         let mut state = MemoryMap::new();
-        let mut stats = RedactStats::default();
+        let mut stats = RedactStats { fields_found: found.fields, ..RedactStats::default() };
         let mut step_records: Vec<Record> = Vec::new();
         for record in records {
             if step_records.first().is_some_and(|r| r.step != record.step) {
@@ -265,12 +276,10 @@ impl Redactor {
     }
 
     /// The string values of PII fields and memory keys in these records,
-    /// with their tokens, longest first. Values shorter than 4 characters,
-    /// or made only of hex digits (they could occur inside a token), are
-    /// left to the field and pattern rules.
-    fn known_values(&self, records: &[Record]) -> Vec<(String, String)> {
-        let mut found = BTreeSet::new();
-        let from_text = |text: &str, found: &mut BTreeSet<String>| {
+    /// and the PII fields that occur.
+    fn find_pii(&self, records: &[Record]) -> Found {
+        let mut found = Found::default();
+        let from_text = |text: &str, found: &mut Found| {
             if let Ok(value) = serde_json::from_str::<Value>(text) {
                 self.collect_pii(&value, false, found);
             }
@@ -278,6 +287,7 @@ impl Redactor {
         for record in records {
             match &record.body {
                 Some(Body::MemoryDelta(d)) => {
+                    found.note_field(self, &d.key);
                     for text in [&d.before_json, &d.after_json].into_iter().flatten() {
                         if self.pii_fields.contains(&d.key) {
                             if let Ok(value) = serde_json::from_str::<Value>(text) {
@@ -290,6 +300,7 @@ impl Redactor {
                 }
                 Some(Body::MemorySnapshot(s)) => {
                     for (k, v) in &s.entries_json {
+                        found.note_field(self, k);
                         if let Ok(value) = serde_json::from_str::<Value>(v) {
                             self.collect_pii(&value, self.pii_fields.contains(k), &mut found);
                         }
@@ -302,6 +313,7 @@ impl Redactor {
                 Some(Body::PolicyTurn(t)) => from_text(&t.tool_calls_json, &mut found),
                 Some(Body::ErrorContext(e)) => {
                     for (k, v) in &e.memory_snapshot_json {
+                        found.note_field(self, k);
                         if let Ok(value) = serde_json::from_str::<Value>(v) {
                             self.collect_pii(&value, self.pii_fields.contains(k), &mut found);
                         }
@@ -315,7 +327,14 @@ impl Redactor {
                 _ => {}
             }
         }
-        let mut known: Vec<(String, String)> = found
+        found
+    }
+
+    /// PII values with their tokens, longest first. Values shorter than 4
+    /// characters, or made only of hex digits (they could occur inside a
+    /// token), are left to the field and pattern rules.
+    fn known_values(&self, values: BTreeSet<String>) -> Vec<(String, String)> {
+        let mut known: Vec<(String, String)> = values
             .into_iter()
             .filter(|v| v.chars().count() >= 4 && !v.chars().all(|c| c.is_ascii_hexdigit()))
             .map(|v| {
@@ -329,10 +348,11 @@ impl Redactor {
 
     /// Collects string leaves that are PII: everything under a PII field
     /// (`inside`), at any depth, including JSON nested in strings.
-    fn collect_pii(&self, value: &Value, inside: bool, found: &mut BTreeSet<String>) {
+    fn collect_pii(&self, value: &Value, inside: bool, found: &mut Found) {
         match value {
             Value::Object(map) => {
                 for (k, v) in map {
+                    found.note_field(self, k);
                     self.collect_pii(v, inside || self.pii_fields.contains(k), found);
                 }
             }
@@ -344,11 +364,11 @@ impl Redactor {
                 {
                     self.collect_pii(&inner, inside, found);
                 } else if inside {
-                    found.insert(s.clone());
+                    found.values.insert(s.clone());
                 }
             }
             Value::Number(n) if inside => {
-                found.insert(n.to_string());
+                found.values.insert(n.to_string());
             }
             _ => {}
         }
@@ -452,6 +472,14 @@ impl Redactor {
         if observation_changed {
             rehash(&p.observation_json, &mut p.result_hash);
             p.response_bytes = p.observation_json.len() as u64;
+        }
+    }
+}
+
+impl Found {
+    fn note_field(&mut self, redactor: &Redactor, key: &str) {
+        if redactor.pii_fields.contains(key) {
+            self.fields.insert(key.to_string());
         }
     }
 }

@@ -206,3 +206,14 @@ fn a_damaged_input_is_refused_with_its_offset() {
     let err = redactor(b"s").redact(TraceReader::new(cut, "cut.trace").unwrap(), &mut out, "out.trace").unwrap_err();
     assert!(err.to_string().starts_with("cut.trace: truncated at byte "), "{err}");
 }
+
+/// The fields that occur are reported, so the CLI can point out one that
+/// occurs nowhere: `email` is a key only inside tool arguments (nested JSON),
+/// `user_address` a memory key, `user_phonee` nothing at all.
+#[test]
+fn the_pii_fields_that_occur_are_reported() {
+    let input = pii_episode();
+    let redactor = Redactor::new(["email", "user_address", "user_phonee"].map(String::from), vec![], b"s".to_vec());
+    let stats = redactor.redact(TraceReader::new(&input[..], "in.trace").unwrap(), Vec::new(), "out.trace").unwrap();
+    assert_eq!(stats.fields_found.into_iter().collect::<Vec<_>>(), ["email", "user_address"]);
+}

@@ -88,6 +88,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                 Ok(stats) => {
                     total.records += stats.records;
                     total.replaced += stats.replaced;
+                    total.fields_found.extend(stats.fields_found);
                     if write_error.is_none()
                         && let Err(e) = writeln!(
                             stdout,
@@ -111,10 +112,21 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     if let Some(e) = write_error {
         return Err(e.into());
     }
+    let redacted = files.len() - failed;
+    // A field in no trace at all is most likely misspelt, and then the
+    // values it meant are in the copies as they were.
+    for field in &args.pii_fields {
+        if redacted > 0 && !total.fields_found.contains(field) {
+            eprintln!(
+                "warning: --pii-fields {field}: no JSON field or memory key of this name in any of the {redacted} \
+                 traces redacted (misspelt?); nothing was replaced for it"
+            );
+        }
+    }
     writeln!(
         stdout,
         "{} traces redacted, {} values replaced{}",
-        files.len() - failed,
+        redacted,
         total.replaced,
         if args.salt.is_none() { " (random salt)" } else { "" }
     )?;
