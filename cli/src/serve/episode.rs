@@ -246,17 +246,16 @@ pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw
                 "<details class=\"logits\" open><summary>token logits ({} tokens)</summary><div>",
                 s.logits.len()
             );
+            // The alternatives are in the table below, not repeated in each title
+            // (they were a quarter of a report's packed episode view).
             for t in &s.logits[..shown] {
-                let alts: Vec<String> =
-                    t.top_tokens.iter().zip(&t.top_logprobs).map(|(tok, lp)| format!("{tok:?} {lp:.3}")).collect();
                 let _ = write!(
                     h,
-                    "<span class=\"tok\" style=\"background:{}\" title=\"#{} id {} logprob {:.3}&#10;top-k: {}\">{}</span>",
+                    "<span class=\"tok\" style=\"background:{}\" title=\"#{} id {} logprob {:.3}\">{}</span>",
                     token_color(t.logprob),
                     t.position,
                     t.token_id,
                     t.logprob,
-                    esc(&alts.join(", ")),
                     esc(&t.token)
                 );
             }
