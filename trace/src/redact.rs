@@ -168,7 +168,7 @@ impl Redactor {
         match v {
             Value::Object(map) => {
                 for (k, val) in map.iter_mut() {
-                    if self.pii_fields.contains(k) && !matches!(val, Value::String(s) if s.starts_with("redacted:")) {
+                    if self.pii_fields.contains(k) && !matches!(val, Value::String(s) if is_token(s)) {
                         *val = self.token_of_value(val);
                         *n += 1;
                     } else {
@@ -217,6 +217,10 @@ impl Redactor {
     /// A memory value (canonical JSON) of `key`: all of it when the key is a PII field.
     fn memory_value(&self, key: &str, text: &mut String, n: &mut u64) {
         if self.pii_fields.contains(key) {
+            if matches!(serde_json::from_str::<Value>(text), Ok(Value::String(s)) if is_token(&s)) {
+                // Already redacted (a redacted trace redacted again): kept, as in JSON fields.
+                return;
+            }
             if let Ok(value) = serde_json::from_str::<Value>(text) {
                 *text = canonical_json(&self.token_of_value(&value));
             } else {
@@ -336,7 +340,7 @@ impl Redactor {
     fn known_values(&self, values: BTreeSet<String>) -> Vec<(String, String)> {
         let mut known: Vec<(String, String)> = values
             .into_iter()
-            .filter(|v| v.chars().count() >= 4 && !v.chars().all(|c| c.is_ascii_hexdigit()))
+            .filter(|v| v.chars().count() >= 4 && !v.chars().all(|c| c.is_ascii_hexdigit()) && !is_token(v))
             .map(|v| {
                 let token = self.token(&v);
                 (v, token)
@@ -474,6 +478,11 @@ impl Redactor {
             p.response_bytes = p.observation_json.len() as u64;
         }
     }
+}
+
+/// A token [`Redactor::token`] makes: `redacted:` and 16 hex digits.
+fn is_token(text: &str) -> bool {
+    text.strip_prefix("redacted:").is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
 impl Found {
