@@ -687,3 +687,62 @@ fn a_batch_size_of_0_is_refused_naming_the_flag() {
     assert!(text(&output).contains("invalid value '0' for '--batch-size <BATCH_SIZE>'"), "{}", text(&output));
     assert!(!tmp.path().join("ds").exists());
 }
+
+/// Runs `basecamp` in `dir`, killed after `limit`: `None` when it had to be.
+fn basecamp_within(args: &[&str], dir: &Path, limit: std::time::Duration) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("basecamp runs");
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn a_preprocessor_that_writes_much_to_stderr_is_not_blocked_and_its_last_words_name_a_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
+        seed: 1,
+        steps: 8,
+        tokens_per_step: 1,
+        ..Default::default()
+    });
+    std::fs::write(tmp.path().join("ep.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    // 40 KB of progress on stderr a record: more than a pipe holds (64 KiB) by the second.
+    std::fs::write(
+        tmp.path().join("chatty.py"),
+        "import json, sys\nfor n, line in enumerate(sys.stdin):\n    r = json.loads(line)\n    \
+         sys.stderr.write('progress ' + 'x' * 40000 + '\\n'); sys.stderr.flush()\n    \
+         if len(sys.argv) > 1 and n == 5:\n        sys.exit('record 5 is bad')\n    \
+         print(json.dumps([{'step': r['step']}, r['action'], 0.5]), flush=True)\n",
+    )
+    .unwrap();
+    let limit = std::time::Duration::from_secs(60);
+    let args = ["data", "preprocess", "ep.trace", "--out", "ds", "--preprocessor", "exec:python3 chatty.py"];
+    // Before: its stderr was read only once it exited, so it blocked writing the second
+    // record's progress while basecamp waited for the answer: a hang.
+    let output = basecamp_within(&args, tmp.path(), limit).expect("not blocked by a full stderr pipe");
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(rows(&tmp.path().join("ds")).len(), 8);
+    assert!(tmp.path().join("ds/dataset.json").exists());
+
+    // One that fails after much stderr: the error quotes its end, which names the failure.
+    let args = ["data", "preprocess", "ep.trace", "--out", "ds2", "--preprocessor", "exec:python3 chatty.py fail"];
+    let output = basecamp_within(&args, tmp.path(), limit).expect("not blocked by a full stderr pipe");
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("it exited (exit status: 1)") && said.contains("record 5 is bad"), "{said}");
+    assert_fits_a_termination_message(&output);
+    assert!(!tmp.path().join("ds2/dataset.json").exists());
+}

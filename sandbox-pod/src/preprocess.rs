@@ -30,6 +30,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::str::FromStr;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use basecamp_trace::TraceContents;
 use basecamp_trace::pb::{self, record::Body};
@@ -245,6 +248,12 @@ pub struct Subprocess {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The end of what it wrote on stderr, which a thread reads as it comes:
+    /// a pipe nobody reads fills up (64 KiB on Linux) and blocks a chatty
+    /// preprocessor mid-write, while this waits for its answer.
+    stderr: Arc<Mutex<Vec<u8>>>,
+    /// Closed when the stderr thread has read to the end.
+    stderr_done: mpsc::Receiver<()>,
 }
 
 /// Calls `module.function(record)` per line; errors come back as objects.
@@ -276,6 +285,12 @@ const EXCERPT_BYTES: usize = 300;
 /// in an error. With the excerpts, a message stays well within the 2 KB a
 /// pod's termination message keeps (`FallbackToLogsOnError`).
 const MESSAGE_BYTES: usize = 1000;
+
+/// The most bytes of a preprocessor's stderr kept (its end) for an error.
+const STDERR_KEPT: usize = 64 * 1024;
+/// How long an exited preprocessor's stderr is waited for: a child it left
+/// running may hold the pipe open.
+const STDERR_GRACE: Duration = Duration::from_secs(2);
 
 /// The Python shim's first line, once the function is imported.
 const PYTHON_READY: &str = r#"{"__ready__": true}"#;
@@ -340,7 +355,8 @@ impl Subprocess {
             .map_err(|e| PreprocessError::Start { name: name.clone(), message: e.to_string() })?;
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
-        let mut process = Self { name, child, stdin, stdout };
+        let (stderr, stderr_done) = drain_stderr(child.stderr.take().expect("stderr is piped"));
+        let mut process = Self { name, child, stdin, stdout, stderr, stderr_done };
         if matches!(preprocessor, Preprocessor::Python { .. }) {
             let mut line = String::new();
             if process.stdout.read_line(&mut line).map_or(true, |n| n == 0) || line.trim() != PYTHON_READY {
@@ -355,11 +371,13 @@ impl Subprocess {
     /// What the process said on stderr, once it has exited.
     fn exit_message(&mut self) -> String {
         let _ = self.child.kill();
-        let mut stderr = String::new();
-        if let Some(mut err) = self.child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
-        }
         let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+        // Everything it wrote, unless something it started still holds the pipe.
+        let _ = self.stderr_done.recv_timeout(STDERR_GRACE);
+        let stderr = {
+            let kept = self.stderr.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            String::from_utf8_lossy(&kept).into_owned()
+        };
         let tail: Vec<&str> = stderr.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
         let said = if tail.is_empty() { "no output".into() } else { self::tail(&tail.join(" | "), MESSAGE_BYTES) };
         format!("it exited ({status}): {said}")
@@ -410,6 +428,27 @@ impl Subprocess {
         process.call(sample)?;
         Ok(process)
     }
+}
+
+/// Reads `stderr` to its end on a thread, keeping the last [`STDERR_KEPT`]
+/// bytes; the receiver disconnects once the end is reached.
+fn drain_stderr(mut stderr: std::process::ChildStderr) -> (Arc<Mutex<Vec<u8>>>, mpsc::Receiver<()>) {
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let (done, stderr_done) = mpsc::channel::<()>();
+    let sink = Arc::clone(&kept);
+    std::thread::spawn(move || {
+        let _done = done;
+        let mut chunk = [0u8; 8192];
+        while let Ok(n @ 1..) = std::io::Read::read(&mut stderr, &mut chunk) {
+            let mut kept = sink.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            kept.extend_from_slice(&chunk[..n]);
+            if kept.len() > STDERR_KEPT {
+                let excess = kept.len() - STDERR_KEPT;
+                kept.drain(..excess);
+            }
+        }
+    });
+    (kept, stderr_done)
 }
 
 impl Drop for Subprocess {
