@@ -468,6 +468,19 @@ fn a_report_of_lone_traces_is_about_reward_and_never_overwrites_an_input() {
     assert_eq!(result.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("the report would overwrite this input trace"), "{stderr}");
     assert_eq!(std::fs::read(&copy).unwrap(), before);
+
+    // The page is written whole or not at all: nothing temporary is left beside -o,
+    // and a write that fails (a full disk) is an error naming the file.
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let result = report(&[lone.to_str().unwrap(), "-o", "/dev/full"]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("error: cannot write /dev/full"), "{stderr}");
 }
 
 fn walk_traces(dir: &Path) -> Vec<std::path::PathBuf> {

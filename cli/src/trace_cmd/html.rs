@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -54,10 +55,15 @@ pub fn write(
     out.write_all(summary(groups, inputs, problems, metric).as_bytes())?;
     let entries: Vec<&EpisodeEntry> = groups.iter().flat_map(|g| g.entries.iter().copied()).collect();
     let mut failed = None;
+    // After a failed write the rest is neither read nor drawn.
+    let stopped = AtomicBool::new(false);
     for_each_ordered(
         &entries,
         jobs,
         |e| {
+            if stopped.load(Ordering::Relaxed) {
+                return String::new();
+            }
             let view = match load(e) {
                 Ok(contents) => episode::render(e, &contents, REPORT_TOKEN_CAP, None),
                 Err(problem) => format!("<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(&problem)),
@@ -67,6 +73,7 @@ pub fn write(
         |_, drawer| {
             if failed.is_none() {
                 failed = out.write_all(drawer.as_bytes()).err();
+                stopped.store(failed.is_some(), Ordering::Relaxed);
             }
         },
     );
@@ -113,8 +120,8 @@ fn summary(groups: &[Group<'_>], inputs: &[String], problems: &[String], metric:
 }
 
 /// An episode's hidden drawer with its view gzipped and base64-encoded in a
-/// script element the browser neither runs nor parses: a view is ~330 KB of
-/// HTML (mostly token-logit tables) that compresses ~10x, and a page with
+/// script element the browser neither runs nor parses: a view is ~270 KB of
+/// HTML (mostly token-logit tables) that compresses ~8x, and a page with
 /// thousands of parsed hidden views loads slowly. The page script inflates
 /// a drawer when it is first opened (`DecompressionStream`, in every
 /// current browser).
