@@ -167,6 +167,11 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
 /// Writes rows into numbered batch files of one format.
 struct Batches {
     dir: PathBuf,
+    /// The `dataset.json` an earlier run may have left, removed before the
+    /// first batch file replaces one of its batches: it would mark a
+    /// half-rewritten directory complete. A run that fails before that
+    /// leaves the earlier dataset as it was.
+    marker: PathBuf,
     size: usize,
     format: DataFormat,
     /// Parquet files carry it as key/value metadata.
@@ -215,7 +220,7 @@ impl BatchFile {
 }
 
 impl Batches {
-    fn new(dir: PathBuf, settings: &Settings, training_step: u64) -> Self {
+    fn new(dir: PathBuf, marker: PathBuf, settings: &Settings, training_step: u64) -> Self {
         let mut metadata = vec![
             ("basecamp.source".to_string(), settings.inputs.join(", ")),
             ("basecamp.preprocessor".to_string(), settings.preprocessor.to_string()),
@@ -224,6 +229,7 @@ impl Batches {
         metadata.extend(settings.version.clone().map(|v| ("basecamp.version".to_string(), v)));
         Self {
             dir,
+            marker,
             size: settings.batch_size,
             format: settings.format,
             metadata,
@@ -236,6 +242,14 @@ impl Batches {
 
     fn push(&mut self, row: &Row) -> Result<()> {
         if self.current.is_none() || self.in_current == self.size {
+            if self.files.is_empty() {
+                match std::fs::remove_file(&self.marker) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("cannot remove the old {}", self.marker.display()));
+                    }
+                    _ => {}
+                }
+            }
             self.finish()?;
             let path = self.dir.join(format!("batch-{:05}.{}", self.files.len(), self.format.extension()));
             self.current = Some(BatchFile::create(self.format, &path)?);
@@ -315,14 +329,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     }
     let batch_dir = output.batch_dir();
     std::fs::create_dir_all(&batch_dir).with_context(|| format!("cannot create {}", batch_dir.display()))?;
-    // A dataset.json left by an earlier run would mark a half-rewritten directory complete.
-    match std::fs::remove_file(output.dataset_file()) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("cannot remove the old {}", output.dataset_file().display()));
-        }
-        _ => {}
-    }
-    let mut batches = Batches::new(batch_dir, &settings, args.training_step);
+    let mut batches = Batches::new(batch_dir, output.dataset_file(), &settings, args.training_step);
     let mut process: Option<Subprocess> = None;
     let mut skipped = Vec::new();
     for source in &sources.items {
@@ -360,6 +367,20 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         }
     }
     batches.finish()?;
+    if batches.rows == 0 {
+        // An empty dataset.json would mark a dataset complete that a trainer cannot train on.
+        let why = if skipped.is_empty() {
+            format!("none of the {} traces has a finished step", sources.items.len())
+        } else {
+            format!(
+                "{} of the {} traces could not be read: {}",
+                skipped.len(),
+                sources.items.len(),
+                skipped_list(&skipped)
+            )
+        };
+        bail!("no rows to write to {}: {why}; {DATASET_FILE} was not written", output.display());
+    }
     if let Output::Local(dir) = &output {
         let removed = remove_stale_batches(dir, &batches.names())?;
         if removed > 0 {
@@ -401,6 +422,16 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         output.display()
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The first [`FAILURES_SHOWN`] skipped traces, the rest counted: the
+/// message stays short enough for a pod's termination message.
+fn skipped_list(skipped: &[String]) -> String {
+    let mut list = skipped.iter().take(FAILURES_SHOWN).cloned().collect::<Vec<_>>().join("; ");
+    if skipped.len() > FAILURES_SHOWN {
+        list.push_str(&format!("; ... and {} more", skipped.len() - FAILURES_SHOWN));
+    }
+    list
 }
 
 /// `batch-00000.jsonl` / `batch-00000.parquet`: the names this command writes.

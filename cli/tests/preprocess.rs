@@ -746,3 +746,50 @@ fn a_preprocessor_that_writes_much_to_stderr_is_not_blocked_and_its_last_words_n
     assert_fits_a_termination_message(&output);
     assert!(!tmp.path().join("ds2/dataset.json").exists());
 }
+
+#[test]
+fn a_run_that_fails_before_writing_a_row_leaves_an_earlier_dataset_complete_and_no_rows_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
+        seed: 1,
+        steps: 3,
+        tokens_per_step: 1,
+        ..Default::default()
+    });
+    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    std::fs::write(tmp.path().join("ep.trace"), &bytes).unwrap();
+    let output = basecamp(&["data", "preprocess", "ep.trace", "--out", "ds"], tmp.path());
+    assert!(output.status.success(), "{}", text(&output));
+    let dataset = std::fs::read(tmp.path().join("ds/dataset.json")).unwrap();
+    let batch = std::fs::read(tmp.path().join("ds/batch-00000.jsonl")).unwrap();
+    let unchanged = || {
+        assert_eq!(std::fs::read(tmp.path().join("ds/dataset.json")).unwrap(), dataset, "the earlier dataset.json");
+        assert_eq!(std::fs::read(tmp.path().join("ds/batch-00000.jsonl")).unwrap(), batch);
+    };
+
+    // Before: dataset.json was removed first, so a preprocessor that does not even import
+    // left the earlier, complete dataset looking incomplete.
+    let output = basecamp(
+        &["data", "preprocess", "ep.trace", "--out", "ds", "--preprocessor", "python:nosuchmodule.f"],
+        tmp.path(),
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    unchanged();
+
+    // Only unreadable traces (one cut short before its first step, one not a trace). Before:
+    // an empty dataset.json ("rows": 0, "batches": []) marked the dataset complete, exit 0.
+    std::fs::create_dir(tmp.path().join("damaged")).unwrap();
+    std::fs::write(tmp.path().join("damaged/cut.trace"), &bytes[..300]).unwrap();
+    std::fs::write(tmp.path().join("damaged/text.trace"), "not a trace\n").unwrap();
+    for out in ["ds", "fresh"] {
+        let output = basecamp(&["data", "preprocess", "damaged", "--out", out], tmp.path());
+        let said = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{said}");
+        assert!(said.contains(&format!("no rows to write to {out}: 2 of the 2 traces could not be read")), "{said}");
+        assert!(said.contains("damaged/cut.trace: incomplete") && said.contains("damaged/text.trace"), "{said}");
+        assert!(said.contains("dataset.json was not written"), "{said}");
+        assert!(output.stderr.len() <= 2048, "fits a termination message: {said}");
+    }
+    unchanged();
+    assert!(!tmp.path().join("fresh/dataset.json").exists());
+}
