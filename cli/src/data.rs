@@ -13,8 +13,8 @@
 //! (operator/TRAINING.md, "Locations"). The format only decides how a batch
 //! file is encoded ([`BatchFile`]); the rest is the same. An `s3://`
 //! output is staged in a temporary directory and uploaded with the
-//! sandbox's storage client (retries), the batches first and `dataset.json`
-//! only once they all arrived.
+//! sandbox's storage client (retries): an earlier run's `dataset.json`
+//! removed, the batches, and `dataset.json` only once they all arrived.
 //!
 //! The trainer pod's `dataset` init container runs this with
 //! `FallbackToLogsOnError`, so a failure's message, the last thing on
@@ -465,6 +465,18 @@ fn upload(batches: &Batches, staging: &Path, destination: &Destination) -> Resul
         .build()
         .context("cannot start the S3 client's runtime")?;
     let storage = Storage::new(StorageConfig::from_env());
+    // An earlier run's dataset.json would mark the prefix complete while its batches are
+    // being replaced, and still after a batch failed to arrive: it goes first.
+    let target = destination.join(DATASET_FILE)?;
+    if let Some(Err(e)) =
+        runtime.block_on(storage.delete_objects(std::slice::from_ref(&target))).pop().map(|d| d.result)
+    {
+        bail!(
+            "failed to upload the dataset to {destination}/: the earlier run's {DATASET_FILE} could not be removed, \
+             so no batch was uploaded; the local copies are in {}\n  {e}",
+            staging.display()
+        );
+    }
     let report = runtime.block_on(storage.upload_dir(&batches.dir, destination));
     if !report.is_complete() {
         let failed: Vec<_> = report.failed().collect();
@@ -504,7 +516,6 @@ fn upload(batches: &Batches, staging: &Path, destination: &Destination) -> Resul
         }
         eprintln!("note: removed {} batch object(s) of an earlier run from {destination}/", stale.len());
     }
-    let target = destination.join(DATASET_FILE)?;
     runtime.block_on(storage.upload_file(&staging.join(DATASET_FILE), &target)).into_result().map_err(|e| {
         anyhow!(
             "failed to upload {target}, which marks the dataset complete: {e}; the {} batches are uploaded, the local copies are in {}",

@@ -611,8 +611,9 @@ fn a_dataset_from_the_manifests_s3_source_is_uploaded_to_s3_with_dataset_json_la
     assert_eq!(dataset["source"], format!("s3://{BUCKET}/logs/ecommerce/shard-1/"));
     assert!(dataset["traces"].as_u64().unwrap() < traces as u64);
 
-    // S3 down while uploading (local traces, a closed port): after the retries, the error
-    // names the objects and the cause, and no dataset.json was written — in either format.
+    // S3 down (local traces, a closed port): after the retries, the error names the object
+    // and the cause, and nothing was uploaded — in either format. (An earlier run's
+    // dataset.json goes first; a batch upload that fails is in the test below.)
     let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let local_traces = runs.join("a");
     for format in ["jsonl", "parquet"] {
@@ -634,9 +635,11 @@ fn a_dataset_from_the_manifests_s3_source_is_uploaded_to_s3_with_dataset_json_la
         let said = text(&output);
         assert_eq!(output.status.code(), Some(1), "{format}: {said}");
         assert!(said.contains(&format!("failed to upload the dataset to s3://{BUCKET}/down/")), "{said}");
-        assert!(said.contains(&format!("s3://{BUCKET}/down/batch-00000.{format}")), "{said}");
-        assert!(said.contains("dataset.json was not written"), "{said}");
-        assert!(said.contains("... and "), "more failures than shown are counted: {said}");
+        assert!(
+            said.contains("the earlier run's dataset.json could not be removed, so no batch was uploaded"),
+            "{said}"
+        );
+        assert!(said.contains(&format!("failed to delete s3://{BUCKET}/down/dataset.json")), "{said}");
         assert!(said.len() <= 2048, "{} bytes: {said}", said.len());
     }
 
@@ -792,4 +795,51 @@ fn a_run_that_fails_before_writing_a_row_leaves_an_earlier_dataset_complete_and_
     }
     unchanged();
     assert!(!tmp.path().join("fresh/dataset.json").exists());
+}
+
+#[test]
+fn an_s3_dataset_whose_batches_did_not_all_arrive_is_not_marked_complete_by_an_earlier_runs_dataset_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = |seed: u64| {
+        let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
+            seed,
+            steps: 8,
+            tokens_per_step: 1,
+            ..Default::default()
+        });
+        ep.write_to(Vec::new(), 3).unwrap()
+    };
+    for (dir, seed) in [("old", 1), ("new", 2)] {
+        std::fs::create_dir(tmp.path().join(dir)).unwrap();
+        std::fs::write(tmp.path().join(dir).join("ep.trace"), trace(seed)).unwrap();
+    }
+    let data = tmp.path().join("s3");
+    let server = S3Server::start(&data);
+    let out = format!("s3://{BUCKET}/dataset/");
+    let uploaded = data.join(BUCKET).join("dataset");
+    let output = server.basecamp(&["data", "preprocess", "old", "--batch-size", "1", "--out", &out], tmp.path());
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(uploaded.join("dataset.json").is_file());
+
+    // Five of the eight batch objects cannot be replaced (s3s-fs answers 500 where a
+    // directory stands in the way).
+    for n in 1..=5 {
+        let batch = uploaded.join(format!("batch-{n:05}.jsonl"));
+        std::fs::remove_file(&batch).unwrap();
+        std::fs::create_dir_all(batch.join("in-the-way")).unwrap();
+    }
+    let output = server.basecamp(&["data", "preprocess", "new", "--batch-size", "1", "--out", &out], tmp.path());
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("failed to upload the dataset to {out}: 5 of 8 batch files did not arrive")),
+        "{said}"
+    );
+    assert!(said.contains(&format!("{out}batch-00001.jsonl")), "{said}");
+    assert!(said.contains("... and 2 more"), "more failures than shown are counted: {said}");
+    assert!(said.contains("dataset.json was not written"), "{said}");
+    assert!(said.len() <= 2048, "{} bytes: {said}", said.len());
+    // Before: the earlier run's dataset.json stayed, marking complete a prefix whose batches
+    // were now partly the new run's.
+    assert!(!uploaded.join("dataset.json").exists(), "the prefix is not marked complete");
 }
