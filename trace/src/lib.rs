@@ -48,7 +48,7 @@ pub use canonical::{Digest, canonical_json, hash_canonical_text, hash_json};
 pub use error::TraceError;
 pub use memory::{Memory, MemoryDelta, MemoryPatch, PatchOp};
 pub use reader::{
-    IndexedTrace, RawRecord, RecordKind, Tail, TraceContents, TraceReader, read_trace, read_trace_from,
-    read_trace_from_without, read_trace_without,
+    IndexedTrace, LeftOut, RawRecord, RecordKind, Tail, TraceContents, TraceReader, read_trace, read_trace_at_most,
+    read_trace_from, read_trace_from_without, read_trace_without,
 };
 pub use writer::TraceWriter;

@@ -231,7 +231,14 @@ pub struct TraceReader<R> {
     wanted: Option<u16>,
     /// Record kinds the iterator neither decodes nor yields ([`TraceReader::without`]).
     unwanted: u16,
+    /// A kind, and how many more of its records to decode ([`TraceReader::at_most`]).
+    cap: Option<(RecordKind, usize)>,
+    /// The capped kind's records left undecoded, per step.
+    left_out: LeftOut,
 }
+
+/// Records a capped read left out, per step ([`TraceReader::at_most`]).
+pub type LeftOut = std::collections::BTreeMap<u32, usize>;
 
 impl TraceReader<BufReader<File>> {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
@@ -280,6 +287,8 @@ impl<R: Read> TraceReader<R> {
             frame_continues: frame.continues_step,
             wanted: None,
             unwanted: 0,
+            cap: None,
+            left_out: LeftOut::new(),
         })
     }
 
@@ -301,6 +310,20 @@ impl<R: Read> TraceReader<R> {
         self.unwanted = RecordKind::mask(kinds);
         self.wanted = Some(!self.unwanted);
         self
+    }
+
+    /// Decodes and yields the first `n` records of `kind` only; the later
+    /// ones are counted per step ([`TraceReader::left_out`]) but not decoded.
+    /// For views that draw a bounded number of token logits of an episode
+    /// that holds many more.
+    pub fn at_most(mut self, kind: RecordKind, n: usize) -> Self {
+        self.cap = Some((kind, n));
+        self
+    }
+
+    /// The records [`TraceReader::at_most`] left out so far, per step.
+    pub fn left_out(&self) -> &LeftOut {
+        &self.left_out
     }
 
     /// The file's format version.
@@ -487,7 +510,16 @@ impl<R: Read> Iterator for TraceReader<R> {
         let range = loop {
             match self.advance()? {
                 Ok(_) if self.last_kind.bit() & self.unwanted != 0 => continue,
-                Ok(range) => break range,
+                Ok(range) => match &mut self.cap {
+                    Some((kind, 0)) if *kind == self.last_kind => {
+                        *self.left_out.entry(self.last_step.unwrap_or(0)).or_default() += 1;
+                    }
+                    Some((kind, left)) if *kind == self.last_kind => {
+                        *left -= 1;
+                        break range;
+                    }
+                    _ => break range,
+                },
                 Err(e) => return Some(Err(e)),
             }
         };
@@ -684,7 +716,23 @@ pub fn read_trace_from_without(
     collect(TraceReader::new(inner, name)?.without(kinds))
 }
 
+/// Like [`read_trace`], with only the first `n` records of `kind` decoded;
+/// how many of the rest each step had comes with it ([`TraceReader::at_most`]).
+pub fn read_trace_at_most(
+    path: impl AsRef<Path>,
+    kind: RecordKind,
+    n: usize,
+) -> Result<(TraceContents, LeftOut), TraceError> {
+    let mut reader = TraceReader::open(path)?.at_most(kind, n);
+    let contents = collect_from(&mut reader);
+    Ok((contents, std::mem::take(&mut reader.left_out)))
+}
+
 fn collect<R: Read>(mut reader: TraceReader<R>) -> Result<TraceContents, TraceError> {
+    Ok(collect_from(&mut reader))
+}
+
+fn collect_from<R: Read>(reader: &mut TraceReader<R>) -> TraceContents {
     let mut records = Vec::new();
     for record in reader.by_ref() {
         match record {
@@ -693,7 +741,7 @@ fn collect<R: Read>(mut reader: TraceReader<R>) -> Result<TraceContents, TraceEr
         }
     }
     let tail = reader.tail.take().expect("iteration ended, so the tail is set");
-    Ok(TraceContents { header: reader.header, records, tail })
+    TraceContents { header: std::mem::take(&mut reader.header), records, tail }
 }
 
 /// (step, offset of the frame holding its first record), in file order.

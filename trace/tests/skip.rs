@@ -326,3 +326,43 @@ fn a_read_without_token_logits_skips_their_frames_and_loses_nothing_else() {
     let lean = read_trace_from_without(flipped.as_slice(), "t.trace", &[RecordKind::TokenLogit]).unwrap();
     assert!(matches!(lean.tail, Tail::Damaged(TraceError::Corrupt { offset, .. }) if offset == at as u64));
 }
+
+#[test]
+fn a_capped_read_decodes_the_first_n_token_logits_and_counts_the_rest_per_step() {
+    let bytes =
+        generate(&EpisodeShape { steps: 6, tokens_per_step: 7, ..Default::default() }).write_to(Vec::new(), 3).unwrap();
+    let full = read_trace_from(bytes.as_slice(), "t").unwrap();
+    let is_logit = |r: &Record| matches!(r.body, Some(Body::TokenLogit(_)));
+    let logits = full.records.iter().filter(|r| is_logit(r)).count();
+    assert_eq!(logits, 42);
+    for n in [0, 1, 10, 41, 42, 1000] {
+        let mut reader = TraceReader::new(bytes.as_slice(), "t").unwrap().at_most(RecordKind::TokenLogit, n);
+        let capped: Vec<Record> = reader.by_ref().map(|r| r.unwrap()).collect();
+        // Every other record, in order, and the first n token logits.
+        let mut seen = 0;
+        let expected: Vec<&Record> = full
+            .records
+            .iter()
+            .filter(|r| {
+                let keep = !is_logit(r) || seen < n;
+                seen += usize::from(is_logit(r));
+                keep
+            })
+            .collect();
+        assert_eq!(capped.iter().collect::<Vec<_>>(), expected, "n = {n}");
+        // The rest, counted by step.
+        let mut left = std::collections::BTreeMap::new();
+        for r in full.records.iter().filter(|r| is_logit(r)).skip(n) {
+            *left.entry(r.step).or_insert(0usize) += 1;
+        }
+        assert_eq!(*reader.left_out(), left, "n = {n}");
+    }
+    // From a file, with the tail as a full read has it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.trace");
+    std::fs::write(&path, &bytes).unwrap();
+    let (contents, left) = basecamp_trace::read_trace_at_most(&path, RecordKind::TokenLogit, 5).unwrap();
+    assert!(matches!(contents.tail, Tail::Complete));
+    assert_eq!(contents.header, full.header);
+    assert_eq!(left.values().sum::<usize>(), 37);
+}

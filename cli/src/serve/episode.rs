@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use basecamp_trace::TraceContents;
 use basecamp_trace::pb::{self, record::Body};
+use basecamp_trace::{LeftOut, TraceContents};
 
 use super::catalog::EpisodeEntry;
 use super::digest::{outcome_name, status_name};
@@ -65,10 +65,19 @@ fn token_color(logprob: f32) -> String {
 }
 
 /// The view's HTML (no page shell). At most `token_cap` token logits are
-/// drawn (the rest are counted); `raw` links the trace bytes when given.
-pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw: Option<&str>) -> String {
+/// drawn; the rest are counted, with `undrawn`: those a capped read
+/// ([`basecamp_trace::read_trace_at_most`]) left out of `trace`, per step.
+/// `raw` links the trace bytes when given.
+pub fn render(
+    entry: &EpisodeEntry,
+    trace: &TraceContents,
+    undrawn: &LeftOut,
+    token_cap: usize,
+    raw: Option<&str>,
+) -> String {
     let header = &trace.header;
-    let mut steps: BTreeMap<u32, StepRecords<'_>> = BTreeMap::new();
+    let mut steps: BTreeMap<u32, StepRecords<'_>> =
+        undrawn.keys().map(|&step| (step, StepRecords::default())).collect();
     let mut rewards = Vec::new();
     let mut errors = Vec::new();
     let mut end = None;
@@ -236,16 +245,13 @@ pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw
                 }
             );
         }
-        if !s.logits.is_empty() {
+        let logits = s.logits.len() + undrawn.get(index).copied().unwrap_or(0);
+        if logits > 0 {
             let room = token_cap.saturating_sub(tokens_drawn);
             let shown = s.logits.len().min(room);
             tokens_drawn += shown;
-            tokens_left += s.logits.len() - shown;
-            let _ = write!(
-                h,
-                "<details class=\"logits\" open><summary>token logits ({} tokens)</summary><div>",
-                s.logits.len()
-            );
+            tokens_left += logits - shown;
+            let _ = write!(h, "<details class=\"logits\" open><summary>token logits ({logits} tokens)</summary><div>");
             // The alternatives are in the table below, not repeated in each title
             // (they were a quarter of a report's packed episode view).
             for t in &s.logits[..shown] {
@@ -304,12 +310,9 @@ pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw
                 }
                 h.push_str("</table>");
             }
-            if shown < s.logits.len() {
-                let _ = write!(
-                    h,
-                    "<p class=\"muted\">{} more token(s) of this step not drawn here</p>",
-                    s.logits.len() - shown
-                );
+            if shown < logits {
+                let _ =
+                    write!(h, "<p class=\"muted\">{} more token(s) of this step not drawn here</p>", logits - shown);
             }
             h.push_str("</details>");
         }
@@ -416,4 +419,28 @@ pub fn render(entry: &EpisodeEntry, trace: &TraceContents, token_cap: usize, raw
         );
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use basecamp_trace::RecordKind;
+    use basecamp_trace::synthetic::{EpisodeShape, generate};
+
+    use super::*;
+    use crate::serve::catalog::{LazyDigest, episode_entry};
+
+    #[test]
+    fn a_capped_read_draws_the_view_a_full_read_draws() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ep.trace");
+        let episode = generate(&EpisodeShape { steps: 8, tokens_per_step: 30, ..Default::default() });
+        episode.write_to(std::fs::File::create(&file).unwrap(), 3).unwrap();
+        let entry = episode_entry(dir.path(), &file, None, LazyDigest::default()).unwrap();
+        let full = basecamp_trace::read_trace(&file).unwrap();
+        for cap in [0, 1, 29, 30, 100, 240, 1000] {
+            let (capped, undrawn) = basecamp_trace::read_trace_at_most(&file, RecordKind::TokenLogit, cap).unwrap();
+            let view = render(&entry, &capped, &undrawn, cap, None);
+            assert_eq!(view, render(&entry, &full, &LeftOut::new(), cap, None), "cap {cap}");
+        }
+    }
 }

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use basecamp_trace::RecordKind;
 use basecamp_trace::metrics::percentile;
 
 use super::catalog::{Catalog, EpisodeEntry};
@@ -224,8 +225,8 @@ pub fn episode_page(catalog: &Catalog, namespace: &str, task: &str, variant: &st
         url_segment(variant),
         esc(variant)
     );
-    let body = match basecamp_trace::read_trace(&entry.trace) {
-        Ok(contents) => episode::render(entry, &contents, SERVE_TOKEN_CAP, Some(&raw_url(entry))),
+    let body = match basecamp_trace::read_trace_at_most(&entry.trace, RecordKind::TokenLogit, SERVE_TOKEN_CAP) {
+        Ok((contents, undrawn)) => episode::render(entry, &contents, &undrawn, SERVE_TOKEN_CAP, Some(&raw_url(entry))),
         Err(e) => format!("<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(id), esc(&e.to_string())),
     };
     h.push_str("<section class=\"episode-view page\">");

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use basecamp_trace::TraceContents;
 use basecamp_trace::inputs::for_each_ordered;
+use basecamp_trace::{LeftOut, TraceContents};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
@@ -39,7 +39,8 @@ pub fn view_key(e: &EpisodeEntry) -> String {
 }
 
 /// Writes the page to `out`. `load` reads an episode's trace when its view
-/// is drawn, on `jobs` threads, in order; each view is written packed (see
+/// is drawn (at most the given number of token logits decoded, the rest
+/// counted per step), on `jobs` threads, in order; each view is written packed (see
 /// [`packed_drawer`]) as soon as it and the ones before it are, so memory
 /// holds a few views whatever the number of episodes.
 pub fn write(
@@ -48,7 +49,7 @@ pub fn write(
     inputs: &[String],
     problems: &[String],
     jobs: usize,
-    load: impl Fn(&EpisodeEntry) -> Result<TraceContents, String> + Sync,
+    load: impl Fn(&EpisodeEntry, usize) -> Result<(TraceContents, LeftOut), String> + Sync,
 ) -> io::Result<()> {
     let metric = groups.first().map_or("", |g| g.insights.metric.as_str());
     out.write_all(page_start(&format!("trace report: {metric}")).as_bytes())?;
@@ -64,8 +65,8 @@ pub fn write(
             if stopped.load(Ordering::Relaxed) {
                 return String::new();
             }
-            let view = match load(e) {
-                Ok(contents) => episode::render(e, &contents, REPORT_TOKEN_CAP, None),
+            let view = match load(e, REPORT_TOKEN_CAP) {
+                Ok((contents, undrawn)) => episode::render(e, &contents, &undrawn, REPORT_TOKEN_CAP, None),
                 Err(problem) => format!("<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(&problem)),
             };
             packed_drawer(&view_key(e), &view)

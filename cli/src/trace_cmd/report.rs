@@ -22,6 +22,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
+use basecamp_trace::RecordKind;
 use basecamp_trace::inputs::default_jobs;
 
 use super::html::{Group, write};
@@ -183,8 +184,9 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     }
     let jobs = args.jobs.unwrap_or_else(default_jobs);
     write_whole(&args.output, |out| {
-        write(out, &rendered, &args.paths, &catalog.problems, jobs, |e| {
-            basecamp_trace::read_trace(&e.trace).map_err(|e| s3_names(fetched, &e.to_string()))
+        write(out, &rendered, &args.paths, &catalog.problems, jobs, |e, tokens| {
+            basecamp_trace::read_trace_at_most(&e.trace, RecordKind::TokenLogit, tokens)
+                .map_err(|e| s3_names(fetched, &e.to_string()))
         })
     })
     .with_context(|| format!("cannot write {}", args.output.display()))?;
