@@ -455,3 +455,56 @@ fn a_shard_count_above_the_episodes_is_refused_naming_where_it_came_from() {
     assert!(stderr.contains("give --shards 60 or fewer to run it here"), "{stderr}");
     assert!(services_in(&project).is_empty(), "refused before any service started");
 }
+
+#[test]
+fn a_run_into_the_directory_of_another_tasks_run_is_refused_before_anything_changes() {
+    let raw = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let tmp = tempfile::tempdir().unwrap();
+    // The same example under another task name: its single variant is also `default`.
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let copied = Command::new("cp").arg("-r").arg(format!("{}/.", raw.display())).arg(&other).status().unwrap();
+    assert!(copied.success());
+    let task = std::fs::read_to_string(other.join("task.yaml")).unwrap();
+    assert!(task.contains("  name: raw-logits\n"), "{task}");
+    std::fs::write(other.join("task.yaml"), task.replace("  name: raw-logits\n", "  name: raw-logits-copy\n")).unwrap();
+
+    let out = tmp.path().join("runs");
+    let run = |manifests: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", manifests.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let output = run(&raw);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let run_json = std::fs::read(out.join("run.json")).unwrap();
+    let mut traces = traces_under(&out);
+    traces.sort();
+    assert_eq!(traces.len(), 5);
+    let first_trace = std::fs::read(&traces[0]).unwrap();
+
+    // Before: the other task's run removed these traces (the same variant name), then
+    // replaced run.json and report.html with its own, exit 0.
+    let output = run(&other);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} holds a run of task \"raw-logits\" ({}), not of \"raw-logits-copy\"",
+            out.display(),
+            out.join("run.json").display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("give another --out (the default is basecamp-runs/raw-logits-copy)"), "{stderr}");
+    assert_eq!(std::fs::read(out.join("run.json")).unwrap(), run_json);
+    let mut after = traces_under(&out);
+    after.sort();
+    assert_eq!(after, traces);
+    assert_eq!(std::fs::read(&traces[0]).unwrap(), first_trace);
+
+    // A rerun of the same task still replaces its earlier run.
+    let output = run(&raw);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}

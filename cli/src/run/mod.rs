@@ -10,7 +10,8 @@
 //!
 //! A run into a directory that holds an earlier run of the same variants
 //! replaces it: the earlier shards' traces and summaries are removed once
-//! everything is set up, just before the first episode.
+//! everything is set up, just before the first episode. A directory holding
+//! a run of another task is refused before anything starts.
 //!
 //! Ctrl-C (or SIGTERM: `timeout`, a CI job cancelled) stops starting
 //! episodes and cuts off the running ones; their traces stay readable, every
@@ -142,6 +143,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
         bail!("--shards must be at least 1");
     }
     let out_root = args.out.clone().unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name));
+    check_no_other_task_in(&out_root, &task_name)?;
     std::fs::create_dir_all(&out_root).with_context(|| format!("cannot create {}", out_root.display()))?;
 
     let test_set =
@@ -248,6 +250,26 @@ fn check_shard_count(shards: u32, from_flag: bool, episodes: usize, test_set: &s
         bail!("--shards {shards}: {held}; give --shards {most} or fewer");
     }
     bail!("spec.shards is {shards}: {held}; give --shards {most} or fewer to run it here");
+}
+
+/// A run replaces `run.json`, `report.html` and the shards of the variants
+/// it runs: in a directory holding a run of another task that would lose
+/// that run's report and mix the two tasks' traces (or remove the other's,
+/// where variant names coincide), so it is refused before anything starts.
+/// A directory whose `run.json` cannot be read as a run is not judged.
+fn check_no_other_task_in(out_root: &Path, task_name: &str) -> Result<()> {
+    let run_file = out_root.join(summary::RUN_FILE);
+    let Ok(bytes) = std::fs::read(&run_file) else { return Ok(()) };
+    let Ok(earlier) = serde_json::from_slice::<serde_json::Value>(&bytes) else { return Ok(()) };
+    match earlier["task"].as_str() {
+        Some(other) if other != task_name => bail!(
+            "{} holds a run of task {other:?} ({}), not of {task_name:?}: running into it would replace that run's \
+             run.json and report and mix in this task's traces; give another --out (the default is basecamp-runs/{task_name})",
+            out_root.display(),
+            run_file.display()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Removes the files a run writes into `variant_dir/shard-<i>/` (traces,
