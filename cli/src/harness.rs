@@ -186,11 +186,23 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
     }
     let text = read_manifest_file(file).with_context(|| format!("cannot read {name}"))?;
     let converted = harness_json::convert(&name, &text, sandbox);
-    if converted.report.has_errors() || converted.manifest.is_null() {
-        for problem in converted.report.problems() {
+    let mut report = converted.report;
+    if !converted.manifest.is_null() {
+        // What `validate` says of the converted object on its own (an unknown field such as a
+        // misspelt `resume_frm`, a wrong type): a manifest with it would not apply.
+        let (_, parse_problems) = Manifests::parse(&name, &converted.manifest.to_string());
+        for problem in parse_problems.problems() {
+            report.push(to_json_spelling(problem.clone(), &name, None));
+        }
+    }
+    if report.has_errors() || converted.manifest.is_null() {
+        for problem in report.problems() {
             eprintln!("{problem}");
         }
         bail!("{name} cannot be converted");
+    }
+    for problem in report.problems() {
+        eprintln!("{problem}");
     }
     let yaml = serde_saphyr::to_string(&converted.manifest).context("cannot write YAML")?;
     let yaml = format!("# Converted from {name} by `basecamp harness convert`.\n{yaml}");

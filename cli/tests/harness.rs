@@ -423,3 +423,30 @@ fn a_huge_file_is_refused_by_its_size_not_read_whole() {
     assert_eq!(output.status.code(), Some(1), "{out}");
     assert!(out.contains(b) && out.contains("more than 16 MiB"), "{out}");
 }
+
+#[test]
+fn convert_refuses_a_harness_with_an_unknown_field_as_validate_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let harness = dir.path().join("harness.json");
+    std::fs::write(&harness, HARNESS.replace("\"goal\"", "\"colour\": \"red\", \"goal\"")).unwrap();
+    let (h, out) = (harness.to_str().unwrap(), dir.path().join("task.yaml"));
+    // Before: written with `resumeFrm` and `colour` carried over as they were, exit 0: a manifest
+    // `harness validate` (and the API server) refuses, the typo found only later.
+    let output = basecamp(&["harness", "convert", h, "--sandbox", "shipping-b", "-o", out.to_str().unwrap()]);
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!(
+            "error: {h}: training_config.resume_frm: unknown field \"resume_frm\" in HarnessTask; remove it or fix its name. Did you mean \"resume_from\"?"
+        )),
+        "{said}"
+    );
+    assert!(said.contains(&format!("error: {h}: task_definition.colour: unknown field \"colour\"")), "{said}");
+    assert!(said.contains(&format!("error: {h} cannot be converted")), "{said}");
+    assert!(!out.exists(), "nothing written");
+    // Fixed, it converts.
+    std::fs::write(&harness, HARNESS.replace("resume_frm", "resume_from")).unwrap();
+    let output = basecamp(&["harness", "convert", h, "--sandbox", "shipping-b", "-o", out.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(std::fs::read_to_string(&out).unwrap().contains("resumeFrom: s3://ckpt/last/"));
+}
