@@ -27,7 +27,7 @@ pub struct InjectArgs {
     #[arg(long)]
     endpoint: String,
     /// The episode's id (driver mode: the test-set row id; serve mode: the episode_id).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     episode: String,
     /// The observation as JSON (quote text as JSON: '"the customer called"'), or @FILE to read it from a file.
     #[arg(long)]

@@ -79,7 +79,7 @@ fn a_directory_without_traces_is_an_error_not_all_valid() {
 #[test]
 fn zero_workers_or_a_zero_timeout_are_refused_naming_the_flag() {
     // Before: -j 0 (every trace command) and --timeout-s 0 were silently taken as 1.
-    for command in ["validate", "search", "export", "redact", "archive"] {
+    for command in ["validate", "search", "export", "redact", "archive", "parse", "report"] {
         let mut args = vec!["trace", command];
         args.extend(match command {
             "search" => vec!["exists(plan_execution)", "."],
@@ -109,4 +109,10 @@ fn zero_workers_or_a_zero_timeout_are_refused_naming_the_flag() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("invalid value '0' for '--timeout-s <TIMEOUT_S>'"), "{stderr}");
+    // Before: an empty --episode was sent as /v1/episodes//inject.
+    let out =
+        basecamp(&["sandbox", "inject", "--endpoint", "http://127.0.0.1:9", "--episode", "", "--observation", "{}"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("a value is required for '--episode <EPISODE>' but none was supplied"), "{stderr}");
 }
