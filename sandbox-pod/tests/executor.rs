@@ -113,6 +113,54 @@ async fn a_hanging_tool_times_out_its_whole_process_group_dies_and_the_fallback_
     }
 }
 
+fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+async fn wait_until_gone(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    !alive(pid)
+}
+
+#[tokio::test]
+async fn a_tool_that_exits_answers_even_when_processes_it_started_hold_its_pipes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (in_group, escaped) = (dir.path().join("in_group"), dir.path().join("escaped"));
+    let sh = |script: String| Tool::Exec(ExecTool::new(vec!["sh".into(), "-c".into(), script]));
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    // `helper &` inherits stdout and stderr: the answer used to wait for it until the timeout.
+    let script = format!("sleep 1000 & echo $! > {}; echo '{{\"status\": \"shipped\"}}'", in_group.display());
+    ex.add_tool("background", def(sh(script), 5000));
+    // A helper in a session of its own outlives the group kill and still holds the pipes.
+    let script = format!("setsid sleep 1000 & echo $! > {}; echo '{{\"status\": \"late\"}}'", escaped.display());
+    ex.add_tool("escaped", def(sh(script), 5000));
+    // An oversized answer while a helper holds stderr used to wait for the timeout too.
+    let mut huge = ExecTool::new(vec!["sh".into(), "-c".into(), "sleep 1000 & head -c 10000000 /dev/zero".into()]);
+    huge.max_response_bytes = 1 << 20;
+    ex.add_tool("huge", def(Tool::Exec(huge), 5000));
+    let mut memory = Memory::new();
+
+    let out = call(&ex, "background", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!({"status": "shipped"}));
+    assert!(out.plan_step.latency_micros < 2_000_000, "waited for the helper: {} us", out.plan_step.latency_micros);
+    assert!(wait_until_gone(read_pid(&in_group)).await, "the helper outlived the call");
+
+    let out = call(&ex, "escaped", &json!({}), &mut memory).await;
+    let escaped_pid = read_pid(&escaped);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(escaped_pid), nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!({"status": "late"}));
+    assert!(out.plan_step.latency_micros < 2_000_000, "waited for the helper: {} us", out.plan_step.latency_micros);
+
+    let out = call(&ex, "huge", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "response_too_large", "{}", out.plan_step.error_message);
+    assert!(out.plan_step.latency_micros < 2_000_000, "waited for the helper: {} us", out.plan_step.latency_micros);
+}
+
 #[tokio::test]
 async fn broken_tools_are_explained_not_fatal() {
     let mut ex = ToolExecutor::new(NullWrites::Warn);

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -18,6 +19,10 @@ use super::{DEFAULT_MAX_RESPONSE_BYTES, ToolError, ToolOutput, excerpt};
 
 /// How much of stderr is kept for an error message.
 const STDERR_KEEP: usize = 2048;
+
+/// How long the pipes are still read after the tool exits, when a process
+/// outside its group keeps them open.
+const EXIT_DRAIN: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone)]
 pub struct ExecTool {
@@ -100,23 +105,60 @@ impl ExecTool {
             cmd.current_dir(dir);
         }
         let mut child = cmd.spawn().map_err(|e| ToolError::Spawn(format!("{program}: {e}")))?;
-        let _group = child.id().map(ProcessGroup);
+        let group = child.id().map(ProcessGroup);
 
         let input = serde_json::to_vec(arguments).expect("serializing a Value cannot fail");
-        let mut stdin = child.stdin.take();
-        let write = async move {
-            if let Some(stdin) = stdin.as_mut() {
-                // A tool that exits without reading its input is not an error of ours.
-                let _ = stdin.write_all(&input).await;
-            }
-            drop(stdin);
-        };
+        let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
-        let (_, stdout, stderr) =
-            tokio::join!(write, read_capped(stdout, self.max_response_bytes), read_stderr(stderr));
-        let stdout = stdout?;
-        let status = child.wait().await.map_err(|e| ToolError::Failed(format!("waiting for {program}: {e}")))?;
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let status = {
+            let io = async {
+                let write = async move {
+                    if let Some(mut stdin) = stdin {
+                        // A tool that exits without reading its input is not an error of ours.
+                        let _ = stdin.write_all(&input).await;
+                    }
+                };
+                let (_, read, ()) = tokio::join!(
+                    write,
+                    read_capped(stdout, self.max_response_bytes, &mut out),
+                    read_stderr(stderr, &mut err)
+                );
+                read
+            };
+            let exit = async {
+                let status = child.wait().await;
+                // The call ends with the tool: what it left running in its
+                // group goes too, and with it the pipes those processes
+                // inherited (`helper &` in a script holds stdout open).
+                if let Some(group) = &group {
+                    group.kill();
+                }
+                status
+            };
+            tokio::pin!(io, exit);
+            let status = tokio::select! {
+                read = &mut io => {
+                    // Stop at once on an oversized answer; dropping the call kills the group.
+                    read?;
+                    exit.await
+                }
+                status = &mut exit => {
+                    // The tool has exited and its answer is in the pipes. A
+                    // process that escaped the group (setsid) may still hold
+                    // them open: read what is there, not until it exits.
+                    if let Ok(read) = tokio::time::timeout(EXIT_DRAIN, &mut io).await {
+                        read?;
+                    }
+                    status
+                }
+            };
+            status.map_err(|e| ToolError::Failed(format!("waiting for {program}: {e}")))?
+        };
+        let stdout = out;
+        let stderr = stderr_excerpt(&err);
         if !status.success() {
             return Err(ToolError::ExitStatus { status: status.to_string(), stderr: stderr.trim().to_string() });
         }
@@ -152,11 +194,12 @@ fn executable(path: &Path) -> Result<(), String> {
     }
 }
 
-/// Kills the whole process group when dropped.
+/// A tool's process group, killed when the call ends (dropped), or as
+/// soon as the tool itself exits.
 struct ProcessGroup(u32);
 
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
+impl ProcessGroup {
+    fn kill(&self) {
         if let Ok(pgid) = i32::try_from(self.0) {
             // ESRCH (already gone) is the common, fine case.
             let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
@@ -164,15 +207,21 @@ impl Drop for ProcessGroup {
     }
 }
 
-/// Reads all of `stream`, failing as soon as it passes `limit` bytes.
-async fn read_capped(stream: Option<impl AsyncRead + Unpin>, limit: u64) -> Result<Vec<u8>, ToolError> {
-    let Some(mut stream) = stream else { return Ok(Vec::new()) };
-    let mut out = Vec::new();
-    let mut chunk = [0u8; 64 << 10];
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Reads all of `stream` into `out`, failing as soon as it passes `limit` bytes.
+async fn read_capped(stream: Option<impl AsyncRead + Unpin>, limit: u64, out: &mut Vec<u8>) -> Result<(), ToolError> {
+    let Some(mut stream) = stream else { return Ok(()) };
+    // On the heap: a buffer in the future would make every call's future 64 KiB larger.
+    let mut chunk = vec![0u8; 64 << 10];
     loop {
         let n = stream.read(&mut chunk).await.map_err(|e| ToolError::Failed(format!("reading stdout: {e}")))?;
         if n == 0 {
-            return Ok(out);
+            return Ok(());
         }
         if out.len() as u64 + n as u64 > limit {
             return Err(ToolError::ResponseTooLarge { limit });
@@ -182,10 +231,9 @@ async fn read_capped(stream: Option<impl AsyncRead + Unpin>, limit: u64) -> Resu
 }
 
 /// Keeps the start of stderr and drains the rest, so a chatty tool never blocks on a full pipe.
-async fn read_stderr(stream: Option<impl AsyncRead + Unpin>) -> String {
-    let Some(mut stream) = stream else { return String::new() };
-    let mut kept = Vec::new();
-    let mut chunk = [0u8; 8 << 10];
+async fn read_stderr(stream: Option<impl AsyncRead + Unpin>, kept: &mut Vec<u8>) {
+    let Some(mut stream) = stream else { return };
+    let mut chunk = vec![0u8; 8 << 10];
     while let Ok(n) = stream.read(&mut chunk).await {
         if n == 0 {
             break;
@@ -193,5 +241,8 @@ async fn read_stderr(stream: Option<impl AsyncRead + Unpin>) -> String {
         let room = STDERR_KEEP.saturating_sub(kept.len());
         kept.extend_from_slice(&chunk[..n.min(room)]);
     }
-    excerpt(&String::from_utf8_lossy(&kept), STDERR_KEEP)
+}
+
+fn stderr_excerpt(kept: &[u8]) -> String {
+    excerpt(&String::from_utf8_lossy(kept), STDERR_KEEP)
 }
