@@ -262,8 +262,15 @@ mod tests {
         }
         let names: std::collections::BTreeSet<&str> =
             fields.iter().filter_map(|(path, _)| path.rsplit('.').next()).collect();
-        let expected =
-            ["backoff", "planStepTimeout", "readyTimeout", "requestTimeout", "startupTimeout", "toolTimeouts"];
+        let expected = [
+            "backoff",
+            "planStepTimeout",
+            "readyTimeout",
+            "recordTimeout",
+            "requestTimeout",
+            "startupTimeout",
+            "toolTimeouts",
+        ];
         assert_eq!(names.into_iter().collect::<Vec<_>>(), expected, "{fields:#?}");
         // Before: the cap was documented only in api/src/duration.rs.
         let silent: Vec<&String> = fields.iter().filter(|(_, d)| !d.contains(&cap)).map(|(path, _)| path).collect();

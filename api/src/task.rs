@@ -165,6 +165,22 @@ pub struct DataPipeline {
     /// The dataset's file format (see [`DataFormat`]). Default: jsonl.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<DataFormat>,
+    /// How long a user preprocessor (`exec:`, `python:`) may take to answer
+    /// one record (the first: to start, then answer) before it is stopped
+    /// and the run fails naming the record. At most 7 days (168h). Default: 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_timeout: Option<Duration>,
+}
+
+/// How long a user preprocessor may take to answer one record when
+/// `dataPipeline.recordTimeout` does not say.
+pub const DEFAULT_RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl DataPipeline {
+    /// How long a user preprocessor may take to answer one record.
+    pub fn record_timeout(&self) -> std::time::Duration {
+        self.record_timeout.and_then(Duration::to_std).unwrap_or(DEFAULT_RECORD_TIMEOUT)
+    }
 }
 
 /// The dataset's file format: `jsonl` (JSON Lines, `batch-00000.jsonl`,

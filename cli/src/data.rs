@@ -28,7 +28,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
-use basecamp_api::task::DataFormat;
+use basecamp_api::task::{DEFAULT_RECORD_TIMEOUT, DataFormat};
 use basecamp_sandbox::config::reward_calculator;
 use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, trajectory_row};
 use basecamp_sandbox::rewards::RewardCalculator;
@@ -89,6 +89,19 @@ pub struct PreprocessArgs {
     /// The training step whose reward weights apply.
     #[arg(long, default_value_t = 0)]
     pub training_step: u64,
+    /// How long an exec:/python: preprocessor may take to answer one record, e.g. 30s, 10m
+    /// (overrides the manifest's dataPipeline.recordTimeout; default 5m).
+    #[arg(long, value_name = "DURATION", value_parser = record_timeout_parser)]
+    pub record_timeout: Option<std::time::Duration>,
+}
+
+/// A duration greater than zero, as manifests write them.
+fn record_timeout_parser(text: &str) -> Result<std::time::Duration, String> {
+    let timeout = basecamp_api::Duration::parse_flag(text)?;
+    if timeout.is_zero() {
+        return Err(format!("{text:?}: a preprocessor needs some time to answer; give a duration such as 30s"));
+    }
+    Ok(timeout)
 }
 
 /// `jsonl` or `parquet`, listed in the help and in clap's error for another word.
@@ -111,13 +124,15 @@ struct Settings {
     calculator: Option<RewardCalculator>,
     /// The working directory (and `PYTHONPATH` entry) of a user preprocessor.
     workdir: PathBuf,
+    /// How long a user preprocessor may take to answer one record.
+    record_timeout: std::time::Duration,
     inputs: Vec<String>,
     version: Option<String>,
 }
 
 fn settings(args: &PreprocessArgs) -> Result<Settings> {
     let (mut name, mut batch, mut calculator, mut workdir) = (None, None, None, std::env::current_dir()?);
-    let (mut source, mut version, mut format) = (None, None, None);
+    let (mut source, mut version, mut format, mut record_timeout) = (None, None, None, None);
     if !args.config.is_empty() {
         let base_dir = args.base_dir.as_deref().map(absolute_dir).transpose().map_err(|e| anyhow!("{e}"))?;
         let (manifests, _) = load_manifests_in(&args.config, base_dir.as_deref()).map_err(|e| anyhow!("{e}"))?;
@@ -129,6 +144,7 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
             batch = pipeline.batch_size;
             version = pipeline.version.clone();
             format = pipeline.format;
+            record_timeout = Some(pipeline.record_timeout());
             // A local source is relative to the manifest, as the test set is.
             source = Some(match pipeline.source.as_str() {
                 s3 if s3.starts_with("s3://") => s3.to_string(),
@@ -159,6 +175,7 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
         format: args.format.or(format).unwrap_or_default(),
         calculator,
         workdir,
+        record_timeout: args.record_timeout.or(record_timeout).unwrap_or(DEFAULT_RECORD_TIMEOUT),
         inputs,
         version: args.version.clone().or(version),
     })
@@ -358,7 +375,8 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
                 other => {
                     if process.is_none() {
                         // Preflight: import/start and check the shape on the first record.
-                        process = Some(Subprocess::preflight(other, &settings.workdir, record)?);
+                        let timeout = settings.record_timeout;
+                        process = Some(Subprocess::preflight(other, &settings.workdir, timeout, record)?);
                     }
                     process.as_mut().expect("started above").call(record)?
                 }

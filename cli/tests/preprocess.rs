@@ -843,3 +843,44 @@ fn an_s3_dataset_whose_batches_did_not_all_arrive_is_not_marked_complete_by_an_e
     // were now partly the new run's.
     assert!(!uploaded.join("dataset.json").exists(), "the prefix is not marked complete");
 }
+
+#[test]
+fn a_preprocessor_that_does_not_answer_in_time_is_stopped_naming_the_record_and_the_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
+        seed: 1,
+        steps: 4,
+        tokens_per_step: 1,
+        ..Default::default()
+    });
+    std::fs::write(tmp.path().join("ep.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    // Answers the first two records, then hangs on the third.
+    std::fs::write(
+        tmp.path().join("stuck.py"),
+        "import json, sys, time\nfor n, line in enumerate(sys.stdin):\n    r = json.loads(line)\n    \
+         if n == 2:\n        time.sleep(600)\n    \
+         print(json.dumps([{'step': r['step']}, r['action'], 0.5]), flush=True)\n",
+    )
+    .unwrap();
+    let limit = std::time::Duration::from_secs(60);
+    let args = ["data", "preprocess", "ep.trace", "--out", "ds", "--preprocessor", "exec:python3 stuck.py"];
+    // Before: no limit; basecamp waited for the answer as long as the preprocessor slept.
+    let output = basecamp_within(&[&args[..], &["--record-timeout", "1s"]].concat(), tmp.path(), limit)
+        .expect("stopped after its record timeout");
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(
+            "took longer than 1s to answer (spec.dataPipeline.recordTimeout, or --record-timeout) and was stopped"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("failed on record {"), "the record is quoted: {said}");
+    assert_fits_a_termination_message(&output);
+    assert!(!tmp.path().join("ds/dataset.json").exists());
+
+    // No time at all is refused before anything runs.
+    let output = basecamp(&[&args[..], &["--record-timeout", "0s"]].concat(), tmp.path());
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(text(&output).contains("a preprocessor needs some time to answer"), "{}", text(&output));
+}

@@ -247,7 +247,11 @@ pub struct Subprocess {
     name: String,
     child: Child,
     stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    /// Its stdout's lines, read on a thread so that an answer can be waited
+    /// for at most [`Subprocess::timeout`]; disconnected at its end.
+    lines: mpsc::Receiver<std::io::Result<String>>,
+    /// How long it may take to answer one record (`dataPipeline.recordTimeout`).
+    timeout: Duration,
     /// The end of what it wrote on stderr, which a thread reads as it comes:
     /// a pipe nobody reads fills up (64 KiB on Linux) and blocks a chatty
     /// preprocessor mid-write, while this waits for its answer.
@@ -317,7 +321,8 @@ fn tail(text: &str, max: usize) -> String {
 impl Subprocess {
     /// Starts `preprocessor` (not the built-in) with `workdir` as working
     /// directory and, with the directory this process started in, on `PYTHONPATH`.
-    pub fn start(preprocessor: &Preprocessor, workdir: &Path) -> Result<Self, PreprocessError> {
+    /// It may take `timeout` to answer each record (and to be ready).
+    pub fn start(preprocessor: &Preprocessor, workdir: &Path, timeout: Duration) -> Result<Self, PreprocessError> {
         let name = preprocessor.to_string();
         let mut command = match preprocessor {
             Preprocessor::Trajectory => {
@@ -354,18 +359,42 @@ impl Subprocess {
             .spawn()
             .map_err(|e| PreprocessError::Start { name: name.clone(), message: e.to_string() })?;
         let stdin = child.stdin.take().expect("stdin is piped");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+        let lines = read_lines(child.stdout.take().expect("stdout is piped"));
         let (stderr, stderr_done) = drain_stderr(child.stderr.take().expect("stderr is piped"));
-        let mut process = Self { name, child, stdin, stdout, stderr, stderr_done };
+        let mut process = Self { name, child, stdin, lines, timeout, stderr, stderr_done };
         if matches!(preprocessor, Preprocessor::Python { .. }) {
-            let mut line = String::new();
-            if process.stdout.read_line(&mut line).map_or(true, |n| n == 0) || line.trim() != PYTHON_READY {
+            match process.next_line() {
+                Answer::Line(line) if line.trim() == PYTHON_READY => {}
+                Answer::TimedOut => {
+                    let message = process.timed_out("to import its module");
+                    return Err(PreprocessError::Start { name: process.name.clone(), message });
+                }
                 // Not importable (ModuleNotFoundError, AttributeError, a syntax error): it exited.
-                let message = process.exit_message();
-                return Err(PreprocessError::Start { name: process.name.clone(), message });
+                _ => {
+                    let message = process.exit_message();
+                    return Err(PreprocessError::Start { name: process.name.clone(), message });
+                }
             }
         }
         Ok(process)
+    }
+
+    /// Its next line on stdout, waiting at most the timeout.
+    fn next_line(&mut self) -> Answer {
+        match self.lines.recv_timeout(self.timeout) {
+            Ok(Ok(line)) => Answer::Line(line),
+            Err(mpsc::RecvTimeoutError::Timeout) => Answer::TimedOut,
+            Ok(Err(_)) | Err(mpsc::RecvTimeoutError::Disconnected) => Answer::Ended,
+        }
+    }
+
+    /// Stops a preprocessor that took too long for `what`, and says so.
+    fn timed_out(&mut self, what: &str) -> String {
+        let _ = self.child.kill();
+        let waited = basecamp_api::duration::Duration::from(self.timeout);
+        format!(
+            "it took longer than {waited} {what} (spec.dataPipeline.recordTimeout, or --record-timeout) and was stopped"
+        )
     }
 
     /// What the process said on stderr, once it has exited.
@@ -394,11 +423,17 @@ impl Subprocess {
             let message = self.exit_message();
             return Err(failed(self, message));
         }
-        let mut line = String::new();
-        if self.stdout.read_line(&mut line).map_or(true, |n| n == 0) {
-            let message = self.exit_message();
-            return Err(failed(self, message));
-        }
+        let line = match self.next_line() {
+            Answer::Line(line) => line,
+            Answer::TimedOut => {
+                let message = self.timed_out("to answer");
+                return Err(failed(self, message));
+            }
+            Answer::Ended => {
+                let message = self.exit_message();
+                return Err(failed(self, message));
+            }
+        };
         let answer: Value = serde_json::from_str(line.trim()).map_err(|e| {
             failed(self, format!("it printed {:?}, which is not JSON ({e})", head(line.trim(), EXCERPT_BYTES)))
         })?;
@@ -423,11 +458,46 @@ impl Subprocess {
     }
 
     /// Starts the preprocessor and checks its answer on `sample` before a run.
-    pub fn preflight(preprocessor: &Preprocessor, workdir: &Path, sample: &Value) -> Result<Self, PreprocessError> {
-        let mut process = Self::start(preprocessor, workdir)?;
+    pub fn preflight(
+        preprocessor: &Preprocessor,
+        workdir: &Path,
+        timeout: Duration,
+        sample: &Value,
+    ) -> Result<Self, PreprocessError> {
+        let mut process = Self::start(preprocessor, workdir, timeout)?;
         process.call(sample)?;
         Ok(process)
     }
+}
+
+/// What came of waiting for a preprocessor's next line.
+enum Answer {
+    Line(String),
+    /// Its stdout ended (it exited, or closed it).
+    Ended,
+    TimedOut,
+}
+
+/// Sends `stdout`'s lines from a thread until its end (or an error).
+fn read_lines(stdout: ChildStdout) -> mpsc::Receiver<std::io::Result<String>> {
+    let (send, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut stdout = BufReader::new(stdout);
+        loop {
+            let mut line = String::new();
+            match stdout.read_line(&mut line) {
+                // The end: the receiver sees the channel disconnect.
+                Ok(0) => return,
+                Ok(_) if send.send(Ok(line)).is_ok() => {}
+                Ok(_) => return,
+                Err(e) => {
+                    let _ = send.send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    lines
 }
 
 /// Reads `stderr` to its end on a thread, keeping the last [`STDERR_KEPT`]

@@ -434,7 +434,7 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
 }
 
 /// A duration of the spec: greater than zero, and not longer than the most a spec may give.
-fn check_duration(problems: &mut Vec<Problem>, path: &str, duration: Duration) {
+pub(super) fn check_duration(problems: &mut Vec<Problem>, path: &str, duration: Duration) {
     if !duration.is_positive() {
         problems.push(Problem::error(
             Rule::NonPositiveDuration,

@@ -66,6 +66,9 @@ pub(super) fn validate(
                 "batchSize is 0; use a positive batch size",
             ));
         }
+        if let Some(timeout) = pipeline.record_timeout {
+            super::sandbox::check_duration(&mut problems, "spec.dataPipeline.recordTimeout", timeout);
+        }
     }
     check_training(task, &mut problems);
 

@@ -260,12 +260,25 @@ fn durations_longer_than_seven_days_are_errors_with_their_paths() {
     let report = check_task(
         with(
             good_task(),
-            json!({"policy": {"requestTimeout": "200h", "server": {"image": "vllm", "startupTimeout": "169h"}}}),
+            json!({
+                "policy": {"requestTimeout": "200h", "server": {"image": "vllm", "startupTimeout": "169h"}},
+                "dataPipeline": {"source": "s3://ds-logs/v3/", "recordTimeout": "200h"}
+            }),
         ),
         good_sandbox(),
     );
     let paths: Vec<&str> = report.by_rule(Rule::OutOfRange).map(field).collect();
-    assert_eq!(paths, ["spec.policy.server.startupTimeout", "spec.policy.requestTimeout"], "{report}");
+    assert_eq!(
+        paths,
+        ["spec.dataPipeline.recordTimeout", "spec.policy.server.startupTimeout", "spec.policy.requestTimeout"],
+        "{report}"
+    );
+    // A preprocessor with no time to answer is an error too.
+    let report = check_task(
+        with(good_task(), json!({"dataPipeline": {"source": "s3://ds-logs/v3/", "recordTimeout": "0s"}})),
+        good_sandbox(),
+    );
+    assert_eq!(field(&only(&report, Rule::NonPositiveDuration)), "spec.dataPipeline.recordTimeout");
     // Exactly the bound is fine.
     let report = check_sandbox(with(good_sandbox(), json!({"planStepTimeout": "168h"})));
     assert!(report.by_rule(Rule::OutOfRange).next().is_none(), "{report}");
