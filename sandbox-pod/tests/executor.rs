@@ -191,6 +191,22 @@ async fn broken_tools_are_explained_not_fatal() {
 }
 
 #[tokio::test]
+async fn a_failing_tool_s_error_quotes_the_end_of_its_stderr() {
+    // Warnings first, the reason last: only the start of stderr used to be quoted.
+    let script = "import sys\nfor i in range(300): print(f'warning: deprecated option {i}', file=sys.stderr)\n\
+                  sys.exit(\"KeyError: 'order_id' (héllo)\")";
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("refund", def(exec(script), 5000));
+    let out = call(&ex, "refund", &json!({}), &mut Memory::new()).await;
+    let message = &out.plan_step.error_message;
+    assert_eq!(out.plan_step.error_type, "exit_status");
+    assert!(message.starts_with("tool refund exited with exit status: 1; stderr: …"), "{message}");
+    assert!(message.ends_with("warning: deprecated option 299\nKeyError: 'order_id' (héllo)"), "{message}");
+    assert!(!message.contains("option 0\n"), "{message}");
+    assert!(message.len() < 2200, "{} bytes", message.len());
+}
+
+#[tokio::test]
 async fn unknown_tools_and_invalid_arguments_are_refused() {
     let mut ex = ToolExecutor::new(NullWrites::Warn);
     ex.add_tool("a", def(exec("print(1)"), 1000));

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{DEFAULT_MAX_RESPONSE_BYTES, ToolError, ToolOutput, excerpt};
 
-/// How much of stderr is kept for an error message.
+/// How much of stderr (its end) is kept for an error message.
 const STDERR_KEEP: usize = 2048;
 
 /// How long the pipes are still read after the tool exits, when a process
@@ -112,7 +112,7 @@ impl ExecTool {
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let mut out = Vec::new();
-        let mut err = Vec::new();
+        let mut err = StderrTail::default();
         let status = {
             let io = async {
                 let write = async move {
@@ -158,7 +158,7 @@ impl ExecTool {
             status.map_err(|e| ToolError::Failed(format!("waiting for {program}: {e}")))?
         };
         let stdout = out;
-        let stderr = stderr_excerpt(&err);
+        let stderr = err.text();
         if !status.success() {
             return Err(ToolError::ExitStatus { status: status.to_string(), stderr: stderr.trim().to_string() });
         }
@@ -230,19 +230,68 @@ async fn read_capped(stream: Option<impl AsyncRead + Unpin>, limit: u64, out: &m
     }
 }
 
-/// Keeps the start of stderr and drains the rest, so a chatty tool never blocks on a full pipe.
-async fn read_stderr(stream: Option<impl AsyncRead + Unpin>, kept: &mut Vec<u8>) {
+/// Keeps the end of stderr (where a traceback's last line is) and drains
+/// the rest, so a chatty tool never blocks on a full pipe.
+async fn read_stderr(stream: Option<impl AsyncRead + Unpin>, tail: &mut StderrTail) {
     let Some(mut stream) = stream else { return };
     let mut chunk = vec![0u8; 8 << 10];
     while let Ok(n) = stream.read(&mut chunk).await {
         if n == 0 {
             break;
         }
-        let room = STDERR_KEEP.saturating_sub(kept.len());
-        kept.extend_from_slice(&chunk[..n.min(room)]);
+        tail.push(&chunk[..n]);
     }
 }
 
-fn stderr_excerpt(kept: &[u8]) -> String {
-    excerpt(&String::from_utf8_lossy(kept), STDERR_KEEP)
+/// The last [`STDERR_KEEP`] bytes of a stream, and whether more came before.
+#[derive(Debug, Default)]
+struct StderrTail {
+    bytes: Vec<u8>,
+    cut: bool,
+}
+
+impl StderrTail {
+    fn push(&mut self, data: &[u8]) {
+        self.bytes.extend_from_slice(data);
+        // Trimmed in batches, so a byte-by-byte writer costs no quadratic copying.
+        if self.bytes.len() > 2 * STDERR_KEEP {
+            self.bytes.drain(..self.bytes.len() - STDERR_KEEP);
+            self.cut = true;
+        }
+    }
+
+    /// The kept text, starting on a character boundary, `…` in front when cut.
+    fn text(&self) -> String {
+        let start = self.bytes.len().saturating_sub(STDERR_KEEP);
+        let mut kept = &self.bytes[start..];
+        while let [first, rest @ ..] = kept
+            && first & 0xC0 == 0x80
+        {
+            kept = rest;
+        }
+        let text = String::from_utf8_lossy(kept);
+        if self.cut || start > 0 { format!("…{}", text.trim_start()) } else { text.into_owned() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stderr_tail_starts_on_a_character_and_says_it_was_cut() {
+        let mut tail = StderrTail::default();
+        tail.push(b"x");
+        for _ in 0..3001 {
+            tail.push("é".as_bytes());
+        }
+        let text = tail.text();
+        assert!(text.starts_with("…é"), "{text:?}");
+        assert!(!text.contains('\u{fffd}') && !text.contains('x'), "{text:?}");
+        assert!(text.len() <= STDERR_KEEP + "…".len(), "{}", text.len());
+
+        let mut short = StderrTail::default();
+        short.push(b"db down\n");
+        assert_eq!(short.text(), "db down\n");
+    }
 }
