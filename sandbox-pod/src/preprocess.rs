@@ -89,7 +89,11 @@ impl FromStr for Preprocessor {
             return Ok(Self::Trajectory);
         }
         if let Some(command) = s.strip_prefix("exec:") {
-            let argv: Vec<String> = command.split_whitespace().map(String::from).collect();
+            // Split as a shell splits words: `exec:python3 "my prep.py" --mode 'a b'`.
+            let argv = shlex::split(command).ok_or_else(|| PreprocessError::Start {
+                name: s.to_string(),
+                message: "its command has an unclosed quote or a trailing backslash".into(),
+            })?;
             return if argv.is_empty() { Err(unknown()) } else { Ok(Self::Exec(argv)) };
         }
         if let Some(path) = s.strip_prefix("python:") {
@@ -107,7 +111,10 @@ impl std::fmt::Display for Preprocessor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Trajectory => f.write_str(TRAJECTORY),
-            Self::Exec(argv) => write!(f, "exec:{}", argv.join(" ")),
+            Self::Exec(argv) => {
+                let command = shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_else(|_| argv.join(" "));
+                write!(f, "exec:{command}")
+            }
             Self::Python { module, function } => write!(f, "python:{module}.{function}"),
         }
     }
@@ -554,6 +561,18 @@ mod tests {
             "exec:python3 prep.py".parse::<Preprocessor>().unwrap(),
             Preprocessor::Exec(vec!["python3".into(), "prep.py".into()])
         );
+        // Words are split as a shell splits them; before, `"my prep.py"` was two
+        // words with quotes in them.
+        assert_eq!(
+            "exec:python3 \"my prep.py\" --mode 'a b'".parse::<Preprocessor>().unwrap(),
+            Preprocessor::Exec(vec!["python3".into(), "my prep.py".into(), "--mode".into(), "a b".into()])
+        );
+        assert_eq!(
+            Preprocessor::Exec(vec!["python3".into(), "my prep.py".into()]).to_string(),
+            "exec:python3 'my prep.py'"
+        );
+        let err = "exec:python3 \"prep.py".parse::<Preprocessor>().unwrap_err();
+        assert!(err.to_string().contains("its command has an unclosed quote"), "{err}");
         for bad in ["shipping_delay_filter", "python:nofunction", "exec:", "python:a b.c"] {
             let err = bad.parse::<Preprocessor>().unwrap_err();
             assert!(err.to_string().contains("builtin:trajectory, exec:"), "{err}");
