@@ -166,6 +166,10 @@ async fn broken_tools_are_explained_not_fatal() {
     let mut ex = ToolExecutor::new(NullWrites::Warn);
     ex.add_tool("non_json", def(exec("print('hello, not json')"), 5000));
     ex.add_tool("fails", def(exec("import sys; sys.stderr.write('db down'); sys.exit(3)"), 5000));
+    ex.add_tool(
+        "fails_with_answer",
+        def(exec("import json,sys; print(json.dumps({'error': 'order A-9 not found'})); sys.exit(2)"), 5000),
+    );
     let mut big = ExecTool::new(vec!["python3".into(), "-c".into(), "print('x' * (10 << 20))".into()]);
     big.max_response_bytes = 1 << 20;
     ex.add_tool("huge", def(Tool::Exec(big), 10_000));
@@ -180,6 +184,14 @@ async fn broken_tools_are_explained_not_fatal() {
     assert_eq!(out.plan_step.error_type, "exit_status");
     assert!(out.plan_step.error_message.contains("exit status: 3"), "{}", out.plan_step.error_message);
     assert!(out.plan_step.error_message.contains("db down"), "{}", out.plan_step.error_message);
+
+    // Printed as its answer, the reason used to be dropped: "exited with exit status: 2".
+    let out = call(&ex, "fails_with_answer", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "exit_status");
+    assert_eq!(
+        out.plan_step.error_message,
+        r#"tool fails_with_answer exited with exit status: 2; stdout: {"error": "order A-9 not found"}"#
+    );
 
     let out = call(&ex, "huge", &json!({}), &mut memory).await;
     assert_eq!(out.plan_step.error_type, "response_too_large");

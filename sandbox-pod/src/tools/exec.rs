@@ -20,6 +20,9 @@ use super::{DEFAULT_MAX_RESPONSE_BYTES, ToolError, ToolOutput, excerpt};
 /// How much of stderr (its end) is kept for an error message.
 const STDERR_KEEP: usize = 2048;
 
+/// How much of a failing tool's stdout its error quotes.
+const STDOUT_QUOTED: usize = 512;
+
 /// How long the pipes are still read after the tool exits, when a process
 /// outside its group keeps them open.
 const EXIT_DRAIN: Duration = Duration::from_millis(100);
@@ -160,7 +163,12 @@ impl ExecTool {
         let stdout = out;
         let stderr = err.text();
         if !status.success() {
-            return Err(ToolError::ExitStatus { status: status.to_string(), stderr: stderr.trim().to_string() });
+            let stdout = excerpt(&String::from_utf8_lossy(&stdout), STDOUT_QUOTED);
+            return Err(ToolError::ExitStatus {
+                status: status.to_string(),
+                stderr: stderr.trim().to_string(),
+                stdout,
+            });
         }
         let value: Value = serde_json::from_slice(&stdout).map_err(|e| {
             let text = String::from_utf8_lossy(&stdout);

@@ -91,8 +91,10 @@ pub(crate) fn json_type(v: &Value) -> &'static str {
 pub enum ToolError {
     #[error("timed out after {0} ms")]
     Timeout(u64),
-    #[error("exited with {status}{}", stderr_suffix(.stderr))]
-    ExitStatus { status: String, stderr: String },
+    /// `stderr` is its end, `stdout` its start (a tool may print its error
+    /// as its JSON answer), each shortened, empty when there was none.
+    #[error("exited with {status}{}{}", suffix("stderr", .stderr), suffix("stdout", .stdout))]
+    ExitStatus { status: String, stderr: String, stdout: String },
     #[error("printed output that is not JSON: {0}")]
     InvalidJson(String),
     #[error("returned an invalid answer: {0}")]
@@ -134,8 +136,8 @@ pub const TOOL_ERROR_TYPES: [&str; 12] = [
     "tool_error",
 ];
 
-fn stderr_suffix(stderr: &str) -> String {
-    if stderr.is_empty() { String::new() } else { format!("; stderr: {stderr}") }
+fn suffix(stream: &str, text: &str) -> String {
+    if text.is_empty() { String::new() } else { format!("; {stream}: {text}") }
 }
 
 impl ToolError {
