@@ -190,7 +190,9 @@ impl ToolExecutor {
                 Err(CallError::InvalidArguments { tool: call.name.to_string(), raw: raw.chars().take(200).collect() })
             }
             (Some(def), Ok(args)) => {
-                match crate::deadline::timeout(def.timeout, def.tool.call(call.name, args)).await {
+                let deadline = Instant::now() + def.timeout;
+                match crate::deadline::timeout(def.timeout, def.tool.call_until(call.name, args, Some(deadline))).await
+                {
                     Ok(Ok(output)) => Ok(output),
                     Ok(Err(source)) => Err(CallError::Tool { tool: call.name.to_string(), source }),
                     Err(_) => Err(CallError::Tool {

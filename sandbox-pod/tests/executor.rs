@@ -334,6 +334,68 @@ async fn http_tools_against_a_real_server() {
 }
 
 #[tokio::test]
+async fn a_retry_that_could_not_start_before_the_timeout_fails_with_the_server_s_answer() {
+    let flaky_hits = Arc::new(AtomicUsize::new(0));
+    let hits = flaky_hits.clone();
+    let app = Router::new()
+        .route("/busy", get(|| async { (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "3600")], "slow down") }))
+        .route("/down", get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "maintenance") }))
+        .route(
+            "/flaky",
+            get(move || {
+                let first = hits.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    match first {
+                        true => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0.2")], "wait a bit"),
+                        false => (StatusCode::OK, [("retry-after", "0")], "fine"),
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let retrying = |path: &str, retry: Value| {
+        let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}{path}"));
+        tool.retry = Some(serde_json::from_value(retry).unwrap());
+        Tool::Http(tool)
+    };
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("busy", def(retrying("/busy", json!({"attempts": 3})), 1000));
+    ex.add_tool("down", def(retrying("/down", json!({"attempts": 3, "backoff": "5s"})), 1000));
+    ex.add_tool("flaky", def(retrying("/flaky", json!({"attempts": 3})), 1000));
+    let mut memory = Memory::new();
+
+    // Both used to sleep into the timeout: error.type=timeout, the server's answer gone.
+    let out = call(&ex, "busy", &json!({}), &mut memory).await;
+    assert_eq!((out.status, out.plan_step.error_type.as_str()), (StepStatus::Error, "rate_limited"));
+    assert_eq!(
+        out.plan_step.error_message,
+        "tool busy rate limited by the server (HTTP 429): slow down \
+         (not retried: Retry-After: 3600 ends past the tool's timeout; attempt 1 of 3)"
+    );
+    assert!(out.plan_step.latency_micros < 500_000, "{} us", out.plan_step.latency_micros);
+
+    let out = call(&ex, "down", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "http_status");
+    assert!(
+        out.plan_step.error_message.ends_with(
+            "HTTP 503: maintenance (not retried: the backoff of 5000 ms ends past the tool's timeout; attempt 1 of 3)"
+        ),
+        "{}",
+        out.plan_step.error_message
+    );
+    assert!(out.plan_step.latency_micros < 500_000, "{} us", out.plan_step.latency_micros);
+
+    // A wait that fits is still made.
+    let out = call(&ex, "flaky", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!("fine"));
+    assert_eq!(flaky_hits.load(Ordering::SeqCst), 2);
+    assert!(out.plan_step.latency_micros >= 200_000, "Retry-After: 0.2 not honoured");
+}
+
+#[tokio::test]
 async fn a_closed_port_is_a_transport_error() {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

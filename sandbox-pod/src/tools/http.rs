@@ -9,7 +9,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
@@ -79,6 +79,14 @@ impl HttpTool {
     /// again" and the tool has a retry policy. The executor's timeout bounds
     /// the whole loop, waits included.
     pub async fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
+        self.call_until(arguments, None).await
+    }
+
+    /// [`Self::call`] for a caller that gives up at `deadline`: a retry whose
+    /// wait (`Retry-After` or the backoff) would end at or past it is not
+    /// made, and the call fails with the answer it got, saying why, instead
+    /// of sleeping into a timeout that hides the server's answer.
+    pub async fn call_until(&self, arguments: &Value, deadline: Option<Instant>) -> Result<ToolOutput, ToolError> {
         let attempts = self.retry.as_ref().map_or(1, |r| r.attempts.max(1));
         let mut attempt = 1;
         loop {
@@ -87,8 +95,19 @@ impl HttpTool {
                 Answer::Failed { error, status, retry_after } => {
                     let retried = self.retry.as_ref().filter(|r| attempt < attempts && r.retries_status(status));
                     let Some(retry) = retried else { return Err(error) };
+                    let wait =
+                        retry_after.as_ref().map_or_else(|| retry.backoff_before(attempt + 1), |(wait, _)| *wait);
+                    if deadline.is_some_and(|deadline| Instant::now() + wait >= deadline) {
+                        let why = match &retry_after {
+                            Some((_, header)) => format!("Retry-After: {header}"),
+                            None => format!("the backoff of {} ms", wait.as_millis()),
+                        };
+                        return Err(error.with_note(&format!(
+                            "not retried: {why} ends past the tool's timeout; attempt {attempt} of {attempts}"
+                        )));
+                    }
                     attempt += 1;
-                    tokio::time::sleep(retry_after.unwrap_or_else(|| retry.backoff_before(attempt))).await;
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -122,7 +141,7 @@ impl HttpTool {
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
+            .and_then(|v| Some((parse_retry_after(v)?, v.trim().to_string())));
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::Transport(error_chain(&e)))? {
             if (body.len() + chunk.len()) as u64 > self.max_response_bytes {
@@ -154,7 +173,23 @@ impl HttpTool {
 /// What one attempt got: a result, or a failed status that may be retried.
 enum Answer {
     Done(ToolOutput),
-    Failed { error: ToolError, status: u16, retry_after: Option<Duration> },
+    /// `retry_after`: the wait the server asked for, and its header as sent.
+    Failed {
+        error: ToolError,
+        status: u16,
+        retry_after: Option<(Duration, String)>,
+    },
+}
+
+impl ToolError {
+    /// Adds `note` to an HTTP answer's error (its body excerpt), keeping its type.
+    fn with_note(self, note: &str) -> Self {
+        match self {
+            Self::RateLimited(body) => Self::RateLimited(format!("{body} ({note})")),
+            Self::HttpStatus { status, body } => Self::HttpStatus { status, body: format!("{body} ({note})") },
+            other => other,
+        }
+    }
 }
 
 /// `Retry-After` as seconds (fractions allowed) or an HTTP date, capped at a

@@ -188,8 +188,19 @@ impl Tool {
     /// Runs the tool. The caller bounds it with a timeout; dropping the
     /// future abandons the call (and kills an exec tool's process group).
     pub async fn call(&self, name: &str, arguments: &Value) -> Result<ToolOutput, ToolError> {
+        self.call_until(name, arguments, None).await
+    }
+
+    /// [`Self::call`] for a caller that gives up at `deadline`: an HTTP tool
+    /// makes no retry that could not start before it.
+    pub async fn call_until(
+        &self,
+        name: &str,
+        arguments: &Value,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<ToolOutput, ToolError> {
         match self {
-            Self::Http(t) => t.call(arguments).await,
+            Self::Http(t) => t.call_until(arguments, deadline).await,
             Self::Exec(t) => t.call(arguments).await,
             Self::Recorded(t) => t.call(name, arguments).await,
             Self::Function(f) => f(arguments),
