@@ -68,8 +68,20 @@ impl HttpTool {
         if !(limit.requests_per_second.is_finite() && limit.requests_per_second > 0.0) {
             return Err(format!("requestsPerSecond must be a positive number, got {}", limit.requests_per_second));
         }
-        let period = Duration::from_secs_f64(1.0 / limit.requests_per_second);
         let burst = NonZeroU32::new(limit.burst.max(1)).expect("max(1) is non-zero");
+        // The limiter counts nanoseconds in a u64 (584 years) and panics past
+        // that, for one request's period and for a full burst's.
+        let too_slow = || {
+            format!(
+                "requestsPerSecond {} with a burst of {burst} is too slow for the rate limiter \
+                 (one request's period times the burst must stay under 584 years); raise it, or drop the rate limit",
+                limit.requests_per_second
+            )
+        };
+        let period = Duration::try_from_secs_f64(1.0 / limit.requests_per_second).map_err(|_| too_slow())?;
+        if period.checked_mul(burst.get()).is_none_or(|full| u64::try_from(full.as_nanos()).is_err()) {
+            return Err(too_slow());
+        }
         let quota = Quota::with_period(period).ok_or("the rate limit's period is zero")?.allow_burst(burst);
         self.limiter = Some(Arc::new(RateLimiter::direct(quota)));
         Ok(self)
@@ -309,6 +321,18 @@ mod tests {
         assert!(err.to_string().contains("header Authorization: its value holds a line break"), "{err}");
         assert!(header("bad name", "x".into()).unwrap_err().to_string().contains("\"bad name\""));
         assert!(header("X-Ok", "Bearer a\tb".into()).is_ok());
+    }
+
+    #[test]
+    fn a_rate_limit_too_slow_to_count_is_an_error_not_a_panic() {
+        let tool = || HttpTool::new(reqwest::Client::new(), Method::GET, "http://h/");
+        for (requests_per_second, burst) in [(1e-30, 1), (1e-12, 1), (1e-6, 100_000)] {
+            let err = tool().with_rate_limit(RateLimit { requests_per_second, burst }).unwrap_err();
+            assert!(err.contains("is too slow for the rate limiter"), "{err}");
+        }
+        let err = tool().with_rate_limit(RateLimit { requests_per_second: 1e-12, burst: 1 }).unwrap_err();
+        assert!(err.starts_with("requestsPerSecond 0.000000000001 with a burst of 1 is too slow"), "{err}");
+        assert!(tool().with_rate_limit(RateLimit { requests_per_second: 1e-6, burst: 1000 }).is_ok());
     }
 
     #[test]
