@@ -2,7 +2,8 @@
 //! arguments, behind a per-tool rate limit.
 //!
 //! Templates use `{{name}}` (or a dotted path, `{{order.id}}`). In the URL
-//! the value is percent-encoded; in a JSON body template a string that is
+//! the value is percent-encoded, and a value that would make a `.` or `..`
+//! path segment (which URL parsers resolve) is refused; in a JSON body template a string that is
 //! exactly `{{name}}` becomes the argument's JSON value, and any other
 //! string has the values interpolated as text. Without a body template,
 //! POST/PUT/PATCH send the arguments as the JSON body.
@@ -276,7 +277,28 @@ fn header(name: &str, value: String) -> Result<(HeaderName, HeaderValue), ToolEr
 }
 
 fn fill_url(template: &str, arguments: &Value) -> Result<String, ToolError> {
-    fill_text(template, arguments, |s| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string())
+    let url = fill_text(template, arguments, |s| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string())?;
+    // A URL parser resolves `.` and `..` segments, encoded (`%2E%2E`) or
+    // not: `/orders/{{id}}/refund` with id `..` would call `/refund`.
+    if dot_segments(&url) > dot_segments(template) {
+        return Err(ToolError::Arguments(format!(
+            "the call's arguments make a `.` or `..` segment in the URL path ({url}), \
+             which would send the request to another path"
+        )));
+    }
+    Ok(url)
+}
+
+/// How many `.`/`..` segments (in any percent-encoding) the path of `url` has.
+fn dot_segments(url: &str) -> usize {
+    let path = url.split(['?', '#']).next().unwrap_or_default();
+    let path = path.split_once("://").map_or(path, |(_, rest)| rest.split_once('/').map_or("", |(_, p)| p));
+    path.split('/')
+        .filter(|segment| {
+            let segment = segment.to_ascii_lowercase().replace("%2e", ".");
+            segment == "." || segment == ".."
+        })
+        .count()
 }
 
 fn fill_json(template: &Value, arguments: &Value) -> Result<Value, ToolError> {
@@ -311,6 +333,24 @@ mod tests {
     fn url_values_are_percent_encoded() {
         let url = fill_url("http://h/track/{{order_id}}?q={{q}}", &json!({"order_id": "A/1 2", "q": 3})).unwrap();
         assert_eq!(url, "http://h/track/A%2F1%202?q=3");
+    }
+
+    #[test]
+    fn a_value_that_would_be_a_dot_segment_is_refused() {
+        for id in ["..", "."] {
+            let err = fill_url("http://h/orders/{{id}}/refund?x=1", &json!({"id": id})).unwrap_err();
+            assert_eq!(err.error_type(), "bad_arguments");
+            assert!(err.to_string().contains("segment in the URL path (http://h/orders/"), "{err}");
+        }
+        let err = fill_url("http://h/{{a}}{{b}}/x", &json!({"a": ".", "b": "."})).unwrap_err();
+        assert_eq!(err.error_type(), "bad_arguments");
+        for (template, id) in
+            [("http://h/orders/{{id}}", "a..b"), ("http://h/o?q={{id}}", ".."), ("http://h/../{{id}}", "x")]
+        {
+            assert!(fill_url(template, &json!({"id": id})).is_ok(), "{template} {id}");
+        }
+        assert_eq!(fill_url("http://h/o/{{id}}", &json!({"id": "../admin"})).unwrap(), "http://h/o/%2E%2E%2Fadmin");
+        assert_eq!(fill_url("http://h/o/{{id}}", &json!({"id": "%2E%2E"})).unwrap(), "http://h/o/%252E%252E");
     }
 
     #[test]
