@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Method;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
@@ -276,8 +276,13 @@ fn header(name: &str, value: String) -> Result<(HeaderName, HeaderValue), ToolEr
     Ok((header_name, header_value))
 }
 
+/// What a value in a URL is encoded for: everything but RFC 3986's
+/// unreserved characters, which "should not be created by URI producers"
+/// encoded (a server matching the raw path sees `A-1.json`, not `A%2D1%2Ejson`).
+const URL_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 fn fill_url(template: &str, arguments: &Value) -> Result<String, ToolError> {
-    let url = fill_text(template, arguments, |s| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string())?;
+    let url = fill_text(template, arguments, |s| utf8_percent_encode(s, URL_VALUE).to_string())?;
     // A URL parser resolves `.` and `..` segments, encoded (`%2E%2E`) or
     // not: `/orders/{{id}}/refund` with id `..` would call `/refund`.
     if dot_segments(&url) > dot_segments(template) {
@@ -333,6 +338,9 @@ mod tests {
     fn url_values_are_percent_encoded() {
         let url = fill_url("http://h/track/{{order_id}}?q={{q}}", &json!({"order_id": "A/1 2", "q": 3})).unwrap();
         assert_eq!(url, "http://h/track/A%2F1%202?q=3");
+        let args = json!({"file": "ORD-1_v2.json~", "q": "a?b#c&d=é"});
+        let url = fill_url("http://h/files/{{file}}?q={{q}}", &args).unwrap();
+        assert_eq!(url, "http://h/files/ORD-1_v2.json~?q=a%3Fb%23c%26d%3D%C3%A9");
     }
 
     #[test]
@@ -349,7 +357,7 @@ mod tests {
         {
             assert!(fill_url(template, &json!({"id": id})).is_ok(), "{template} {id}");
         }
-        assert_eq!(fill_url("http://h/o/{{id}}", &json!({"id": "../admin"})).unwrap(), "http://h/o/%2E%2E%2Fadmin");
+        assert_eq!(fill_url("http://h/o/{{id}}", &json!({"id": "../admin"})).unwrap(), "http://h/o/..%2Fadmin");
         assert_eq!(fill_url("http://h/o/{{id}}", &json!({"id": "%2E%2E"})).unwrap(), "http://h/o/%252E%252E");
     }
 
