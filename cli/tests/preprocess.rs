@@ -265,6 +265,12 @@ fn assert_fits_a_termination_message(output: &Output) {
 // ---- Parquet -------------------------------------------------------------------
 
 /// A dataset's batch files with `extension`, in name (= batch) order.
+/// A synthetic episode of `steps` steps, one token each, as trace bytes.
+fn small_trace(seed: u64, steps: u32) -> Vec<u8> {
+    let shape = basecamp_trace::synthetic::EpisodeShape { seed, steps, tokens_per_step: 1, ..Default::default() };
+    basecamp_trace::synthetic::generate(&shape).write_to(Vec::new(), 3).unwrap()
+}
+
 fn batch_files(dir: &Path, extension: &str) -> Vec<PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -677,13 +683,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn a_batch_size_of_0_is_refused_naming_the_flag() {
     let tmp = tempfile::tempdir().unwrap();
-    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
-        seed: 1,
-        steps: 3,
-        tokens_per_step: 1,
-        ..Default::default()
-    });
-    std::fs::write(tmp.path().join("ep.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    std::fs::write(tmp.path().join("ep.trace"), small_trace(1, 3)).unwrap();
     // Before: taken as 1, one batch file a row, exit 0.
     let output = basecamp(&["data", "preprocess", "ep.trace", "--batch-size", "0", "--out", "ds"], tmp.path());
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
@@ -715,13 +715,7 @@ fn basecamp_within(args: &[&str], dir: &Path, limit: std::time::Duration) -> Opt
 #[test]
 fn a_preprocessor_that_writes_much_to_stderr_is_not_blocked_and_its_last_words_name_a_failure() {
     let tmp = tempfile::tempdir().unwrap();
-    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
-        seed: 1,
-        steps: 8,
-        tokens_per_step: 1,
-        ..Default::default()
-    });
-    std::fs::write(tmp.path().join("ep.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    std::fs::write(tmp.path().join("ep.trace"), small_trace(1, 8)).unwrap();
     // 40 KB of progress on stderr a record: more than a pipe holds (64 KiB) by the second.
     std::fs::write(
         tmp.path().join("chatty.py"),
@@ -753,13 +747,7 @@ fn a_preprocessor_that_writes_much_to_stderr_is_not_blocked_and_its_last_words_n
 #[test]
 fn a_run_that_fails_before_writing_a_row_leaves_an_earlier_dataset_complete_and_no_rows_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
-        seed: 1,
-        steps: 3,
-        tokens_per_step: 1,
-        ..Default::default()
-    });
-    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    let bytes = small_trace(1, 3);
     std::fs::write(tmp.path().join("ep.trace"), &bytes).unwrap();
     let output = basecamp(&["data", "preprocess", "ep.trace", "--out", "ds"], tmp.path());
     assert!(output.status.success(), "{}", text(&output));
@@ -800,15 +788,7 @@ fn a_run_that_fails_before_writing_a_row_leaves_an_earlier_dataset_complete_and_
 #[test]
 fn an_s3_dataset_whose_batches_did_not_all_arrive_is_not_marked_complete_by_an_earlier_runs_dataset_json() {
     let tmp = tempfile::tempdir().unwrap();
-    let trace = |seed: u64| {
-        let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
-            seed,
-            steps: 8,
-            tokens_per_step: 1,
-            ..Default::default()
-        });
-        ep.write_to(Vec::new(), 3).unwrap()
-    };
+    let trace = |seed: u64| small_trace(seed, 8);
     for (dir, seed) in [("old", 1), ("new", 2)] {
         std::fs::create_dir(tmp.path().join(dir)).unwrap();
         std::fs::write(tmp.path().join(dir).join("ep.trace"), trace(seed)).unwrap();
@@ -847,13 +827,7 @@ fn an_s3_dataset_whose_batches_did_not_all_arrive_is_not_marked_complete_by_an_e
 #[test]
 fn a_preprocessor_that_does_not_answer_in_time_is_stopped_naming_the_record_and_the_limit() {
     let tmp = tempfile::tempdir().unwrap();
-    let ep = basecamp_trace::synthetic::generate(&basecamp_trace::synthetic::EpisodeShape {
-        seed: 1,
-        steps: 4,
-        tokens_per_step: 1,
-        ..Default::default()
-    });
-    std::fs::write(tmp.path().join("ep.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    std::fs::write(tmp.path().join("ep.trace"), small_trace(1, 4)).unwrap();
     // Answers the first two records, then hangs on the third.
     std::fs::write(
         tmp.path().join("stuck.py"),
