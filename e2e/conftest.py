@@ -219,7 +219,11 @@ class Prometheus:
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
                 {"job_name": "basecamp-metrics", "honor_labels": True, "static_configs": [{"targets": [target]}]},
-                {"job_name": "basecamp-sandbox",
+                # A played sandbox lives a few seconds and exits after the first
+                # scrape once its shard is done: scraped every 250 ms, its series
+                # get the two samples a rate() needs while the episodes run
+                # (at 1s a quick shard was sometimes scraped once: empty rates).
+                {"job_name": "basecamp-sandbox", "scrape_interval": "250ms", "scrape_timeout": "250ms",
                  "file_sd_configs": [{"files": [str(self.sandbox_targets / "*.json")], "refresh_interval": "1s"}]},
             ],
         }
