@@ -690,12 +690,12 @@ impl TraceContents {
 /// Reads a whole trace, keeping the readable prefix of a damaged one.
 /// Errs only when not even the header could be read.
 pub fn read_trace(path: impl AsRef<Path>) -> Result<TraceContents, TraceError> {
-    collect(TraceReader::open(path)?)
+    Ok(TraceReader::open(path)?.into_contents())
 }
 
 /// Like [`read_trace`] over any reader (a byte slice, a download).
 pub fn read_trace_from(inner: impl Read, name: impl Into<String>) -> Result<TraceContents, TraceError> {
-    collect(TraceReader::new(inner, name)?)
+    Ok(TraceReader::new(inner, name)?.into_contents())
 }
 
 /// Like [`read_trace`], without the records of `kinds` (e.g.
@@ -704,7 +704,7 @@ pub fn read_trace_from(inner: impl Read, name: impl Into<String>) -> Result<Trac
 /// ([`TraceReader::without`]). The header, every other record and the tail
 /// are what [`read_trace`] gives.
 pub fn read_trace_without(path: impl AsRef<Path>, kinds: &[RecordKind]) -> Result<TraceContents, TraceError> {
-    collect(TraceReader::open(path)?.without(kinds))
+    Ok(TraceReader::open(path)?.without(kinds).into_contents())
 }
 
 /// Like [`read_trace_without`] over any reader.
@@ -713,7 +713,7 @@ pub fn read_trace_from_without(
     name: impl Into<String>,
     kinds: &[RecordKind],
 ) -> Result<TraceContents, TraceError> {
-    collect(TraceReader::new(inner, name)?.without(kinds))
+    Ok(TraceReader::new(inner, name)?.without(kinds).into_contents())
 }
 
 /// Like [`read_trace`], with only the first `n` records of `kind` decoded;
@@ -728,8 +728,12 @@ pub fn read_trace_at_most(
     Ok((contents, std::mem::take(&mut reader.left_out)))
 }
 
-fn collect<R: Read>(mut reader: TraceReader<R>) -> Result<TraceContents, TraceError> {
-    Ok(collect_from(&mut reader))
+impl<R: Read> TraceReader<R> {
+    /// Every record left and how the trace ended: what [`read_trace`] gives
+    /// for a reader already opened (an S3 object, a reader with [`TraceReader::without`]).
+    pub fn into_contents(mut self) -> TraceContents {
+        collect_from(&mut self)
+    }
 }
 
 fn collect_from<R: Read>(reader: &mut TraceReader<R>) -> TraceContents {

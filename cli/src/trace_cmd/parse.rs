@@ -113,10 +113,7 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
         if stopped.load(Ordering::Relaxed) {
             return Ok((String::new(), None));
         }
-        let trace = match source.local_path() {
-            Some(path) => read_trace(path)?,
-            None => read_trace_from(Cursor::new(sources.read_bytes(source)?), &source.name)?,
-        };
+        let trace = sources.open(source)?.into_contents();
         Ok((trace_to_json(&source.name, &trace).to_string(), trace.damage().cloned()))
     };
     let mut out = io::BufWriter::new(io::stdout().lock());

@@ -60,8 +60,7 @@ fn write_whole(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::
         fill(&mut out)?;
         return out.flush();
     }
-    let name = path.file_name().map_or_else(|| "report".into(), |n| n.to_string_lossy().into_owned());
-    let partial = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+    let partial = super::partial_path(path);
     let written = File::create(&partial).and_then(|file| {
         let mut out = BufWriter::new(file);
         fill(&mut out)?;
