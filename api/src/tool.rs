@@ -204,22 +204,28 @@ pub struct RecordedTool {
     /// Path of the fixture file (relative to the manifest's directory for
     /// `basecamp run`, to the working directory in a pod).
     pub fixture: String,
-    /// How a call finds its answer: `args` (the entry for this tool whose
-    /// arguments equal the call's, canonically) or `sequence` (this tool's
-    /// entries in file order, one per call). Default: args.
+    /// How a call finds its answer: `args`, `sequence` or `cycle` (see
+    /// [`RecordedMatch`]). Default: args.
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
     pub match_by: Option<RecordedMatch>,
 }
 
-/// How a recorded tool matches calls to fixture entries.
+/// How a recorded tool matches calls to fixture entries: `args` (the entry
+/// whose arguments equal the call's, canonically), `sequence` (the tool's
+/// entries in file order, one per call; every episode starts at the first,
+/// and a call past the last fails with `no_recording`) or `cycle` (as
+/// `sequence`, starting again at the first after the last).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum RecordedMatch {
     /// By canonical arguments.
     #[default]
     Args,
-    /// In order of calls.
+    /// In order of calls, each episode from the first entry; a call past the
+    /// last fails.
     Sequence,
+    /// In order of calls, starting again at the first entry after the last.
+    Cycle,
 }
 
 /// A template with unbalanced braces or a bad placeholder name.

@@ -603,7 +603,7 @@ fn hanging_executor() -> ToolExecutor {
             error: None,
             error_type: None,
         };
-        let tool = Tool::Recorded(RecordedTool::new("hang", [never]));
+        let tool = Tool::Recorded(RecordedTool::new("hang", [never]).cycling());
         executor.add_tool(hang_name(ms), ToolDef::new(tool, Duration::from_millis(ms)));
     }
     executor
@@ -845,7 +845,10 @@ fn episode_runner(dir: &Path) -> EpisodeRunner {
     let mut executor = ToolExecutor::new(NullWrites::Warn);
     executor.add_tool(
         "lookup_order",
-        ToolDef::new(Tool::Recorded(RecordedTool::new("lookup_order", recordings)), Duration::from_millis(800)),
+        ToolDef::new(
+            Tool::Recorded(RecordedTool::new("lookup_order", recordings).cycling()),
+            Duration::from_millis(800),
+        ),
     );
     EpisodeRunner {
         executor,

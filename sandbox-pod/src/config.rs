@@ -244,7 +244,8 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
         } else if let Some(recorded) = &spec.recorded {
             let path = resolve(base_dir, &recorded.fixture);
             let fixture = basecamp_api::fixture::Fixture::load(&path).map_err(|e| err(e.to_string()))?;
-            let by_args = recorded.match_by.unwrap_or_default() == RecordedMatch::Args;
+            let match_by = recorded.match_by.unwrap_or_default();
+            let by_args = match_by == RecordedMatch::Args;
             let recordings = fixture.entries.into_iter().filter(|e| e.tool == *name).map(|e| Recording {
                 tool: e.tool,
                 arguments: by_args.then_some(Value::Object(e.arguments)),
@@ -258,7 +259,8 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
                 error: e.error,
                 error_type: e.error_type,
             });
-            Tool::Recorded(RecordedTool::new(name, recordings))
+            let tool = RecordedTool::new(name, recordings).from_file(&recorded.fixture);
+            Tool::Recorded(if match_by == RecordedMatch::Cycle { tool.cycling() } else { tool })
         } else {
             return Err(err("defines none of http, exec, recorded".into()));
         };

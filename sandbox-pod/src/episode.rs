@@ -271,6 +271,8 @@ pub struct Episode {
     started: Instant,
     trace_path: PathBuf,
     writer: TraceWriter<File>,
+    /// The runner's tools as this episode calls them ([`ToolExecutor::for_episode`]).
+    executor: ToolExecutor,
     memory: Memory,
     guard: MemoryGuard,
     /// Memory at the end of the last step that finished in time.
@@ -421,6 +423,7 @@ impl EpisodeRunner {
             started: Instant::now(),
             trace_path,
             writer,
+            executor: self.executor.for_episode(),
             memory,
             guard,
             checkpoint,
@@ -606,7 +609,7 @@ impl Episode {
                 ToolArguments::Invalid(bad) => Err(bad.raw.as_str()),
             };
             let tool_call = ToolCall { step, call_id: &call.id, plan_label: "", name: &call.name, arguments };
-            let result = tokio::time::timeout_at(deadline, runner.executor.call(tool_call, &mut self.memory)).await;
+            let result = tokio::time::timeout_at(deadline, self.executor.call(tool_call, &mut self.memory)).await;
             let Ok(outcome_of_call) = result else {
                 // The plan step ran out of time inside this call: the call is abandoned.
                 let timeout_ms = runner.plan_step_timeout.as_millis();

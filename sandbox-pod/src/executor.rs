@@ -145,6 +145,18 @@ impl ToolExecutor {
         self
     }
 
+    /// The executor one episode calls through: the same tools and memory
+    /// policy, with tool state of its own (where a recorded tool is in its
+    /// sequence), so what an episode gets does not depend on what the
+    /// episodes running beside it called.
+    pub fn for_episode(&self) -> Self {
+        let mut episode = self.clone();
+        for def in episode.tools.values_mut() {
+            def.tool = def.tool.for_episode();
+        }
+        episode
+    }
+
     /// Requires memory `key` to hold JSON of type `type_name` (strict types).
     pub fn require_memory_type(&mut self, key: impl Into<String>, type_name: impl Into<String>) -> &mut Self {
         self.memory_types.insert(key.into(), type_name.into());

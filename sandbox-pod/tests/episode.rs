@@ -212,3 +212,103 @@ async fn an_unscripted_episode_is_a_recorded_policy_error() {
     let trace = read_trace(dir.path().join("nobody.trace")).unwrap();
     assert!(matches!(trace.tail, Tail::Complete));
 }
+
+// ---- recorded sequences: a position of each episode's own ------------------
+
+/// Episode `id` calling `track` `calls` times, one call a step, then answering.
+fn tracking_script(id: &str, calls: usize) -> String {
+    let mut turns: Vec<Value> =
+        (0..calls).map(|i| json!({"tool_calls": [{"name": "track", "arguments": {"call": i}}]})).collect();
+    turns.push(json!({"content": "done"}));
+    json!({"episode": id, "turns": turns}).to_string() + "\n"
+}
+
+fn sequence_runner(dir: &Path, executor: ToolExecutor, episodes: &[(&str, usize)]) -> EpisodeRunner {
+    let script = dir.join("policy.jsonl");
+    std::fs::write(&script, episodes.iter().map(|(id, calls)| tracking_script(id, *calls)).collect::<String>())
+        .unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    EpisodeRunner { max_steps: 8, snapshot_interval: 0, ..EpisodeRunner::new(executor, policy) }
+}
+
+/// What each of the episode's `track` calls got: its observation, or its error.
+fn track_answers(trace: &Path) -> Vec<String> {
+    let trace = read_trace(trace).unwrap();
+    trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::PlanStep(p)) if p.tool == "track" => Some(match p.error_type.as_str() {
+                "" => p.observation_json.clone(),
+                error_type => format!("{error_type}: {}", p.error_message),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn bare_input(id: &str) -> EpisodeInput {
+    EpisodeInput { id: id.into(), messages: vec![ChatMessage::user("Track it.")], ..Default::default() }
+}
+
+/// Used to be one position for the whole shard: episodes running side by
+/// side took turns through the fixture, so which answer each got depended
+/// on how their calls interleaved.
+#[tokio::test]
+async fn concurrent_episodes_each_get_a_recorded_sequence_from_its_first_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each answer takes 20 ms, so the two episodes' calls interleave.
+    let lines: String = (1..=3)
+        .map(|n| format!("{{\"tool\": \"track\", \"response\": {{\"answer\": {n}}}, \"latency_ms\": 20}}\n"))
+        .collect();
+    let mut executor = ToolExecutor::new(NullWrites::Warn);
+    let tool = RecordedTool::new("track", parse_fixture("f.jsonl", &lines).unwrap());
+    executor.add_tool("track", ToolDef::new(Tool::Recorded(tool), Duration::from_secs(5)));
+    let runner = sequence_runner(dir.path(), executor, &[("a", 3), ("b", 3)]);
+
+    let (a, b) = (bare_input("a"), bare_input("b"));
+    let (a, b) = tokio::join!(runner.run(&a, dir.path()), runner.run(&b, dir.path()));
+    let in_order = [r#"{"answer":1}"#, r#"{"answer":2}"#, r#"{"answer":3}"#];
+    for (id, result) in [("a", a), ("b", b)] {
+        assert_eq!(result.unwrap().outcome, "completed", "{id}");
+        assert_eq!(track_answers(&dir.path().join(format!("{id}.trace"))), in_order, "{id}");
+    }
+}
+
+/// A `match: sequence` tool built from a SandboxConfig, as `basecamp run`
+/// and a pod build it: the next episode of the shard starts at the first
+/// answer again (it used to go on where the last one stopped, wrapping),
+/// and a call past the last answer fails, naming the fixture.
+#[tokio::test]
+async fn a_sequence_fixture_restarts_for_each_episode_and_fails_past_its_last_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture: String =
+        (1..=3).map(|n| format!("{{\"tool\": \"track\", \"observation\": {{\"answer\": {n}}}}}\n")).collect();
+    std::fs::write(dir.path().join("track.jsonl"), fixture).unwrap();
+    let answers = |n: usize| (1..=n).map(|n| format!(r#"{{"answer":{n}}}"#)).collect::<Vec<_>>();
+    for (match_by, fourth) in [
+        (
+            "sequence",
+            "no_recording: tool track no recorded response matches: fixture track.jsonl has 3 answers for track, \
+             one per call in order (match: sequence), and this episode has used them all (this is its call 4); \
+             add answers to the fixture, or set match: cycle to start again at the first",
+        ),
+        ("cycle", r#"{"answer":1}"#),
+    ] {
+        let spec: basecamp_api::SandboxConfigSpec = serde_json::from_value(
+            json!({"tools": {"track": {"recorded": {"fixture": "track.jsonl", "match": match_by}}}}),
+        )
+        .unwrap();
+        let executor = basecamp_sandbox::config::build_executor(&spec, dir.path()).unwrap();
+        let runner = sequence_runner(dir.path(), executor, &[("two", 2), ("three", 3), ("four", 4)]);
+        for (id, calls) in [("two", 2), ("three", 3), ("four", 4)] {
+            runner.run(&bare_input(id), dir.path()).await.unwrap();
+            let got = track_answers(&dir.path().join(format!("{id}.trace")));
+            let mut expected = answers(calls.min(3));
+            if calls == 4 {
+                expected.push(fourth.to_string());
+            }
+            assert_eq!(got, expected, "match: {match_by}, episode {id}");
+        }
+    }
+}

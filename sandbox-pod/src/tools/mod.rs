@@ -207,6 +207,16 @@ impl Tool {
         }
     }
 
+    /// This tool as one episode uses it: a recorded tool's sequence starts
+    /// at its first answer, apart from other episodes'; every other kind is
+    /// the same tool (an HTTP tool's rate limit stays one for all episodes).
+    pub fn for_episode(&self) -> Self {
+        match self {
+            Self::Recorded(t) => Self::Recorded(t.for_episode()),
+            other => other.clone(),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Http(_) => "http",

@@ -10,9 +10,16 @@
 //! ```
 //!
 //! A call is answered by the first line for its tool whose `arguments` equal
-//! the call's (compared as canonical JSON); lines without `arguments` answer
-//! any call, taken in turn (cycling). `latency_ms` delays the answer (so a
-//! fixture can exercise timeouts), `error` makes the call fail.
+//! the call's (compared as canonical JSON); lines without `arguments` are a
+//! sequence, answering the other calls in file order. `latency_ms` delays
+//! the answer (so a fixture can exercise timeouts), `error` makes the call
+//! fail.
+//!
+//! Each episode walks the sequence from its first line (the executor gives
+//! every episode its own position, [`crate::executor::ToolExecutor::for_episode`]),
+//! so concurrent episodes of a shard get the same answers in the same order.
+//! A call past the last line fails with `no_recording`, naming the fixture
+//! and how many answers it has, unless the tool cycles (`match: cycle`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -49,17 +56,26 @@ struct Entry {
     arguments_hash: Option<Digest>,
 }
 
+/// One tool's lines of a fixture, shared by every episode.
 #[derive(Debug, Default)]
 struct Fixture {
     entries: Vec<Entry>,
-    /// Next wildcard line to use (counted over the tool's wildcard lines).
-    cursor: AtomicUsize,
+    /// The indices in `entries` of the lines without `arguments`, in file order.
+    sequence: Vec<usize>,
 }
 
-/// A fixture for one tool; cheap to clone (shared cursor).
+/// A fixture for one tool. Clones share the fixture and the position in its
+/// sequence; [`RecordedTool::for_episode`] gives an episode a position of
+/// its own.
 #[derive(Debug, Clone)]
 pub struct RecordedTool {
     fixture: Arc<Fixture>,
+    /// The next sequence line to answer with, counted over this episode's calls.
+    position: Arc<AtomicUsize>,
+    /// Start the sequence again after its last line instead of failing.
+    cycle: bool,
+    /// The fixture's file, for error messages.
+    source: Arc<str>,
 }
 
 /// A fixture line that could not be read, with its file and line.
@@ -72,14 +88,40 @@ pub struct FixtureError {
 }
 
 impl RecordedTool {
-    /// The recordings of `tool` among `recordings`.
+    /// The recordings of `tool` among `recordings`. A call past the last
+    /// line of the sequence fails; see [`Self::cycling`].
     pub fn new(tool: &str, recordings: impl IntoIterator<Item = Recording>) -> Self {
-        let entries = recordings
+        let entries: Vec<Entry> = recordings
             .into_iter()
             .filter(|r| r.tool == tool)
             .map(|recording| Entry { arguments_hash: recording.arguments.as_ref().map(hash_json), recording })
             .collect();
-        Self { fixture: Arc::new(Fixture { entries, cursor: AtomicUsize::new(0) }) }
+        let sequence = entries.iter().enumerate().filter(|(_, e)| e.arguments_hash.is_none()).map(|(i, _)| i).collect();
+        Self {
+            fixture: Arc::new(Fixture { entries, sequence }),
+            position: Arc::default(),
+            cycle: false,
+            source: Arc::from("the fixture"),
+        }
+    }
+
+    /// Names the fixture's file in error messages.
+    pub fn from_file(mut self, file: impl AsRef<str>) -> Self {
+        self.source = Arc::from(format!("fixture {}", file.as_ref()));
+        self
+    }
+
+    /// Starts the sequence again at its first line after the last (`match:
+    /// cycle`), instead of failing the call.
+    pub fn cycling(mut self) -> Self {
+        self.cycle = true;
+        self
+    }
+
+    /// The same fixture, its sequence starting at the first line, for one
+    /// episode: other episodes' calls do not move its position.
+    pub fn for_episode(&self) -> Self {
+        Self { position: Arc::default(), ..self.clone() }
     }
 
     pub fn len(&self) -> usize {
@@ -92,20 +134,10 @@ impl RecordedTool {
 
     pub async fn call(&self, tool: &str, arguments: &Value) -> Result<ToolOutput, ToolError> {
         let hash = hash_json(arguments);
-        let entries = &self.fixture.entries;
-        let entry = match entries.iter().find(|e| e.arguments_hash == Some(hash)) {
+        let fixture = &self.fixture;
+        let entry = match fixture.entries.iter().find(|e| e.arguments_hash == Some(hash)) {
             Some(e) => e,
-            None => {
-                let wildcards: Vec<&Entry> = entries.iter().filter(|e| e.arguments_hash.is_none()).collect();
-                if wildcards.is_empty() {
-                    return Err(ToolError::NoRecording(format!(
-                        "the fixture has no line for {tool} with arguments {}",
-                        basecamp_trace::canonical_json(arguments)
-                    )));
-                }
-                let i = self.fixture.cursor.fetch_add(1, Ordering::Relaxed) % wildcards.len();
-                wildcards[i]
-            }
+            None => &fixture.entries[self.next_in_sequence(tool, arguments)?],
         };
         let r = &entry.recording;
         if r.latency_ms > 0 {
@@ -120,6 +152,35 @@ impl RecordedTool {
         }
         let bytes = serde_json::to_vec(&r.response).map(|b| b.len() as u64).unwrap_or(0);
         ToolOutput::from_json(r.response.clone(), bytes)
+    }
+
+    /// The entry index of the sequence line that answers this call, taking it.
+    fn next_in_sequence(&self, tool: &str, arguments: &Value) -> Result<usize, ToolError> {
+        let sequence = &self.fixture.sequence;
+        if sequence.is_empty() {
+            return Err(ToolError::NoRecording(format!(
+                "{} has no line for {tool} with arguments {}",
+                self.source,
+                basecamp_trace::canonical_json(arguments)
+            )));
+        }
+        let position = self.position.fetch_add(1, Ordering::Relaxed);
+        if position < sequence.len() {
+            return Ok(sequence[position]);
+        }
+        if self.cycle {
+            return Ok(sequence[position % sequence.len()]);
+        }
+        let answers = match sequence.len() {
+            1 => "1 answer".to_string(),
+            n => format!("{n} answers"),
+        };
+        Err(ToolError::NoRecording(format!(
+            "{} has {answers} for {tool}, one per call in order (match: sequence), and this episode has used them all \
+             (this is its call {}); add answers to the fixture, or set match: cycle to start again at the first",
+            self.source,
+            position + 1
+        )))
     }
 }
 
@@ -160,12 +221,49 @@ mod tests {
 "#;
 
     #[tokio::test]
-    async fn exact_arguments_win_then_wildcards_cycle() {
+    async fn exact_arguments_win_then_the_sequence_answers_in_order() {
         let tool = RecordedTool::new("t", parse_fixture("f.jsonl", FIXTURE).unwrap());
         let exact = tool.call("t", &json!({"x": 1, "id": 1})).await.unwrap();
         assert_eq!(exact.observation, json!({"status": "a"}));
+        let seq: Vec<Value> = call_with_fresh_args(&tool, 2).await;
+        assert_eq!(seq, vec![json!({"status": "any-1"}), json!({"status": "any-2"})]);
+        let again = tool.call("t", &json!({"id": 1, "x": 1})).await.unwrap();
+        assert_eq!(again.observation, json!({"status": "a"}), "an exact match takes no sequence line");
+    }
+
+    #[tokio::test]
+    async fn a_call_past_the_last_sequence_line_fails_naming_the_fixture_and_its_length() {
+        let tool = RecordedTool::new("t", parse_fixture("f.jsonl", FIXTURE).unwrap()).from_file("tools/f.jsonl");
+        call_with_fresh_args(&tool, 2).await;
+        let err = tool.call("t", &json!({"id": 9})).await.unwrap_err();
+        assert_eq!(err.error_type(), "no_recording");
+        assert_eq!(
+            err.to_string(),
+            "no recorded response matches: fixture tools/f.jsonl has 2 answers for t, one per call in order \
+             (match: sequence), and this episode has used them all (this is its call 3); add answers to the \
+             fixture, or set match: cycle to start again at the first"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cycling_sequence_starts_again_after_its_last_line() {
+        let tool = RecordedTool::new("t", parse_fixture("f.jsonl", FIXTURE).unwrap()).cycling();
         let seq: Vec<Value> = call_with_fresh_args(&tool, 3).await;
         assert_eq!(seq, vec![json!({"status": "any-1"}), json!({"status": "any-2"}), json!({"status": "any-1"})]);
+    }
+
+    #[tokio::test]
+    async fn each_episode_starts_the_sequence_at_its_first_line() {
+        let tool = RecordedTool::new("t", parse_fixture("f.jsonl", FIXTURE).unwrap());
+        let (first, second) = (tool.for_episode(), tool.for_episode());
+        assert_eq!(call_with_fresh_args(&first, 1).await, vec![json!({"status": "any-1"})]);
+        assert_eq!(
+            call_with_fresh_args(&second, 2).await,
+            vec![json!({"status": "any-1"}), json!({"status": "any-2"})]
+        );
+        assert_eq!(call_with_fresh_args(&first, 1).await, vec![json!({"status": "any-2"})]);
+        let shared = first.clone();
+        assert_eq!(shared.call("t", &json!({})).await.unwrap_err().error_type(), "no_recording", "a clone shares");
     }
 
     async fn call_with_fresh_args(tool: &RecordedTool, n: usize) -> Vec<Value> {
