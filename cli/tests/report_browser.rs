@@ -1,6 +1,7 @@
 //! `basecamp trace report` and `basecamp serve` in a real browser: Debian's
 //! chromium, headless, renders the report of a real `basecamp run
-//! examples/ecommerce` and the served pages; screenshots must be real
+//! examples/ecommerce`, the served pages and the page `basecamp trace parse
+//! --output html` writes (opened from its file); screenshots must be real
 //! images, the console must stay clean, and the interactive parts (the
 //! episode drawer a point or row opens, the step list a timeline column
 //! opens) must work — read back from the DOM after the scripts ran.
@@ -290,6 +291,32 @@ fn served_pages_render_in_the_browser() {
     screenshot(&bin, &format!("{base}/"), "serve-index.png", (1280, 700), 10_000);
     screenshot(&bin, &task, "serve-task.png", (1280, 1800), 60_000);
     screenshot(&bin, &episode, "serve-episode.png", (1280, 1400), 60_000);
+}
+
+#[test]
+fn a_parsed_trace_page_works_from_its_file() {
+    let Some(bin) = chromium() else { return };
+    let run = ecommerce_run();
+    let summary: Value = serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    let a = summary["variants"].as_array().unwrap().iter().find(|v| v["name"] == "a").unwrap();
+    let failed = a["episodes"].as_array().unwrap().iter().find(|e| e["failure_class"] != "ok").unwrap();
+    // Absolute, or relative to the run's directory.
+    let trace = run.join(failed["trace"].as_str().unwrap());
+    let out = tempfile::tempdir().unwrap();
+    let page = out.path().join("episode.html");
+    let parsed = basecamp(&["trace", "parse", trace.to_str().unwrap(), "--output", "html"]);
+    assert!(parsed.status.success(), "{}", String::from_utf8_lossy(&parsed.stderr));
+    std::fs::write(&page, &parsed.stdout).unwrap();
+
+    let url = format!("file://{}", page.display());
+    let view = dom(&bin, &url);
+    assert!(view.contains("<section class=\"episode-view page\">"));
+    assert!(view.contains("data-status=\"fallback\""), "its timeline shows the failed call");
+    assert!(view.contains("<tr class=\"nullw\"><td><code>shipping_status</code>"), "the null write is shown");
+    // A timeline row links to its step's panel, in the page.
+    let step = dom(&bin, &format!("{url}#s1"));
+    assert!(step.contains("<div class=\"panel\" id=\"s1\">"));
+    screenshot(&bin, &url, "parse-episode.png", (1280, 1400), 60_000);
 }
 
 #[test]

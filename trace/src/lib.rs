@@ -17,14 +17,12 @@
 //! - [`redact`]: personal data replaced by salted hashes, the trace kept valid;
 //! - [`archive`]: `.tar.zst` archives of traces with an index for extracting one alone;
 //! - [`otlp`]: traces as OpenTelemetry GenAI spans (OTLP/JSON);
-//! - [`html`]: one trace as a self-contained HTML page;
 //! - [`inputs`]: files, directories and globs as inputs, worked through in parallel in a stable order.
 
 pub mod archive;
 pub mod canonical;
 pub mod error;
 pub mod format;
-pub mod html;
 pub mod inputs;
 pub mod json;
 pub mod memory;

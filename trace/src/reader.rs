@@ -723,9 +723,7 @@ pub fn read_trace_at_most(
     kind: RecordKind,
     n: usize,
 ) -> Result<(TraceContents, LeftOut), TraceError> {
-    let mut reader = TraceReader::open(path)?.at_most(kind, n);
-    let contents = collect_from(&mut reader);
-    Ok((contents, std::mem::take(&mut reader.left_out)))
+    Ok(TraceReader::open(path)?.at_most(kind, n).into_contents_and_left_out())
 }
 
 impl<R: Read> TraceReader<R> {
@@ -733,6 +731,13 @@ impl<R: Read> TraceReader<R> {
     /// for a reader already opened (an S3 object, a reader with [`TraceReader::without`]).
     pub fn into_contents(mut self) -> TraceContents {
         collect_from(&mut self)
+    }
+
+    /// [`TraceReader::into_contents`] and the records [`TraceReader::at_most`]
+    /// left out: what [`read_trace_at_most`] gives for a reader already opened.
+    pub fn into_contents_and_left_out(mut self) -> (TraceContents, LeftOut) {
+        let contents = collect_from(&mut self);
+        (contents, std::mem::take(&mut self.left_out))
     }
 }
 

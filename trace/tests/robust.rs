@@ -1,11 +1,13 @@
-//! The trace tools on damaged input: whatever the bytes, validate, redact,
-//! the OTLP export and the HTML page finish with findings or errors, never a panic.
+//! The trace tools on damaged input: whatever the bytes, validate, redact
+//! and the OTLP export finish with findings or errors, never a panic (the
+//! HTML episode view is tested the same way where it lives, in the CLI's
+//! `serve::episode`).
 
+use basecamp_trace::TraceReader;
 use basecamp_trace::otlp::export;
 use basecamp_trace::redact::{Pattern, Redactor};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 use basecamp_trace::validate::validate_reader;
-use basecamp_trace::{TraceReader, html::trace_to_html, read_trace_from};
 use proptest::prelude::*;
 
 fn trace() -> Vec<u8> {
@@ -36,10 +38,6 @@ proptest! {
         if let Ok(reader) = open() {
             let redactor = Redactor::new(["order_id".to_string()], vec![Pattern::Email, Pattern::Phone], b"s".to_vec());
             let _ = redactor.redact(reader, Vec::new(), "out.trace");
-        }
-        if let Ok(contents) = read_trace_from(bytes.as_slice(), "d.trace") {
-            let html = trace_to_html("d.trace", &contents);
-            prop_assert!(html.ends_with("</html>\n"));
         }
     }
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
+use basecamp_trace::TraceContents;
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
 use basecamp_trace::metrics::{EpisodeMetrics, NO_FAILURE};
 
@@ -52,6 +53,11 @@ pub struct EpisodeEntry {
 pub struct LazyDigest(Arc<OnceLock<Result<TraceDigest, String>>>);
 
 impl LazyDigest {
+    /// A digest made already, from a trace read for another reason.
+    pub fn made(digest: TraceDigest) -> Self {
+        Self(Arc::new(OnceLock::from(Ok(digest))))
+    }
+
     /// The digest of `trace`, read now unless it was before.
     pub fn get(&self, trace: &Path) -> &Result<TraceDigest, String> {
         self.0.get_or_init(|| TraceDigest::load(trace))
@@ -288,6 +294,25 @@ pub fn episode_entry(
         started_unix_nanos: trace.header.start_time_unix_nanos,
         digest: digest.clone(),
     })
+}
+
+/// The entry of one trace read already (`trace parse FILE --output html`),
+/// as serve's catalog makes it: scored by the `summary.json` beside `file`
+/// when that names it, else from `trace`. `file` is the path as given (or
+/// the `s3://` URL: no summary is fetched for an object). The second value
+/// is a summary that could not be read, to warn about.
+pub fn lone_entry(file: &Path, trace: &TraceContents) -> (EpisodeEntry, Option<String>) {
+    let local = !file.to_string_lossy().starts_with("s3://");
+    let dir = file.parent().unwrap_or(Path::new(""));
+    let (summary, problem) = match local.then(|| ShardIndex::read(&dir.join(SUMMARY_FILE))) {
+        Some(Ok(summary)) => (summary, None),
+        Some(Err(problem)) => (None, Some(problem)),
+        None => (None, None),
+    };
+    let digest = TraceDigest::from_records(trace.header.clone(), &trace.records, trace.damage().map(|e| e.to_string()));
+    let entry = episode_entry(Path::new(""), file, summary.as_ref(), LazyDigest::made(digest))
+        .expect("an entry with its digest made already cannot fail to read it");
+    (entry, problem)
 }
 
 fn non_empty(namespace: &str) -> String {

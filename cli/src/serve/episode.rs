@@ -2,6 +2,10 @@
 //! (duration bars, tool-call status, errors), and per step the memory
 //! deltas, the policy turn with its token logits, injections; then the
 //! reward components, the error contexts and how the episode ended.
+//!
+//! The one view of a trace: `basecamp serve`'s episode page, each drawer of
+//! a `basecamp trace report`, and `basecamp trace parse FILE --output html`
+//! (the page serve draws, without its navigation) all draw it here.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,6 +16,10 @@ use basecamp_trace::{LeftOut, TraceContents};
 use super::catalog::EpisodeEntry;
 use super::digest::{outcome_name, status_name};
 use super::html::{esc, num};
+
+/// Token logits drawn on a page of one episode (serve's episode page,
+/// `trace parse --output html`); the rest are counted, not decoded.
+pub const PAGE_TOKEN_CAP: usize = 20_000;
 
 /// Everything recorded at one step.
 #[derive(Default)]
@@ -98,7 +106,7 @@ pub fn render(
     let mut h = String::new();
     let _ = write!(
         h,
-        "<h1>episode <code>{}</code></h1><p class=\"muted\">task <code>{}/{}</code>, variant <b>{}</b>, shard {} of {}, training step {}, config <code>{}</code>{}</p>",
+        "<h1>episode <code>{}</code></h1><p class=\"muted\">task <code>{}/{}</code>, variant <b>{}</b>, shard {} of {}, training step {}, top-k {}, config <code>{}</code>{}</p>",
         esc(&header.episode_id),
         esc(&entry.namespace),
         esc(&header.task),
@@ -106,6 +114,7 @@ pub fn render(
         header.shard,
         header.shard_count.max(1),
         header.training_step,
+        header.top_k,
         esc(&hex(&header.config_hash).chars().take(12).collect::<String>()),
         raw.map_or(String::new(), |r| format!(" · <a href=\"{}\" class=\"raw\">raw .trace</a>", esc(r)))
     );
@@ -119,7 +128,11 @@ pub fn render(
         esc(&entry.relative)
     );
     if let Some(damage) = trace.damage() {
-        let _ = write!(h, "<div class=\"hint bad\">the trace ends early: {}</div>", esc(&damage.to_string()));
+        let _ = write!(
+            h,
+            "<div class=\"hint bad damage\">damaged trace, showing the records before the damage: {}</div>",
+            esc(&damage.to_string())
+        );
     }
     if !entry.metrics.is_empty() {
         h.push_str("<div class=\"metrics\">");
@@ -321,7 +334,7 @@ pub fn render(
     if tokens_left > 0 {
         let _ = write!(
             h,
-            "<p class=\"muted\">{tokens_drawn} token logits drawn, {tokens_left} more in the trace (<code>basecamp serve</code> or <code>basecamp trace parse</code> shows them all)</p>"
+            "<p class=\"muted\">{tokens_drawn} token logits drawn, {tokens_left} more in the trace (<code>basecamp trace parse FILE</code> prints them all as JSON)</p>"
         );
     }
 
@@ -409,9 +422,10 @@ pub fn render(
     }
 
     if let Some(e) = end {
+        let seconds = e.end_time_unix_nanos.saturating_sub(header.start_time_unix_nanos).max(0) as f64 / 1e9;
         let _ = write!(
             h,
-            "<h2>End</h2><p>{} after {} step(s); final memory <code>{}</code></p><div class=\"kv\">{}</div>",
+            "<h2>End</h2><p>{} after {} step(s) in {seconds:.3} s; final memory <code>{}</code></p><div class=\"kv\">{}</div>",
             outcome_name(e.outcome),
             e.steps,
             esc(&hex(&e.final_memory_hash).chars().take(12).collect::<String>()),
@@ -421,13 +435,28 @@ pub fn render(
     h
 }
 
+/// `view` (from [`render`]) as a whole page in the shared shell, after
+/// `before` (serve's navigation; nothing for a page read from a file). The
+/// page fetches nothing, so it works as well from a file as from serve.
+pub fn page(entry: &EpisodeEntry, before: &str, view: &str) -> String {
+    let title = format!("{}/{} {}/{}", entry.namespace, entry.task, entry.variant, entry.id);
+    super::html::page(&title, &format!("{before}<section class=\"episode-view page\">{view}</section>"))
+}
+
 #[cfg(test)]
 mod tests {
-    use basecamp_trace::RecordKind;
+    use std::path::Path;
+
+    use basecamp_trace::pb::{
+        EpisodeEnd, ErrorContext, Header, Injection, MemoryDelta, PlanStep, PolicyTurn, Record, RewardComponent,
+        RewardSignal, TokenLogit, ToolPayload, WeightDelta,
+    };
     use basecamp_trace::synthetic::{EpisodeShape, generate};
+    use basecamp_trace::{RecordKind, Tail, TraceError, TraceReader};
+    use proptest::prelude::*;
 
     use super::*;
-    use crate::serve::catalog::{LazyDigest, episode_entry};
+    use crate::serve::catalog::{LazyDigest, episode_entry, lone_entry};
 
     #[test]
     fn a_capped_read_draws_the_view_a_full_read_draws() {
@@ -441,6 +470,192 @@ mod tests {
             let (capped, undrawn) = basecamp_trace::read_trace_at_most(&file, RecordKind::TokenLogit, cap).unwrap();
             let view = render(&entry, &capped, &undrawn, cap, None);
             assert_eq!(view, render(&entry, &full, &LeftOut::new(), cap, None), "cap {cap}");
+        }
+    }
+
+    /// Markup, quotes and an entity: what must reach the page as text.
+    fn hostile(field: &str) -> String {
+        format!("<x y='1'>\"&amp;{field}")
+    }
+
+    /// One record of every kind the view draws, every string in it hostile
+    /// and naming its field.
+    fn hostile_trace() -> TraceContents {
+        let h = hostile;
+        let record = |step, body| Record { step, body: Some(body) };
+        let header = Header {
+            namespace: h("namespace"),
+            task: h("task"),
+            variant: h("variant"),
+            episode_id: h("episode_id"),
+            shard_count: 1,
+            top_k: 2,
+            ..Default::default()
+        };
+        let records = vec![
+            record(
+                0,
+                Body::MemoryDelta(MemoryDelta {
+                    key: h("delta.key"),
+                    before_json: Some(h("delta.before")),
+                    after_json: Some(h("delta.after")),
+                    source: 1,
+                    origin: h("delta.origin"),
+                }),
+            ),
+            record(
+                1,
+                Body::PolicyTurn(PolicyTurn {
+                    model: h("turn.model"),
+                    content: h("turn.content"),
+                    tool_calls_json: h("turn.tool_calls"),
+                    finish_reason: h("turn.finish_reason"),
+                    ..Default::default()
+                }),
+            ),
+            record(
+                1,
+                Body::TokenLogit(TokenLogit {
+                    token: h("token"),
+                    top_tokens: vec![h("top_token")],
+                    top_logprobs: vec![-0.5],
+                    top_ids: vec![7],
+                    ..Default::default()
+                }),
+            ),
+            record(
+                1,
+                Body::PlanStep(PlanStep {
+                    index: 1,
+                    tool: h("plan.tool"),
+                    arguments_json: h("plan.arguments"),
+                    observation_json: h("plan.observation"),
+                    error_type: h("plan.error_type"),
+                    error_message: h("plan.error_message"),
+                    status: pb::StepStatus::Error as i32,
+                    ..Default::default()
+                }),
+            ),
+            record(
+                1,
+                Body::Injection(Injection {
+                    id: h("injection.id"),
+                    observation_json: h("injection.observation"),
+                    description: h("injection.description"),
+                    ..Default::default()
+                }),
+            ),
+            record(
+                1,
+                Body::ErrorContext(ErrorContext {
+                    error_type: h("error.type"),
+                    message: h("error.message"),
+                    cause_chain: vec![h("error.cause")],
+                    stack: h("error.stack"),
+                    memory_snapshot_json: [(h("error.memory_key"), h("error.memory_value"))].into(),
+                    last_tool_payloads: vec![ToolPayload {
+                        tool: h("payload.tool"),
+                        arguments_json: h("payload.arguments"),
+                        response_json: h("payload.response"),
+                        status: 2,
+                    }],
+                }),
+            ),
+            record(
+                1,
+                Body::RewardSignal(RewardSignal {
+                    components: vec![RewardComponent { name: h("reward.component"), score: 1.0, weight: 1.0 }],
+                    weighted_sum: 1.0,
+                    weight_deltas: vec![WeightDelta { component: h("reward.delta"), ..Default::default() }],
+                }),
+            ),
+            record(1, Body::EpisodeEnd(EpisodeEnd { steps: 1, final_answer: h("final_answer"), ..Default::default() })),
+        ];
+        let damage = TraceError::Truncated { file: h("damage.file"), offset: 9, steps_recovered: 1 };
+        TraceContents { header, records, tail: Tail::Damaged(damage) }
+    }
+
+    #[test]
+    fn every_string_from_the_trace_is_drawn_as_text() {
+        let trace = hostile_trace();
+        let (entry, _) = lone_entry(Path::new(&hostile("file")), &trace);
+        let page = page(&entry, "", &render(&entry, &trace, &LeftOut::new(), PAGE_TOKEN_CAP, None));
+        assert!(!page.contains("<x"), "trace contents became markup");
+        let fields = [
+            "namespace",
+            "task",
+            "variant",
+            "episode_id",
+            "file",
+            "delta.key",
+            "delta.before",
+            "delta.after",
+            "delta.origin",
+            "turn.model",
+            "turn.content",
+            "turn.tool_calls",
+            "turn.finish_reason",
+            "token",
+            "top_token",
+            "plan.tool",
+            "plan.arguments",
+            "plan.observation",
+            "plan.error_type",
+            "plan.error_message",
+            "injection.id",
+            "injection.observation",
+            "injection.description",
+            "error.type",
+            "error.message",
+            "error.cause",
+            "error.stack",
+            "error.memory_key",
+            "error.memory_value",
+            "payload.tool",
+            "payload.arguments",
+            "payload.response",
+            "reward.component",
+            "reward.delta",
+            "final_answer",
+            "damage.file",
+        ];
+        for field in fields {
+            assert!(page.contains(&esc(&hostile(field))), "{field} is not drawn");
+        }
+        assert!(page.contains("damaged trace"), "the damage is said");
+    }
+
+    fn trace_bytes() -> Vec<u8> {
+        generate(&EpisodeShape { seed: 9, steps: 6, tokens_per_step: 3, ..Default::default() })
+            .write_to(Vec::new(), 3)
+            .unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        /// Whatever the bytes, the view of what could be read is a whole
+        /// page, and a damaged trace's page says so.
+        #[test]
+        fn damaged_traces_draw_a_page_never_a_panic(
+            cut in 0.0f64..1.0,
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..3),
+            cap in 0usize..20,
+        ) {
+            let mut bytes = trace_bytes();
+            for (at, x) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] ^= x;
+            }
+            bytes.truncate(((bytes.len() as f64) * (0.5 + cut / 2.0)) as usize);
+            if let Ok(reader) = TraceReader::new(bytes.as_slice(), "d.trace") {
+                let (trace, undrawn) = reader.at_most(RecordKind::TokenLogit, cap).into_contents_and_left_out();
+                let (entry, _) = lone_entry(Path::new("d.trace"), &trace);
+                let page = page(&entry, "", &render(&entry, &trace, &undrawn, cap, None));
+                prop_assert!(page.ends_with("</html>\n"));
+                prop_assert!(trace.damage().is_some(), "a cut trace is damaged");
+                prop_assert!(page.contains("<div class=\"hint bad damage\">damaged trace"));
+            }
         }
     }
 }

@@ -13,9 +13,6 @@ use super::html::{esc, insight_sections, num, page, url_segment};
 use super::insights::{ClusterBy, Loaded, compute};
 use crate::run::summary::TABLE_METRICS;
 
-/// Token logits drawn on a served episode page before the rest are counted.
-const SERVE_TOKEN_CAP: usize = 20_000;
-
 pub fn task_url(namespace: &str, task: &str) -> String {
     format!("/tasks/{}/{}", url_segment(namespace), url_segment(task))
 }
@@ -216,7 +213,7 @@ pub fn episode_page(catalog: &Catalog, namespace: &str, task: &str, variant: &st
         .iter()
         .find(|e| e.namespace == namespace && e.task == task && e.variant == variant && e.id == id)?;
     let url = task_url(namespace, task);
-    let mut h = format!(
+    let nav = format!(
         "<nav><a href=\"/\">all tasks</a><a href=\"{}\">{}/{}</a><a href=\"{}?variant={}\">variant {}</a></nav>",
         esc(&url),
         esc(namespace),
@@ -225,12 +222,10 @@ pub fn episode_page(catalog: &Catalog, namespace: &str, task: &str, variant: &st
         url_segment(variant),
         esc(variant)
     );
-    let body = match basecamp_trace::read_trace_at_most(&entry.trace, RecordKind::TokenLogit, SERVE_TOKEN_CAP) {
-        Ok((contents, undrawn)) => episode::render(entry, &contents, &undrawn, SERVE_TOKEN_CAP, Some(&raw_url(entry))),
+    let cap = episode::PAGE_TOKEN_CAP;
+    let view = match basecamp_trace::read_trace_at_most(&entry.trace, RecordKind::TokenLogit, cap) {
+        Ok((contents, undrawn)) => episode::render(entry, &contents, &undrawn, cap, Some(&raw_url(entry))),
         Err(e) => format!("<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(id), esc(&e.to_string())),
     };
-    h.push_str("<section class=\"episode-view page\">");
-    h.push_str(&body);
-    h.push_str("</section>");
-    Some(page(&format!("{namespace}/{task} {variant}/{id}"), &h))
+    Some(episode::page(entry, &nav, &view))
 }

@@ -3,28 +3,34 @@
 //! `s3://` prefix print JSON Lines instead: one trace's document per line,
 //! in path order (`basecamp trace parse runs/ | jq ...`).
 //!
+//! The HTML is `basecamp serve`'s episode page ([`crate::serve::episode`]),
+//! self-contained: it needs no server and fetches nothing.
+//!
 //! A damaged file still prints what could be recovered (a crashed pod's
 //! trace is still evidence), then one line naming the file and byte offset
 //! on stderr, and exits 1 unless `--allow-truncated` accepts a clean
 //! truncation.
 
-use std::io::{self, Cursor, Write};
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::bail;
 use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
-use basecamp_trace::{TraceContents, TraceError, json::trace_to_json, read_trace, read_trace_from};
+use basecamp_trace::{RecordKind, TraceContents, TraceError, TraceReader, json::trace_to_json};
 use clap::{Args, ValueEnum};
 
-use super::sources::{Source, Sources};
+use super::sources::{Source, SourceReader, Sources};
+use crate::serve::{catalog, episode};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum OutputFormat {
     /// The proto3 JSON mapping of every record.
     Json,
-    /// One self-contained HTML page: step timeline, memory deltas, rewards, errors, tokens.
+    /// One self-contained HTML page, `basecamp serve`'s episode view: timeline,
+    /// steps with memory deltas, policy turns and token logits (top-k), rewards, errors.
     Html,
 }
 
@@ -64,19 +70,29 @@ fn is_one_trace(path: &str) -> bool {
 }
 
 fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
-    let trace = read_one(file)?;
-    let name = file.display().to_string();
-    match args.output {
+    let reader = open_one(file)?;
+    let trace = match args.output {
         OutputFormat::Json => {
-            let doc = trace_to_json(&name, &trace);
+            let trace = reader.into_contents();
+            let doc = trace_to_json(&file.display().to_string(), &trace);
             let mut out = io::stdout().lock();
             serde_json::to_writer_pretty(&mut out, &doc)?;
             writeln!(out)?;
+            trace
         }
         OutputFormat::Html => {
-            io::stdout().lock().write_all(basecamp_trace::html::trace_to_html(&name, &trace).as_bytes())?;
+            // The view decodes only the token logits it draws.
+            let cap = episode::PAGE_TOKEN_CAP;
+            let (trace, undrawn) = reader.at_most(RecordKind::TokenLogit, cap).into_contents_and_left_out();
+            let (entry, problem) = catalog::lone_entry(file, &trace);
+            if let Some(problem) = problem {
+                eprintln!("warning: {problem}");
+            }
+            let view = episode::render(&entry, &trace, &undrawn, cap, None);
+            io::stdout().lock().write_all(episode::page(&entry, "", &view).as_bytes())?;
+            trace
         }
-    }
+    };
     Ok(if report_damage(trace.damage(), args.allow_truncated) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
@@ -145,8 +161,17 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
 /// standard credential chain, retries). A damaged trace is a value
 /// ([`TraceContents::damage`]); only one that cannot be opened is an error.
 pub fn read_one(file: &Path) -> anyhow::Result<TraceContents> {
+    Ok(open_one(file)?.into_contents())
+}
+
+/// [`read_one`]'s trace opened, its header read: a local file is streamed,
+/// an S3 object fetched whole first.
+fn open_one(file: &Path) -> anyhow::Result<SourceReader> {
     let Some(url) = file.to_str().filter(|f| f.starts_with("s3://")) else {
-        return Ok(read_trace(file)?);
+        let name = file.display().to_string();
+        let opened = File::open(file).map_err(|e| TraceError::io(name.clone(), e))?;
+        let inner: Box<dyn Read + Send> = Box::new(BufReader::with_capacity(256 << 10, opened));
+        return Ok(TraceReader::new(inner, name)?);
     };
     if !url.ends_with(TRACE_SUFFIX) {
         bail!(
@@ -154,6 +179,5 @@ pub fn read_one(file: &Path) -> anyhow::Result<TraceContents> {
         );
     }
     let sources = Sources::resolve(&[url.to_string()])?;
-    let bytes = sources.read_bytes(&sources.items[0])?;
-    Ok(read_trace_from(Cursor::new(bytes), url)?)
+    Ok(sources.open(&sources.items[0])?)
 }
