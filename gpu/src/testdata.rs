@@ -139,6 +139,31 @@ pub fn perturbed(rng: &mut Rng, p: &[f32], sigma: f64) -> Vec<f32> {
     p.iter().map(|&x| if x == f32::NEG_INFINITY { x } else { (f64::from(x) + sigma * rng.normal()) as f32 }).collect()
 }
 
+/// Pairs `(p, q)` of 1024 logits where p jumps far up after its first
+/// half (0 there, then `top` at token 600, `top - 1` at 601, `-inf` around),
+/// while q sits 79 above p's first base in tokens 256..512 and at `rest` in
+/// the second half (0 in the first 256, so q's shift stays 0). q's early mass
+/// is small on p's final base, but a rescale by `exp(-top)`, which underflows
+/// float32 for `top` of 88 and more (104 without denormals), must not drop it.
+pub fn far_jump_rows() -> Vec<(Vec<f32>, Vec<f32>)> {
+    let vocab = 1024;
+    let mut rows = Vec::new();
+    for top in [90.0f32, 105.0] {
+        let mut p = vec![0.0f32; vocab];
+        p[512..].fill(f32::NEG_INFINITY);
+        p[600] = top;
+        p[601] = top - 1.0;
+        // q's second half far below its early mass, or comparable to it.
+        for rest in [60.0f32, top - 10.0] {
+            let mut q = vec![0.0f32; vocab];
+            q[256..512].fill(79.0);
+            q[512..].fill(rest);
+            rows.push((p.clone(), q));
+        }
+    }
+    rows
+}
+
 /// Round to bfloat16.
 pub fn to_bf16(values: &[f32]) -> Vec<bf16> {
     values.iter().map(|&v| bf16::from_f32(v)).collect()

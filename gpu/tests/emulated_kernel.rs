@@ -12,7 +12,7 @@ use std::process::Command;
 
 use basecamp_gpu::logits::reference::reference;
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
-use basecamp_gpu::testdata::{Rng, deviation, fresh_seed, mixed_logits, perturbed, to_bf16};
+use basecamp_gpu::testdata::{Rng, deviation, far_jump_rows, fresh_seed, mixed_logits, perturbed, to_bf16};
 
 const LIMIT: f64 = 1e-4;
 const KL_FLOOR: f64 = 1e-6;
@@ -132,6 +132,28 @@ fn emulated_kernels_match_float64_on_every_row_shape_dtype_and_alignment() {
             assert!(dev.within(LIMIT, KL_FLOOR), "relative error {dev:?}; {context}");
         }
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn emulated_kernels_keep_q_mass_when_p_jumps_far_up() {
+    // A thread whose p stays near 0 holds q's mass at 79 on its own base;
+    // merged with one whose p reaches 90 or 105, exp(0 - M) is 0 in float
+    // (from 88 on a GPU, which flushes denormals; from 104 here) and that
+    // mass was dropped. The CPU pass is held to the same rows in
+    // gpu/src/logits/tests.rs.
+    let Some(emu) = emulator() else { return };
+    let dir = tempfile_dir();
+    let rows = far_jump_rows();
+    let vocab = rows[0].0.len();
+    let p: Vec<f32> = rows.iter().flat_map(|(p, _)| p.clone()).collect();
+    let q: Vec<f32> = rows.iter().flat_map(|(_, q)| q.clone()).collect();
+    let out = run(&emu, &dir, &p, Some(&q), (false, false), rows.len(), vocab, 3);
+    let pv = LogitsView::f32(&p, rows.len(), vocab).expect("p");
+    let qv = LogitsView::f32(&q, rows.len(), vocab).expect("q");
+    let want = reference(pv, Some(qv), 3).expect("valid");
+    let dev = deviation(&out, &want);
+    assert!(dev.within(LIMIT, KL_FLOOR), "relative error {dev:?}; KL {:?}", out.kl());
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -10,7 +10,7 @@
 use basecamp_gpu::cuda::{GpuError, GpuLogits};
 use basecamp_gpu::logits::reference::reference;
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
-use basecamp_gpu::testdata::{Rng, deviation, fresh_seed, mixed_logits, perturbed, to_bf16};
+use basecamp_gpu::testdata::{Rng, deviation, far_jump_rows, fresh_seed, mixed_logits, perturbed, to_bf16};
 
 /// float32 arithmetic must land far under METHOD.md's 1e-3.
 const LIMIT: f64 = 1e-4;
@@ -122,6 +122,23 @@ fn gpu_and_cpu_agree_on_the_errors_for_bad_rows() {
     let mut out = LogitStats::poisoned(4, 300, 3, true);
     let error = gpu.analyze_into(p, Some(q), 3, &mut out).expect_err("empty row");
     assert_eq!(error.to_string(), "logits p row 1 is -inf everywhere: it is not a probability distribution");
+}
+
+#[test]
+fn q_mass_seen_before_p_jumps_far_up_still_counts_in_kl() {
+    // exp(-90) is 0 on the GPU (denormals flushed): a thread's or a merged
+    // state's q sums were dropped with p's when p's maximum rose that far.
+    let Some(gpu) = gpu() else { return };
+    let rows = far_jump_rows();
+    let vocab = rows[0].0.len();
+    let p: Vec<f32> = rows.iter().flat_map(|(p, _)| p.clone()).collect();
+    let q: Vec<f32> = rows.iter().flat_map(|(_, q)| q.clone()).collect();
+    let pv = LogitsView::f32(&p, rows.len(), vocab).expect("p");
+    let qv = LogitsView::f32(&q, rows.len(), vocab).expect("q");
+    let mut out = LogitStats::poisoned(rows.len(), vocab, 3, true);
+    gpu.analyze_into(pv, Some(qv), 3, &mut out).expect("valid rows");
+    let dev = deviation(&out, &reference(pv, Some(qv), 3).expect("valid"));
+    assert!(dev.within(LIMIT, KL_FLOOR), "relative error {dev:?}; KL {:?}", out.kl());
 }
 
 #[test]

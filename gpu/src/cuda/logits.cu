@@ -125,13 +125,25 @@ __device__ __forceinline__ void fold_pending(State& s) {
     }
 }
 
+// v * exp(dm) for q's sums (b, f, g) when p's base rises by -dm, given
+// c = exp(dm) as computed. Where c is 0 (dm < -87) the product may still
+// count, since f may sit up to e^OVER above the base: it is then taken in
+// two halves.
+__device__ __forceinline__ float scale_q(float v, float c, float dm) {
+    if (c != 0.f) return c * v;
+    float half = exp_acc(fmaxf(0.5f * dm, D_FLOOR));
+    return (v * half) * half;
+}
+
 // p's running max rises to new_m (rare after the first few vectors).
 __device__ __forceinline__ void raise_p(State& s, float new_m) {
     if (s.m != neg_inf()) {
         float dm = s.m - new_m;
         float c = exp_acc(fmaxf(dm, D_FLOOR));
         if (c == 0.f) {
-            s.n_max = 0.f; s.s_rest = 0.f; s.a = 0.f; s.b = 0.f; s.f = 0.f; s.g = 0.f;
+            // p's own sums are negligible next to the new max; q's may not be.
+            s.n_max = 0.f; s.s_rest = 0.f; s.a = 0.f;
+            s.b = scale_q(s.b, 0.f, dm); s.f = scale_q(s.f, 0.f, dm); s.g = scale_q(s.g, 0.f, dm);
         } else {
             float tot = s.n_max + s.s_rest;
             s.a = c * (s.a + dm * tot);
@@ -249,9 +261,11 @@ __device__ __forceinline__ void merge(State& s, const State& o) {
         s.n_max = n_max;
         s.s_rest = s_rest;
         s.a = as + ao;
-        s.b = cs * s.b + co * o.b;
-        s.f = cs * s.f + co * o.f;
-        s.g = cs * s.g + co * o.g;
+        // 0 where that side's p is all -inf (its q sums are then 0 too).
+        float ds = (s.m == neg_inf()) ? D_FLOOR : s.m - M, d_o = (o.m == neg_inf()) ? D_FLOOR : o.m - M;
+        s.b = scale_q(s.b, cs, ds) + scale_q(o.b, co, d_o);
+        s.f = scale_q(s.f, cs, ds) + scale_q(o.f, co, d_o);
+        s.g = scale_q(s.g, cs, ds) + scale_q(o.g, co, d_o);
         s.m = M;
     }
     // pending q sums: an online merge on their own maxima

@@ -418,9 +418,18 @@ impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
             let dm = self.m - new_m;
             let c = exp_f32::<FMA>(dm);
             if c == 0.0 {
-                // Everything so far is negligible next to the new maximum
-                // (and dm * S could overflow).
+                // p's sums so far are negligible next to the new maximum
+                // (and dm * S could overflow). q's are not: F sits on p's
+                // base with q up to OVER above it, so e^dm * F can still be
+                // e^-7 of the total. q's sums (and b, which they pair with)
+                // are carried over in float64, where e^dm does not vanish.
+                let scale = f64::from(dm).exp();
+                let carry = |v: &[f32; LANES]| (v.iter().map(|&x| f64::from(x)).sum::<f64>() * scale) as f32;
+                let (b, f, g) = (carry(&self.total.b), carry(&self.total.f), carry(&self.total.g));
                 self.total = Sums::ZERO;
+                if PAIR {
+                    (self.total.b[0], self.total.f[0], self.total.g[0]) = (b, f, g);
+                }
             } else {
                 self.total.rescale(dm, c);
             }

@@ -301,6 +301,21 @@ fn kl_survives_large_shifts_masked_prefixes_and_far_apart_rows() {
 }
 
 #[test]
+fn q_mass_seen_before_p_jumps_more_than_87_up_still_counts_in_kl() {
+    // p rises by more than 87 between blocks: its own sums so far are under
+    // e^-87 of the new ones and may be dropped, but q's sum F is kept on p's
+    // base, where q may sit up to 80 above it, so q's earlier mass can still
+    // be most of its total. It was dropped with p's: KL 5.66 instead of 23.96
+    // on the first row (q's 256 entries at 79 forgotten).
+    let rows = crate::testdata::far_jump_rows();
+    let (p, q) = &rows[0];
+    let (pv, qv) = (LogitsView::f32(p, 1, 1024).expect("p"), LogitsView::f32(q, 1, 1024).expect("q"));
+    let want = reference(pv, Some(qv), 3).expect("valid")[0].kl.expect("pair");
+    assert!((want - 23.963).abs() < 1e-3, "float64 KL {want}");
+    check_rows("q mass before a jump of p", &rows, 3);
+}
+
+#[test]
 fn peaked_rows_keep_their_tiny_entropy() {
     // One logit 40 above 1,000 others: entropy about 1e-13, where ln(1 + s)
     // computed as ln(S) would round to 0.
