@@ -408,3 +408,48 @@ async fn a_closed_port_is_a_transport_error() {
     assert_eq!(out.plan_step.error_type, "transport");
     assert!(out.plan_step.error_message.to_lowercase().contains("connect"), "{}", out.plan_step.error_message);
 }
+
+/// Used to become a string with U+FFFD where the bytes were, recorded and
+/// shown to the policy as the tool's answer.
+#[tokio::test]
+async fn a_body_that_is_not_utf8_text_fails_naming_its_content_type() {
+    const PNG: &[u8] = &[0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 0x0d, b'I', b'H', b'D', b'R', 0xff];
+    let app = Router::new()
+        .route("/logo", get(|| async { ([("content-type", "image/png")], PNG) }))
+        .route("/latin1", get(|| async { ([("content-type", "text/plain; charset=iso-8859-1")], &b"caf\xe9"[..]) }))
+        .route("/utf8", get(|| async { ([("content-type", "text/plain; charset=utf-8")], "café") }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    for path in ["logo", "latin1", "utf8"] {
+        let tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}/{path}"));
+        ex.add_tool(path, def(Tool::Http(tool), 2000));
+    }
+    let mut memory = Memory::new();
+
+    let out = call(&ex, "logo", &json!({}), &mut memory).await;
+    assert_eq!((out.status, out.plan_step.error_type.as_str()), (StepStatus::Error, "invalid_output"));
+    assert_eq!(
+        out.plan_step.error_message,
+        "tool logo returned an invalid answer: the response body is not UTF-8 text (Content-Type: image/png; \
+         17 bytes, the first byte that is not UTF-8 at offset 0; it starts 89 50 4e 47 0d 0a 1a 0a 00 00 00 0d 49 48 \
+         44 52 …); an HTTP tool's answer must be JSON or UTF-8 text"
+    );
+    assert!(!out.plan_step.observation_json.contains('\u{fffd}'), "{}", out.plan_step.observation_json);
+
+    let out = call(&ex, "latin1", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "invalid_output");
+    assert!(
+        out.plan_step.error_message.contains(
+            "(Content-Type: text/plain; charset=iso-8859-1; 4 bytes, the first byte \
+             that is not UTF-8 at offset 3; it starts 63 61 66 e9)"
+        ),
+        "{}",
+        out.plan_step.error_message
+    );
+
+    let out = call(&ex, "utf8", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!("café"));
+}

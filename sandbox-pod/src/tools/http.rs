@@ -7,6 +7,12 @@
 //! exactly `{{name}}` becomes the argument's JSON value, and any other
 //! string has the values interpolated as text. Without a body template,
 //! POST/PUT/PATCH send the arguments as the JSON body.
+//!
+//! A successful answer's body is the observation: its JSON when it parses
+//! (a JSON content type that does not parse is `invalid_json`), otherwise
+//! its text. A body that is not UTF-8 (an image, a PDF, text in another
+//! charset) fails as `invalid_output`, naming its content type: replacement
+//! characters would reach the policy and the trace as if they were the answer.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -145,11 +151,9 @@ impl HttpTool {
         }
         let mut response = request.send().await.map_err(|e| ToolError::Transport(error_chain(&e)))?;
         let status = response.status();
-        let is_json = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.contains("json"));
+        let content_type =
+            response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let is_json = content_type.as_deref().is_some_and(|ct| ct.contains("json"));
         let retry_after = response
             .headers()
             .get(reqwest::header::RETRY_AFTER)
@@ -170,17 +174,38 @@ impl HttpTool {
         if !(200..300).contains(&status) {
             return Ok(Answer::Failed { error: ToolError::HttpStatus { status, body: text() }, status, retry_after });
         }
+        let response_bytes = body.len() as u64;
         let value = if body.iter().all(u8::is_ascii_whitespace) {
             Value::Null
         } else {
             match serde_json::from_slice(&body) {
                 Ok(v) => v,
                 Err(e) if is_json => return Err(ToolError::InvalidJson(format!("{e}; body starts with {:?}", text()))),
-                Err(_) => Value::String(String::from_utf8_lossy(&body).into_owned()),
+                Err(_) => match String::from_utf8(body) {
+                    Ok(text) => Value::String(text),
+                    Err(e) => return Err(not_text(content_type.as_deref(), &e)),
+                },
             }
         };
-        ToolOutput::from_json(value, body.len() as u64).map(Answer::Done)
+        ToolOutput::from_json(value, response_bytes).map(Answer::Done)
     }
+}
+
+/// A body that is neither JSON nor UTF-8 text (an image, a PDF, text in
+/// another charset): an error that says so, rather than text with
+/// replacement characters that the policy would read as the answer.
+fn not_text(content_type: Option<&str>, e: &std::string::FromUtf8Error) -> ToolError {
+    let body = e.as_bytes();
+    let start: Vec<String> = body.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    let more = if body.len() > start.len() { " …" } else { "" };
+    ToolError::InvalidOutput(format!(
+        "the response body is not UTF-8 text (Content-Type: {}; {} bytes, the first byte that is not UTF-8 at \
+         offset {}; it starts {}{more}); an HTTP tool's answer must be JSON or UTF-8 text",
+        content_type.unwrap_or("none"),
+        body.len(),
+        e.utf8_error().valid_up_to(),
+        start.join(" "),
+    ))
 }
 
 /// What one attempt got: a result, or a failed status that may be retried.
