@@ -453,3 +453,48 @@ async fn a_body_that_is_not_utf8_text_fails_naming_its_content_type() {
     assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
     assert_eq!(out.observation, json!("café"));
 }
+
+/// A 5xx whose error page is over the tool's 4 MiB response limit used to
+/// fail as response_too_large, and was not retried.
+#[tokio::test]
+async fn a_5xx_with_a_body_past_the_response_limit_is_retried_and_quoted_by_its_start() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let error_page = || format!("maintenance {}", "x".repeat(5 << 20));
+    let app = Router::new()
+        .route(
+            "/recovers",
+            get(move || {
+                let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    match first {
+                        true => (StatusCode::SERVICE_UNAVAILABLE, error_page()),
+                        false => (StatusCode::OK, r#"{"status": "shipped"}"#.to_string()),
+                    }
+                }
+            }),
+        )
+        .route("/down", get(move || async move { (StatusCode::BAD_GATEWAY, error_page()) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let retrying = |path: &str| {
+        let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}{path}"));
+        tool.retry = Some(serde_json::from_value(json!({"attempts": 2, "backoff": "10ms"})).unwrap());
+        Tool::Http(tool)
+    };
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("recovers", def(retrying("/recovers"), 5000));
+    ex.add_tool("down", def(retrying("/down"), 5000));
+    let mut memory = Memory::new();
+
+    let out = call(&ex, "recovers", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!({"status": "shipped"}));
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+
+    let out = call(&ex, "down", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "http_status");
+    let quoted = format!("maintenance {}…", "x".repeat(200 - "maintenance ".len()));
+    assert_eq!(out.plan_step.error_message, format!("tool down HTTP 502: {quoted}"));
+}

@@ -13,6 +13,10 @@
 //! its text. A body that is not UTF-8 (an image, a PDF, text in another
 //! charset) fails as `invalid_output`, naming its content type: replacement
 //! characters would reach the policy and the trace as if they were the answer.
+//!
+//! A failed answer (any status but 2xx) is only quoted in its error: the
+//! first KiB of its body is read, never the rest, so its size does not
+//! matter and a 5xx with a large error page is retried like any other.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -159,6 +163,17 @@ impl HttpTool {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| Some((parse_retry_after(v)?, v.trim().to_string())));
+        let status = status.as_u16();
+        if !(200..300).contains(&status) {
+            // Only quoted, so only its start is read: a 5xx with an error
+            // page past max_response_bytes is still retried.
+            let quoted = quote_body_start(&mut response).await;
+            let error = match status {
+                429 => ToolError::RateLimited(quoted),
+                _ => ToolError::HttpStatus { status, body: quoted },
+            };
+            return Ok(Answer::Failed { error, status, retry_after });
+        }
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| ToolError::Transport(error_chain(&e)))? {
             if (body.len() + chunk.len()) as u64 > self.max_response_bytes {
@@ -166,14 +181,7 @@ impl HttpTool {
             }
             body.extend_from_slice(&chunk);
         }
-        let text = || excerpt(&String::from_utf8_lossy(&body), 200);
-        let status = status.as_u16();
-        if status == 429 {
-            return Ok(Answer::Failed { error: ToolError::RateLimited(text()), status, retry_after });
-        }
-        if !(200..300).contains(&status) {
-            return Ok(Answer::Failed { error: ToolError::HttpStatus { status, body: text() }, status, retry_after });
-        }
+        let text = || excerpt(&String::from_utf8_lossy(&body), QUOTED_BODY_BYTES);
         let response_bytes = body.len() as u64;
         let value = if body.iter().all(u8::is_ascii_whitespace) {
             Value::Null
@@ -189,6 +197,40 @@ impl HttpTool {
         };
         ToolOutput::from_json(value, response_bytes).map(Answer::Done)
     }
+}
+
+/// How much of a body an error message quotes.
+const QUOTED_BODY_BYTES: usize = 200;
+
+/// How much of a failed answer's body is read, at most: enough for the
+/// quote once surrounding whitespace is trimmed.
+const FAILED_BODY_READ_BYTES: usize = 1024;
+
+/// The start of a failed answer's body, for its error message (marked `…`
+/// when cut). The rest is never read. A body that breaks off is quoted as
+/// far as it came: the status is the answer, not the body.
+async fn quote_body_start(response: &mut reqwest::Response) -> String {
+    let mut start = Vec::new();
+    let mut cut = false;
+    while let Ok(Some(chunk)) = response.chunk().await {
+        start.extend_from_slice(&chunk);
+        if start.len() > FAILED_BODY_READ_BYTES {
+            start.truncate(FAILED_BODY_READ_BYTES);
+            cut = true;
+            break;
+        }
+    }
+    if let Err(e) = std::str::from_utf8(&start)
+        && cut
+        && e.error_len().is_none()
+    {
+        start.truncate(e.valid_up_to()); // a character the cut split
+    }
+    let mut quoted = excerpt(&String::from_utf8_lossy(&start), QUOTED_BODY_BYTES);
+    if cut && !quoted.ends_with('…') {
+        quoted.push('…');
+    }
+    quoted
 }
 
 /// A body that is neither JSON nor UTF-8 text (an image, a PDF, text in
