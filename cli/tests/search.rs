@@ -196,3 +196,23 @@ fn a_generated_query_too_deep_or_too_long_is_refused_not_a_stack_overflow() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 }
+
+#[test]
+fn a_reader_that_stops_reading_early_is_not_an_error() {
+    // `basecamp trace search ... | head -1` with fewer matches than fill the
+    // output buffer: the only write is the final flush, which met the closed
+    // pipe and printed "error: Broken pipe (os error 32)" with exit 1.
+    let dir = tempfile::tempdir().unwrap();
+    write_traces(dir.path(), 2);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "search", "step == 1", &dir.path().display().to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before anything is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(out.status.code(), Some(0));
+}

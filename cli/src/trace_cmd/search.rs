@@ -111,14 +111,12 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
             }
         },
     );
-    match write_error {
+    // The last lines are written by this flush (all of them when they fit the buffer).
+    match write_error.map_or_else(|| out.flush(), Err) {
         // A closed pipe (`| head`) is not an error of the search.
-        Some(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
-        Some(e) => return Err(e.into()),
-        None => {}
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }),
     }
-    out.flush()?;
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// The matches in one trace, and the damage that ended its scan.
