@@ -74,3 +74,29 @@ fn an_output_that_is_an_input_is_refused_and_the_input_kept() {
     assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1);
     assert!(!dir.path().join("spans.jsonl.partial").exists());
 }
+
+#[test]
+fn a_failed_write_stops_the_export() {
+    let dir = tempfile::tempdir().unwrap();
+    // The first trace's request is larger than the output's buffer, so its
+    // write fails at once; the damaged traces after it would each say so.
+    let big = generate(&EpisodeShape { seed: 1, steps: 50, tokens_per_step: 2, ..Default::default() });
+    std::fs::write(dir.path().join("ep-0.trace"), big.write_to(Vec::new(), 3).unwrap()).unwrap();
+    for i in 1..=4 {
+        let bytes = generate(&EpisodeShape { seed: i, steps: 5, tokens_per_step: 2, ..Default::default() })
+            .write_to(Vec::new(), 3)
+            .unwrap();
+        std::fs::write(dir.path().join(format!("ep-{i}.trace")), &bytes[..bytes.len() / 2]).unwrap();
+    }
+    let full = std::fs::File::create("/dev/full").expect("/dev/full, a file every write to fails");
+    let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "export", "--otlp", "-j", "1"])
+        .arg(dir.path())
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "only the write error, no later trace read: {stderr}");
+    assert!(stderr.starts_with("error: cannot write the export:"), "{stderr}");
+}

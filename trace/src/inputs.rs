@@ -6,13 +6,16 @@
 //! [`for_each_ordered`] then works through that list on several threads, one
 //! file per task, and hands each result back in input order, so output is
 //! stable however the threads interleave and only a bounded window of results
-//! is ever held in memory.
+//! is ever held in memory. Its `emit` may end the walk early
+//! (`ControlFlow::Break`, e.g. once the output cannot be written): no new
+//! item is started after that.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, mpsc};
 
 /// The file name suffix of traces found in directories.
@@ -240,32 +243,61 @@ pub fn default_jobs() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
+/// What an `emit` of [`for_each_ordered`] returns: `ControlFlow::Break(())`
+/// ends the walk, `ControlFlow::Continue(())` goes on. An `emit` that never
+/// ends it may return `()`.
+pub trait EmitFlow {
+    fn into_control_flow(self) -> ControlFlow<()>;
+}
+
+impl EmitFlow for ControlFlow<()> {
+    fn into_control_flow(self) -> ControlFlow<()> {
+        self
+    }
+}
+
+impl EmitFlow for () {
+    fn into_control_flow(self) -> ControlFlow<()> {
+        ControlFlow::Continue(())
+    }
+}
+
 /// Runs `work` on every item on `jobs` threads and calls `emit` with each
 /// result in item order, as soon as it and every earlier result are ready.
 /// Workers stay at most a small window ahead of the oldest result not yet
 /// emitted, so memory holds a few results, not all of them.
-pub fn for_each_ordered<T, R, W, E>(items: &[T], jobs: usize, work: W, mut emit: E)
+///
+/// When `emit` breaks, no worker starts another item and `emit` is not
+/// called again; the items already being worked on (at most one a worker)
+/// are finished and dropped.
+pub fn for_each_ordered<T, R, W, E, F>(items: &[T], jobs: usize, work: W, mut emit: E)
 where
     T: Sync,
     R: Send,
     W: Fn(&T) -> R + Sync,
-    E: FnMut(usize, R),
+    E: FnMut(usize, R) -> F,
+    F: EmitFlow,
 {
     let jobs = jobs.clamp(1, items.len().max(1));
     if jobs == 1 {
         for (i, item) in items.iter().enumerate() {
-            emit(i, work(item));
+            if emit(i, work(item)).into_control_flow().is_break() {
+                break;
+            }
         }
         return;
     }
     let window = jobs * 4;
     let next = AtomicUsize::new(0);
+    // Set, under `emitted`'s lock, when `emit` breaks: a worker waiting for
+    // the window to move sees it on waking.
+    let stopped = AtomicBool::new(false);
     let emitted = (Mutex::new(0usize), Condvar::new());
     let (tx, rx) = mpsc::channel::<(usize, R)>();
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             let tx = tx.clone();
-            let (next, emitted, work) = (&next, &emitted, &work);
+            let (next, stopped, emitted, work) = (&next, &stopped, &emitted, &work);
             scope.spawn(move || {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -275,11 +307,11 @@ where
                     {
                         let (lock, ready) = emitted;
                         let mut done = lock.lock().expect("no thread panics while holding this lock");
-                        while i >= *done + window {
+                        while i >= *done + window && !stopped.load(Ordering::Relaxed) {
                             done = ready.wait(done).expect("no thread panics while holding this lock");
                         }
                     }
-                    if tx.send((i, work(&items[i]))).is_err() {
+                    if stopped.load(Ordering::Relaxed) || tx.send((i, work(&items[i]))).is_err() {
                         break;
                     }
                 }
@@ -291,11 +323,20 @@ where
         for (i, result) in rx {
             pending.insert(i, result);
             while let Some(result) = pending.remove(&want) {
-                emit(want, result);
+                let flow = emit(want, result).into_control_flow();
                 want += 1;
                 let (lock, ready) = &emitted;
-                *lock.lock().expect("no thread panics while holding this lock") = want;
+                let mut done = lock.lock().expect("no thread panics while holding this lock");
+                *done = want;
+                if flow.is_break() {
+                    stopped.store(true, Ordering::Relaxed);
+                }
+                drop(done);
                 ready.notify_all();
+                if flow.is_break() {
+                    // Dropping `rx` fails the sends of the items in flight.
+                    return;
+                }
             }
         }
     });
@@ -364,5 +405,49 @@ mod tests {
         );
         let want: Vec<(usize, u64)> = (0..200).map(|i| (i as usize, i * 2)).collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_break_starts_no_further_item_and_emits_nothing_more() {
+        let items: Vec<u64> = (0..1000).collect();
+        for jobs in [1, 4] {
+            let worked = AtomicUsize::new(0);
+            let mut emitted = Vec::new();
+            for_each_ordered(
+                &items,
+                jobs,
+                |&i| {
+                    worked.fetch_add(1, Ordering::Relaxed);
+                    i
+                },
+                |idx, _| {
+                    emitted.push(idx);
+                    ControlFlow::Break(())
+                },
+            );
+            assert_eq!(emitted, [0], "{jobs} jobs");
+            // One thread works on one item; several at most on the window
+            // (4 items a worker) before the first result is emitted. Without
+            // the break all 1000 are.
+            let most = if jobs == 1 { 1 } else { jobs * 4 };
+            let worked = worked.load(Ordering::Relaxed);
+            assert!(worked <= most, "{jobs} jobs: {worked} items worked on");
+        }
+    }
+
+    #[test]
+    fn a_break_later_keeps_what_came_before_in_order() {
+        let items: Vec<u64> = (0..300).collect();
+        let mut got = Vec::new();
+        for_each_ordered(
+            &items,
+            3,
+            |&i| i,
+            |idx, r| {
+                got.push(r);
+                if idx == 99 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+            },
+        );
+        assert_eq!(got, (0..100).collect::<Vec<u64>>());
     }
 }

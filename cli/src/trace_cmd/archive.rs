@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::io::{BufWriter, Write};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -96,15 +97,17 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             input_bytes += member.member().bytes;
-            if write_error.is_none()
-                && let Err(e) = writer.append(member)
-            {
+            if let Err(e) = writer.append(member) {
+                // The rest is neither read nor compressed.
                 write_error = Some(e);
+                return ControlFlow::Break(());
             }
+            ControlFlow::Continue(())
         }
         Err(e) => {
             failed += 1;
             eprintln!("error: {e:#}");
+            ControlFlow::Continue(())
         }
     });
     let count = writer.members().len();

@@ -8,6 +8,7 @@
 
 use std::fs;
 use std::io::{self, BufWriter, Write};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -63,15 +64,18 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         Err(e) => (None, Some(e)),
     };
     for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), convert, |_, (line, damage)| {
-        if let Some(line) = line
-            && write_error.is_none()
-            && let Err(e) = writeln!(out, "{line}")
-        {
-            write_error = Some(e);
-        }
+        let written = line.map_or(Ok(()), |line| writeln!(out, "{line}"));
         if let Some(e) = damage {
             failed = true;
             eprintln!("error: {e}");
+        }
+        match written {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                // The rest is neither read nor converted.
+                write_error = Some(e);
+                ControlFlow::Break(())
+            }
         }
     });
     let written = match write_error {

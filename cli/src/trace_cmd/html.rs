@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::ControlFlow;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -56,25 +56,22 @@ pub fn write(
     out.write_all(summary(groups, inputs, problems, metric).as_bytes())?;
     let entries: Vec<&EpisodeEntry> = groups.iter().flat_map(|g| g.entries.iter().copied()).collect();
     let mut failed = None;
-    // After a failed write the rest is neither read nor drawn.
-    let stopped = AtomicBool::new(false);
     for_each_ordered(
         &entries,
         jobs,
         |e| {
-            if stopped.load(Ordering::Relaxed) {
-                return String::new();
-            }
             let view = match load(e, REPORT_TOKEN_CAP) {
                 Ok((contents, undrawn)) => episode::render(e, &contents, &undrawn, REPORT_TOKEN_CAP, None),
                 Err(problem) => format!("<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(&problem)),
             };
             packed_drawer(&view_key(e), &view)
         },
-        |_, drawer| {
-            if failed.is_none() {
-                failed = out.write_all(drawer.as_bytes()).err();
-                stopped.store(failed.is_some(), Ordering::Relaxed);
+        |_, drawer| match out.write_all(drawer.as_bytes()) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(error) => {
+                // The rest is neither read nor drawn.
+                failed = Some(error);
+                ControlFlow::Break(())
             }
         },
     );

@@ -13,9 +13,9 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::bail;
 use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
@@ -123,12 +123,8 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let sources = Sources::resolve(&args.paths)?;
-    let stopped = AtomicBool::new(false);
     // A trace's line and how it ended; Err: it could not be read at all.
     let parse = |source: &Source| -> Result<(String, Option<TraceError>), TraceError> {
-        if stopped.load(Ordering::Relaxed) {
-            return Ok((String::new(), None));
-        }
         let trace = sources.open(source)?.into_contents();
         Ok((trace_to_json(&source.name, &trace).to_string(), trace.damage().cloned()))
     };
@@ -141,14 +137,16 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
         };
         // Nothing read is a failure even when --allow-truncated accepts a cut.
         let accept_cut = args.allow_truncated && doc.is_some();
-        if let Some(doc) = doc
-            && write_error.is_none()
-            && let Err(e) = writeln!(out, "{doc}")
-        {
-            stopped.store(true, Ordering::Relaxed);
-            write_error = Some(e);
-        }
+        let written = doc.map_or(Ok(()), |doc| writeln!(out, "{doc}"));
         failed |= report_damage(damage.as_ref(), accept_cut);
+        match written {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                // The rest is neither read nor printed.
+                write_error = Some(e);
+                ControlFlow::Break(())
+            }
+        }
     });
     if let Some(e) = write_error.map_or_else(|| out.flush().err(), Some) {
         return Err(e.into());

@@ -4,6 +4,7 @@
 //! file and the step. Exit status 1 when anything is found.
 
 use std::io::{self, Write};
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
@@ -37,8 +38,8 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
         args.jobs.unwrap_or_else(default_jobs),
         |source| validate_opened(&source.name, sources.open(source)),
         |_, found| {
-            if found.is_empty() || result.is_err() {
-                return;
+            if found.is_empty() {
+                return ControlFlow::Continue(());
             }
             bad_files += 1;
             findings += found.len();
@@ -49,10 +50,12 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
                     writeln!(out, "{f}")
                 };
                 if let Err(e) = written {
+                    // The rest is not validated.
                     result = Err(e);
-                    return;
+                    return ControlFlow::Break(());
                 }
             }
+            ControlFlow::Continue(())
         },
     );
     result?;
