@@ -232,6 +232,33 @@ fn queries_find_exactly_the_steps_they_describe() {
 }
 
 #[test]
+fn path_segments_of_digits_and_letters_are_names_as_written() {
+    // A segment after '.' was lexed as a number when it began with a digit:
+    // `grid.1.0` read as `grid.(1.0)`, i.e. `grid.1`, and matched nothing;
+    // `codes.1e3` navigated to the key "1000"; `2fa` and `0.1` were errors.
+    let header = Header { episode_id: "ep-n".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    w.append(0, delta("2fa", Some("true"))).unwrap();
+    w.append(0, delta("grid", Some("[[1, 2], [3, 4]]"))).unwrap();
+    w.append(0, delta("codes", Some(r#"{"1e3": "x", "1000": "y", "007": "z"}"#))).unwrap();
+    w.end_step().unwrap();
+    let bytes = w.finish(EpisodeEnd { steps: 0, ..Default::default() }).unwrap();
+    let cases: &[(&str, &[u32])] = &[
+        ("memory_state.2fa == true", &[0]),
+        ("memory_state.grid.1.0 == 3", &[0]),
+        ("memory_state.grid.0.1 == 2", &[0]),
+        ("memory_state.grid.1 == 3", &[]),
+        ("memory_state.codes.1e3 == \"x\"", &[0]),
+        ("memory_state.codes.1000 == \"y\"", &[0]),
+        ("memory_state.codes.007 == \"z\"", &[0]),
+        ("memory_state.\"2fa\" == true and memory_state.grid.\"1\".1 == 4", &[0]),
+    ];
+    for (query, want) in cases {
+        assert_eq!(steps_matching(&bytes, query), *want, "query: {query}");
+    }
+}
+
+#[test]
 fn a_match_names_the_frame_and_section_of_the_record() {
     let bytes = write_episode();
     let q = Query::parse("exists(error_context)").unwrap();

@@ -71,6 +71,17 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
         let c = bytes[i];
         let at = i;
         let two = |s: &[u8]| bytes[i..].starts_with(s);
+        // A path segment after '.' is a name whatever it starts with: `grid.1.0`
+        // is three names (not `grid` and the number 1.0), `codes.1e3` the key
+        // "1e3", `memory_state.2fa` the key "2fa", `x.null` the key "null".
+        let after_dot =
+            matches!(out.as_slice(), [.., Token { tok: Tok::Ident(_) | Tok::Str(_), .. }, Token { tok: Tok::Dot, .. }]);
+        if after_dot && is_name_byte(c) {
+            let len = bytes[i..].iter().take_while(|&&b| is_name_byte(b)).count();
+            out.push(Token { tok: Tok::Ident(query[i..i + len].to_string()), at });
+            i += len;
+            continue;
+        }
         let (tok, len) = match c {
             b' ' | b'\t' | b'\n' | b'\r' => {
                 i += 1;
@@ -122,7 +133,7 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
             }
             c if c.is_ascii_alphabetic() || c == b'_' => {
                 let mut j = i + 1;
-                while j < bytes.len() && (bytes[j].is_ascii_alphanumeric() || bytes[j] == b'_' || bytes[j] == b'-') {
+                while j < bytes.len() && is_name_byte(bytes[j]) {
                     j += 1;
                 }
                 let word = &query[i..j];
@@ -148,6 +159,11 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
     }
     out.push(Token { tok: Tok::End, at: query.len() });
     Ok(out)
+}
+
+/// Letters, digits, `_` and `-`: what an unquoted name is made of.
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
 /// A quoted string starting at `at`: `"..."` or `'...'` with `\"`, `\'`,

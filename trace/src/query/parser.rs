@@ -281,17 +281,10 @@ impl Parser<'_> {
         while self.peek() == &Tok::Dot {
             self.bump();
             let at = self.at();
+            // The lexer makes any word after a path's '.' a name, keywords
+            // and digits included (a memory key called "null", an index "0").
             let name = match self.peek().clone() {
                 Tok::Ident(name) | Tok::Str(name) => name,
-                Tok::Num(n) if n >= 0.0 && n.fract() == 0.0 => format!("{n}"),
-                // Keywords are fine as names after a dot (a memory key called "null").
-                Tok::True => "true".into(),
-                Tok::False => "false".into(),
-                Tok::Null => "null".into(),
-                Tok::Exists => "exists".into(),
-                Tok::And => "and".into(),
-                Tok::Or => "or".into(),
-                Tok::Not => "not".into(),
                 other => {
                     return Err(self.error_here(format!("expected a name after '.', found {}", other.describe())));
                 }
