@@ -259,6 +259,32 @@ fn path_segments_of_digits_and_letters_are_names_as_written() {
 }
 
 #[test]
+fn exists_finds_a_recorded_entropy_or_kl_of_zero() {
+    // entropy and kl are proto3 `optional`: recorded means derived from raw
+    // logits, and 0 is a value (KL of two identical runs, a one-hot row).
+    // exists() took 0 for "not set" as for plain scalars and missed them.
+    let header = Header { episode_id: "ep-z".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let zero = TokenLogit { token_id: 1, entropy: Some(0.0), kl: Some(0.0), ..Default::default() };
+    w.append(1, Body::TokenLogit(zero)).unwrap();
+    w.end_step().unwrap();
+    w.append(2, Body::TokenLogit(TokenLogit { token_id: 2, ..Default::default() })).unwrap();
+    w.end_step().unwrap();
+    let bytes = w.finish(EpisodeEnd { steps: 2, ..Default::default() }).unwrap();
+    let cases: &[(&str, &[u32])] = &[
+        ("exists(token_logit.kl)", &[1]),
+        ("exists(token_logit.entropy)", &[1]),
+        ("not exists(token_logit.kl)", &[2]),
+        ("token_logit.kl == 0", &[1]),
+        // Plain scalars keep their rule: 0 is the proto default, not a value.
+        ("exists(token_logit.position)", &[]),
+    ];
+    for (query, want) in cases {
+        assert_eq!(steps_matching(&bytes, query), *want, "query: {query}");
+    }
+}
+
+#[test]
 fn a_match_names_the_frame_and_section_of_the_record() {
     let bytes = write_episode();
     let q = Query::parse("exists(error_context)").unwrap();

@@ -136,7 +136,7 @@ fn eval_record(expr: &RecExpr, body: &[u8]) -> Result<bool, Malformed> {
         RecExpr::Or(a, b) => eval_record(a, body)? || eval_record(b, body)?,
         RecExpr::Not(a) => !eval_record(a, body)?,
         RecExpr::Compare { getter, op, literal } => any_value(getter, body, &mut |v| compare(v, *op, literal))?,
-        RecExpr::Present(getter) => any_value(getter, body, &mut |v| v.is_set())?,
+        RecExpr::Present(getter) => fields::has_value(getter, body)?,
     })
 }
 

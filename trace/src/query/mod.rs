@@ -18,7 +18,8 @@
 //! literals are `"strings"` (or `'strings'`), numbers, `true`, `false`,
 //! `null`. `exists(PATH)` holds when some record of the step has PATH with a
 //! value (for scalar fields: not the proto default — a non-empty string, a
-//! non-zero number, `true`); `exists(SECTION)` when the step has a record of
+//! non-zero number, `true`; `token_logit.entropy` and `kl` whenever they
+//! were recorded, 0 included); `exists(SECTION)` when the step has a record of
 //! that section; `exists(memory_state.KEY)` when the step changed KEY (a
 //! removal included). Combine with `and` (`&&`), `or` (`||`), `not` (`!`) and
 //! parentheses; `not` binds tightest, then `and`, then `or`.
