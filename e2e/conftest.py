@@ -219,11 +219,12 @@ class Prometheus:
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
                 {"job_name": "basecamp-metrics", "honor_labels": True, "static_configs": [{"targets": [target]}]},
-                # A played sandbox lives a few seconds and exits after the first
-                # scrape once its shard is done: scraped every 250 ms, its series
-                # get the two samples a rate() needs while the episodes run
-                # (at 1s a quick shard was sometimes scraped once: empty rates).
-                {"job_name": "basecamp-sandbox", "scrape_interval": "250ms", "scrape_timeout": "250ms",
+                # Scraped less often than a played shard lasts (a few seconds or
+                # less), as a chart's 15 s PodMonitor scrapes real pods: the
+                # sandbox waits for a first scrape (its series at zero) before its
+                # episodes and for one of its final counts after them
+                # (--metrics-linger), so every rate() panel still has data.
+                {"job_name": "basecamp-sandbox", "scrape_interval": "3s", "scrape_timeout": "2s",
                  "file_sd_configs": [{"files": [str(self.sandbox_targets / "*.json")], "refresh_interval": "1s"}]},
             ],
         }

@@ -118,8 +118,9 @@ class Player:
     def scraped(self, targets: Path, linger: str = "10s"):
         """Sandbox pods played inside are scraped: each registers its
         metrics port in `targets` (Prometheus file discovery) while it runs,
-        and lingers after its episodes (`--metrics-linger`) so that discovery
-        (up to 5 s) and a scrape catch its final counts."""
+        waits for a first scrape before its episodes and lingers after them
+        (both `--metrics-linger`) so that discovery and a scrape catch its
+        series at zero and its final counts."""
         self.scrape_targets, self.scrape_linger = targets, linger
         try:
             yield self

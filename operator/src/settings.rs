@@ -37,9 +37,10 @@ pub struct Settings {
     /// How often a training task is looked at while its trainer runs or
     /// checkpoint evaluations are queued or running, in seconds.
     pub checkpoint_poll_seconds: u64,
-    /// `basecamp-sandbox run --metrics-linger`: how long a sandbox pod whose
-    /// shard is done keeps serving `/metrics` for a scrape of its final
-    /// counts (it exits as soon as one was served). Zero: exit at once.
+    /// `basecamp-sandbox run --metrics-linger`: how long a sandbox pod waits
+    /// for a first scrape before its first episode, and, once its shard is
+    /// done, keeps serving `/metrics` for a scrape of its final counts (each
+    /// wait ends as soon as the scrape was served). Zero: no waits.
     pub sandbox_metrics_linger: std::time::Duration,
     /// `--sandbox-metrics-from`: who may reach the sandbox pods' `metrics`
     /// port (9464) through the task's NetworkPolicy. The port also takes

@@ -105,9 +105,11 @@ struct RunArgs {
     /// Serve /metrics, /healthz and live injection on this address while running.
     #[arg(long, env = "BASECAMP_SANDBOX_LISTEN")]
     listen: Option<SocketAddr>,
-    /// With --listen: once the episodes ended and the traces were uploaded, keep serving
-    /// /metrics until a scrape has seen the final counts, at most this long (45s, 2m; 0s: exit
-    /// at once). SIGTERM or Ctrl-C ends the wait; the exit code and summary do not change.
+    /// With --listen, for a pod Prometheus scrapes: before the first episode, wait for a first
+    /// scrape (every series is there at zero, so a shard shorter than a scrape interval still
+    /// shows in rate()); once the episodes ended and the traces were uploaded, keep serving
+    /// /metrics until a scrape has seen the final counts. Each wait at most this long (45s, 2m;
+    /// 0s: no waits). SIGTERM or Ctrl-C ends a wait; the exit code and summary do not change.
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = basecamp_api::Duration::parse_flag, requires = "listen")]
     metrics_linger: std::time::Duration,
     /// Keep traces local even when the task names an S3 destination.
@@ -238,6 +240,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         base_dir: args.base_dir.dir,
         concurrency: args.concurrency,
         listen: args.listen,
+        first_scrape_wait: args.metrics_linger,
         upload: !args.no_upload,
         checkpoint_step: args.checkpoint_step,
         stop: StopSignal::new(),

@@ -15,12 +15,18 @@
 //! (`basecamp_sandbox_` prefix, base units, `_total` on counters) and pass
 //! `promtool check metrics`.
 //!
-//! [`FinalScrape`] answers "has a scrape seen the final values?": once the
-//! run declares its values final ([`FinalScrape::mark_final`]), the first
-//! `/metrics` answer that began after that declaration resolves
-//! [`FinalScrape::seen`], so `basecamp-sandbox run --metrics-linger` can
-//! exit as soon as Prometheus holds every count instead of losing what
-//! changed since the last scrape.
+//! A sandbox pod is a short-lived scrape target: a shard may end before
+//! Prometheus scraped it twice, and a counter Prometheus saw once, already
+//! at its final value, gives `rate()` and `increase()` nothing. So every
+//! series a run can count is there from the start at zero
+//! ([`SandboxMetrics::declare_tools`]: each tool with every status, each
+//! outcome, each trigger), and [`Scrapes`] tells the run when Prometheus
+//! has seen it: [`Scrapes::first_served`] once any `/metrics` answer was
+//! served (`basecamp-sandbox run --metrics-linger` waits for it before the
+//! first episode, so the zeros are scraped), and [`Scrapes::final_served`]
+//! once an answer that began after the run declared its values final
+//! ([`Scrapes::mark_final`]) was served (it waits for that before exiting,
+//! instead of losing what changed since the last scrape).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -54,6 +60,23 @@ pub const OVERFLOW_LABEL: &str = "other";
 /// Tool-call latency buckets in seconds: 1 ms to 30 s, roughly 1-2.5-5 per decade.
 pub const LATENCY_BUCKETS_SECONDS: [f64; 15] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0];
+
+/// The statuses a tool call ends in, each a series of every declared tool.
+pub const CALL_STATUSES: [StepStatus; 6] = [
+    StepStatus::Ok,
+    StepStatus::Error,
+    StepStatus::Timeout,
+    StepStatus::Fallback,
+    StepStatus::RolledBack,
+    StepStatus::Refused,
+];
+
+/// The episode outcomes counted, each a series from the start.
+pub const EPISODE_OUTCOMES: [&str; 4] = ["completed", "max_steps", "error", "cancelled"];
+
+/// The injection triggers counted, each a series from the start.
+pub const INJECTION_TRIGGERS: [InjectionTrigger; 4] =
+    [InjectionTrigger::AtStep, InjectionTrigger::AfterTool, InjectionTrigger::MemoryMatch, InjectionTrigger::Live];
 
 /// `application/openmetrics-text`, what [`SandboxMetrics::encode`] writes.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -102,7 +125,7 @@ pub struct SandboxMetrics {
     policy_errors: Family<CategoryLabels, Counter>,
     tool_labels: Mutex<HashSet<String>>,
     policy_error_categories: Mutex<HashSet<&'static str>>,
-    final_scrape: FinalScrape,
+    scrapes: Scrapes,
 }
 
 impl Default for SandboxMetrics {
@@ -149,6 +172,13 @@ impl SandboxMetrics {
         registry.register("episodes", "Finished episodes by outcome", episodes.clone());
         let policy_errors = Family::default();
         registry.register("policy_errors", "Failed policy turns by error category", policy_errors.clone());
+        // Fixed label sets exist from the start at zero (see declare_tools).
+        for outcome in EPISODE_OUTCOMES {
+            let _ = episodes.get_or_create(&OutcomeLabels { outcome });
+        }
+        for trigger in INJECTION_TRIGGERS {
+            let _ = injections.get_or_create(&TriggerLabels { trigger: trigger_label(trigger) });
+        }
         Self {
             registry,
             tool_call_duration,
@@ -161,14 +191,34 @@ impl SandboxMetrics {
             policy_errors,
             tool_labels: Mutex::new(HashSet::new()),
             policy_error_categories: Mutex::new(HashSet::new()),
-            final_scrape: FinalScrape::default(),
+            scrapes: Scrapes::default(),
         }
     }
 
-    /// Whether a scrape has seen these metrics' final values; the
-    /// `/metrics` handler reports every scrape to it.
-    pub fn final_scrape(&self) -> &FinalScrape {
-        &self.final_scrape
+    /// Which scrapes were served: the first, and one of the final values;
+    /// the `/metrics` handler reports every scrape to it.
+    pub fn scrapes(&self) -> &Scrapes {
+        &self.scrapes
+    }
+
+    /// Creates, at zero, every series a run with these tools can count:
+    /// each tool (and [`UNKNOWN_TOOL_LABEL`]) with every status a call can
+    /// end in, its latency histogram, timeouts and fallbacks. A series that
+    /// appears only at its first count has no zero sample before it, so
+    /// `rate()` misses that count, and all of a pod scraped only once.
+    pub fn declare_tools<'a>(&self, tools: impl IntoIterator<Item = &'a str>) {
+        let labels = tools.into_iter().map(|name| self.tool_label(name)).chain([UNKNOWN_TOOL_LABEL.to_string()]);
+        for tool in labels {
+            for status in CALL_STATUSES {
+                let _ = self
+                    .tool_calls
+                    .get_or_create(&ToolStatusLabels { tool: tool.clone(), status: status_label(status) });
+            }
+            let labels = ToolLabels { tool };
+            let _ = self.tool_call_duration.get_or_create(&labels);
+            let _ = self.tool_timeouts.get_or_create(&labels);
+            let _ = self.tool_fallbacks.get_or_create(&labels);
+        }
     }
 
     /// Records one executor outcome: latency, status, timeout, fallback.
@@ -248,41 +298,49 @@ impl SandboxMetrics {
     }
 }
 
-/// Tracks whether a scrape has seen the final values.
+/// Which `/metrics` answers were served: any at all, and one that saw the
+/// final values.
 ///
-/// A scrape counts only when it *began* after [`FinalScrape::mark_final`]:
-/// one that was already encoding when the last episode or upload was
-/// recorded may hold older values, however late it is answered. The
-/// handler takes a [`ScrapeStart`] before it encodes and hands it back
-/// with [`FinalScrape::served`] once the answer is built.
+/// A scrape counts as final only when it *began* after
+/// [`Scrapes::mark_final`]: one that was already encoding when the last
+/// episode or upload was recorded may hold older values, however late it is
+/// answered. The handler takes a [`ScrapeStart`] before it encodes and
+/// hands it back with [`Scrapes::served`] once the answer is built.
 #[derive(Debug)]
-pub struct FinalScrape {
+pub struct Scrapes {
     values_final: AtomicBool,
-    seen: tokio::sync::watch::Sender<bool>,
+    /// Any answer served.
+    first: tokio::sync::watch::Sender<bool>,
+    /// An answer that began after the final update served.
+    last: tokio::sync::watch::Sender<bool>,
 }
 
-impl Default for FinalScrape {
+impl Default for Scrapes {
     fn default() -> Self {
-        Self { values_final: AtomicBool::new(false), seen: tokio::sync::watch::channel(false).0 }
+        Self {
+            values_final: AtomicBool::new(false),
+            first: tokio::sync::watch::channel(false).0,
+            last: tokio::sync::watch::channel(false).0,
+        }
     }
 }
 
 /// Taken when a scrape begins: whether the values were final by then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "hand it back to FinalScrape::served once the answer is built"]
+#[must_use = "hand it back to Scrapes::served once the answer is built"]
 pub struct ScrapeStart {
     after_final: bool,
 }
 
-impl FinalScrape {
+impl Scrapes {
     /// Declares the values final: nothing updates them after this call.
     /// Every update made before it is visible to a scrape that begins after
-    /// it (the store releases them; [`FinalScrape::begin`] acquires).
+    /// it (the store releases them; [`Scrapes::begin`] acquires).
     pub fn mark_final(&self) {
         self.values_final.store(true, Ordering::Release);
     }
 
-    /// Whether [`FinalScrape::mark_final`] was called.
+    /// Whether [`Scrapes::mark_final`] was called.
     pub fn is_final(&self) -> bool {
         self.values_final.load(Ordering::Acquire)
     }
@@ -294,22 +352,37 @@ impl FinalScrape {
 
     /// A scrape that began at `start` has its answer.
     pub fn served(&self, start: ScrapeStart) {
+        self.first.send_if_modified(|served| !std::mem::replace(served, true));
         if start.after_final {
-            self.seen.send_replace(true);
+            self.last.send_if_modified(|served| !std::mem::replace(served, true));
         }
     }
 
-    /// Whether a scrape that began after [`FinalScrape::mark_final`] was served.
-    pub fn was_seen(&self) -> bool {
-        *self.seen.borrow()
+    /// Whether any scrape was served.
+    pub fn was_first_served(&self) -> bool {
+        *self.first.borrow()
     }
 
-    /// Completes once a scrape that began after [`FinalScrape::mark_final`]
+    /// Whether a scrape that began after [`Scrapes::mark_final`] was served.
+    pub fn was_final_served(&self) -> bool {
+        *self.last.borrow()
+    }
+
+    /// Completes once any scrape was served (at once if one already was).
+    pub async fn first_served(&self) {
+        Self::wait(&self.first).await
+    }
+
+    /// Completes once a scrape that began after [`Scrapes::mark_final`]
     /// was served (at once if one already was).
-    pub async fn seen(&self) {
-        let mut seen = self.seen.subscribe();
+    pub async fn final_served(&self) {
+        Self::wait(&self.last).await
+    }
+
+    async fn wait(flag: &tokio::sync::watch::Sender<bool>) {
+        let mut served = flag.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
-        let _ = seen.wait_for(|seen| *seen).await;
+        let _ = served.wait_for(|served| *served).await;
     }
 }
 
@@ -416,25 +489,65 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_a_scrape_that_began_after_the_final_update_counts() {
+    async fn only_a_scrape_that_began_after_the_final_update_counts_as_final() {
         let metrics = SandboxMetrics::new();
-        let last_episode = metrics.final_scrape();
+        let last_episode = metrics.scrapes();
+        let first = tokio::time::timeout(std::time::Duration::from_millis(50), last_episode.first_served()).await;
+        assert!(first.is_err() && !last_episode.was_first_served(), "nothing was scraped yet");
         // A scrape that begins before the final update and is answered after it.
         let early = last_episode.begin();
         metrics.rollbacks.inc();
         last_episode.mark_final();
         last_episode.served(early);
-        assert!(!last_episode.was_seen(), "a scrape that began before the final update saw older values");
-        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), last_episode.seen()).await;
-        assert!(waiting.is_err(), "seen() must not complete for the early scrape");
+        assert!(last_episode.was_first_served());
+        tokio::time::timeout(std::time::Duration::from_secs(5), last_episode.first_served())
+            .await
+            .expect("first_served() completes once any scrape was served");
+        assert!(!last_episode.was_final_served(), "a scrape that began before the final update saw older values");
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), last_episode.final_served()).await;
+        assert!(waiting.is_err(), "final_served() must not complete for the early scrape");
 
         let late = last_episode.begin();
         assert!(metrics.encode().contains("basecamp_sandbox_rollbacks_total 1"));
         last_episode.served(late);
-        assert!(last_episode.was_seen());
-        tokio::time::timeout(std::time::Duration::from_secs(5), last_episode.seen())
+        assert!(last_episode.was_final_served());
+        tokio::time::timeout(std::time::Duration::from_secs(5), last_episode.final_served())
             .await
-            .expect("seen() completes once a scrape that began after the final update was served");
+            .expect("final_served() completes once a scrape that began after the final update was served");
+    }
+
+    /// The series a short pod's one scrape must already hold at zero, so
+    /// that its final scrape gives `rate()` an increase.
+    #[test]
+    fn every_series_a_run_can_count_is_there_at_zero_before_its_first_count() {
+        let metrics = SandboxMetrics::new();
+        metrics.declare_tools(["track_order", "refund"]);
+        let text = metrics.encode();
+        for tool in ["track_order", "refund", UNKNOWN_TOOL_LABEL] {
+            for status in CALL_STATUSES {
+                let status = status_label(status);
+                let line = format!("basecamp_sandbox_tool_calls_total{{tool=\"{tool}\",status=\"{status}\"}} 0\n");
+                assert!(text.contains(&line), "{line} missing in\n{text}");
+            }
+            for family in ["tool_timeouts_total", "tool_fallbacks_total", "tool_call_duration_seconds_count"] {
+                let line = format!("basecamp_sandbox_{family}{{tool=\"{tool}\"}} 0\n");
+                assert!(text.contains(&line), "{line} missing in\n{text}");
+            }
+        }
+        for outcome in EPISODE_OUTCOMES {
+            assert!(text.contains(&format!("basecamp_sandbox_episodes_total{{outcome=\"{outcome}\"}} 0\n")), "{text}");
+        }
+        for trigger in INJECTION_TRIGGERS {
+            let trigger = trigger_label(trigger);
+            assert!(
+                text.contains(&format!("basecamp_sandbox_injections_total{{trigger=\"{trigger}\"}} 0\n")),
+                "{text}"
+            );
+        }
+        assert!(text.contains("basecamp_sandbox_rollbacks_total 0\n"), "{text}");
+        // Declared tools take their labels first, so a declared tool is never `other`.
+        metrics.observe_call(&outcome("refund", StepStatus::Timeout));
+        assert!(metrics.encode().contains(r#"basecamp_sandbox_tool_calls_total{tool="refund",status="timeout"} 1"#));
     }
 
     #[test]

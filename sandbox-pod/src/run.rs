@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use basecamp_api::{HarnessTask, Loaded, Manifests, Report, SandboxConfigSpec, TestSet, resolve_profile};
 
@@ -30,7 +30,7 @@ use crate::driver::StopSignal;
 use crate::driver::{ShardSummary, run_shard};
 use crate::episode::LiveInjections;
 use crate::metrics::SandboxMetrics;
-use crate::server::{RunningServer, ServerState};
+use crate::server::{LingerEnd, RunningServer, ServerState};
 use crate::services::{RunningServices, ServiceError};
 use crate::storage::{Destination, ShardPartition, Storage, StorageConfig, UploadReport, UtcDate};
 
@@ -55,6 +55,11 @@ pub struct RunRequest {
     /// Serve `/metrics`, `/healthz` and live injection here while running
     /// (and after, until the caller stops [`RunOutcome::server`]).
     pub listen: Option<std::net::SocketAddr>,
+    /// With `listen`: before the first episode, wait at most this long for
+    /// a first scrape, so that Prometheus holds every series at zero and a
+    /// shard shorter than a scrape interval still shows in `rate()`
+    /// (`--metrics-linger`; zero: start at once).
+    pub first_scrape_wait: Duration,
     /// Upload to the task's `traces.destination` when it names one.
     pub upload: bool,
     /// Evaluate training checkpoint `step-N`: run as `<task>@step-N` at training step N.
@@ -340,18 +345,13 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     }
     let mut runner = build_runner(&spec, &sandbox, &ctx)?;
     let metrics = Arc::new(SandboxMetrics::new());
+    metrics.declare_tools(sandbox.tools.keys().map(String::as_str));
     runner.metrics = Some(metrics.clone());
     let live = LiveInjections::default();
     // Live injection for an id this shard does not run is a 404, not a silent no-op.
     live.expect_episodes(inputs.iter().map(|i| i.id.clone()));
     runner.live = live.clone();
     let runner = Arc::new(runner);
-
-    // A stop while waiting goes straight to the summary: every episode not started.
-    tokio::select! {
-        ready = crate::readiness::wait_for_policy_server(&spec.policy) => { ready?; }
-        _ = request.stop.cancelled() => {}
-    }
 
     let server = match request.listen {
         Some(addr) => {
@@ -364,6 +364,13 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         }
         None => None,
     };
+    // A stop while waiting goes straight to the summary: every episode not started.
+    let first_scrape = wait_for_first_scrape(server.as_ref(), request.first_scrape_wait, &request.stop);
+    tokio::select! {
+        (ready, ()) = async { tokio::join!(crate::readiness::wait_for_policy_server(&spec.policy), first_scrape) } => { ready?; }
+        _ = request.stop.cancelled() => {}
+    }
+
     let started = SystemTime::now();
     let metrics_for_episodes = metrics.clone();
     let summary = run_shard(runner, inputs, &out_dir, request.concurrency, request.stop.clone(), move |result| {
@@ -388,8 +395,25 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         _ => None,
     };
     // Every episode and the upload are recorded: a scrape from now on sees it all.
-    metrics.final_scrape().mark_final();
+    metrics.scrapes().mark_final();
     Ok(RunOutcome { summary, out_dir, upload, warnings, server })
+}
+
+/// [`RunRequest::first_scrape_wait`]: a pod's every count reaches `rate()`
+/// only if Prometheus saw its series at zero before them.
+async fn wait_for_first_scrape(server: Option<&RunningServer>, limit: Duration, stop: &StopSignal) {
+    let Some(server) = server.filter(|_| !limit.is_zero()) else { return };
+    let shown = basecamp_api::Duration::from(limit);
+    let line = match server.first_scrape(limit, stop.cancelled()).await {
+        LingerEnd::Scraped(after) if after < Duration::from_millis(100) => return,
+        LingerEnd::Scraped(after) => format!("first scrape of /metrics served after {:.1}s", after.as_secs_f64()),
+        LingerEnd::Elapsed => format!(
+            "no scrape of http://{}/metrics within {shown} (--metrics-linger); starting anyway: counts before the first scrape may not show in rate()",
+            server.addr()
+        ),
+        LingerEnd::Stopped | LingerEnd::ServerDown => return,
+    };
+    crate::stderr_line!("{line}");
 }
 
 /// The sandbox's GPU requirement against what this machine has: an error

@@ -23,10 +23,12 @@
 //!
 //! The server binds nothing itself: [`serve`] runs on the listener the
 //! caller bound (loopback by default, all interfaces in a pod).
-//! [`RunningServer`] is driver mode's server on a task of its own; after the
-//! shard it can [`RunningServer::linger`] until a scrape has seen the final
-//! values (`--metrics-linger`), since Prometheus only has what it scraped.
-//! Every `/metrics` answer is reported to [`SandboxMetrics::final_scrape`].
+//! [`RunningServer`] is driver mode's server on a task of its own. Since
+//! Prometheus only has what it scraped, before the first episode it can
+//! [`RunningServer::first_scrape`] (Prometheus holds every series at zero)
+//! and after the shard [`RunningServer::linger`] until a scrape has seen the
+//! final values (both `--metrics-linger`). Every `/metrics` answer is
+//! reported to [`SandboxMetrics::scrapes`].
 
 use std::future::Future;
 use std::io;
@@ -180,11 +182,11 @@ pub struct RunningServer {
     task: tokio::task::JoinHandle<io::Result<()>>,
 }
 
-/// Why [`RunningServer::linger`] returned.
+/// Why [`RunningServer::first_scrape`] or [`RunningServer::linger`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LingerEnd {
-    /// A scrape that began after the final update was served, this long
-    /// into the wait (zero when one was served before the wait began).
+    /// The scrape waited for was served, this long into the wait (zero
+    /// when one was served before the wait began).
     Scraped(Duration),
     /// The limit passed without such a scrape.
     Elapsed,
@@ -212,21 +214,37 @@ impl RunningServer {
         self.addr
     }
 
+    /// Waits until any scrape was served, at most `limit`, or until `stop`
+    /// completes: before the first episode, so that Prometheus holds every
+    /// series at zero ([`SandboxMetrics::declare_tools`]) and the final
+    /// scrape is an increase `rate()` can see, however short the shard.
+    pub async fn first_scrape(&self, limit: Duration, stop: impl Future<Output = ()>) -> LingerEnd {
+        self.wait_for(self.metrics.scrapes().first_served(), limit, stop).await
+    }
+
     /// Keeps serving until a scrape that began after
-    /// [`crate::metrics::FinalScrape::mark_final`] was served, at most
+    /// [`crate::metrics::Scrapes::mark_final`] was served, at most
     /// `limit`, or until `stop` completes. The server keeps running either
     /// way; [`RunningServer::stop`] ends it.
     pub async fn linger(&self, limit: Duration, stop: impl Future<Output = ()>) -> LingerEnd {
+        self.wait_for(self.metrics.scrapes().final_served(), limit, stop).await
+    }
+
+    async fn wait_for(
+        &self,
+        served: impl Future<Output = ()>,
+        limit: Duration,
+        stop: impl Future<Output = ()>,
+    ) -> LingerEnd {
         let started = Instant::now();
         if self.task.is_finished() {
             return LingerEnd::ServerDown;
         }
-        let final_scrape = self.metrics.final_scrape();
         tokio::select! {
             // A stop that came before the wait ends it at once.
             biased;
             () = stop => LingerEnd::Stopped,
-            () = final_scrape.seen() => LingerEnd::Scraped(started.elapsed()),
+            () = served => LingerEnd::Scraped(started.elapsed()),
             () = tokio::time::sleep(limit) => LingerEnd::Elapsed,
         }
     }
@@ -244,7 +262,7 @@ impl RunningServer {
 
 async fn serve_metrics(State(metrics): State<Arc<SandboxMetrics>>, headers: HeaderMap) -> Response {
     // Before reading any value: a scrape counts as final only if it began after the final update.
-    let start = metrics.final_scrape().begin();
+    let start = metrics.scrapes().begin();
     let wants_openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -256,7 +274,7 @@ async fn serve_metrics(State(metrics): State<Arc<SandboxMetrics>>, headers: Head
         ([(header::CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE)], metrics.encode_prometheus_text()).into_response()
     };
     // The body is in memory; a graceful stop (RunningServer::stop) still sends it.
-    metrics.final_scrape().served(start);
+    metrics.scrapes().served(start);
     response
 }
 

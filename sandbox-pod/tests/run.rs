@@ -1,6 +1,6 @@
 //! Driver mode end to end: manifests on disk -> `basecamp-sandbox run` ->
 //! traces, summary.json and the upload to the task's destination; with
-//! `--listen` and `--metrics-linger`, the wait for a final scrape.
+//! `--listen` and `--metrics-linger`, the waits for a first and a final scrape.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -450,19 +450,45 @@ fn with<'a>(args: &'a [String], more: &[&'a str]) -> Vec<&'a str> {
 
 const WAITING: &str = "waiting for a final scrape of http://";
 
+/// The series names with labels (`name{labels}`) of a `/metrics` answer.
+fn series(metrics: &str) -> std::collections::BTreeSet<String> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| Some(l.rsplit_once(' ')?.0.to_string()))
+        .collect()
+}
+
+/// The first scrape of a lingering run: the episodes wait for it.
+fn first_scrape(run: &mut Background) -> (String, String) {
+    let serving = run.line_with("serving /metrics", Duration::from_secs(60));
+    let addr = address_in(&serving);
+    (addr.clone(), get(&addr, "/metrics"))
+}
+
 #[test]
-fn a_scrape_after_the_upload_sees_the_final_counts_and_ends_the_metrics_linger() {
+fn a_lingering_run_is_scraped_at_zero_before_its_episodes_and_with_its_final_counts_after_the_upload() {
     let (project, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (plain_dest, plain_out) = (tempfile::tempdir().unwrap(), out.path().join("plain"));
     let args = linger_project(project.path(), plain_dest.path(), &plain_out);
     let plain = sandbox(&with(&args, &[]));
     assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
-    assert!(!String::from_utf8_lossy(&plain.stderr).contains("final scrape"), "no --metrics-linger: no wait");
+    assert!(!String::from_utf8_lossy(&plain.stderr).contains("scrape"), "no --metrics-linger: no wait");
 
     let (dest, linger_out) = (tempfile::tempdir().unwrap(), out.path().join("linger"));
     let args = linger_project(project.path(), dest.path(), &linger_out);
     let started = Instant::now();
     let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
+    // Before its first scrape a lingering run starts no episode: a shard
+    // shorter than a scrape interval would otherwise be scraped only with
+    // its final counts, which rate() cannot tell from a series that was always there.
+    let serving = run.line_with("serving /metrics", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(700));
+    let traces = walk(&linger_out).into_iter().filter(|p| p.ends_with(".trace")).count();
+    assert_eq!(traces, 0, "an episode started before the first scrape");
+    let addr = address_in(&serving);
+    let at_zero = get(&addr, "/metrics");
+    assert_eq!(episodes_counted(&at_zero), 0, "{at_zero}");
     let waiting = run.line_with(WAITING, Duration::from_secs(60));
     assert!(waiting.contains("at most 1m"), "{waiting}");
     // The wait begins after the upload: its files are at the destination already.
@@ -471,11 +497,16 @@ fn a_scrape_after_the_upload_sees_the_final_counts_and_ends_the_metrics_linger()
     let scraped = Instant::now();
     let metrics = get(&address_in(&waiting), "/metrics");
     assert_eq!(episodes_counted(&metrics), 2, "the scrape has every episode of the shard:\n{metrics}");
+    // Every series of the final answer was in the first, at zero: each count is an increase.
+    let (first, last) = (series(&at_zero), series(&metrics));
+    assert!(last.iter().any(|s| s.starts_with("basecamp_sandbox_tool_calls_total{")), "{metrics}");
+    let new: Vec<&String> = last.difference(&first).collect();
+    assert!(new.is_empty(), "series that appeared only with their final counts: {new:?}");
     let ended = run.exit_within(Duration::from_secs(20));
     assert!(ended.stderr.contains("final scrape served after"), "{}", ended.stderr);
     assert!(
         ended.at.duration_since(scraped) < Duration::from_secs(20) && started.elapsed() < Duration::from_secs(60),
-        "the scrape ended the wait, not the 60s limit"
+        "the scrapes ended the waits, not the 60s limit"
     );
     assert_eq!(ended.status.code(), plain.status.code(), "{}", ended.stderr);
     assert_eq!(
@@ -498,6 +529,9 @@ fn without_a_scrape_the_metrics_linger_ends_at_its_limit_with_the_runs_exit_code
     let linger_out = out.path().join("linger");
     let args = linger_project(project.path(), &dest, &linger_out);
     let mut run = Background::start(&with(&args, &["--metrics-linger", "1s"]));
+    // No first scrape either: the episodes start after 1s, saying so.
+    let unscraped = run.line_with("starting anyway", Duration::from_secs(60));
+    assert!(unscraped.contains("no scrape of http://") && unscraped.contains("within 1s"), "{unscraped}");
     run.line_with(WAITING, Duration::from_secs(60));
     let waited = Instant::now();
     let ended = run.exit_within(Duration::from_secs(20));
@@ -516,6 +550,7 @@ fn sigterm_ends_the_metrics_linger_at_once() {
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let args = linger_project(project.path(), dest.path(), &out.path().join("linger"));
     let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
+    first_scrape(&mut run);
     run.line_with(WAITING, Duration::from_secs(60));
     let killed = Command::new("kill").args(["-TERM", &run.child.id().to_string()]).status().unwrap();
     assert!(killed.success());
@@ -537,8 +572,12 @@ fn a_scrape_during_the_episodes_does_not_end_the_metrics_linger() {
     assert_ne!(slow, POLICY);
     std::fs::write(project.path().join("policy.jsonl"), slow).unwrap();
     let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
-    let serving = run.line_with("serving /metrics", Duration::from_secs(60));
-    let addr = address_in(&serving);
+    let (addr, _) = first_scrape(&mut run);
+    // Wait until ep-1's first turn is under way (its trace exists).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !walk(&out.path().join("linger")).iter().any(|p| p.ends_with(".trace")) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let early = get(&addr, "/metrics");
     assert!(episodes_counted(&early) < 2, "this scrape must come before the last episode ended:\n{early}");
     run.line_with(WAITING, Duration::from_secs(60));

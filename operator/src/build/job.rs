@@ -109,8 +109,10 @@ fn env(name: &str, value: &str) -> EnvVar {
 /// The sandbox's arguments: `run --config ... --shard $(JOB_COMPLETION_INDEX)/N
 /// --listen 0.0.0.0:9464` (`/metrics` for the chart's PodMonitor, `/healthz`,
 /// live injection through `kubectl port-forward`), `--metrics-linger D`
-/// (after the shard, serve `/metrics` until a scrape saw the final counts,
-/// at most `D`: a short pod may otherwise never be scraped), and
+/// (before the first episode, wait for a first scrape of the series at
+/// zero; after the shard, serve `/metrics` until a scrape saw the final
+/// counts; each at most `D`: a short pod may otherwise never be scraped, or
+/// scraped once, which `rate()` cannot see), and
 /// `--checkpoint-step N` when it evaluates a checkpoint.
 ///
 /// The wait needs no longer `terminationGracePeriodSeconds`: it happens

@@ -93,6 +93,7 @@ impl Gym {
         std::fs::create_dir_all(&config.out_dir)?;
         let mut runner = config.runner;
         let metrics = runner.metrics.get_or_insert_with(|| Arc::new(SandboxMetrics::new())).clone();
+        metrics.declare_tools(runner.tools.iter().map(|t| t.name.as_str()));
         Ok(Arc::new(Self {
             runner,
             metrics,

@@ -133,8 +133,9 @@ schema = {
       "serviceMonitor": obj(dict(monitor_common, honorLabels=b())),
       "sandboxPodMonitor": obj(dict(monitor_common, taskLabel=label_key, variantLabel=label_key,
                                     shardLabel=label_key,
-                                    metricsLinger=s("How long a finished sandbox pod waits for a scrape of its "
-                                                    "final counts (--sandbox-metrics-linger), e.g. 30s",
+                                    metricsLinger=s("How long a sandbox pod waits for a first scrape before its "
+                                                    "episodes and for a scrape of its final counts after "
+                                                    "them (--sandbox-metrics-linger), e.g. 30s",
                                                     pattern="^([0-9]+(ms|s|m|h))+$"),
                                     scrapeFrom=arr(peer, "NetworkPolicyPeers that may reach the sandbox pods' "
                                                    "metrics port (--sandbox-metrics-from), injection included; "
