@@ -285,6 +285,33 @@ fn exists_finds_a_recorded_entropy_or_kl_of_zero() {
 }
 
 #[test]
+fn exists_finds_json_values_that_are_zero_empty_or_false() {
+    // A JSON path has a value when the JSON has it: 0, "" and false are
+    // values (exists() treated them as unset proto scalars, while null
+    // counted as set).
+    let header = Header { episode_id: "ep-j".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    w.append(1, delta("cart", Some(r#"{"count": 0, "note": "", "gift": false, "coupon": null}"#))).unwrap();
+    let mut call = plan("order_lookup", StepStatus::Ok, 5);
+    if let Body::PlanStep(p) = &mut call {
+        p.arguments_json = r#"{"quantity": 0}"#.into();
+    }
+    w.append(1, call).unwrap();
+    w.end_step().unwrap();
+    let bytes = w.finish(EpisodeEnd { steps: 1, ..Default::default() }).unwrap();
+    for query in [
+        "exists(memory_state.cart.count)",
+        "exists(memory_state.cart.note)",
+        "exists(memory_state.cart.gift)",
+        "exists(memory_state.cart.coupon)",
+        "exists(plan_execution.arguments.quantity)",
+    ] {
+        assert_eq!(steps_matching(&bytes, query), [1], "query: {query}");
+    }
+    assert_eq!(steps_matching(&bytes, "exists(memory_state.cart.missing)"), [0u32; 0]);
+}
+
+#[test]
 fn a_match_names_the_frame_and_section_of_the_record() {
     let bytes = write_episode();
     let q = Query::parse("exists(error_context)").unwrap();

@@ -31,9 +31,9 @@ frame holding the record that matched.
 Operators ==, !=, <, <=, >, >=; literals \"string\", 12.5, true, false, null;
 and/&&, or/||, not/!, parentheses. exists(PATH) holds when a record of the
 step has PATH (scalar fields: a non-default value; token_logit.entropy and kl:
-recorded, 0 included); exists(SECTION) when the step has a record of that
-section; exists(memory_state.KEY) when the step changed KEY (a removal
-included).
+recorded, 0 included; JSON paths: present, 0, \"\", false and null included);
+exists(SECTION) when the step has a record of that section;
+exists(memory_state.KEY) when the step changed KEY (a removal included).
 
 Conditions on the same section (for memory_state: the same key) are checked
 against one record at a time: `tool == \"a\" and latency_ms > 800` needs one

@@ -652,10 +652,17 @@ pub fn any_value(getter: &Getter, body: &[u8], f: &mut dyn FnMut(&Val<'_>) -> bo
 
 /// Whether `getter` has a value in `body`, for `exists`: a proto3
 /// `optional` field whenever it was recorded (0 is a value there: the KL of
-/// two identical runs), any other scalar when it is not its default.
+/// two identical runs), a JSON path whenever the JSON has it (0, "", false
+/// and null included), any other scalar when it is not its default.
 pub fn has_value(getter: &Getter, body: &[u8]) -> Result<bool, Malformed> {
-    let explicit_presence = matches!(getter, Getter::Scalar { scalar: Scalar::OptionalF32, .. });
-    any_value(getter, body, &mut |v| explicit_presence || v.is_set())
+    let present_is_set = matches!(
+        getter,
+        Getter::Scalar { scalar: Scalar::OptionalF32, .. }
+            | Getter::Json { .. }
+            | Getter::JsonMap { .. }
+            | Getter::MemoryAfter { .. }
+    );
+    any_value(getter, body, &mut |v| present_is_set || v.is_set())
 }
 
 /// The key of a memory delta (field 1), for the memory_state group filter.

@@ -19,7 +19,8 @@
 //! `null`. `exists(PATH)` holds when some record of the step has PATH with a
 //! value (for scalar fields: not the proto default — a non-empty string, a
 //! non-zero number, `true`; `token_logit.entropy` and `kl` whenever they
-//! were recorded, 0 included); `exists(SECTION)` when the step has a record of
+//! were recorded, 0 included; a JSON path whenever the JSON has it, 0, `""`,
+//! `false` and `null` included); `exists(SECTION)` when the step has a record of
 //! that section; `exists(memory_state.KEY)` when the step changed KEY (a
 //! removal included). Combine with `and` (`&&`), `or` (`||`), `not` (`!`) and
 //! parentheses; `not` binds tightest, then `and`, then `or`.
