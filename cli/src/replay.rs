@@ -76,19 +76,25 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     } else {
         args.config.clone()
     };
-    let (scratch, keep) = match &args.out {
-        Some(dir) => (dir.clone(), true),
+    // Without --out, a fresh temporary directory (removed when dropped),
+    // named without the episode id: that comes from the trace, and a
+    // `x/../y` there would otherwise pick the directory that gets removed.
+    let temporary;
+    let scratch = match &args.out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            dir.clone()
+        }
         None => {
-            (std::env::temp_dir().join(format!("basecamp-replay-{}-{}", std::process::id(), header.episode_id)), false)
+            temporary = tempfile::Builder::new()
+                .prefix("basecamp-replay-")
+                .tempdir()
+                .context("cannot create a temporary directory for the replay")?;
+            temporary.path().to_path_buf()
         }
     };
-    std::fs::create_dir_all(&scratch).with_context(|| format!("cannot create {}", scratch.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let replayed = runtime.block_on(replay(&args, &manifests, &recorded.records, &header, &scratch));
-    if !keep {
-        let _ = std::fs::remove_dir_all(&scratch);
-    }
-    let replayed = replayed?;
+    let replayed = runtime.block_on(replay(&args, &manifests, &recorded.records, &header, &scratch))?;
     let compared = comparable(&recorded.records).count();
     match first_divergence(&recorded.records, &replayed) {
         None => {

@@ -166,3 +166,40 @@ fn a_raw_logits_episode_replays_with_its_entropy_and_kl_so_a_divergence_reward_i
         assert_eq!(token_logits(&replayed[0]), recorded, "{}", trace.display());
     }
 }
+
+#[test]
+fn an_episode_id_with_dot_dot_does_not_steer_the_scratch_directory() {
+    // The scratch directory was `$TMPDIR/basecamp-replay-<pid>-<episode id>`,
+    // removed afterwards: a trace whose header says `x/../victim` had replay
+    // create, fill and then delete `$TMPDIR/victim` with everything in it.
+    use basecamp_trace::pb::{EpisodeEnd, Header, PolicyTurn, record::Body};
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce");
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("keep.txt"), "mine").unwrap();
+    let header = Header {
+        episode_id: "x/../victim".into(),
+        task: "shipping-delay-ab".into(),
+        variant: "a".into(),
+        ..Default::default()
+    };
+    let mut writer = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
+    writer.append(1, Body::PolicyTurn(PolicyTurn { content: "done".into(), ..Default::default() })).unwrap();
+    writer.end_step().unwrap();
+    let bytes = writer.finish(EpisodeEnd { steps: 1, ..Default::default() }).unwrap();
+    let trace = tmp.path().join("odd.trace");
+    std::fs::write(&trace, bytes).unwrap();
+
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "replay", trace.to_str().unwrap(), "--config", example.to_str().unwrap()])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .expect("basecamp runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("episode x/../victim is not in the test set"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(victim.join("keep.txt")).ok().as_deref(), Some("mine"), "{stderr}");
+    // Nothing is left behind in TMPDIR either.
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}
