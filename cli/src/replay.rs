@@ -220,6 +220,14 @@ fn parse_json(text: &str, what: &str) -> Result<Value> {
     serde_json::from_str(text).with_context(|| format!("the trace's {what} is not JSON"))
 }
 
+/// Refusals made before a tool is called: such a call asks no tool, so it
+/// has no answer in the fixture (it would take the tool's next one).
+const REFUSED_UNCALLED: [&str; 2] = ["invalid_arguments", "unknown_tool"];
+
+/// Refusals of a tool's memory write, made after it answered: its answer
+/// goes in the fixture, and the memory policy refuses the write again.
+const REFUSED_AFTER_ANSWER: [&str; 2] = ["null_write_refused", "memory_type"];
+
 /// The tools' recorded answers, in call order, as a fixture.
 fn tool_fixture(records: &[pb::Record]) -> Result<String> {
     let mut lines = String::new();
@@ -228,11 +236,20 @@ fn tool_fixture(records: &[pb::Record]) -> Result<String> {
         if step.kind != pb::StepKind::ToolCall as i32 || step.tool.is_empty() {
             continue;
         }
-        let arguments = parse_json(&step.arguments_json, "tool arguments")?;
-        let mut entry = json!({"tool": step.tool, "arguments": arguments});
-        let ok = step.status == pb::StepStatus::Ok as i32 && !step.fallback_used;
-        if ok {
-            entry["observation"] = parse_json(&step.observation_json, "tool observation")?;
+        let refused = step.status == pb::StepStatus::Refused as i32;
+        if refused && REFUSED_UNCALLED.contains(&step.error_type.as_str()) {
+            continue;
+        }
+        let mut entry = json!({"tool": step.tool});
+        // Only for a reader of the fixture: replay answers calls in sequence.
+        if let Ok(arguments @ Value::Object(_)) = serde_json::from_str::<Value>(&step.arguments_json) {
+            entry["arguments"] = arguments;
+        }
+        let answered = (step.status == pb::StepStatus::Ok as i32 && !step.fallback_used)
+            || (refused && REFUSED_AFTER_ANSWER.contains(&step.error_type.as_str()));
+        if answered {
+            entry["observation"] = parse_json(&step.observation_json, "tool observation")
+                .with_context(|| format!("step {} ({})", record.step, step.tool))?;
         } else if step.error_type == "timeout" {
             entry["timeout"] = json!(true);
         } else {

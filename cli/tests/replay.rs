@@ -8,6 +8,7 @@ mod s3;
 use std::path::Path;
 use std::process::Command;
 
+use basecamp_trace::pb::StepStatus;
 use serde_json::Value;
 
 fn basecamp(args: &[&str]) -> (bool, String) {
@@ -202,4 +203,114 @@ fn an_episode_id_with_dot_dot_does_not_steer_the_scratch_directory() {
     // Nothing is left behind in TMPDIR either.
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 2, "{left:?}");
+}
+
+/// A sandbox with one recorded tool whose `count` must be an integer in
+/// memory, and a policy that sends arguments that are not JSON, calls a
+/// tool that does not exist, and gets an answer whose memory write is refused.
+const REFUSALS_TASK: &str = r#"apiVersion: basecamp.dev/v1alpha1
+kind: SandboxConfig
+metadata:
+  name: refusals-tools
+spec:
+  tools:
+    lookup:
+      description: Look an order up.
+      parameters:
+        type: object
+        properties:
+          id: {type: string}
+      recorded:
+        fixture: fixture.jsonl
+      memoryPatch:
+        count: /count
+  memory:
+    strictTypes: true
+    schema: {count: integer}
+  maxSteps: 6
+---
+apiVersion: basecamp.dev/v1alpha1
+kind: HarnessTask
+metadata:
+  name: refusals
+spec:
+  taskDefinition:
+    name: refusals
+    description: calls the sandbox refuses
+  evaluation:
+    metrics: [tool_call_accuracy]
+    testSet: tests.jsonl
+  policy:
+    scripted: policy.jsonl
+  sandboxRef:
+    name: refusals-tools
+"#;
+
+#[test]
+fn calls_the_sandbox_refused_replay_identically() {
+    // Refused before the tool was asked (arguments not JSON, or not an
+    // object; an unknown tool): replay stopped at "the trace's tool
+    // arguments is not JSON", and such a call must not take the tool's next
+    // recorded answer either. Refused after the tool answered (its memory
+    // write broke memory.schema): the answer was replayed as a tool failure,
+    // so the fallback-free call came back `error` ("status recorded 6 vs
+    // replayed 2").
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        ("task.yaml", REFUSALS_TASK),
+        (
+            "fixture.jsonl",
+            concat!(
+                r#"{"tool": "lookup", "arguments": {"id": "1"}, "observation": {"status": "shipped", "count": 3}}"#,
+                "\n",
+                r#"{"tool": "lookup", "arguments": {"id": "2"}, "observation": {"status": "lost", "count": "three"}}"#,
+                "\n"
+            ),
+        ),
+        (
+            "tests.jsonl",
+            concat!(
+                r#"{"id": "bad-args", "instruction": "a", "expected_tool_calls": [{"name": "lookup", "arguments": {"id": "1"}}]}"#,
+                "\n",
+                r#"{"id": "bad-memory", "instruction": "b", "expected_tool_calls": [{"name": "lookup", "arguments": {"id": "2"}}]}"#,
+                "\n"
+            ),
+        ),
+        (
+            "policy.jsonl",
+            concat!(
+                r#"{"episode": "bad-args", "turns": [{"tool_calls": [{"name": "lookup", "arguments": "{\"id\": 1"}]}, "#,
+                r#"{"tool_calls": [{"name": "nope", "arguments": {}}]}, {"tool_calls": [{"name": "lookup", "arguments": [1]}]}, "#,
+                r#"{"tool_calls": [{"name": "lookup", "arguments": {"id": "1"}}]}, {"content": "done"}]}"#,
+                "\n",
+                r#"{"episode": "bad-memory", "turns": [{"tool_calls": [{"name": "lookup", "arguments": {"id": "2"}}]}, {"content": "done"}]}"#,
+                "\n"
+            ),
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let config = dir.path().to_str().unwrap();
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    for (episode, statuses) in [
+        ("bad-args", vec![StepStatus::Refused, StepStatus::Refused, StepStatus::Refused, StepStatus::Ok]),
+        ("bad-memory", vec![StepStatus::Refused]),
+    ] {
+        let trace = out.join("default/shard-0").join(format!("{episode}.trace"));
+        let recorded: Vec<StepStatus> = basecamp_trace::read_trace(&trace)
+            .unwrap()
+            .records
+            .into_iter()
+            .filter_map(|r| match r.body {
+                Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => Some(s.status()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(recorded, statuses, "{episode}: the run did not refuse what this test is about");
+        let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
+        assert!(ok && text.starts_with("identical:"), "{episode}: {text}");
+    }
 }
