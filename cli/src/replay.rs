@@ -347,6 +347,12 @@ fn comparable(records: &[pb::Record]) -> impl Iterator<Item = &pb::Record> {
     })
 }
 
+/// A proto enum value by its short lower-case name (`refused`, `tool_call`),
+/// as `trace search` spells it; the number when this build does not know it.
+fn enum_name<E: TryFrom<i32>>(value: i32, name: fn(&E) -> &'static str, prefix: &str) -> String {
+    E::try_from(value).map_or_else(|_| value.to_string(), |e| name(&e).trim_start_matches(prefix).to_ascii_lowercase())
+}
+
 fn hex8(bytes: &[u8]) -> String {
     if bytes.is_empty() { "(none)".into() } else { hex::encode(&bytes[..bytes.len().min(8)]) }
 }
@@ -357,10 +363,10 @@ fn fields(record: &pb::Record) -> (&'static str, Vec<(&'static str, String)>) {
         Some(Body::PlanStep(s)) => (
             "plan_execution",
             vec![
-                ("kind", s.kind.to_string()),
+                ("kind", enum_name(s.kind, pb::StepKind::as_str_name, "STEP_KIND_")),
                 ("tool", s.tool.clone()),
                 ("input_hash", hex8(&s.input_hash)),
-                ("status", s.status.to_string()),
+                ("status", enum_name(s.status, pb::StepStatus::as_str_name, "STEP_STATUS_")),
                 ("error_type", s.error_type.clone()),
                 ("fallback_used", s.fallback_used.to_string()),
                 ("result_hash", hex8(&s.result_hash)),
@@ -374,7 +380,7 @@ fn fields(record: &pb::Record) -> (&'static str, Vec<(&'static str, String)>) {
                 ("key", d.key.clone()),
                 ("before", d.before_json.clone().unwrap_or_else(|| "(absent)".into())),
                 ("after", d.after_json.clone().unwrap_or_else(|| "(absent)".into())),
-                ("source", d.source.to_string()),
+                ("source", enum_name(d.source, pb::MemorySource::as_str_name, "MEMORY_SOURCE_")),
                 ("origin", d.origin.clone()),
             ],
         ),
@@ -389,7 +395,7 @@ fn fields(record: &pb::Record) -> (&'static str, Vec<(&'static str, String)>) {
         Some(Body::EpisodeEnd(e)) => (
             "episode_end",
             vec![
-                ("outcome", e.outcome.to_string()),
+                ("outcome", enum_name(e.outcome, pb::Outcome::as_str_name, "OUTCOME_")),
                 ("steps", e.steps.to_string()),
                 ("final_memory_hash", hex8(&e.final_memory_hash)),
             ],

@@ -246,16 +246,8 @@ spec:
     name: refusals-tools
 "#;
 
-#[test]
-fn calls_the_sandbox_refused_replay_identically() {
-    // Refused before the tool was asked (arguments not JSON, or not an
-    // object; an unknown tool): replay stopped at "the trace's tool
-    // arguments is not JSON", and such a call must not take the tool's next
-    // recorded answer either. Refused after the tool answered (its memory
-    // write broke memory.schema): the answer was replayed as a tool failure,
-    // so the fallback-free call came back `error` ("status recorded 6 vs
-    // replayed 2").
-    let dir = tempfile::tempdir().unwrap();
+/// Writes REFUSALS_TASK, its fixture, test set and policy into `dir`.
+fn write_refusals(dir: &Path) {
     let files = [
         ("task.yaml", REFUSALS_TASK),
         (
@@ -289,8 +281,21 @@ fn calls_the_sandbox_refused_replay_identically() {
         ),
     ];
     for (name, text) in files {
-        std::fs::write(dir.path().join(name), text).unwrap();
+        std::fs::write(dir.join(name), text).unwrap();
     }
+}
+
+#[test]
+fn calls_the_sandbox_refused_replay_identically() {
+    // Refused before the tool was asked (arguments not JSON, or not an
+    // object; an unknown tool): replay stopped at "the trace's tool
+    // arguments is not JSON", and such a call must not take the tool's next
+    // recorded answer either. Refused after the tool answered (its memory
+    // write broke memory.schema): the answer was replayed as a tool failure,
+    // so the fallback-free call came back `error` ("status recorded 6 vs
+    // replayed 2").
+    let dir = tempfile::tempdir().unwrap();
+    write_refusals(dir.path());
     let config = dir.path().to_str().unwrap();
     let out = dir.path().join("out");
     let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
@@ -313,4 +318,26 @@ fn calls_the_sandbox_refused_replay_identically() {
         let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
         assert!(ok && text.starts_with("identical:"), "{episode}: {text}");
     }
+}
+
+#[test]
+fn a_divergence_names_enum_values() {
+    // "status recorded 6 vs replayed 1": the numbers of the proto enums.
+    let dir = tempfile::tempdir().unwrap();
+    write_refusals(dir.path());
+    let config = dir.path().to_str().unwrap();
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    // The same sandbox without its memory schema accepts the write it refused.
+    let lenient = dir.path().join("lenient");
+    std::fs::create_dir(&lenient).unwrap();
+    write_refusals(&lenient);
+    let task = REFUSALS_TASK.replace("  memory:\n    strictTypes: true\n    schema: {count: integer}\n", "");
+    assert_ne!(task, REFUSALS_TASK);
+    std::fs::write(lenient.join("task.yaml"), task).unwrap();
+    let trace = out.join("default/shard-0/bad-memory.trace");
+    let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", lenient.to_str().unwrap()]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("(record 1 of 3, plan_execution): status recorded refused vs replayed ok"), "{text}");
 }
