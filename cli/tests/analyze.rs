@@ -215,3 +215,24 @@ fn device_gpu_without_a_gpu_is_a_clear_error_and_auto_falls_back() {
     }
     assert_eq!(auto["tokens"][1]["top"][0]["id"], 0);
 }
+
+#[test]
+fn a_reader_that_stops_reading_early_is_not_an_error() {
+    // `basecamp trace analyze ... | head -3`: the closed pipe was reported as
+    // "error: Broken pipe (os error 32)" with exit 1, in both formats.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values: Vec<f32> = (0..4000).map(|i| (i % 13) as f32 * 0.25).collect();
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[400, 10], &values)]);
+    for format in ["table", "json"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["trace", "analyze", "--logits", path_str(&a), "--device", "cpu", "--output", format])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the basecamp binary runs");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("it ends");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{format}");
+        assert_eq!(out.status.code(), Some(0), "{format}");
+    }
+}

@@ -113,15 +113,18 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
 
     let mut out = io::stdout().lock();
     let backend = analyzer.backend().to_string();
-    match args.output {
+    let written = match args.output {
         OutputFormat::Json => {
             let doc = to_json(&sources, &stats, &backend, analyzer.fallback_reason());
-            serde_json::to_writer_pretty(&mut out, &doc)?;
-            writeln!(out)?;
+            serde_json::to_writer_pretty(&mut out, &doc).map_err(io::Error::from).and_then(|()| writeln!(out))
         }
-        OutputFormat::Table => write_table(&mut out, &sources, &stats, &backend, analyzer.fallback_reason())?,
+        OutputFormat::Table => write_table(&mut out, &sources, &stats, &backend, analyzer.fallback_reason()),
+    };
+    match written.and_then(|()| out.flush()) {
+        // A closed pipe (`| head`) is not an error of the analysis.
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(ExitCode::SUCCESS),
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// JSON has no infinity: a KL of +inf is written as the string "inf".
