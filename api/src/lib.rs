@@ -36,7 +36,7 @@ pub mod validate;
 pub use criteria::{Comparison, Criterion, CriterionError, Threshold};
 pub use duration::{Duration, DurationError};
 pub use gpu::{ComputeCapability, ComputeCapabilityError, GpuRequirement};
-pub use manifest::{Loaded, ManifestError, Manifests, SandboxRefError, Source};
+pub use manifest::{Loaded, ManifestError, Manifests, ObjectReport, SandboxRefError, Source};
 pub use problem::{Location, Problem, Report, Rule, Severity};
 pub use profile::{ProfileError, SandboxProfile, resolve_profile};
 pub use sandbox::{SandboxConfig, SandboxConfigSpec};

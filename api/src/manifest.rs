@@ -259,6 +259,19 @@ impl Manifests {
     /// instead of each manifest's directory.
     pub fn validate_in(&self, base_dir: Option<&Path>) -> Report {
         let mut report = Report::new();
+        for object in self.validate_each(base_dir) {
+            report.extend(object.report);
+        }
+        report
+    }
+
+    /// [`Manifests::validate_in`] object by object, tasks first: each
+    /// object's problems with the file and line it came from, so that two
+    /// objects of one kind and name (in two namespaces, or a YAML manifest's
+    /// task and a converted JSON harness's) are told apart by where they
+    /// are, not by their `Kind/name`.
+    pub fn validate_each(&self, base_dir: Option<&Path>) -> Vec<ObjectReport<'_>> {
+        let mut reports = Vec::new();
         for task in &self.tasks {
             let namespace = task.object.metadata.namespace.as_deref();
             // Each name once, and only those the task can use: a reference
@@ -278,15 +291,23 @@ impl Manifests {
                 base_dir: Some(&base_dir),
             };
             let problems = validate_task(&task.object.spec, &sandboxes, &ctx);
-            report.extend(self.unreadable_not_missing(&task.object, problems));
+            reports.push(ObjectReport {
+                label: ctx.task_label(),
+                source: &task.source,
+                report: self.unreadable_not_missing(&task.object, problems),
+            });
         }
         for sandbox in &self.sandboxes {
             let base_dir = base_dir.map_or_else(|| sandbox.base_dir(), Path::to_path_buf);
             let ctx = ValidationContext { base_dir: Some(&base_dir), ..Default::default() };
             let name = sandbox.object.metadata.name.as_deref().unwrap_or("");
-            report.extend(validate_sandbox(name, &sandbox.object.spec, &ctx));
+            reports.push(ObjectReport {
+                label: format!("SandboxConfig/{name}"),
+                source: &sandbox.source,
+                report: validate_sandbox(name, &sandbox.object.spec, &ctx),
+            });
         }
-        report
+        reports
     }
 
     /// `problems` of `task`, with "SandboxConfig not found" replaced by why
@@ -360,6 +381,30 @@ impl Manifests {
             }
         }
         report
+    }
+}
+
+/// What validation found in one object ([`Manifests::validate_each`]).
+#[derive(Debug, Clone)]
+pub struct ObjectReport<'a> {
+    /// `HarnessTask/<name>` or `SandboxConfig/<name>`: how the object's own
+    /// problems name it.
+    pub label: String,
+    /// The file and line the object came from.
+    pub source: &'a Source,
+    /// Its problems. A task's include those of the SandboxConfigs it uses,
+    /// as it uses them (a profile applied), named by their own label.
+    pub report: Report,
+}
+
+impl ObjectReport<'_> {
+    /// True for a problem of the object itself (a SandboxConfig's with one
+    /// of its profiles applied too), not of another object it uses.
+    pub fn is_own(&self, problem: &Problem) -> bool {
+        problem.object.as_deref().is_some_and(|object| {
+            object == self.label
+                || object.strip_prefix(self.label.as_str()).is_some_and(|rest| rest.starts_with(" (profile "))
+        })
     }
 }
 

@@ -9,7 +9,13 @@
 //! (`data_pipeline.batch_size`) and the file's name. A converted task whose
 //! name another file's task has (YAML or JSON) is defined twice, an error
 //! at the JSON file's `task_definition.name`.
+//!
+//! Each problem is reported at the object it is about, found by where the
+//! object came from (`Manifests::validate_each`), never by its name: a
+//! YAML object's problems name it `Kind/name` as the operator does, with
+//! its `file:line` when another object has that kind and name too.
 
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -106,12 +112,37 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
             report.push(to_json_spelling(problem, &j.file, Some(&j.object)));
         }
     }
-    for problem in manifests.validate().problems() {
-        let from_json = converted_files.iter().find(|j| problem.object.as_deref() == Some(j.object.as_str()));
-        report.push(match from_json {
-            Some(j) => to_json_spelling(problem.clone(), &j.file, Some(&j.object)),
-            None => problem.clone(),
-        });
+    // Each problem at the object it is about, told by where the object came
+    // from: a task of one name may be in a YAML manifest and in a JSON
+    // harness (a duplicate, reported above) or in two namespaces.
+    let checked = manifests.validate_each(None);
+    let owned: HashSet<&Problem> =
+        checked.iter().flat_map(|o| o.report.problems().iter().filter(|p| o.is_own(p))).collect();
+    let mut labels: HashMap<&str, usize> = HashMap::new();
+    for object in &checked {
+        *labels.entry(object.label.as_str()).or_default() += 1;
+    }
+    for object in &checked {
+        let source = object.source;
+        for problem in object.report.problems() {
+            if !object.is_own(problem) {
+                // A SandboxConfig's, as this task uses it: said with that
+                // SandboxConfig's own problems, unless only this use has it.
+                if !owned.contains(problem) {
+                    report.push(problem.clone());
+                }
+                continue;
+            }
+            let label = problem.object.as_deref().unwrap_or(&object.label);
+            report.push(if converted_files.iter().any(|j| j.file == source.file) {
+                to_json_spelling(problem.clone(), &source.file, Some(label))
+            } else if labels[object.label.as_str()] > 1 {
+                // `Kind/name` alone would not say which of them.
+                Problem { object: Some(format!("{}:{} ({label})", source.file, source.line)), ..problem.clone() }
+            } else {
+                problem.clone()
+            });
+        }
     }
     let errors = report.errors().count();
     let warnings = report.problems().len() - errors;

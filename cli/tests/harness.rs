@@ -138,6 +138,44 @@ fn a_task_defined_again_by_a_json_harness_is_an_error_at_the_json_file() {
 }
 
 #[test]
+fn a_yaml_task_and_a_json_harness_of_one_name_each_have_their_problems_at_their_own_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo("examples/ecommerce");
+    for file in ["tests.jsonl", "policy.jsonl", "sandbox-b.yaml"] {
+        std::fs::copy(example.join(file), dir.path().join(file)).unwrap();
+    }
+    let path = |file: &str| dir.path().join(file).to_str().unwrap().to_string();
+    let (harness, task, sandbox) = (path("harness.json"), path("task.yaml"), path("sandbox-b.yaml"));
+    std::fs::write(&harness, HARNESS.replace("resume_frm", "resume_from")).unwrap();
+    let output = basecamp(&["harness", "convert", &harness, "--sandbox", "shipping-b", "-o", &task]);
+    assert!(output.status.success(), "{}", text(&output));
+    // The YAML task's criterion does not parse; the JSON one's source has a query string.
+    let yaml =
+        std::fs::read_to_string(&task).unwrap().replace("tool_call_accuracy >= 0.9", "tool_call_accuracy >= lots");
+    std::fs::write(&task, yaml).unwrap();
+    let json = HARNESS.replace("resume_frm", "resume_from").replace("ecommerce-v3/", "ecommerce-v3/?versionId=abc");
+    std::fs::write(&harness, json).unwrap();
+
+    let output = basecamp(&["harness", "validate", "--sandbox", "shipping-b", &task, &harness, &sandbox]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    let object = "(HarnessTask/e-commerce-support-v4)";
+    // Before: both were reported at the JSON file, the YAML task's in the JSON spelling.
+    let yaml_problem = format!(
+        "error: {task}:1 {object}: spec.taskDefinition.successCriteria[0]: success criterion \"tool_call_accuracy >= lots\" does not parse"
+    );
+    let json_problem = format!(
+        "error: {harness} {object}: data_pipeline.source: \"s3://ds-logs/ecommerce-v3/?versionId=abc\" has a query string"
+    );
+    for expected in [&yaml_problem, &json_problem] {
+        assert!(out.contains(expected.as_str()), "missing {expected:?} in:\n{out}");
+    }
+    assert!(!out.contains("success_criteria"), "the YAML task's problem is not the JSON file's: {out}");
+    assert!(!out.contains("spec.dataPipeline.source"), "the JSON harness's problem is not the YAML file's: {out}");
+    assert!(out.contains("3 error(s)"), "the two and the task defined twice: {out}");
+}
+
+#[test]
 fn a_missing_sandbox_config_is_named_by_validate_and_by_run() {
     let dir = tempfile::tempdir().unwrap();
     let task = std::fs::read_to_string(repo("examples/ecommerce/task.yaml")).unwrap();

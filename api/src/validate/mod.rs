@@ -43,7 +43,7 @@ pub struct ValidationContext<'a> {
 }
 
 impl ValidationContext<'_> {
-    fn task_label(&self) -> String {
+    pub(crate) fn task_label(&self) -> String {
         match self.task_name {
             Some(name) => format!("HarnessTask/{name}"),
             None => "HarnessTask".to_string(),
