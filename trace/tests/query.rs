@@ -312,6 +312,25 @@ fn exists_finds_json_values_that_are_zero_empty_or_false() {
 }
 
 #[test]
+fn an_enum_value_is_its_short_name_or_its_proto_name_nothing_else() {
+    // Any string ending in "_<name>" was taken for <name>: status == "not_ok"
+    // searched for ok, kind == "no_tool_call" for tool_call.
+    let bytes = write_episode();
+    assert_eq!(steps_matching(&bytes, "plan_execution.status == \"STEP_STATUS_TIMEOUT\""), [2]);
+    assert_eq!(steps_matching(&bytes, "plan_execution.status == \"Timeout\""), [2]);
+    assert_eq!(steps_matching(&bytes, "injection.trigger == \"INJECTION_TRIGGER_LIVE\""), [0u32; 0]);
+    for (query, at) in [
+        ("plan_execution.status == \"not_ok\"", 25),
+        ("plan_execution.kind == \"no_tool_call\"", 23),
+        ("plan_execution.status == \"STEP_KIND_OK\"", 25),
+    ] {
+        let error = Query::parse(query).expect_err(query);
+        assert_eq!(error.at, at, "{error}");
+        assert!(error.message.starts_with("unknown value "), "{error}");
+    }
+}
+
+#[test]
 fn a_match_names_the_frame_and_section_of_the_record() {
     let bytes = write_episode();
     let q = Query::parse("exists(error_context)").unwrap();

@@ -82,9 +82,33 @@ impl Section {
     }
 }
 
-const STEP_STATUS: &[&str] = &["unspecified", "ok", "error", "timeout", "fallback", "rolled_back", "refused"];
-const STEP_KIND: &[&str] = &["unspecified", "tool_call", "final_answer", "policy_error"];
-const INJECTION_TRIGGER: &[&str] = &["unspecified", "at_step", "after_tool", "memory_match", "live"];
+/// A proto enum's values by number: their short lower-case names, and the
+/// prefix that makes them proto names (`step_status_` + `timeout`).
+#[derive(Debug, PartialEq)]
+pub struct EnumNames {
+    prefix: &'static str,
+    names: &'static [&'static str],
+}
+
+impl EnumNames {
+    /// The short name `literal` stands for: itself or its proto name, in any case.
+    fn short_name(&self, literal: &str) -> Option<&'static str> {
+        let lower = literal.to_ascii_lowercase();
+        let short = lower.strip_prefix(self.prefix).unwrap_or(&lower);
+        self.names.iter().copied().find(|n| *n == short)
+    }
+}
+
+const STEP_STATUS: &EnumNames = &EnumNames {
+    prefix: "step_status_",
+    names: &["unspecified", "ok", "error", "timeout", "fallback", "rolled_back", "refused"],
+};
+const STEP_KIND: &EnumNames =
+    &EnumNames { prefix: "step_kind_", names: &["unspecified", "tool_call", "final_answer", "policy_error"] };
+const INJECTION_TRIGGER: &EnumNames = &EnumNames {
+    prefix: "injection_trigger_",
+    names: &["unspecified", "at_step", "after_tool", "memory_match", "live"],
+};
 
 /// How a scalar field is stored and shown to the query.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -104,7 +128,7 @@ pub enum Scalar {
     /// `bytes` shown as lower-case hex.
     Hex,
     /// A varint enum shown by its lower-case short name.
-    Enum(&'static [&'static str]),
+    Enum(&'static EnumNames),
     /// A `uint64` of microseconds shown as (fractional) milliseconds.
     MicrosAsMillis,
 }
@@ -250,7 +274,7 @@ enum Ty {
     Str,
     Num,
     Bool,
-    Enum(&'static [&'static str]),
+    Enum(&'static EnumNames),
     /// JSON: any literal, null included.
     Any,
     /// `exists(section)` only.
@@ -436,18 +460,13 @@ pub fn check_literal(
         (Ty::Any, _) | (Ty::Str, Literal::Str(_)) | (Ty::Num, Literal::Num(_)) | (Ty::Bool, Literal::Bool(_)) => {
             Ok(literal)
         }
-        (Ty::Enum(names), Literal::Str(s)) => {
-            let lower = s.to_ascii_lowercase();
-            let short =
-                names.iter().find(|n| lower == **n || lower.ends_with(&format!("_{n}")) && lower.len() > n.len());
-            match short {
-                Some(n) if !op.is_ordering() => Ok(Literal::Str((*n).to_string())),
-                Some(_) => Err(QueryError::new(query, op_at, "enum values can only be compared with == and !=".into())),
-                None => {
-                    Err(QueryError::new(query, literal_at, format!("unknown value {s:?}; one of {}", names.join(", "))))
-                }
+        (Ty::Enum(e), Literal::Str(s)) => match e.short_name(s) {
+            Some(n) if !op.is_ordering() => Ok(Literal::Str(n.to_string())),
+            Some(_) => Err(QueryError::new(query, op_at, "enum values can only be compared with == and !=".into())),
+            None => {
+                Err(QueryError::new(query, literal_at, format!("unknown value {s:?}; one of {}", e.names.join(", "))))
             }
-        }
+        },
         (Ty::Str | Ty::Enum(_), _) => Err(mismatch("a string")),
         (Ty::Num, _) => Err(mismatch("a number")),
         (Ty::Bool, _) => Err(mismatch("a boolean")),
@@ -544,9 +563,9 @@ fn scalar_value(wire: Option<Wire<'_>>, scalar: Scalar) -> Val<'_> {
             Some(Wire::I64(bits)) => f64::from_bits(bits),
             _ => 0.0,
         }),
-        Scalar::Enum(names) => {
+        Scalar::Enum(e) => {
             let v = varint(wire);
-            match names.get(v as usize) {
+            match e.names.get(v as usize) {
                 Some(name) => Val::Str(Cow::Borrowed(name)),
                 None => Val::Str(Cow::Owned(format!("unknown_{v}"))),
             }
