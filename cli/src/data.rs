@@ -22,7 +22,7 @@
 
 mod parquet_file;
 
-use std::io::{Cursor, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -34,9 +34,9 @@ use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, t
 use basecamp_sandbox::rewards::RewardCalculator;
 use basecamp_sandbox::run::{absolute_dir, load_manifests_in, resolve_variants, select_task};
 use basecamp_sandbox::storage::{Destination, Storage, StorageConfig, UtcDate};
-use basecamp_trace::RecordKind;
+use basecamp_trace::{RecordKind, TraceContents, TraceError};
 
-use crate::trace_cmd::sources::Sources;
+use crate::trace_cmd::sources::{Source, Sources};
 use parquet_file::ParquetBatch;
 
 /// The file that describes a dataset and marks it complete.
@@ -350,21 +350,10 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     let mut process: Option<Subprocess> = None;
     let mut skipped = Vec::new();
     for source in &sources.items {
-        // A trace that cannot be fetched is an error (the dataset would silently
-        // lack it); one that cannot be read is skipped and listed.
-        let bytes = sources.read_bytes(source).with_context(|| format!("cannot read {}", source.name))?;
-        // Rows are made of plan steps, memory deltas and rewards: token logits are not read.
-        let lean =
-            basecamp_trace::read_trace_from_without(Cursor::new(bytes), source.name.clone(), &[RecordKind::TokenLogit]);
-        let contents = match lean {
-            Ok(c) if c.damage().is_none() => c,
-            Ok(c) => {
-                let damage = c.damage().map(|d| d.to_string()).unwrap_or_default();
-                skipped.push(format!("{}: incomplete ({damage})", source.name));
-                continue;
-            }
-            Err(e) => {
-                skipped.push(format!("{}: {e}", source.name));
+        let contents = match read_for_rows(&sources, source)? {
+            Ok(contents) => contents,
+            Err(why) => {
+                skipped.push(why);
                 continue;
             }
         };
@@ -440,6 +429,25 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         output.display()
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What rows are made of (plan steps, memory deltas, rewards: the token
+/// logits are neither decoded nor, in their own frames, decompressed), read
+/// through the trace commands' one reader ([`Sources::open`]). A trace that
+/// cannot be read (a file's or an object's I/O, however far in) is an error:
+/// the dataset would silently lack it. One that is not a trace or is
+/// damaged is `Ok(Err(why))`, skipped and listed by the caller.
+fn read_for_rows(sources: &Sources, source: &Source) -> Result<Result<TraceContents, String>, TraceError> {
+    let contents = match sources.open(source) {
+        Ok(reader) => reader.without(&[RecordKind::TokenLogit]).into_contents(),
+        Err(e @ TraceError::Io { .. }) => return Err(e),
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    Ok(match contents.damage() {
+        None => Ok(contents),
+        Some(e @ TraceError::Io { .. }) => return Err(e.clone()),
+        Some(damage) => Err(format!("{}: incomplete ({damage})", source.name)),
+    })
 }
 
 /// The first [`FAILURES_SHOWN`] skipped traces, the rest counted: the

@@ -778,11 +778,27 @@ fn a_run_that_fails_before_writing_a_row_leaves_an_earlier_dataset_complete_and_
         assert_eq!(output.status.code(), Some(1), "{said}");
         assert!(said.contains(&format!("no rows to write to {out}: 2 of the 2 traces could not be read")), "{said}");
         assert!(said.contains("damaged/cut.trace: incomplete") && said.contains("damaged/text.trace"), "{said}");
+        // Before: "damaged/text.trace: damaged/text.trace: not a basecamp trace".
+        assert_eq!(said.matches("damaged/text.trace").count(), 1, "named once: {said}");
         assert!(said.contains("dataset.json was not written"), "{said}");
         assert!(output.stderr.len() <= 2048, "fits a termination message: {said}");
     }
     unchanged();
     assert!(!tmp.path().join("fresh/dataset.json").exists());
+}
+
+#[test]
+fn a_trace_file_that_cannot_be_read_stops_the_run_naming_it_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("ep.trace"), small_trace(1, 3)).unwrap();
+    // A file whose every read fails (EIO at offset 0): not a trace to skip, a
+    // trace the dataset would silently lack.
+    let output = basecamp(&["data", "preprocess", "ep.trace", "/proc/self/mem", "--out", "ds"], tmp.path());
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    // Before: "error: cannot read /proc/self/mem: /proc/self/mem: cannot read: ...".
+    assert!(said.ends_with("error: /proc/self/mem: cannot read: Input/output error (os error 5)\n"), "{said}");
+    assert!(!tmp.path().join("ds/dataset.json").exists(), "{said}");
 }
 
 #[test]
