@@ -9,40 +9,14 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::summary::{RunSummary, TABLE_METRICS};
+// The escaping `basecamp serve` and `trace report` use: one set of rules for every page.
+use crate::serve::html::{esc, num, sentence};
 
 pub const REPORT_FILE: &str = "report.html";
 
 pub fn write(summary: &RunSummary, dir: &Path) -> Result<()> {
     let path = dir.join(REPORT_FILE);
     std::fs::write(&path, render(summary)).with_context(|| format!("cannot write {}", path.display()))
-}
-
-fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Backticked names in hints become <code>.
-fn hint_html(hint: &str) -> String {
-    esc(hint)
-        .split('`')
-        .enumerate()
-        .map(|(i, part)| if i % 2 == 1 { format!("<code>{part}</code>") } else { part.to_string() })
-        .collect()
-}
-
-fn num(v: Option<f64>) -> String {
-    v.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
 /// A horizontal bar for a value in [0, 1].
@@ -155,7 +129,7 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
             let _ = write!(
                 h,
                 "<li>{} <span class=\"muted\">e.g. {}</span></li>",
-                hint_html(&cause.hint),
+                sentence(&cause.hint),
                 esc(&cause.examples.join(", "))
             );
         }
