@@ -33,10 +33,10 @@ use basecamp_sandbox::config::reward_calculator;
 use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, trajectory_row};
 use basecamp_sandbox::rewards::RewardCalculator;
 use basecamp_sandbox::run::{absolute_dir, load_manifests_in, resolve_variants, select_task};
-use basecamp_sandbox::storage::{Destination, Storage, StorageConfig, UtcDate};
+use basecamp_sandbox::storage::{Destination, UtcDate};
 use basecamp_trace::{RecordKind, TraceContents, TraceError};
 
-use crate::trace_cmd::sources::{Source, Sources};
+use crate::trace_cmd::sources::{Source, Sources, s3_client};
 use parquet_file::ParquetBatch;
 
 /// The file that describes a dataset and marks it complete.
@@ -485,12 +485,7 @@ fn remove_stale_batches(dir: &Path, written: &[String]) -> Result<usize> {
 
 /// Uploads the batches, then — only when every one arrived — `dataset.json`.
 fn upload(batches: &Batches, staging: &Path, destination: &Destination) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the S3 client's runtime")?;
-    let storage = Storage::new(StorageConfig::from_env());
+    let (runtime, storage) = s3_client()?;
     // An earlier run's dataset.json would mark the prefix complete while its batches are
     // being replaced, and still after a batch failed to arrive: it goes first.
     let target = destination.join(DATASET_FILE)?;
