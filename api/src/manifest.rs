@@ -167,9 +167,11 @@ fn file_location(file: &str, line: Option<u64>) -> Location {
 impl Manifests {
     /// Reads every file (or every `.yaml`/`.yml` file of every directory,
     /// sorted by name), returning what could be read and every problem.
+    /// A file named twice (`dir dir/task.yaml`, `./a.yaml a.yaml`) is read once.
     pub fn load(paths: &[impl AsRef<Path>]) -> (Manifests, Report) {
         let mut manifests = Manifests::default();
         let mut report = Report::new();
+        let mut read = std::collections::HashSet::new();
         for path in paths {
             let path = path.as_ref();
             let files = match manifest_files(path) {
@@ -180,6 +182,9 @@ impl Manifests {
                 }
             };
             for file in files {
+                if !read.insert(std::fs::canonicalize(&file).unwrap_or_else(|_| file.clone())) {
+                    continue;
+                }
                 let name = file.display().to_string();
                 match read_manifest_file(&file) {
                     Ok(text) => {
@@ -932,6 +937,17 @@ mod tests {
         assert_eq!(report.problems()[0].rule, Rule::MissingFile);
         let (_, report) = Manifests::load(&[examples().join("nope.yaml")]);
         assert_eq!(report.problems()[0].rule, Rule::MissingFile);
+    }
+
+    #[test]
+    fn a_file_named_twice_is_read_once() {
+        // Before: its task was "defined twice (first at <the same file>:1)".
+        let file = examples().join("shipping-support.yaml");
+        let (manifests, report) =
+            Manifests::load(&[examples(), file.clone(), examples().join(".").join("shipping-support.yaml")]);
+        assert!(report.is_empty(), "{report}");
+        assert_eq!((manifests.tasks.len(), manifests.sandboxes.len()), (1, 1));
+        assert!(manifests.validate().is_empty(), "{}", manifests.validate());
     }
 
     #[test]

@@ -75,7 +75,10 @@ struct JsonHarness {
 }
 
 fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
-    let (yaml, json): (Vec<&PathBuf>, Vec<&PathBuf>) = paths.iter().partition(|p| is_json_harness(p).is_none());
+    let (yaml, mut json): (Vec<&PathBuf>, Vec<&PathBuf>) = paths.iter().partition(|p| is_json_harness(p).is_none());
+    // A JSON harness named twice is read once, as YAML files are (Manifests::load).
+    let mut seen = std::collections::HashSet::new();
+    json.retain(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())));
     let (mut manifests, mut report) =
         if yaml.is_empty() { (Manifests::default(), Report::new()) } else { Manifests::load(&yaml) };
     let mut converted_files = Vec::new();

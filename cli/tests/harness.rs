@@ -41,6 +41,13 @@ fn the_example_manifests_are_valid_and_the_null_fallback_is_warned_about() {
     assert!(output.status.success(), "{out}");
     assert!(out.contains("SandboxConfig/shipping-a: spec.fallbacks.track_order.memoryPatch.shipping_status"), "{out}");
     assert!(out.contains("0 error(s), 1 warning(s) in 3 object(s)"), "{out}");
+    // A file named twice (its directory and itself) is read once, not "defined twice" at itself.
+    let task = repo("examples/ecommerce/task.yaml");
+    let twice =
+        basecamp(&["harness", "validate", repo("examples/ecommerce").to_str().unwrap(), task.to_str().unwrap()]);
+    let out = text(&twice);
+    assert!(twice.status.success(), "{out}");
+    assert!(out.contains("0 error(s), 1 warning(s) in 3 object(s)"), "{out}");
 }
 
 const HARNESS: &str = r#"{
