@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-logits bench-search bench-serve demo demo-trace browser image fuzz prune clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy unit cuda-emulate crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-logits bench-search bench-serve demo demo-trace browser image fuzz prune clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ help: ## List the targets
 build: ## Build the three binaries (debug)
 	$(CARGO) build --workspace --bins
 
-test: lint test-deps unit crds-check chart-lint ## Everything CI checks: format, clippy, unit/integration tests, CRD drift, the Helm chart
+test: lint test-deps unit cuda-emulate crds-check chart-lint ## Everything CI checks: format, clippy, unit/integration tests, the CUDA kernels on the CPU emulator, CRD drift, the Helm chart
 
 lint: fmt-check clippy
 
@@ -45,6 +45,9 @@ browser: ## Debian's chromium for the browser tests of the report and serve
 
 unit: ## Unit and integration tests of every crate
 	$(CARGO) test --workspace
+
+cuda-emulate: ## The CUDA kernels (gpu/src/cuda/logits.cu) compiled as C++ and held to the float64 oracle on the CPU (no GPU needed; about 2 min)
+	bash gpu/bench/emulate/run.sh
 
 crds: ## Regenerate crds/ (and the chart's copy) from the Rust types in api/
 	$(CARGO) run -q -p basecamp-operator -- crdgen --out crds
