@@ -12,7 +12,8 @@
 //! and the expectations the metrics are scored against). Every tool becomes
 //! a `recorded` tool answering in call order from the trace: a call that
 //! timed out times out again, one that failed fails with the same error
-//! type, so the fallback path is exercised for real. A divergence therefore
+//! type, so the fallback path is exercised for real; live injections are
+//! delivered again at the step they reached. A divergence therefore
 //! means the sandbox or its configuration no longer does what it did when
 //! the trace was written.
 
@@ -24,6 +25,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use basecamp_api::task::PolicySpec;
 use basecamp_api::tool::{RecordedMatch, RecordedTool};
 use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
+use basecamp_sandbox::episode::LiveInjection;
 use basecamp_sandbox::run::{load_manifests, load_test_set, resolve_variants, select_task};
 use basecamp_trace::pb::{self, record::Body};
 use serde_json::{Value, json};
@@ -204,6 +206,20 @@ async fn replay(
         training_step: header.training_step,
     };
     let runner = build_runner(&spec, &sandbox, &ctx).map_err(|e| anyhow!("cannot build the replay sandbox: {e}"))?;
+    // Live injections came from outside (`basecamp sandbox inject`), like the
+    // tools' answers: delivered again at the step they reached.
+    for record in records {
+        if let Some(Body::Injection(injection)) = &record.body
+            && injection.trigger == pb::InjectionTrigger::Live as i32
+        {
+            let observation = parse_json(&injection.observation_json, "live injection")
+                .with_context(|| format!("step {} (injection {})", record.step, injection.id))?;
+            runner.live.push(
+                &header.episode_id,
+                LiveInjection { id: injection.id.clone(), observation, at_step: Some(record.step) },
+            );
+        }
+    }
     let input = episode_input(row, &spec.evaluation.compare_args);
     let out = scratch.join("replayed");
     std::fs::create_dir_all(&out)?;

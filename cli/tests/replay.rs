@@ -341,3 +341,65 @@ fn a_divergence_names_enum_values() {
     assert!(!ok, "{text}");
     assert!(text.contains("(record 1 of 3, plan_execution): status recorded refused vs replayed ok"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_injection_is_delivered_again_so_the_episode_replays_identically() {
+    // A live injection (`basecamp sandbox inject`) is an event from outside,
+    // like a tool's answer: recorded in the trace, it was not delivered again
+    // on replay, so every such episode "diverged" at its injection record.
+    use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
+    use basecamp_sandbox::episode::LiveInjection;
+    use basecamp_sandbox::run::{load_manifests, load_test_set, resolve_variants, select_task};
+    use basecamp_trace::pb::{InjectionTrigger, record::Body};
+
+    let dir = tempfile::tempdir().unwrap();
+    write_refusals(dir.path());
+    let (manifests, _) = load_manifests(&[dir.path().to_path_buf()]).unwrap();
+    let loaded = select_task(&manifests, Some("refusals")).unwrap();
+    let task = &loaded.object;
+    let variant = resolve_variants(&manifests, task, None).unwrap().remove(0);
+    let test_set = load_test_set(&task.spec.evaluation.test_set, &loaded.base_dir()).await.unwrap();
+    let row = test_set.episodes.iter().find(|e| e.id == "bad-args").unwrap();
+    let ctx = RunContext {
+        base_dir: loaded.base_dir(),
+        namespace: "default".into(),
+        task: "refusals".into(),
+        variant: variant.name.clone(),
+        shard: 0,
+        shard_count: 1,
+        training_step: 0,
+    };
+    let runner = build_runner(&task.spec, &variant.sandbox, &ctx).unwrap();
+    let notice = serde_json::json!({"notice": "the carrier is on strike"});
+    runner.live.push("bad-args", LiveInjection { id: "strike".into(), observation: notice, at_step: Some(2) });
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let result = runner.run(&episode_input(row, &task.spec.evaluation.compare_args), &out).await.unwrap();
+    let trace = out.join(&result.trace_file);
+    let injected: Vec<(u32, i32)> = basecamp_trace::read_trace(&trace)
+        .unwrap()
+        .records
+        .into_iter()
+        .filter_map(|r| match r.body {
+            Some(Body::Injection(i)) => Some((r.step, i.trigger)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(injected, [(2, InjectionTrigger::Live as i32)]);
+
+    let config = dir.path().to_str().unwrap().to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["trace", "replay", trace.to_str().unwrap(), "--config", &config])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && said.starts_with("identical:"),
+        "{said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
