@@ -85,7 +85,9 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let scratch = match &args.out {
         Some(dir) => {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            dir.clone()
+            // Absolute: the sandbox resolves the fixture and script paths
+            // against this directory, which would double a relative one.
+            std::path::absolute(dir).with_context(|| format!("cannot resolve {}", dir.display()))?
         }
         None => {
             temporary = tempfile::Builder::new()

@@ -403,3 +403,27 @@ async fn a_live_injection_is_delivered_again_so_the_episode_replays_identically(
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn a_relative_out_directory_keeps_the_replay() {
+    // `--out kept` named the fixture kept/replay-tools.jsonl, which the
+    // sandbox then looked for relative to its base directory, kept/:
+    // "cannot read fixture kept/kept/replay-tools.jsonl".
+    let dir = tempfile::tempdir().unwrap();
+    write_refusals(dir.path());
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", dir.path().to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "replay", "out/default/shard-0/bad-memory.trace", "--config", ".", "--out", "kept"])
+        .current_dir(dir.path())
+        .output()
+        .expect("basecamp runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && said.starts_with("identical:"),
+        "{said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(dir.path().join("kept/replayed/bad-memory.trace").is_file());
+}
