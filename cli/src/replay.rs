@@ -61,8 +61,9 @@ pub struct Divergence {
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+    // As context, not formatted in: main prints the causes once each.
     let recorded = crate::trace_cmd::parse::read_one(&args.file)
-        .map_err(|e| anyhow!("cannot replay {}: {e:#}", args.file.display()))?;
+        .with_context(|| format!("cannot replay {}", args.file.display()))?;
     if let Some(damage) = recorded.damage() {
         bail!(
             "cannot replay {}: the trace is incomplete ({damage}); replay needs a finished episode",
@@ -72,7 +73,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let header = recorded.header.clone();
     let manifests = if args.config.is_empty() {
         let (run_file, manifests) = manifests_of_run(&args.file, &header.task)
-            .map_err(|e| anyhow!("cannot replay {}: {e}", args.file.display()))?;
+            .with_context(|| format!("cannot replay {}", args.file.display()))?;
         basecamp_sandbox::stderr_line!("manifests: {} (from {})", join_paths(&manifests), run_file.display());
         manifests
     } else {

@@ -427,3 +427,20 @@ fn a_relative_out_directory_keeps_the_replay() {
     );
     assert!(dir.path().join("kept/replayed/bad-memory.trace").is_file());
 }
+
+#[test]
+fn a_missing_trace_is_one_line_that_says_why_once() {
+    // It said "...: No such file or directory (os error 2): No such file or directory (os error 2)".
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("gone.trace");
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "replay", missing.to_str().unwrap()])
+        .output()
+        .expect("basecamp runs");
+    assert_eq!(output.status.code(), Some(1));
+    let m = missing.display();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!("error: cannot replay {m}: {m}: cannot read: No such file or directory (os error 2)\n")
+    );
+}
