@@ -236,3 +236,30 @@ fn a_reader_that_stops_reading_early_is_not_an_error() {
         assert_eq!(out.status.code(), Some(0), "{format}");
     }
 }
+
+#[test]
+fn a_directory_is_named_as_one_and_a_pipe_is_read() {
+    // Both failed to map: "cannot read DIR: No such device (os error 19)",
+    // and the same for `--logits <(...)` or /dev/stdin, which hold a file.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let line = failure(&analyze(&["--logits", path_str(dir.path())]));
+    assert_eq!(line, format!("error: cannot read {}: is a directory, not a safetensors file", dir.path().display()));
+
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[2, 3], &[0.0, 1.0, 2.0, 2.0, 1.0, 0.0])]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "analyze", "--logits", "/dev/stdin", "--device", "cpu", "--output", "json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the basecamp binary runs");
+    let bytes = std::fs::read(&a).expect("read back");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin.write_all(&bytes).expect("write to the pipe");
+    }
+    let doc = json_of(&child.wait_with_output().expect("it ends"));
+    assert_eq!(doc["tokens"][0]["top"][0]["id"], 2);
+    assert_eq!(doc["inputs"][0]["file"], "/dev/stdin");
+}

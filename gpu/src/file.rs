@@ -1,5 +1,5 @@
 //! Logits tensors in safetensors files: memory-mapped (`memmap2`) or held
-//! in memory (a file a policy sent inline), parsed
+//! in memory (a file a policy sent inline, or read from a pipe), parsed
 //! with the `safetensors` crate, and handed out as [`LogitsView`]s without a
 //! copy when the data is aligned (a copy otherwise).
 //!
@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -168,10 +169,21 @@ impl LoadedLogits<'_> {
 }
 
 impl LogitsFile {
-    /// Open and map `path`.
+    /// Open and map `path`; a pipe or a device (`--logits <(...)`,
+    /// `/dev/stdin`), which cannot be mapped, is read into memory.
     pub fn open(path: &Path) -> Result<Self, FileError> {
         let open = |source| FileError::Open { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(open)?;
+        let kind = file.metadata().map_err(open)?.file_type();
+        if kind.is_dir() {
+            let why = std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory, not a safetensors file");
+            return Err(open(why));
+        }
+        if !kind.is_file() {
+            let mut bytes = Vec::new();
+            (&file).read_to_end(&mut bytes).map_err(open)?;
+            return Ok(Self::from_bytes(path, bytes.into()));
+        }
         // SAFETY: the mapping is read-only; like every reader of a mapped
         // file we rely on nobody truncating or rewriting it while we read.
         let map = unsafe { Mmap::map(&file) }.map_err(open)?;
