@@ -245,6 +245,10 @@ fn a_directory_is_named_as_one_and_a_pipe_is_read() {
     let line = failure(&analyze(&["--logits", path_str(dir.path())]));
     assert_eq!(line, format!("error: cannot read {}: is a directory, not a safetensors file", dir.path().display()));
 
+    // A device is refused, not read (/dev/zero never ends).
+    let line = failure(&analyze(&["--logits", "/dev/zero"]));
+    assert_eq!(line, "error: cannot read /dev/zero: is neither a regular file nor a pipe");
+
     let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[2, 3], &[0.0, 1.0, 2.0, 2.0, 1.0, 0.0])]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
         .args(["trace", "analyze", "--logits", "/dev/stdin", "--device", "cpu", "--output", "json"])

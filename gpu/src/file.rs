@@ -169,7 +169,7 @@ impl LoadedLogits<'_> {
 }
 
 impl LogitsFile {
-    /// Open and map `path`; a pipe or a device (`--logits <(...)`,
+    /// Open and map `path`; a pipe (`--logits <(...)`, a piped
     /// `/dev/stdin`), which cannot be mapped, is read into memory.
     pub fn open(path: &Path) -> Result<Self, FileError> {
         let open = |source| FileError::Open { path: path.to_path_buf(), source };
@@ -179,10 +179,14 @@ impl LogitsFile {
             let why = std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory, not a safetensors file");
             return Err(open(why));
         }
-        if !kind.is_file() {
+        if is_pipe(&kind) {
             let mut bytes = Vec::new();
             (&file).read_to_end(&mut bytes).map_err(open)?;
             return Ok(Self::from_bytes(path, bytes.into()));
+        }
+        if !kind.is_file() {
+            // A device: /dev/zero would be read for ever, /dev/null maps to nothing.
+            return Err(open(std::io::Error::other("is neither a regular file nor a pipe")));
         }
         // SAFETY: the mapping is read-only; like every reader of a mapped
         // file we rely on nobody truncating or rewriting it while we read.
@@ -256,6 +260,21 @@ impl LogitsFile {
         }
         let dims = [last_two[0], last_two[1]];
         Ok(LoadedLogits { name, shape: dims, data })
+    }
+}
+
+/// A pipe (`--logits <(...)`, a piped `/dev/stdin`): it cannot be mapped, and
+/// it ends when its writer does, so it is read whole.
+fn is_pipe(kind: &std::fs::FileType) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        kind.is_fifo()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = kind;
+        false
     }
 }
 
