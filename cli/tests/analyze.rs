@@ -267,3 +267,13 @@ fn a_directory_is_named_as_one_and_a_pipe_is_read() {
     assert_eq!(doc["tokens"][0]["top"][0]["id"], 2);
     assert_eq!(doc["inputs"][0]["file"], "/dev/stdin");
 }
+
+#[test]
+fn a_file_without_tensors_says_so() {
+    // It said "holds 0 tensors and none is called \"logits\": pick one with
+    // --tensor (it has: no tensors)": there is none to pick.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let empty = write(dir.path(), "empty.safetensors", &[]);
+    let line = failure(&analyze(&["--logits", path_str(&empty)]));
+    assert_eq!(line, format!("error: {} holds no tensors", empty.display()));
+}

@@ -51,6 +51,12 @@ pub enum FileError {
         /// What the file holds.
         available: Vec<String>,
     },
+    /// No name given, and the file holds no tensor at all.
+    #[error("{} holds no tensors", path.display())]
+    NoTensors {
+        /// The file.
+        path: PathBuf,
+    },
     /// No name given and no obvious choice.
     #[error(
         "{} holds {} tensors and none is called \"logits\": pick one with --tensor (it has: {})",
@@ -106,6 +112,7 @@ impl FileError {
             FileError::Open { .. } => "LogitsFileUnreadable",
             FileError::Parse { .. } => "LogitsFileInvalid",
             FileError::MissingTensor { .. } => "LogitsTensorMissing",
+            FileError::NoTensors { .. } => "LogitsFileEmpty",
             FileError::AmbiguousTensor { .. } => "LogitsTensorAmbiguous",
             FileError::Dtype { .. } => "LogitsDtype",
             FileError::Rank { .. } => "LogitsRank",
@@ -230,6 +237,7 @@ impl LogitsFile {
             None => {
                 let names = available();
                 match names.as_slice() {
+                    [] => return Err(FileError::NoTensors { path: self.path.clone() }),
                     [only] => only.clone(),
                     _ if names.iter().any(|n| n == "logits") => "logits".to_string(),
                     _ => return Err(FileError::AmbiguousTensor { path: self.path.clone(), available: names }),
