@@ -269,7 +269,8 @@ fn tool_fixture(records: &[pb::Record]) -> Result<String> {
         if answered {
             entry["observation"] = parse_json(&step.observation_json, "tool observation")
                 .with_context(|| format!("step {} ({})", record.step, step.tool))?;
-        } else if step.error_type == "timeout" {
+        } else if step.error_type == "timeout" || step.error_type == "plan_step_timeout" {
+            // Never answers: the tool's timeout, or the plan step's, ends it again.
             entry["timeout"] = json!(true);
         } else {
             let error_type = if step.error_type.is_empty() { "tool_error" } else { step.error_type.as_str() };

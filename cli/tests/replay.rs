@@ -444,3 +444,77 @@ fn a_missing_trace_is_one_line_that_says_why_once() {
         format!("error: cannot replay {m}: {m}: cannot read: No such file or directory (os error 2)\n")
     );
 }
+
+#[test]
+fn a_plan_step_that_timed_out_replays_identically() {
+    // A call cut off by planStepTimeout is recorded rolled_back with
+    // error_type plan_step_timeout; replay made its tool fail at once with
+    // that type, an ordinary error ("input_hash recorded (none) vs replayed
+    // …"), instead of letting the step run out of time again.
+    let dir = tempfile::tempdir().unwrap();
+    let task = r#"apiVersion: basecamp.dev/v1alpha1
+kind: SandboxConfig
+metadata:
+  name: slow-tools
+spec:
+  tools:
+    slow:
+      description: Takes its time.
+      parameters:
+        type: object
+        properties:
+          id: {type: string}
+      exec:
+        command: [sleep, "5"]
+  toolTimeouts:
+    default: 30s
+  planStepTimeout: 500ms
+  maxSteps: 4
+---
+apiVersion: basecamp.dev/v1alpha1
+kind: HarnessTask
+metadata:
+  name: slow
+spec:
+  taskDefinition:
+    name: slow
+    description: a plan step that runs out of time
+  evaluation:
+    metrics: [tool_call_accuracy]
+    testSet: tests.jsonl
+  policy:
+    scripted: policy.jsonl
+  sandboxRef:
+    name: slow-tools
+"#;
+    std::fs::write(dir.path().join("task.yaml"), task).unwrap();
+    std::fs::write(
+        dir.path().join("tests.jsonl"),
+        r#"{"id": "e1", "instruction": "a", "expected_tool_calls": [{"name": "slow", "arguments": {"id": "1"}}]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("policy.jsonl"),
+        r#"{"episode": "e1", "turns": [{"tool_calls": [{"name": "slow", "arguments": {"id": "1"}}]}, {"content": "done"}]}"#,
+    )
+    .unwrap();
+    let config = dir.path().to_str().unwrap();
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let trace = out.join("default/shard-0/e1.trace");
+    let statuses: Vec<(StepStatus, String)> = basecamp_trace::read_trace(&trace)
+        .unwrap()
+        .records
+        .into_iter()
+        .filter_map(|r| match r.body {
+            Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => {
+                Some((s.status(), s.error_type))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(statuses, [(StepStatus::RolledBack, "plan_step_timeout".to_string())]);
+    let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
+    assert!(ok && text.starts_with("identical:"), "{text}");
+}
