@@ -140,6 +140,10 @@ struct RunManifests {
 /// of the trace's task.
 fn manifests_of_run(trace: &Path, task: &str) -> Result<(PathBuf, Vec<PathBuf>)> {
     let pass_config = "pass --config with the HarnessTask, its SandboxConfig and the test set the episode ran with";
+    // Not a local path: read as one, its ancestors would end in the working directory.
+    if trace.to_str().is_some_and(|t| t.starts_with("s3://")) {
+        bail!("no --config, and an S3 object is in no `basecamp run` directory; {pass_config}");
+    }
     let run_file = std::path::absolute(trace)
         .ok()
         .and_then(|trace| trace.ancestors().skip(1).take(4).map(|dir| dir.join(RUN_FILE)).find(|f| f.is_file()))

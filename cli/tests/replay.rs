@@ -518,3 +518,27 @@ spec:
     let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
     assert!(ok && text.starts_with("identical:"), "{text}");
 }
+
+#[test]
+fn an_s3_trace_without_config_asks_for_it_instead_of_using_the_cwds_run() {
+    // s3://BUCKET/KEY was looked up as the local path ./s3:/BUCKET/KEY, whose
+    // ancestors include the working directory: a run.json there (a `basecamp
+    // run` output directory of the same task) supplied the manifests of
+    // whatever that run was, although the object belongs to no local run.
+    let dir = tempfile::tempdir().unwrap();
+    write_refusals(dir.path());
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", dir.path().to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let data = dir.path().join("s3");
+    std::fs::create_dir_all(data.join(s3::BUCKET).join("t")).unwrap();
+    std::fs::copy(out.join("default/shard-0/bad-memory.trace"), data.join(s3::BUCKET).join("t/bad-memory.trace"))
+        .unwrap();
+    let server = s3::S3Server::start(&data);
+    let url = format!("s3://{}/t/bad-memory.trace", s3::BUCKET);
+    let replayed = server.basecamp(&["trace", "replay", &url], &out);
+    let stderr = String::from_utf8_lossy(&replayed.stderr);
+    assert_eq!(replayed.status.code(), Some(1), "{stderr}{}", String::from_utf8_lossy(&replayed.stdout));
+    assert!(!stderr.contains("(from "), "{stderr}");
+    assert!(stderr.contains(&format!("cannot replay {url}: ")) && stderr.contains("pass --config"), "{stderr}");
+}
