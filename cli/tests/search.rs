@@ -216,3 +216,37 @@ fn a_reader_that_stops_reading_early_is_not_an_error() {
     assert_eq!(text(&out.stderr), "");
     assert_eq!(out.status.code(), Some(0));
 }
+
+#[test]
+fn once_the_reader_is_gone_no_further_trace_is_read() {
+    // After a failed write the search still read every remaining input
+    // (`| head -1` over an S3 prefix kept downloading and scanning it all);
+    // a FIFO that nobody writes stands for such an input here: opening it
+    // blocks for ever, so reaching it means the search did not stop.
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths: Vec<String> = write_traces(dir.path(), 8).iter().map(|p| p.display().to_string()).collect();
+    paths.sort();
+    let fifo = dir.path().join("never-written.trace");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+    assert!(made.success());
+    paths.push(fifo.display().to_string());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "search", "-j", "1", "step >= 0"])
+        .args(&paths)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().ok();
+            panic!("the search went on to the inputs after the closed pipe and blocked on the FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stderr), "");
+    assert_eq!(out.status.code(), Some(0));
+}

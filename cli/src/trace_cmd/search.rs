@@ -8,6 +8,7 @@
 //! on stderr; the exit status is then 1.
 
 use std::io::{self, Write};
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
@@ -87,10 +88,8 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
         files,
         args.jobs.unwrap_or_else(default_jobs),
         |source| search_one(&query, &sources, source),
+        // A failed write ends the walk: no further trace is read (or fetched).
         |i, found: FileMatches| {
-            if write_error.is_some() {
-                return;
-            }
             let file = &files[i].name;
             for m in &found.matches {
                 let section = m.section.map_or("step", |s| s.name());
@@ -102,7 +101,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
                 };
                 if let Err(e) = written {
                     write_error = Some(e);
-                    return;
+                    return ControlFlow::Break(());
                 }
             }
             if let Some(e) = found.error {
@@ -110,6 +109,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("error: {e}");
                 failed = true;
             }
+            ControlFlow::Continue(())
         },
     );
     // The last lines are written by this flush (all of them when they fit the buffer).
