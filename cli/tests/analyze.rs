@@ -277,3 +277,26 @@ fn a_file_without_tensors_says_so() {
     let line = failure(&analyze(&["--logits", path_str(&empty)]));
     assert_eq!(line, format!("error: {} holds no tensors", empty.display()));
 }
+
+#[test]
+fn a_tensor_named_twice_in_the_header_is_refused() {
+    // JSON allows a key twice and the parser kept the last: two "logits"
+    // entries of shape [2, 3] and [3, 2] over the same bytes analysed [3, 2]
+    // without a word.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let header = br#"{"logits":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"logits":{"dtype":"F32","shape":[3,2],"data_offsets":[0,24]}}"#;
+    let mut header = header.to_vec();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    bytes.extend([0.0f32, 1.0, 2.0, 2.0, 1.0, 0.0].iter().flat_map(|v| v.to_le_bytes()));
+    let twice = dir.path().join("twice.safetensors");
+    std::fs::write(&twice, bytes).expect("write");
+    let line = failure(&analyze(&["--logits", path_str(&twice)]));
+    assert_eq!(
+        line,
+        format!("error: {} is not a valid safetensors file: the header names \"logits\" twice", twice.display())
+    );
+}

@@ -213,8 +213,12 @@ impl LogitsFile {
     }
 
     fn parse(&self) -> Result<SafeTensors<'_>, FileError> {
-        SafeTensors::deserialize(&self.bytes)
-            .map_err(|e| FileError::Parse { path: self.path.clone(), message: e.to_string() })
+        let invalid = |message: String| FileError::Parse { path: self.path.clone(), message };
+        let tensors = SafeTensors::deserialize(&self.bytes).map_err(|e| invalid(e.to_string()))?;
+        if let Some(name) = named_twice(&self.bytes) {
+            return Err(invalid(format!("the header names {name:?} twice")));
+        }
+        Ok(tensors)
     }
 
     /// Tensor names, sorted.
@@ -269,6 +273,38 @@ impl LogitsFile {
         let dims = [last_two[0], last_two[1]];
         Ok(LoadedLogits { name, shape: dims, data })
     }
+}
+
+/// The first name a (parsed) file's header gives twice: JSON allows it and
+/// the parser keeps the last entry, so which tensor was meant is not known.
+fn named_twice(bytes: &[u8]) -> Option<String> {
+    struct FirstRepeat(Option<String>);
+    impl<'de> serde::Deserialize<'de> for FirstRepeat {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Keys;
+            impl<'de> serde::de::Visitor<'de> for Keys {
+                type Value = FirstRepeat;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FirstRepeat, A::Error> {
+                    let mut seen = std::collections::HashSet::new();
+                    let mut repeat = None;
+                    while let Some(key) = map.next_key::<String>()? {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        if repeat.is_none() && !seen.insert(key.clone()) {
+                            repeat = Some(key);
+                        }
+                    }
+                    Ok(FirstRepeat(repeat))
+                }
+            }
+            deserializer.deserialize_map(Keys)
+        }
+    }
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get(8..8usize.checked_add(len)?)?;
+    serde_json::from_slice::<FirstRepeat>(header).ok()?.0
 }
 
 /// A pipe (`--logits <(...)`, a piped `/dev/stdin`): it cannot be mapped, and
