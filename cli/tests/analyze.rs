@@ -300,3 +300,22 @@ fn a_tensor_named_twice_in_the_header_is_refused() {
         format!("error: {} is not a valid safetensors file: the header names \"logits\" twice", twice.display())
     );
 }
+
+#[test]
+fn logits_of_no_tokens_still_give_the_summary_line() {
+    // [0, V] is accepted (a turn that generated nothing); the table ended at
+    // its column header, without the "tokens:" line the JSON's summary has.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[0, 7], &[])]);
+    let out = analyze(&["--logits", path_str(&a), path_str(&a), "--device", "cpu"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    let tail: Vec<&str> = text.lines().rev().take(2).collect();
+    assert_eq!(
+        tail,
+        ["KL(A||B) nats: mean of finite -  max -  infinite 0", "tokens: 0  mean entropy: - nats"],
+        "{text}"
+    );
+    let doc = json_of(&analyze(&["--logits", path_str(&a), "--device", "cpu", "--output", "json"]));
+    assert_eq!(doc["summary"], serde_json::json!({"tokens": 0, "entropy_mean": null}));
+}

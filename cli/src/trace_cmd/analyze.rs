@@ -237,10 +237,11 @@ fn write_table(
         writeln!(out, "{row:>6}  {:>10.4}  {:>9.4}  {top1:>8}{kl}  {}", t.logsumexp, t.entropy, top.join(" "))?;
     }
     let entropy = stats.entropy();
-    if !entropy.is_empty() {
-        let mean = entropy.iter().map(|&v| f64::from(v)).sum::<f64>() / entropy.len() as f64;
-        writeln!(out, "tokens: {}  mean entropy: {mean:.4} nats", stats.rows())?;
-    }
+    let mean = match entropy.len() {
+        0 => "-".to_string(),
+        n => format!("{:.4}", entropy.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64),
+    };
+    writeln!(out, "tokens: {}  mean entropy: {mean} nats", stats.rows())?;
     if let Some(kl) = stats.kl() {
         let s = kl_summary(kl);
         let mean = s.mean_finite.map_or("-".to_string(), |m| format!("{m:.6e}"));
