@@ -319,3 +319,15 @@ fn logits_of_no_tokens_still_give_the_summary_line() {
     let doc = json_of(&analyze(&["--logits", path_str(&a), "--device", "cpu", "--output", "json"]));
     assert_eq!(doc["summary"], serde_json::json!({"tokens": 0, "entropy_mean": null}));
 }
+
+#[test]
+fn a_log_probability_beyond_float_range_is_written_as_text_in_json() {
+    // Logits 3e38 and -3e38 in one row: the second's log-probability, -6e38,
+    // is -inf in f32, which JSON cannot hold; it came out as null.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[1, 3], &[3e38, -3e38, 0.0])]);
+    let doc = json_of(&analyze(&["--logits", path_str(&a), "--device", "cpu", "--output", "json", "--top-k", "3"]));
+    let top = &doc["tokens"][0]["top"];
+    assert_eq!((&top[2]["id"], &top[2]["logprob"]), (&serde_json::json!(1), &serde_json::json!("-inf")), "{doc}");
+    assert_eq!(top[0]["logprob"], 0.0);
+}

@@ -127,9 +127,14 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// JSON has no infinity: a KL of +inf is written as the string "inf".
+/// JSON has no infinity: +inf (a KL) is written as the string "inf", -inf
+/// (a finite logit's log-probability beyond float range) as "-inf".
 fn number(v: f32) -> Value {
-    if v.is_finite() { json!(v) } else { json!("inf") }
+    match v {
+        f32::INFINITY => json!("inf"),
+        f32::NEG_INFINITY => json!("-inf"),
+        v => json!(v),
+    }
 }
 
 struct KlSummary {
@@ -159,7 +164,7 @@ fn to_json(sources: &[Source<'_>], stats: &LogitStats, backend: &str, fallback: 
                 .top_ids
                 .iter()
                 .zip(&t.top_logprobs)
-                .map(|(&id, &logprob)| json!({ "id": id, "logprob": logprob }))
+                .map(|(&id, &logprob)| json!({ "id": id, "logprob": number(logprob) }))
                 .collect();
             let mut token = json!({ "position": row, "logsumexp": t.logsumexp, "entropy": t.entropy, "top": top });
             if let Some(kl) = t.kl {
