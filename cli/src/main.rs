@@ -1,7 +1,9 @@
 //! `basecamp`: run harness tasks locally and work with execution traces.
 //!
 //! Each subcommand lives in its own module; `main` only parses arguments,
-//! dispatches, and turns an error into one line on stderr and exit status 1.
+//! dispatches, and turns an error into one line on stderr and exit status 1
+//! — except a write to a stdout whose reader is gone (`| head`), which ends
+//! the command quietly with status 0, as it ends `cat`, `grep` or `jq`.
 
 mod ab;
 mod data;
@@ -64,11 +66,36 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        Err(e) if is_closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             basecamp_sandbox::stderr_line!("error: {}", report(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `error` is a broken pipe met writing to stdout: an I/O error of
+/// that kind in its chain while stdout's reader has gone (a pipe's write end
+/// then polls as an error). A broken pipe to anything else, e.g. a
+/// preprocessor that died, stays an error.
+fn is_closed_stdout(error: &anyhow::Error) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let broken_pipe = error.chain().any(|cause| {
+        let kind = match cause.downcast_ref::<std::io::Error>() {
+            Some(e) => Some(e.kind()),
+            // serde_json's error does not name its I/O error as a cause.
+            None => cause.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind),
+        };
+        kind == Some(std::io::ErrorKind::BrokenPipe)
+    });
+    if !broken_pipe {
+        return false;
+    }
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLOUT)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
+        && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLERR))
 }
 
 /// The error and its causes joined by ": ", leaving out a cause whose text

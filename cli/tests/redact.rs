@@ -162,9 +162,10 @@ fn a_closed_stdout_still_redacts_every_trace() {
     drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    // Before: "panicked ... failed printing to stdout: Broken pipe", exit 101, after the first trace.
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert_eq!(stderr, "error: Broken pipe (os error 32)\n");
+    // Before: "panicked ... failed printing to stdout: Broken pipe", exit 101, after the first trace;
+    // then "error: Broken pipe (os error 32)", exit 1. A reader gone is not an error of the command.
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr, "");
     assert_eq!(std::fs::read_dir(&output).unwrap().count(), 20);
 }
 
