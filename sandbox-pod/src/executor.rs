@@ -73,7 +73,8 @@ pub struct ToolExecutor {
 }
 
 /// A call the policy asked for. `arguments` is `Err(raw text)` when the
-/// policy's arguments were not valid JSON: recorded, never executed.
+/// policy's arguments were not a JSON object (not JSON at all, or JSON of
+/// another type): recorded, never executed.
 #[derive(Debug, Clone, Copy)]
 pub struct ToolCall<'a> {
     pub step: u32,
@@ -90,8 +91,10 @@ pub enum CallError {
     Tool { tool: String, source: ToolError },
     #[error("unknown tool {tool:?}; this sandbox defines: {available}")]
     UnknownTool { tool: String, available: String },
-    #[error("the arguments for {tool} are not valid JSON: {raw}")]
-    InvalidArguments { tool: String, raw: String },
+    /// `problem` says what is wrong with them: "are not valid JSON", or
+    /// "must be a JSON object, got an array".
+    #[error("the arguments for {tool} {problem}: {raw}")]
+    InvalidArguments { tool: String, problem: String, raw: String },
     #[error("refused to write null into memory key(s) {keys} (memory.nullWrites is error)")]
     NullWriteRefused { keys: String },
     #[error("memory key `{key}` must hold {expected}, the patch from {origin} wrote {found}")]
@@ -198,9 +201,11 @@ impl ToolExecutor {
                 tool: call.name.to_string(),
                 available: self.tools.keys().cloned().collect::<Vec<_>>().join(", "),
             }),
-            (Some(_), Err(raw)) => {
-                Err(CallError::InvalidArguments { tool: call.name.to_string(), raw: raw.chars().take(200).collect() })
-            }
+            (Some(_), Err(raw)) => Err(CallError::InvalidArguments {
+                tool: call.name.to_string(),
+                problem: arguments_problem(raw),
+                raw: raw.chars().take(200).collect(),
+            }),
             (Some(def), Ok(args)) => {
                 let deadline = Instant::now() + def.timeout;
                 match crate::deadline::timeout(def.timeout, def.tool.call_until(call.name, args, Some(deadline))).await
@@ -350,6 +355,15 @@ impl ToolExecutor {
             }
         }
         patch
+    }
+}
+
+/// What is wrong with arguments that are not a JSON object: `[1]` is JSON,
+/// so "not valid JSON" would send the model looking for a syntax error.
+fn arguments_problem(raw: &str) -> String {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(value) => format!("must be a JSON object, got {}", json_type(&value)),
+        Err(_) => "are not valid JSON".to_string(),
     }
 }
 

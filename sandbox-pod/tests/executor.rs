@@ -237,6 +237,24 @@ async fn unknown_tools_and_invalid_arguments_are_refused() {
 }
 
 #[tokio::test]
+async fn arguments_that_are_json_but_not_an_object_are_refused_as_such_not_as_invalid_json() {
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("a", def(exec("print(1)"), 1000));
+    let mut memory = Memory::new();
+    let refuse = async |raw: &'static str, memory: &mut Memory| {
+        let out =
+            ex.call(ToolCall { step: 1, call_id: "c", plan_label: "", name: "a", arguments: Err(raw) }, memory).await;
+        assert_eq!((out.status, out.plan_step.error_type.as_str()), (StepStatus::Refused, "invalid_arguments"));
+        out.plan_step.error_message
+    };
+    // Before, each said "the arguments for a are not valid JSON: …".
+    assert_eq!(refuse("[1]", &mut memory).await, "the arguments for a must be a JSON object, got an array: [1]");
+    assert_eq!(refuse("\"x\"", &mut memory).await, "the arguments for a must be a JSON object, got a string: \"x\"");
+    assert_eq!(refuse("3", &mut memory).await, "the arguments for a must be a JSON object, got a number: 3");
+    assert_eq!(refuse("{\"x\": ", &mut memory).await, "the arguments for a are not valid JSON: {\"x\": ");
+}
+
+#[tokio::test]
 async fn null_writes_can_be_refused_and_types_enforced() {
     let null_patch = exec("import json; print(json.dumps({'observation': 1, 'memory': {'status': None, 'n': 'x'}}))");
     let mut ex = ToolExecutor::new(NullWrites::Error);
