@@ -616,6 +616,8 @@ impl Episode {
                 let observation =
                     json!({"error": format!("plan step timed out after {timeout_ms} ms"), "tool": call.name});
                 let hash = self.memory.hash();
+                // As the executor records them for a call that ends.
+                let (arguments_json, input_hash) = crate::executor::arguments_json_and_hash(arguments);
                 self.writer.append(
                     step,
                     Body::PlanStep(pb::PlanStep {
@@ -623,7 +625,8 @@ impl Episode {
                         kind: StepKind::ToolCall as i32,
                         tool: call.name.clone(),
                         call_id: call.id.clone(),
-                        arguments_json: call.arguments.to_json_text(),
+                        arguments_json,
+                        input_hash: input_hash.0.to_vec(),
                         status: StepStatus::RolledBack as i32,
                         error_type: "plan_step_timeout".into(),
                         error_message: format!("plan step exceeded {timeout_ms} ms"),

@@ -185,14 +185,7 @@ impl ToolExecutor {
         let started_wall = SystemTime::now();
         let started = Instant::now();
         let memory_before = memory.hash();
-        let (arguments_json, input_hash) = match call.arguments {
-            Ok(v) => {
-                let text = canonical_json(v);
-                let hash = hash_canonical_text(&text);
-                (text, hash)
-            }
-            Err(raw) => (raw.to_string(), hash_json(&Value::String(raw.to_string()))),
-        };
+        let (arguments_json, input_hash) = arguments_json_and_hash(call.arguments);
         let def = self.tools.get(call.name);
         let timeout = def.map_or(Duration::ZERO, |d| d.timeout);
 
@@ -355,6 +348,22 @@ impl ToolExecutor {
             }
         }
         patch
+    }
+}
+
+/// A call's `arguments_json` and `input_hash` as its plan step records
+/// them: the canonical JSON of the arguments and its sha256, or, for
+/// arguments that are not an object, the raw text and the hash of it as a
+/// JSON string. Also used for a call the plan step's timeout cut off, so
+/// that its record can be compared with the same call's elsewhere.
+pub fn arguments_json_and_hash(arguments: Result<&Value, &str>) -> (String, Digest) {
+    match arguments {
+        Ok(v) => {
+            let text = canonical_json(v);
+            let hash = hash_canonical_text(&text);
+            (text, hash)
+        }
+        Err(raw) => (raw.to_string(), hash_json(&Value::String(raw.to_string()))),
     }
 }
 

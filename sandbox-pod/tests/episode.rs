@@ -14,7 +14,7 @@ use basecamp_sandbox::tools::Tool;
 use basecamp_sandbox::tools::exec::ExecTool;
 use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
 use basecamp_trace::pb::{Header, InjectionTrigger, MemorySource, Outcome, StepStatus, record::Body};
-use basecamp_trace::{MemoryPatch, Tail, read_trace};
+use basecamp_trace::{MemoryPatch, Tail, hash_json, read_trace};
 use serde_json::{Value, json};
 
 const SCRIPT: &str = r#"{"episode": "ok", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}, {"content": "It ships tomorrow."}]}
@@ -180,10 +180,16 @@ async fn a_plan_step_timeout_rolls_memory_back_and_writes_rollback_trace() {
     assert_eq!(rollback[0]["modified_keys"]["k"], json!({"before": null, "after": "v"}));
     assert_eq!(rollback[0]["triggering_observation"]["tool"], "hang");
     let trace = read_trace(&trace_path).unwrap();
-    let rolled_back = trace.records.iter().any(
-        |r| matches!(&r.body, Some(Body::PlanStep(p)) if p.status == StepStatus::RolledBack as i32 && p.tool == "hang"),
+    let rolled_back = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::PlanStep(p)) if p.status == StepStatus::RolledBack as i32 && p.tool == "hang" => Some(p),
+        _ => None,
+    });
+    let rolled_back = rolled_back.expect("the call the timeout cut off is recorded");
+    // Its input_hash was left empty, unlike every other call's.
+    assert_eq!(
+        (rolled_back.arguments_json.as_str(), rolled_back.input_hash.as_slice()),
+        ("{}", &hash_json(&json!({})).0[..])
     );
-    assert!(rolled_back);
     let undo = trace.records.iter().any(|r| {
         matches!(&r.body, Some(Body::MemoryDelta(d)) if d.source == MemorySource::Rollback as i32 && d.key == "k" && d.after_json.is_none())
     });
