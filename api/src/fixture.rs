@@ -7,8 +7,9 @@
 //! ```
 //!
 //! `tool` is required, and `observation` unless the entry fails;
-//! `arguments` (default `{}`), `memoryPatch` (memory key -> value),
-//! `timeout` (true: the call times out and the tool's fallback applies) and
+//! `arguments` (default `{}`), `memoryPatch` (memory key -> value) and
+//! `memoryRemove` (memory keys to delete: what a live tool answers as
+//! `memory` and `memory_remove`), `timeout` (true: the call times out and the tool's fallback applies) and
 //! `error` with an optional `errorType` (the call fails as the trace of a
 //! real call recorded it, e.g. `rate_limited`) are optional. One file may hold
 //! entries for several tools; validation checks that each names a tool the
@@ -36,6 +37,9 @@ pub struct FixtureEntry {
     /// Memory writes made with the answer.
     #[serde(default)]
     pub memory_patch: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Memory keys deleted with the answer (after `memoryPatch`'s writes).
+    #[serde(default)]
+    pub memory_remove: Option<Vec<String>>,
     /// True: the call times out instead of answering.
     #[serde(default)]
     pub timeout: bool,
@@ -199,6 +203,9 @@ mod tests {
         assert_eq!(fixture.entries.len(), 2);
         assert_eq!(fixture.entries[1].line, 2);
         assert!(fixture.entries[1].timeout);
+        let text = "{\"tool\": \"t\", \"observation\": 1, \"memoryPatch\": {\"a\": 1}, \"memoryRemove\": [\"b\"]}\n";
+        let fixture = Fixture::parse("f.jsonl", text).expect("valid");
+        assert_eq!(fixture.entries[0].memory_remove, Some(vec!["b".to_string()]));
     }
 
     #[test]

@@ -10,20 +10,23 @@
 //! `run.json`): the SandboxConfig (memory
 //! patches, fallbacks, timeouts, rewards) and the test-set row (the input
 //! and the expectations the metrics are scored against). Every tool becomes
-//! a `recorded` tool answering in call order from the trace: a call that
-//! timed out times out again, one that failed fails with the same error
-//! type, so the fallback path is exercised for real; live injections are
+//! a `recorded` tool answering in call order from the trace, with the memory
+//! the tool itself wrote (its answer's `memory` and `memory_remove`, from the
+//! call's memory deltas), so the memory policy judges those writes again; a
+//! call that timed out times out again, one that failed fails with the same
+//! error type, so the fallback path is exercised for real; live injections are
 //! delivered again at the step they reached. A divergence therefore
 //! means the sandbox or its configuration no longer does what it did when
 //! the trace was written.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, anyhow, bail};
 use basecamp_api::task::PolicySpec;
-use basecamp_api::tool::{RecordedMatch, RecordedTool};
+use basecamp_api::tool::{RecordedMatch, RecordedTool, ToolSpec};
 use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
 use basecamp_sandbox::episode::LiveInjection;
 use basecamp_sandbox::run::{load_manifests, load_test_set, resolve_variants, select_task};
@@ -187,7 +190,7 @@ async fn replay(
     })?;
 
     let fixture = scratch.join("replay-tools.jsonl");
-    std::fs::write(&fixture, tool_fixture(records)?)?;
+    std::fs::write(&fixture, tool_fixture(records, &variant.sandbox.tools)?)?;
     let script = scratch.join("replay-policy.jsonl");
     std::fs::write(&script, policy_script(records)?)?;
 
@@ -251,10 +254,12 @@ const REFUSED_UNCALLED: [&str; 2] = ["invalid_arguments", "unknown_tool"];
 /// goes in the fixture, and the memory policy refuses the write again.
 const REFUSED_AFTER_ANSWER: [&str; 2] = ["null_write_refused", "memory_type"];
 
-/// The tools' recorded answers, in call order, as a fixture.
-fn tool_fixture(records: &[pb::Record]) -> Result<String> {
+/// The tools' recorded answers, in call order, as a fixture. An answer
+/// carries the memory its tool wrote, so the replayed call writes it again
+/// under the memory policy of the replay's configuration.
+fn tool_fixture(records: &[pb::Record], tools: &BTreeMap<String, ToolSpec>) -> Result<String> {
     let mut lines = String::new();
-    for record in records {
+    for (index, record) in records.iter().enumerate() {
         let Some(Body::PlanStep(step)) = &record.body else { continue };
         if step.kind != pb::StepKind::ToolCall as i32 || step.tool.is_empty() {
             continue;
@@ -271,8 +276,18 @@ fn tool_fixture(records: &[pb::Record]) -> Result<String> {
         let answered = (step.status == pb::StepStatus::Ok as i32 && !step.fallback_used)
             || (refused && REFUSED_AFTER_ANSWER.contains(&step.error_type.as_str()));
         if answered {
-            entry["observation"] = parse_json(&step.observation_json, "tool observation")
+            let observation = parse_json(&step.observation_json, "tool observation")
                 .with_context(|| format!("step {} ({})", record.step, step.tool))?;
+            let memory_map = tools.get(&step.tool).map(|t| &t.memory_patch);
+            let (set, remove) = memory_written_by_tool(&records[index + 1..], &step.tool, &observation, memory_map)
+                .with_context(|| format!("step {} ({})", record.step, step.tool))?;
+            if !set.is_empty() {
+                entry["memoryPatch"] = Value::Object(set);
+            }
+            if !remove.is_empty() {
+                entry["memoryRemove"] = json!(remove);
+            }
+            entry["observation"] = observation;
         } else if step.error_type == "timeout" || step.error_type == "plan_step_timeout" {
             // Never answers: the tool's timeout, or the plan step's, ends it again.
             entry["timeout"] = json!(true);
@@ -285,6 +300,40 @@ fn tool_fixture(records: &[pb::Record]) -> Result<String> {
         lines.push('\n');
     }
     Ok(lines)
+}
+
+/// What a call's tool itself wrote to memory (the `memory` and
+/// `memory_remove` of its answer): the call's memory deltas, which follow its
+/// plan step record, less the writes its SandboxConfig `memoryPatch` makes
+/// from the observation (the replay makes those again). Deltas record the
+/// writes that changed memory, in order: the answer's keys set, its keys
+/// removed, then the `memoryPatch` writes.
+fn memory_written_by_tool(
+    after_step: &[pb::Record],
+    tool: &str,
+    observation: &Value,
+    memory_map: Option<&BTreeMap<String, String>>,
+) -> Result<(serde_json::Map<String, Value>, Vec<String>)> {
+    let (mut set, mut remove) = (serde_json::Map::new(), Vec::new());
+    let deltas = after_step.iter().map_while(|r| match &r.body {
+        Some(Body::MemoryDelta(delta)) => Some(delta),
+        _ => None,
+    });
+    for delta in deltas.filter(|d| d.source == pb::MemorySource::Tool as i32 && d.origin == tool) {
+        let Some(after) = &delta.after_json else {
+            remove.push(delta.key.clone());
+            continue;
+        };
+        let value = parse_json(after, "memory delta").with_context(|| format!("memory key {}", delta.key))?;
+        let mapped = memory_map
+            .and_then(|map| map.get(&delta.key))
+            .and_then(|pointer| observation.pointer(pointer))
+            .is_some_and(|from_observation| *from_observation == value);
+        if !mapped {
+            set.insert(delta.key.clone(), value);
+        }
+    }
+    Ok((set, remove))
 }
 
 /// The policy's recorded turns (with their token logprobs) as a script.

@@ -542,3 +542,125 @@ fn an_s3_trace_without_config_asks_for_it_instead_of_using_the_cwds_run() {
     assert!(!stderr.contains("(from "), "{stderr}");
     assert!(stderr.contains(&format!("cannot replay {url}: ")) && stderr.contains("pass --config"), "{stderr}");
 }
+
+/// A sandbox whose `issue_credit` tool answers with its own memory patch
+/// (`memory` and `memory_remove`) beside the SandboxConfig's `memoryPatch`.
+const OWN_PATCH_TASK: &str = r#"apiVersion: basecamp.dev/v1alpha1
+kind: SandboxConfig
+metadata:
+  name: credit-tools
+spec:
+  tools:
+    issue_credit:
+      description: Issue a goodwill credit.
+      parameters:
+        type: object
+        properties:
+          days_late: {type: integer}
+      exec:
+        command: [python3, credit.py]
+      memoryPatch:
+        credit_usd: /credit_usd
+        status: /status
+  maxSteps: 4
+---
+apiVersion: basecamp.dev/v1alpha1
+kind: HarnessTask
+metadata:
+  name: credit
+spec:
+  taskDefinition:
+    name: credit
+    description: a tool that writes memory itself
+  evaluation:
+    metrics: [tool_call_accuracy, memory_consistency]
+    testSet: tests.jsonl
+  policy:
+    scripted: policy.jsonl
+  sandboxRef:
+    name: credit-tools
+"#;
+
+#[test]
+fn a_tool_that_answers_with_its_own_memory_patch_replays_identically() {
+    // The fixture replay made of the trace carried only the tool's
+    // observation, so the replayed call wrote only the `memoryPatch` keys
+    // and every such episode diverged ("key recorded credit_note vs
+    // replayed credit_usd"). The tool also writes `status` (which the
+    // `memoryPatch` then overwrites) and removes a key.
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        ("task.yaml", OWN_PATCH_TASK),
+        (
+            "credit.py",
+            "import json, sys\nargs = json.load(sys.stdin)\ndays = args['days_late']\n\
+             json.dump({'observation': {'credit_usd': 5.0 * days, 'status': 'issued'},\n\
+             'memory': {'credit_note': 'issued %d' % days, 'status': 'pending'}, 'memory_remove': ['customer_id']}, sys.stdout)\n",
+        ),
+        (
+            "tests.jsonl",
+            r#"{"id": "e1", "instruction": "a", "initial_memory": {"customer_id": "C-1"}, "expected_tool_calls": [{"name": "issue_credit", "arguments": {"days_late": 2}}]}"#,
+        ),
+        (
+            "policy.jsonl",
+            r#"{"episode": "e1", "turns": [{"tool_calls": [{"name": "issue_credit", "arguments": {"days_late": 2}}]}, {"content": "done"}]}"#,
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let config = dir.path().to_str().unwrap();
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let trace = out.join("default/shard-0/e1.trace");
+    let deltas: Vec<(String, Option<String>)> = basecamp_trace::read_trace(&trace)
+        .unwrap()
+        .records
+        .into_iter()
+        .filter_map(|r| match r.body {
+            Some(basecamp_trace::pb::record::Body::MemoryDelta(d))
+                if d.source == basecamp_trace::pb::MemorySource::Tool as i32 =>
+            {
+                Some((d.key, d.after_json))
+            }
+            _ => None,
+        })
+        .collect();
+    let delta = |key: &str, after: Option<&str>| (key.to_string(), after.map(String::from));
+    assert_eq!(
+        deltas,
+        [
+            delta("credit_note", Some("\"issued 2\"")),
+            delta("status", Some("\"pending\"")),
+            delta("customer_id", None),
+            delta("credit_usd", Some("10")),
+            delta("status", Some("\"issued\"")),
+        ],
+        "the run did not write what this test is about"
+    );
+    let kept = dir.path().join("kept");
+    let (ok, text) =
+        basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config, "--out", kept.to_str().unwrap()]);
+    assert!(ok && text.starts_with("identical:"), "{text}");
+    // The answer carries what the tool wrote, not what `memoryPatch` writes again.
+    let fixture: Value =
+        serde_json::from_str(&std::fs::read_to_string(kept.join("replay-tools.jsonl")).unwrap()).unwrap();
+    assert_eq!(fixture["memoryPatch"], serde_json::json!({"credit_note": "issued 2", "status": "pending"}));
+    assert_eq!(fixture["memoryRemove"], serde_json::json!(["customer_id"]));
+
+    // Under memory rules that refuse the tool's own write, the replay says so.
+    let strict = dir.path().join("strict");
+    std::fs::create_dir(&strict).unwrap();
+    for (name, _) in files {
+        std::fs::copy(dir.path().join(name), strict.join(name)).unwrap();
+    }
+    let task = OWN_PATCH_TASK.replace(
+        "  maxSteps: 4\n",
+        "  maxSteps: 4\n  memory:\n    strictTypes: true\n    schema: {credit_note: integer}\n",
+    );
+    std::fs::write(strict.join("task.yaml"), task).unwrap();
+    let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", strict.to_str().unwrap()]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("plan_execution): status recorded ok vs replayed refused"), "{text}");
+}

@@ -249,10 +249,11 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
             let recordings = fixture.entries.into_iter().filter(|e| e.tool == *name).map(|e| Recording {
                 tool: e.tool,
                 arguments: by_args.then_some(Value::Object(e.arguments)),
-                response: match e.memory_patch {
-                    Some(patch) => json!({"observation": e.observation, "memory": patch}),
-                    None if e.observation.get("observation").is_some() => json!({"observation": e.observation}),
-                    None => e.observation,
+                // As a live tool answers: `memory` is written, then `memory_remove` deleted.
+                response: match (e.memory_patch, e.memory_remove) {
+                    (None, None) if e.observation.get("observation").is_some() => json!({"observation": e.observation}),
+                    (None, None) => e.observation,
+                    (patch, remove) => json!({"observation": e.observation, "memory": patch, "memory_remove": remove}),
                 },
                 // A recorded timeout never answers: the executor's timeout and the fallback apply.
                 latency_ms: if e.timeout { 24 * 3600 * 1000 } else { 0 },
