@@ -244,7 +244,15 @@ async fn run_controller(
     stop: watch::Receiver<bool>,
 ) {
     let ns = namespace.as_deref();
-    let controller = Controller::new(api::<HarnessTask>(&client, ns), watcher::Config::default())
+    // The tasks' own watch wakes a task only for a change `task_trigger`
+    // sees (not the operator's status writes); the store keeps every version.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let tasks = watcher(api::<HarnessTask>(&client, ns), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(controller::task_trigger, Default::default());
+    let controller = Controller::for_stream(tasks, reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let tasks = controller.store();
     let services_ctx = ctx.clone();

@@ -830,3 +830,60 @@ async fn a_training_task_evaluates_a_finished_checkpoint_and_keeps_running() {
     let text = out.ctx.metrics.encode();
     assert!(text.contains(r#"basecamp_checkpoint_step{namespace="team-a",task="eval"} 20"#), "{text}");
 }
+
+#[tokio::test]
+async fn a_reconcile_before_the_watch_delivers_the_finalizer_does_not_add_it_again() {
+    // A first reconcile adds the finalizer (with the applies) and writes the
+    // status; a second, woken before the watch delivered either write, sees
+    // the task without them: it sends nothing, where it used to patch the
+    // finalizer with the older resourceVersion and fail with a 409.
+    let fresh = task(spec(), false);
+    let with_finalizer = task(spec(), true);
+    let mut script = apply_calls(not_found(), json!({}));
+    script.insert(1, call("PATCH", TASK, Reply::Json(200, with_finalizer.clone())));
+    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, with_finalizer)), event(), event()]);
+    let first = scenario(&fresh, storage_down(), script).await;
+    assert!(first.result.is_ok(), "{:?}", first.result.err());
+    let sandbox: basecamp_api::SandboxConfig = serde_json::from_value(sandbox()).expect("sandbox");
+    let applied =
+        |uri: &str| first.seen.iter().find(|s| s.uri.starts_with(uri) && !s.body.is_null()).expect(uri).body.clone();
+    let ctx = Arc::try_unwrap(first.ctx).unwrap_or_else(|_| panic!("the context is no longer shared"));
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut ctx = Context { client: Client::new(service, "default"), ..ctx };
+    ctx.caches = cache::Caches::holding(
+        vec![serde_json::from_value(applied(JOB)).expect("job")],
+        vec![serde_json::from_value(applied(CONFIG_MAP)).expect("config map")],
+        vec![serde_json::from_value(applied(NETWORK_POLICY)).expect("network policy")],
+        vec![sandbox],
+    );
+    let verifier = tokio::spawn(verify(handle, Vec::new()));
+    let stale: HarnessTask = serde_json::from_value(fresh).expect("task");
+    let second = reconcile(Arc::new(stale), Arc::new(ctx)).await;
+    assert!(second.is_ok(), "{:?}", second.err());
+    let seen = tokio::time::timeout(Duration::from_secs(10), verifier).await.expect("the verifier").expect("verifier");
+    assert!(seen.is_empty(), "no call: {:?}", seen.iter().map(|s| &s.uri).collect::<Vec<_>>());
+}
+
+#[test]
+fn the_operators_status_writes_do_not_wake_the_task_but_other_changes_do() {
+    let base: HarnessTask = serde_json::from_value(task(spec(), true)).expect("task");
+    let trigger = |t: &HarnessTask| task_trigger(t).expect("every task has a trigger hash");
+    let mut written = base.clone();
+    written.status = Some(basecamp_api::HarnessTaskStatus { observed_generation: Some(1), ..Default::default() });
+    written.metadata.resource_version = Some("8".into());
+    assert_eq!(trigger(&written), trigger(&base), "a status write (and its new resourceVersion) wakes nothing");
+    let changed = |edit: &dyn Fn(&mut HarnessTask)| {
+        let mut t = base.clone();
+        edit(&mut t);
+        trigger(&t)
+    };
+    for (what, hash) in [
+        ("the spec (generation)", changed(&|t| t.metadata.generation = Some(2))),
+        ("an annotation", changed(&|t| t.annotations_mut().insert("poke".into(), "1".into()).map(drop).unwrap_or(()))),
+        ("a label", changed(&|t| t.labels_mut().insert("team".into(), "a".into()).map(drop).unwrap_or(()))),
+        ("the finalizer removed", changed(&|t| t.finalizers_mut().clear())),
+        ("deletion", changed(&|t| t.metadata.deletion_timestamp = Some(now()))),
+    ] {
+        assert_ne!(hash, trigger(&base), "{what} wakes the task");
+    }
+}
