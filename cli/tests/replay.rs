@@ -562,6 +562,10 @@ spec:
       memoryPatch:
         credit_usd: /credit_usd
         status: /status
+  # A python3 start on a loaded CI machine can take seconds: no timeout may cut it.
+  toolTimeouts:
+    default: 60s
+  planStepTimeout: 120s
   maxSteps: 4
 ---
 apiVersion: basecamp.dev/v1alpha1
