@@ -224,6 +224,10 @@ fn queries_find_exactly_the_steps_they_describe() {
         ("episode.variant == \"b\" and step == 0", &[0]),
         ("episode.variant == \"a\"", &[]),
         ("(step == 1 or step == 3) and exists(plan_execution)", &[1, 3]),
+        // Keywords in capitals, as AND/OR/NOT always were (EXISTS was "unknown field EXISTS").
+        ("(step == 1 OR step == 3) AND EXISTS(plan_execution)", &[1, 3]),
+        ("NOT EXISTS(error_context)", &[0, 1, 3]),
+        ("memory_state.shipping_status == NULL", &[2]),
         ("tool > \"p\"", &[1, 2, 3]),
     ];
     for (query, want) in cases {

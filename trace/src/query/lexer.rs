@@ -141,10 +141,11 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
                     "and" | "AND" => Tok::And,
                     "or" | "OR" => Tok::Or,
                     "not" | "NOT" => Tok::Not,
-                    "true" => Tok::True,
-                    "false" => Tok::False,
-                    "null" => Tok::Null,
-                    "exists" => Tok::Exists,
+                    // Every keyword in lower case or in capitals alike.
+                    "true" | "TRUE" => Tok::True,
+                    "false" | "FALSE" => Tok::False,
+                    "null" | "NULL" => Tok::Null,
+                    "exists" | "EXISTS" => Tok::Exists,
                     _ => Tok::Ident(word.to_string()),
                 };
                 (tok, j - i)

@@ -23,7 +23,8 @@
 //! `false` and `null` included); `exists(SECTION)` when the step has a record of
 //! that section; `exists(memory_state.KEY)` when the step changed KEY (a
 //! removal included). Combine with `and` (`&&`), `or` (`||`), `not` (`!`) and
-//! parentheses; `not` binds tightest, then `and`, then `or`.
+//! parentheses; `not` binds tightest, then `and`, then `or`. Keywords are
+//! written in lower case or in capitals (`AND`, `EXISTS`, `NULL`).
 //!
 //! **One record at a time.** A sub-expression whose comparisons all read the
 //! same section (and for `memory_state`, the same key) is checked against
