@@ -446,7 +446,12 @@ fn read_for_rows(sources: &Sources, source: &Source) -> Result<Result<TraceConte
     Ok(match contents.damage() {
         None => Ok(contents),
         Some(e @ TraceError::Io { .. }) => return Err(e.clone()),
-        Some(damage) => Err(format!("{}: incomplete ({damage})", source.name)),
+        Some(damage) => {
+            // The damage names the trace itself: "F: truncated at byte N: ...".
+            let damage = damage.to_string();
+            let why = damage.strip_prefix(&format!("{}: ", source.name)).unwrap_or(&damage);
+            Err(format!("{}: incomplete ({why})", source.name))
+        }
     })
 }
 

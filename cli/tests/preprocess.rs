@@ -780,6 +780,8 @@ fn a_run_that_fails_before_writing_a_row_leaves_an_earlier_dataset_complete_and_
         assert!(said.contains("damaged/cut.trace: incomplete") && said.contains("damaged/text.trace"), "{said}");
         // Before: "damaged/text.trace: damaged/text.trace: not a basecamp trace".
         assert_eq!(said.matches("damaged/text.trace").count(), 1, "named once: {said}");
+        // Before: "damaged/cut.trace: incomplete (damaged/cut.trace: truncated at byte ...)".
+        assert_eq!(said.matches("damaged/cut.trace").count(), 1, "named once: {said}");
         assert!(said.contains("dataset.json was not written"), "{said}");
         assert!(output.stderr.len() <= 2048, "fits a termination message: {said}");
     }
