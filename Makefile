@@ -22,7 +22,7 @@ help: ## List the targets
 build: ## Build the three binaries (debug)
 	$(CARGO) build --workspace --bins
 
-test: lint test-deps unit cuda-emulate crds-check chart-lint ## Everything CI checks: format, clippy, unit/integration tests, the CUDA kernels on the CPU emulator, CRD drift, the Helm chart
+test: lint test-deps unit crds-check chart-lint ## Everything CI checks: format, clippy, unit/integration tests, CRD drift, the Helm chart
 
 lint: fmt-check clippy
 
