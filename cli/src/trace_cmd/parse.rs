@@ -11,18 +11,17 @@
 //! on stderr, and exits 1 unless `--allow-truncated` accepts a clean
 //! truncation.
 
-use std::fs::File;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::bail;
 use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
-use basecamp_trace::{RecordKind, TraceContents, TraceError, TraceReader, json::trace_to_json};
+use basecamp_trace::{RecordKind, TraceContents, TraceError, json::trace_to_json};
 use clap::{Args, ValueEnum};
 
-use super::sources::{Source, SourceReader, Sources};
+use super::sources::{Source, SourceReader, Sources, open_local};
 use crate::serve::{catalog, episode};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -166,10 +165,7 @@ pub fn read_one(file: &Path) -> anyhow::Result<TraceContents> {
 /// an S3 object fetched whole first.
 fn open_one(file: &Path) -> anyhow::Result<SourceReader> {
     let Some(url) = file.to_str().filter(|f| f.starts_with("s3://")) else {
-        let name = file.display().to_string();
-        let opened = File::open(file).map_err(|e| TraceError::io(name.clone(), e))?;
-        let inner: Box<dyn Read + Send> = Box::new(BufReader::with_capacity(256 << 10, opened));
-        return Ok(TraceReader::new(inner, name)?);
+        return Ok(open_local(file, file.display().to_string())?);
     };
     if !url.ends_with(TRACE_SUFFIX) {
         bail!(

@@ -149,15 +149,18 @@ impl Sources {
     /// A reader positioned after the header: a local file is streamed, an
     /// S3 object is fetched whole first.
     pub fn open(&self, source: &Source) -> Result<SourceReader, TraceError> {
-        let inner: Box<dyn Read + Send> = match &source.location {
-            Location::Local(path) => {
-                let file = File::open(path).map_err(|e| TraceError::io(source.name.clone(), e))?;
-                Box::new(BufReader::with_capacity(256 << 10, file))
-            }
-            Location::S3(_) => Box::new(Cursor::new(self.read_bytes(source)?)),
-        };
-        TraceReader::new(inner, source.name.clone())
+        match &source.location {
+            Location::Local(path) => open_local(path, source.name.clone()),
+            Location::S3(_) => TraceReader::new(Box::new(Cursor::new(self.read_bytes(source)?)), source.name.clone()),
+        }
     }
+}
+
+/// A local trace file, streamed through a buffer, its header read; `name`
+/// is how messages name it.
+pub fn open_local(path: &Path, name: String) -> Result<SourceReader, TraceError> {
+    let file = File::open(path).map_err(|e| TraceError::io(name.clone(), e))?;
+    TraceReader::new(Box::new(BufReader::with_capacity(256 << 10, file)), name)
 }
 
 /// The last components of `path`, as many as `relative` (built from them,
