@@ -5,7 +5,7 @@
 #[path = "support/s3.rs"]
 mod s3;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use basecamp_trace::pb::StepStatus;
@@ -247,6 +247,15 @@ spec:
 "#;
 
 /// Writes REFUSALS_TASK, its fixture, test set and policy into `dir`.
+/// [`write_refusals`] into `dir`, run with `basecamp run` into `dir/out`; that directory.
+fn run_refusals(dir: &Path) -> PathBuf {
+    write_refusals(dir);
+    let out = dir.join("out");
+    let (ok, text) = basecamp(&["run", dir.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    out
+}
+
 fn write_refusals(dir: &Path) {
     let files = [
         ("task.yaml", REFUSALS_TASK),
@@ -295,11 +304,8 @@ fn calls_the_sandbox_refused_replay_identically() {
     // so the fallback-free call came back `error` ("status recorded 6 vs
     // replayed 2").
     let dir = tempfile::tempdir().unwrap();
-    write_refusals(dir.path());
+    let out = run_refusals(dir.path());
     let config = dir.path().to_str().unwrap();
-    let out = dir.path().join("out");
-    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
-    assert!(ok, "{text}");
     for (episode, statuses) in [
         ("bad-args", vec![StepStatus::Refused, StepStatus::Refused, StepStatus::Refused, StepStatus::Ok]),
         ("bad-memory", vec![StepStatus::Refused]),
@@ -324,11 +330,7 @@ fn calls_the_sandbox_refused_replay_identically() {
 fn a_divergence_names_enum_values() {
     // "status recorded 6 vs replayed 1": the numbers of the proto enums.
     let dir = tempfile::tempdir().unwrap();
-    write_refusals(dir.path());
-    let config = dir.path().to_str().unwrap();
-    let out = dir.path().join("out");
-    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
-    assert!(ok, "{text}");
+    let out = run_refusals(dir.path());
     // The same sandbox without its memory schema accepts the write it refused.
     let lenient = dir.path().join("lenient");
     std::fs::create_dir(&lenient).unwrap();
@@ -410,10 +412,7 @@ fn a_relative_out_directory_keeps_the_replay() {
     // sandbox then looked for relative to its base directory, kept/:
     // "cannot read fixture kept/kept/replay-tools.jsonl".
     let dir = tempfile::tempdir().unwrap();
-    write_refusals(dir.path());
-    let out = dir.path().join("out");
-    let (ok, text) = basecamp(&["run", dir.path().to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()]);
-    assert!(ok, "{text}");
+    run_refusals(dir.path());
     let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
         .args(["trace", "replay", "out/default/shard-0/bad-memory.trace", "--config", ".", "--out", "kept"])
         .current_dir(dir.path())
@@ -526,10 +525,7 @@ fn an_s3_trace_without_config_asks_for_it_instead_of_using_the_cwds_run() {
     // run` output directory of the same task) supplied the manifests of
     // whatever that run was, although the object belongs to no local run.
     let dir = tempfile::tempdir().unwrap();
-    write_refusals(dir.path());
-    let out = dir.path().join("out");
-    let (ok, text) = basecamp(&["run", dir.path().to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()]);
-    assert!(ok, "{text}");
+    let out = run_refusals(dir.path());
     let data = dir.path().join("s3");
     std::fs::create_dir_all(data.join(s3::BUCKET).join("t")).unwrap();
     std::fs::copy(out.join("default/shard-0/bad-memory.trace"), data.join(s3::BUCKET).join("t/bad-memory.trace"))
