@@ -22,7 +22,7 @@ help: ## List the targets
 build: ## Build the three binaries (debug)
 	$(CARGO) build --workspace --bins
 
-test: lint test-deps unit crds-check chart-lint ## Everything CI checks: format, clippy, unit/integration tests, CRD drift, the Helm chart
+test: lint test-deps unit cuda-emulate crds-check chart-lint ## Everything CI checks: format, clippy, unit/integration tests, the CUDA kernels on the CPU emulator, CRD drift, the Helm chart
 
 lint: fmt-check clippy
 
@@ -46,7 +46,7 @@ browser: ## Debian's chromium for the browser tests of the report and serve
 unit: ## Unit and integration tests of every crate
 	$(CARGO) test --workspace
 
-cuda-emulate: ## The CUDA kernels (gpu/src/cuda/logits.cu) compiled as C++ and held to the float64 oracle on the CPU (no GPU needed; about 2 min)
+cuda-emulate: ## The CUDA kernels (gpu/src/cuda/logits.cu) compiled as C++ and held to the float64 oracle on the CPU (no GPU needed; 3-5 min on 2 cores)
 	bash gpu/bench/emulate/run.sh
 
 crds: ## Regenerate crds/ (and the chart's copy) from the Rust types in api/

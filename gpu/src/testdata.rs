@@ -164,6 +164,51 @@ pub fn far_jump_rows() -> Vec<(Vec<f32>, Vec<f32>)> {
     rows
 }
 
+/// Named rows `(what, p, q)` of 3,000 logits where q is p's second run
+/// shifted far from p, so that `E_p[x - y]` and `ln(Z_q / Z_p)` are large
+/// and KL is their small (or zero) difference: q as log-probabilities
+/// (about 16 below p), and the same where the first 300 entries are masked
+/// (`-inf`), so that q's shift cannot be seen there; one finite logit with q
+/// 40 or 150 below it (KL exactly 0). KL must stay precise relative to its
+/// own size, not to the shift.
+pub fn shifted_q_rows(rng: &mut Rng) -> Vec<(&'static str, Vec<f32>, Vec<f32>)> {
+    let vocab = 3000;
+    let log_softmax = |v: &[f32]| -> Vec<f32> {
+        let m = v.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+        let lse = m + v.iter().map(|&x| (f64::from(x) - m).exp()).sum::<f64>().ln();
+        v.iter().map(|&x| (f64::from(x) - lse) as f32).collect()
+    };
+    let p = gaussian_logits(rng, 1, vocab, 3.0);
+    let near = perturbed(rng, &p, 0.1);
+    let mut masked_p = p.clone();
+    masked_p[..300].fill(f32::NEG_INFINITY);
+    let mut masked_near = near.clone();
+    masked_near[..300].fill(f32::NEG_INFINITY);
+    let one = |below: f32| {
+        let mut p = vec![f32::NEG_INFINITY; vocab];
+        p[1000] = 3.7;
+        let mut q = p.clone();
+        q[1000] = 3.7 - below + 0.013;
+        (p, q)
+    };
+    let (one_40, one_40_q) = one(40.0);
+    let (one_150, one_150_q) = one(150.0);
+    vec![
+        ("q as log-probabilities", p.clone(), log_softmax(&near)),
+        ("masked probe, q as log-probabilities", masked_p.clone(), log_softmax(&masked_near)),
+        ("masked probe, q 150 below", masked_p, masked_near.iter().map(|y| y - 150.0).collect()),
+        ("one finite logit, q 40 below", one_40, one_40_q),
+        ("one finite logit, q 150 below", one_150, one_150_q),
+    ]
+}
+
+/// Whether a KL of [`shifted_q_rows`] is close enough to the float64 one:
+/// within 1e-4 of its size, plus 2e-7 absolute for float32 rounding of
+/// `exp` near 1 (rows whose KL is 0).
+pub fn shifted_kl_close(got: f64, want: f64) -> bool {
+    (got - want).abs() < 1e-4 * want + 2e-7
+}
+
 /// Round to bfloat16.
 pub fn to_bf16(values: &[f32]) -> Vec<bf16> {
     values.iter().map(|&v| bf16::from_f32(v)).collect()

@@ -12,7 +12,9 @@ use std::process::Command;
 
 use basecamp_gpu::logits::reference::reference;
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
-use basecamp_gpu::testdata::{Rng, deviation, far_jump_rows, fresh_seed, mixed_logits, perturbed, to_bf16};
+use basecamp_gpu::testdata::{
+    Rng, deviation, far_jump_rows, fresh_seed, mixed_logits, perturbed, shifted_kl_close, shifted_q_rows, to_bf16,
+};
 
 const LIMIT: f64 = 1e-4;
 const KL_FLOOR: f64 = 1e-6;
@@ -90,7 +92,7 @@ fn run(
 fn emulated_kernels_match_float64_on_every_row_shape_dtype_and_alignment() {
     let Some(emu) = emulator() else { return };
     let seed = fresh_seed();
-    let dir = tempfile_dir();
+    let dir = tempfile_dir("shapes");
     for (i, &(rows, vocab, k)) in
         [(7, 129_280, 20), (14, 4099, 5), (9, 1000, 1), (7, 33, 20), (5, 3, 4), (3, 1, 2), (4, 50_001, 0)]
             .iter()
@@ -143,7 +145,7 @@ fn emulated_kernels_keep_q_mass_when_p_jumps_far_up() {
     // mass was dropped. The CPU pass is held to the same rows in
     // gpu/src/logits/tests.rs.
     let Some(emu) = emulator() else { return };
-    let dir = tempfile_dir();
+    let dir = tempfile_dir("far-jump");
     let rows = far_jump_rows();
     let vocab = rows[0].0.len();
     let p: Vec<f32> = rows.iter().flat_map(|(p, _)| p.clone()).collect();
@@ -157,8 +159,33 @@ fn emulated_kernels_keep_q_mass_when_p_jumps_far_up() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-fn tempfile_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("basecamp-emulate-{}-{}", std::process::id(), fresh_seed()));
+#[test]
+fn emulated_kernels_keep_kl_precise_when_q_is_shifted_far_from_p() {
+    // The CPU pass is held to the same rows in gpu/src/logits/tests.rs: q as
+    // log-probabilities (shift 16, which the kernel took only past 64), and
+    // rows whose masked probe hides the shift (a second, realigned pass).
+    let Some(emu) = emulator() else { return };
+    let seed = fresh_seed();
+    let dir = tempfile_dir("shifted");
+    for (what, p, q) in shifted_q_rows(&mut Rng::new(seed)) {
+        let vocab = p.len();
+        let out = run(&emu, &dir, &p, Some(&q), (false, false), 1, vocab, 3);
+        let want =
+            reference(LogitsView::f32(&p, 1, vocab).expect("p"), Some(LogitsView::f32(&q, 1, vocab).expect("q")), 3)
+                .expect("valid")[0]
+                .kl
+                .expect("pair");
+        let got = f64::from(out.kl().expect("pair")[0]);
+        println!("{what}: KL {got:e} vs {want:e}");
+        assert!(shifted_kl_close(got, want), "{what}: KL {got:e} vs {want:e}; seed {seed}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A scratch directory of the test `name` (tests run concurrently, and with
+/// BASECAMP_TEST_SEED set every one sees the same seed).
+fn tempfile_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("basecamp-emulate-{name}-{}-{}", std::process::id(), fresh_seed()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }

@@ -10,7 +10,9 @@
 use basecamp_gpu::cuda::{GpuError, GpuLogits};
 use basecamp_gpu::logits::reference::reference;
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
-use basecamp_gpu::testdata::{Rng, deviation, far_jump_rows, fresh_seed, mixed_logits, perturbed, to_bf16};
+use basecamp_gpu::testdata::{
+    Rng, deviation, far_jump_rows, fresh_seed, mixed_logits, perturbed, shifted_kl_close, shifted_q_rows, to_bf16,
+};
 
 /// float32 arithmetic must land far under METHOD.md's 1e-3.
 const LIMIT: f64 = 1e-4;
@@ -52,7 +54,7 @@ fn check(gpu: &GpuLogits, seed: u64, rows: usize, vocab: usize, k: usize, p_bf16
     let p_values = mixed_logits(&mut rng, rows, vocab);
     let q_data = q_bf16.map(|b| {
         let mut q = perturbed(&mut rng, &p_values, 0.1);
-        // A few rows far from p: shifted past the re-basing threshold, and one
+        // A few rows far from p: shifted by 150 (c0 brings them back), and one
         // that rules out a token p allows (KL = +inf).
         if rows > 3 {
             for x in &mut q[vocab..2 * vocab] {
@@ -139,6 +141,24 @@ fn q_mass_seen_before_p_jumps_far_up_still_counts_in_kl() {
     gpu.analyze_into(pv, Some(qv), 3, &mut out).expect("valid rows");
     let dev = deviation(&out, &reference(pv, Some(qv), 3).expect("valid"));
     assert!(dev.within(LIMIT, KL_FLOOR), "relative error {dev:?}; KL {:?}", out.kl());
+}
+
+#[test]
+fn kl_stays_precise_when_q_is_shifted_far_from_p() {
+    // q as log-probabilities (16 below p) and rows whose masked leading
+    // entries hide q's shift from the probe (a second, realigned pass). The
+    // CPU pass and the emulator are held to the same rows.
+    let Some(gpu) = gpu() else { return };
+    let seed = fresh_seed();
+    for (what, p, q) in shifted_q_rows(&mut Rng::new(seed)) {
+        let vocab = p.len();
+        let (pv, qv) = (LogitsView::f32(&p, 1, vocab).expect("p"), LogitsView::f32(&q, 1, vocab).expect("q"));
+        let mut out = LogitStats::poisoned(1, vocab, 3, true);
+        gpu.analyze_into(pv, Some(qv), 3, &mut out).expect("valid rows");
+        let want = reference(pv, Some(qv), 3).expect("valid")[0].kl.expect("pair");
+        let got = f64::from(out.kl().expect("pair")[0]);
+        assert!(shifted_kl_close(got, want), "{what}: KL {got:e} vs {want:e}; seed {seed}");
+    }
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //   f       sum exp(y' - m)                g              sum (exp(y' - m) - e)
 // with e = exp(x - m) and y' = y - c0. Per-thread states are merged with warp
 // shuffles and shared memory; per-thread top-k lists (local memory, sorted,
-// ties to the lower id) are merged by k rounds of a block-wide argmax.
+// ties to the lower id) are merged by k rounds of a block-wide argmax. A row
+// whose q shift c0 proves misjudged is streamed once more (realigned_shift).
 //
 // Rows take 16-byte vector loads when p's row start can be aligned by a short
 // scalar head and q is then aligned too; otherwise the whole row is scalar
@@ -24,6 +25,8 @@
 #define D_FLOOR (-1000.0f)
 #define OVER 80.0f
 #define F_UNDERFLOW 1e-25f
+#define REALIGN 2.0f
+#define MAX_SHIFT 16777216.0f
 #define LOG2E 1.4426950408889634f
 #define LOG2E_LO 1.925963033500011e-8f
 #define LN2 0.6931471805599453f
@@ -314,6 +317,18 @@ __device__ __forceinline__ State block_merge(State s, State* scratch) {
     return out;
 }
 
+// The shift to stream the row again with when c0 left q misaligned with p
+// (the CPU's RowState::realigned_shift): |b / S| = |E_p[x - y']| over
+// REALIGN, q's mass underflowing on p's base, or q far above it. c0 itself
+// where the row is fine (or bad, or KL is +inf anyway).
+__device__ __forceinline__ float realigned_shift(const State& r, float c0) {
+    if ((r.flags & (F_BAD_P | F_BAD_Q | F_Q_ZERO)) || !(r.flags & F_Q_FINITE) || r.m == neg_inf()) return c0;
+    const float mean = r.b / (r.n_max + r.s_rest);
+    if (!((r.flags & F_Q_FAR) || r.f < F_UNDERFLOW || fabsf(mean) > REALIGN)) return c0;
+    const float c1 = roundf(c0 - mean);
+    return (fabsf(c1) < MAX_SHIFT) ? c1 : c0;
+}
+
 // (value, id) order: larger value first, then lower id.
 __device__ __forceinline__ bool better(float v1, int i1, float v2, int i2) {
     return v1 > v2 || (v1 == v2 && i1 < i2);
@@ -364,7 +379,9 @@ __device__ __forceinline__ void logit_stats(
     const TP* prow = p + (size_t)row * (size_t)V;
     const TQ* qrow = PAIR ? q + (size_t)row * (size_t)V : nullptr;
 
-    // q's shift c0 (the CPU's q_shift over the first 256 entries).
+    // q's shift c0 (the CPU's q_shift over the first 256 entries): q as
+    // log-probabilities sits about lse below p, and unshifted, b / S and
+    // ln(F / S) would be two large terms whose rounding swamps a small KL.
     float c0 = 0.f;
     if (PAIR) {
         float mx = neg_inf(), my = neg_inf();
@@ -376,7 +393,7 @@ __device__ __forceinline__ void logit_stats(
         mx = block_max(mx, fscratch);
         my = block_max(my, fscratch);
         float shift = my - mx;
-        if (mx > neg_inf() && my > neg_inf() && isfinite(shift) && fabsf(shift) >= 64.f) c0 = roundf(shift);
+        if (mx > neg_inf() && my > neg_inf() && isfinite(shift)) c0 = roundf(shift);
     }
 
     // Alignment: a scalar head brings p to a W * sizeof(TP) boundary.
@@ -389,33 +406,43 @@ __device__ __forceinline__ void logit_stats(
     const int nvec = (V - head) / W;
     const int tail = head + nvec * W;
 
-    State s;
-    state_init(s);
+    State r;
     TopK t;
-    int len = 0;
-    float thr = (k == 0) ? pos_inf() : neg_inf();
+    int len;
+    float thr;
+    // A second pass only where the probe misjudged q's shift (realigned_shift).
+    for (int pass = 0;; ++pass) {
+        State s;
+        state_init(s);
+        len = 0;
+        thr = (k == 0) ? pos_inf() : neg_inf();
 
-    float xs[W], ys[W];
-    for (int i = tid; i < head; i += BLOCK) {
-        xs[0] = widen(prow[i]);
-        ys[0] = PAIR ? widen(qrow[i]) : 0.f;
-        consume<1, PAIR>(s, t, k, len, thr, xs, ys, c0, i);
-    }
-    for (int v = tid; v < nvec; v += BLOCK) {
-        const int i = head + v * W;
-        Load<W, TP>::run(prow + i, xs);
-        if (PAIR) Load<W, TQ>::run(qrow + i, ys);
-        consume<W, PAIR>(s, t, k, len, thr, xs, ys, c0, i);
-    }
-    for (int i = tail + tid; i < V; i += BLOCK) {
-        xs[0] = widen(prow[i]);
-        ys[0] = PAIR ? widen(qrow[i]) : 0.f;
-        consume<1, PAIR>(s, t, k, len, thr, xs, ys, c0, i);
-    }
+        float xs[W], ys[W];
+        for (int i = tid; i < head; i += BLOCK) {
+            xs[0] = widen(prow[i]);
+            ys[0] = PAIR ? widen(qrow[i]) : 0.f;
+            consume<1, PAIR>(s, t, k, len, thr, xs, ys, c0, i);
+        }
+        for (int v = tid; v < nvec; v += BLOCK) {
+            const int i = head + v * W;
+            Load<W, TP>::run(prow + i, xs);
+            if (PAIR) Load<W, TQ>::run(qrow + i, ys);
+            consume<W, PAIR>(s, t, k, len, thr, xs, ys, c0, i);
+        }
+        for (int i = tail + tid; i < V; i += BLOCK) {
+            xs[0] = widen(prow[i]);
+            ys[0] = PAIR ? widen(qrow[i]) : 0.f;
+            consume<1, PAIR>(s, t, k, len, thr, xs, ys, c0, i);
+        }
 
-    State r = block_merge(s, scratch);
-    // q mass no thread could place (its p was all -inf) lands on the row's base.
-    if (PAIR && r.m != neg_inf()) fold_pending(r);
+        r = block_merge(s, scratch);
+        // q mass no thread could place (its p was all -inf) lands on the row's base.
+        if (PAIR && r.m != neg_inf()) fold_pending(r);
+        if (!PAIR || pass == 1) break;
+        const float c1 = realigned_shift(r, c0);  // the same in every thread
+        if (c1 == c0) break;
+        c0 = c1;
+    }
 
     int status = 0;
     if (r.flags & F_BAD_P) status = 1;

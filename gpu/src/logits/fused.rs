@@ -17,13 +17,21 @@
 //!   the rounding is relative to the small differences),
 //! - `KL = b / S + ln_1p(G / S)` (`ln(F / S)` when q is far from p).
 //!
-//! `c0` is 0, or the whole-number difference of the maxima of q and p over
-//! the first [`SHIFT_PROBE`] entries when that exceeds 64 (q = log-softmax
-//! of p, say), so that `exp(y' - m)` neither overflows nor underflows. q
-//! entries seen while p is still all `-inf` wait in a small side sum. A row
-//! where some `y' - m` still exceeds 80, or where q's mass underflows on p's
-//! base, takes a second float64 pass over q (`KL = b/S - c0 + lse_q - lse_p`);
-//! real logits never need it.
+//! `c0` is the whole-number difference of the maxima of q and p over the
+//! first [`SHIFT_PROBE`] entries (0 where either is all `-inf` there), so that
+//! `x - y'` is small where p has its mass (q = log-softmax of p is shifted by
+//! about -lse_p) and `exp(y' - m)` neither overflows nor underflows. Were q
+//! left 16 below p, `b / S` and `ln(F / S)` would be about 16 and -16, and
+//! their float32 rounding (~16 * 1e-7) a sizeable part of a KL of 0.005. q
+//! entries seen while p is still all `-inf` wait in a small side sum.
+//!
+//! A row whose probe misjudged the shift (p or q masked in the probe, say)
+//! shows it at the end: `|b / S|` over [`REALIGN`], q's mass underflowing on
+//! p's base, or some `y' - m` over 80. It is streamed again with
+//! `c0 - round(b / S)` ([`RowState::realigned_shift`]). A row where q still
+//! sits far above p then takes a float64 pass over q
+//! (`KL = b/S - c0 + lse_q - lse_p`): q differs from p so much that KL is
+//! large and the cancellation harmless. Real logits need neither.
 //!
 //! A row goes in blocks of 32 chunks (512 logits; 2 KB of f32, so the block
 //! stays in L1 and memory is still read once), each in two passes:
@@ -58,6 +66,11 @@ const OVER: f32 = 80.0;
 /// q's shift `c0` is measured over this many leading entries (the GPU
 /// kernel's block size, so both pick the same `c0`).
 pub(crate) const SHIFT_PROBE: usize = 256;
+/// `|b / S|` (`E_p[x - y']`) above this: q's shift was misjudged and the
+/// row is streamed again, realigned (the GPU kernel uses the same bound).
+const REALIGN: f64 = 2.0;
+/// A realigned shift must stay where float32 holds whole numbers exactly.
+const MAX_SHIFT: f64 = 16_777_216.0;
 /// Below this `F` (in units of p's largest term) q's mass may have underflowed.
 const F_UNDERFLOW: f64 = 1e-25;
 
@@ -378,11 +391,16 @@ fn widen_tail<T: Elem>(tail: &[T]) -> [f32; LANES] {
     out
 }
 
-/// q's shift for a row: 0, or round(max q - max p) over the first
-/// [`SHIFT_PROBE`] entries when that is 64 or more in size.
+/// q's shift for a row: round(max q - max p) over the first
+/// [`SHIFT_PROBE`] entries, 0 where either is all `-inf` there.
 pub(crate) fn q_shift(max_p: f32, max_q: f32) -> f32 {
     let shift = max_q - max_p;
-    if max_p > NEG_INF && max_q > NEG_INF && shift.abs() >= 64.0 && shift.is_finite() { shift.round() } else { 0.0 }
+    if max_p > NEG_INF && max_q > NEG_INF && shift.is_finite() { shift.round() } else { 0.0 }
+}
+
+/// A lane array's total in float64.
+fn lane_sum(v: &[f32; LANES]) -> f64 {
+    v.iter().map(|&x| f64::from(x)).sum()
 }
 
 fn leading_max<T: Elem>(v: &[T]) -> f32 {
@@ -525,9 +543,23 @@ impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
         self.total.add(&sums);
     }
 
+    /// The shift to stream the row again with, when this pass's `c0` left q
+    /// misaligned with p (see the module comment): `c0 - round(b / S)`.
+    fn realigned_shift(&self) -> Option<f32> {
+        if !PAIR || self.bad_p || self.bad_q || self.m == NEG_INF || !self.q_finite || self.q_zero {
+            return None;
+        }
+        let s = lane_sum(&self.total.n_max) + lane_sum(&self.total.s_rest);
+        let mean = lane_sum(&self.total.b) / s;
+        if !(self.q_far || lane_sum(&self.total.f) < F_UNDERFLOW || mean.abs() > REALIGN) {
+            return None;
+        }
+        let c1 = (f64::from(self.c0) - mean).round();
+        (c1.abs() < MAX_SHIFT && c1 as f32 != self.c0).then_some(c1 as f32)
+    }
+
     /// Close the row; `lse_q` runs the float64 pass over q when KL needs it.
     fn finish(self, lse_q: impl FnOnce() -> f64) -> RowResult {
-        let sum = |v: &[f32; LANES]| v.iter().map(|&x| f64::from(x)).sum::<f64>();
         let status = if self.bad_p {
             RowStatus::NonFinite(Input::P)
         } else if PAIR && self.bad_q {
@@ -539,18 +571,18 @@ impl<const PAIR: bool, const FMA: bool> RowState<PAIR, FMA> {
         } else {
             RowStatus::Ok
         };
-        let n_max = sum(&self.total.n_max);
-        let s_rest = sum(&self.total.s_rest);
+        let n_max = lane_sum(&self.total.n_max);
+        let s_rest = lane_sum(&self.total.s_rest);
         let s = n_max + s_rest;
         let ln_s = if n_max == 1.0 { s_rest.ln_1p() } else { s.ln() };
         let m = f64::from(self.m);
-        let entropy = (ln_s - sum(&self.total.a) / s).max(0.0);
+        let entropy = (ln_s - lane_sum(&self.total.a) / s).max(0.0);
         let kl = if !PAIR || status != RowStatus::Ok {
             0.0
         } else if self.q_zero {
             f64::INFINITY
         } else {
-            let (b, f, g) = (sum(&self.total.b) / s, sum(&self.total.f), sum(&self.total.g) / s);
+            let (b, f, g) = (lane_sum(&self.total.b) / s, lane_sum(&self.total.f), lane_sum(&self.total.g) / s);
             let kl = if self.q_far || f < F_UNDERFLOW {
                 b - f64::from(self.c0) + lse_q() - (m + ln_s)
             } else if g.abs() < 0.5 {
@@ -576,6 +608,22 @@ fn lse_f64<T: Elem>(v: &[T]) -> f64 {
 #[inline(always)]
 fn row_kernel<P: Elem, Q: Elem, const PAIR: bool, const FMA: bool>(x: &[P], y: &[Q], k: usize) -> RowResult {
     let c0 = if PAIR { q_shift(leading_max(x), leading_max(y)) } else { 0.0 };
+    let first = stream_row::<P, Q, PAIR, FMA>(x, y, k, c0);
+    let state = match first.realigned_shift() {
+        Some(c1) => stream_row::<P, Q, PAIR, FMA>(x, y, k, c1),
+        None => first,
+    };
+    state.finish(|| lse_f64(y))
+}
+
+/// One pass over a row with q shifted by `c0`.
+#[inline(always)]
+fn stream_row<P: Elem, Q: Elem, const PAIR: bool, const FMA: bool>(
+    x: &[P],
+    y: &[Q],
+    k: usize,
+    c0: f32,
+) -> RowState<PAIR, FMA> {
     let mut state = RowState::<PAIR, FMA>::new(k, c0);
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (y_chunks, y_tail) = y.as_chunks::<LANES>();
@@ -590,7 +638,7 @@ fn row_kernel<P: Elem, Q: Elem, const PAIR: bool, const FMA: bool>(x: &[P], y: &
         let yb: &[[f32; LANES]] = if PAIR { &[widen_tail(y_tail)] } else { &[] };
         state.block::<f32, f32>(&[widen_tail(x_tail)], yb, id0);
     }
-    state.finish(|| lse_f64(y))
+    state
 }
 
 fn row_portable<P: Elem, Q: Elem, const PAIR: bool>(x: &[P], y: &[Q], k: usize) -> RowResult {

@@ -272,7 +272,7 @@ fn kl_survives_large_shifts_masked_prefixes_and_far_apart_rows() {
     let p = crate::testdata::gaussian_logits(&mut rng, 1, vocab, 2.0);
     let near = perturbed(&mut rng, &p, 0.1);
     let mut cases: Vec<(&str, Vec<f32>, Vec<f32>)> = Vec::new();
-    // q as log-probabilities of a shifted p (a shift past 64 moves the base).
+    // q as log-probabilities of a shifted p (q is shifted onto p by c0).
     cases.push(("shift -150", p.clone(), near.iter().map(|y| y - 150.0).collect()));
     cases.push(("shift +500", p.clone(), near.iter().map(|y| y + 500.0).collect()));
     // p masks its first 1000 tokens; q does not.
@@ -296,6 +296,33 @@ fn kl_survives_large_shifts_masked_prefixes_and_far_apart_rows() {
             let got = f64::from(out.kl().expect("pair")[0]);
             let rel = (got - want).abs() / want.max(1e-30);
             assert!(rel < 1e-4, "{name}, {}: KL {got:e} vs {want:e}; seed {seed}", kernel.name());
+        }
+    }
+}
+
+#[test]
+fn kl_stays_precise_when_q_is_shifted_far_from_p() {
+    // q as log-probabilities sat 16 below p with q's shift only taken past
+    // 64: b / S and ln(F / S) were about 16 and -16, and their float32
+    // rounding 2e-4 of a KL of 0.005. A single finite logit with q 150 below
+    // took the float64 fallback and came out 4.8e-6 instead of 0; with the
+    // probe masked and q 150 below it was 0.3% off. What is left is float32
+    // rounding of exp near 1 (f - e), about 6e-8 absolute.
+    let seed = fresh_seed();
+    for (what, p, q) in crate::testdata::shifted_q_rows(&mut Rng::new(seed)) {
+        let vocab = p.len();
+        let (pv, qv) = (LogitsView::f32(&p, 1, vocab).expect("p"), LogitsView::f32(&q, 1, vocab).expect("q"));
+        let want = reference(pv, Some(qv), 0).expect("valid")[0].kl.expect("pair");
+        for kernel in kernels() {
+            let mut out = LogitStats::poisoned(1, vocab, 0, true);
+            analyze_into(pv, Some(qv), 0, kernel, &mut out).expect("valid");
+            let got = f64::from(out.kl().expect("pair")[0]);
+            println!("{what}, {}: KL {got:e} vs {want:e}", kernel.name());
+            assert!(
+                crate::testdata::shifted_kl_close(got, want),
+                "{what}, {}: KL {got:e} vs {want:e}; seed {seed}",
+                kernel.name()
+            );
         }
     }
 }
