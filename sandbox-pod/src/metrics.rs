@@ -20,7 +20,8 @@
 //! at its final value, gives `rate()` and `increase()` nothing. So every
 //! series a run can count is there from the start at zero
 //! ([`SandboxMetrics::declare_tools`]: each tool with every status, each
-//! outcome, each trigger), and [`Scrapes`] tells the run when Prometheus
+//! outcome, each trigger; [`SandboxMetrics::declare_policy_errors`]: each
+//! category of error the policy's turns can end in), and [`Scrapes`] tells the run when Prometheus
 //! has seen it: [`Scrapes::first_served`] once any `/metrics` answer was
 //! served (`basecamp-sandbox run --metrics-linger` waits for it before the
 //! first episode, so the zeros are scraped), and [`Scrapes::final_served`]
@@ -218,6 +219,19 @@ impl SandboxMetrics {
             let _ = self.tool_call_duration.get_or_create(&labels);
             let _ = self.tool_timeouts.get_or_create(&labels);
             let _ = self.tool_fallbacks.get_or_create(&labels);
+        }
+    }
+
+    /// Creates, at zero, the `policy_errors_total` series of these
+    /// categories ([`crate::policy::Policy::turn_error_categories`]), for
+    /// the same reason as [`SandboxMetrics::declare_tools`].
+    pub fn declare_policy_errors(&self, categories: &[&'static str]) {
+        let mut seen = self.policy_error_categories.lock().unwrap_or_else(|p| p.into_inner());
+        for &category in categories {
+            if seen.len() < MAX_POLICY_ERROR_CATEGORIES || seen.contains(category) {
+                seen.insert(category);
+                let _ = self.policy_errors.get_or_create(&CategoryLabels { category });
+            }
         }
     }
 
@@ -545,6 +559,12 @@ mod tests {
             );
         }
         assert!(text.contains("basecamp_sandbox_rollbacks_total 0\n"), "{text}");
+        metrics.declare_policy_errors(crate::policy::openai::TURN_ERROR_CATEGORIES);
+        let text = metrics.encode();
+        for category in crate::policy::openai::TURN_ERROR_CATEGORIES {
+            let line = format!("basecamp_sandbox_policy_errors_total{{category=\"{category}\"}} 0\n");
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
         // Declared tools take their labels first, so a declared tool is never `other`.
         metrics.observe_call(&outcome("refund", StepStatus::Timeout));
         assert!(metrics.encode().contains(r#"basecamp_sandbox_tool_calls_total{tool="refund",status="timeout"} 1"#));

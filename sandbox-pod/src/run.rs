@@ -346,6 +346,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let mut runner = build_runner(&spec, &sandbox, &ctx)?;
     let metrics = Arc::new(SandboxMetrics::new());
     metrics.declare_tools(sandbox.tools.keys().map(String::as_str));
+    metrics.declare_policy_errors(runner.policy.turn_error_categories());
     runner.metrics = Some(metrics.clone());
     let live = LiveInjections::default();
     // Live injection for an id this shard does not run is a 404, not a silent no-op.

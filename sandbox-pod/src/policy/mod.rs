@@ -67,6 +67,14 @@ impl Policy {
         })
     }
 
+    /// The categories of every error [`Policy::respond`] can return.
+    pub fn turn_error_categories(&self) -> &'static [&'static str] {
+        match self {
+            Self::OpenAi(_) => openai::TURN_ERROR_CATEGORIES,
+            Self::Scripted(_) => scripted::TURN_ERROR_CATEGORIES,
+        }
+    }
+
     /// The policy's next turn for `request`.
     pub async fn respond(&self, request: &PolicyRequest) -> Result<PolicyResponse, PolicyError> {
         match self {

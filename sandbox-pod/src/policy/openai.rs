@@ -77,6 +77,19 @@ pub enum OpenAiError {
     MalformedResponse { endpoint: String, reason: String, body: String },
 }
 
+/// The categories of the errors a turn can end in (the others come from
+/// building the policy): the sandbox's `policy_errors_total` series exist at
+/// zero for each from the start.
+pub const TURN_ERROR_CATEGORIES: &[&str] = &[
+    "PolicyRateLimited",
+    "PolicyServerError",
+    "PolicyRequestRejected",
+    "PolicyTimeout",
+    "PolicyUnreachable",
+    "PolicyTransport",
+    "PolicyMalformedResponse",
+];
+
 impl OpenAiError {
     /// A fixed, bounded name for metrics labels and event reasons.
     pub fn category(&self) -> &'static str {
@@ -687,6 +700,29 @@ fn token_and_id(token: String, id: Option<i64>) -> (String, Option<i32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_a_turn_can_end_in_has_a_declared_category() {
+        let (endpoint, attempts) = ("http://127.0.0.1:1/v1".to_string(), Attempts(1));
+        let status = |status| OpenAiError::Status {
+            endpoint: endpoint.clone(),
+            status,
+            attempts,
+            note: String::new(),
+            body: String::new(),
+        };
+        let turn_errors = [
+            status(429),
+            status(503),
+            status(400),
+            OpenAiError::Timeout { endpoint: endpoint.clone(), timeout_ms: 1, attempts },
+            OpenAiError::Unreachable { endpoint: endpoint.clone(), attempts, message: String::new() },
+            OpenAiError::Transport { endpoint: endpoint.clone(), attempts, message: String::new() },
+            OpenAiError::MalformedResponse { endpoint, reason: String::new(), body: String::new() },
+        ];
+        let categories: Vec<&str> = turn_errors.iter().map(OpenAiError::category).collect();
+        assert_eq!(categories, TURN_ERROR_CATEGORIES);
+    }
 
     #[test]
     fn attempts_read_naturally() {

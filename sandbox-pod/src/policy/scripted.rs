@@ -101,6 +101,12 @@ pub enum ScriptedError {
     ScriptedFailure { path: PathBuf, line: usize, episode: String, turn: u32, message: String },
 }
 
+/// The categories of the errors a turn can end in (the others come from
+/// loading the script): the sandbox's `policy_errors_total` series exist at
+/// zero for each from the start.
+pub const TURN_ERROR_CATEGORIES: &[&str] =
+    &["ScriptedPolicyUnknownEpisode", "ScriptedPolicyOutOfTurns", "ScriptedPolicyFailure"];
+
 impl ScriptedError {
     /// A fixed, bounded name for metrics labels and event reasons.
     pub fn category(&self) -> &'static str {
@@ -493,6 +499,23 @@ fn to_response(scripted: &ScriptedResponse, turn: u32, latency: Duration) -> Pol
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_a_turn_can_end_in_has_a_declared_category() {
+        let (path, episode) = (PathBuf::from("script.jsonl"), "e1".to_string());
+        let turn_errors = [
+            ScriptedError::UnknownEpisode {
+                path: path.clone(),
+                episode: episode.clone(),
+                count: 0,
+                examples: String::new(),
+            },
+            ScriptedError::OutOfTurns { path: path.clone(), line: 1, whose: String::new(), turns: 1, requested: 1 },
+            ScriptedError::ScriptedFailure { path, line: 1, episode, turn: 0, message: String::new() },
+        ];
+        let categories: Vec<&str> = turn_errors.iter().map(ScriptedError::category).collect();
+        assert_eq!(categories, TURN_ERROR_CATEGORIES);
+    }
 
     fn parse(text: &str) -> Result<ScriptedPolicy, ScriptedError> {
         ScriptedPolicy::parse(Path::new("script.jsonl"), text)
