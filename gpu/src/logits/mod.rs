@@ -291,6 +291,18 @@ pub enum LogitsError {
         /// Rows of the logits.
         expected: usize,
     },
+    /// An emitted token whose logit is -inf: probability zero, so no
+    /// sampler over these logits could have emitted it (the logits and the
+    /// tokens are most likely from different positions or models).
+    #[error(
+        "emitted token {token} at row {row} has logit -inf (probability 0) in these logits: the tokens and the logits do not belong together (shifted by a position, or another model's logits?)"
+    )]
+    ImpossibleToken {
+        /// Row.
+        row: usize,
+        /// The id given.
+        token: u32,
+    },
     /// A trace record needs a token and none was given nor found.
     #[error("row {row} has no top-k entries and no chosen token: pass the emitted token or ask for k >= 1")]
     NoToken {
@@ -311,6 +323,7 @@ impl LogitsError {
             LogitsError::Unwritten { .. } => "UnwrittenOutput",
             LogitsError::NoToken { .. } => "NoToken",
             LogitsError::TokenOutOfRange { .. } => "TokenOutOfRange",
+            LogitsError::ImpossibleToken { .. } => "ImpossibleToken",
             LogitsError::RowCountMismatch { .. } => "RowCountMismatch",
         }
     }

@@ -30,8 +30,10 @@ impl TokenStats {
     /// The trace record for this row at `position`.
     ///
     /// `chosen` is the emitted token; without it the record names the top-1
-    /// token (what greedy decoding emits). Fails only when there is neither a
-    /// chosen token nor a top-k entry (k = 0).
+    /// token (what greedy decoding emits). Fails when there is neither a
+    /// chosen token nor a top-k entry (k = 0), and when the chosen token's
+    /// logit is -inf (a token these logits give probability 0 was not
+    /// sampled from them).
     pub fn to_token_logit(
         &self,
         position: u32,
@@ -39,6 +41,9 @@ impl TokenStats {
         text: Option<TokenText<'_>>,
     ) -> Result<TokenLogit, LogitsError> {
         let (token_id, logprob) = match chosen {
+            Some(c) if c.logit == f32::NEG_INFINITY => {
+                return Err(LogitsError::ImpossibleToken { row: position as usize, token: c.id });
+            }
             // A token in the top-k keeps the top-k's value, so the record
             // never shows one token with two log-probabilities.
             Some(c) => match self.top_ids.iter().position(|&id| id == c.id) {
@@ -97,6 +102,9 @@ pub fn token_logits(
                         token: id,
                         vocab: logits.vocab(),
                     })?;
+                    if logit == f32::NEG_INFINITY {
+                        return Err(LogitsError::ImpossibleToken { row, token: id });
+                    }
                     Some(ChosenToken { id, logit })
                 }
                 None => None,
@@ -141,5 +149,26 @@ mod tests {
         let stats = analyze(LogitsView::f32(&x, 1, 2).expect("1 x 2"), 0).expect("finite");
         let error = stats[0].to_token_logit(0, None, None).expect_err("nothing to name");
         assert_eq!(error.category(), "NoToken");
+    }
+
+    #[test]
+    fn an_emitted_token_with_logit_minus_infinity_is_an_error_naming_row_and_token() {
+        // Row 1 masks token 2; an emitted 2 there cannot come from these logits.
+        let x = [0.0f32, 1.0, 2.0, 0.0, 1.0, f32::NEG_INFINITY];
+        let view = LogitsView::f32(&x, 2, 3).expect("2 x 3");
+        let stats = analyze(view, 1).expect("finite");
+        let error = token_logits(&view, &stats, Some(&[2, 2]), 10, None).expect_err("token 2 is masked in row 1");
+        assert_eq!(error.category(), "ImpossibleToken");
+        assert_eq!(
+            error.to_string().split(':').next(),
+            Some("emitted token 2 at row 1 has logit -inf (probability 0) in these logits")
+        );
+        let error = stats[1]
+            .to_token_logit(11, Some(ChosenToken { id: 2, logit: f32::NEG_INFINITY }), None)
+            .expect_err("probability 0");
+        assert_eq!(error.category(), "ImpossibleToken");
+        // The same token where it is finite is a record with a finite log-probability.
+        let records = token_logits(&view, &stats, Some(&[2, 1]), 10, None).expect("both finite");
+        assert!(records.iter().all(|r| r.logprob.is_finite()), "{records:?}");
     }
 }
