@@ -250,3 +250,46 @@ fn once_the_reader_is_gone_no_further_trace_is_read() {
     assert_eq!(text(&out.stderr), "");
     assert_eq!(out.status.code(), Some(0));
 }
+
+#[test]
+fn a_memory_key_or_reward_component_no_trace_has_is_a_warning_listing_those_they_have() {
+    // Before: a misspelt key found nothing, as silently as a key with no
+    // matching value, and the exit status was 0 either way.
+    let dir = tempfile::tempdir().unwrap();
+    write_traces(dir.path(), 3);
+    let trace_dir = dir.path().to_str().unwrap();
+    let out =
+        basecamp(&["trace", "search", "memory_state.shiping_status == null or reward_signal.eficiency < 0", trace_dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0]
+            .starts_with("warning: none of the 3 searched traces has memory key `shiping_status` (keys they have: "),
+        "{stderr}"
+    );
+    assert!(lines[0].contains("`shipping_status`"), "{stderr}");
+    assert_eq!(
+        lines[1],
+        "warning: none of the 3 searched traces has reward component `eficiency` (components they have: \
+         `efficiency_penalty`, `tool_call_accuracy`, `user_satisfaction`)"
+    );
+    // One trace searched: the warning speaks of it alone.
+    let one = dir.path().join("ep-01.trace");
+    let out = basecamp(&["trace", "search", "reward_signal.eficiency < 0", one.to_str().unwrap()]);
+    assert_eq!(
+        text(&out.stderr),
+        "warning: the searched trace has no reward component `eficiency` (components it has: \
+         `efficiency_penalty`, `tool_call_accuracy`, `user_satisfaction`)\n"
+    );
+    // Spelt right, there is nothing to warn about, whatever matched.
+    let out = basecamp(&[
+        "trace",
+        "search",
+        "memory_state.shipping_status == null or reward_signal.efficiency_penalty < -100",
+        trace_dir,
+    ]);
+    assert_eq!((out.status.code(), text(&out.stderr)), (Some(0), String::new()));
+}

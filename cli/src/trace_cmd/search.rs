@@ -5,14 +5,16 @@
 //! printed in input order; each file is streamed, so a directory of any size
 //! needs the memory of a few traces. A damaged or unreadable file prints the
 //! matches before the damage, then one line naming the file and byte offset
-//! on stderr; the exit status is then 1.
+//! on stderr; the exit status is then 1. A memory key or reward component
+//! the query names that no searched trace has gets a warning on stderr
+//! listing the ones they have (a typo otherwise looks like "no matches").
 
 use std::io::{self, Write};
 use std::ops::ControlFlow;
 use std::process::ExitCode;
 
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
-use basecamp_trace::query::{FileMatches, Query};
+use basecamp_trace::query::{FileMatches, NamesSeen, Query};
 use clap::Args;
 use serde_json::json;
 
@@ -59,7 +61,12 @@ Paths:
   episode.FIELD            id, task, variant, namespace, shard, shard_count, training_step
   step                     the step number
 
-Quote a path segment with other characters: memory_state.\"user.phone\".";
+Quote a path segment with other characters: memory_state.\"user.phone\".
+
+A memory_state.KEY or reward_signal.NAME that no searched trace has is
+reported on stderr as a warning listing the names they do have (a misspelt
+key otherwise matches nothing, as silently as a value nobody wrote); the
+exit status is unchanged.";
 
 #[derive(Args)]
 #[command(after_long_help = QUERY_HELP)]
@@ -84,12 +91,14 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     let mut out = io::BufWriter::new(io::stdout().lock());
     let mut failed = false;
     let mut write_error: Option<io::Error> = None;
+    let mut seen = NamesSeen::default();
     for_each_ordered(
         files,
         args.jobs.unwrap_or_else(default_jobs),
         |source| search_one(&query, &sources, source),
         // A failed write ends the walk: no further trace is read (or fetched).
         |i, found: FileMatches| {
+            seen.merge(found.seen);
             let file = &files[i].name;
             for m in &found.matches {
                 let section = m.section.map_or("step", |s| s.name());
@@ -113,7 +122,13 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
         },
     );
     // The last lines are written by this flush (all of them when they fit the buffer).
-    match write_error.map_or_else(|| out.flush(), Err) {
+    let flushed = write_error.map_or_else(|| out.flush(), Err);
+    if flushed.is_ok() {
+        for line in query.unseen_names(&seen) {
+            eprintln!("warning: {line}");
+        }
+    }
+    match flushed {
         // A closed pipe (`| head`) is not an error of the search.
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }),
@@ -123,9 +138,10 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
 /// The matches in one trace, and the damage that ended its scan.
 fn search_one(query: &Query, sources: &Sources, source: &Source) -> FileMatches {
     let mut matches = Vec::new();
+    let mut seen = NamesSeen::default();
     let error = match sources.open(source) {
-        Ok(mut reader) => query.search(&mut reader, &mut |m| matches.push(m)).err(),
+        Ok(mut reader) => query.search_noting(&mut reader, &mut |m| matches.push(m), &mut seen).err(),
         Err(e) => Some(e),
     };
-    FileMatches { matches, error }
+    FileMatches { matches, error, seen }
 }

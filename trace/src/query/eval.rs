@@ -123,6 +123,20 @@ fn step_expr(t: Typed, groups: &mut Vec<Group>) -> StepExpr {
     }
 }
 
+/// The reward components a group's expression reads.
+fn reward_names(expr: &RecExpr, out: &mut Vec<(NameKind, String)>) {
+    match expr {
+        RecExpr::And(a, b) | RecExpr::Or(a, b) => {
+            reward_names(a, out);
+            reward_names(b, out);
+        }
+        RecExpr::Not(a) => reward_names(a, out),
+        RecExpr::Compare { getter: Getter::Reward { name, .. }, .. }
+        | RecExpr::Present(Getter::Reward { name, .. }) => out.push((NameKind::RewardComponent, name.clone())),
+        RecExpr::Compare { .. } | RecExpr::Present(_) => {}
+    }
+}
+
 pub(super) fn compile(query: &str, expr: Expr) -> Result<(StepExpr, Vec<Group>), QueryError> {
     let typed = type_check(query, expr)?;
     let mut groups = Vec::new();
@@ -166,6 +180,25 @@ fn eval_step(expr: &StepExpr, hits: &[bool], step: u32, header: &Header) -> bool
     }
 }
 
+/// Notes the memory key of a delta, or the component names of a reward signal.
+fn note_names(
+    names: &[(NameKind, String)],
+    kind: NameKind,
+    record: &[u8],
+    seen: &mut NamesSeen,
+) -> Result<(), Malformed> {
+    let body = record_body(record)?;
+    match kind {
+        NameKind::MemoryKey => seen.note(names, kind, fields::memory_key(body)?),
+        NameKind::RewardComponent => {
+            for name in fields::reward_component_names(body) {
+                seen.note(names, kind, name?);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every record kind [`section_of`] maps to a section.
 const KINDS_WITH_A_SECTION: [RecordKind; 7] = [
     RecordKind::PlanStep,
@@ -196,15 +229,138 @@ pub(super) struct Program {
     pub groups: Vec<Group>,
     /// Groups by section (indexed by `Section as usize`).
     by_section: [Vec<usize>; 7],
+    /// The memory keys and reward components the query names.
+    pub names: Vec<(NameKind, String)>,
+}
+
+/// What kind of name a query uses that a trace may not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NameKind {
+    /// `memory_state.KEY`.
+    MemoryKey,
+    /// `reward_signal.NAME`.
+    RewardComponent,
+}
+
+impl NameKind {
+    fn section(self) -> Section {
+        match self {
+            NameKind::MemoryKey => Section::MemoryState,
+            NameKind::RewardComponent => Section::RewardSignal,
+        }
+    }
+}
+
+/// How many names of each kind [`NamesSeen`] keeps to show (all are checked).
+const NAMES_SHOWN: usize = 20;
+
+/// Which of a query's names ([`NameKind`]) the searched traces have, and a
+/// few of the names they have instead: a name that no trace has is most
+/// likely a typo, and the search would otherwise just find nothing.
+#[derive(Debug, Clone, Default)]
+pub struct NamesSeen {
+    /// Per name of the query (in [`Program::names`] order): met in a trace.
+    met: Vec<bool>,
+    /// The first [`NAMES_SHOWN`] names of each kind met, sorted.
+    shown: [std::collections::BTreeSet<String>; 2],
+    /// Names of each kind met beyond those shown.
+    more: [bool; 2],
+    /// Traces whose records were read (some of them, for a damaged one).
+    pub traces: usize,
+}
+
+impl NamesSeen {
+    /// Adds what another search met (of the same query).
+    pub fn merge(&mut self, other: NamesSeen) {
+        if self.met.len() < other.met.len() {
+            self.met.resize(other.met.len(), false);
+        }
+        for (mine, theirs) in self.met.iter_mut().zip(other.met) {
+            *mine |= theirs;
+        }
+        for kind in 0..2 {
+            for name in &other.shown[kind] {
+                self.note_shown(kind, name);
+            }
+            self.more[kind] |= other.more[kind];
+        }
+        self.traces += other.traces;
+    }
+
+    /// Keeps `name` among the first [`NAMES_SHOWN`] of its kind in sorted order.
+    fn note_shown(&mut self, kind: usize, name: &str) {
+        let shown = &mut self.shown[kind];
+        if shown.contains(name) {
+            return;
+        }
+        if shown.len() == NAMES_SHOWN {
+            self.more[kind] = true;
+            if shown.last().is_some_and(|last| name > last.as_str()) {
+                return;
+            }
+            shown.pop_last();
+        }
+        shown.insert(name.to_string());
+    }
+
+    fn note(&mut self, names: &[(NameKind, String)], kind: NameKind, name: &[u8]) {
+        for (i, (k, wanted)) in names.iter().enumerate() {
+            if *k == kind && wanted.as_bytes() == name {
+                self.met[i] = true;
+            }
+        }
+        self.note_shown(kind as usize, &String::from_utf8_lossy(name));
+    }
 }
 
 impl Program {
     pub fn new(step: StepExpr, groups: Vec<Group>) -> Self {
         let mut by_section: [Vec<usize>; 7] = Default::default();
+        let mut names = Vec::new();
         for (i, g) in groups.iter().enumerate() {
             by_section[g.section as usize].push(i);
+            if let Some(key) = &g.memory_key {
+                names.push((NameKind::MemoryKey, key.clone()));
+            }
+            reward_names(&g.expr, &mut names);
         }
-        Self { step, groups, by_section }
+        names.sort();
+        names.dedup();
+        Self { step, groups, by_section, names }
+    }
+
+    /// The names of the query ([`Program::names`]) that no trace of `seen`
+    /// has, each with the names of its kind the traces do have; nothing
+    /// when no trace was read.
+    pub fn unseen(&self, seen: &NamesSeen) -> Vec<String> {
+        if seen.traces == 0 {
+            return Vec::new();
+        }
+        let what = |kind: NameKind| match kind {
+            NameKind::MemoryKey => ("memory key", "keys"),
+            NameKind::RewardComponent => ("reward component", "components"),
+        };
+        self.names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !seen.met.get(*i).copied().unwrap_or(false))
+            .map(|(_, (kind, name))| {
+                let (one, many) = what(*kind);
+                let k = *kind as usize;
+                let (traces, they) = if seen.traces == 1 {
+                    ("the searched trace has no".to_string(), "it has")
+                } else {
+                    (format!("none of the {} searched traces has", seen.traces), "they have")
+                };
+                if seen.shown[k].is_empty() {
+                    format!("{traces} {one} `{name}`: {they} no {many} at all")
+                } else {
+                    let list = seen.shown[k].iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+                    let more = if seen.more[k] { ", ..." } else { "" };
+                    format!("{traces} {one} `{name}` ({many} {they}: {list}{more})")
+                }
+            })
+            .collect()
     }
 
     /// The record kinds some group reads.
@@ -220,8 +376,22 @@ impl Program {
     /// Frames holding none of [`Program::kinds_read`] are skipped: every
     /// step is still visited (a skipped frame only continues a step already
     /// read), so the steps found are those a full read finds.
-    pub fn run<R: Read>(&self, reader: &mut TraceReader<R>, on_match: &mut dyn FnMut(Match)) -> Result<(), TraceError> {
+    /// The names the query uses that the records read have go to `seen`.
+    pub fn run<R: Read>(
+        &self,
+        reader: &mut TraceReader<R>,
+        on_match: &mut dyn FnMut(Match),
+        seen: &mut NamesSeen,
+    ) -> Result<(), TraceError> {
         reader.skip_frames_without(&self.kinds_read());
+        if seen.met.len() < self.names.len() {
+            seen.met.resize(self.names.len(), false);
+        }
+        seen.traces += 1;
+        let noted: Vec<NameKind> = [NameKind::MemoryKey, NameKind::RewardComponent]
+            .into_iter()
+            .filter(|kind| self.names.iter().any(|(k, _)| k == kind))
+            .collect();
         let header = reader.header().clone();
         let mut hits = vec![false; self.groups.len()];
         let mut current: Option<u32> = None;
@@ -262,6 +432,11 @@ impl Program {
                     let mut hit = None;
                     let mut bad = None;
                     if let Some(section) = section_of(raw.kind) {
+                        if let Some(&kind) = noted.iter().find(|k| k.section() == section)
+                            && note_names(&self.names, kind, raw.bytes, seen).is_err()
+                        {
+                            bad = Some(section);
+                        }
                         let groups = &self.by_section[section as usize];
                         if !groups.is_empty() && groups.iter().any(|&g| !hits[g]) {
                             match self.eval_groups(groups, raw.bytes, &mut hits) {

@@ -691,3 +691,17 @@ pub fn memory_key(body: &[u8]) -> Result<&[u8], Malformed> {
         _ => b"",
     })
 }
+
+/// The names of a reward signal's components (field 1, each a message whose
+/// field 1 is the name).
+pub fn reward_component_names(body: &[u8]) -> impl Iterator<Item = Result<&[u8], Malformed>> {
+    fields(body).filter_map(|item| match item {
+        Ok((1, Wire::Len(component))) => match super::wire::last_field(component, 1) {
+            Ok(Some(Wire::Len(name))) => Some(Ok(name)),
+            Ok(_) => Some(Ok(&b""[..])),
+            Err(e) => Some(Err(e)),
+        },
+        Ok(_) => None,
+        Err(e) => Some(Err(e)),
+    })
+}

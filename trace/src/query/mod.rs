@@ -77,6 +77,7 @@ use std::fmt;
 use std::io::Read;
 use std::path::Path;
 
+pub use eval::NamesSeen;
 pub use fields::Section;
 pub use parser::{Expr, Literal, Op};
 
@@ -124,11 +125,13 @@ pub struct Match {
     pub section: Option<Section>,
 }
 
-/// The matches in one file, and the damage that ended its scan, if any.
+/// The matches in one file, the damage that ended its scan, if any, and
+/// which of the query's names the file has.
 #[derive(Debug)]
 pub struct FileMatches {
     pub matches: Vec<Match>,
     pub error: Option<TraceError>,
+    pub seen: NamesSeen,
 }
 
 /// A compiled query.
@@ -163,17 +166,39 @@ impl Query {
         reader: &mut TraceReader<R>,
         on_match: &mut dyn FnMut(Match),
     ) -> Result<(), TraceError> {
-        self.program.run(reader, on_match)
+        self.program.run(reader, on_match, &mut NamesSeen::default())
+    }
+
+    /// [`Query::search`], noting in `seen` which of the memory keys and
+    /// reward components the query names the trace has (for
+    /// [`Query::unseen_names`]).
+    pub fn search_noting<R: Read>(
+        &self,
+        reader: &mut TraceReader<R>,
+        on_match: &mut dyn FnMut(Match),
+        seen: &mut NamesSeen,
+    ) -> Result<(), TraceError> {
+        self.program.run(reader, on_match, seen)
     }
 
     /// Runs the query over one file, keeping the matches found before any damage.
     pub fn search_file(&self, path: &Path) -> FileMatches {
         let mut matches = Vec::new();
+        let mut seen = NamesSeen::default();
         let error = match TraceReader::open(path) {
-            Ok(mut reader) => self.search(&mut reader, &mut |m| matches.push(m)).err(),
+            Ok(mut reader) => self.search_noting(&mut reader, &mut |m| matches.push(m), &mut seen).err(),
             Err(e) => Some(e),
         };
-        FileMatches { matches, error }
+        FileMatches { matches, error, seen }
+    }
+
+    /// One line for each memory key (`memory_state.KEY`) and reward
+    /// component (`reward_signal.NAME`) the query names that none of the
+    /// searched traces has, listing the ones they have: such a query can
+    /// only find what `not` or `!=` make of the absence, and a typo would
+    /// otherwise look like "no matches".
+    pub fn unseen_names(&self, seen: &NamesSeen) -> Vec<String> {
+        self.program.unseen(seen)
     }
 }
 
