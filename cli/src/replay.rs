@@ -279,7 +279,7 @@ fn tool_fixture(records: &[pb::Record], tools: &BTreeMap<String, ToolSpec>) -> R
             let observation = parse_json(&step.observation_json, "tool observation")
                 .with_context(|| format!("step {} ({})", record.step, step.tool))?;
             let memory_map = tools.get(&step.tool).map(|t| &t.memory_patch);
-            let (set, remove) = memory_written_by_tool(&records[index + 1..], &step.tool, &observation, memory_map)
+            let (set, remove) = memory_written_by_tool(step, &records[index + 1..], &observation, memory_map)
                 .with_context(|| format!("step {} ({})", record.step, step.tool))?;
             if !set.is_empty() {
                 entry["memoryPatch"] = Value::Object(set);
@@ -304,34 +304,42 @@ fn tool_fixture(records: &[pb::Record], tools: &BTreeMap<String, ToolSpec>) -> R
 
 /// What a call's tool itself wrote to memory (the `memory` and
 /// `memory_remove` of its answer): the call's memory deltas, which follow its
-/// plan step record, less the writes its SandboxConfig `memoryPatch` makes
-/// from the observation (the replay makes those again). Deltas record the
-/// writes that changed memory, in order: the answer's keys set, its keys
-/// removed, then the `memoryPatch` writes.
+/// plan step record, and the writes the memory policy refused (in the plan
+/// step: they changed nothing), less the writes its SandboxConfig
+/// `memoryPatch` makes from the observation (the replay makes those again).
+/// Deltas record the writes that changed memory, in order: the answer's keys
+/// set, its keys removed, then the `memoryPatch` writes.
 fn memory_written_by_tool(
+    step: &pb::PlanStep,
     after_step: &[pb::Record],
-    tool: &str,
     observation: &Value,
     memory_map: Option<&BTreeMap<String, String>>,
 ) -> Result<(serde_json::Map<String, Value>, Vec<String>)> {
     let (mut set, mut remove) = (serde_json::Map::new(), Vec::new());
+    let mut own_write = |key: &str, value: Value| {
+        let mapped = memory_map
+            .and_then(|map| map.get(key))
+            .and_then(|pointer| observation.pointer(pointer))
+            .is_some_and(|from_observation| *from_observation == value);
+        if !mapped {
+            set.insert(key.to_string(), value);
+        }
+    };
     let deltas = after_step.iter().map_while(|r| match &r.body {
         Some(Body::MemoryDelta(delta)) => Some(delta),
         _ => None,
     });
-    for delta in deltas.filter(|d| d.source == pb::MemorySource::Tool as i32 && d.origin == tool) {
+    for delta in deltas.filter(|d| d.source == pb::MemorySource::Tool as i32 && d.origin == step.tool) {
         let Some(after) = &delta.after_json else {
             remove.push(delta.key.clone());
             continue;
         };
         let value = parse_json(after, "memory delta").with_context(|| format!("memory key {}", delta.key))?;
-        let mapped = memory_map
-            .and_then(|map| map.get(&delta.key))
-            .and_then(|pointer| observation.pointer(pointer))
-            .is_some_and(|from_observation| *from_observation == value);
-        if !mapped {
-            set.insert(delta.key.clone(), value);
-        }
+        own_write(&delta.key, value);
+    }
+    for (key, value) in &step.refused_memory_json {
+        let value = parse_json(value, "refused memory write").with_context(|| format!("memory key {key}"))?;
+        own_write(key, value);
     }
     Ok((set, remove))
 }

@@ -206,8 +206,10 @@ fn an_episode_id_with_dot_dot_does_not_steer_the_scratch_directory() {
 }
 
 /// A sandbox with one recorded tool whose `count` must be an integer in
-/// memory, and a policy that sends arguments that are not JSON, calls a
-/// tool that does not exist, and gets an answer whose memory write is refused.
+/// memory and which may not write null, and a policy that sends arguments
+/// that are not JSON, calls a tool that does not exist, and gets answers
+/// whose memory writes are refused (one through the config's `memoryPatch`,
+/// one the tool's own).
 const REFUSALS_TASK: &str = r#"apiVersion: basecamp.dev/v1alpha1
 kind: SandboxConfig
 metadata:
@@ -227,6 +229,7 @@ spec:
   memory:
     strictTypes: true
     schema: {count: integer}
+    nullWrites: error
   maxSteps: 6
 ---
 apiVersion: basecamp.dev/v1alpha1
@@ -265,6 +268,9 @@ fn write_refusals(dir: &Path) {
                 r#"{"tool": "lookup", "arguments": {"id": "1"}, "observation": {"status": "shipped", "count": 3}}"#,
                 "\n",
                 r#"{"tool": "lookup", "arguments": {"id": "2"}, "observation": {"status": "lost", "count": "three"}}"#,
+                "\n",
+                r#"{"tool": "lookup", "arguments": {"id": "3"}, "observation": {"status": "late", "count": 1}, "#,
+                r#""memoryPatch": {"eta": "friday", "courier": null, "count": 2}}"#,
                 "\n"
             ),
         ),
@@ -274,6 +280,8 @@ fn write_refusals(dir: &Path) {
                 r#"{"id": "bad-args", "instruction": "a", "expected_tool_calls": [{"name": "lookup", "arguments": {"id": "1"}}]}"#,
                 "\n",
                 r#"{"id": "bad-memory", "instruction": "b", "expected_tool_calls": [{"name": "lookup", "arguments": {"id": "2"}}]}"#,
+                "\n",
+                r#"{"id": "bad-own-memory", "instruction": "c", "expected_tool_calls": [{"name": "lookup", "arguments": {"id": "3"}}]}"#,
                 "\n"
             ),
         ),
@@ -285,6 +293,8 @@ fn write_refusals(dir: &Path) {
                 r#"{"tool_calls": [{"name": "lookup", "arguments": {"id": "1"}}]}, {"content": "done"}]}"#,
                 "\n",
                 r#"{"episode": "bad-memory", "turns": [{"tool_calls": [{"name": "lookup", "arguments": {"id": "2"}}]}, {"content": "done"}]}"#,
+                "\n",
+                r#"{"episode": "bad-own-memory", "turns": [{"tool_calls": [{"name": "lookup", "arguments": {"id": "3"}}]}, {"content": "done"}]}"#,
                 "\n"
             ),
         ),
@@ -309,6 +319,10 @@ fn calls_the_sandbox_refused_replay_identically() {
     for (episode, statuses) in [
         ("bad-args", vec![StepStatus::Refused, StepStatus::Refused, StepStatus::Refused, StepStatus::Ok]),
         ("bad-memory", vec![StepStatus::Refused]),
+        // The tool's own null write is refused, its other writes go in.
+        // Before: the refused write was in no record, so the replayed answer
+        // did not make it ("status recorded refused vs replayed ok").
+        ("bad-own-memory", vec![StepStatus::Refused]),
     ] {
         let trace = out.join("default/shard-0").join(format!("{episode}.trace"));
         let recorded: Vec<StepStatus> = basecamp_trace::read_trace(&trace)
@@ -324,6 +338,18 @@ fn calls_the_sandbox_refused_replay_identically() {
         let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
         assert!(ok && text.starts_with("identical:"), "{episode}: {text}");
     }
+    // The plan step records the write it refused; the deltas hold the others.
+    let trace = basecamp_trace::read_trace(out.join("default/shard-0/bad-own-memory.trace")).unwrap();
+    let step = trace
+        .records
+        .iter()
+        .find_map(|r| match &r.body {
+            Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => Some(s),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(step.error_type, "null_write_refused");
+    assert_eq!(step.refused_memory_json, [("courier".to_string(), "null".to_string())].into());
 }
 
 #[test]
@@ -335,7 +361,8 @@ fn a_divergence_names_enum_values() {
     let lenient = dir.path().join("lenient");
     std::fs::create_dir(&lenient).unwrap();
     write_refusals(&lenient);
-    let task = REFUSALS_TASK.replace("  memory:\n    strictTypes: true\n    schema: {count: integer}\n", "");
+    let task = REFUSALS_TASK
+        .replace("  memory:\n    strictTypes: true\n    schema: {count: integer}\n    nullWrites: error\n", "");
     assert_ne!(task, REFUSALS_TASK);
     std::fs::write(lenient.join("task.yaml"), task).unwrap();
     let trace = out.join("default/shard-0/bad-memory.trace");

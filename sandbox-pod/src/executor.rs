@@ -260,7 +260,7 @@ impl ToolExecutor {
                 }
             }
         }
-        let patch = self.police_patch(patch, call.name, source, &mut warnings, &mut error, &mut status);
+        let (patch, refused) = self.police_patch(patch, call.name, source, &mut warnings, &mut error, &mut status);
         let deltas = memory.apply(&patch, source, call.name);
         let memory_after = memory.hash();
         let observation_json = canonical_json(&observation);
@@ -288,11 +288,14 @@ impl ToolExecutor {
             start_unix_nanos: unix_nanos(started_wall),
             latency_micros: latency.as_micros() as u64,
             timeout_ms: timeout.as_millis() as u64,
+            refused_memory_json: refused.into_iter().map(|(key, value)| (key, canonical_json(&value))).collect(),
         };
         CallOutcome { observation, status, error, deltas, warnings, plan_step }
     }
 
-    /// Applies the memory policy to a patch before it touches memory.
+    /// Applies the memory policy to a patch before it touches memory: the
+    /// writes it lets through, and those it refused (for the plan step's
+    /// record).
     fn police_patch(
         &self,
         mut patch: MemoryPatch,
@@ -301,7 +304,8 @@ impl ToolExecutor {
         warnings: &mut Vec<String>,
         error: &mut Option<CallError>,
         status: &mut StepStatus,
-    ) -> MemoryPatch {
+    ) -> (MemoryPatch, BTreeMap<String, Value>) {
+        let mut refused = BTreeMap::new();
         let null_keys: Vec<&str> = patch
             .ops
             .iter()
@@ -320,7 +324,13 @@ impl ToolExecutor {
                 }
                 NullWrites::Error => {
                     let keys = null_keys.join(", ");
-                    patch.ops.retain(|op| !matches!(op, PatchOp::Set { value: Value::Null, .. }));
+                    patch.ops.retain(|op| match op {
+                        PatchOp::Set { key, value: Value::Null } => {
+                            refused.insert(key.clone(), Value::Null);
+                            false
+                        }
+                        _ => true,
+                    });
                     error.get_or_insert(CallError::NullWriteRefused { keys });
                     *status = StepStatus::Refused;
                 }
@@ -340,6 +350,7 @@ impl ToolExecutor {
                     found: json_type(value),
                     origin: origin.to_string(),
                 });
+                refused.insert(key.clone(), value.clone());
                 false
             });
             if let Some(e) = type_error {
@@ -347,7 +358,7 @@ impl ToolExecutor {
                 *status = StepStatus::Refused;
             }
         }
-        patch
+        (patch, refused)
     }
 }
 

@@ -265,6 +265,11 @@ async fn null_writes_can_be_refused_and_types_enforced() {
     assert_eq!(out.status, StepStatus::Refused);
     assert_eq!(out.plan_step.error_type, "null_write_refused");
     assert!(memory.is_empty(), "neither the null nor the mistyped value was written: {:?}", memory.to_value());
+    // The plan step keeps what was refused (no delta does): replay writes it again.
+    let refused: Vec<(&str, &str)> =
+        out.plan_step.refused_memory_json.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(refused, [("n", "\"x\""), ("status", "null")]);
+    assert!(out.deltas.is_empty());
 }
 
 #[tokio::test]

@@ -24,7 +24,7 @@
 //! final memory hash, and the index (the output is written by the writer,
 //! with the same step frames).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
 
 use serde_json::Value;
@@ -288,6 +288,15 @@ impl Redactor {
                 self.collect_pii(&value, false, found);
             }
         };
+        // Memory key -> canonical JSON: a PII key's whole value is PII.
+        let from_entries = |entries: &BTreeMap<String, String>, found: &mut Found| {
+            for (k, v) in entries {
+                found.note_field(self, k);
+                if let Ok(value) = serde_json::from_str::<Value>(v) {
+                    self.collect_pii(&value, self.pii_fields.contains(k), found);
+                }
+            }
+        };
         for record in records {
             match &record.body {
                 Some(Body::MemoryDelta(d)) => {
@@ -302,26 +311,15 @@ impl Redactor {
                         }
                     }
                 }
-                Some(Body::MemorySnapshot(s)) => {
-                    for (k, v) in &s.entries_json {
-                        found.note_field(self, k);
-                        if let Ok(value) = serde_json::from_str::<Value>(v) {
-                            self.collect_pii(&value, self.pii_fields.contains(k), &mut found);
-                        }
-                    }
-                }
+                Some(Body::MemorySnapshot(s)) => from_entries(&s.entries_json, &mut found),
                 Some(Body::PlanStep(p)) => {
                     from_text(&p.arguments_json, &mut found);
                     from_text(&p.observation_json, &mut found);
+                    from_entries(&p.refused_memory_json, &mut found);
                 }
                 Some(Body::PolicyTurn(t)) => from_text(&t.tool_calls_json, &mut found),
                 Some(Body::ErrorContext(e)) => {
-                    for (k, v) in &e.memory_snapshot_json {
-                        found.note_field(self, k);
-                        if let Ok(value) = serde_json::from_str::<Value>(v) {
-                            self.collect_pii(&value, self.pii_fields.contains(k), &mut found);
-                        }
-                    }
+                    from_entries(&e.memory_snapshot_json, &mut found);
                     for p in &e.last_tool_payloads {
                         from_text(&p.arguments_json, &mut found);
                         from_text(&p.response_json, &mut found);
@@ -463,6 +461,9 @@ impl Redactor {
         self.json_text(&mut p.observation_json, n);
         let observation_changed = *n != mid;
         self.text(&mut p.error_message, n);
+        for (k, v) in p.refused_memory_json.iter_mut() {
+            self.memory_value(k, v, n);
+        }
         let rehash = |text: &str, stored: &mut Vec<u8>| {
             if let Ok(value) = serde_json::from_str::<Value>(text)
                 && !stored.is_empty()

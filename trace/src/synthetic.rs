@@ -207,6 +207,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
             start_unix_nanos: t,
             latency_micros: latency,
             timeout_ms: 800,
+            refused_memory_json: Default::default(),
         }));
         t += latency as i64 * 1000 + 50_000_000;
         match shape.memory_mode {

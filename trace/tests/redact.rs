@@ -16,6 +16,8 @@ const PHONE: &str = "+1 415-555-0134";
 const ADDRESS: &str = "1 Infinite Loop, Cupertino";
 const EMAIL: &str = "jane.doe@example.com";
 const OTHER_PHONE: &str = "(650) 555.0199";
+/// Only in a write the memory policy refused (a PII key's value).
+const REFUSED_ADDRESS: &str = "221B Baker Street";
 
 /// A small but complete episode carrying personal data in every place it can hide.
 fn pii_episode() -> Vec<u8> {
@@ -71,6 +73,11 @@ fn pii_episode() -> Vec<u8> {
             status: StepStatus::Ok as i32,
             memory_hash_before: before.0.to_vec(),
             memory_hash_after: memory.hash().0.to_vec(),
+            refused_memory_json: [
+                ("user_address".to_string(), canonical_json(&json!([REFUSED_ADDRESS]))),
+                ("note".to_string(), canonical_json(&json!(format!("mail {EMAIL}")))),
+            ]
+            .into(),
             ..Default::default()
         }),
     )
@@ -145,7 +152,7 @@ fn no_original_value_survives_and_the_output_is_valid() {
     let input = pii_episode();
     let plain = decompressed(&input);
     // The input holds every value, so the check below can fail.
-    for value in [PHONE, ADDRESS, EMAIL, OTHER_PHONE, "Cupertino", "415-555", "jane.doe"] {
+    for value in [PHONE, ADDRESS, EMAIL, OTHER_PHONE, REFUSED_ADDRESS, "Cupertino", "415-555", "jane.doe"] {
         assert!(contains(&plain, value), "the input should contain {value}");
     }
     assert!(validate_reader(TraceReader::new(input.as_slice(), "in.trace").unwrap()).is_empty());
@@ -153,7 +160,19 @@ fn no_original_value_survives_and_the_output_is_valid() {
     let r = redactor(b"test-salt");
     let output = redact(&input, &r);
     let bytes = decompressed(&output);
-    for value in [PHONE, ADDRESS, EMAIL, OTHER_PHONE, "Cupertino", "415-555", "555.0199", "jane.doe", "example.com"] {
+    for value in [
+        PHONE,
+        ADDRESS,
+        EMAIL,
+        OTHER_PHONE,
+        REFUSED_ADDRESS,
+        "Baker",
+        "Cupertino",
+        "415-555",
+        "555.0199",
+        "jane.doe",
+        "example.com",
+    ] {
         assert!(!contains(&bytes, value), "{value:?} survived redaction");
         assert!(!contains(&output, value), "{value:?} is in the output file");
     }

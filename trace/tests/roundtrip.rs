@@ -71,11 +71,12 @@ prop_compose! {
             (text(), bytes(), any::<u64>(), enum_value(), text(), text()),
         (fallback_used, memory_hash_before, memory_hash_after, start_unix_nanos, latency_micros, timeout_ms) in
             (any::<bool>(), bytes(), bytes(), any::<i64>(), any::<u64>(), any::<u64>()),
+        refused_memory_json in string_map(),
     ) -> PlanStep {
         PlanStep {
             index, kind, plan_label, tool, call_id, arguments_json, input_hash, observation_json, result_hash,
             response_bytes, status, error_type, error_message, fallback_used, memory_hash_before,
-            memory_hash_after, start_unix_nanos, latency_micros, timeout_ms,
+            memory_hash_after, start_unix_nanos, latency_micros, timeout_ms, refused_memory_json,
         }
     }
 }

@@ -201,9 +201,15 @@ pub fn render(
             if *index == 0 { "before the first step".to_string() } else { format!("step {index}") }
         );
         for p in &s.plan {
+            // Writes the memory policy refused changed nothing, so no delta row shows them.
+            let refused: String = p
+                .refused_memory_json
+                .iter()
+                .map(|(key, value)| format!("\nrefused memory write: {key} = {}", clip(value, 200)))
+                .collect();
             let _ = write!(
                 h,
-                " — {} <code>{}</code> <span class=\"status {}\">{}</span><div class=\"kv\">arguments: {}\nobservation: {}\nmemory hash {} → {}</div>",
+                " — {} <code>{}</code> <span class=\"status {}\">{}</span><div class=\"kv\">arguments: {}\nobservation: {}\nmemory hash {} → {}{}</div>",
                 kind_name(p.kind),
                 esc(&p.tool),
                 status_name(pb::StepStatus::try_from(p.status).unwrap_or(pb::StepStatus::Unspecified)),
@@ -212,6 +218,7 @@ pub fn render(
                 esc(&clip(&p.observation_json, 600)),
                 esc(&hex(&p.memory_hash_before).chars().take(12).collect::<String>()),
                 esc(&hex(&p.memory_hash_after).chars().take(12).collect::<String>()),
+                esc(&refused),
             );
         }
         for i in &s.injections {
@@ -533,6 +540,7 @@ mod tests {
                     error_type: h("plan.error_type"),
                     error_message: h("plan.error_message"),
                     status: pb::StepStatus::Error as i32,
+                    refused_memory_json: [(h("plan.refused_key"), h("plan.refused_value"))].into(),
                     ..Default::default()
                 }),
             ),
@@ -602,6 +610,8 @@ mod tests {
             "plan.observation",
             "plan.error_type",
             "plan.error_message",
+            "plan.refused_key",
+            "plan.refused_value",
             "injection.id",
             "injection.observation",
             "injection.description",
