@@ -3,6 +3,8 @@
 //! install`; `make test` does that first). s3s-fs serves a directory, so
 //! the test puts traces in place as files and reads them back over S3.
 
+#[path = "support/fixtures.rs"]
+mod fixtures;
 #[path = "support/s3.rs"]
 mod s3;
 
@@ -98,6 +100,47 @@ fn parse_and_replay_take_one_s3_object() {
     let out = server.basecamp(&["trace", "replay", &missing, "--config", "no-such.yaml"], dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).starts_with(&format!("error: cannot replay {missing}: ")), "{}", text(&out.stderr));
+}
+
+#[test]
+fn parse_html_of_an_s3_object_takes_its_metrics_from_the_summary_beside_it() {
+    // Before: the page of an S3 object never fetched its shard's
+    // summary.json, so it showed the trace's own metrics (no
+    // tool_call_accuracy) where the same file read locally showed the summary's.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    fixtures::write_run(&data.join(BUCKET));
+    let server = S3Server::start(&data);
+    let shard = fixtures::shard_dir(std::path::Path::new(""), fixtures::TASK, "a");
+    let key = shard.join("ep-000.trace").display().to_string();
+    let url = format!("s3://{BUCKET}/{key}");
+    let html = |file: &str| server.basecamp(&["trace", "parse", "--output", "html", file], &data.join(BUCKET));
+
+    let here = html(&key);
+    assert_eq!((here.status.code(), text(&here.stderr)), (Some(0), String::new()));
+    assert!(text(&here.stdout).contains("metrics from the shard's summary.json"));
+    let remote = html(&url);
+    assert_eq!((remote.status.code(), text(&remote.stderr)), (Some(0), String::new()));
+    assert_eq!(text(&remote.stdout), text(&here.stdout).replace(&key, &url));
+
+    // A summary that is not one is a warning naming its URL; the page reads the trace's metrics.
+    let summary = data.join(BUCKET).join(&shard).join("summary.json");
+    std::fs::write(&summary, "{not json").unwrap();
+    let out = html(&url);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let expected = format!("warning: {}: not a shard summary (", shard_url(&shard));
+    assert!(text(&out.stderr).starts_with(&expected), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("metrics from the trace alone"));
+    // None at all: no warning, the trace's metrics.
+    std::fs::remove_file(&summary).unwrap();
+    let out = html(&url);
+    assert_eq!((out.status.code(), text(&out.stderr)), (Some(0), String::new()));
+    assert!(text(&out.stdout).contains("metrics from the trace alone"));
+}
+
+/// The URL of `shard`'s summary.json in the test bucket.
+fn shard_url(shard: &std::path::Path) -> String {
+    format!("s3://{BUCKET}/{}", shard.join("summary.json").display())
 }
 
 fn copy_tree(from: &std::path::Path, to: &std::path::Path) {

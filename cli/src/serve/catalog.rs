@@ -235,17 +235,20 @@ impl ShardIndex {
     /// read), `Err` (the problem to show) when it is not a shard summary.
     pub fn read(path: &Path) -> Result<Option<ShardIndex>, String> {
         let Ok(text) = std::fs::read(path) else { return Ok(None) };
-        match serde_json::from_slice::<ShardSummary>(&text) {
-            Ok(summary) => {
-                let mut by_trace_file = HashMap::new();
-                for (i, e) in summary.episodes.iter().enumerate() {
-                    // The first row for a file wins, as a linear search would find it.
-                    by_trace_file.entry(e.trace_file.clone()).or_insert(i);
-                }
-                Ok(Some(ShardIndex { summary, by_trace_file }))
-            }
-            Err(e) => Err(format!("{}: not a shard summary ({e}); metrics read from traces", path.display())),
+        Self::parse(&text, &path.display().to_string()).map(Some)
+    }
+
+    /// The summary `text`, read from `name`; `Err` (naming it) when it is
+    /// not a shard summary.
+    pub fn parse(text: &[u8], name: &str) -> Result<ShardIndex, String> {
+        let summary = serde_json::from_slice::<ShardSummary>(text)
+            .map_err(|e| format!("{name}: not a shard summary ({e}); metrics read from traces"))?;
+        let mut by_trace_file = HashMap::new();
+        for (i, e) in summary.episodes.iter().enumerate() {
+            // The first row for a file wins, as a linear search would find it.
+            by_trace_file.entry(e.trace_file.clone()).or_insert(i);
         }
+        Ok(ShardIndex { summary, by_trace_file })
     }
 }
 
@@ -297,22 +300,12 @@ pub fn episode_entry(
 }
 
 /// The entry of one trace read already (`trace parse FILE --output html`),
-/// as serve's catalog makes it: scored by the `summary.json` beside `file`
-/// when that names it, else from `trace`. `file` is the path as given (or
-/// the `s3://` URL: no summary is fetched for an object). The second value
-/// is a summary that could not be read, to warn about.
-pub fn lone_entry(file: &Path, trace: &TraceContents) -> (EpisodeEntry, Option<String>) {
-    let local = !file.to_string_lossy().starts_with("s3://");
-    let dir = file.parent().unwrap_or(Path::new(""));
-    let (summary, problem) = match local.then(|| ShardIndex::read(&dir.join(SUMMARY_FILE))) {
-        Some(Ok(summary)) => (summary, None),
-        Some(Err(problem)) => (None, Some(problem)),
-        None => (None, None),
-    };
+/// as serve's catalog makes it: scored by its shard's `summary` when that
+/// names `file` (the path or `s3://` URL as given), else from `trace`.
+pub fn lone_entry(file: &Path, trace: &TraceContents, summary: Option<&ShardIndex>) -> EpisodeEntry {
     let digest = TraceDigest::from_records(trace.header.clone(), &trace.records, trace.damage().map(|e| e.to_string()));
-    let entry = episode_entry(Path::new(""), file, summary.as_ref(), LazyDigest::made(digest))
-        .expect("an entry with its digest made already cannot fail to read it");
-    (entry, problem)
+    episode_entry(Path::new(""), file, summary, LazyDigest::made(digest))
+        .expect("an entry with its digest made already cannot fail to read it")
 }
 
 fn non_empty(namespace: &str) -> String {

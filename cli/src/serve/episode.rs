@@ -586,7 +586,7 @@ mod tests {
     #[test]
     fn every_string_from_the_trace_is_drawn_as_text() {
         let trace = hostile_trace();
-        let (entry, _) = lone_entry(Path::new(&hostile("file")), &trace);
+        let entry = lone_entry(Path::new(&hostile("file")), &trace, None);
         let page = page(&entry, "", &render(&entry, &trace, &LeftOut::new(), PAGE_TOKEN_CAP, None));
         assert!(!page.contains("<x"), "trace contents became markup");
         let fields = [
@@ -660,7 +660,7 @@ mod tests {
             bytes.truncate(((bytes.len() as f64) * (0.5 + cut / 2.0)) as usize);
             if let Ok(reader) = TraceReader::new(bytes.as_slice(), "d.trace") {
                 let (trace, undrawn) = reader.at_most(RecordKind::TokenLogit, cap).into_contents_and_left_out();
-                let (entry, _) = lone_entry(Path::new("d.trace"), &trace);
+                let entry = lone_entry(Path::new("d.trace"), &trace, None);
                 let page = page(&entry, "", &render(&entry, &trace, &undrawn, cap, None));
                 prop_assert!(page.ends_with("</html>\n"));
                 prop_assert!(trace.damage().is_some(), "a cut trace is damaged");

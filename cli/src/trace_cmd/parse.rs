@@ -4,7 +4,9 @@
 //! in path order (`basecamp trace parse runs/ | jq ...`).
 //!
 //! The HTML is `basecamp serve`'s episode page ([`crate::serve::episode`]),
-//! self-contained: it needs no server and fetches nothing.
+//! self-contained: it needs no server and fetches nothing. Its metrics come
+//! from the shard's `summary.json` beside the trace (beside the object, for
+//! one on S3) when that names it, else from the trace.
 //!
 //! A damaged file still prints what could be recovered (a crashed pod's
 //! trace is still evidence), then one line naming the file and byte offset
@@ -17,12 +19,14 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::bail;
+use basecamp_sandbox::driver::SUMMARY_FILE;
 use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
 use basecamp_trace::{RecordKind, TraceContents, TraceError, json::trace_to_json};
 use clap::{Args, ValueEnum};
 
-use super::sources::{Source, SourceReader, Sources, open_local};
-use crate::serve::{catalog, episode};
+use super::sources::{Source, Sources};
+use crate::serve::catalog::{self, ShardIndex};
+use crate::serve::episode;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum OutputFormat {
@@ -69,7 +73,8 @@ fn is_one_trace(path: &str) -> bool {
 }
 
 fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
-    let reader = open_one(file)?;
+    let sources = Sources::one(file, ONE_TRACE)?;
+    let reader = sources.open(&sources.items[0])?;
     let trace = match args.output {
         OutputFormat::Json => {
             let trace = reader.into_contents();
@@ -83,10 +88,15 @@ fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
             // The view decodes only the token logits it draws.
             let cap = episode::PAGE_TOKEN_CAP;
             let (trace, undrawn) = reader.at_most(RecordKind::TokenLogit, cap).into_contents_and_left_out();
-            let (entry, problem) = catalog::lone_entry(file, &trace);
-            if let Some(problem) = problem {
+            let summary = match sources.read_beside(&sources.items[0], SUMMARY_FILE) {
+                Ok(found) => found.map(|(name, text)| ShardIndex::parse(&text, &name)).transpose(),
+                Err(e) => Err(format!("{e:#}; metrics read from the trace")),
+            };
+            let summary = summary.unwrap_or_else(|problem| {
                 eprintln!("warning: {problem}");
-            }
+                None
+            });
+            let entry = catalog::lone_entry(file, &trace, summary.as_ref());
             let view = episode::render(&entry, &trace, &undrawn, cap, None);
             io::stdout().lock().write_all(episode::page(&entry, "", &view).as_bytes())?;
             trace
@@ -153,25 +163,14 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
+/// What the one-trace commands say of an `s3://` prefix.
+const ONE_TRACE: &str = "trace search, validate and report take a prefix";
+
 /// One whole trace: a local file, or one `s3://BUCKET/KEY.trace` object
 /// fetched with the trace commands' S3 client (`AWS_ENDPOINT_URL_S3`, the
 /// standard credential chain, retries). A damaged trace is a value
 /// ([`TraceContents::damage`]); only one that cannot be opened is an error.
 pub fn read_one(file: &Path) -> anyhow::Result<TraceContents> {
-    Ok(open_one(file)?.into_contents())
-}
-
-/// [`read_one`]'s trace opened, its header read: a local file is streamed,
-/// an S3 object fetched whole first.
-fn open_one(file: &Path) -> anyhow::Result<SourceReader> {
-    let Some(url) = file.to_str().filter(|f| f.starts_with("s3://")) else {
-        return Ok(open_local(file, file.display().to_string())?);
-    };
-    if !url.ends_with(TRACE_SUFFIX) {
-        bail!(
-            "{url}: give one trace object, s3://BUCKET/KEY{TRACE_SUFFIX} (trace search, validate and report take a prefix)"
-        );
-    }
-    let sources = Sources::resolve(&[url.to_string()])?;
-    Ok(sources.open(&sources.items[0])?)
+    let sources = Sources::one(file, ONE_TRACE)?;
+    Ok(sources.open(&sources.items[0])?.into_contents())
 }

@@ -13,7 +13,7 @@ use std::io::{self, BufReader, Cursor, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use basecamp_sandbox::storage::{Destination, Storage, StorageConfig};
+use basecamp_sandbox::storage::{Destination, FailureKind, S3Location, Storage, StorageConfig};
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs_named};
 use basecamp_trace::{TraceError, TraceReader};
 
@@ -56,6 +56,26 @@ pub struct Sources {
 }
 
 impl Sources {
+    /// The one trace `file` names: a local file, or an `s3://BUCKET/KEY.trace`
+    /// object (a prefix is refused: `what` says which commands take one).
+    pub fn one(file: &Path, what: &str) -> anyhow::Result<Self> {
+        let Some(url) = file.to_str().filter(|f| f.starts_with("s3://")) else {
+            let name = file.display().to_string();
+            let relative_path = PathBuf::from(file.file_name().unwrap_or(file.as_os_str()));
+            let source = Source {
+                relative: relative_path.to_string_lossy().into_owned(),
+                relative_path,
+                name,
+                location: Location::Local(file.to_path_buf()),
+            };
+            return Ok(Self { items: vec![source], s3: None });
+        };
+        if !url.ends_with(TRACE_SUFFIX) {
+            bail!("{url}: give one trace object, s3://BUCKET/KEY{TRACE_SUFFIX} ({what})");
+        }
+        Self::resolve(&[url.to_string()])
+    }
+
     /// Expands every argument, in order, each source once.
     pub fn resolve(args: &[String]) -> anyhow::Result<Self> {
         let mut items = Vec::new();
@@ -142,6 +162,36 @@ impl Sources {
                 runtime
                     .block_on(storage.fetch(destination))
                     .map_err(|e| TraceError::io(source.name.clone(), io::Error::other(e.to_string())))
+            }
+        }
+    }
+
+    /// The file `name` in the directory (or under the S3 prefix) that holds
+    /// `source`, such as its shard's `summary.json`: `None` when there is
+    /// no such file or object; `Err` when it could not be read.
+    pub fn read_beside(&self, source: &Source, name: &str) -> anyhow::Result<Option<(String, Vec<u8>)>> {
+        match &source.location {
+            Location::Local(path) => {
+                let beside = path.with_file_name(name);
+                match std::fs::read(&beside) {
+                    Ok(bytes) => Ok(Some((beside.display().to_string(), bytes))),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(e).with_context(|| format!("cannot read {}", beside.display())),
+                }
+            }
+            Location::S3(destination) => {
+                let (runtime, storage) = self.s3.as_ref().expect("an s3 source comes with the client that listed it");
+                let object = destination.as_s3().expect("an S3 source's destination is on S3");
+                let key = match object.key.rsplit_once('/') {
+                    Some((dir, _)) => format!("{dir}/{name}"),
+                    None => name.to_string(),
+                };
+                let beside = Destination::S3(S3Location { bucket: object.bucket.clone(), key });
+                match runtime.block_on(storage.fetch(&beside)) {
+                    Ok(bytes) => Ok(Some((beside.to_string(), bytes))),
+                    Err(e) if e.kind() == Some(FailureKind::NotFound) => Ok(None),
+                    Err(e) => Err(e).with_context(|| format!("cannot fetch {beside}")),
+                }
             }
         }
     }
