@@ -41,7 +41,7 @@ fn runner(script: &Path) -> EpisodeRunner {
         },
     );
     EpisodeRunner {
-        max_steps: 4,
+        max_steps: 5,
         plan_step_timeout: Duration::from_secs(30),
         header: Header { task: "logits".into(), top_k: TOP_K as u32, ..Default::default() },
         ..EpisodeRunner::new(executor, policy)
@@ -137,7 +137,14 @@ async fn raw_logits_become_token_records_and_the_episode_divergence() {
     let row = row_of(inf_row);
     let best = (0..VOCAB).filter(|&i| row[i].is_finite()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
     q[inf_row * VOCAB + best] = f32::NEG_INFINITY;
-    let emitted0: Vec<u32> = (0..rows0).map(|_| rng.below(VOCAB) as u32).collect();
+    // A sampler emits only tokens its logits give a chance (one at -inf is
+    // an ImpossibleToken error, the last test's step 4).
+    let emitted0: Vec<u32> = (0..rows0)
+        .map(|r| {
+            let finite: Vec<usize> = (0..VOCAB).filter(|&i| row_of(r)[i].is_finite()).collect();
+            finite[rng.below(finite.len())] as u32
+        })
+        .collect();
     write_tensors(
         &dir.path().join("turn0.safetensors"),
         &[RawTensor::f32("logits", &[1, rows0, VOCAB], &p), RawTensor::f32("reference", &[rows0, VOCAB], &q)],
@@ -208,7 +215,9 @@ async fn unusable_raw_logits_are_a_warning_and_the_logprobs_stand_in() {
     let mut rng = Rng::new(fresh_seed());
     let mut bad = mixed_logits(&mut rng, 3, 16);
     bad[16 + 5] = f32::NAN;
-    let good = mixed_logits(&mut rng, 3, 16);
+    let mut good = mixed_logits(&mut rng, 3, 16);
+    // Row 1 gives token 2 probability 0; the tokens the turns emit elsewhere are possible.
+    (good[16 + 2], good[1], good[16 + 3]) = (f32::NEG_INFINITY, 0.5, 0.5);
     write_tensors(
         &dir.path().join("bad.safetensors"),
         &[
@@ -225,7 +234,9 @@ async fn unusable_raw_logits_are_a_warning_and_the_logprobs_stand_in() {
         json!({"tool_calls": [{"name": "lookup", "arguments": {}}], "raw_logits": {"path": "bad.safetensors"}}),
         json!({"tool_calls": [{"name": "lookup", "arguments": {}}],
                "raw_logits": {"path": "bad.safetensors", "tensor": "good", "reference": "short"}}),
-        json!({"content": "done", "raw_logits": {"path": "bad.safetensors", "tensor": "good", "token_ids": [1, 2, 99]}}),
+        json!({"tool_calls": [{"name": "lookup", "arguments": {}}],
+               "raw_logits": {"path": "bad.safetensors", "tensor": "good", "token_ids": [1, 2, 3]}}),
+        json!({"content": "done", "raw_logits": {"path": "bad.safetensors", "tensor": "good", "token_ids": [1, 3, 99]}}),
     ];
     let (result, tokens, _) = run_episode(dir.path(), "ep-bad", turns).await;
     let path = dir.path().join("bad.safetensors");
@@ -244,7 +255,13 @@ async fn unusable_raw_logits_are_a_warning_and_the_logprobs_stand_in() {
             path.display()
         ),
         format!(
-            "step 4: raw logits not used (TokenOutOfRange): {} tensor \"good\": emitted token 99 at row 2 is outside the vocabulary of 16 tokens",
+            "step 4: raw logits not used (ImpossibleToken): {} tensor \"good\": emitted token 2 at row 1 has logit -inf \
+             (probability 0) in these logits: the tokens and the logits do not belong together (shifted by a position, \
+             or another model's logits?)",
+            path.display()
+        ),
+        format!(
+            "step 5: raw logits not used (TokenOutOfRange): {} tensor \"good\": emitted token 99 at row 2 is outside the vocabulary of 16 tokens",
             path.display()
         ),
     ];
