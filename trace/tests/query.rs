@@ -5,7 +5,7 @@ use basecamp_trace::pb::{
     EpisodeEnd, ErrorContext, Header, MemoryDelta, MemorySource, PlanStep, RewardComponent, RewardSignal, StepStatus,
     TokenLogit, record::Body,
 };
-use basecamp_trace::query::{Match, Query, Section};
+use basecamp_trace::query::{Match, NamesSeen, Query, Section};
 use basecamp_trace::{TraceReader, TraceWriter};
 
 fn error_of(query: &str) -> String {
@@ -233,6 +233,47 @@ fn queries_find_exactly_the_steps_they_describe() {
     for (query, want) in cases {
         assert_eq!(steps_matching(&bytes, query), *want, "query: {query}");
     }
+}
+
+/// Searches `bytes` with `query`, noting the names met in `seen`.
+fn note_names(query: &Query, bytes: &[u8], seen: &mut NamesSeen) {
+    let mut reader = TraceReader::new(bytes, "ep.trace").unwrap();
+    let mut seen_here = NamesSeen::default();
+    query.search_noting(&mut reader, &mut |_| {}, &mut seen_here).unwrap();
+    seen.merge(seen_here);
+}
+
+#[test]
+fn names_no_searched_trace_has_are_listed_with_some_of_those_they_have() {
+    let q = Query::parse("memory_state.statu == null or reward_signal.acuracy < 0 or memory_state.k03 == 1").unwrap();
+    let mut seen = NamesSeen::default();
+    assert!(q.unseen_names(&seen).is_empty(), "nothing searched, nothing to say");
+
+    // 25 keys, shown sorted, the first 20 of them; no reward at all.
+    let mut w = TraceWriter::new(Vec::new(), Header::default(), 3).unwrap();
+    for i in (0..25).rev() {
+        w.append(1, delta(&format!("k{i:02}"), Some("1"))).unwrap();
+    }
+    w.end_step().unwrap();
+    note_names(&q, &w.finish(EpisodeEnd::default()).unwrap(), &mut seen);
+    let first_20: Vec<String> = (0..20).map(|i| format!("`k{i:02}`")).collect();
+    assert_eq!(
+        q.unseen_names(&seen),
+        [
+            format!("the searched trace has no memory key `statu` (keys it has: {}, ...)", first_20.join(", ")),
+            "the searched trace has no reward component `acuracy`: it has no components at all".to_string(),
+        ]
+    );
+
+    // A second trace with a reward: the components both have, merged.
+    let mut w = TraceWriter::new(Vec::new(), Header::default(), 3).unwrap();
+    w.append(1, reward(-0.5)).unwrap();
+    w.end_step().unwrap();
+    note_names(&q, &w.finish(EpisodeEnd::default()).unwrap(), &mut seen);
+    assert_eq!(
+        q.unseen_names(&seen)[1],
+        "none of the 2 searched traces has reward component `acuracy` (components they have: `accuracy`, `efficiency_penalty`)"
+    );
 }
 
 #[test]
