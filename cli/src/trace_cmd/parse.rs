@@ -73,7 +73,7 @@ fn is_one_trace(path: &str) -> bool {
 }
 
 fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
-    let sources = Sources::one(file, ONE_TRACE)?;
+    let sources = Sources::one(file)?;
     let reader = sources.open(&sources.items[0])?;
     let trace = match args.output {
         OutputFormat::Json => {
@@ -163,14 +163,11 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// What the one-trace commands say of an `s3://` prefix.
-const ONE_TRACE: &str = "trace search, validate and report take a prefix";
-
 /// One whole trace: a local file, or one `s3://BUCKET/KEY.trace` object
 /// fetched with the trace commands' S3 client (`AWS_ENDPOINT_URL_S3`, the
 /// standard credential chain, retries). A damaged trace is a value
 /// ([`TraceContents::damage`]); only one that cannot be opened is an error.
 pub fn read_one(file: &Path) -> anyhow::Result<TraceContents> {
-    let sources = Sources::one(file, ONE_TRACE)?;
+    let sources = Sources::one(file)?;
     Ok(sources.open(&sources.items[0])?.into_contents())
 }

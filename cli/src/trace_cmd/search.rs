@@ -18,7 +18,7 @@ use basecamp_trace::query::{FileMatches, NamesSeen, Query};
 use clap::Args;
 use serde_json::json;
 
-use super::sources::{Source, Sources};
+use super::sources::Sources;
 
 /// The query language, shown by `basecamp trace search --help`.
 pub const QUERY_HELP: &str = "\
@@ -95,7 +95,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     for_each_ordered(
         files,
         args.jobs.unwrap_or_else(default_jobs),
-        |source| search_one(&query, &sources, source),
+        |source| query.search_opened(sources.open(source)),
         // A failed write ends the walk: no further trace is read (or fetched).
         |i, found: FileMatches| {
             seen.merge(found.seen);
@@ -133,15 +133,4 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }),
     }
-}
-
-/// The matches in one trace, and the damage that ended its scan.
-fn search_one(query: &Query, sources: &Sources, source: &Source) -> FileMatches {
-    let mut matches = Vec::new();
-    let mut seen = NamesSeen::default();
-    let error = match sources.open(source) {
-        Ok(mut reader) => query.search_noting(&mut reader, &mut |m| matches.push(m), &mut seen).err(),
-        Err(e) => Some(e),
-    };
-    FileMatches { matches, error, seen }
 }

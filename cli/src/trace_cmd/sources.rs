@@ -56,9 +56,9 @@ pub struct Sources {
 }
 
 impl Sources {
-    /// The one trace `file` names: a local file, or an `s3://BUCKET/KEY.trace`
-    /// object (a prefix is refused: `what` says which commands take one).
-    pub fn one(file: &Path, what: &str) -> anyhow::Result<Self> {
+    /// The one trace `file` names (`trace parse FILE`, `trace replay`): a
+    /// local file, or an `s3://BUCKET/KEY.trace` object; a prefix is refused.
+    pub fn one(file: &Path) -> anyhow::Result<Self> {
         let Some(url) = file.to_str().filter(|f| f.starts_with("s3://")) else {
             let name = file.display().to_string();
             let relative_path = PathBuf::from(file.file_name().unwrap_or(file.as_os_str()));
@@ -71,7 +71,9 @@ impl Sources {
             return Ok(Self { items: vec![source], s3: None });
         };
         if !url.ends_with(TRACE_SUFFIX) {
-            bail!("{url}: give one trace object, s3://BUCKET/KEY{TRACE_SUFFIX} ({what})");
+            bail!(
+                "{url}: give one trace object, s3://BUCKET/KEY{TRACE_SUFFIX} (trace search, validate and report take a prefix)"
+            );
         }
         Self::resolve(&[url.to_string()])
     }

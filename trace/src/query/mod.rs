@@ -183,9 +183,15 @@ impl Query {
 
     /// Runs the query over one file, keeping the matches found before any damage.
     pub fn search_file(&self, path: &Path) -> FileMatches {
+        self.search_opened(TraceReader::open(path))
+    }
+
+    /// Runs the query over a trace as it was opened (from a file, S3, ...):
+    /// one that could not be opened has no matches and that error.
+    pub fn search_opened<R: Read>(&self, opened: Result<TraceReader<R>, TraceError>) -> FileMatches {
         let mut matches = Vec::new();
         let mut seen = NamesSeen::default();
-        let error = match TraceReader::open(path) {
+        let error = match opened {
             Ok(mut reader) => self.search_noting(&mut reader, &mut |m| matches.push(m), &mut seen).err(),
             Err(e) => Some(e),
         };
