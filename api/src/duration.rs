@@ -258,6 +258,22 @@ impl Visitor<'_> for DurationVisitor {
     }
 }
 
+/// A recorded latency as JSON gives it: a number of milliseconds, fractional
+/// allowed (`1200`, `0.25`: a trace records microseconds), at least 0 and at
+/// most [`MAX_SPEC_DURATION`]. For `#[serde(deserialize_with)]` on a
+/// `std::time::Duration` field (recorded tools' `latencyMs`, scripted
+/// policies' `delay_ms`).
+pub fn fractional_millis<'de, D: Deserializer<'de>>(deserializer: D) -> Result<std::time::Duration, D::Error> {
+    let millis = f64::deserialize(deserializer)?;
+    let max = MAX_SPEC_DURATION.as_millis() as f64;
+    if !(0.0..=max).contains(&millis) {
+        return Err(de::Error::custom(format!(
+            "must be a number of milliseconds from 0 to {max} ({MAX_SPEC_DURATION}), got {millis}"
+        )));
+    }
+    Ok(std::time::Duration::from_secs_f64(millis / 1000.0))
+}
+
 /// A bare number of milliseconds beyond any duration (`1e20`, `u64::MAX`).
 fn too_large(millis: &str) -> String {
     format!(

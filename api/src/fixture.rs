@@ -40,6 +40,11 @@ pub struct FixtureEntry {
     /// Memory keys deleted with the answer (after `memoryPatch`'s writes).
     #[serde(default)]
     pub memory_remove: Option<Vec<String>>,
+    /// How long the tool takes to answer (`latencyMs`: milliseconds,
+    /// fractional allowed), as the recorded call took: `trace replay` writes
+    /// it so a slow call uses up its plan step's time again.
+    #[serde(default, deserialize_with = "crate::duration::fractional_millis")]
+    pub latency_ms: std::time::Duration,
     /// True: the call times out instead of answering.
     #[serde(default)]
     pub timeout: bool,
@@ -206,6 +211,21 @@ mod tests {
         let text = "{\"tool\": \"t\", \"observation\": 1, \"memoryPatch\": {\"a\": 1}, \"memoryRemove\": [\"b\"]}\n";
         let fixture = Fixture::parse("f.jsonl", text).expect("valid");
         assert_eq!(fixture.entries[0].memory_remove, Some(vec!["b".to_string()]));
+    }
+
+    #[test]
+    fn latency_is_fractional_milliseconds_and_never_negative() {
+        let text =
+            "{\"tool\": \"t\", \"observation\": 1, \"latencyMs\": 1200.25}\n{\"tool\": \"t\", \"observation\": 1}\n";
+        let fixture = Fixture::parse("f.jsonl", text).expect("valid");
+        assert_eq!(fixture.entries[0].latency_ms, std::time::Duration::from_micros(1_200_250));
+        assert_eq!(fixture.entries[1].latency_ms, std::time::Duration::ZERO);
+        for (bad, says) in [("-5", "got -5"), ("1e12", "from 0 to 604800000 (168h)"), ("\"2s\"", "expected f64")] {
+            let text = format!("{{\"tool\": \"t\", \"observation\": 1, \"latencyMs\": {bad}}}\n");
+            let errors = Fixture::parse("f.jsonl", &text).expect_err(bad).0;
+            let message = errors[0].to_string();
+            assert!(message.starts_with("f.jsonl:1: latencyMs: ") && message.contains(says), "{bad}: {message}");
+        }
     }
 
     #[test]

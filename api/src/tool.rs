@@ -197,7 +197,9 @@ pub struct ExecTool {
 }
 
 /// A tool answered from a fixture file (JSONL, one
-/// `{"tool", "arguments", "observation", "memoryPatch"?}` per line).
+/// `{"tool", "arguments", "observation"}` per line, optionally with
+/// `memoryPatch`, `memoryRemove`, `latencyMs`, `timeout`, or `error` and
+/// `errorType`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RecordedTool {

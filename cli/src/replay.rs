@@ -15,7 +15,10 @@
 //! call's memory deltas), so the memory policy judges those writes again; a
 //! call that timed out times out again, one that failed fails with the same
 //! error type, so the fallback path is exercised for real; live injections are
-//! delivered again at the step they reached. A divergence therefore
+//! delivered again at the step they reached. Each answer, and each policy
+//! turn, takes the time it took when recorded, on a paused clock (no real
+//! waiting), so the calls of a step use up its planStepTimeout as they did
+//! and a call is cut by it where it was cut. A divergence therefore
 //! means the sandbox or its configuration no longer does what it did when
 //! the trace was written.
 
@@ -28,6 +31,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use basecamp_api::task::PolicySpec;
 use basecamp_api::tool::{RecordedMatch, RecordedTool, ToolSpec};
 use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
+use basecamp_sandbox::deadline::Timer;
 use basecamp_sandbox::episode::LiveInjection;
 use basecamp_sandbox::run::{load_manifests, load_test_set, resolve_variants, select_task};
 use basecamp_trace::pb::{self, record::Body};
@@ -102,7 +106,8 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let replayed = runtime.block_on(replay(&args, &manifests, &recorded.records, &header, &scratch))?;
+    let prepared = runtime.block_on(prepare(&args, &manifests, &recorded.records, &header, &scratch))?;
+    let replayed = prepared.run()?;
     let compared = comparable(&recorded.records).count();
     match first_divergence(&recorded.records, &replayed) {
         None => {
@@ -167,13 +172,44 @@ fn join_paths(paths: &[PathBuf]) -> String {
     paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" ")
 }
 
-async fn replay(
+/// A replay ready to run: the sandbox with recorded tools and policy, the
+/// episode's input, and where the replayed trace goes.
+struct Prepared {
+    runner: basecamp_sandbox::episode::EpisodeRunner,
+    input: basecamp_sandbox::episode::EpisodeInput,
+    out: PathBuf,
+}
+
+impl Prepared {
+    /// Runs the episode on paused time: tokio's clock stands still while
+    /// anything is running and jumps to the next timer when all wait. The
+    /// recorded tools and policy take their recorded latencies and the tools'
+    /// timeouts and the plan-step deadline fire on that clock, so a call is
+    /// cut (or not) where the recording cut it, without waiting in real time
+    /// for the minutes an episode took. tokio's timer ends each wait on its
+    /// next millisecond, so a replayed step runs up to a millisecond a call
+    /// longer than recorded. Time outside the tools and the policy
+    /// (the recording's own bookkeeping, raw-logits analysis) is not
+    /// replayed: a call cut within that margin of a deadline may be cut
+    /// differently.
+    fn run(self) -> Result<Vec<pb::Record>> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build()?;
+        let result =
+            runtime.block_on(self.runner.run(&self.input, &self.out)).context("cannot write the replayed trace")?;
+        let trace = self.out.join(&result.trace_file);
+        let contents =
+            basecamp_trace::read_trace(&trace).map_err(|e| anyhow!("the replayed trace does not read: {e}"))?;
+        Ok(contents.records)
+    }
+}
+
+async fn prepare(
     args: &ReplayArgs,
     manifests: &[PathBuf],
     records: &[pb::Record],
     header: &pb::Header,
     scratch: &Path,
-) -> Result<Vec<pb::Record>> {
+) -> Result<Prepared> {
     let err = |e: basecamp_sandbox::run::RunError| anyhow!("{e}");
     let (manifests, _warnings) = load_manifests(manifests).map_err(err)?;
     // The header's namespace tells same-named tasks of two namespaces apart.
@@ -215,7 +251,10 @@ async fn replay(
         shard_count: header.shard_count,
         training_step: header.training_step,
     };
-    let runner = build_runner(&spec, &sandbox, &ctx).map_err(|e| anyhow!("cannot build the replay sandbox: {e}"))?;
+    let mut runner =
+        build_runner(&spec, &sandbox, &ctx).map_err(|e| anyhow!("cannot build the replay sandbox: {e}"))?;
+    // Tool timeouts on tokio's clock, which the replay pauses (`Prepared::run`).
+    runner.executor.set_timer(Timer::Tokio);
     // Live injections came from outside (`basecamp sandbox inject`), like the
     // tools' answers: delivered again at the step they reached.
     for record in records {
@@ -233,10 +272,7 @@ async fn replay(
     let input = episode_input(row, &spec.evaluation.compare_args);
     let out = scratch.join("replayed");
     std::fs::create_dir_all(&out)?;
-    let result = runner.run(&input, &out).await.context("cannot write the replayed trace")?;
-    let trace = out.join(&result.trace_file);
-    let contents = basecamp_trace::read_trace(&trace).map_err(|e| anyhow!("the replayed trace does not read: {e}"))?;
-    Ok(contents.records)
+    Ok(Prepared { runner, input, out })
 }
 
 fn parse_json(text: &str, what: &str) -> Result<Value> {
@@ -275,6 +311,12 @@ fn tool_fixture(records: &[pb::Record], tools: &BTreeMap<String, ToolSpec>) -> R
         }
         let answered = (step.status == pb::StepStatus::Ok as i32 && !step.fallback_used)
             || (refused && REFUSED_AFTER_ANSWER.contains(&step.error_type.as_str()));
+        let timed_out = step.error_type == "timeout" || step.error_type == "plan_step_timeout";
+        if !timed_out && step.latency_micros > 0 {
+            // The call takes its time again: later calls of the step, and
+            // its plan-step deadline, see the time it used.
+            entry["latencyMs"] = json!(step.latency_micros as f64 / 1000.0);
+        }
         if answered {
             let observation = parse_json(&step.observation_json, "tool observation")
                 .with_context(|| format!("step {} ({})", record.step, step.tool))?;
@@ -288,7 +330,7 @@ fn tool_fixture(records: &[pb::Record], tools: &BTreeMap<String, ToolSpec>) -> R
                 entry["memoryRemove"] = json!(remove);
             }
             entry["observation"] = observation;
-        } else if step.error_type == "timeout" || step.error_type == "plan_step_timeout" {
+        } else if timed_out {
             // Never answers: the tool's timeout, or the plan step's, ends it again.
             entry["timeout"] = json!(true);
         } else {
@@ -369,6 +411,10 @@ fn policy_script(records: &[pb::Record]) -> Result<String> {
                 }
                 if !turn.finish_reason.is_empty() {
                     response["finish_reason"] = json!(turn.finish_reason);
+                }
+                // The policy's time counts against the plan step too.
+                if turn.latency_micros > 0 {
+                    response["delay_ms"] = json!(turn.latency_micros as f64 / 1000.0);
                 }
                 turns.push(response);
             }
@@ -580,6 +626,41 @@ pub fn first_divergence(recorded: &[pb::Record], replayed: &[pb::Record]) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_and_turns_take_their_recorded_time_and_a_timed_out_call_never_answers() {
+        let call = |status: pb::StepStatus, error_type: &str, latency_micros: u64| pb::Record {
+            step: 1,
+            body: Some(Body::PlanStep(pb::PlanStep {
+                kind: pb::StepKind::ToolCall as i32,
+                tool: "t".into(),
+                status: status as i32,
+                error_type: error_type.into(),
+                observation_json: "{}".into(),
+                latency_micros,
+                ..Default::default()
+            })),
+        };
+        let records = [
+            call(pb::StepStatus::Ok, "", 1_234),
+            call(pb::StepStatus::Error, "http_status", 2_000_500),
+            call(pb::StepStatus::Timeout, "timeout", 1_500_000),
+            call(pb::StepStatus::RolledBack, "plan_step_timeout", 0),
+        ];
+        let fixture = tool_fixture(&records, &BTreeMap::new()).unwrap();
+        let lines: Vec<Value> = fixture.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let latency: Vec<Option<f64>> = lines.iter().map(|l| l["latencyMs"].as_f64()).collect();
+        assert_eq!(latency, [Some(1.234), Some(2000.5), None, None]);
+        assert_eq!([&lines[2]["timeout"], &lines[3]["timeout"]], [&json!(true), &json!(true)]);
+
+        let turn = |latency_micros: u64| pb::Record {
+            step: 1,
+            body: Some(Body::PolicyTurn(pb::PolicyTurn { content: "ok".into(), latency_micros, ..Default::default() })),
+        };
+        let script = policy_script(&[turn(750), turn(0)]).unwrap();
+        let turns: Vec<Value> = script.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!((turns[0]["delay_ms"].as_f64(), turns[1].get("delay_ms")), (Some(0.75), None));
+    }
 
     #[test]
     fn the_policy_script_carries_recorded_entropy_and_kl_with_infinity_as_text() {

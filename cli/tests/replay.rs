@@ -691,3 +691,98 @@ fn a_tool_that_answers_with_its_own_memory_patch_replays_identically() {
     assert!(!ok, "{text}");
     assert!(text.contains("plan_execution): status recorded ok vs replayed refused"), "{text}");
 }
+
+/// `first` answers after 1 s; `second` would take 5 s but times out after
+/// 1.5 s; a plan step has 2 s. After `first` (e1), or after a policy that
+/// took 1 s to answer (e2), the plan step's deadline cuts `second` before its
+/// own timeout does.
+const SLOW_STEP_TASK: &str = r#"apiVersion: basecamp.dev/v1alpha1
+kind: SandboxConfig
+metadata:
+  name: slow-step-tools
+spec:
+  tools:
+    first:
+      description: Answers after a second.
+      parameters: {type: object}
+      recorded: {fixture: tools.jsonl}
+    second:
+      description: Would answer after five.
+      parameters: {type: object}
+      recorded: {fixture: tools.jsonl}
+  toolTimeouts:
+    default: 1500ms
+  planStepTimeout: 2s
+  maxSteps: 4
+---
+apiVersion: basecamp.dev/v1alpha1
+kind: HarnessTask
+metadata:
+  name: slow-step
+spec:
+  taskDefinition:
+    name: slow-step
+    description: calls that together run past the plan step's deadline
+  evaluation:
+    metrics: [tool_call_accuracy]
+    testSet: tests.jsonl
+  policy:
+    scripted: policy.jsonl
+  sandboxRef:
+    name: slow-step-tools
+"#;
+
+#[test]
+fn a_call_cut_by_the_plan_step_deadline_after_slow_calls_replays_identically() {
+    // Replay answered every call at once, so `second` started at the step's
+    // start and its own 1.5 s timeout ended it ("timeout") before the 2 s
+    // plan step did: recorded rolled_back vs replayed timeout. The calls and
+    // the policy now take their recorded time, on a paused clock.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("task.yaml"), SLOW_STEP_TASK).unwrap();
+    std::fs::write(
+        dir.path().join("tools.jsonl"),
+        "{\"tool\": \"first\", \"observation\": {\"ok\": 1}, \"latencyMs\": 1000}\n\
+         {\"tool\": \"second\", \"observation\": {\"late\": true}, \"latencyMs\": 5000}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("tests.jsonl"),
+        "{\"id\": \"e1\", \"instruction\": \"a\", \"expected_tool_calls\": [{\"name\": \"first\", \"arguments\": {}}]}\n\
+         {\"id\": \"e2\", \"instruction\": \"b\", \"expected_tool_calls\": [{\"name\": \"second\", \"arguments\": {}}]}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("policy.jsonl"),
+        "{\"episode\": \"e1\", \"turns\": [{\"tool_calls\": [{\"name\": \"first\", \"arguments\": {}}, \
+         {\"name\": \"second\", \"arguments\": {}}]}, {\"content\": \"done\"}]}\n\
+         {\"episode\": \"e2\", \"turns\": [{\"delay_ms\": 1000, \"tool_calls\": [{\"name\": \"second\", \"arguments\": {}}]}, \
+         {\"content\": \"done\"}]}\n",
+    )
+    .unwrap();
+    let config = dir.path().to_str().unwrap();
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    for (episode, recorded) in [
+        ("e1", vec![(StepStatus::Ok, ""), (StepStatus::RolledBack, "plan_step_timeout")]),
+        ("e2", vec![(StepStatus::RolledBack, "plan_step_timeout")]),
+    ] {
+        let trace = out.join(format!("default/shard-0/{episode}.trace"));
+        let statuses: Vec<(StepStatus, String)> = basecamp_trace::read_trace(&trace)
+            .unwrap()
+            .records
+            .into_iter()
+            .filter_map(|r| match r.body {
+                Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => {
+                    Some((s.status(), s.error_type))
+                }
+                _ => None,
+            })
+            .collect();
+        let recorded: Vec<(StepStatus, String)> = recorded.into_iter().map(|(s, e)| (s, e.to_string())).collect();
+        assert_eq!(statuses, recorded, "{episode}");
+        let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
+        assert!(ok && text.starts_with("identical:"), "{episode}: {text}");
+    }
+}

@@ -599,7 +599,8 @@ fn hanging_executor() -> ToolExecutor {
             tool: "hang".into(),
             arguments: None,
             response: json!({"status": "too late"}),
-            latency_ms: NEVER_MS,
+            latency: Duration::from_millis(NEVER_MS),
+            timeout: false,
             error: None,
             error_type: None,
         };
@@ -838,7 +839,8 @@ fn episode_runner(dir: &Path) -> EpisodeRunner {
         arguments: None,
         response: json!({"observation": {"status": status, "eta_days": 2, "carrier": "DHL"},
                          "memory": {"shipping_status": status}}),
-        latency_ms: 0,
+        latency: Duration::ZERO,
+        timeout: false,
         error: None,
         error_type: None,
     });

@@ -256,7 +256,8 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
                     (patch, remove) => json!({"observation": e.observation, "memory": patch, "memory_remove": remove}),
                 },
                 // A recorded timeout never answers: the executor's timeout and the fallback apply.
-                latency_ms: if e.timeout { 24 * 3600 * 1000 } else { 0 },
+                timeout: e.timeout,
+                latency: e.latency_ms,
                 error: e.error,
                 error_type: e.error_type,
             });

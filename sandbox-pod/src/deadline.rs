@@ -18,6 +18,29 @@ use std::time::{Duration, Instant};
 /// to one tick) plus a tick for a busy runtime.
 pub const COARSE_MARGIN: Duration = Duration::from_millis(2);
 
+/// Which timer ends a tool call at its timeout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Timer {
+    /// [`timeout`]: tokio's timer, then a timerfd for the last
+    /// [`COARSE_MARGIN`]; on the wall clock.
+    #[default]
+    Precise,
+    /// `tokio::time::timeout` alone: follows tokio's clock, also when it is
+    /// paused, so a replay on paused time (`basecamp trace replay`) cuts a
+    /// call where the recording did, without waiting for it.
+    Tokio,
+}
+
+impl Timer {
+    /// Runs `future` for at most `duration` on this timer.
+    pub async fn timeout<F: Future>(self, duration: Duration, future: F) -> Result<F::Output, Elapsed> {
+        match self {
+            Self::Precise => timeout(duration, future).await,
+            Self::Tokio => tokio::time::timeout(duration, future).await.map_err(|_| Elapsed),
+        }
+    }
+}
+
 /// The deadline passed before the future finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Elapsed;
@@ -133,6 +156,23 @@ mod tests {
         // How late is machine-dependent (benchmarked, not asserted): one
         // bound that tokio's own timer alone would also meet.
         assert!(late.iter().all(|l| *l < Duration::from_millis(500)), "{late:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tokio_timer_follows_a_paused_clock() {
+        // An hour passes at once on the paused clock; the same wait on the
+        // precise timer would take an hour of wall time.
+        let started = tokio::time::Instant::now();
+        let hour = Duration::from_secs(3600);
+        assert_eq!(Timer::Tokio.timeout(hour, std::future::pending::<()>()).await, Err(Elapsed));
+        assert_eq!(started.elapsed(), hour);
+        let answer = Timer::Tokio.timeout(hour, async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            7
+        });
+        assert_eq!(answer.await, Ok(7));
+        assert_eq!(started.elapsed(), hour + Duration::from_millis(1500));
+        assert_eq!(Timer::default(), Timer::Precise);
     }
 
     #[tokio::test]

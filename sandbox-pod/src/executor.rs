@@ -21,6 +21,7 @@ use basecamp_trace::{
 };
 use serde_json::{Value, json};
 
+use crate::deadline::Timer;
 use crate::tools::{Tool, ToolError, ToolOutput, json_type};
 
 /// The timeout used when a tool has none configured.
@@ -70,6 +71,8 @@ pub struct ToolExecutor {
     null_writes: NullWrites,
     /// Key -> JSON type name ("string", "number", "integer", "boolean", "object", "array").
     memory_types: BTreeMap<String, String>,
+    /// What ends a call at its tool's timeout.
+    timer: Timer,
 }
 
 /// A call the policy asked for. `arguments` is `Err(raw text)` when the
@@ -160,6 +163,12 @@ impl ToolExecutor {
         episode
     }
 
+    /// Ends calls at their timeout with `timer` (default [`Timer::Precise`]).
+    pub fn set_timer(&mut self, timer: Timer) -> &mut Self {
+        self.timer = timer;
+        self
+    }
+
     /// Requires memory `key` to hold JSON of type `type_name` (strict types).
     pub fn require_memory_type(&mut self, key: impl Into<String>, type_name: impl Into<String>) -> &mut Self {
         self.memory_types.insert(key.into(), type_name.into());
@@ -201,8 +210,7 @@ impl ToolExecutor {
             }),
             (Some(def), Ok(args)) => {
                 let deadline = Instant::now() + def.timeout;
-                match crate::deadline::timeout(def.timeout, def.tool.call_until(call.name, args, Some(deadline))).await
-                {
+                match self.timer.timeout(def.timeout, def.tool.call_until(call.name, args, Some(deadline))).await {
                     Ok(Ok(output)) => Ok(output),
                     Ok(Err(source)) => Err(CallError::Tool { tool: call.name.to_string(), source }),
                     Err(_) => Err(CallError::Tool {

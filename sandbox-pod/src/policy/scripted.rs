@@ -44,7 +44,9 @@
 //!   (`{"path": "turn-0.safetensors", "reference"?, "tensor"?, "token_ids"?}`,
 //!   a relative path taken from the script's directory; see
 //!   [`super::raw_logits`]); the `token_logit` records are derived from them;
-//! - `delay_ms`: wait this long before answering (to exercise plan-step timeouts);
+//! - `delay_ms`: wait this many milliseconds (fractional allowed) before
+//!   answering (to exercise plan-step timeouts; `basecamp trace replay` writes
+//!   the recorded turn's latency here);
 //! - `error`: fail this turn with this message, as an unreachable policy would.
 //!
 //! Unknown fields are errors (a typo must not silently change a test). The
@@ -141,8 +143,8 @@ struct ScriptedResponse {
     logprobs: Option<Vec<ScriptedToken>>,
     #[serde(default)]
     usage: Option<ScriptedUsage>,
-    #[serde(default)]
-    delay_ms: Option<u64>,
+    #[serde(default, deserialize_with = "basecamp_api::duration::fractional_millis")]
+    delay_ms: Duration,
     #[serde(default)]
     error: Option<String>,
     /// Full-vocabulary logits (`super::raw_logits`), as written.
@@ -358,8 +360,8 @@ impl ScriptedPolicy {
     pub async fn respond(&self, request: &PolicyRequest) -> Result<PolicyResponse, ScriptedError> {
         let started = Instant::now();
         let (line, response) = self.lookup(request)?;
-        if let Some(ms) = response.delay_ms {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+        if !response.delay_ms.is_zero() {
+            tokio::time::sleep(response.delay_ms).await;
         }
         if let Some(message) = &response.error {
             return Err(ScriptedError::ScriptedFailure {
@@ -562,6 +564,22 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("script.jsonl:1: turns[1]: tool_calls[0].name is empty"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_is_fractional_milliseconds_on_tokio_s_clock_and_never_negative() {
+        let policy = parse("{\"content\": \"a\", \"delay_ms\": 1500.5}\n").unwrap();
+        let started = tokio::time::Instant::now();
+        let request = PolicyRequest::new("e", 0, Vec::new(), Vec::new());
+        policy.respond(&request).await.unwrap();
+        // tokio's timer ends a sleep on its next millisecond tick.
+        let (delay, elapsed) = (Duration::from_micros(1_500_500), started.elapsed());
+        assert!(delay <= elapsed && elapsed <= delay + Duration::from_millis(1), "{elapsed:?}");
+        let err = parse("{\"content\": \"a\", \"delay_ms\": -1}\n").unwrap_err().to_string();
+        assert!(
+            err.starts_with("script.jsonl:1: invalid response: must be a number of milliseconds from 0 to"),
+            "{err}"
+        );
     }
 
     #[test]

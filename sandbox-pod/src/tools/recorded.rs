@@ -12,8 +12,8 @@
 //! A call is answered by the first line for its tool whose `arguments` equal
 //! the call's (compared as canonical JSON); lines without `arguments` are a
 //! sequence, answering the other calls in file order. `latency_ms` delays
-//! the answer (so a fixture can exercise timeouts), `error` makes the call
-//! fail.
+//! the answer (so a fixture can exercise timeouts), `timeout: true` never
+//! answers, `error` makes the call fail.
 //!
 //! Each episode walks the sequence from its first line (the executor gives
 //! every episode its own position, [`crate::executor::ToolExecutor::for_episode`]),
@@ -40,8 +40,12 @@ pub struct Recording {
     pub arguments: Option<Value>,
     #[serde(default)]
     pub response: Value,
+    /// How long the answer takes (`latency_ms` in JSON, fractional allowed).
+    #[serde(default, rename = "latency_ms", deserialize_with = "basecamp_api::duration::fractional_millis")]
+    pub latency: Duration,
+    /// Never answers: the executor's timeout (or the plan step's) ends the call.
     #[serde(default)]
-    pub latency_ms: u64,
+    pub timeout: bool,
     #[serde(default)]
     pub error: Option<String>,
     /// The recorded failure's type (one of [`super::TOOL_ERROR_TYPES`]);
@@ -140,8 +144,11 @@ impl RecordedTool {
             None => &fixture.entries[self.next_in_sequence(tool, arguments)?],
         };
         let r = &entry.recording;
-        if r.latency_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(r.latency_ms)).await;
+        if r.timeout {
+            std::future::pending::<()>().await;
+        }
+        if !r.latency.is_zero() {
+            tokio::time::sleep(r.latency).await;
         }
         if let Some(error) = &r.error {
             let known = r.error_type.as_deref().and_then(|t| super::TOOL_ERROR_TYPES.iter().find(|k| **k == t));
