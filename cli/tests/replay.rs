@@ -529,18 +529,7 @@ spec:
     let (ok, text) = basecamp(&["run", config, "--no-progress", "--out", out.to_str().unwrap()]);
     assert!(ok, "{text}");
     let trace = out.join("default/shard-0/e1.trace");
-    let statuses: Vec<(StepStatus, String)> = basecamp_trace::read_trace(&trace)
-        .unwrap()
-        .records
-        .into_iter()
-        .filter_map(|r| match r.body {
-            Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => {
-                Some((s.status(), s.error_type))
-            }
-            _ => None,
-        })
-        .collect();
-    assert_eq!(statuses, [(StepStatus::RolledBack, "plan_step_timeout".to_string())]);
+    assert_eq!(tool_call_statuses(&trace), [(StepStatus::RolledBack, "plan_step_timeout".to_string())]);
     let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
     assert!(ok && text.starts_with("identical:"), "{text}");
 }
@@ -769,20 +758,24 @@ fn a_call_cut_by_the_plan_step_deadline_after_slow_calls_replays_identically() {
         ("e2", vec![(StepStatus::RolledBack, "plan_step_timeout")]),
     ] {
         let trace = out.join(format!("default/shard-0/{episode}.trace"));
-        let statuses: Vec<(StepStatus, String)> = basecamp_trace::read_trace(&trace)
-            .unwrap()
-            .records
-            .into_iter()
-            .filter_map(|r| match r.body {
-                Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => {
-                    Some((s.status(), s.error_type))
-                }
-                _ => None,
-            })
-            .collect();
         let recorded: Vec<(StepStatus, String)> = recorded.into_iter().map(|(s, e)| (s, e.to_string())).collect();
-        assert_eq!(statuses, recorded, "{episode}");
+        assert_eq!(tool_call_statuses(&trace), recorded, "{episode}");
         let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
         assert!(ok && text.starts_with("identical:"), "{episode}: {text}");
     }
+}
+
+/// The status and error type of each tool call in the trace at `path`.
+fn tool_call_statuses(path: &Path) -> Vec<(StepStatus, String)> {
+    basecamp_trace::read_trace(path)
+        .unwrap()
+        .records
+        .into_iter()
+        .filter_map(|r| match r.body {
+            Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => {
+                Some((s.status(), s.error_type))
+            }
+            _ => None,
+        })
+        .collect()
 }
