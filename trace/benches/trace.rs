@@ -22,10 +22,11 @@ use std::time::Instant;
 
 use basecamp_bench_support::{TempDir, env_or, git_commit, machine, utc_now, write_results};
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
+use basecamp_trace::json::{TraceJson, trace_to_json};
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
 use basecamp_trace::{
-    RecordKind, Tail, TraceReader, TraceWriter, read_trace, read_trace_from, read_trace_from_without,
+    RecordKind, Tail, TraceContents, TraceReader, TraceWriter, read_trace, read_trace_from, read_trace_from_without,
 };
 use flate2::Compression;
 use flate2::read::GzDecoder;
@@ -94,6 +95,10 @@ struct Input {
     /// Decompressed bytes a reader goes through: every frame's raw length, index included.
     decompressed_len: u64,
     frame_count: usize,
+    /// The trace as the reader returns it (for the JSON document cases).
+    contents: TraceContents,
+    /// Length of its pretty JSON document (`trace parse`'s output).
+    json_len: u64,
 }
 
 impl Input {
@@ -134,7 +139,19 @@ impl Input {
         let read = read_trace_from(&trace[..], "bench.trace").expect("the writer's trace reads back");
         assert!(matches!(read.tail, Tail::Complete), "the writer's trace reads back damaged: {:?}", read.tail);
         assert_eq!(read.records[..], records[1..], "the reader returns other records than were written");
-        Self { records, frames, raw, trace, decompressed_len: walked.raw_bytes, frame_count: walked.frames }
+        let pretty = serde_json::to_vec_pretty(&TraceJson { file: "bench.trace", trace: &read }).expect("JSON");
+        let old = serde_json::to_vec_pretty(&trace_to_json("bench.trace", &read)).expect("JSON");
+        assert!(pretty == old, "the streamed JSON document differs from the Value document");
+        Self {
+            records,
+            frames,
+            raw,
+            trace,
+            decompressed_len: walked.raw_bytes,
+            frame_count: walked.frames,
+            contents: read,
+            json_len: pretty.len() as u64,
+        }
     }
 }
 
@@ -403,6 +420,27 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
         )
         .records(n)
         .bytes(raw_len, "raw encoded record bytes"),
+        // The JSON document of `trace parse` (into a sink: no I/O).
+        Case::new(
+            "json.pretty.streamed",
+            "TraceJson written pretty into io::sink(): one record's Value at a time (trace parse --output json)",
+            || {
+                let doc = TraceJson { file: "bench.trace", trace: &input.contents };
+                serde_json::to_writer_pretty(std::io::sink(), &doc).expect("a sink takes everything");
+            },
+        )
+        .records(n)
+        .bytes(input.json_len, "pretty JSON bytes written"),
+        Case::new(
+            "json.pretty.value_document",
+            "the same text through one Value of the whole document (trace_to_json), as trace parse built it before",
+            || {
+                let doc = trace_to_json("bench.trace", &input.contents);
+                serde_json::to_writer_pretty(std::io::sink(), &doc).expect("a sink takes everything");
+            },
+        )
+        .records(n)
+        .bytes(input.json_len, "pretty JSON bytes written"),
         Case::new("zstd3.decompress.per_frame", "zstd decompression of each frame (reused context)", {
             let mut out = Vec::new();
             move || {
@@ -495,7 +533,7 @@ fn time_ratio(cases: &[Case], numerator: &str, denominators: &[&str]) -> Stats {
 }
 
 /// The ratios the report shows: (label, numerator, denominators).
-const RATIOS: [(&str, &str, &[&str]); 10] = [
+const RATIOS: [(&str, &str, &[&str]); 11] = [
     ("writer (Vec) / bare prost encode", "write.writer.vec", &["write.floor.prost_encode"]),
     ("writer (Vec) / its parts by hand (encode+zstd+crc)", "write.writer.vec", &["write.parts.encode_zstd_crc"]),
     ("writer (Vec) / zstd-3 per frame alone", "write.writer.vec", &["zstd3.compress.per_frame"]),
@@ -512,6 +550,7 @@ const RATIOS: [(&str, &str, &[&str]); 10] = [
         "read.read_trace_from.slice",
         &["read.without_token_logits.slice"],
     ),
+    ("JSON document: whole Value / streamed", "json.pretty.value_document", &["json.pretty.streamed"]),
     ("gzip-6 / zstd-3 compress time, per frame", "gzip6.compress.per_frame", &["zstd3.compress.per_frame"]),
     ("gzip / zstd decompress time, per frame", "gzip6.decompress.per_frame", &["zstd3.decompress.per_frame"]),
 ];

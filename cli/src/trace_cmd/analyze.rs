@@ -111,7 +111,8 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
         _ => anyhow::Error::new(e),
     })?;
 
-    let mut out = io::stdout().lock();
+    // Buffered: a line per token would be a write(2) per line.
+    let mut out = io::BufWriter::new(io::stdout().lock());
     let backend = analyzer.backend().to_string();
     let written = match args.output {
         OutputFormat::Json => {

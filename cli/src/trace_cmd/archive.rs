@@ -130,7 +130,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
 
 fn list(file: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
     let reader = ArchiveReader::open(file)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = BufWriter::new(std::io::stdout().lock());
     if !as_json {
         writeln!(
             out,
@@ -155,6 +155,7 @@ fn list(file: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
             )?;
         }
     }
+    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
