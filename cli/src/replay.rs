@@ -631,7 +631,7 @@ mod tests {
     fn answers_and_turns_take_their_recorded_time_and_a_timed_out_call_never_answers() {
         let call = |status: pb::StepStatus, error_type: &str, latency_micros: u64| pb::Record {
             step: 1,
-            body: Some(Body::PlanStep(pb::PlanStep {
+            body: Some(Body::PlanStep(Box::new(pb::PlanStep {
                 kind: pb::StepKind::ToolCall as i32,
                 tool: "t".into(),
                 status: status as i32,
@@ -639,7 +639,7 @@ mod tests {
                 observation_json: "{}".into(),
                 latency_micros,
                 ..Default::default()
-            })),
+            }))),
         };
         let records = [
             call(pb::StepStatus::Ok, "", 1_234),

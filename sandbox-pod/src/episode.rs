@@ -585,7 +585,7 @@ impl Episode {
             let hash = self.memory.hash();
             self.writer.append(
                 step,
-                Body::PlanStep(pb::PlanStep {
+                Body::PlanStep(Box::new(pb::PlanStep {
                     index: step,
                     kind: StepKind::FinalAnswer as i32,
                     observation_json: canonical_json(&answer),
@@ -595,7 +595,7 @@ impl Episode {
                     memory_hash_after: hash.0.to_vec(),
                     start_unix_nanos: unix_nanos(SystemTime::now()),
                     ..Default::default()
-                }),
+                })),
             )?;
             self.writer.end_step()?;
             self.phase = Phase::Done(Outcome::Completed);
@@ -620,7 +620,7 @@ impl Episode {
                 let (arguments_json, input_hash) = crate::executor::arguments_json_and_hash(arguments);
                 self.writer.append(
                     step,
-                    Body::PlanStep(pb::PlanStep {
+                    Body::PlanStep(Box::new(pb::PlanStep {
                         index: step,
                         kind: StepKind::ToolCall as i32,
                         tool: call.name.clone(),
@@ -635,7 +635,7 @@ impl Episode {
                         observation_json: canonical_json(&observation),
                         timeout_ms: timeout_ms as u64,
                         ..Default::default()
-                    }),
+                    })),
                 )?;
                 self.state.calls.push((call.name.clone(), call.arguments.as_value().cloned(), true));
                 report.calls.push(CallReport {
@@ -908,14 +908,14 @@ fn record_error<W: std::io::Write>(
 ) -> std::io::Result<()> {
     writer.append(
         step,
-        Body::ErrorContext(ErrorContext {
+        Body::ErrorContext(Box::new(ErrorContext {
             error_type: error_type.to_string(),
             message: message.to_string(),
             cause_chain,
             stack: String::new(),
             memory_snapshot_json: memory.entries().map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
             last_tool_payloads: state.payloads.iter().cloned().collect(),
-        }),
+        })),
     )?;
     writer.end_step()
 }

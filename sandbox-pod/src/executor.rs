@@ -132,7 +132,7 @@ pub struct CallOutcome {
 impl CallOutcome {
     /// The trace records of this call: the plan step, then its memory deltas.
     pub fn records(&self) -> impl Iterator<Item = Body> + '_ {
-        std::iter::once(Body::PlanStep(self.plan_step.clone()))
+        std::iter::once(Body::PlanStep(Box::new(self.plan_step.clone())))
             .chain(self.deltas.iter().map(|d| Body::MemoryDelta(d.to_record())))
     }
 

@@ -106,7 +106,7 @@ impl Input {
         let mut header = episode.header.clone();
         (header.schema_major, header.schema_minor) = (format::SCHEMA_MAJOR, format::SCHEMA_MINOR);
         let last_step = episode.steps.last().and_then(|s| s.last()).map_or(0, |r| r.step);
-        let mut groups = vec![vec![Record { step: 0, body: Some(Body::Header(header)) }]];
+        let mut groups = vec![vec![Record { step: 0, body: Some(Body::Header(Box::new(header))) }]];
         // Format 2: a step's token_logit records go in frames of their own,
         // so each step is framed as its runs of token / other records.
         for step in &episode.steps {

@@ -68,9 +68,12 @@ mod tests {
 
     fn contents(tail: Tail) -> TraceContents {
         let records = vec![
-            Record { step: 0, body: Some(Body::PlanStep(PlanStep { tool: "search".into(), ..Default::default() })) },
+            Record {
+                step: 0,
+                body: Some(Body::PlanStep(Box::new(PlanStep { tool: "search".into(), ..Default::default() }))),
+            },
             // An enum value this reader has no name for: shown as unshowable.
-            Record { step: 1, body: Some(Body::PlanStep(PlanStep { status: 42, ..Default::default() })) },
+            Record { step: 1, body: Some(Body::PlanStep(Box::new(PlanStep { status: 42, ..Default::default() }))) },
         ];
         TraceContents { header: Header { task: "t".into(), ..Default::default() }, records, tail }
     }

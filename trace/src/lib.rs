@@ -50,3 +50,17 @@ pub use reader::{
     read_trace_from, read_trace_from_without, read_trace_without,
 };
 pub use writer::TraceWriter;
+
+#[cfg(test)]
+mod tests {
+    use super::pb;
+
+    /// A trace in memory is mostly a `Vec<Record>` of token logits: a body
+    /// kind grown past a TokenLogit would grow every record (see build.rs,
+    /// which boxes the larger kinds).
+    #[test]
+    fn a_record_is_no_larger_than_a_token_logit_and_its_tag() {
+        let token = std::mem::size_of::<pb::TokenLogit>();
+        assert!(std::mem::size_of::<pb::Record>() <= token + 8, "Record {} bytes", std::mem::size_of::<pb::Record>());
+    }
+}

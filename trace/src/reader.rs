@@ -275,7 +275,7 @@ impl<R: Read> TraceReader<R> {
         check_header(&header, &file)?;
         Ok(Self {
             frames,
-            header,
+            header: *header,
             pos,
             frame_offset: frame.offset,
             in_records_frame: true,

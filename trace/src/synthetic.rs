@@ -187,7 +187,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
         let deltas = memory.apply(&patch, source, tool);
         let latency = if timed_out { 800_000 } else { 1_000 + rng.below(300_000) };
         let status = if timed_out { StepStatus::Fallback } else { StepStatus::Ok };
-        push(Body::PlanStep(PlanStep {
+        push(Body::PlanStep(Box::new(PlanStep {
             index: step,
             kind: StepKind::ToolCall as i32,
             plan_label: format!("step-{}", step.div_ceil(2)),
@@ -208,7 +208,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
             latency_micros: latency,
             timeout_ms: 800,
             refused_memory_json: Default::default(),
-        }));
+        })));
         t += latency as i64 * 1000 + 50_000_000;
         match shape.memory_mode {
             MemoryMode::Deltas => {
@@ -228,14 +228,14 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
             last_payloads.remove(0);
         }
         if timed_out {
-            push(Body::ErrorContext(ErrorContext {
+            push(Body::ErrorContext(Box::new(ErrorContext {
                 error_type: "timeout".into(),
                 message: format!("tool {tool} timed out after 800ms; fallback observation used"),
                 cause_chain: vec![format!("tool {tool} timed out"), "deadline of 800ms exceeded".into()],
                 stack: String::new(),
                 memory_snapshot_json: memory.entries().take(5).map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
                 last_tool_payloads: last_payloads.clone(),
-            }));
+            })));
         }
         let accuracy = if timed_out { 0.0 } else { 1.0 };
         let efficiency = -0.01 * step as f64;

@@ -148,7 +148,7 @@ impl Validator {
             self.finding(step, "steps", "records follow the episode end".into());
         }
         match record.body {
-            Some(Body::PlanStep(p)) => self.plan_step(step, p),
+            Some(Body::PlanStep(p)) => self.plan_step(step, *p),
             Some(Body::MemoryDelta(d)) => self.memory_delta(step, d),
             Some(Body::MemorySnapshot(s)) => {
                 let replayed = self.memory.hash();

@@ -80,7 +80,7 @@ impl<W: Write> TraceWriter<W> {
             raw_is_tokens: false,
             last_frame_step: None,
         };
-        writer.append(0, Body::Header(header))?;
+        writer.append(0, Body::Header(Box::new(header)))?;
         writer.end_step()?;
         // Step 0's first records frame must not claim to continue the header
         // frame: sequential readers never yield the header record, so a

@@ -111,14 +111,14 @@ fn good_queries_compile_and_name_only_the_sections_they_read() {
 }
 
 fn plan(tool: &str, status: StepStatus, latency_ms: u64) -> Body {
-    Body::PlanStep(PlanStep {
+    Body::PlanStep(Box::new(PlanStep {
         tool: tool.into(),
         status: status as i32,
         latency_micros: latency_ms * 1000,
         arguments_json: r#"{"order_id":"A-7","items":[{"sku":"s1"}]}"#.into(),
         error_type: if status == StepStatus::Timeout { "timeout".into() } else { String::new() },
         ..Default::default()
-    })
+    }))
 }
 
 fn delta(key: &str, after: Option<&str>) -> Body {
@@ -160,12 +160,12 @@ fn write_episode() -> Vec<u8> {
     w.append(2, delta("shipping_status", Some("null"))).unwrap();
     w.append(
         2,
-        Body::ErrorContext(ErrorContext {
+        Body::ErrorContext(Box::new(ErrorContext {
             error_type: "timeout".into(),
             cause_chain: vec!["tracking_api timed out".into(), "deadline".into()],
             memory_snapshot_json: [("order".to_string(), "{\"id\":7}".to_string())].into(),
             ..Default::default()
-        }),
+        })),
     )
     .unwrap();
     w.append(2, reward(-0.2)).unwrap();
@@ -489,7 +489,7 @@ fn trace_with_raw_record(step: u32, field: u32, body: &[u8]) -> Vec<u8> {
     };
     let header = Record {
         step: 0,
-        body: Some(Body::Header(Header { episode_id: "g".into(), schema_major: 1, ..Default::default() })),
+        body: Some(Body::Header(Box::new(Header { episode_id: "g".into(), schema_major: 1, ..Default::default() }))),
     };
     let mut record = Vec::new();
     prost::encoding::encode_varint(1 << 3, &mut record); // field 1 (step), varint

@@ -62,7 +62,7 @@ fn pii_episode() -> Vec<u8> {
     let deltas = memory.apply(&patch, MemorySource::Tool, "tracking_api");
     w.append(
         1,
-        Body::PlanStep(PlanStep {
+        Body::PlanStep(Box::new(PlanStep {
             index: 1,
             kind: StepKind::ToolCall as i32,
             tool: "tracking_api".into(),
@@ -79,7 +79,7 @@ fn pii_episode() -> Vec<u8> {
             ]
             .into(),
             ..Default::default()
-        }),
+        })),
     )
     .unwrap();
     for d in &deltas {
@@ -87,7 +87,7 @@ fn pii_episode() -> Vec<u8> {
     }
     w.append(
         1,
-        Body::ErrorContext(ErrorContext {
+        Body::ErrorContext(Box::new(ErrorContext {
             error_type: "tool_error".into(),
             message: format!("lookup for {EMAIL} failed"),
             cause_chain: vec![format!("no record for {PHONE}")],
@@ -99,7 +99,7 @@ fn pii_episode() -> Vec<u8> {
                 status: StepStatus::Ok as i32,
             }],
             ..Default::default()
-        }),
+        })),
     )
     .unwrap();
     w.append(1, Body::MemorySnapshot(memory.to_snapshot())).unwrap();

@@ -184,12 +184,12 @@ prop_compose! {
 /// Any record body, each of the ten kinds equally likely.
 fn body() -> impl Strategy<Value = Body> {
     prop_oneof![
-        header().prop_map(Body::Header),
-        plan_step().prop_map(Body::PlanStep),
+        header().prop_map(|b| Body::Header(Box::new(b))),
+        plan_step().prop_map(|b| Body::PlanStep(Box::new(b))),
         memory_delta().prop_map(Body::MemoryDelta),
         token_logit().prop_map(Body::TokenLogit),
         reward_signal().prop_map(Body::RewardSignal),
-        error_context().prop_map(Body::ErrorContext),
+        error_context().prop_map(|b| Body::ErrorContext(Box::new(b))),
         memory_snapshot().prop_map(Body::MemorySnapshot),
         policy_turn().prop_map(Body::PolicyTurn),
         injection().prop_map(Body::Injection),
@@ -284,7 +284,7 @@ fn hand_made_file(record_frames: &[Vec<u8>], index: Vec<IndexEntry>, record_coun
 }
 
 fn header_record(header: Header) -> Vec<u8> {
-    Record { step: 0, body: Some(Body::Header(header)) }.encode_length_delimited_to_vec()
+    Record { step: 0, body: Some(Body::Header(Box::new(header))) }.encode_length_delimited_to_vec()
 }
 
 fn assert_complete(tail: &Tail) {
@@ -300,7 +300,8 @@ macro_rules! round_trips {
         proptest! {
             #[test]
             fn $name(value in $strategy, step in 0..1000u32) {
-                let body = Body::$variant(value);
+                // Boxed bodies (header, plan_step, error_context) take it through From.
+                let body = Body::$variant(value.into());
                 let end = EpisodeEnd::default();
                 let (bytes, expected) = write_episode(&minimal_header(), &[(step, vec![body])], &end);
                 let trace = read_trace_from(bytes.as_slice(), "prop.trace").unwrap();
@@ -434,7 +435,7 @@ fn check_every_step<R: std::io::Read + std::io::Seek>(
     header: &Header,
     expected: &[Record],
 ) -> Result<(), TestCaseError> {
-    let mut all = vec![Record { step: 0, body: Some(Body::Header(as_written(header))) }];
+    let mut all = vec![Record { step: 0, body: Some(Body::Header(Box::new(as_written(header)))) }];
     all.extend_from_slice(expected);
     let mut steps: Vec<u32> = all.iter().map(|r| r.step).collect();
     steps.dedup();
@@ -491,7 +492,7 @@ fn unknown_fields_are_ignored_at_every_level() {
     assert_complete(&trace.tail);
     assert_eq!(trace.header, header);
     let expected = vec![
-        Record { step: 1, body: Some(Body::PlanStep(plan)) },
+        Record { step: 1, body: Some(Body::PlanStep(Box::new(plan))) },
         Record { step: 1, body: Some(Body::MemoryDelta(memory)) },
     ];
     assert_eq!(trace.records, expected);
@@ -574,7 +575,8 @@ fn a_writer_dropped_mid_step_leaves_every_appended_record() {
 /// value, so the record is shown with its step and the reason instead.
 #[test]
 fn json_of_an_unknown_enum_value_does_not_panic() {
-    let record = Record { step: 1, body: Some(Body::PlanStep(PlanStep { status: 42, ..Default::default() })) };
+    let record =
+        Record { step: 1, body: Some(Body::PlanStep(Box::new(PlanStep { status: 42, ..Default::default() }))) };
     let json = basecamp_trace::json::record_to_json(&record);
     assert_eq!(json["step"], serde_json::json!(1));
     let reason = json["unshowable"].as_str().expect("the reason is a string");

@@ -210,7 +210,7 @@ fn token(position: u32) -> Body {
 }
 
 fn plan(tool: &str) -> Body {
-    Body::PlanStep(PlanStep { tool: tool.into(), status: StepStatus::Ok as i32, ..Default::default() })
+    Body::PlanStep(Box::new(PlanStep { tool: tool.into(), status: StepStatus::Ok as i32, ..Default::default() }))
 }
 
 #[test]

@@ -220,7 +220,7 @@ mod tests {
     }
 
     fn call(index: u32, status: pb::StepStatus, error: &str, micros: u64) -> Body {
-        Body::PlanStep(PlanStep {
+        Body::PlanStep(Box::new(PlanStep {
             index,
             kind: pb::StepKind::ToolCall as i32,
             tool: "track_order".into(),
@@ -228,7 +228,7 @@ mod tests {
             error_type: error.into(),
             latency_micros: micros,
             ..Default::default()
-        })
+        }))
     }
 
     #[test]

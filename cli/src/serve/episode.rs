@@ -532,7 +532,7 @@ mod tests {
             ),
             record(
                 1,
-                Body::PlanStep(PlanStep {
+                Body::PlanStep(Box::new(PlanStep {
                     index: 1,
                     tool: h("plan.tool"),
                     arguments_json: h("plan.arguments"),
@@ -542,7 +542,7 @@ mod tests {
                     status: pb::StepStatus::Error as i32,
                     refused_memory_json: [(h("plan.refused_key"), h("plan.refused_value"))].into(),
                     ..Default::default()
-                }),
+                })),
             ),
             record(
                 1,
@@ -555,7 +555,7 @@ mod tests {
             ),
             record(
                 1,
-                Body::ErrorContext(ErrorContext {
+                Body::ErrorContext(Box::new(ErrorContext {
                     error_type: h("error.type"),
                     message: h("error.message"),
                     cause_chain: vec![h("error.cause")],
@@ -567,7 +567,7 @@ mod tests {
                         response_json: h("payload.response"),
                         status: 2,
                     }],
-                }),
+                })),
             ),
             record(
                 1,

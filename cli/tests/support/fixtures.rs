@@ -66,7 +66,7 @@ fn token(position: u32, text: &str, logprob: f32) -> Body {
 }
 
 fn tool_step(index: u32, tool: &str, ok: bool, start: i64) -> Body {
-    Body::PlanStep(PlanStep {
+    Body::PlanStep(Box::new(PlanStep {
         index,
         kind: StepKind::ToolCall as i32,
         tool: tool.into(),
@@ -81,7 +81,7 @@ fn tool_step(index: u32, tool: &str, ok: bool, start: i64) -> Body {
         latency_micros: if ok { 40_000 + u64::from(index) * 1000 } else { 800_000 },
         timeout_ms: 800,
         ..Default::default()
-    })
+    }))
 }
 
 /// Writes one episode; returns (steps, tool_call_accuracy, reward, failed).
@@ -122,7 +122,7 @@ fn write_episode(path: &Path, task: &str, variant: &str, i: u32) -> (u32, f64, f
     if failed {
         w.append(
             1,
-            Body::ErrorContext(ErrorContext {
+            Body::ErrorContext(Box::new(ErrorContext {
                 error_type: "timeout".into(),
                 message: "tool track_order timed out after 800 ms".into(),
                 cause_chain: vec!["tool track_order timed out after 800 ms".into(), "deadline elapsed".into()],
@@ -134,7 +134,7 @@ fn write_episode(path: &Path, task: &str, variant: &str, i: u32) -> (u32, f64, f
                     status: StepStatus::Fallback as i32,
                 }],
                 ..Default::default()
-            }),
+            })),
         )
         .unwrap();
     }
@@ -149,13 +149,13 @@ fn write_episode(path: &Path, task: &str, variant: &str, i: u32) -> (u32, f64, f
     let last = steps;
     w.append(
         last,
-        Body::PlanStep(PlanStep {
+        Body::PlanStep(Box::new(PlanStep {
             index: last,
             kind: StepKind::FinalAnswer as i32,
             observation_json: json!("Your order is on its way").to_string(),
             status: StepStatus::Ok as i32,
             ..Default::default()
-        }),
+        })),
     )
     .unwrap();
     let accuracy = if failed { 0.5 } else { 1.0 };

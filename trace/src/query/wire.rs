@@ -99,7 +99,11 @@ mod tests {
     fn reads_fields_of_an_encoded_record() {
         let record = Record {
             step: 7,
-            body: Some(Body::PlanStep(PlanStep { tool: "t".into(), latency_micros: 1234, ..Default::default() })),
+            body: Some(Body::PlanStep(Box::new(PlanStep {
+                tool: "t".into(),
+                latency_micros: 1234,
+                ..Default::default()
+            }))),
         };
         let bytes = record.encode_to_vec();
         let body = record_body(&bytes).unwrap();
