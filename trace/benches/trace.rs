@@ -23,6 +23,7 @@ use std::time::Instant;
 use basecamp_bench_support::{TempDir, env_or, git_commit, machine, utc_now, write_results};
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
 use basecamp_trace::json::{TraceJson, trace_to_json};
+use basecamp_trace::otlp;
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
 use basecamp_trace::{
@@ -441,6 +442,29 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
         )
         .records(n)
         .bytes(input.json_len, "pretty JSON bytes written"),
+        // `trace export --otlp` of the same trace (read + spans + compact JSON text).
+        Case::new(
+            "otlp.export.typed",
+            "otlp::export_request + serde_json::to_string: the request written as it serializes (trace export --otlp)",
+            || {
+                let reader = TraceReader::new(&input.trace[..], "bench.trace").expect("the bench's trace reads");
+                let (request, _) = otlp::export_request(reader);
+                black_box(serde_json::to_string(&request).expect("JSON"));
+            },
+        )
+        .records(n)
+        .bytes(decompressed, "decompressed trace bytes"),
+        Case::new(
+            "otlp.export.value_document",
+            "the same text through one Value of the request (otlp::export), as trace export built it before",
+            || {
+                let reader = TraceReader::new(&input.trace[..], "bench.trace").expect("the bench's trace reads");
+                let (doc, _) = otlp::export(reader);
+                black_box(doc.to_string());
+            },
+        )
+        .records(n)
+        .bytes(decompressed, "decompressed trace bytes"),
         Case::new("zstd3.decompress.per_frame", "zstd decompression of each frame (reused context)", {
             let mut out = Vec::new();
             move || {
@@ -533,7 +557,7 @@ fn time_ratio(cases: &[Case], numerator: &str, denominators: &[&str]) -> Stats {
 }
 
 /// The ratios the report shows: (label, numerator, denominators).
-const RATIOS: [(&str, &str, &[&str]); 11] = [
+const RATIOS: [(&str, &str, &[&str]); 12] = [
     ("writer (Vec) / bare prost encode", "write.writer.vec", &["write.floor.prost_encode"]),
     ("writer (Vec) / its parts by hand (encode+zstd+crc)", "write.writer.vec", &["write.parts.encode_zstd_crc"]),
     ("writer (Vec) / zstd-3 per frame alone", "write.writer.vec", &["zstd3.compress.per_frame"]),
@@ -551,6 +575,7 @@ const RATIOS: [(&str, &str, &[&str]); 11] = [
         &["read.without_token_logits.slice"],
     ),
     ("JSON document: whole Value / streamed", "json.pretty.value_document", &["json.pretty.streamed"]),
+    ("OTLP export: Value request / typed request", "otlp.export.value_document", &["otlp.export.typed"]),
     ("gzip-6 / zstd-3 compress time, per frame", "gzip6.compress.per_frame", &["zstd3.compress.per_frame"]),
     ("gzip / zstd decompress time, per frame", "gzip6.decompress.per_frame", &["zstd3.decompress.per_frame"]),
 ];

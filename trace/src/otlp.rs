@@ -20,7 +20,8 @@
 
 use std::io::Read;
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use crate::error::TraceError;
@@ -32,15 +33,124 @@ const SPAN_KIND_CLIENT: i32 = 3;
 const STATUS_OK: i32 = 1;
 const STATUS_ERROR: i32 = 2;
 
-fn attr(key: &str, value: Value) -> Value {
-    let v = match value {
-        Value::String(s) => json!({ "stringValue": s }),
-        Value::Bool(b) => json!({ "boolValue": b }),
-        Value::Number(n) if n.is_i64() || n.is_u64() => json!({ "intValue": n.to_string() }),
-        Value::Number(n) => json!({ "doubleValue": n.as_f64() }),
-        other => json!({ "stringValue": other.to_string() }),
-    };
-    json!({ "key": key, "value": v })
+// The OTLP/JSON document as types: it is serialized as it is written, never
+// held as a `Value` tree (about 40 times its text for a long episode). Fields
+// are declared in sorted order, the order a `Value` object has, so the text
+// is the same either way (`export` gives the `Value`).
+
+/// One episode's `ExportTraceServiceRequest`.
+#[derive(Debug, Serialize)]
+pub struct Request {
+    #[serde(rename = "resourceSpans")]
+    resource_spans: [ResourceSpans; 1],
+}
+
+#[derive(Debug, Serialize)]
+struct ResourceSpans {
+    resource: Resource,
+    #[serde(rename = "scopeSpans")]
+    scope_spans: [ScopeSpans; 1],
+}
+
+#[derive(Debug, Serialize)]
+struct Resource {
+    attributes: Vec<KeyValue>,
+}
+
+#[derive(Debug, Serialize)]
+struct ScopeSpans {
+    scope: Scope,
+    spans: Vec<Span>,
+}
+
+#[derive(Debug, Serialize)]
+struct Scope {
+    name: &'static str,
+    version: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+struct Span {
+    attributes: Vec<KeyValue>,
+    #[serde(rename = "endTimeUnixNano")]
+    end_time_unix_nano: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    events: Option<Vec<Event>>,
+    kind: i32,
+    name: String,
+    #[serde(rename = "parentSpanId", skip_serializing_if = "Option::is_none")]
+    parent_span_id: Option<String>,
+    #[serde(rename = "spanId")]
+    span_id: String,
+    #[serde(rename = "startTimeUnixNano")]
+    start_time_unix_nano: String,
+    status: Status,
+    #[serde(rename = "traceId")]
+    trace_id: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Status {
+    code: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+impl Status {
+    fn ok() -> Self {
+        Self { code: STATUS_OK, message: None }
+    }
+
+    fn error(message: impl Into<String>) -> Self {
+        Self { code: STATUS_ERROR, message: Some(message.into()) }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Event {
+    attributes: Vec<KeyValue>,
+    name: &'static str,
+    #[serde(rename = "timeUnixNano")]
+    time_unix_nano: String,
+}
+
+#[derive(Debug, Serialize)]
+struct KeyValue {
+    key: &'static str,
+    value: AnyValue,
+}
+
+/// An OTLP `AnyValue`: `{"stringValue": ...}` and so on; 64-bit integers
+/// are strings in OTLP/JSON.
+#[derive(Debug, Serialize)]
+enum AnyValue {
+    #[serde(rename = "boolValue")]
+    Bool(bool),
+    #[serde(rename = "doubleValue")]
+    Double(f64),
+    #[serde(rename = "intValue")]
+    Int(String),
+    #[serde(rename = "stringValue")]
+    String(String),
+}
+
+fn text(key: &'static str, value: impl Into<String>) -> KeyValue {
+    KeyValue { key, value: AnyValue::String(value.into()) }
+}
+
+fn int(key: &'static str, value: impl Into<u64>) -> KeyValue {
+    KeyValue { key, value: AnyValue::Int(value.into().to_string()) }
+}
+
+fn flag(key: &'static str, value: bool) -> KeyValue {
+    KeyValue { key, value: AnyValue::Bool(value) }
+}
+
+/// JSON has no NaN or infinity: such a value is the text "null", as a JSON
+/// number it would have been.
+fn double(key: &'static str, value: f64) -> KeyValue {
+    let value = if value.is_finite() { AnyValue::Double(value) } else { AnyValue::String("null".into()) };
+    KeyValue { key, value }
 }
 
 fn id(parts: &[&[u8]], len: usize) -> String {
@@ -52,10 +162,17 @@ fn id(parts: &[&[u8]], len: usize) -> String {
     hex::encode(&h.finalize()[..len])
 }
 
-/// One trace as an OTLP/JSON `ExportTraceServiceRequest`. A damaged trace
-/// is exported as far as it reads, and the damage is returned with it.
-/// Token logits have no span: their frames are skipped unread.
+/// One trace as an OTLP/JSON `ExportTraceServiceRequest` [`Value`]; see
+/// [`export_request`], which gives the same document without the tree.
 pub fn export<R: Read>(reader: TraceReader<R>) -> (Value, Option<TraceError>) {
+    let (request, damage) = export_request(reader);
+    (serde_json::to_value(request).expect("an OTLP request always serializes"), damage)
+}
+
+/// One trace as an OTLP/JSON `ExportTraceServiceRequest`, to serialize. A
+/// damaged trace is exported as far as it reads, and the damage is returned
+/// with it. Token logits have no span: their frames are skipped unread.
+pub fn export_request<R: Read>(reader: TraceReader<R>) -> (Request, Option<TraceError>) {
     let mut reader = reader.without(&[RecordKind::TokenLogit]);
     let header = reader.header().clone();
     let start = header.start_time_unix_nanos.max(0) as u64;
@@ -93,15 +210,15 @@ pub fn export<R: Read>(reader: TraceReader<R>) -> (Value, Option<TraceError>) {
                 let status = StepStatus::try_from(p.status).unwrap_or(StepStatus::Unspecified);
                 let failed = status != StepStatus::Ok;
                 let mut attributes = vec![
-                    attr("gen_ai.operation.name", json!("execute_tool")),
-                    attr("gen_ai.tool.name", json!(p.tool)),
-                    attr("gen_ai.tool.call.id", json!(p.call_id)),
-                    attr("gen_ai.tool.type", json!("function")),
-                    attr("basecamp.step", json!(step)),
-                    attr("basecamp.tool.status", json!(status.as_str_name())),
-                    attr("basecamp.tool.timeout_ms", json!(p.timeout_ms)),
-                    attr("basecamp.tool.fallback_used", json!(p.fallback_used)),
-                    attr("basecamp.tool.response_bytes", json!(p.response_bytes)),
+                    text("gen_ai.operation.name", "execute_tool"),
+                    text("gen_ai.tool.name", p.tool.as_str()),
+                    text("gen_ai.tool.call.id", p.call_id.as_str()),
+                    text("gen_ai.tool.type", "function"),
+                    int("basecamp.step", step),
+                    text("basecamp.tool.status", status.as_str_name()),
+                    int("basecamp.tool.timeout_ms", p.timeout_ms),
+                    flag("basecamp.tool.fallback_used", p.fallback_used),
+                    int("basecamp.tool.response_bytes", p.response_bytes),
                 ];
                 let error_type = if status == StepStatus::Timeout || p.error_type == "timeout" {
                     Some("timeout".to_string())
@@ -116,7 +233,7 @@ pub fn export<R: Read>(reader: TraceReader<R>) -> (Value, Option<TraceError>) {
                 };
                 if let Some(t) = &error_type {
                     failed_calls += 1;
-                    attributes.push(attr("error.type", json!(t)));
+                    attributes.push(text("error.type", t.as_str()));
                 }
                 let span_id = id(
                     &[
@@ -128,48 +245,38 @@ pub fn export<R: Read>(reader: TraceReader<R>) -> (Value, Option<TraceError>) {
                     ],
                     8,
                 );
-                tool_spans.push(json!({
-                    "traceId": trace_id,
-                    "spanId": span_id,
-                    "parentSpanId": root_id,
-                    "name": format!("execute_tool {}", p.tool),
-                    "kind": SPAN_KIND_CLIENT,
-                    "startTimeUnixNano": span_start.to_string(),
-                    "endTimeUnixNano": span_end.to_string(),
-                    "attributes": attributes,
-                    "status": match &error_type {
-                        Some(_) => json!({"code": STATUS_ERROR, "message": p.error_message}),
-                        None => json!({"code": STATUS_OK}),
-                    },
-                }));
+                tool_spans.push(Span {
+                    attributes,
+                    end_time_unix_nano: span_end.to_string(),
+                    events: None,
+                    kind: SPAN_KIND_CLIENT,
+                    name: format!("execute_tool {}", p.tool),
+                    parent_span_id: Some(root_id.clone()),
+                    span_id,
+                    start_time_unix_nano: span_start.to_string(),
+                    status: if error_type.is_some() { Status::error(p.error_message) } else { Status::ok() },
+                    trace_id: trace_id.clone(),
+                });
             }
             Some(Body::RewardSignal(r)) => {
                 for c in &r.components {
-                    events.push(evaluation(
-                        last_time,
-                        &c.name,
-                        c.score,
-                        &[attr("basecamp.reward.weight", json!(c.weight)), attr("basecamp.step", json!(step))],
-                    ));
+                    let extra = [double("basecamp.reward.weight", c.weight), int("basecamp.step", step)];
+                    events.push(evaluation(last_time, &c.name, c.score, extra));
                 }
-                events.push(evaluation(
-                    last_time,
-                    "reward.weighted_sum",
-                    r.weighted_sum,
-                    &[attr("basecamp.step", json!(step))],
-                ));
+                events.push(evaluation(last_time, "reward.weighted_sum", r.weighted_sum, [int("basecamp.step", step)]));
             }
             Some(Body::ErrorContext(e)) => {
-                events.push(json!({
-                    "timeUnixNano": last_time.to_string(),
-                    "name": "exception",
-                    "attributes": [
-                        attr("exception.type", json!(e.error_type)),
-                        attr("exception.message", json!(e.message)),
-                        attr("exception.stacktrace", json!(if e.stack.is_empty() { e.cause_chain.join("\ncaused by: ") } else { e.stack.clone() })),
-                        attr("basecamp.step", json!(step)),
+                let stack = if e.stack.is_empty() { e.cause_chain.join("\ncaused by: ") } else { e.stack };
+                events.push(Event {
+                    attributes: vec![
+                        text("exception.type", e.error_type),
+                        text("exception.message", e.message),
+                        text("exception.stacktrace", stack),
+                        int("basecamp.step", step),
                     ],
-                }));
+                    name: "exception",
+                    time_unix_nano: last_time.to_string(),
+                });
             }
             Some(Body::EpisodeEnd(e)) => end = Some(e),
             _ => {}
@@ -182,63 +289,66 @@ pub fn export<R: Read>(reader: TraceReader<R>) -> (Value, Option<TraceError>) {
     }
     let end_time = end.as_ref().map_or(last_time, |e| (e.end_time_unix_nanos.max(0) as u64).max(start));
     if calls > 0 {
-        events.push(evaluation(end_time, "error_rate", failed_calls as f64 / calls as f64, &[]));
+        events.push(evaluation(end_time, "error_rate", failed_calls as f64 / calls as f64, []));
     }
-    events.push(evaluation(end_time, "resolution_time_s", end_time.saturating_sub(start) as f64 / 1e9, &[]));
+    events.push(evaluation(end_time, "resolution_time_s", end_time.saturating_sub(start) as f64 / 1e9, []));
     let outcome = end.as_ref().and_then(|e| Outcome::try_from(e.outcome).ok());
     let status = match (&damage, outcome) {
-        (Some(e), _) => json!({"code": STATUS_ERROR, "message": e.to_string()}),
-        (None, Some(Outcome::Error)) => json!({"code": STATUS_ERROR, "message": "episode ended with an error"}),
-        _ => json!({"code": STATUS_OK}),
+        (Some(e), _) => Status::error(e.to_string()),
+        (None, Some(Outcome::Error)) => Status::error("episode ended with an error"),
+        _ => Status::ok(),
     };
     let mut attributes = vec![
-        attr("gen_ai.operation.name", json!("invoke_agent")),
-        attr("gen_ai.agent.name", json!(header.task)),
-        attr("gen_ai.conversation.id", json!(header.episode_id)),
-        attr("gen_ai.usage.input_tokens", json!(input_tokens)),
-        attr("gen_ai.usage.output_tokens", json!(output_tokens)),
-        attr("basecamp.variant", json!(header.variant)),
-        attr("basecamp.shard", json!(header.shard)),
-        attr("basecamp.training_step", json!(header.training_step)),
+        text("gen_ai.operation.name", "invoke_agent"),
+        text("gen_ai.agent.name", header.task.as_str()),
+        text("gen_ai.conversation.id", header.episode_id.as_str()),
+        int("gen_ai.usage.input_tokens", input_tokens),
+        int("gen_ai.usage.output_tokens", output_tokens),
+        text("basecamp.variant", header.variant.as_str()),
+        int("basecamp.shard", header.shard),
+        int("basecamp.training_step", header.training_step),
     ];
     if !model.is_empty() {
-        attributes.push(attr("gen_ai.request.model", json!(model)));
+        attributes.push(text("gen_ai.request.model", model));
     }
     if let Some(outcome) = outcome {
-        attributes.push(attr("basecamp.outcome", json!(outcome.as_str_name())));
+        attributes.push(text("basecamp.outcome", outcome.as_str_name()));
     }
-    let root = json!({
-        "traceId": trace_id,
-        "spanId": root_id,
-        "name": format!("invoke_agent {}", header.task),
-        "kind": SPAN_KIND_INTERNAL,
-        "startTimeUnixNano": start.to_string(),
-        "endTimeUnixNano": end_time.to_string(),
-        "attributes": attributes,
-        "events": events,
-        "status": status,
-    });
-    let mut spans = vec![root];
+    let root = Span {
+        attributes,
+        end_time_unix_nano: end_time.to_string(),
+        events: Some(events),
+        kind: SPAN_KIND_INTERNAL,
+        name: format!("invoke_agent {}", header.task),
+        parent_span_id: None,
+        span_id: root_id,
+        start_time_unix_nano: start.to_string(),
+        status,
+        trace_id,
+    };
+    let mut spans = Vec::with_capacity(1 + tool_spans.len());
+    spans.push(root);
     spans.extend(tool_spans);
-    let request = json!({
-        "resourceSpans": [{
-            "resource": {"attributes": [
-                attr("service.name", json!("basecamp")),
-                attr("basecamp.namespace", json!(header.namespace)),
-                attr("basecamp.task", json!(header.task)),
-            ]},
-            "scopeSpans": [{
-                "scope": {"name": "basecamp-trace", "version": env!("CARGO_PKG_VERSION")},
-                "spans": spans,
+    let request = Request {
+        resource_spans: [ResourceSpans {
+            resource: Resource {
+                attributes: vec![
+                    text("service.name", "basecamp"),
+                    text("basecamp.namespace", header.namespace),
+                    text("basecamp.task", header.task),
+                ],
+            },
+            scope_spans: [ScopeSpans {
+                scope: Scope { name: "basecamp-trace", version: env!("CARGO_PKG_VERSION") },
+                spans,
             }],
         }],
-    });
+    };
     (request, damage)
 }
 
-fn evaluation(time: u64, name: &str, score: f64, extra: &[Value]) -> Value {
-    let mut attributes =
-        vec![attr("gen_ai.evaluation.name", json!(name)), attr("gen_ai.evaluation.score.value", json!(score))];
-    attributes.extend(extra.iter().cloned());
-    json!({"timeUnixNano": time.to_string(), "name": "gen_ai.evaluation.result", "attributes": attributes})
+fn evaluation<const N: usize>(time: u64, name: &str, score: f64, extra: [KeyValue; N]) -> Event {
+    let mut attributes = vec![text("gen_ai.evaluation.name", name), double("gen_ai.evaluation.score.value", score)];
+    attributes.extend(extra);
+    Event { attributes, name: "gen_ai.evaluation.result", time_unix_nano: time.to_string() }
 }

@@ -2,7 +2,7 @@
 //! evaluation events, and stable ids.
 
 use basecamp_trace::TraceReader;
-use basecamp_trace::otlp::export;
+use basecamp_trace::otlp::{export, export_request};
 use basecamp_trace::pb::{StepStatus, record::Body};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 use serde_json::Value;
@@ -85,4 +85,23 @@ fn a_truncated_trace_exports_its_prefix_and_says_so() {
     assert!(damage.to_string().starts_with("cut.trace: truncated at byte "));
     let root = &doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
     assert_eq!(root["status"]["code"], 2);
+}
+
+/// The CLI writes the typed request as it serializes; its text must be the
+/// text of the `Value` document (sorted keys), for a whole episode and a
+/// damaged one, with errors, exceptions and every attribute kind.
+#[test]
+fn the_typed_request_writes_the_text_of_the_value_document() {
+    let bytes = generate(&EpisodeShape { seed: 4, steps: 40, tokens_per_step: 2, ..Default::default() })
+        .write_to(Vec::new(), 3)
+        .unwrap();
+    for (name, input) in [("ep.trace", &bytes[..]), ("cut.trace", &bytes[..bytes.len() / 2])] {
+        let (request, damage) = export_request(TraceReader::new(input, name).unwrap());
+        let (doc, damage_again) = export(TraceReader::new(input, name).unwrap());
+        assert_eq!(damage.map(|e| e.to_string()), damage_again.map(|e| e.to_string()));
+        let text = serde_json::to_string(&request).unwrap();
+        assert_eq!(text, doc.to_string(), "{name}");
+        assert!(text.contains(r#""error.type","value":{"stringValue":"timeout"}"#), "{name}");
+        assert!(text.contains(r#"{"key":"basecamp.tool.fallback_used","value":{"boolValue":true}}"#), "{name}");
+    }
 }

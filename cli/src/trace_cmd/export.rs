@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
-use basecamp_trace::otlp::export;
+use basecamp_trace::otlp::export_request;
 use clap::Args;
 
 use super::sources::{Source, Sources};
@@ -58,8 +58,8 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     let mut write_error = None;
     let convert = |source: &Source| match sources.open(source) {
         Ok(reader) => {
-            let (doc, damage) = export(reader);
-            (Some(doc.to_string()), damage)
+            let (request, damage) = export_request(reader);
+            (Some(serde_json::to_string(&request).expect("an OTLP request always serializes")), damage)
         }
         Err(e) => (None, Some(e)),
     };
