@@ -58,6 +58,23 @@ fn search_validate_export_and_archive_read_s3_prefixes() {
     let out = server.basecamp(&["trace", "archive", "list", &archive.display().to_string()], dir.path());
     assert_eq!(text(&out.stdout).lines().count(), 4);
 
+    // Redaction reads each object twice (PII values, then the copy): fetched
+    // once, the copies are those of the local files byte for byte.
+    let redact = |input: &str, out: &str| {
+        let args =
+            ["trace", "redact", input, "--pii-fields", "order_id", "--patterns", "email", "--salt", "s", "-o", out];
+        let run = server.basecamp(&args, dir.path());
+        assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+        dir.path().join(out)
+    };
+    let from_s3 = redact(&prefix, "redacted-s3");
+    let from_disk = redact(&local.display().to_string(), "redacted-local");
+    for seed in 1..=3 {
+        let name = format!("ep-{seed}.trace");
+        let copy = std::fs::read(from_s3.join("shard-0").join(&name)).unwrap();
+        assert!(copy == std::fs::read(from_disk.join(&name)).unwrap(), "{name}: the S3 copy differs");
+    }
+
     let out = server.basecamp(&["trace", "search", query, &format!("s3://{BUCKET}/nothing-here")], dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stderr), format!("error: s3://{BUCKET}/nothing-here: no .trace objects under this prefix\n"));

@@ -25,6 +25,7 @@ use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PRE
 use basecamp_trace::json::{TraceJson, trace_to_json};
 use basecamp_trace::otlp;
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
+use basecamp_trace::redact::{Pattern, Redactor};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
 use basecamp_trace::{
     RecordKind, Tail, TraceContents, TraceReader, TraceWriter, read_trace, read_trace_from, read_trace_from_without,
@@ -269,6 +270,8 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
         input.frames.iter().map(|f| zstd::bulk::compress(f, ZSTD_LEVEL).expect("zstd compresses")).collect();
     let gzip_frames: Vec<Vec<u8>> = input.frames.iter().map(|f| gzip(f)).collect();
     let mut walker = FrameWalker::new();
+    let redactor =
+        Redactor::new(["order_id".to_string()], vec![Pattern::Email, Pattern::Phone], b"bench-salt".to_vec());
 
     vec![
         // Writing.
@@ -465,6 +468,27 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
         )
         .records(n)
         .bytes(decompressed, "decompressed trace bytes"),
+        // `trace redact` of the same trace (two reads, one write) against
+        // a copy that reads and writes it unchanged.
+        Case::new(
+            "redact.order_id_email_phone",
+            "Redactor::redact, --pii-fields order_id --patterns email,phone: the PII pass, then the copy",
+            move || {
+                let open = || TraceReader::new(&input.trace[..], "bench.trace");
+                black_box(redactor.redact(open, Vec::new(), "out.trace").expect("the bench's trace redacts"));
+            },
+        )
+        .records(n)
+        .bytes(decompressed, "decompressed trace bytes"),
+        Case::new(
+            "redact.floor.copy",
+            "the same trace read and written again unchanged (TraceReader -> TraceWriter, one step per frame group)",
+            || {
+                black_box(copy_trace(&input.trace));
+            },
+        )
+        .records(n)
+        .bytes(decompressed, "decompressed trace bytes"),
         Case::new("zstd3.decompress.per_frame", "zstd decompression of each frame (reused context)", {
             let mut out = Vec::new();
             move || {
@@ -544,6 +568,28 @@ impl Stats {
     }
 }
 
+/// Reads a trace and writes it again unchanged, with the same step framing.
+fn copy_trace(trace: &[u8]) -> Vec<u8> {
+    let mut reader = TraceReader::new(trace, "bench.trace").expect("the bench's trace reads");
+    let level = basecamp_trace::writer::DEFAULT_ZSTD_LEVEL;
+    let mut writer = TraceWriter::new(Vec::new(), reader.header().clone(), level).expect("a Vec takes the header");
+    let (mut step, mut end) = (None, EpisodeEnd::default());
+    for record in reader.by_ref() {
+        let record = record.expect("the bench's trace reads");
+        if let Some(Body::EpisodeEnd(e)) = record.body {
+            end = e;
+            continue;
+        }
+        if step.is_some_and(|s| s != record.step) {
+            writer.end_step().expect("a Vec takes a step");
+        }
+        step = Some(record.step);
+        writer.write_record(&record).expect("a Vec takes a record");
+    }
+    writer.end_step().expect("a Vec takes a step");
+    writer.finish(end).expect("a Vec takes the end")
+}
+
 fn case<'c, 'a>(cases: &'c [Case<'a>], name: &str) -> &'c Case<'a> {
     cases.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no case named {name}"))
 }
@@ -557,7 +603,7 @@ fn time_ratio(cases: &[Case], numerator: &str, denominators: &[&str]) -> Stats {
 }
 
 /// The ratios the report shows: (label, numerator, denominators).
-const RATIOS: [(&str, &str, &[&str]); 12] = [
+const RATIOS: [(&str, &str, &[&str]); 13] = [
     ("writer (Vec) / bare prost encode", "write.writer.vec", &["write.floor.prost_encode"]),
     ("writer (Vec) / its parts by hand (encode+zstd+crc)", "write.writer.vec", &["write.parts.encode_zstd_crc"]),
     ("writer (Vec) / zstd-3 per frame alone", "write.writer.vec", &["zstd3.compress.per_frame"]),
@@ -576,6 +622,7 @@ const RATIOS: [(&str, &str, &[&str]); 12] = [
     ),
     ("JSON document: whole Value / streamed", "json.pretty.value_document", &["json.pretty.streamed"]),
     ("OTLP export: Value request / typed request", "otlp.export.value_document", &["otlp.export.typed"]),
+    ("redact / copy unchanged", "redact.order_id_email_phone", &["redact.floor.copy"]),
     ("gzip-6 / zstd-3 compress time, per frame", "gzip6.compress.per_frame", &["zstd3.compress.per_frame"]),
     ("gzip / zstd decompress time, per frame", "gzip6.decompress.per_frame", &["zstd3.decompress.per_frame"]),
 ];

@@ -26,7 +26,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
+use std::ops::Range;
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
@@ -34,7 +36,7 @@ use crate::canonical::{canonical_json, hash_json};
 use crate::error::TraceError;
 use crate::memory::{Memory, MemoryPatch};
 use crate::pb::{self, MemorySource, Record, record::Body};
-use crate::reader::{Tail, TraceReader};
+use crate::reader::{RecordKind, Tail, TraceReader};
 use crate::writer::TraceWriter;
 
 /// A pattern recognised inside strings.
@@ -63,6 +65,8 @@ pub enum RedactError {
     Read(#[from] TraceError),
     #[error("{file}: cannot write the redacted trace: {cause}")]
     Write { file: String, cause: std::io::Error },
+    #[error("{file}: the {count} PII values found are too many to search for: {cause}")]
+    TooManyValues { file: String, count: usize, cause: aho_corasick::BuildError },
 }
 
 /// What to replace, and the salt of this run.
@@ -71,9 +75,22 @@ pub struct Redactor {
     pii_fields: BTreeSet<String>,
     patterns: Vec<Pattern>,
     salt: Vec<u8>,
-    /// For the trace being redacted: the PII field values found in it and
-    /// their tokens, longest first, replaced wherever they recur in text.
-    known: Vec<(String, String)>,
+    /// For the trace being redacted: the PII field values found in it,
+    /// replaced by their tokens wherever they recur in text.
+    known: Known,
+}
+
+/// The PII values of one trace and their tokens. One automaton finds all of
+/// them in a string in a single pass (leftmost-longest: of two values that
+/// start at one place the longer is replaced), so the cost per string does
+/// not grow with the number of values, and a token put in is never searched
+/// again.
+#[derive(Debug, Clone, Default)]
+struct Known {
+    /// `None` when the trace holds no value worth searching for.
+    matcher: Option<AhoCorasick>,
+    /// The token of each value, by the automaton's pattern id.
+    tokens: Vec<String>,
 }
 
 /// How much one trace's redaction replaced.
@@ -99,7 +116,7 @@ impl Redactor {
         // E-mail first: an address's digits are not a phone number.
         patterns.sort();
         patterns.dedup();
-        Self { pii_fields: pii_fields.into_iter().collect(), patterns, salt, known: Vec::new() }
+        Self { pii_fields: pii_fields.into_iter().collect(), patterns, salt, known: Known::default() }
     }
 
     /// A random salt (from the operating system), for runs that do not give one.
@@ -136,31 +153,19 @@ impl Redactor {
 
     /// Replaces the trace's known PII values, then pattern matches, in free text.
     fn text(&self, s: &mut String, n: &mut u64) {
-        for (value, token) in &self.known {
-            let count = s.matches(value.as_str()).count();
-            if count > 0 {
-                *s = s.replace(value.as_str(), token);
-                *n += count as u64;
-            }
+        if let Some(matcher) = &self.known.matcher {
+            let spans: Vec<(Range<usize>, &str)> =
+                matcher.find_iter(s.as_str()).map(|m| (m.range(), self.known.tokens[m.pattern()].as_str())).collect();
+            *n += splice(s, spans);
         }
         for &p in &self.patterns {
             let spans = match p {
                 Pattern::Email => email_spans(s),
                 Pattern::Phone => phone_spans(s),
             };
-            if spans.is_empty() {
-                continue;
-            }
-            let mut out = String::with_capacity(s.len());
-            let mut last = 0;
-            for (a, b) in spans {
-                out.push_str(&s[last..a]);
-                out.push_str(&self.token(&s[a..b]));
-                last = b;
-                *n += 1;
-            }
-            out.push_str(&s[last..]);
-            *s = out;
+            let spans: Vec<(Range<usize>, String)> =
+                spans.into_iter().map(|(a, b)| (a..b, self.token(&s[a..b]))).collect();
+            *n += splice(s, spans);
         }
     }
 
@@ -232,44 +237,59 @@ impl Redactor {
         }
     }
 
-    /// Redacts one trace from `reader` into `out`. The trace (one episode)
-    /// is read whole first: the PII values it holds are collected, so that
-    /// where they recur in free text (a final answer quoting an order id)
-    /// they are replaced too. A damaged input is an error (naming file and
-    /// offset); nothing half-redacted is finished.
+    /// Redacts one trace into `out`, reading it twice through `open` (which
+    /// gives a reader of the same trace each time): the first pass collects
+    /// the PII values it holds, so that where they recur in free text (a
+    /// final answer quoting an order id) they are replaced too; the second
+    /// writes the copy one step at a time, so memory stays that of one step
+    /// however long the episode. A damaged input is an error (naming file
+    /// and offset), found in the first pass, before anything is written.
     pub fn redact<R: Read, W: Write>(
         &self,
-        mut reader: TraceReader<R>,
+        mut open: impl FnMut() -> Result<TraceReader<R>, TraceError>,
         out: W,
         out_name: &str,
     ) -> Result<RedactStats, RedactError> {
         let write_err = |cause| RedactError::Write { file: out_name.to_string(), cause };
-        let mut records: Vec<Record> = Vec::new();
-        let mut end: Option<pb::EpisodeEnd> = None;
+        // Token logits and rewards hold no PII field: not even decoded here.
+        let mut reader = open()?.without(&[RecordKind::TokenLogit, RecordKind::RewardSignal]);
+        let mut found = Found::default();
         for record in reader.by_ref() {
-            let record = record?;
-            match record.body {
-                Some(Body::EpisodeEnd(e)) => end = Some(e),
-                _ => records.push(record),
-            }
+            self.find_pii(&record?, &mut found);
         }
         if let Some(Tail::Damaged(e)) = reader.tail() {
             return Err(e.clone().into());
         }
         let mut this = self.clone();
-        let found = self.find_pii(&records);
-        this.known = self.known_values(found.values);
+        let count = found.values.len();
+        this.known = self.known_values(found.values).map_err(|cause| RedactError::TooManyValues {
+            file: reader.file_name().to_string(),
+            count,
+            cause,
+        })?;
+
+        let mut reader = open()?;
         let mut header = reader.header().clone();
         this.text(&mut header.episode_id, &mut 0);
         let mut writer = TraceWriter::new(out, header, crate::writer::DEFAULT_ZSTD_LEVEL).map_err(write_err)?;
         let mut state = MemoryMap::new();
         let mut stats = RedactStats { fields_found: found.fields, ..RedactStats::default() };
         let mut step_records: Vec<Record> = Vec::new();
-        for record in records {
+        let mut end: Option<pb::EpisodeEnd> = None;
+        for record in reader.by_ref() {
+            let record = record?;
+            if let Some(Body::EpisodeEnd(e)) = record.body {
+                end = Some(e);
+                continue;
+            }
             if step_records.first().is_some_and(|r| r.step != record.step) {
                 this.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
             }
             step_records.push(record);
+        }
+        if let Some(Tail::Damaged(e)) = reader.tail() {
+            // Changed since the first pass read it whole.
+            return Err(e.clone().into());
         }
         this.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
         let mut end = end.unwrap_or_default();
@@ -279,10 +299,9 @@ impl Redactor {
         Ok(stats)
     }
 
-    /// The string values of PII fields and memory keys in these records,
-    /// and the PII fields that occur.
-    fn find_pii(&self, records: &[Record]) -> Found {
-        let mut found = Found::default();
+    /// Adds the string values of PII fields and memory keys in `record`,
+    /// and the PII fields that occur, to `found`.
+    fn find_pii(&self, record: &Record, found: &mut Found) {
         let from_text = |text: &str, found: &mut Found| {
             if let Ok(value) = serde_json::from_str::<Value>(text) {
                 self.collect_pii(&value, false, found);
@@ -297,55 +316,51 @@ impl Redactor {
                 }
             }
         };
-        for record in records {
-            match &record.body {
-                Some(Body::MemoryDelta(d)) => {
-                    found.note_field(self, &d.key);
-                    for text in [&d.before_json, &d.after_json].into_iter().flatten() {
-                        if self.pii_fields.contains(&d.key) {
-                            if let Ok(value) = serde_json::from_str::<Value>(text) {
-                                self.collect_pii(&value, true, &mut found);
-                            }
-                        } else {
-                            from_text(text, &mut found);
+        match &record.body {
+            Some(Body::MemoryDelta(d)) => {
+                found.note_field(self, &d.key);
+                for text in [&d.before_json, &d.after_json].into_iter().flatten() {
+                    if self.pii_fields.contains(&d.key) {
+                        if let Ok(value) = serde_json::from_str::<Value>(text) {
+                            self.collect_pii(&value, true, found);
                         }
+                    } else {
+                        from_text(text, found);
                     }
                 }
-                Some(Body::MemorySnapshot(s)) => from_entries(&s.entries_json, &mut found),
-                Some(Body::PlanStep(p)) => {
-                    from_text(&p.arguments_json, &mut found);
-                    from_text(&p.observation_json, &mut found);
-                    from_entries(&p.refused_memory_json, &mut found);
-                }
-                Some(Body::PolicyTurn(t)) => from_text(&t.tool_calls_json, &mut found),
-                Some(Body::ErrorContext(e)) => {
-                    from_entries(&e.memory_snapshot_json, &mut found);
-                    for p in &e.last_tool_payloads {
-                        from_text(&p.arguments_json, &mut found);
-                        from_text(&p.response_json, &mut found);
-                    }
-                }
-                Some(Body::Injection(i)) => from_text(&i.observation_json, &mut found),
-                _ => {}
             }
+            Some(Body::MemorySnapshot(s)) => from_entries(&s.entries_json, found),
+            Some(Body::PlanStep(p)) => {
+                from_text(&p.arguments_json, found);
+                from_text(&p.observation_json, found);
+                from_entries(&p.refused_memory_json, found);
+            }
+            Some(Body::PolicyTurn(t)) => from_text(&t.tool_calls_json, found),
+            Some(Body::ErrorContext(e)) => {
+                from_entries(&e.memory_snapshot_json, found);
+                for p in &e.last_tool_payloads {
+                    from_text(&p.arguments_json, found);
+                    from_text(&p.response_json, found);
+                }
+            }
+            Some(Body::Injection(i)) => from_text(&i.observation_json, found),
+            _ => {}
         }
-        found
     }
 
-    /// PII values with their tokens, longest first. Values shorter than 4
-    /// characters, or made only of hex digits (they could occur inside a
-    /// token), are left to the field and pattern rules.
-    fn known_values(&self, values: BTreeSet<String>) -> Vec<(String, String)> {
-        let mut known: Vec<(String, String)> = values
+    /// PII values with their tokens. Values shorter than 4 characters, or
+    /// made only of hex digits (they could occur inside a token), are left
+    /// to the field and pattern rules.
+    fn known_values(&self, values: BTreeSet<String>) -> Result<Known, aho_corasick::BuildError> {
+        let values: Vec<String> = values
             .into_iter()
             .filter(|v| v.chars().count() >= 4 && !v.chars().all(|c| c.is_ascii_hexdigit()) && !is_token(v))
-            .map(|v| {
-                let token = self.token(&v);
-                (v, token)
-            })
             .collect();
-        known.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-        known
+        if values.is_empty() {
+            return Ok(Known::default());
+        }
+        let matcher = AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&values)?;
+        Ok(Known { matcher: Some(matcher), tokens: values.iter().map(|v| self.token(v)).collect() })
     }
 
     /// Collects string leaves that are PII: everything under a PII field
@@ -482,6 +497,24 @@ impl Redactor {
 }
 
 /// A token [`Redactor::token`] makes: `redacted:` and 16 hex digits.
+/// Replaces each range of `s` (in order, not overlapping) by its text;
+/// returns how many were replaced.
+fn splice<T: AsRef<str>>(s: &mut String, spans: Vec<(Range<usize>, T)>) -> u64 {
+    if spans.is_empty() {
+        return 0;
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut last = 0;
+    for (range, text) in &spans {
+        out.push_str(&s[last..range.start]);
+        out.push_str(text.as_ref());
+        last = range.end;
+    }
+    out.push_str(&s[last..]);
+    *s = out;
+    spans.len() as u64
+}
+
 fn is_token(text: &str) -> bool {
     text.strip_prefix("redacted:").is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|c| c.is_ascii_hexdigit()))
 }
@@ -661,5 +694,23 @@ mod tests {
         assert_eq!(v["note"], Value::String(format!("mail {}", r.token("a@example.com"))));
         assert_eq!(v["user_phone"], Value::String(r.token(r#"{"n":1}"#)));
         assert_ne!(r.token("555"), Redactor::new([], vec![], b"other".to_vec()).token("555"));
+    }
+
+    /// Known values are replaced in one pass: the longer of two that start
+    /// at one place wins, and a value that occurs inside a token put in for
+    /// another (`redacted`, say a user's address) does not rewrite it. One
+    /// value after another (the earlier way) turned `ORD-1000-B` into a
+    /// token with a token inside.
+    #[test]
+    fn known_values_are_replaced_in_one_pass_and_tokens_stay_whole() {
+        let mut r = Redactor::new(["order_id".to_string()], vec![], b"salt".to_vec());
+        let values = ["ORD-1000", "ORD-1000-B", "redacted", "abc"].map(String::from).into_iter().collect();
+        r.known = r.known_values(values).unwrap();
+        let mut text = "ORD-1000-B and ORD-1000, marked redacted; abc stays (too short)".to_string();
+        let mut n = 0;
+        r.text(&mut text, &mut n);
+        assert_eq!(n, 3);
+        let [long, short, word] = ["ORD-1000-B", "ORD-1000", "redacted"].map(|v| r.token(v));
+        assert_eq!(text, format!("{long} and {short}, marked {word}; abc stays (too short)"));
     }
 }

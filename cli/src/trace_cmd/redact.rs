@@ -166,13 +166,13 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &Path) -> anyhow::Result<RedactStats> {
-    let reader = sources.open(input)?;
+    let open = sources.reopener(input)?;
     if let Some(parent) = output.parent() {
         fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let tmp = super::partial_path(output);
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = redactor.redact(reader, BufWriter::new(file), &output.display().to_string());
+    let result = redactor.redact(open, BufWriter::new(file), &output.display().to_string());
     match result {
         Ok(stats) => {
             fs::rename(&tmp, output)

@@ -11,6 +11,7 @@
 use std::fs::File;
 use std::io::{self, BufReader, Cursor, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use basecamp_sandbox::storage::{Destination, FailureKind, S3Location, Storage, StorageConfig};
@@ -48,6 +49,9 @@ impl Source {
 
 /// A reader over either kind of source.
 pub type SourceReader = TraceReader<Box<dyn Read + Send>>;
+
+/// Opens one source again each time it is called ([`Sources::reopener`]).
+pub type Reopener = Box<dyn FnMut() -> Result<SourceReader, TraceError> + Send>;
 
 /// The resolved inputs, and the S3 client when some are on S3.
 pub struct Sources {
@@ -196,6 +200,23 @@ impl Sources {
                 }
             }
         }
+    }
+
+    /// Opens `source` as often as the caller needs (commands that read a
+    /// trace twice): a local file is opened again each time, an S3 object
+    /// is fetched once and read from memory.
+    pub fn reopener(&self, source: &Source) -> Result<Reopener, TraceError> {
+        let name = source.name.clone();
+        Ok(match &source.location {
+            Location::Local(path) => {
+                let path = path.clone();
+                Box::new(move || open_local(&path, name.clone()))
+            }
+            Location::S3(_) => {
+                let bytes: Arc<[u8]> = self.read_bytes(source)?.into();
+                Box::new(move || TraceReader::new(Box::new(Cursor::new(Arc::clone(&bytes))), name.clone()))
+            }
+        })
     }
 
     /// A reader positioned after the header: a local file is streamed, an
