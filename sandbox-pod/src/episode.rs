@@ -350,13 +350,9 @@ impl EpisodeRunner {
     pub async fn run_started(&self, mut episode: Episode) -> std::io::Result<EpisodeResult> {
         while episode.advance(self)? {
             let deadline = tokio::time::Instant::now() + self.plan_step_timeout;
-            let request = PolicyRequest::new(
-                episode.id().to_string(),
-                episode.step - 1,
-                episode.messages.clone(),
-                self.tools.clone(),
-            );
-            match tokio::time::timeout_at(deadline, self.policy.respond(&request)).await {
+            let request = PolicyRequest::new(episode.id(), episode.step - 1, &episode.messages[..], &self.tools[..]);
+            let answer = tokio::time::timeout_at(deadline, self.policy.respond(&request)).await;
+            match answer {
                 Ok(Ok(response)) => {
                     episode.act(self, &response, deadline).await?;
                 }

@@ -13,6 +13,7 @@
 //! [`MemoryGuard`] catches memory changes that no applied patch explains.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use basecamp_trace::pb::{self, MemorySource, StepKind, StepStatus, record::Body};
@@ -67,7 +68,13 @@ impl ToolDef {
 /// The executor: the sandbox's tools and its memory policy.
 #[derive(Debug, Clone, Default)]
 pub struct ToolExecutor {
-    tools: BTreeMap<String, ToolDef>,
+    /// Every tool, shared by the episodes of a runner (a SandboxConfig may
+    /// define thousands; an episode does not copy them).
+    tools: Arc<BTreeMap<String, ToolDef>>,
+    /// This episode's own copies of the recorded tools, each with its own
+    /// place in its fixture's sequence ([`ToolExecutor::for_episode`]);
+    /// found before `tools`.
+    recorded: BTreeMap<String, ToolDef>,
     null_writes: NullWrites,
     /// Key -> JSON type name ("string", "number", "integer", "boolean", "object", "array").
     memory_types: BTreeMap<String, String>,
@@ -147,7 +154,9 @@ impl ToolExecutor {
     }
 
     pub fn add_tool(&mut self, name: impl Into<String>, def: ToolDef) -> &mut Self {
-        self.tools.insert(name.into(), def);
+        let name = name.into();
+        self.recorded.remove(&name);
+        Arc::make_mut(&mut self.tools).insert(name, def);
         self
     }
 
@@ -156,11 +165,13 @@ impl ToolExecutor {
     /// sequence), so what an episode gets does not depend on what the
     /// episodes running beside it called.
     pub fn for_episode(&self) -> Self {
-        let mut episode = self.clone();
-        for def in episode.tools.values_mut() {
-            def.tool = def.tool.for_episode();
-        }
-        episode
+        let recorded = self
+            .tools
+            .iter()
+            .filter(|(_, def)| matches!(def.tool, Tool::Recorded(_)))
+            .map(|(name, def)| (name.clone(), ToolDef { tool: def.tool.for_episode(), ..def.clone() }))
+            .collect();
+        Self { recorded, ..self.clone() }
     }
 
     /// Ends calls at their timeout with `timer` (default [`Timer::Precise`]).
@@ -176,7 +187,17 @@ impl ToolExecutor {
     }
 
     pub fn tool(&self, name: &str) -> Option<&ToolDef> {
-        self.tools.get(name)
+        self.recorded.get(name).or_else(|| self.tools.get(name))
+    }
+
+    /// The tool names for a message: the first 20, then how many more.
+    fn tool_list(&self) -> String {
+        const SHOWN: usize = 20;
+        let mut list = self.tools.keys().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
+        if self.tools.len() > SHOWN {
+            list.push_str(&format!(" and {} more", self.tools.len() - SHOWN));
+        }
+        list
     }
 
     pub fn tool_names(&self) -> impl Iterator<Item = &str> {
@@ -185,7 +206,7 @@ impl ToolExecutor {
 
     /// The timeout that applies to `tool`.
     pub fn tool_timeout_for(&self, tool: &str) -> Duration {
-        self.tools.get(tool).map_or(DEFAULT_TOOL_TIMEOUT, |d| d.timeout)
+        self.tool(tool).map_or(DEFAULT_TOOL_TIMEOUT, |d| d.timeout)
     }
 
     /// Runs one call against `memory`. Never fails: every problem becomes a
@@ -195,14 +216,11 @@ impl ToolExecutor {
         let started = Instant::now();
         let memory_before = memory.hash();
         let (arguments_json, input_hash) = arguments_json_and_hash(call.arguments);
-        let def = self.tools.get(call.name);
+        let def = self.tool(call.name);
         let timeout = def.map_or(Duration::ZERO, |d| d.timeout);
 
         let result: Result<ToolOutput, CallError> = match (def, call.arguments) {
-            (None, _) => Err(CallError::UnknownTool {
-                tool: call.name.to_string(),
-                available: self.tools.keys().cloned().collect::<Vec<_>>().join(", "),
-            }),
+            (None, _) => Err(CallError::UnknownTool { tool: call.name.to_string(), available: self.tool_list() }),
             (Some(_), Err(raw)) => Err(CallError::InvalidArguments {
                 tool: call.name.to_string(),
                 problem: arguments_problem(raw),

@@ -237,6 +237,19 @@ async fn unknown_tools_and_invalid_arguments_are_refused() {
 }
 
 #[tokio::test]
+async fn an_unknown_tool_lists_the_first_twenty_names_and_counts_the_rest() {
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    for i in 0..25 {
+        ex.add_tool(format!("t{i:02}"), def(exec("print(1)"), 1000));
+    }
+    let mut memory = Memory::new();
+    let out = call(&ex.for_episode(), "nope", &json!({}), &mut memory).await;
+    let first: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
+    let want = format!("unknown tool \"nope\"; this sandbox defines: {} and 5 more", first.join(", "));
+    assert_eq!(out.observation["error"], json!(want));
+}
+
+#[tokio::test]
 async fn arguments_that_are_json_but_not_an_object_are_refused_as_such_not_as_invalid_json() {
     let mut ex = ToolExecutor::new(NullWrites::Warn);
     ex.add_tool("a", def(exec("print(1)"), 1000));

@@ -131,7 +131,7 @@ fn tools() -> Vec<ToolSpec> {
     )]
 }
 
-fn request() -> PolicyRequest {
+fn request() -> PolicyRequest<'static> {
     PolicyRequest::new(
         "ep-1",
         0,
@@ -472,8 +472,8 @@ async fn conversation_history_round_trips_through_the_server() {
     let policy = OpenAiPolicy::new(fixture.config()).unwrap();
     let mut req = request();
     let first = policy.respond(&req).await.unwrap();
-    req.messages.push(first.to_assistant_message());
-    req.messages.push(ChatMessage::tool("call_1", r#"{"error": "invalid_json"}"#));
+    req.messages.to_mut().push(first.to_assistant_message());
+    req.messages.to_mut().push(ChatMessage::tool("call_1", r#"{"error": "invalid_json"}"#));
     req.turn = 1;
 
     let second = policy.respond(&req).await.unwrap();

@@ -21,7 +21,7 @@ fn load(path: &std::path::Path) -> Result<Policy, PolicyError> {
     Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: path.to_owned() }))
 }
 
-fn ask(episode: &str, turn: u32) -> PolicyRequest {
+fn ask(episode: &str, turn: u32) -> PolicyRequest<'static> {
     PolicyRequest::new(episode, turn, vec![ChatMessage::user("help")], vec![])
 }
 

@@ -76,7 +76,7 @@ impl Policy {
     }
 
     /// The policy's next turn for `request`.
-    pub async fn respond(&self, request: &PolicyRequest) -> Result<PolicyResponse, PolicyError> {
+    pub async fn respond(&self, request: &PolicyRequest<'_>) -> Result<PolicyResponse, PolicyError> {
         match self {
             Self::OpenAi(policy) => Ok(policy.respond(request).await?),
             Self::Scripted(policy) => Ok(policy.respond(request).await?),

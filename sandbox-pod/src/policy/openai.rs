@@ -302,7 +302,7 @@ impl OpenAiPolicy {
     }
 
     /// The request body for `request`.
-    pub fn request_body(&self, request: &PolicyRequest) -> Value {
+    pub fn request_body(&self, request: &PolicyRequest<'_>) -> Value {
         let mut body = self.config.extra_body.clone();
         body.insert("model".into(), json!(self.config.model));
         body.insert("messages".into(), json!(request.messages));
@@ -324,7 +324,7 @@ impl OpenAiPolicy {
     }
 
     /// Asks the policy for its next turn, retrying transient failures.
-    pub async fn respond(&self, request: &PolicyRequest) -> Result<PolicyResponse, OpenAiError> {
+    pub async fn respond(&self, request: &PolicyRequest<'_>) -> Result<PolicyResponse, OpenAiError> {
         let body = self.request_body(request);
         let max_attempts = self.config.retry.max_attempts.max(1);
         let started = Instant::now();

@@ -357,7 +357,7 @@ impl ScriptedPolicy {
     }
 
     /// The scripted response for `request.turn` of `request.episode_id`.
-    pub async fn respond(&self, request: &PolicyRequest) -> Result<PolicyResponse, ScriptedError> {
+    pub async fn respond(&self, request: &PolicyRequest<'_>) -> Result<PolicyResponse, ScriptedError> {
         let started = Instant::now();
         let (line, response) = self.lookup(request)?;
         if !response.delay_ms.is_zero() {
@@ -375,7 +375,7 @@ impl ScriptedPolicy {
         Ok(to_response(response, request.turn, started.elapsed()))
     }
 
-    fn lookup(&self, request: &PolicyRequest) -> Result<(usize, &ScriptedResponse), ScriptedError> {
+    fn lookup(&self, request: &PolicyRequest<'_>) -> Result<(usize, &ScriptedResponse), ScriptedError> {
         let turn = usize::try_from(request.turn).unwrap_or(usize::MAX);
         match &self.script {
             Script::Shared(turns) => match turns.get(turn) {

@@ -10,6 +10,7 @@
 //! [`PolicyResponse::token_logits`]) live here so every policy kind writes
 //! the same records.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use basecamp_trace::pb;
@@ -164,21 +165,34 @@ impl ToolChoice {
 }
 
 /// One call to the policy: the conversation so far and the tools on offer.
+/// The agent loop lends them (`Cow::Borrowed`): a turn does not copy the
+/// conversation, nor the tools' schemas.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PolicyRequest {
+pub struct PolicyRequest<'a> {
     /// The episode (test set row id); a scripted policy picks its script by it.
     pub episode_id: String,
     /// 0-based index of this policy call within the episode; a scripted
     /// policy answers with that turn of the script.
     pub turn: u32,
-    pub messages: Vec<ChatMessage>,
-    pub tools: Vec<ToolSpec>,
+    pub messages: Cow<'a, [ChatMessage]>,
+    pub tools: Cow<'a, [ToolSpec]>,
     pub tool_choice: ToolChoice,
 }
 
-impl PolicyRequest {
-    pub fn new(episode_id: impl Into<String>, turn: u32, messages: Vec<ChatMessage>, tools: Vec<ToolSpec>) -> Self {
-        Self { episode_id: episode_id.into(), turn, messages, tools, tool_choice: ToolChoice::Auto }
+impl<'a> PolicyRequest<'a> {
+    pub fn new(
+        episode_id: impl Into<String>,
+        turn: u32,
+        messages: impl Into<Cow<'a, [ChatMessage]>>,
+        tools: impl Into<Cow<'a, [ToolSpec]>>,
+    ) -> Self {
+        Self {
+            episode_id: episode_id.into(),
+            turn,
+            messages: messages.into(),
+            tools: tools.into(),
+            tool_choice: ToolChoice::Auto,
+        }
     }
 }
 
