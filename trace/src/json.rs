@@ -4,17 +4,22 @@
 //! Records use the proto3 JSON mapping (camelCase names, enums by name,
 //! 64-bit integers and `bytes` as strings: bytes in base64).
 
-use serde::ser::{Serialize, SerializeMap, Serializer};
+use std::cell::RefCell;
+use std::io::{Read, Write};
+
+use serde::ser::{Error as _, Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Value, json};
 
-use crate::pb::Record;
-use crate::reader::{Tail, TraceContents};
+use crate::TraceError;
+use crate::pb::{Header, Record};
+use crate::reader::{Tail, TraceContents, TraceReader};
 
 /// `{"complete", "damage", "file", "header", "records": [...]}`, written as
 /// it is serialized: one record's JSON at a time, never the whole document
 /// as a [`Value`] (which took about 100 times the trace's decoded size: 2.1
 /// GB for a 2,000-step episode). Keys come in the sorted order of a
 /// [`Value`] object, so the text equals that of [`trace_to_json`].
+/// [`write_trace_json`] writes the same text without holding the trace.
 pub struct TraceJson<'a> {
     pub file: &'a str,
     pub trace: &'a TraceContents,
@@ -22,20 +27,28 @@ pub struct TraceJson<'a> {
 
 impl Serialize for TraceJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let damage = match &self.trace.tail {
-            Tail::Complete => Value::Null,
-            Tail::Damaged(e) => json!({ "category": e.category(), "message": e.to_string() }),
-        };
-        let header =
-            serde_json::to_value(&self.trace.header).unwrap_or_else(|e| json!({ "unshowable": e.to_string() }));
-        let mut map = serializer.serialize_map(Some(5))?;
-        map.serialize_entry("complete", &matches!(self.trace.tail, Tail::Complete))?;
-        map.serialize_entry("damage", &damage)?;
-        map.serialize_entry("file", self.file)?;
-        map.serialize_entry("header", &header)?;
-        map.serialize_entry("records", &Records(&self.trace.records))?;
-        map.end()
+        let records = Records(&self.trace.records);
+        document(serializer, self.file, &self.trace.header, self.trace.damage(), &records)
     }
+}
+
+/// The document's five keys, in sorted order, around `records`.
+fn document<S: Serializer>(
+    serializer: S,
+    file: &str,
+    header: &Header,
+    damage: Option<&TraceError>,
+    records: &impl Serialize,
+) -> Result<S::Ok, S::Error> {
+    let damage_value = damage.map_or(Value::Null, |e| json!({ "category": e.category(), "message": e.to_string() }));
+    let header = serde_json::to_value(header).unwrap_or_else(|e| json!({ "unshowable": e.to_string() }));
+    let mut map = serializer.serialize_map(Some(5))?;
+    map.serialize_entry("complete", &damage.is_none())?;
+    map.serialize_entry("damage", &damage_value)?;
+    map.serialize_entry("file", file)?;
+    map.serialize_entry("header", &header)?;
+    map.serialize_entry("records", records)?;
+    map.end()
 }
 
 /// The records as a JSON array, each converted when it is written.
@@ -44,6 +57,94 @@ struct Records<'a>(&'a [Record]);
 impl Serialize for Records<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_seq(self.0.iter().map(record_to_json))
+    }
+}
+
+/// Why [`write_trace_json`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteJsonError {
+    /// Not even the header could be read.
+    #[error(transparent)]
+    Open(#[from] TraceError),
+    /// The second read did not give the records the first one counted: the
+    /// file was replaced or damaged in between. What was written so far
+    /// stands; the document is unfinished.
+    #[error(
+        "{file} changed while it was read: the first read found {counted} records, the second {}",
+        match .cause { Some(e) => format!("stopped after {read}: {e}"), None => format!("ended after {read}") }
+    )]
+    Changed { file: String, counted: u64, read: u64, cause: Option<TraceError> },
+    #[error("writing the JSON: {0}")]
+    Write(#[source] serde_json::Error),
+}
+
+/// Writes the text [`TraceJson`] writes for the trace `open` reads, without
+/// holding the trace: memory is that of one record, however long the
+/// episode. The document names how the trace ended before its records, so
+/// the trace is read twice through `open` (a reader of the same trace each
+/// time): the first read decodes every record to learn how many are
+/// readable and how the file ends, the second writes them. A trace still
+/// being written (a live pod's) is shown as the first read found it.
+/// Returns how the trace ended (a damaged trace is a document, not an error).
+pub fn write_trace_json<R: Read>(
+    mut open: impl FnMut() -> Result<TraceReader<R>, TraceError>,
+    file: &str,
+    out: impl Write,
+    pretty: bool,
+) -> Result<Option<TraceError>, WriteJsonError> {
+    let mut first = open()?;
+    let counted = first.by_ref().take_while(Result::is_ok).count() as u64;
+    let damage = match first.tail() {
+        Some(Tail::Damaged(e)) => Some(e.clone()),
+        Some(Tail::Complete) | None => None,
+    };
+    let second = open()?;
+    let header = second.header().clone();
+    let records = Streamed { reader: RefCell::new(second), counted, stopped: RefCell::new(None) };
+    let doc = StreamedDocument { file, header: &header, damage: damage.as_ref(), records: &records };
+    let written = if pretty { serde_json::to_writer_pretty(out, &doc) } else { serde_json::to_writer(out, &doc) };
+    if let Some((read, cause)) = records.stopped.into_inner() {
+        return Err(WriteJsonError::Changed { file: file.to_string(), counted, read, cause });
+    }
+    written.map_err(WriteJsonError::Write)?;
+    Ok(damage)
+}
+
+struct StreamedDocument<'a, R> {
+    file: &'a str,
+    header: &'a Header,
+    damage: Option<&'a TraceError>,
+    records: &'a Streamed<R>,
+}
+
+impl<R: Read> Serialize for StreamedDocument<'_, R> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        document(serializer, self.file, self.header, self.damage, self.records)
+    }
+}
+
+/// The first `counted` records of `reader`, decoded one at a time as the
+/// array is written; `stopped`: (records read, why) when fewer were there.
+struct Streamed<R> {
+    reader: RefCell<TraceReader<R>>,
+    counted: u64,
+    stopped: RefCell<Option<(u64, Option<TraceError>)>>,
+}
+
+impl<R: Read> Serialize for Streamed<R> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut reader = self.reader.borrow_mut();
+        let mut seq = serializer.serialize_seq(None)?;
+        for read in 0..self.counted {
+            match reader.next() {
+                Some(Ok(record)) => seq.serialize_element(&record_to_json(&record))?,
+                other => {
+                    *self.stopped.borrow_mut() = Some((read, other.and_then(Result::err)));
+                    return Err(S::Error::custom("the trace changed while it was read"));
+                }
+            }
+        }
+        seq.end()
     }
 }
 

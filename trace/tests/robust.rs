@@ -4,6 +4,7 @@
 //! `serve::episode`).
 
 use basecamp_trace::TraceReader;
+use basecamp_trace::json::{TraceJson, write_trace_json};
 use basecamp_trace::otlp::export;
 use basecamp_trace::redact::{Pattern, Redactor};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
@@ -34,6 +35,14 @@ proptest! {
         }
         if let Ok(reader) = open() {
             let _ = export(reader);
+        }
+        // trace parse's streamed JSON is the text of the trace held whole.
+        if let Ok(trace) = basecamp_trace::read_trace_from(bytes.as_slice(), "d.trace") {
+            let mut streamed = Vec::new();
+            let damage = write_trace_json(open, "d.trace", &mut streamed, false).unwrap();
+            prop_assert_eq!(damage.map(|e| e.to_string()), trace.damage().map(|e| e.to_string()));
+            let held = serde_json::to_vec(&TraceJson { file: "d.trace", trace: &trace }).unwrap();
+            prop_assert_eq!(streamed, held);
         }
         let redactor = Redactor::new(["order_id".to_string()], vec![Pattern::Email, Pattern::Phone], b"s".to_vec());
         let _ = redactor.redact(open, Vec::new(), "out.trace");

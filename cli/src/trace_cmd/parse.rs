@@ -21,7 +21,8 @@ use std::process::ExitCode;
 use anyhow::bail;
 use basecamp_sandbox::driver::SUMMARY_FILE;
 use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
-use basecamp_trace::{RecordKind, TraceContents, TraceError, json::TraceJson};
+use basecamp_trace::json::{WriteJsonError, write_trace_json};
+use basecamp_trace::{RecordKind, TraceContents, TraceError};
 use clap::{Args, ValueEnum};
 
 use super::sources::{Source, Sources};
@@ -74,20 +75,19 @@ fn is_one_trace(path: &str) -> bool {
 
 fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
     let sources = Sources::one(file)?;
-    let reader = sources.open(&sources.items[0])?;
-    let trace = match args.output {
+    let damage = match args.output {
         OutputFormat::Json => {
-            let trace = reader.into_contents();
-            let doc = TraceJson { file: &file.display().to_string(), trace: &trace };
             // Buffered: stdout alone is line-buffered, one write(2) per
             // line of the pretty JSON (12 million for a 2,000-step trace).
             let mut out = io::BufWriter::new(io::stdout().lock());
-            serde_json::to_writer_pretty(&mut out, &doc)?;
+            let damage =
+                write_trace_json(sources.reopener(&sources.items[0])?, &file.display().to_string(), &mut out, true)?;
             writeln!(out)?;
             out.flush()?;
-            trace
+            damage
         }
         OutputFormat::Html => {
+            let reader = sources.open(&sources.items[0])?;
             // The view decodes only the token logits it draws.
             let cap = episode::PAGE_TOKEN_CAP;
             let (trace, undrawn) = reader.at_most(RecordKind::TokenLogit, cap).into_contents_and_left_out();
@@ -102,10 +102,10 @@ fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
             let entry = catalog::lone_entry(file, &trace, summary.as_ref());
             let view = episode::render(&entry, &trace, &undrawn, cap, None);
             io::stdout().lock().write_all(episode::page(&entry, "", &view).as_bytes())?;
-            trace
+            trace.damage().cloned()
         }
     };
-    Ok(if report_damage(trace.damage(), args.allow_truncated) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if report_damage(damage.as_ref(), args.allow_truncated) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// Says on stderr how a damaged trace ended; true when that is a failure
@@ -135,24 +135,28 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let sources = Sources::resolve(&args.paths)?;
-    // A trace's line and how it ended; Err: it could not be read at all.
-    let parse = |source: &Source| -> Result<(String, Option<TraceError>), TraceError> {
-        let trace = sources.open(source)?.into_contents();
-        let doc = serde_json::to_string(&TraceJson { file: &source.name, trace: &trace })
-            .expect("a document of Values always serializes");
-        Ok((doc, trace.damage().cloned()))
+    // A trace's line and how it ended; Err: it could not be read (or changed
+    // while it was read).
+    let parse = |source: &Source| -> Result<(Vec<u8>, Option<TraceError>), WriteJsonError> {
+        let mut doc = Vec::new();
+        let damage = write_trace_json(sources.reopener(source)?, &source.name, &mut doc, false)?;
+        Ok((doc, damage))
     };
     let mut out = io::BufWriter::new(io::stdout().lock());
     let (mut failed, mut write_error) = (false, None);
     for_each_ordered(&sources.items, args.jobs.unwrap_or_else(default_jobs), parse, |_, parsed| {
-        let (doc, damage) = match parsed {
-            Ok((doc, damage)) => (Some(doc), damage),
-            Err(unreadable) => (None, Some(unreadable)),
+        let written = match parsed {
+            Ok((doc, damage)) => {
+                failed |= report_damage(damage.as_ref(), args.allow_truncated);
+                out.write_all(&doc).and_then(|()| out.write_all(b"\n"))
+            }
+            Err(unreadable) => {
+                // Nothing read is a failure even when --allow-truncated accepts a cut.
+                eprintln!("error: {unreadable}");
+                failed = true;
+                Ok(())
+            }
         };
-        // Nothing read is a failure even when --allow-truncated accepts a cut.
-        let accept_cut = args.allow_truncated && doc.is_some();
-        let written = doc.map_or(Ok(()), |doc| writeln!(out, "{doc}"));
-        failed |= report_damage(damage.as_ref(), accept_cut);
         match written {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
