@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use basecamp_bench_support::{TempDir, env_or, git_commit, machine, utc_now, write_results};
 use basecamp_trace::format::{self, FRAME_HEADER_LEN, FrameHeader, FrameKind, PREAMBLE_LEN};
-use basecamp_trace::json::{TraceJson, trace_to_json};
+use basecamp_trace::json::{TraceJson, trace_to_json, write_trace_json};
 use basecamp_trace::otlp;
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::redact::{Pattern, Redactor};
@@ -445,6 +445,29 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
         )
         .records(n)
         .bytes(input.json_len, "pretty JSON bytes written"),
+        // The whole of `trace parse FILE`: from the file's bytes to the text.
+        Case::new(
+            "json.parse.two_reads",
+            "write_trace_json pretty into io::sink(): count the records, then read them again one at a time as they are \
+             written (trace parse FILE)",
+            || {
+                let open = || TraceReader::new(&input.trace[..], "bench.trace");
+                write_trace_json(open, "bench.trace", std::io::sink(), true).expect("the bench's trace reads");
+            },
+        )
+        .records(n)
+        .bytes(input.json_len, "pretty JSON bytes written"),
+        Case::new(
+            "json.parse.held",
+            "read_trace_from, then TraceJson pretty into io::sink(): one read, the trace held whole (trace parse before)",
+            || {
+                let trace = basecamp_trace::read_trace_from(&input.trace[..], "bench.trace").expect("the bench's trace");
+                let doc = TraceJson { file: "bench.trace", trace: &trace };
+                serde_json::to_writer_pretty(std::io::sink(), &doc).expect("a sink takes everything");
+            },
+        )
+        .records(n)
+        .bytes(input.json_len, "pretty JSON bytes written"),
         // `trace export --otlp` of the same trace (read + spans + compact JSON text).
         Case::new(
             "otlp.export.typed",
@@ -603,7 +626,7 @@ fn time_ratio(cases: &[Case], numerator: &str, denominators: &[&str]) -> Stats {
 }
 
 /// The ratios the report shows: (label, numerator, denominators).
-const RATIOS: [(&str, &str, &[&str]); 13] = [
+const RATIOS: [(&str, &str, &[&str]); 14] = [
     ("writer (Vec) / bare prost encode", "write.writer.vec", &["write.floor.prost_encode"]),
     ("writer (Vec) / its parts by hand (encode+zstd+crc)", "write.writer.vec", &["write.parts.encode_zstd_crc"]),
     ("writer (Vec) / zstd-3 per frame alone", "write.writer.vec", &["zstd3.compress.per_frame"]),
@@ -621,6 +644,7 @@ const RATIOS: [(&str, &str, &[&str]); 13] = [
         &["read.without_token_logits.slice"],
     ),
     ("JSON document: whole Value / streamed", "json.pretty.value_document", &["json.pretty.streamed"]),
+    ("trace parse: two reads, streamed / one read, held", "json.parse.two_reads", &["json.parse.held"]),
     ("OTLP export: Value request / typed request", "otlp.export.value_document", &["otlp.export.typed"]),
     ("redact / copy unchanged", "redact.order_id_email_phone", &["redact.floor.copy"]),
     ("gzip-6 / zstd-3 compress time, per frame", "gzip6.compress.per_frame", &["zstd3.compress.per_frame"]),
