@@ -13,7 +13,6 @@ use std::time::{Instant, SystemTime};
 
 use basecamp_trace::metrics::{Aggregate, EpisodeEnd, aggregate};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner, rollback_path, trace_file_name};
@@ -106,6 +105,10 @@ enum Ended {
 /// fires, no new episode starts and running ones are dropped — their trace
 /// writers flush what was written, so each leaves a readable prefix — and
 /// the summary is still written, marked `stopped_early`.
+///
+/// Only the running episodes have a task: the next starts when one ends,
+/// so a test set of any length costs the memory of `concurrency` episodes
+/// in flight (a task per row up front took ~7 KB a row: 135 MB for 20,000).
 pub async fn run_shard(
     runner: Arc<EpisodeRunner>,
     episodes: Vec<EpisodeInput>,
@@ -118,78 +121,52 @@ pub async fn run_shard(
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot create {}: {e}", out_dir.display())))?;
     let started_wall = SystemTime::now();
     let started = Instant::now();
-    // More permits than episodes change nothing, and tokio panics above
-    // `Semaphore::MAX_PERMITS` (`--concurrency 18446744073709551615`).
-    let permits = Arc::new(Semaphore::new(concurrency.clamp(1, episodes.len().max(1))));
+    let in_flight = concurrency.max(1);
+    let mut pending = episodes.into_iter().enumerate();
     let mut tasks = JoinSet::new();
-    // Each task's episode id and whether it created its trace: a task that
-    // panics returns neither, and its lost episode is recorded with them.
+    // Each running task's episode id and whether it created its trace: a
+    // task that panics returns neither, and its lost episode is recorded with them.
     let mut spawned: HashMap<tokio::task::Id, (String, Arc<AtomicBool>)> = HashMap::new();
-    for (index, input) in episodes.into_iter().enumerate() {
-        let runner = runner.clone();
-        let permits = permits.clone();
-        let dir = out_dir.to_path_buf();
-        let stop = stop.clone();
-        let trace_created = Arc::new(AtomicBool::new(false));
-        let episode_id = input.id.clone();
-        let trace_created_by_task = trace_created.clone();
-        let task = tasks.spawn(async move {
-            let permit = tokio::select! {
-                biased;
-                _ = stop.cancelled() => None,
-                permit = permits.acquire_owned() => Some(permit.expect("the semaphore is never closed")),
-            };
-            let Some(_permit) = permit else { return (index, input.id, Ended::NotStarted) };
-            if stop.is_cancelled() {
-                return (index, input.id, Ended::Interrupted { trace_file: None });
-            }
-            let lost = |e: std::io::Error, trace_file| Ended::Lost {
-                error: format!("cannot write the trace: {e}"),
-                trace_file,
-            };
-            // Noted as soon as the trace exists, not once start returns: a
-            // start that fails (or panics) after it still leaves the trace.
-            let noted = || trace_created_by_task.store(true, Ordering::Release);
-            let episode = match runner.start_noting_trace(input.clone(), &dir, noted) {
-                Ok(episode) => episode,
-                Err(e) => {
-                    let trace_file = trace_created_by_task.load(Ordering::Acquire).then(|| trace_file_name(&input.id));
-                    return (index, input.id, lost(e, trace_file));
-                }
-            };
-            let trace_file = Some(trace_file_name(&input.id));
-            let ended = tokio::select! {
-                biased;
-                _ = stop.cancelled() => Ended::Interrupted { trace_file },
-                result = runner.run_started(episode) => match result {
-                    Ok(result) => Ended::Ran(Box::new(result)),
-                    Err(e) => lost(e, trace_file),
-                },
-            };
-            (index, input.id, ended)
-        });
-        spawned.insert(task.id(), (episode_id, trace_created));
-    }
     let mut done: Vec<(usize, EpisodeResult)> = Vec::new();
     let mut lost = Vec::new();
     let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
-    while let Some(joined) = tasks.join_next_with_id().await {
+    loop {
+        while tasks.len() < in_flight && !stop.is_cancelled() {
+            let Some((index, input)) = pending.next() else { break };
+            let trace_created = Arc::new(AtomicBool::new(false));
+            let episode_id = input.id.clone();
+            let task = tasks.spawn(run_episode(
+                runner.clone(),
+                index,
+                input,
+                out_dir.to_path_buf(),
+                stop.clone(),
+                trace_created.clone(),
+            ));
+            spawned.insert(task.id(), (episode_id, trace_created));
+        }
+        let Some(joined) = tasks.join_next_with_id().await else { break };
+        let task_id = match &joined {
+            Ok((id, _)) => *id,
+            Err(failed) => failed.id(),
+        };
+        let (id, trace_created) = spawned.remove(&task_id).expect("every task is recorded when it is spawned");
         match joined {
-            Ok((_, (index, _, Ended::Ran(result)))) => {
+            Ok((_, (index, Ended::Ran(result)))) => {
                 on_done(&result);
                 done.push((index, *result));
             }
-            Ok((_, (_, id, Ended::Lost { error, trace_file }))) => lost.push(LostEpisode { id, error, trace_file }),
-            Ok((_, (index, id, Ended::Interrupted { trace_file }))) => interrupted.push((index, id, trace_file)),
-            Ok((_, (index, id, Ended::NotStarted))) => not_started.push((index, id)),
+            Ok((_, (_, Ended::Lost { error, trace_file }))) => lost.push(LostEpisode { id, error, trace_file }),
+            Ok((_, (index, Ended::Interrupted { trace_file }))) => interrupted.push((index, id, trace_file)),
+            Ok((_, (index, Ended::NotStarted))) => not_started.push((index, id)),
             Err(failed) => {
-                let (id, trace_created) =
-                    spawned.remove(&failed.id()).expect("every task is recorded when it is spawned");
                 let trace_file = trace_created.load(Ordering::Acquire).then(|| trace_file_name(&id));
                 lost.push(LostEpisode { id, error: task_failure(failed), trace_file });
             }
         }
     }
+    // The stop kept the rest from starting.
+    not_started.extend(pending.map(|(index, input)| (index, input.id)));
     interrupted.sort();
     not_started.sort();
     done.sort_by_key(|(i, _)| *i);
@@ -217,6 +194,41 @@ pub async fn run_shard(
     };
     write_summary(&summary, out_dir)?;
     Ok(summary)
+}
+
+/// One episode's task: starts it (unless the stop came first), runs it to
+/// its end or the stop. `trace_created` is set as soon as its trace exists.
+async fn run_episode(
+    runner: Arc<EpisodeRunner>,
+    index: usize,
+    input: EpisodeInput,
+    dir: std::path::PathBuf,
+    stop: StopSignal,
+    trace_created: Arc<AtomicBool>,
+) -> (usize, Ended) {
+    if stop.is_cancelled() {
+        return (index, Ended::NotStarted);
+    }
+    let lost =
+        |e: std::io::Error, trace_file| Ended::Lost { error: format!("cannot write the trace: {e}"), trace_file };
+    // Noted as soon as the trace exists, not once start returns: a start
+    // that fails (or panics) after it still leaves the trace.
+    let noted = || trace_created.store(true, Ordering::Release);
+    let trace_name = trace_file_name(&input.id);
+    let episode = match runner.start_noting_trace(input, &dir, noted) {
+        Ok(episode) => episode,
+        Err(e) => return (index, lost(e, trace_created.load(Ordering::Acquire).then_some(trace_name))),
+    };
+    let trace_file = Some(trace_name);
+    let ended = tokio::select! {
+        biased;
+        _ = stop.cancelled() => Ended::Interrupted { trace_file },
+        result = runner.run_started(episode) => match result {
+            Ok(result) => Ended::Ran(Box::new(result)),
+            Err(e) => lost(e, trace_file),
+        },
+    };
+    (index, ended)
 }
 
 /// Why an episode's task ended without a result: its panic message (a

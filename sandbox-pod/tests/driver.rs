@@ -184,3 +184,33 @@ async fn an_episode_whose_start_failed_after_creating_its_trace_is_lost_with_tha
     assert_eq!(trace.header.episode_id, "huge");
     assert_eq!(summary.files_written(), ["summary.json", "ok.trace", "huge.trace"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_test_set_has_a_task_only_for_the_episodes_in_flight() {
+    // Before: a task per row from the start, ~7 KB each (135 MB of tasks
+    // for a 20,000-row test set), waiting on a semaphore.
+    const EPISODES: usize = 300;
+    const CONCURRENCY: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("policy.jsonl");
+    let lines: String =
+        (0..EPISODES).map(|i| format!("{{\"episode\": \"e{i}\", \"turns\": [{{\"content\": \"done\"}}]}}\n")).collect();
+    std::fs::write(&script, lines).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let runner = Arc::new(EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy));
+    let inputs: Vec<EpisodeInput> = (0..EPISODES).map(|i| input(&format!("e{i}"))).collect();
+    let most_alive = std::sync::atomic::AtomicUsize::new(0);
+    let out = dir.path().join("out");
+    let summary = run_shard(runner, inputs, &out, CONCURRENCY, StopSignal::new(), |_| {
+        let alive = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        most_alive.fetch_max(alive, std::sync::atomic::Ordering::Relaxed);
+    })
+    .await
+    .unwrap();
+    assert_eq!(summary.episodes.len(), EPISODES);
+    let ids: Vec<&str> = summary.episodes.iter().map(|e| e.id.as_str()).collect();
+    let expected: Vec<String> = (0..EPISODES).map(|i| format!("e{i}")).collect();
+    assert_eq!(ids, expected.iter().map(String::as_str).collect::<Vec<_>>(), "in test-set order");
+    let most_alive = most_alive.into_inner();
+    assert!(most_alive <= CONCURRENCY, "{most_alive} tasks alive at once for {CONCURRENCY} episodes in flight");
+}
