@@ -21,6 +21,7 @@
 //! A call past the last line fails with `no_recording`, naming the fixture
 //! and how many answers it has, unless the tool cycles (`match: cycle`).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,16 +55,13 @@ pub struct Recording {
     pub error_type: Option<String>,
 }
 
-#[derive(Debug)]
-struct Entry {
-    recording: Recording,
-    arguments_hash: Option<Digest>,
-}
-
 /// One tool's lines of a fixture, shared by every episode.
 #[derive(Debug, Default)]
 struct Fixture {
-    entries: Vec<Entry>,
+    entries: Vec<Recording>,
+    /// The index in `entries` of the first line with each `arguments` (by
+    /// canonical hash): a call finds its line at once, however long the fixture.
+    by_arguments: HashMap<Digest, usize>,
     /// The indices in `entries` of the lines without `arguments`, in file order.
     sequence: Vec<usize>,
 }
@@ -95,14 +93,20 @@ impl RecordedTool {
     /// The recordings of `tool` among `recordings`. A call past the last
     /// line of the sequence fails; see [`Self::cycling`].
     pub fn new(tool: &str, recordings: impl IntoIterator<Item = Recording>) -> Self {
-        let entries: Vec<Entry> = recordings
-            .into_iter()
-            .filter(|r| r.tool == tool)
-            .map(|recording| Entry { arguments_hash: recording.arguments.as_ref().map(hash_json), recording })
-            .collect();
-        let sequence = entries.iter().enumerate().filter(|(_, e)| e.arguments_hash.is_none()).map(|(i, _)| i).collect();
+        let entries: Vec<Recording> = recordings.into_iter().filter(|r| r.tool == tool).collect();
+        let mut by_arguments = HashMap::new();
+        let mut sequence = Vec::new();
+        for (i, recording) in entries.iter().enumerate() {
+            match &recording.arguments {
+                // The first line with these arguments answers; later ones never do.
+                Some(arguments) => {
+                    by_arguments.entry(hash_json(arguments)).or_insert(i);
+                }
+                None => sequence.push(i),
+            }
+        }
         Self {
-            fixture: Arc::new(Fixture { entries, sequence }),
+            fixture: Arc::new(Fixture { entries, by_arguments, sequence }),
             position: Arc::default(),
             cycle: false,
             source: Arc::from("the fixture"),
@@ -139,11 +143,11 @@ impl RecordedTool {
     pub async fn call(&self, tool: &str, arguments: &Value) -> Result<ToolOutput, ToolError> {
         let hash = hash_json(arguments);
         let fixture = &self.fixture;
-        let entry = match fixture.entries.iter().find(|e| e.arguments_hash == Some(hash)) {
-            Some(e) => e,
-            None => &fixture.entries[self.next_in_sequence(tool, arguments)?],
+        let index = match fixture.by_arguments.get(&hash) {
+            Some(&i) => i,
+            None => self.next_in_sequence(tool, arguments)?,
         };
-        let r = &entry.recording;
+        let r = &fixture.entries[index];
         if r.timeout {
             std::future::pending::<()>().await;
         }
@@ -236,6 +240,31 @@ mod tests {
         assert_eq!(seq, vec![json!({"status": "any-1"}), json!({"status": "any-2"})]);
         let again = tool.call("t", &json!({"id": 1, "x": 1})).await.unwrap();
         assert_eq!(again.observation, json!({"status": "a"}), "an exact match takes no sequence line");
+    }
+
+    #[tokio::test]
+    async fn of_lines_with_the_same_arguments_the_first_answers_among_thousands() {
+        let mut lines: Vec<Recording> = (0..5_000)
+            .map(|i| Recording {
+                tool: "t".into(),
+                arguments: Some(json!({"order": i, "region": "eu"})),
+                response: json!({"line": i}),
+                latency: Duration::ZERO,
+                timeout: false,
+                error: None,
+                error_type: None,
+            })
+            .collect();
+        // The same arguments again, keys in another order: never answers.
+        let mut repeat = lines[4_321].clone();
+        (repeat.arguments, repeat.response) = (Some(json!({"region": "eu", "order": 4321})), json!({"line": "repeat"}));
+        lines.push(repeat);
+        let tool = RecordedTool::new("t", lines);
+        for i in [0, 4_321, 4_999] {
+            let answer = tool.call("t", &json!({"region": "eu", "order": i})).await.unwrap();
+            assert_eq!(answer.observation, json!({"line": i}));
+        }
+        assert_eq!(tool.call("t", &json!({"order": 5_000})).await.unwrap_err().error_type(), "no_recording");
     }
 
     #[tokio::test]
