@@ -380,6 +380,14 @@ impl EpisodeRunner {
         self.start_noting_trace(input, dir, || {})
     }
 
+    /// [`EpisodeRunner::start`] for an id that must be new in `dir`: an
+    /// existing `<dir>/<id>.trace` (an earlier run's episode of that id) is
+    /// an `io::ErrorKind::AlreadyExists` error, never truncated. Server mode
+    /// starts its episodes so; a driver run replaces its own earlier shards.
+    pub fn start_new(&self, input: EpisodeInput, dir: &Path) -> std::io::Result<Episode> {
+        self.start_with(input, dir, true, || {})
+    }
+
     /// [`EpisodeRunner::start`], calling `trace_created` as soon as the
     /// trace holds its header: from then on the file is this episode's (a
     /// readable prefix) whether the rest of the start succeeds, fails (an
@@ -388,6 +396,16 @@ impl EpisodeRunner {
         &self,
         input: EpisodeInput,
         dir: &Path,
+        trace_created: impl FnOnce(),
+    ) -> std::io::Result<Episode> {
+        self.start_with(input, dir, false, trace_created)
+    }
+
+    fn start_with(
+        &self,
+        input: EpisodeInput,
+        dir: &Path,
+        exclusive: bool,
         trace_created: impl FnOnce(),
     ) -> std::io::Result<Episode> {
         let trace_path = dir.join(trace_file_name(&input.id));
@@ -401,7 +419,11 @@ impl EpisodeRunner {
             0 => self.top_k(),
             k => k,
         };
-        let mut writer = TraceWriter::create(&trace_path, header)?;
+        let mut writer = if exclusive {
+            TraceWriter::create_new(&trace_path, header)?
+        } else {
+            TraceWriter::create(&trace_path, header)?
+        };
         trace_created();
 
         let mut memory = Memory::new();

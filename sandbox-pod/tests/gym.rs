@@ -116,7 +116,11 @@ struct TestServer {
 
 impl TestServer {
     async fn start(max_episodes: usize, idle_timeout: Duration) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), max_episodes, idle_timeout).await
+    }
+
+    /// A server whose traces go to `dir`/traces (where an earlier one's may be).
+    async fn start_in(dir: tempfile::TempDir, max_episodes: usize, idle_timeout: Duration) -> Self {
         let gym = Gym::new(GymConfig {
             runner: runner(dir.path()),
             rows: vec![row("ok")],
@@ -660,6 +664,39 @@ async fn shutting_down_completes_the_traces_of_open_episodes() {
     assert_eq!(end.outcome, Outcome::Cancelled as i32);
     let metrics = gym.metrics().encode_prometheus_text();
     assert!(metrics.contains(r#"basecamp_sandbox_episodes_total{outcome="cancelled"} 1"#), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_restarted_server_keeps_the_traces_of_the_one_before_and_numbers_past_them() {
+    let first = TestServer::start(4, Duration::from_secs(60)).await;
+    let (status, created) = first.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!((status, created["episode_id"].as_str()), (201, Some("ok-1")), "{created}");
+    let (status, _) = first.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "mine"}"#).await;
+    assert_eq!(status, 201);
+    let dir = first.shut_down().await;
+    let traces = dir.path().join("traces");
+    let read = |file: &str| std::fs::read(traces.join(file)).unwrap();
+    let before = (read("ok-1.trace"), read("mine.trace"));
+
+    // Before: the second server counted from 1 again and truncated ok-1.trace,
+    // and took `mine` again over the first one's trace.
+    let second = TestServer::start_in(dir, 4, Duration::from_secs(60)).await;
+    let (status, created) = second.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!((status, created["episode_id"].as_str()), (201, Some("ok-2")), "{created}");
+    assert_error(
+        &second.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "mine"}"#).await,
+        409,
+        "EpisodeExists",
+        "from an earlier run of this server",
+    );
+    assert_eq!(second.get("/v1/episodes/mine").await.0, 404, "a refused episode is not held");
+    let (_, listed) = second.get("/v1/episodes").await;
+    assert_eq!(listed["open"], 1, "{listed}");
+    let dir = second.shut_down().await;
+    let traces = dir.path().join("traces");
+    let read = |file: &str| std::fs::read(traces.join(file)).unwrap();
+    assert!(before == (read("ok-1.trace"), read("mine.trace")), "the first server's traces are untouched");
+    assert_eq!(read_trace(traces.join("ok-2.trace")).unwrap().header.episode_id, "ok-2");
 }
 
 // ---- the `serve` subcommand --------------------------------------------------

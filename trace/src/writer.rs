@@ -56,6 +56,13 @@ impl TraceWriter<File> {
         let file = File::create(path.as_ref())?;
         Self::new(file, header, DEFAULT_ZSTD_LEVEL)
     }
+
+    /// Creates `path`, which must not exist (`io::ErrorKind::AlreadyExists`
+    /// otherwise: another trace is never truncated), and writes the header frame.
+    pub fn create_new(path: impl AsRef<Path>, header: Header) -> io::Result<Self> {
+        let file = File::options().write(true).create_new(true).open(path.as_ref())?;
+        Self::new(file, header, DEFAULT_ZSTD_LEVEL)
+    }
 }
 
 impl<W: Write> TraceWriter<W> {

@@ -115,6 +115,11 @@ impl Registry {
         Ok(())
     }
 
+    /// Forgets an entry (one whose episode never started).
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
     pub fn get(&self, id: &str) -> Option<Arc<Entry>> {
         self.lock().get(id).cloned()
     }

@@ -71,6 +71,23 @@ fn trace_io(episode: &str, e: &std::io::Error) -> ApiError {
 }
 
 impl Gym {
+    /// Whether `<out>/<id>.trace` exists: an episode of this id ran here before.
+    fn trace_exists(&self, id: &str) -> bool {
+        self.out_dir.join(crate::episode::trace_file_name(id)).exists()
+    }
+
+    /// A generated episode id, `name(n)` for the next number `n` whose id
+    /// neither this server holds nor an earlier run left a trace of (a
+    /// restarted server counts from 1 again, in the same directory).
+    fn fresh_id(&self, name: impl Fn(usize) -> String) -> String {
+        loop {
+            let id = name(self.registry.next_number());
+            if !self.registry.contains(&id) && !self.trace_exists(&id) {
+                return id;
+            }
+        }
+    }
+
     fn entry(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
         self.registry.get(id).ok_or_else(|| {
             ApiError::new(
@@ -180,7 +197,6 @@ async fn list(State(gym): State<GymState>) -> Response {
 async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = readable(body)?;
     let request = parse_create(&body).map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?;
-    let number = gym.registry.next_number();
     let (row_id, episode_id) = match (&request.source, request.episode_id) {
         (_, Some(id)) => {
             crate::server::check_id("episode_id", &id).map_err(|m| {
@@ -194,8 +210,8 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
                 id,
             )
         }
-        (Source::Row(row), None) => (Some(row.clone()), format!("{row}-{number}")),
-        (Source::Inline(_), None) => (None, format!("episode-{number}")),
+        (Source::Row(row), None) => (Some(row.clone()), gym.fresh_id(|n| format!("{row}-{n}"))),
+        (Source::Inline(_), None) => (None, gym.fresh_id(|n| format!("episode-{n}"))),
     };
     let input = match request.source {
         Source::Row(row) => {
@@ -232,6 +248,20 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
     if gym.registry.contains(&episode_id) {
         return Err(exists());
     }
+    let on_disk = || {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "EpisodeExists",
+            format!(
+                "episode {episode_id:?} has a trace in {} already (from an earlier run of this server; it is kept, \
+                 never overwritten); choose another episode_id, or leave it out for a generated one",
+                gym.out_dir.display()
+            ),
+        )
+    };
+    if gym.trace_exists(&episode_id) {
+        return Err(on_disk());
+    }
     let reservation = gym.registry.reserve(gym.max_episodes).map_err(|e| match e {
         RegisterError::Full { open, max } => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -260,12 +290,19 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
     let mut slot = entry.slot.try_lock().expect("a slot nobody else has seen yet is unlocked");
     gym.registry.insert(reservation, &episode_id, entry.clone()).map_err(|_| exists())?;
 
-    let started: std::io::Result<(Episode, bool)> = gym.runner.start(input, &gym.out_dir).and_then(|mut episode| {
-        let running = episode.advance(&gym.runner)?;
-        Ok((episode, running))
-    });
+    let started: std::io::Result<(Episode, bool)> =
+        gym.runner.start_new(input, &gym.out_dir).and_then(|mut episode| {
+            let running = episode.advance(&gym.runner)?;
+            Ok((episode, running))
+        });
     let (mut episode, running) = match started {
         Ok(started) => started,
+        // Created on disk since the check (another server on this directory).
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            gym.registry.release();
+            gym.registry.remove(&episode_id);
+            return Err(on_disk());
+        }
         Err(e) => {
             gym.registry.release();
             entry.update(|s| {
