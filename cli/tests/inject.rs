@@ -115,6 +115,7 @@ async fn inject_reaches_a_serve_mode_episode_now_or_at_its_step() {
         out_dir: dir.path().join("traces"),
         max_episodes: 4,
         idle_timeout: Duration::from_secs(60),
+        keep_closed: Duration::from_secs(60),
     })
     .unwrap();
     let (listener, endpoint) = listener().await;

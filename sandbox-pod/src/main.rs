@@ -66,6 +66,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = basecamp_sandbox::gym::DEFAULT_MAX_EPISODES, value_parser = at_least_one())]
     max_episodes: usize,
     /// Close an episode after this long without a request: 90s, 10m, 500ms.
+    /// A closed episode is held as long again, then forgotten (its trace stays).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     idle_timeout: std::time::Duration,
 }

@@ -116,11 +116,16 @@ struct TestServer {
 
 impl TestServer {
     async fn start(max_episodes: usize, idle_timeout: Duration) -> Self {
-        Self::start_in(tempfile::tempdir().unwrap(), max_episodes, idle_timeout).await
+        Self::start_in(tempfile::tempdir().unwrap(), max_episodes, idle_timeout, Duration::from_secs(60)).await
     }
 
     /// A server whose traces go to `dir`/traces (where an earlier one's may be).
-    async fn start_in(dir: tempfile::TempDir, max_episodes: usize, idle_timeout: Duration) -> Self {
+    async fn start_in(
+        dir: tempfile::TempDir,
+        max_episodes: usize,
+        idle_timeout: Duration,
+        keep_closed: Duration,
+    ) -> Self {
         let gym = Gym::new(GymConfig {
             runner: runner(dir.path()),
             rows: vec![row("ok")],
@@ -129,6 +134,7 @@ impl TestServer {
             out_dir: dir.path().join("traces"),
             max_episodes,
             idle_timeout,
+            keep_closed,
         })
         .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -680,7 +686,7 @@ async fn a_restarted_server_keeps_the_traces_of_the_one_before_and_numbers_past_
 
     // Before: the second server counted from 1 again and truncated ok-1.trace,
     // and took `mine` again over the first one's trace.
-    let second = TestServer::start_in(dir, 4, Duration::from_secs(60)).await;
+    let second = TestServer::start_in(dir, 4, Duration::from_secs(60), Duration::from_secs(60)).await;
     let (status, created) = second.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
     assert_eq!((status, created["episode_id"].as_str()), (201, Some("ok-2")), "{created}");
     assert_error(
@@ -697,6 +703,51 @@ async fn a_restarted_server_keeps_the_traces_of_the_one_before_and_numbers_past_
     let read = |file: &str| std::fs::read(traces.join(file)).unwrap();
     assert!(before == (read("ok-1.trace"), read("mine.trace")), "the first server's traces are untouched");
     assert_eq!(read_trace(traces.join("ok-2.trace")).unwrap().header.episode_id, "ok-2");
+}
+
+#[tokio::test]
+async fn a_closed_episode_is_forgotten_after_keep_closed_and_its_trace_is_still_served() {
+    // Before: every episode stayed held for the life of the server (~1.8 KB
+    // each, and in every listing): a trainer's millions of episodes grew it
+    // without bound.
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_in(dir, 4, Duration::from_secs(60), Duration::from_millis(200)).await;
+    let (status, _) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "gone"}"#).await;
+    assert_eq!(status, 201);
+    let (status, closed) = server.post("/v1/episodes/gone/close", "{}").await;
+    assert_eq!(status, 200, "{closed}");
+    let mut forgotten = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let answer = server.get("/v1/episodes/gone").await;
+        if answer.0 == 404 {
+            forgotten = Some(answer);
+            break;
+        }
+    }
+    let forgotten = forgotten.expect("the closed episode is forgotten within 5 s");
+    assert_error(
+        &forgotten,
+        404,
+        "UnknownEpisode",
+        "is closed and no longer held (a closed episode is held for 200 ms",
+    );
+    let (_, listed) = server.get("/v1/episodes").await;
+    assert_eq!(listed["episodes"], json!([]), "{listed}");
+    let response = client().get(server.url("/v1/episodes/gone/trace")).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.headers()["x-basecamp-trace-complete"], "true");
+    let trace = read_trace_from(&response.bytes().await.unwrap()[..], "gone").unwrap();
+    assert!(matches!(trace.tail, Tail::Complete));
+    assert_eq!(trace.header.episode_id, "gone");
+    assert_error(
+        &server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "gone"}"#).await,
+        409,
+        "EpisodeExists",
+        "has a trace in",
+    );
+    assert_error(&server.get("/v1/episodes/never/trace").await, 404, "UnknownEpisode", "no episode \"never\" here");
+    server.shut_down().await;
 }
 
 // ---- the `serve` subcommand --------------------------------------------------

@@ -197,6 +197,7 @@ async fn start_gym(dir: &std::path::Path, max_episodes: usize) -> SocketAddr {
         out_dir: dir.join("traces"),
         max_episodes,
         idle_timeout: Duration::from_secs(60),
+        keep_closed: Duration::from_secs(60),
     })
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -17,7 +17,11 @@
 //! `openapi/sandbox.yaml` documents them; a test holds the router and the
 //! document to each other. Errors are [`ApiError`](crate::server::ApiError)s.
 //! At most `max_episodes` are open at once (429 beyond), and an episode idle
-//! for `idle_timeout` is closed as `cancelled`.
+//! for `idle_timeout` is closed as `cancelled`. A closed episode is held
+//! (listed, described) for `keep_closed` after its last request, then
+//! forgotten: its trace stays in the output directory, `GET …/trace` still
+//! serves it, and its id is never given again. So a server that runs
+//! millions of episodes holds those of the last few minutes, not all.
 //!
 //! - [`action`]: an action body as a policy response;
 //! - [`client`]: a client of the API (both modes), for `basecamp sandbox inject`;
@@ -66,6 +70,9 @@ pub struct GymConfig {
     pub out_dir: PathBuf,
     pub max_episodes: usize,
     pub idle_timeout: Duration,
+    /// How long a closed episode stays held after its last request
+    /// (`basecamp-sandbox serve`: the idle timeout).
+    pub keep_closed: Duration,
 }
 
 /// A server-mode sandbox: the runner, the test set and the episodes.
@@ -79,6 +86,7 @@ pub struct Gym {
     out_dir: PathBuf,
     max_episodes: usize,
     idle_timeout: Duration,
+    keep_closed: Duration,
     registry: registry::Registry,
     next_injection: AtomicU64,
 }
@@ -103,6 +111,7 @@ impl Gym {
             out_dir: config.out_dir,
             max_episodes: config.max_episodes.max(1),
             idle_timeout: config.idle_timeout,
+            keep_closed: config.keep_closed,
             registry: registry::Registry::default(),
             next_injection: AtomicU64::new(1),
         }))
@@ -127,7 +136,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let reaper_gym = gym.clone();
     let reaper = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(routes::reaper_period(reaper_gym.idle_timeout));
+        let mut tick =
+            tokio::time::interval(routes::reaper_period(reaper_gym.idle_timeout.min(reaper_gym.keep_closed)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;

@@ -128,6 +128,17 @@ impl Registry {
         self.lock().values().cloned().collect()
     }
 
+    /// Forgets the closed episodes untouched for longer than `held`.
+    pub fn forget_closed(&self, held: Duration) -> usize {
+        let mut entries = self.lock();
+        let before = entries.len();
+        entries.retain(|_, entry| {
+            let status = entry.status.lock().unwrap_or_else(|p| p.into_inner());
+            !(status.closed && status.last_used.elapsed() > held)
+        });
+        before - entries.len()
+    }
+
     /// Open episodes untouched for longer than `idle`.
     pub fn idle(&self, idle: Duration) -> Vec<Arc<Entry>> {
         self.all().into_iter().filter(|e| !e.status().closed && e.status().last_used.elapsed() > idle).collect()

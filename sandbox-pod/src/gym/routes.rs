@@ -89,13 +89,22 @@ impl Gym {
     }
 
     fn entry(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
-        self.registry.get(id).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "UnknownEpisode",
-                format!("no episode {id:?} here; GET /v1/episodes lists them, POST /v1/episodes creates one"),
+        self.registry.get(id).ok_or_else(|| self.unknown(id))
+    }
+
+    /// Why `id` is not held: never here, or closed and forgotten.
+    fn unknown(&self, id: &str) -> ApiError {
+        let message = if self.trace_exists(id) {
+            format!(
+                "episode {id:?} is closed and no longer held (a closed episode is held for {} ms after its last \
+                 request); GET /v1/episodes/{id}/trace serves its trace, {}",
+                self.keep_closed.as_millis(),
+                self.out_dir.join(crate::episode::trace_file_name(id)).display()
             )
-        })
+        } else {
+            format!("no episode {id:?} here; GET /v1/episodes lists them, POST /v1/episodes creates one")
+        };
+        ApiError::new(StatusCode::NOT_FOUND, "UnknownEpisode", message)
     }
 
     /// Ends the slot's episode: scores it, completes its trace, frees its
@@ -147,6 +156,7 @@ impl Gym {
     /// Closes the episodes idle for longer than the idle timeout; those
     /// busy right now are left for the next round.
     pub async fn close_idle(&self) {
+        self.registry.forget_closed(self.keep_closed);
         for entry in self.registry.idle(self.idle_timeout) {
             let Ok(mut slot) = entry.slot.try_lock() else { continue };
             let reason =
@@ -158,9 +168,10 @@ impl Gym {
     }
 }
 
-/// How often the idle reaper looks, for an idle timeout.
-pub fn reaper_period(idle_timeout: Duration) -> Duration {
-    (idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
+/// How often the reaper looks (closing idle episodes, forgetting closed
+/// ones), for the shorter of the idle timeout and `keep_closed`.
+pub fn reaper_period(shortest: Duration) -> Duration {
+    (shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
 
 fn result_json(episode_id: &str, result: &EpisodeResult) -> Value {
@@ -495,9 +506,16 @@ async fn close(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Re
 }
 
 async fn trace(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let entry = gym.entry(&id)?;
-    let status = entry.status();
-    let path = gym.out_dir.join(&status.trace_file);
+    // A forgotten episode was closed, its trace completed.
+    let (trace_file, closed) = match gym.registry.get(&id) {
+        Some(entry) => {
+            let status = entry.status();
+            (status.trace_file, status.closed)
+        }
+        None if gym.trace_exists(&id) => (crate::episode::trace_file_name(&id), true),
+        None => return Err(gym.unknown(&id)),
+    };
+    let path = gym.out_dir.join(&trace_file);
     let bytes = tokio::fs::read(&path).await.map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -507,8 +525,8 @@ async fn trace(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Re
     })?;
     let headers = [
         (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-        (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{}\"", status.trace_file)),
-        (header::HeaderName::from_static("x-basecamp-trace-complete"), status.closed.to_string()),
+        (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{trace_file}\"")),
+        (header::HeaderName::from_static("x-basecamp-trace-complete"), closed.to_string()),
     ];
     Ok((headers, bytes).into_response())
 }

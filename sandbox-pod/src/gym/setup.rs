@@ -102,6 +102,7 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         out_dir,
         max_episodes: request.max_episodes,
         idle_timeout: request.idle_timeout,
+        keep_closed: request.idle_timeout,
     };
     Ok(Prepared { config, services, warnings })
 }
