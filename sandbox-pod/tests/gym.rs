@@ -693,7 +693,7 @@ async fn a_restarted_server_keeps_the_traces_of_the_one_before_and_numbers_past_
         &second.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "mine"}"#).await,
         409,
         "EpisodeExists",
-        "from an earlier run of this server",
+        "of this server or one before it: kept, never overwritten",
     );
     assert_eq!(second.get("/v1/episodes/mine").await.0, 404, "a refused episode is not held");
     let (_, listed) = second.get("/v1/episodes").await;

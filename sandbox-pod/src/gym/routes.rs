@@ -264,8 +264,8 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
             StatusCode::CONFLICT,
             "EpisodeExists",
             format!(
-                "episode {episode_id:?} has a trace in {} already (from an earlier run of this server; it is kept, \
-                 never overwritten); choose another episode_id, or leave it out for a generated one",
+                "episode {episode_id:?} has a trace in {} already (an earlier episode of that id, of this server or \
+                 one before it: kept, never overwritten); choose another episode_id, or leave it out for a generated one",
                 gym.out_dir.display()
             ),
         )
