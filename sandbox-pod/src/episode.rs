@@ -137,9 +137,14 @@ impl LiveInjections {
     }
 
     /// Marks `episode` finished and returns the injections it never received.
+    /// Only an expected episode (a driver's test-set row) is remembered as
+    /// finished: server mode expects none, and remembering each of its
+    /// episodes grew a set for the life of the server.
     fn finish(&self, episode: &str) -> Vec<LiveInjection> {
         let mut state = self.lock();
-        state.finished.insert(episode.to_string());
+        if state.expected.is_some() {
+            state.finished.insert(episode.to_string());
+        }
         state.queues.remove(episode).map(Vec::from).unwrap_or_default()
     }
 }
@@ -1111,5 +1116,27 @@ mod tests {
         assert_eq!(file_safe("ep-1.a_b"), "ep-1.a_b");
         assert_eq!(file_safe("~~"), "~7E~7E");
         assert_eq!(file_safe(".."), "~2E.");
+    }
+
+    #[test]
+    fn only_expected_episodes_are_remembered_as_finished() {
+        let injection = |id: &str| LiveInjection { id: id.into(), observation: json!({}), at_step: None };
+        // Server mode: no episodes expected; its episodes come and go.
+        let server = LiveInjections::default();
+        for i in 0..1_000 {
+            server.push(&format!("ep-{i}"), injection("late"));
+            assert_eq!(server.finish(&format!("ep-{i}")).len(), 1, "the undelivered injection is handed back");
+        }
+        let state = server.lock();
+        assert!(state.finished.is_empty() && state.queues.is_empty(), "nothing is kept of finished episodes");
+        drop(state);
+        // A driver shard: a finished row refuses an injection.
+        let driver = LiveInjections::default();
+        driver.expect_episodes(["row-1".to_string()]);
+        driver.finish("row-1");
+        assert_eq!(
+            driver.offer("row-1", injection("late")),
+            Err(InjectionRefused::Finished { episode: "row-1".into() })
+        );
     }
 }
