@@ -77,10 +77,18 @@ fn the_ecommerce_ab_run_shows_the_null_fallback_in_a_and_b_fixing_it() {
     for trace in &traces {
         let contents = basecamp_trace::read_trace(trace).unwrap();
         assert!(contents.damage().is_none(), "{} is complete", trace.display());
+        // Each shard's runner is its variant's, built once, with the shard's own header.
+        let shard_dir = trace.parent().unwrap().file_name().unwrap().to_str().unwrap();
+        let variant_dir = trace.parent().unwrap().parent().unwrap().file_name().unwrap().to_str().unwrap();
+        let header = &contents.header;
+        assert_eq!((format!("shard-{}", header.shard), header.shard_count), (shard_dir.to_string(), 2), "{header:?}");
+        assert_eq!(header.variant, variant_dir, "{}", trace.display());
     }
     for v in ["a", "b"] {
         for shard in 0..2 {
-            assert!(out.path().join(format!("{v}/shard-{shard}/summary.json")).is_file());
+            let summary = out.path().join(format!("{v}/shard-{shard}/summary.json"));
+            let summary: Value = serde_json::from_slice(&std::fs::read(summary).unwrap()).unwrap();
+            assert_eq!((summary["variant"].as_str(), summary["shard"].as_u64()), (Some(v), Some(shard)));
         }
     }
 

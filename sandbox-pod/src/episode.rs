@@ -379,6 +379,34 @@ impl EpisodeRunner {
         episode.finish(self)
     }
 
+    /// This runner for shard `shard` of a local run (`basecamp run` runs the
+    /// shards of a variant side by side): the same tools, policy and
+    /// settings without reading or parsing anything again (a recorded
+    /// fixture, a scripted policy), with its own HTTP rate limits
+    /// ([`ToolExecutor::for_shard`]) and live injections; the metrics and the
+    /// logit analytics are the process's, shared.
+    pub fn for_shard(&self, shard: u32) -> EpisodeRunner {
+        EpisodeRunner {
+            executor: self.executor.for_shard(),
+            policy: self.policy.clone(),
+            tools: self.tools.clone(),
+            system_prompt: self.system_prompt.clone(),
+            max_steps: self.max_steps,
+            plan_step_timeout: self.plan_step_timeout,
+            rollback_enabled: self.rollback_enabled,
+            snapshot_interval: self.snapshot_interval,
+            error_context: self.error_context,
+            injections: self.injections.clone(),
+            rewards: self.rewards.clone(),
+            reward_sources: self.reward_sources.clone(),
+            training_step: self.training_step,
+            header: Header { shard, ..self.header.clone() },
+            live: LiveInjections::default(),
+            metrics: self.metrics.clone(),
+            logits: self.logits.clone(),
+        }
+    }
+
     /// Starts an episode: creates `<dir>/<id>.trace` with its header and the
     /// initial memory. No step has begun yet: call [`Episode::advance`].
     pub fn start(&self, input: EpisodeInput, dir: &Path) -> std::io::Result<Episode> {

@@ -174,6 +174,14 @@ impl ToolExecutor {
         Self { recorded, ..self.clone() }
     }
 
+    /// The same tools for another shard of a local run ([`Tool::for_shard`]):
+    /// nothing is read or parsed again.
+    pub fn for_shard(&self) -> Self {
+        let tools =
+            self.tools.iter().map(|(name, def)| (name.clone(), ToolDef { tool: def.tool.for_shard(), ..def.clone() }));
+        Self { tools: Arc::new(tools.collect()), recorded: BTreeMap::new(), ..self.clone() }
+    }
+
     /// Ends calls at their timeout with `timer` (default [`Timer::Precise`]).
     pub fn set_timer(&mut self, timer: Timer) -> &mut Self {
         self.timer = timer;

@@ -162,19 +162,21 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
                 .with_context(|| format!("variant {}", variant.name))?;
         let sandbox = running.expand(&variant.sandbox)?;
         services.push(running);
+        // Built once per variant (a recorded fixture or a script is read and
+        // parsed once), then given to each shard with its own rate limits.
+        let ctx = RunContext {
+            base_dir: base_dir.clone(),
+            namespace: namespace.clone(),
+            task: task_name.clone(),
+            variant: variant.name.clone(),
+            shard: 0,
+            shard_count,
+            training_step: 0,
+        };
+        let first = build_runner(&task.spec, &sandbox, &ctx).with_context(|| format!("variant {}", variant.name))?;
         for shard in 0..shard_count {
             let rows = test_set.shard(shard, shard_count).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let ctx = RunContext {
-                base_dir: base_dir.clone(),
-                namespace: namespace.clone(),
-                task: task_name.clone(),
-                variant: variant.name.clone(),
-                shard,
-                shard_count,
-                training_step: 0,
-            };
-            let runner =
-                build_runner(&task.spec, &sandbox, &ctx).with_context(|| format!("variant {}", variant.name))?;
+            let runner = first.for_shard(shard);
             jobs.push(ShardJob {
                 variant: v,
                 out_dir: variant_dir.join(format!("shard-{shard}")),

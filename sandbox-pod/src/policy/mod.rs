@@ -51,7 +51,7 @@ impl PolicyError {
 }
 
 /// A policy of either kind, behind one `respond`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Policy {
     /// Boxed: the HTTP client is much larger than a script, and a policy is built once.
     OpenAi(Box<OpenAiPolicy>),

@@ -260,7 +260,7 @@ impl OpenAiConfig {
 
 /// A client of one OpenAI-compatible endpoint. Cheap to share: `respond`
 /// takes `&self` and the HTTP connection pool is reused across episodes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct OpenAiPolicy {
     config: OpenAiConfig,
     api_key: Option<ApiKey>,

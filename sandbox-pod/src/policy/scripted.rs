@@ -240,7 +240,8 @@ enum Script {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScriptedPolicy {
     path: PathBuf,
-    script: Script,
+    /// Shared by the clones (the shards of a local run).
+    script: Arc<Script>,
 }
 
 impl ScriptedPolicy {
@@ -331,7 +332,7 @@ impl ScriptedPolicy {
             Some((_, true)) => Script::PerEpisode(episodes),
             _ => Script::Shared(shared),
         };
-        Ok(Self { path: path.to_owned(), script })
+        Ok(Self { path: path.to_owned(), script: Arc::new(script) })
     }
 
     pub fn path(&self) -> &Path {
@@ -340,7 +341,7 @@ impl ScriptedPolicy {
 
     /// The episodes scripted one by one (empty for a shared script).
     pub fn episodes(&self) -> Vec<&str> {
-        match &self.script {
+        match &*self.script {
             Script::Shared(_) => Vec::new(),
             Script::PerEpisode(episodes) => episodes.keys().map(String::as_str).collect(),
         }
@@ -350,7 +351,7 @@ impl ScriptedPolicy {
     /// refuse a test set up front instead of failing episode by episode.
     /// Always empty for a shared script.
     pub fn missing_episodes<'a>(&self, episode_ids: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
-        match &self.script {
+        match &*self.script {
             Script::Shared(_) => Vec::new(),
             Script::PerEpisode(episodes) => episode_ids.into_iter().filter(|id| !episodes.contains_key(*id)).collect(),
         }
@@ -377,7 +378,7 @@ impl ScriptedPolicy {
 
     fn lookup(&self, request: &PolicyRequest<'_>) -> Result<(usize, &ScriptedResponse), ScriptedError> {
         let turn = usize::try_from(request.turn).unwrap_or(usize::MAX);
-        match &self.script {
+        match &*self.script {
             Script::Shared(turns) => match turns.get(turn) {
                 Some(t) => Ok((t.line, &t.response)),
                 None => Err(ScriptedError::OutOfTurns {
@@ -596,7 +597,7 @@ mod tests {
             "\n"
         ))
         .unwrap();
-        let Script::Shared(turns) = &policy.script else { panic!("shared") };
+        let Script::Shared(turns) = &*policy.script else { panic!("shared") };
         let first = to_response(&turns[0].response, 0, Duration::ZERO);
         assert_eq!(first.tool_calls[0].id, "call_0_0");
         assert_eq!(first.tool_calls[1].arguments.invalid().unwrap().error_type, "invalid_json");
@@ -616,7 +617,7 @@ mod tests {
             "\n"
         ))
         .unwrap();
-        let Script::Shared(turns) = &policy.script else { panic!("shared") };
+        let Script::Shared(turns) = &*policy.script else { panic!("shared") };
         let records: Vec<_> = to_response(&turns[0].response, 0, Duration::ZERO)
             .logprobs
             .unwrap()

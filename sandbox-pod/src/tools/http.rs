@@ -48,6 +48,8 @@ pub struct HttpTool {
     pub retry: Option<basecamp_api::tool::HttpRetry>,
     client: reqwest::Client,
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
+    /// The quota `limiter` was built from, for [`HttpTool::with_own_limiter`].
+    quota: Option<Quota>,
 }
 
 impl std::fmt::Debug for HttpTool {
@@ -71,6 +73,7 @@ impl HttpTool {
             retry: None,
             client,
             limiter: None,
+            quota: None,
         }
     }
 
@@ -95,7 +98,14 @@ impl HttpTool {
         }
         let quota = Quota::with_period(period).ok_or("the rate limit's period is zero")?.allow_burst(burst);
         self.limiter = Some(Arc::new(RateLimiter::direct(quota)));
+        self.quota = Some(quota);
         Ok(self)
+    }
+
+    /// The same tool with a rate limiter of its own (a clone shares the
+    /// limiter): each shard of a local run limits its calls as its pod would.
+    pub fn with_own_limiter(&self) -> Self {
+        Self { limiter: self.quota.map(|quota| Arc::new(RateLimiter::direct(quota))), ..self.clone() }
     }
 
     /// One call: the request, and its retries when the answer says "try
@@ -448,6 +458,22 @@ mod tests {
         let err = tool().with_rate_limit(RateLimit { requests_per_second: 1e-12, burst: 1 }).unwrap_err();
         assert!(err.starts_with("requestsPerSecond 0.000000000001 with a burst of 1 is too slow"), "{err}");
         assert!(tool().with_rate_limit(RateLimit { requests_per_second: 1e-6, burst: 1000 }).is_ok());
+    }
+
+    #[test]
+    fn a_clone_shares_the_rate_limit_and_another_shards_tool_has_its_own() {
+        let limited = HttpTool::new(reqwest::Client::new(), Method::GET, "http://h/")
+            .with_rate_limit(RateLimit { requests_per_second: 1.0, burst: 1 })
+            .unwrap();
+        let (clone, own) = (limited.clone(), limited.with_own_limiter());
+        let limiter = |t: &HttpTool| t.limiter.clone().expect("rate limited");
+        assert!(Arc::ptr_eq(&limiter(&limited), &limiter(&clone)), "episodes of a shard share one limit");
+        assert!(!Arc::ptr_eq(&limiter(&limited), &limiter(&own)), "another shard limits its own calls");
+        // The same quota: one slot, taken at once, the next a second later.
+        assert!(limiter(&limited).check().is_ok() && limiter(&limited).check().is_err());
+        assert!(limiter(&own).check().is_ok() && limiter(&own).check().is_err());
+        let unlimited = HttpTool::new(reqwest::Client::new(), Method::GET, "http://h/");
+        assert!(unlimited.with_own_limiter().limiter.is_none());
     }
 
     #[test]

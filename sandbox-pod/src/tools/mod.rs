@@ -217,6 +217,16 @@ impl Tool {
         }
     }
 
+    /// This tool as another shard of a local run uses it: an HTTP tool's
+    /// rate limit is the shard's own, as each pod's is in a cluster; every
+    /// other kind is the same tool (a recorded tool shares its fixture).
+    pub fn for_shard(&self) -> Self {
+        match self {
+            Self::Http(t) => Self::Http(t.with_own_limiter()),
+            other => other.clone(),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Http(_) => "http",
