@@ -102,7 +102,12 @@ fn main() {
     if let Some(e) = &episodes {
         e.print(overhead.as_ref());
     }
-    let (Some(overhead), Some(timeouts), Some(episodes)) = (overhead, timeouts, episodes) else {
+    let fixtures = runs("fixture").then(|| runtime.block_on(measure_fixtures(&settings)));
+    if let Some(f) = &fixtures {
+        f.print();
+    }
+    let (Some(overhead), Some(timeouts), Some(episodes), Some(fixtures)) = (overhead, timeouts, episodes, fixtures)
+    else {
         println!("\nfiltered run: no file written");
         return;
     };
@@ -130,6 +135,7 @@ fn main() {
         "executor_overhead": overhead.to_json(),
         "timeout_precision": timeouts.to_json(),
         "episodes": episodes.to_json(),
+        "recorded_fixture_lookup": fixtures.to_json(),
         "targets": targets.iter().map(Target::to_json).collect::<Vec<_>>(),
     });
     write_results(RESULTS, &json);
@@ -1110,6 +1116,96 @@ fn speedup(samples: &[(usize, Vec<EpisodeSample>)], tasks: usize) -> Spread {
     let one = &samples.iter().find(|(n, _)| *n == 1).expect("one task measured").1;
     let many = &samples.iter().find(|(n, _)| *n == tasks).expect("a measured concurrency").1;
     Spread::of(&many.iter().zip(one).map(|(m, o)| m.per_s() / o.per_s()).collect::<Vec<_>>())
+}
+
+// ---- 4. recorded fixtures: a call's line by its arguments ------------------------------
+
+/// Fixture lengths measured: a recorded task's fixture has a line per test-set row.
+const FIXTURE_LINES: [usize; 3] = [1_000, 10_000, 100_000];
+/// Calls timed per fixture length and round.
+const FIXTURE_CALLS: usize = 2_000;
+
+/// Per fixture length: calls/s through `RecordedTool::call` (the line found
+/// in a hash map by the arguments' canonical hash) and through the scan it
+/// replaced (3144200: the same hash, compared with every line's in turn),
+/// in the same rounds, and their ratio per round.
+struct Fixtures {
+    cases: Vec<(usize, Spread, Spread, Spread)>,
+}
+
+async fn measure_fixtures(settings: &Settings) -> Fixtures {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut cases = Vec::new();
+    for lines in FIXTURE_LINES {
+        let recordings: Vec<Recording> = (0..lines)
+            .map(|i| Recording {
+                tool: "track_order".into(),
+                arguments: Some(json!({"order_id": format!("ORD-{i}"), "region": "eu"})),
+                response: json!({"status": "in_transit", "line": i}),
+                latency: Duration::ZERO,
+                timeout: false,
+                error: None,
+                error_type: None,
+            })
+            .collect();
+        // The scan's table: each line's argument hash, in file order.
+        let hashes: Vec<_> = recordings.iter().map(|r| hash_json(r.arguments.as_ref().expect("arguments"))).collect();
+        let tool = RecordedTool::new("track_order", recordings.clone());
+        let (mut map_rates, mut scan_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..settings.rounds {
+            let calls: Vec<Value> = (0..FIXTURE_CALLS)
+                .map(|_| json!({"region": "eu", "order_id": format!("ORD-{}", rng.usize(..lines))}))
+                .collect();
+            let started = Instant::now();
+            for arguments in &calls {
+                black_box(tool.call("track_order", arguments).await.expect("a recorded line answers"));
+            }
+            let map = started.elapsed().as_secs_f64();
+            let started = Instant::now();
+            for arguments in &calls {
+                let hash = hash_json(arguments);
+                let line = hashes.iter().position(|h| *h == hash).expect("a recorded line answers");
+                let response = &recordings[line].response;
+                black_box(ToolOutput::from_json(response.clone(), 0).expect("an observation"));
+            }
+            let scan = started.elapsed().as_secs_f64();
+            map_rates.push(FIXTURE_CALLS as f64 / map);
+            scan_rates.push(FIXTURE_CALLS as f64 / scan);
+            ratios.push(scan / map);
+        }
+        cases.push((lines, Spread::of(&map_rates), Spread::of(&scan_rates), Spread::of(&ratios)));
+    }
+    Fixtures { cases }
+}
+
+impl Fixtures {
+    fn print(&self) {
+        println!(
+            "\nrecorded fixture lookup by arguments ({FIXTURE_CALLS} calls a round, median [min .. max] over rounds)"
+        );
+        println!(
+            "   {:>8}  {:>28}  {:>28}  {:>24}",
+            "lines", "hash map calls/s", "scan calls/s (before)", "scan time / map time"
+        );
+        for (lines, map, scan, ratio) in &self.cases {
+            println!("   {lines:>8}  {:>28}  {:>28}  {:>24}", map.show(1.0, 0), scan.show(1.0, 0), ratio.show(1.0, 2));
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "what": "RecordedTool::call of a fixture line by its arguments (json! arguments, canonical hash), against \
+                     the scan it replaced in 3144200 (the same hash compared with every line's in turn, then the \
+                     observation built), the same calls in the same round",
+            "calls_per_round": FIXTURE_CALLS,
+            "cases": self.cases.iter().map(|(lines, map, scan, ratio)| json!({
+                "fixture_lines": lines,
+                "hash_map_calls_per_s": map.to_json(1.0),
+                "scan_calls_per_s": scan.to_json(1.0),
+                "scan_time_over_map_time": ratio.to_json(1.0),
+            })).collect::<Vec<_>>(),
+        })
+    }
 }
 
 // ---- targets ----------------------------------------------------------------------
