@@ -129,14 +129,11 @@ impl Registry {
     }
 
     /// Forgets the closed episodes untouched for longer than `held`.
-    pub fn forget_closed(&self, held: Duration) -> usize {
-        let mut entries = self.lock();
-        let before = entries.len();
-        entries.retain(|_, entry| {
+    pub fn forget_closed(&self, held: Duration) {
+        self.lock().retain(|_, entry| {
             let status = entry.status.lock().unwrap_or_else(|p| p.into_inner());
             !(status.closed && status.last_used.elapsed() > held)
         });
-        before - entries.len()
     }
 
     /// Open episodes untouched for longer than `idle`.

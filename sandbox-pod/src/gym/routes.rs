@@ -71,9 +71,14 @@ fn trace_io(episode: &str, e: &std::io::Error) -> ApiError {
 }
 
 impl Gym {
-    /// Whether `<out>/<id>.trace` exists: an episode of this id ran here before.
+    /// `<out>/<id>.trace`: where the episode `id` writes its trace.
+    fn trace_path(&self, id: &str) -> std::path::PathBuf {
+        self.out_dir.join(crate::episode::trace_file_name(id))
+    }
+
+    /// Whether an episode of this id ran here before: its trace exists.
     fn trace_exists(&self, id: &str) -> bool {
-        self.out_dir.join(crate::episode::trace_file_name(id)).exists()
+        self.trace_path(id).exists()
     }
 
     /// A generated episode id, `name(n)` for the next number `n` whose id
@@ -99,7 +104,7 @@ impl Gym {
                 "episode {id:?} is closed and no longer held (a closed episode is held for {} ms after its last \
                  request); GET /v1/episodes/{id}/trace serves its trace, {}",
                 self.keep_closed.as_millis(),
-                self.out_dir.join(crate::episode::trace_file_name(id)).display()
+                self.trace_path(id).display()
             )
         } else {
             format!("no episode {id:?} here; GET /v1/episodes lists them, POST /v1/episodes creates one")
