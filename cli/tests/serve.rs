@@ -83,6 +83,61 @@ fn pages_are_served_at_stable_urls_with_what_the_traces_say() {
     assert_eq!(get(&server.addr, "/nothing/here").status, 404);
 }
 
+/// A task of 1,100 episodes: its page holds 500 rows of the episode table
+/// (failed first), links the other pages, and lists and draws at most so
+/// many episodes in clusters, flagged steps and charts, counting the rest.
+/// Before pages, 20,000 episodes made one page of 10.8 MB.
+#[test]
+fn a_long_task_is_paged_and_every_episode_is_on_one_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 1_100;
+    fixtures::write_traces(dir.path(), TASK, "a", n);
+    let failed = (0..n).filter(|&i| fixtures::fails("a", i)).count();
+    let server = Server::start(dir.path());
+    let rows = |page: &str| -> Vec<(String, bool)> {
+        page.split("<tr data-ok=\"")
+            .skip(1)
+            .map(|row| {
+                let id = row.split("</a>").next().unwrap().rsplit('>').next().unwrap().to_string();
+                (id, row.starts_with('0'))
+            })
+            .collect()
+    };
+
+    let first = get(&server.addr, &task_path());
+    assert_eq!(first.status, 200);
+    let first = first.text();
+    assert!(first.contains("rows 1–500 of 1,100 (failed first), page 1 of 3"), "{first}");
+    assert!(first.contains(&format!("href=\"{}?page=2\" data-page=\"2\">next ›</a>", task_path())), "{first}");
+    let cluster_more = format!("and {} more (the episode table lists failed episodes first)", failed - 100);
+    assert!(first.contains(&cluster_more), "the cluster of {failed} lists 100 and counts the rest");
+    assert!(first.contains("1,000 of 1,100 episodes drawn, evenly spaced; r and the line use all"));
+    assert_eq!(first.matches("class=\"point\"").count() % 1_000, 0, "charts of 1,000 points each");
+
+    // Pages keep the query; together they hold every episode once, failed first.
+    let mut seen = Vec::new();
+    for page in 1..=3 {
+        let text = get(&server.addr, &format!("{}?variant=a&metric=reward&page={page}", task_path())).text();
+        assert!(text.contains(&format!("page {page} of 3")), "page {page}");
+        seen.extend(rows(&text));
+    }
+    assert_eq!(seen.len(), n as usize);
+    assert!(seen[..failed].iter().all(|(_, failed)| *failed) && seen[failed..].iter().all(|(_, failed)| !failed));
+    let mut ids: Vec<&str> = seen.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n as usize, "an episode on two pages");
+    let last = get(&server.addr, &format!("{}?page=3", task_path())).text();
+    assert!(last.contains("rows 1,001–1,100 of 1,100"));
+    assert!(last.contains(&format!("<a href=\"{}?page=2\" data-page=\"2\">‹ previous</a>", task_path())));
+
+    for bad in ["0", "4"] {
+        let refused = get(&server.addr, &format!("{}?page={bad}", task_path()));
+        assert_eq!(refused.status, 400, "page {bad}");
+        assert!(refused.text().contains("the episode tables here have pages 1 to 3 (500 episodes a page)"));
+    }
+}
+
 #[test]
 fn an_episode_page_shows_its_trace_and_links_the_raw_bytes() {
     let dir = tempfile::tempdir().unwrap();

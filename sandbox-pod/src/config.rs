@@ -8,9 +8,11 @@
 //! here are what only building can find (an unreadable fixture, a policy
 //! that cannot be built).
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use basecamp_api::fixture::FixtureEntry;
 use basecamp_api::sandbox::{Fallback as ApiFallback, NullWrites as ApiNullWrites};
 use basecamp_api::task::PolicySpec;
 use basecamp_api::tool::{HttpMethod, RecordedMatch};
@@ -198,6 +200,9 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
             executor.require_memory_type(key.clone(), name);
         }
     }
+    // Each fixture file is read once, however many tools answer from it,
+    // and each tool takes its own lines.
+    let mut fixtures: HashMap<PathBuf, HashMap<String, Vec<FixtureEntry>>> = HashMap::new();
     let client = reqwest::Client::builder()
         .build()
         .map_err(|e| ConfigError::Tool { tool: "*".into(), message: format!("cannot build the HTTP client: {e}") })?;
@@ -243,10 +248,16 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
             Tool::Exec(tool)
         } else if let Some(recorded) = &spec.recorded {
             let path = resolve(base_dir, &recorded.fixture);
-            let fixture = basecamp_api::fixture::Fixture::load(&path).map_err(|e| err(e.to_string()))?;
+            let lines = match fixtures.entry(path) {
+                Entry::Occupied(loaded) => loaded.into_mut(),
+                Entry::Vacant(slot) => {
+                    let fixture = basecamp_api::fixture::Fixture::load(slot.key()).map_err(|e| err(e.to_string()))?;
+                    slot.insert(by_tool(fixture.entries))
+                }
+            };
             let match_by = recorded.match_by.unwrap_or_default();
             let by_args = match_by == RecordedMatch::Args;
-            let recordings = fixture.entries.into_iter().filter(|e| e.tool == *name).map(|e| Recording {
+            let recordings = lines.remove(name).unwrap_or_default().into_iter().map(|e| Recording {
                 tool: e.tool,
                 arguments: by_args.then_some(Value::Object(e.arguments)),
                 // As a live tool answers: `memory` is written, then `memory_remove` deleted.
@@ -277,6 +288,15 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
         );
     }
     Ok(executor)
+}
+
+/// A fixture's lines by the tool they answer for, in file order.
+fn by_tool(entries: Vec<FixtureEntry>) -> HashMap<String, Vec<FixtureEntry>> {
+    let mut tools: HashMap<String, Vec<FixtureEntry>> = HashMap::new();
+    for entry in entries {
+        tools.entry(entry.tool.clone()).or_default().push(entry);
+    }
+    tools
 }
 
 fn fallback(f: &ApiFallback) -> Fallback {

@@ -318,3 +318,37 @@ async fn a_sequence_fixture_restarts_for_each_episode_and_fails_past_its_last_an
         }
     }
 }
+
+/// Tools that answer from one fixture file: the file is read once and each
+/// tool answers with its own lines, in file order, whatever its match.
+#[tokio::test]
+async fn tools_answering_from_one_fixture_file_each_get_their_own_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = [
+        r#"{"tool": "faq", "arguments": {"q": "returns"}, "observation": {"faq": "30 days"}}"#,
+        r#"{"tool": "track", "observation": {"answer": 1}}"#,
+        r#"{"tool": "faq", "arguments": {"q": "shipping"}, "observation": {"faq": "2 days"}}"#,
+        r#"{"tool": "track", "observation": {"answer": 2}}"#,
+        r#"{"tool": "unused", "observation": {"never": true}}"#,
+    ]
+    .join("\n");
+    std::fs::write(dir.path().join("shared.jsonl"), fixture).unwrap();
+    let spec: basecamp_api::SandboxConfigSpec = serde_json::from_value(json!({"tools": {
+        "faq": {"recorded": {"fixture": "shared.jsonl", "match": "args"}},
+        "track": {"recorded": {"fixture": "./shared.jsonl", "match": "sequence"}},
+    }}))
+    .unwrap();
+    let executor = basecamp_sandbox::config::build_executor(&spec, dir.path()).unwrap().for_episode();
+    let call = async |tool: &str, arguments: Value| {
+        let def = executor.tool(tool).unwrap_or_else(|| panic!("{tool} is not built"));
+        def.tool.call(tool, &arguments).await.map(|out| out.observation).map_err(|e| e.to_string())
+    };
+    assert_eq!(call("faq", json!({"q": "shipping"})).await, Ok(json!({"faq": "2 days"})));
+    assert_eq!(call("faq", json!({"q": "returns"})).await, Ok(json!({"faq": "30 days"})));
+    assert_eq!(call("track", json!({})).await, Ok(json!({"answer": 1})));
+    assert_eq!(call("track", json!({"any": "thing"})).await, Ok(json!({"answer": 2})));
+    let past = call("track", json!({})).await.unwrap_err();
+    assert!(past.contains("has 2 answers for track"), "{past}");
+    let unknown = call("faq", json!({"q": "unknown"})).await.unwrap_err();
+    assert!(unknown.contains("no line for faq"), "{unknown}");
+}

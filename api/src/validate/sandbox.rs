@@ -2,6 +2,7 @@
 //! rollback, injections, rewards, trace settings, GPU and profiles.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use crate::duration::Duration;
 use crate::fixture::Fixture;
@@ -143,7 +144,18 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
     };
 
     for (name, tool) in &spec.tools {
-        check_tool(name, tool, spec, ctx, &mut problems);
+        check_tool(name, tool, spec, &mut problems);
+    }
+    // A fixture file is read once, however many tools answer from it: its
+    // problems are reported once.
+    let mut fixtures: Vec<PathBuf> = Vec::new();
+    for recorded in spec.tools.values().filter_map(|t| t.recorded.as_ref()) {
+        if let Some(file) = ctx.local_file(&recorded.fixture).filter(|_| !recorded.fixture.trim().is_empty())
+            && !fixtures.contains(&file)
+        {
+            check_fixture(&file, spec, &mut problems);
+            fixtures.push(file);
+        }
     }
     check_services(spec, &mut problems);
 
@@ -445,13 +457,7 @@ pub(super) fn check_duration(problems: &mut Vec<Problem>, path: &str, duration: 
     check_not_too_long(problems, path, duration);
 }
 
-fn check_tool(
-    name: &str,
-    tool: &ToolSpec,
-    spec: &SandboxConfigSpec,
-    ctx: &ValidationContext<'_>,
-    problems: &mut Vec<Problem>,
-) {
+fn check_tool(name: &str, tool: &ToolSpec, spec: &SandboxConfigSpec, problems: &mut Vec<Problem>) {
     let path = key_path("spec.tools", name);
     if !is_tool_name(name) {
         problems.push(Problem::error(
@@ -522,16 +528,14 @@ fn check_tool(
             "the command is empty; give the program and its arguments, e.g. [python3, tools/refund.py]",
         ));
     }
-    if let Some(recorded) = &tool.recorded {
-        if recorded.fixture.trim().is_empty() {
-            problems.push(Problem::error(
-                Rule::InvalidTool,
-                format!("{path}.recorded.fixture"),
-                "the fixture path is empty",
-            ));
-        } else if let Some(file) = ctx.local_file(&recorded.fixture) {
-            check_fixture(&file, spec, problems);
-        }
+    if let Some(recorded) = &tool.recorded
+        && recorded.fixture.trim().is_empty()
+    {
+        problems.push(Problem::error(
+            Rule::InvalidTool,
+            format!("{path}.recorded.fixture"),
+            "the fixture path is empty",
+        ));
     }
 }
 

@@ -212,6 +212,34 @@ fn recorded_fixtures_naming_undefined_tools_are_errors_with_file_and_line() {
 }
 
 #[test]
+fn a_fixture_several_tools_answer_from_is_read_once_and_its_problems_reported_once() {
+    let dir = std::env::temp_dir().join(format!("basecamp-api-shared-fixture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    std::fs::write(dir.join("shared.jsonl"), "{\"tool\": \"a\", \"observation\": 1}\n{\"tool\": \"zz\"}\n")
+        .expect("write");
+    let ctx = ValidationContext { base_dir: Some(&dir), ..Default::default() };
+    let file_problems = |tools: &[&str]| -> Vec<String> {
+        let tools: serde_json::Map<String, serde_json::Value> =
+            tools.iter().map(|t| (t.to_string(), json!({"recorded": {"fixture": "shared.jsonl"}}))).collect();
+        let report = validate_sandbox("shop", &sandbox(json!({"tools": tools})), &ctx);
+        report
+            .problems()
+            .iter()
+            .filter(|p| matches!(p.location, Location::File { .. }))
+            .map(|p| p.to_string())
+            .collect()
+    };
+    let one = file_problems(&["a"]);
+    // The undefined tool on line 2.
+    assert_eq!(one.len(), 1, "{one:#?}");
+    assert!(one.iter().any(|p| p.contains("\"zz\"")), "{one:#?}");
+    let three = file_problems(&["a", "b", "c"]);
+    assert_eq!(three.len(), 1, "{three:#?}");
+    assert!(three[0].contains("(defined: a, b, c)"), "{three:#?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn zero_and_negative_durations_are_errors_with_their_paths() {
     let report = check_sandbox(with(
         good_sandbox(),

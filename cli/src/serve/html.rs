@@ -277,7 +277,9 @@ pub fn scatter_svg(c: &Correlation, entries: &[&EpisodeEntry], link: &dyn Fn(&Ep
     }
     // Points on the same spot fan out (a sunflower), so their number shows.
     let mut taken: std::collections::HashMap<(i64, i64), usize> = std::collections::HashMap::new();
-    for &(x, y, i) in &c.points {
+    // An even sample when there are more points than a chart can show usefully.
+    let drawn = c.points.len().min(MAX_POINTS);
+    for &(x, y, i) in (0..drawn).map(|k| &c.points[k * c.points.len() / drawn]) {
         let e = entries[i];
         let (px, py) = (sx(x), sy(y));
         let k = taken.entry((px.round() as i64, py.round() as i64)).or_insert(0);
@@ -298,18 +300,84 @@ pub fn scatter_svg(c: &Correlation, entries: &[&EpisodeEntry], link: &dyn Fn(&Ep
         );
     }
     svg.push_str("</svg>");
+    if drawn < c.points.len() {
+        let _ = write!(
+            svg,
+            "<div class=\"muted sampled\">{} of {} episodes drawn, evenly spaced; r and the line use all</div>",
+            count(drawn),
+            count(c.points.len())
+        );
+    }
     svg
+}
+
+/// The most episodes a cluster or a step's flagged list links by name; the
+/// rest are counted (the episode table lists failed episodes first).
+pub const MAX_LISTED: usize = 100;
+
+/// The most episodes a scatter chart draws: an even sample of the rest
+/// (Pearson's r and the fitted line use every point).
+pub const MAX_POINTS: usize = 1_000;
+
+/// Which rows of a group's episode table a page holds.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    /// Every episode: a report file cannot fetch more.
+    All,
+    /// Page `page` (1-based) of `per_page` rows; `href(n)` is page n's URL.
+    Page { page: usize, per_page: usize, href: &'a dyn Fn(usize) -> String },
+}
+
+impl Rows<'_> {
+    /// How many pages a table of `rows` rows has with these rows a page (at least one).
+    pub fn pages(&self, rows: usize) -> usize {
+        match self {
+            Rows::All => 1,
+            Rows::Page { per_page, .. } => rows.div_ceil(*per_page).max(1),
+        }
+    }
+}
+
+/// `n` with thousands separated: 20,000.
+pub fn count(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Links to at most [`MAX_LISTED`] episodes, then how many more there are.
+fn listed(indices: &[usize], entries: &[&EpisodeEntry], link: &dyn Fn(&EpisodeEntry) -> String) -> String {
+    let mut h: String = indices
+        .iter()
+        .take(MAX_LISTED)
+        .map(|&i| format!("<a href=\"{}\">{}</a> ", esc(&link(entries[i])), esc(&entries[i].id)))
+        .collect();
+    if indices.len() > MAX_LISTED {
+        let _ = write!(
+            h,
+            "<span class=\"muted more\">and {} more (the episode table lists failed episodes first)</span>",
+            count(indices.len() - MAX_LISTED)
+        );
+    }
+    h.trim_end().to_string()
 }
 
 /// The sections of one group's insights: hints, timeline (with the
 /// episodes flagged at each step), correlations, clusters and the episode
-/// table. `link` gives an episode's trace view URL; `scope` keeps element
-/// ids unique when a page holds several groups.
+/// table (the `rows` of it). `link` gives an episode's trace view URL;
+/// `scope` keeps element ids unique when a page holds several groups.
 pub fn insight_sections(
     insights: &Insights,
     entries: &[&EpisodeEntry],
     link: &dyn Fn(&EpisodeEntry) -> String,
     scope: &str,
+    rows: Rows<'_>,
 ) -> String {
     let mut h = String::new();
     let _ = write!(
@@ -351,8 +419,8 @@ pub fn insight_sections(
         if s.flagged.is_empty() {
             h.push_str("<p class=\"muted\">no episode failed or held a null at this step</p>");
         } else {
-            let _ = write!(h, "<p>{} episode(s) flagged at this step:</p><ul>", s.flagged.len());
-            for &i in &s.flagged {
+            let _ = write!(h, "<p>{} episode(s) flagged at this step:</p><ul>", count(s.flagged.len()));
+            for &i in s.flagged.iter().take(MAX_LISTED) {
                 let e = entries[i];
                 let _ = write!(
                     h,
@@ -360,6 +428,13 @@ pub fn insight_sections(
                     esc(&link(e)),
                     esc(&e.key()),
                     esc(&e.relative)
+                );
+            }
+            if s.flagged.len() > MAX_LISTED {
+                let _ = write!(
+                    h,
+                    "<li class=\"muted more\">and {} more (the episode table lists failed episodes first)</li>",
+                    count(s.flagged.len() - MAX_LISTED)
                 );
             }
             h.push_str("</ul>");
@@ -408,18 +483,13 @@ pub fn insight_sections(
         h.push_str("<table class=\"clusters\"><tr><th>episodes</th><th>cluster</th><th>members</th></tr>");
         for c in &insights.clusters {
             let width = c.members.len() as f64 / biggest as f64 * 160.0;
-            let members: Vec<String> = c
-                .members
-                .iter()
-                .map(|&i| format!("<a href=\"{}\">{}</a>", esc(&link(entries[i])), esc(&entries[i].id)))
-                .collect();
             let _ = write!(
                 h,
                 "<tr data-cluster=\"{}\"><td><svg width=\"166\" height=\"14\"><rect width=\"{width:.1}\" height=\"12\" y=\"1\" fill=\"#b00020\"/><text x=\"{tx:.1}\" y=\"11\">{n}</text></svg></td><td>{}<br><span class=\"muted\">{}</span></td><td>{}</td></tr>",
                 esc(&c.key),
                 sentence(&c.label),
                 esc(&c.key),
-                members.join(" "),
+                listed(&c.members, entries, link),
                 tx = (width + 4.0).min(140.0),
                 n = c.members.len(),
             );
@@ -429,16 +499,24 @@ pub fn insight_sections(
 
     let table_id = format!("episodes-{scope}");
     let fixed: Vec<&str> = ["error_rate", "memory_consistency"].into_iter().filter(|m| *m != insights.metric).collect();
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| entries[b].failed().cmp(&entries[a].failed()).then(entries[a].id.cmp(&entries[b].id)));
+    let (shown, pager) = match rows {
+        Rows::All => (&order[..], String::new()),
+        Rows::Page { page, per_page, href } => {
+            let start = ((page.max(1) - 1) * per_page).min(order.len());
+            let end = (start + per_page).min(order.len());
+            (&order[start..end], pager(page, rows.pages(order.len()), start, end, order.len(), href))
+        }
+    };
     let _ = write!(
         h,
-        "<h3>Episodes</h3><label><input type=\"checkbox\" class=\"failed-only\" data-table=\"{table_id}\"> failed only</label>\
+        "<h3>Episodes</h3><label><input type=\"checkbox\" class=\"failed-only\" data-table=\"{table_id}\"> failed only</label>{pager}\
          <table id=\"{table_id}\" class=\"episodes\"><tr><th>episode</th><th>variant</th><th>shard</th><th>outcome</th><th>failure</th><th>{}</th>{}<th>resolution</th><th>trace</th></tr>",
         esc(&insights.metric),
         fixed.iter().map(|m| format!("<th>{m}</th>")).collect::<String>()
     );
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by(|&a, &b| entries[b].failed().cmp(&entries[a].failed()).then(entries[a].id.cmp(&entries[b].id)));
-    for i in order {
+    for &i in shown {
         let e = entries[i];
         let _ = write!(
             h,
@@ -458,5 +536,47 @@ pub fn insight_sections(
         );
     }
     h.push_str("</table>");
+    h.push_str(&pager);
     h
+}
+
+/// The links between pages of an episode table, with the rows this one holds.
+fn pager(page: usize, pages: usize, start: usize, end: usize, total: usize, href: &dyn Fn(usize) -> String) -> String {
+    if pages <= 1 {
+        return String::new();
+    }
+    let held = if start < end {
+        format!("rows {}–{} of {} (failed first)", count(start + 1), count(end), count(total))
+    } else {
+        format!("page {page} is past this table's last page, {pages}")
+    };
+    let go = |n: usize, text: &str| {
+        if n == page || n == 0 || n > pages {
+            format!(" · <span class=\"muted\">{text}</span>")
+        } else {
+            format!(" · <a href=\"{}\" data-page=\"{n}\">{text}</a>", esc(&href(n)))
+        }
+    };
+    format!(
+        "<p class=\"pager\">{held}, page {} of {}{}{}{}{}</p>",
+        count(page),
+        count(pages),
+        go(1, "first"),
+        go(page - 1, "‹ previous"),
+        go(page + 1, "next ›"),
+        go(pages, "last")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        let cases = [(0, "0"), (999, "999"), (1_000, "1,000"), (20_000, "20,000"), (1_234_567, "1,234,567")];
+        for (n, text) in cases {
+            assert_eq!(count(n), text);
+        }
+    }
 }

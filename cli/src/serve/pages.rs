@@ -9,7 +9,7 @@ use basecamp_trace::metrics::percentile;
 
 use super::catalog::{Catalog, EpisodeEntry};
 use super::episode;
-use super::html::{esc, insight_sections, num, page, url_segment};
+use super::html::{Rows, esc, insight_sections, num, page, url_segment};
 use super::insights::{ClusterBy, Loaded, compute};
 use crate::run::summary::TABLE_METRICS;
 
@@ -80,7 +80,13 @@ pub struct TaskQuery {
     pub variant: Option<String>,
     pub metric: Option<String>,
     pub cluster_by: Option<String>,
+    /// The page of each episode table (1-based, [`EPISODE_ROWS`] rows a page).
+    pub page: Option<usize>,
 }
+
+/// Rows a page of the task page's episode tables holds: a task of 20,000
+/// episodes is 40 pages, not one page of 10 MB.
+pub const EPISODE_ROWS: usize = 500;
 
 /// The task page, or `None` when the directory holds no such task.
 pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -> Option<Result<String, String>> {
@@ -93,6 +99,7 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         variant: query.variant.clone().filter(|v| !v.is_empty()),
         metric: query.metric.clone().filter(|m| !m.is_empty()),
         cluster_by: query.cluster_by.clone().filter(|c| !c.is_empty()),
+        page: query.page,
     };
     if let Some(v) = &query.variant
         && !variants.contains_key(v)
@@ -114,6 +121,29 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         },
     };
     let url = task_url(namespace, task);
+    let page_number = query.page.unwrap_or(1);
+    let href = |n: usize| {
+        let mut href = format!("{url}?page={n}");
+        for (key, value) in [("variant", &query.variant), ("metric", &query.metric), ("cluster_by", &query.cluster_by)]
+        {
+            if let Some(value) = value {
+                let _ = write!(href, "&{key}={}", url_segment(value));
+            }
+        }
+        href
+    };
+    let rows = Rows::Page { page: page_number, per_page: EPISODE_ROWS, href: &href };
+    let pages = variants
+        .iter()
+        .filter(|(name, _)| query.variant.as_ref().is_none_or(|v| v == *name))
+        .map(|(_, episodes)| rows.pages(episodes.len()))
+        .max()
+        .unwrap_or(1);
+    if page_number == 0 || page_number > pages {
+        return Some(Err(format!(
+            "page {page_number}: the episode tables here have pages 1 to {pages} ({EPISODE_ROWS} episodes a page)"
+        )));
+    }
     let mut h = format!("<nav><a href=\"/\">all tasks</a></nav><h1>{} / {}</h1>", esc(namespace), esc(task));
     h.push_str(
         "<h2>Metrics per variant</h2><table id=\"variants\"><tr><th>variant</th><th>episodes</th><th>failed</th>",
@@ -184,7 +214,7 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
             compute(&loaded, &metric, cluster_by)
         });
         let _ = write!(h, "<h2 id=\"variant-{}\">variant {}</h2>", esc(name), esc(name));
-        h.push_str(&insight_sections(&insights, episodes, &link, name));
+        h.push_str(&insight_sections(&insights, episodes, &link, name, rows));
     }
     problems(&mut h, catalog);
     Some(Ok(page(&format!("{namespace}/{task}"), &h)))

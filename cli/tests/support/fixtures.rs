@@ -230,6 +230,16 @@ pub fn write_run(root: &Path) {
     }
 }
 
+/// Writes `n` episodes of `task` variant `variant` without a summary (the
+/// server reads them from their traces); a third of variant a's fail.
+pub fn write_traces(root: &Path, task: &str, variant: &str, n: u32) {
+    let dir = shard_dir(root, task, variant);
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..n {
+        write_episode(&dir.join(format!("ep-{i:03}.trace")), task, variant, i);
+    }
+}
+
 /// Pearson's r, computed here independently of the code under test.
 pub fn pearson(xs: &[f64], ys: &[f64]) -> f64 {
     let n = xs.len() as f64;
