@@ -19,7 +19,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::jsonl::{ErrorList, JsonlError, parse_jsonl_bytes};
+use crate::jsonl::{ErrorList, JsonlError, parse_jsonl_bytes, parse_lines_as};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 
 /// One recorded answer.
@@ -160,6 +160,11 @@ impl Fixture {
     /// [`Fixture::parse`] of a file's bytes: a line that is not UTF-8 is an
     /// error naming it, and the other lines are still read.
     pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<Fixture, ErrorList<FixtureError>> {
+        if let Some(lines) = parse_lines_as::<FixtureEntry>(bytes) {
+            let entries = lines.into_iter().map(|(line, entry)| FixtureEntry { line, ..entry }).collect();
+            return Ok(Fixture { name: name.to_string(), entries });
+        }
+        // Something is wrong: every line again, through a JSON value, to say what and where.
         let (rows, jsonl_errors) = parse_jsonl_bytes(name, "fixture", bytes);
         let mut errors: Vec<FixtureError> = jsonl_errors.into_iter().map(FixtureError::Jsonl).collect();
         let mut entries = Vec::new();
@@ -244,5 +249,32 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].to_problem().location, Location::line("f.jsonl", 2));
         assert!(errors[0].to_string().contains("not UTF-8 text (byte 0xE9 at column 14)"), "{}", errors[0]);
+    }
+
+    /// Read straight into entries (a file with nothing wrong) or through a
+    /// JSON value per line (how a file with problems is read, to report
+    /// them): the same entries with the same lines.
+    #[test]
+    fn a_good_file_reads_the_same_as_through_json_values() {
+        let lines = [
+            r#"{"tool": "t", "arguments": {"id": 1, "nested": {"b": [1, 2.5, null]}}, "observation": {"ok": true}}"#,
+            r#"{"tool": "u", "observation": "text", "latencyMs": 0.25, "timeout": false}"#,
+            r#"{"tool": "t", "observation": 1, "memoryPatch": {"a": 1}, "memoryRemove": ["b"], "error": "down", "errorType": "http_status"}"#,
+            r#"{"tool": "é", "observation": 18446744073709551615, "arguments": {"big": -9223372036854775808, "f": 1e300}}"#,
+        ];
+        let text = format!("\u{FEFF}{}\r\n{}\n{}\r\n{}\n\n  \n", lines[0], lines[1], lines[2], lines[3]);
+        let fixture = Fixture::parse("f.jsonl", &text).expect("valid");
+        let through_values: Vec<FixtureEntry> = lines
+            .iter()
+            .enumerate()
+            .map(|(i, line)| {
+                let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                FixtureEntry { line: i as u64 + 1, ..serde_json::from_value(value).unwrap() }
+            })
+            .collect();
+        assert_eq!(fixture.entries, through_values);
+        // A line with a key twice is read as a JSON value reads it (the last wins), as before.
+        let twice = Fixture::parse("f.jsonl", r#"{"tool": "t", "observation": 1, "observation": 2}"#).expect("valid");
+        assert_eq!(twice.entries[0].observation, serde_json::json!(2));
     }
 }

@@ -24,7 +24,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::jsonl::{ErrorList, JsonlError, json_type, parse_jsonl_bytes};
+use crate::jsonl::{ErrorList, JsonlError, json_type, jsonl_rows};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 
 /// One episode of a test set.
@@ -306,12 +306,18 @@ impl TestSet {
     /// [`TestSet::parse`] of a file's bytes: a line that is not UTF-8 is an
     /// error naming it, and the other lines are still read.
     pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<TestSet, TestSetErrors> {
-        let (rows, jsonl_errors) = parse_jsonl_bytes(name, "test set", bytes);
-        let mut errors: Vec<(u64, TestSetError)> =
-            jsonl_errors.into_iter().map(|e| (e.line(), TestSetError::Jsonl(e))).collect();
+        let mut errors: Vec<(u64, TestSetError)> = Vec::new();
         let mut episodes = Vec::new();
         let mut first_line_of: HashMap<String, u64> = HashMap::new();
-        for row in rows {
+        // Row by row: each row's JSON value is dropped once it is an episode.
+        for row in jsonl_rows(name, "test set", bytes) {
+            let row = match row {
+                Ok(row) => row,
+                Err(e) => {
+                    errors.push((e.line(), TestSetError::Jsonl(e)));
+                    continue;
+                }
+            };
             match parse_row(name, row) {
                 Ok(episode) => {
                     if let Some(first_line) = first_line_of.get(&episode.id) {

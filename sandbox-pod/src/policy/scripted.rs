@@ -59,7 +59,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use basecamp_api::jsonl::{JsonlError, parse_jsonl_bytes};
+use basecamp_api::jsonl::{JsonlError, jsonl_rows};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -261,14 +261,7 @@ impl ScriptedPolicy {
     /// UTF-8 is an error naming its line and column.
     pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Self, ScriptedError> {
         let line_error = |line: usize, message: String| ScriptedError::Line { path: path.to_owned(), line, message };
-        let (rows, jsonl_errors) = parse_jsonl_bytes(&path.display().to_string(), "scripted policy", bytes);
-        // The lines before the first that is not a JSON object are checked
-        // first: the error reported is the first in the file.
-        let first_bad = jsonl_errors.into_iter().next();
-        if rows.is_empty() && first_bad.is_none() {
-            return Err(ScriptedError::Empty { path: path.to_owned() });
-        }
-
+        let file = path.display().to_string();
         let base = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
             _ => Path::new("."),
@@ -277,8 +270,10 @@ impl ScriptedPolicy {
         let mut episodes: BTreeMap<String, (usize, Vec<ScriptedResponse>)> = BTreeMap::new();
         // The line that decided the file's form, and whether it is per-episode.
         let mut form: Option<(usize, bool)> = None;
-        let before_bad_line = rows.into_iter().take_while(|row| first_bad.as_ref().is_none_or(|e| row.line < e.line()));
-        for row in before_bad_line {
+        // Line by line, each row's JSON value dropped once it is read: the
+        // error reported is the first in the file.
+        for row in jsonl_rows(&file, "scripted policy", bytes) {
+            let row = row?;
             let line = usize::try_from(row.line).unwrap_or(usize::MAX);
             let per_episode = row.value.contains_key("episode");
             let value = Value::Object(row.value);
@@ -325,10 +320,8 @@ impl ScriptedPolicy {
                 shared.push(Turn { line, response });
             }
         }
-        if let Some(error) = first_bad {
-            return Err(error.into());
-        }
         let script = match form {
+            None => return Err(ScriptedError::Empty { path: path.to_owned() }),
             Some((_, true)) => Script::PerEpisode(episodes),
             _ => Script::Shared(shared),
         };
@@ -545,6 +538,16 @@ mod tests {
         assert!(err.contains("needs `content`, `tool_calls` or `error`"), "{err}");
         let err = parse("[1]\n").unwrap_err().to_string();
         assert_eq!(err, "script.jsonl:1: expected a JSON object per line, found an array");
+    }
+
+    /// The file is read line by line (one row's JSON value at a time): the
+    /// error reported is still the first in the file, of either kind.
+    #[test]
+    fn the_first_problem_in_the_file_is_the_one_reported() {
+        let err = parse("{\"contnet\": \"a\"}\n{\"content\": \n").unwrap_err().to_string();
+        assert!(err.starts_with("script.jsonl:1: invalid response: unknown field `contnet`"), "{err}");
+        let err = parse("{\"content\": \"a\"}\n[1]\n{\"contnet\": \"a\"}\n").unwrap_err().to_string();
+        assert_eq!(err, "script.jsonl:2: expected a JSON object per line, found an array");
     }
 
     #[test]
