@@ -136,6 +136,9 @@ fn a_long_task_is_paged_and_every_episode_is_on_one_page() {
         assert_eq!(refused.status, 400, "page {bad}");
         assert!(refused.text().contains("the episode tables here have pages 1 to 3 (500 episodes a page)"));
     }
+    let refused = get(&server.addr, &format!("{}?page=-1", task_path()));
+    assert_eq!(refused.status, 400);
+    assert!(refused.text().contains("page `-1` is not a page number: use 1, 2, ..."), "{}", refused.text());
 }
 
 #[test]

@@ -81,7 +81,7 @@ pub struct TaskQuery {
     pub metric: Option<String>,
     pub cluster_by: Option<String>,
     /// The page of each episode table (1-based, [`EPISODE_ROWS`] rows a page).
-    pub page: Option<usize>,
+    pub page: Option<String>,
 }
 
 /// Rows a page of the task page's episode tables holds: a task of 20,000
@@ -99,7 +99,7 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         variant: query.variant.clone().filter(|v| !v.is_empty()),
         metric: query.metric.clone().filter(|m| !m.is_empty()),
         cluster_by: query.cluster_by.clone().filter(|c| !c.is_empty()),
-        page: query.page,
+        page: query.page.clone().filter(|p| !p.is_empty()),
     };
     if let Some(v) = &query.variant
         && !variants.contains_key(v)
@@ -121,7 +121,14 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         },
     };
     let url = task_url(namespace, task);
-    let page_number = query.page.unwrap_or(1);
+    let page_number = match query.page.as_deref().map(str::parse::<usize>) {
+        None => 1,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            let text = query.page.as_deref().unwrap_or_default();
+            return Some(Err(format!("page `{text}` is not a page number: use 1, 2, ...")));
+        }
+    };
     let href = |n: usize| {
         let mut href = format!("{url}?page={n}");
         for (key, value) in [("variant", &query.variant), ("metric", &query.metric), ("cluster_by", &query.cluster_by)]
