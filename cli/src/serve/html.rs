@@ -5,8 +5,10 @@
 //! The script wires the interactive parts and then marks the page with
 //! `data-ready="1"` on `<html>`: a URL fragment `#episode=<variant>/<id>`
 //! opens that episode's in-page trace view (`data-open-episode` on `<body>`),
-//! `#step=<n>` lists the episodes flagged at step n (`data-open-step`), and
-//! the "failed only" box hides passing rows. Browser tests read these marks.
+//! `#step=<n>` lists the episodes flagged at step n (`data-open-step`),
+//! `#<table id>-page-<n>` shows page n of a report's episode table (its
+//! pagers' `data-page`), and the "failed only" box hides passing rows.
+//! Browser tests read these marks.
 
 use std::fmt::Write as _;
 
@@ -81,7 +83,7 @@ nav a{margin-right:12px}
 /// gzipped and base64-encoded, until the page script inflates it.
 pub const PACKED_VIEW_TYPE: &str = "text/x-gzip-base64";
 
-const SCRIPT: &str = r#"
+const SCRIPT: &str = r##"
 (function () {
   function hash() { try { return decodeURIComponent(location.hash.slice(1)); } catch (e) { return ''; } }
   // A report's drawer holds its view gzipped and base64-encoded until first opened.
@@ -94,8 +96,11 @@ const SCRIPT: &str = r#"
       if (packed.parentNode) { packed.insertAdjacentHTML('afterend', text); packed.remove(); }
     });
   }
+  // Report tables paged by this script, by table id: go(page).
+  var paged = {};
   function show() {
-    var h = hash(), body = document.body;
+    var h = hash(), body = document.body, page = /^(.+)-page-([0-9]+)$/.exec(h);
+    if (page && paged[page[1]]) { paged[page[1]](Number(page[2])); }
     document.querySelectorAll('.episode-view.drawer').forEach(function (s) { s.hidden = true; });
     document.querySelectorAll('.step-detail').forEach(function (s) { s.hidden = true; });
     delete body.dataset.openEpisode; delete body.dataset.openStep;
@@ -129,9 +134,41 @@ const SCRIPT: &str = r#"
     }
     box.addEventListener('change', apply); apply();
   });
+  // An episode table of a report file: page 1 in the table, the others in
+  // <template>s; #<table id>-page-<n> (a pager link) swaps page n's rows in
+  // and both pagers follow.
+  var fmt = function (n) { return n.toLocaleString('en-US'); };
+  document.querySelectorAll('table.episodes').forEach(function (table) {
+    var pagers = document.querySelectorAll('p.pager[data-table="' + table.id + '"]');
+    if (!pagers.length) { return; }
+    var later = document.querySelectorAll('template.rows[data-table="' + table.id + '"]');
+    var first = document.createElement('template');
+    table.querySelectorAll('tr[data-ok]').forEach(function (row) { first.content.appendChild(row.cloneNode(true)); });
+    var pages = [first].concat(Array.prototype.slice.call(later));
+    var total = Number(pagers[0].dataset.rows), per = Number(pagers[0].dataset.perPage);
+    function link(n, page, text) {
+      return n === page || n < 1 || n > pages.length ? ' · <span class="muted">' + text + '</span>'
+        : ' · <a href="#' + table.id + '-page-' + n + '" data-page="' + n + '">' + text + '</a>';
+    }
+    function go(page) {
+      if (!(page >= 1 && page <= pages.length)) { return; }
+      table.querySelectorAll('tr[data-ok]').forEach(function (row) { row.remove(); });
+      table.tBodies[table.tBodies.length - 1].appendChild(pages[page - 1].content.cloneNode(true));
+      var start = (page - 1) * per, end = Math.min(start + per, total);
+      pagers.forEach(function (p) {
+        p.dataset.page = page;
+        p.innerHTML = 'rows ' + fmt(start + 1) + '–' + fmt(end) + ' of ' + fmt(total) + ' (failed first), page ' + fmt(page)
+          + ' of ' + fmt(pages.length) + link(1, page, 'first') + link(page - 1, page, '‹ previous')
+          + link(page + 1, page, 'next ›') + link(pages.length, page, 'last');
+      });
+      var box = document.querySelector('input.failed-only[data-table="' + table.id + '"]');
+      if (box) { box.dispatchEvent(new Event('change')); }
+    }
+    paged[table.id] = go;
+  });
   Promise.resolve(show()).then(function () { document.documentElement.dataset.ready = '1'; });
 })();
-"#;
+"##;
 
 /// A whole page: title, body, the shared style and script.
 pub fn page(title: &str, body: &str) -> String {
@@ -319,11 +356,17 @@ pub const MAX_LISTED: usize = 100;
 /// (Pearson's r and the fitted line use every point).
 pub const MAX_POINTS: usize = 1_000;
 
+/// Rows an episode table shows at a time: a table of 20,000 rows laid out
+/// at once took a browser seconds (a page of 45 MB, 14 s to open).
+pub const PAGE_ROWS: usize = 500;
+
 /// Which rows of a group's episode table a page holds.
 #[derive(Clone, Copy)]
 pub enum Rows<'a> {
-    /// Every episode: a report file cannot fetch more.
-    All,
+    /// Every episode (a report file cannot fetch more): `per_page` in the
+    /// table, the rest in `<template>`s of as many that the page script
+    /// swaps in when a pager link is clicked.
+    All { per_page: usize },
     /// Page `page` (1-based) of `per_page` rows; `href(n)` is page n's URL.
     Page { page: usize, per_page: usize, href: &'a dyn Fn(usize) -> String },
 }
@@ -332,8 +375,7 @@ impl Rows<'_> {
     /// How many pages a table of `rows` rows has with these rows a page (at least one).
     pub fn pages(&self, rows: usize) -> usize {
         match self {
-            Rows::All => 1,
-            Rows::Page { per_page, .. } => rows.div_ceil(*per_page).max(1),
+            Rows::All { per_page } | Rows::Page { per_page, .. } => rows.div_ceil(*per_page).max(1),
         }
     }
 }
@@ -501,12 +543,20 @@ pub fn insight_sections(
     let fixed: Vec<&str> = ["error_rate", "memory_consistency"].into_iter().filter(|m| *m != insights.metric).collect();
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by(|&a, &b| entries[b].failed().cmp(&entries[a].failed()).then(entries[a].id.cmp(&entries[b].id)));
-    let (shown, pager) = match rows {
-        Rows::All => (&order[..], String::new()),
+    let total = order.len();
+    // The rows this page shows, and (for a page that holds every row) the rest in templates.
+    let (shown, later, pager) = match rows {
+        Rows::All { per_page } if total > per_page => {
+            let held = |n: usize| format!("#{table_id}-page-{n}");
+            let data = format!(" data-table=\"{table_id}\" data-rows=\"{total}\" data-per-page=\"{per_page}\"");
+            let pager = pager(1, total.div_ceil(per_page), 0, per_page, total, &held, &data);
+            (&order[..per_page], &order[per_page..], pager)
+        }
+        Rows::All { .. } => (&order[..], &order[..0], String::new()),
         Rows::Page { page, per_page, href } => {
-            let start = ((page.max(1) - 1) * per_page).min(order.len());
-            let end = (start + per_page).min(order.len());
-            (&order[start..end], pager(page, rows.pages(order.len()), start, end, order.len(), href))
+            let start = ((page.max(1) - 1) * per_page).min(total);
+            let end = (start + per_page).min(total);
+            (&order[start..end], &order[..0], pager(page, rows.pages(total), start, end, total, href, ""))
         }
     };
     let _ = write!(
@@ -516,7 +566,7 @@ pub fn insight_sections(
         esc(&insights.metric),
         fixed.iter().map(|m| format!("<th>{m}</th>")).collect::<String>()
     );
-    for &i in shown {
+    let row = |h: &mut String, i: usize| {
         let e = entries[i];
         let _ = write!(
             h,
@@ -534,14 +584,34 @@ pub fn insight_sections(
             e.metrics.get("resolution_time_s").map_or("-".into(), |s| format!("{s:.2}s")),
             esc(&e.relative),
         );
+    };
+    for &i in shown {
+        row(&mut h, i);
     }
     h.push_str("</table>");
     h.push_str(&pager);
+    // Parsed but neither drawn nor laid out until the page script swaps one in.
+    for page in later.chunks(shown.len().max(1)) {
+        let _ = write!(h, "<template class=\"rows\" data-table=\"{table_id}\">");
+        for &i in page {
+            row(&mut h, i);
+        }
+        h.push_str("</template>");
+    }
     h
 }
 
-/// The links between pages of an episode table, with the rows this one holds.
-fn pager(page: usize, pages: usize, start: usize, end: usize, total: usize, href: &dyn Fn(usize) -> String) -> String {
+/// The links between pages of an episode table, with the rows this one
+/// holds; `data` goes into the `<p>` tag (the page script's marks).
+fn pager(
+    page: usize,
+    pages: usize,
+    start: usize,
+    end: usize,
+    total: usize,
+    href: &dyn Fn(usize) -> String,
+    data: &str,
+) -> String {
     if pages <= 1 {
         return String::new();
     }
@@ -558,7 +628,7 @@ fn pager(page: usize, pages: usize, start: usize, end: usize, total: usize, href
         }
     };
     format!(
-        "<p class=\"pager\">{held}, page {} of {}{}{}{}{}</p>",
+        "<p class=\"pager\"{data}>{held}, page {} of {}{}{}{}{}</p>",
         count(page),
         count(pages),
         go(1, "first"),

@@ -9,7 +9,7 @@ use basecamp_trace::metrics::percentile;
 
 use super::catalog::{Catalog, EpisodeEntry};
 use super::episode;
-use super::html::{Rows, esc, insight_sections, num, page, url_segment};
+use super::html::{PAGE_ROWS, Rows, esc, insight_sections, num, page, url_segment};
 use super::insights::{ClusterBy, Loaded, compute};
 use crate::run::summary::TABLE_METRICS;
 
@@ -85,8 +85,8 @@ pub struct TaskQuery {
 }
 
 /// Rows a page of the task page's episode tables holds: a task of 20,000
-/// episodes is 40 pages, not one page of 10 MB.
-pub const EPISODE_ROWS: usize = 500;
+/// episodes is 40 pages, not one page of 16 MB.
+pub const EPISODE_ROWS: usize = PAGE_ROWS;
 
 /// The task page, or `None` when the directory holds no such task.
 pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -> Option<Result<String, String>> {

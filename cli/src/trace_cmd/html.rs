@@ -18,7 +18,7 @@ use flate2::write::GzEncoder;
 
 use crate::serve::catalog::EpisodeEntry;
 use crate::serve::episode;
-use crate::serve::html::{PACKED_VIEW_TYPE, Rows, esc, insight_sections, num, page_end, page_start};
+use crate::serve::html::{PACKED_VIEW_TYPE, PAGE_ROWS, Rows, esc, insight_sections, num, page_end, page_start};
 use crate::serve::insights::Insights;
 
 /// Token logits drawn per episode in the report (the rest are counted).
@@ -112,7 +112,13 @@ fn summary(groups: &[Group<'_>], inputs: &[String], problems: &[String], metric:
     let link = |e: &EpisodeEntry| format!("#episode={}", view_key(e));
     for (i, g) in groups.iter().enumerate() {
         let _ = write!(h, "<h2 id=\"group-{i}\">{} / variant {}</h2>", esc(g.task), esc(g.variant));
-        h.push_str(&insight_sections(&g.insights, &g.entries, &link, &format!("g{i}"), Rows::All));
+        h.push_str(&insight_sections(
+            &g.insights,
+            &g.entries,
+            &link,
+            &format!("g{i}"),
+            Rows::All { per_page: PAGE_ROWS },
+        ));
     }
     h
 }
