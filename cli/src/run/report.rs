@@ -1,7 +1,8 @@
 //! `report.html`: the run's summary as one self-contained page (no network
 //! needed): the per-variant table with bars, the A/B comparison, criteria,
 //! root-cause hints, and every episode with a link to its trace file. A
-//! checkbox narrows the episode list to failures.
+//! checkbox narrows the episode list to failures; a long list shows 500
+//! rows at a time (the script `basecamp serve` and `trace report` share).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -10,7 +11,7 @@ use anyhow::{Context, Result};
 
 use super::summary::{RunSummary, TABLE_METRICS};
 // The escaping `basecamp serve` and `trace report` use: one set of rules for every page.
-use crate::serve::html::{esc, num, sentence};
+use crate::serve::html::{PAGE_ROWS, esc, num, page_end, rows_in_page, sentence};
 
 pub const REPORT_FILE: &str = "report.html";
 
@@ -139,17 +140,15 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
         h.push_str("</ul>");
     }
 
-    h.push_str(
-        "<h2>Episodes</h2><label><input type=\"checkbox\" id=\"only-failed\"> only failed</label>\
-         <table id=\"episodes\"><tr><th>variant</th><th>episode</th><th>outcome</th><th>failure class</th>\
-         <th>tool_call_accuracy</th><th>memory_consistency</th><th>time</th><th>trace</th></tr>",
-    );
-    for v in &s.variants {
-        for e in &v.episodes {
-            let _ = write!(
-                h,
-                "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}s</td><td><a href=\"{}\">{}</a></td></tr>",
-                if e.failed() { "failed" } else { "ok" },
+    let rows: Vec<String> = s
+        .variants
+        .iter()
+        .flat_map(|v| v.episodes.iter().map(move |e| (v, e)))
+        .map(|(v, e)| {
+            format!(
+                "<tr data-ok=\"{}\"{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}s</td><td><a href=\"{}\">{}</a></td></tr>",
+                if e.failed() { 0 } else { 1 },
+                if e.failed() { " class=\"failed\"" } else { "" },
                 esc(&v.name),
                 esc(&e.id),
                 esc(&e.outcome),
@@ -159,13 +158,17 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
                 e.metrics.resolution_time_s,
                 esc(&e.trace),
                 esc(&e.trace)
-            );
-        }
-    }
-    h.push_str(
-        "</table>\n<script>\ndocument.getElementById('only-failed').addEventListener('change', function (ev) {\n  \
-         document.querySelectorAll('#episodes tr.ok').forEach(function (row) { row.style.display = ev.target.checked ? 'none' : ''; });\n});\n\
-         </script>\n</body></html>\n",
+            )
+        })
+        .collect();
+    // A long run's table shows a page at a time (the shared page script pages it).
+    let (pager, shown, later) = rows_in_page("episodes", &rows, PAGE_ROWS);
+    let _ = write!(
+        h,
+        "<h2>Episodes</h2><label><input type=\"checkbox\" class=\"failed-only\" data-table=\"episodes\"> only failed</label>{pager}\
+         <table id=\"episodes\" class=\"episodes\"><tr><th>variant</th><th>episode</th><th>outcome</th><th>failure class</th>\
+         <th>tool_call_accuracy</th><th>memory_consistency</th><th>time</th><th>trace</th></tr>{shown}</table>{pager}{later}"
     );
+    h.push_str(&page_end());
     h
 }

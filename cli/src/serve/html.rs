@@ -157,7 +157,7 @@ const SCRIPT: &str = r##"
       var start = (page - 1) * per, end = Math.min(start + per, total);
       pagers.forEach(function (p) {
         p.dataset.page = page;
-        p.innerHTML = 'rows ' + fmt(start + 1) + '–' + fmt(end) + ' of ' + fmt(total) + ' (failed first), page ' + fmt(page)
+        p.innerHTML = 'rows ' + fmt(start + 1) + '–' + fmt(end) + ' of ' + fmt(total) + ', page ' + fmt(page)
           + ' of ' + fmt(pages.length) + link(1, page, 'first') + link(page - 1, page, '‹ previous')
           + link(page + 1, page, 'next ›') + link(pages.length, page, 'last');
       });
@@ -544,32 +544,9 @@ pub fn insight_sections(
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by(|&a, &b| entries[b].failed().cmp(&entries[a].failed()).then(entries[a].id.cmp(&entries[b].id)));
     let total = order.len();
-    // The rows this page shows, and (for a page that holds every row) the rest in templates.
-    let (shown, later, pager) = match rows {
-        Rows::All { per_page } if total > per_page => {
-            let held = |n: usize| format!("#{table_id}-page-{n}");
-            let data = format!(" data-table=\"{table_id}\" data-rows=\"{total}\" data-per-page=\"{per_page}\"");
-            let pager = pager(1, total.div_ceil(per_page), 0, per_page, total, &held, &data);
-            (&order[..per_page], &order[per_page..], pager)
-        }
-        Rows::All { .. } => (&order[..], &order[..0], String::new()),
-        Rows::Page { page, per_page, href } => {
-            let start = ((page.max(1) - 1) * per_page).min(total);
-            let end = (start + per_page).min(total);
-            (&order[start..end], &order[..0], pager(page, rows.pages(total), start, end, total, href, ""))
-        }
-    };
-    let _ = write!(
-        h,
-        "<h3>Episodes</h3><label><input type=\"checkbox\" class=\"failed-only\" data-table=\"{table_id}\"> failed only</label>{pager}\
-         <table id=\"{table_id}\" class=\"episodes\"><tr><th>episode</th><th>variant</th><th>shard</th><th>outcome</th><th>failure</th><th>{}</th>{}<th>resolution</th><th>trace</th></tr>",
-        esc(&insights.metric),
-        fixed.iter().map(|m| format!("<th>{m}</th>")).collect::<String>()
-    );
-    let row = |h: &mut String, i: usize| {
+    let row = |i: usize| {
         let e = entries[i];
-        let _ = write!(
-            h,
+        format!(
             "<tr data-ok=\"{}\"{}><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{}<td>{}</td><td class=\"muted\">{}</td></tr>",
             if e.failed() { 0 } else { 1 },
             if e.failed() { " class=\"failed\"" } else { "" },
@@ -583,22 +560,47 @@ pub fn insight_sections(
             fixed.iter().map(|m| format!("<td>{}</td>", num(e.metrics.get(*m).copied()))).collect::<String>(),
             e.metrics.get("resolution_time_s").map_or("-".into(), |s| format!("{s:.2}s")),
             esc(&e.relative),
-        );
+        )
     };
-    for &i in shown {
-        row(&mut h, i);
-    }
-    h.push_str("</table>");
-    h.push_str(&pager);
-    // Parsed but neither drawn nor laid out until the page script swaps one in.
-    for page in later.chunks(shown.len().max(1)) {
-        let _ = write!(h, "<template class=\"rows\" data-table=\"{table_id}\">");
-        for &i in page {
-            row(&mut h, i);
+    let (pager, shown, later) = match rows {
+        Rows::All { per_page } => {
+            let rows: Vec<String> = order.iter().map(|&i| row(i)).collect();
+            rows_in_page(&table_id, &rows, per_page)
         }
-        h.push_str("</template>");
-    }
+        Rows::Page { page, per_page, href } => {
+            let start = ((page.max(1) - 1) * per_page).min(total);
+            let end = (start + per_page).min(total);
+            let shown = order[start..end].iter().map(|&i| row(i)).collect();
+            (pager(page, rows.pages(total), start, end, total, href, ""), shown, String::new())
+        }
+    };
+    let _ = write!(
+        h,
+        "<h3>Episodes</h3><label><input type=\"checkbox\" class=\"failed-only\" data-table=\"{table_id}\"> failed only</label>{pager}\
+         <table id=\"{table_id}\" class=\"episodes\"><tr><th>episode</th><th>variant</th><th>shard</th><th>outcome</th><th>failure</th><th>{}</th>{}<th>resolution</th><th>trace</th></tr>{shown}</table>{pager}{later}",
+        esc(&insights.metric),
+        fixed.iter().map(|m| format!("<th>{m}</th>")).collect::<String>()
+    );
     h
+}
+
+/// The rows of a table (`class="episodes"`, rows `<tr data-ok>`) in a page
+/// that holds all of them, a file: the pager, the first `per_page` rows for
+/// the table, and `<template>`s of as many rows for the others, parsed but
+/// never laid out until the page script swaps one in (see [`Rows::All`]).
+pub fn rows_in_page(table_id: &str, rows: &[String], per_page: usize) -> (String, String, String) {
+    let per_page = per_page.max(1);
+    if rows.len() <= per_page {
+        return (String::new(), rows.concat(), String::new());
+    }
+    let total = rows.len();
+    let data = format!(" data-table=\"{table_id}\" data-rows=\"{total}\" data-per-page=\"{per_page}\"");
+    let pager = pager(1, total.div_ceil(per_page), 0, per_page, total, &|n| format!("#{table_id}-page-{n}"), &data);
+    let later = rows[per_page..]
+        .chunks(per_page)
+        .map(|page| format!("<template class=\"rows\" data-table=\"{table_id}\">{}</template>", page.concat()))
+        .collect();
+    (pager, rows[..per_page].concat(), later)
 }
 
 /// The links between pages of an episode table, with the rows this one
@@ -616,7 +618,7 @@ fn pager(
         return String::new();
     }
     let held = if start < end {
-        format!("rows {}–{} of {} (failed first)", count(start + 1), count(end), count(total))
+        format!("rows {}–{} of {}", count(start + 1), count(end), count(total))
     } else {
         format!("page {page} is past this table's last page, {pages}")
     };
@@ -640,7 +642,22 @@ fn pager(
 
 #[cfg(test)]
 mod tests {
-    use super::count;
+    use super::{count, rows_in_page};
+
+    #[test]
+    fn a_long_table_holds_a_page_and_templates_of_the_rest_in_order() {
+        let rows: Vec<String> = (0..1_100).map(|i| format!("<tr data-ok=\"1\"><td>{i}</td></tr>")).collect();
+        let (pager, shown, later) = rows_in_page("t", &rows, 500);
+        assert!(pager.starts_with("<p class=\"pager\" data-table=\"t\" data-rows=\"1100\" data-per-page=\"500\">"));
+        assert!(pager.contains("rows 1–500 of 1,100, page 1 of 3"), "{pager}");
+        assert_eq!(shown, rows[..500].concat());
+        let templates: Vec<&str> = later.split("</template>").filter(|t| !t.is_empty()).collect();
+        assert_eq!(templates.len(), 2);
+        assert_eq!(templates[0], format!("<template class=\"rows\" data-table=\"t\">{}", rows[500..1000].concat()));
+        assert_eq!(templates[1], format!("<template class=\"rows\" data-table=\"t\">{}", rows[1000..].concat()));
+        // A table that fits is the table alone.
+        assert_eq!(rows_in_page("t", &rows[..500], 500), (String::new(), rows[..500].concat(), String::new()));
+    }
 
     #[test]
     fn counts_are_grouped_by_thousands() {
