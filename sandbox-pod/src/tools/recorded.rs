@@ -58,6 +58,7 @@ pub struct Recording {
 /// One tool's lines of a fixture, shared by every episode.
 #[derive(Debug, Default)]
 struct Fixture {
+    /// The lines, without their `arguments` (looked up by hash in `by_arguments`).
     entries: Vec<Recording>,
     /// The index in `entries` of the first line with each `arguments` (by
     /// canonical hash): a call finds its line at once, however long the fixture.
@@ -93,14 +94,16 @@ impl RecordedTool {
     /// The recordings of `tool` among `recordings`. A call past the last
     /// line of the sequence fails; see [`Self::cycling`].
     pub fn new(tool: &str, recordings: impl IntoIterator<Item = Recording>) -> Self {
-        let entries: Vec<Recording> = recordings.into_iter().filter(|r| r.tool == tool).collect();
+        let mut entries: Vec<Recording> = recordings.into_iter().filter(|r| r.tool == tool).collect();
         let mut by_arguments = HashMap::new();
         let mut sequence = Vec::new();
-        for (i, recording) in entries.iter().enumerate() {
-            match &recording.arguments {
+        for (i, recording) in entries.iter_mut().enumerate() {
+            // Only their hash is looked up: the arguments are not kept (a
+            // long fixture's argument maps were a tenth of a run's memory).
+            match recording.arguments.take() {
                 // The first line with these arguments answers; later ones never do.
                 Some(arguments) => {
-                    by_arguments.entry(hash_json(arguments)).or_insert(i);
+                    by_arguments.entry(hash_json(&arguments)).or_insert(i);
                 }
                 None => sequence.push(i),
             }
