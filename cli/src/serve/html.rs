@@ -401,13 +401,14 @@ fn listed(indices: &[usize], entries: &[&EpisodeEntry], link: &dyn Fn(&EpisodeEn
         .map(|&i| format!("<a href=\"{}\">{}</a> ", esc(&link(entries[i])), esc(&entries[i].id)))
         .collect();
     if indices.len() > MAX_LISTED {
-        let _ = write!(
-            h,
-            "<span class=\"muted more\">and {} more (the episode table lists failed episodes first)</span>",
-            count(indices.len() - MAX_LISTED)
-        );
+        let _ = write!(h, "<span class=\"muted more\">{}</span>", not_listed(indices.len()));
     }
     h.trim_end().to_string()
+}
+
+/// What a list cut at [`MAX_LISTED`] of `n` episodes says of the rest.
+fn not_listed(n: usize) -> String {
+    format!("and {} more (the episode table lists failed episodes first)", count(n - MAX_LISTED))
 }
 
 /// The sections of one group's insights: hints, timeline (with the
@@ -473,11 +474,7 @@ pub fn insight_sections(
                 );
             }
             if s.flagged.len() > MAX_LISTED {
-                let _ = write!(
-                    h,
-                    "<li class=\"muted more\">and {} more (the episode table lists failed episodes first)</li>",
-                    count(s.flagged.len() - MAX_LISTED)
-                );
+                let _ = write!(h, "<li class=\"muted more\">{}</li>", not_listed(s.flagged.len()));
             }
             h.push_str("</ul>");
         }

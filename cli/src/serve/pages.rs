@@ -80,13 +80,10 @@ pub struct TaskQuery {
     pub variant: Option<String>,
     pub metric: Option<String>,
     pub cluster_by: Option<String>,
-    /// The page of each episode table (1-based, [`EPISODE_ROWS`] rows a page).
+    /// The page of each episode table (1-based, [`PAGE_ROWS`] rows a page:
+    /// a task of 20,000 episodes is 40 pages, not one page of 16 MB).
     pub page: Option<String>,
 }
-
-/// Rows a page of the task page's episode tables holds: a task of 20,000
-/// episodes is 40 pages, not one page of 16 MB.
-pub const EPISODE_ROWS: usize = PAGE_ROWS;
 
 /// The task page, or `None` when the directory holds no such task.
 pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -> Option<Result<String, String>> {
@@ -121,13 +118,10 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         },
     };
     let url = task_url(namespace, task);
-    let page_number = match query.page.as_deref().map(str::parse::<usize>) {
+    let page_number = match query.page.as_deref().map(|text| (text, text.parse::<usize>())) {
         None => 1,
-        Some(Ok(n)) => n,
-        Some(Err(_)) => {
-            let text = query.page.as_deref().unwrap_or_default();
-            return Some(Err(format!("page `{text}` is not a page number: use 1, 2, ...")));
-        }
+        Some((_, Ok(n))) => n,
+        Some((text, Err(_))) => return Some(Err(format!("page `{text}` is not a page number: use 1, 2, ..."))),
     };
     let href = |n: usize| {
         let mut href = format!("{url}?page={n}");
@@ -139,7 +133,7 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         }
         href
     };
-    let rows = Rows::Page { page: page_number, per_page: EPISODE_ROWS, href: &href };
+    let rows = Rows::Page { page: page_number, per_page: PAGE_ROWS, href: &href };
     let pages = variants
         .iter()
         .filter(|(name, _)| query.variant.as_ref().is_none_or(|v| v == *name))
@@ -148,7 +142,7 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         .unwrap_or(1);
     if page_number == 0 || page_number > pages {
         return Some(Err(format!(
-            "page {page_number}: the episode tables here have pages 1 to {pages} ({EPISODE_ROWS} episodes a page)"
+            "page {page_number}: the episode tables here have pages 1 to {pages} ({PAGE_ROWS} episodes a page)"
         )));
     }
     let mut h = format!("<nav><a href=\"/\">all tasks</a></nav><h1>{} / {}</h1>", esc(namespace), esc(task));
