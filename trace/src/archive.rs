@@ -234,6 +234,8 @@ fn parse_octal(field: &[u8]) -> Option<u64> {
 pub struct ArchiveReader<R> {
     inner: R,
     file: String,
+    /// Length of the archive, which bounds every byte range its index gives.
+    len: u64,
     members: Vec<Member>,
 }
 
@@ -281,7 +283,7 @@ impl<R: Read + Seek> ArchiveReader<R> {
         if index.format != INDEX_FORMAT {
             return Err(not(&format!("index format {:?}, this reader knows {INDEX_FORMAT}", index.format)));
         }
-        Ok(Self { inner, file, members: index.members })
+        Ok(Self { inner, file, len, members: index.members })
     }
 
     pub fn members(&self) -> &[Member] {
@@ -312,6 +314,22 @@ impl<R: Read + Seek> ArchiveReader<R> {
         }
         // The tar entry: a header block and the data padded to whole blocks.
         let entry_len = BLOCK as u64 + member.bytes.div_ceil(BLOCK as u64) * BLOCK as u64;
+        // The frame length is checked before it sizes a read: a damaged
+        // index must not read the rest of the archive into memory.
+        let worst = zstd::zstd_safe::compress_bound(entry_len as usize) as u64;
+        if member.frame_len > worst {
+            return Err(damaged(format!(
+                "the index says frame_len {}, more than the {worst} bytes its {entry_len}-byte tar entry \
+                 compresses to at worst",
+                member.frame_len
+            )));
+        }
+        if member.frame_offset.checked_add(member.frame_len).is_none_or(|end| end > self.len) {
+            return Err(damaged(format!(
+                "the index says frame_len {} from byte {}, past the end of the {}-byte file",
+                member.frame_len, member.frame_offset, self.len
+            )));
+        }
         let entry = read_frame(&mut self.inner, member.frame_offset, member.frame_len, entry_len).map_err(damaged)?;
         let (name, data) = untar(&entry).map_err(damaged)?;
         if name != member.name || data.len() as u64 != member.bytes {

@@ -599,7 +599,12 @@ impl RecordKind {
         kinds.iter().fold(0, |mask, k| mask | k.bit())
     }
 
-    fn from_field(field: u32) -> Self {
+    /// Whether this is a body kind of this schema (not [`RecordKind::Other`]).
+    pub(crate) fn is_known(self) -> bool {
+        !matches!(self, Self::Other(_))
+    }
+
+    pub(crate) fn from_field(field: u32) -> Self {
         match field {
             2 => Self::Header,
             3 => Self::PlanStep,
@@ -632,7 +637,10 @@ impl RawRecord<'_> {
 }
 
 /// Reads one length-delimited record's framing and top-level fields without
-/// decoding the body: (length-prefix size, record length, step, kind).
+/// decoding the body: (length-prefix size, record length, step, kind). The
+/// kind is that of the last body field this schema knows, as prost decodes
+/// the oneof; fields it does not know are ignored (trace.proto's promise),
+/// unless the record has no known body.
 fn split_record(buf: &[u8]) -> Result<(usize, usize, u32, RecordKind), String> {
     let mut cursor = buf;
     let len = prost::encoding::decode_varint(&mut cursor).map_err(|e| e.to_string())?;
@@ -657,8 +665,11 @@ fn split_record(buf: &[u8]) -> Result<(usize, usize, u32, RecordKind), String> {
                 let n = prost::encoding::decode_varint(&mut body).map_err(|e| e.to_string())?;
                 let n = usize::try_from(n).ok().filter(|&n| n <= body.len()).ok_or("field length past the record")?;
                 body = &body[n..];
-                if field >= 2 {
-                    kind = RecordKind::from_field(field);
+                // A field this schema does not know (a newer writer's, after
+                // the body) names the kind only of a record without a known body.
+                let this = RecordKind::from_field(field);
+                if field >= 2 && (this.is_known() || !kind.is_known()) {
+                    kind = this;
                 }
             }
             1 if body.len() >= 8 => body = &body[8..],
@@ -935,5 +946,39 @@ mod tests {
         assert_eq!(n, decoded.len());
         assert!(matches!(raw_reader.tail(), Some(Tail::Complete)));
         assert_eq!(raw_reader.steps_recovered(), 4);
+    }
+
+    /// A newer writer may add a field to `Record` (a minor bump), encoded
+    /// after the body: the record keeps the kind of its body, so the frame's
+    /// kind mask still holds and the record is read, not called corruption.
+    #[test]
+    fn an_unknown_record_field_after_the_body_keeps_the_body_kind() {
+        let mut file = Vec::new();
+        drop(crate::TraceWriter::new(&mut file, Header::default(), 3).unwrap());
+        let plan = Record { step: 1, body: Some(Body::PlanStep(Box::default())) };
+        let mut record = plan.encode_to_vec();
+        // `string span_id = 12`, as a newer writer would put it after the body.
+        prost::encoding::string::encode(12, &"span-1".to_string(), &mut record);
+        let mut raw = Vec::new();
+        prost::encoding::encode_varint(record.len() as u64, &mut raw);
+        raw.extend_from_slice(&record);
+        let compressed = zstd::bulk::compress(&raw, 3).unwrap();
+        let header = FrameHeader {
+            kind: FrameKind::Records,
+            record_kinds: RecordKind::PlanStep.bit(),
+            flags: 0,
+            compressed_len: compressed.len() as u32,
+            raw_len: raw.len() as u32,
+            payload_crc: crc32fast::hash(&compressed),
+        };
+        file.extend_from_slice(&header.encode());
+        file.extend_from_slice(&compressed);
+
+        let mut reader = TraceReader::new(file.as_slice(), "t").unwrap();
+        let raw = reader.next_raw().unwrap().unwrap();
+        assert_eq!((raw.step, raw.kind), (1, RecordKind::PlanStep));
+        let contents = read_trace_from(file.as_slice(), "t").unwrap();
+        assert_eq!(contents.records, [plan]);
+        assert!(matches!(contents.damage(), Some(TraceError::Truncated { .. })), "{:?}", contents.tail);
     }
 }

@@ -14,7 +14,14 @@
 //!   fields (policy content, error messages and causes, final answer, token
 //!   strings, ...) and string values inside JSON. Numbers in JSON are not
 //!   strings and are left alone; a value split over several generated
-//!   tokens is not recognised in the token_logit section.
+//!   tokens is not recognised in the token_logit section. Object keys and
+//!   memory keys are strings too: a PII value or pattern match in a key is
+//!   replaced the same way (`{"jane@example.com": "vip"}` becomes
+//!   `{"redacted:…": "vip"}`). Two keys never become one: a key left alone
+//!   keeps its name, and a redacted key whose text another key already has
+//!   gets `#2`, `#3`, ... in key order. A memory key gets one name for the
+//!   whole trace (deltas, snapshots, error contexts, refused writes), so
+//!   memory replays to the same keys everywhere.
 //!
 //! Everything derived from a replaced value is recomputed so the output is a
 //! valid trace (`validate` passes on it when it passed on the input): the
@@ -24,7 +31,7 @@
 //! final memory hash, and the index (the output is written by the writer,
 //! with the same step frames).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::ops::Range;
 
@@ -78,6 +85,9 @@ pub struct Redactor {
     /// For the trace being redacted: the PII field values found in it,
     /// replaced by their tokens wherever they recur in text.
     known: Known,
+    /// For the trace being redacted: every memory key and its name in the
+    /// copy (see [`distinct_names`]).
+    memory_keys: BTreeMap<String, String>,
 }
 
 /// The PII values of one trace and their tokens. One automaton finds all of
@@ -91,13 +101,17 @@ struct Known {
     matcher: Option<AhoCorasick>,
     /// The token of each value, by the automaton's pattern id.
     tokens: Vec<String>,
+    /// By pattern id: whether the value is made only of hex digits (an
+    /// account number, a customer id), so it is replaced only where it
+    /// stands alone, not inside a longer number or a word.
+    whole_only: Vec<bool>,
 }
 
 /// How much one trace's redaction replaced.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedactStats {
     pub records: u64,
-    /// Values (fields, memory values, pattern matches) replaced.
+    /// Values (fields, memory values, pattern matches) replaced, and keys renamed.
     pub replaced: u64,
     /// The PII fields that occur in the trace (as a JSON key or a memory
     /// key), so a field found in no trace (misspelt?) can be pointed out.
@@ -109,6 +123,7 @@ pub struct RedactStats {
 struct Found {
     values: BTreeSet<String>,
     fields: BTreeSet<String>,
+    memory_keys: BTreeSet<String>,
 }
 
 impl Redactor {
@@ -116,7 +131,13 @@ impl Redactor {
         // E-mail first: an address's digits are not a phone number.
         patterns.sort();
         patterns.dedup();
-        Self { pii_fields: pii_fields.into_iter().collect(), patterns, salt, known: Known::default() }
+        Self {
+            pii_fields: pii_fields.into_iter().collect(),
+            patterns,
+            salt,
+            known: Known::default(),
+            memory_keys: BTreeMap::new(),
+        }
     }
 
     /// A random salt (from the operating system), for runs that do not give one.
@@ -154,8 +175,18 @@ impl Redactor {
     /// Replaces the trace's known PII values, then pattern matches, in free text.
     fn text(&self, s: &mut String, n: &mut u64) {
         if let Some(matcher) = &self.known.matcher {
-            let spans: Vec<(Range<usize>, &str)> =
-                matcher.find_iter(s.as_str()).map(|m| (m.range(), self.known.tokens[m.pattern()].as_str())).collect();
+            let tokens = token_spans(s);
+            let alone = |r: &Range<usize>| {
+                let b = s.as_bytes();
+                !(r.start > 0 && b[r.start - 1].is_ascii_alphanumeric())
+                    && !b.get(r.end).is_some_and(u8::is_ascii_alphanumeric)
+            };
+            let spans: Vec<(Range<usize>, &str)> = matcher
+                .find_iter(s.as_str())
+                .filter(|m| !tokens.iter().any(|t| t.start < m.end() && m.start() < t.end))
+                .filter(|m| !self.known.whole_only[m.pattern()] || alone(&m.range()))
+                .map(|m| (m.range(), self.known.tokens[m.pattern()].as_str()))
+                .collect();
             *n += splice(s, spans);
         }
         for &p in &self.patterns {
@@ -180,6 +211,7 @@ impl Redactor {
                         self.json(val, n);
                     }
                 }
+                self.object_keys(map, n);
             }
             Value::Array(items) => items.iter_mut().for_each(|item| self.json(item, n)),
             Value::String(s) => {
@@ -198,6 +230,50 @@ impl Redactor {
                 self.text(s, n);
             }
             _ => {}
+        }
+    }
+
+    /// A key with the trace's known PII values and pattern matches replaced.
+    fn redacted_key(&self, key: &str) -> String {
+        let mut text = key.to_string();
+        self.text(&mut text, &mut 0);
+        text
+    }
+
+    /// Redacts an object's keys (its values are done), keeping them apart.
+    fn object_keys(&self, map: &mut serde_json::Map<String, Value>, n: &mut u64) {
+        let keys: Vec<(String, String)> = map.keys().map(|k| (k.clone(), self.redacted_key(k))).collect();
+        if keys.iter().all(|(key, redacted)| key == redacted) {
+            return;
+        }
+        let names = distinct_names(&keys);
+        for ((key, value), name) in std::mem::take(map).into_iter().zip(names) {
+            if key != name {
+                *n += 1;
+            }
+            map.insert(name, value);
+        }
+    }
+
+    /// The name of memory key `key` in the copy.
+    fn memory_key(&self, key: &str, n: &mut u64) -> String {
+        let name = match self.memory_keys.get(key) {
+            Some(name) => name.clone(),
+            // Not seen by the first pass: the trace changed between passes.
+            None => self.redacted_key(key),
+        };
+        if name != key {
+            *n += 1;
+        }
+        name
+    }
+
+    /// Memory key -> canonical JSON (a snapshot, an error's memory, refused
+    /// writes): values redacted as their key's, keys renamed as in deltas.
+    fn memory_entries(&self, entries: &mut BTreeMap<String, String>, n: &mut u64) {
+        for (key, mut value) in std::mem::take(entries) {
+            self.memory_value(&key, &mut value, n);
+            entries.insert(self.memory_key(&key, n), value);
         }
     }
 
@@ -267,6 +343,14 @@ impl Redactor {
             count,
             cause,
         })?;
+        let keys: Vec<(String, String)> = std::mem::take(&mut found.memory_keys)
+            .into_iter()
+            .map(|key| {
+                let redacted = this.redacted_key(&key);
+                (key, redacted)
+            })
+            .collect();
+        this.memory_keys = keys.iter().map(|(key, _)| key.clone()).zip(distinct_names(&keys)).collect();
 
         let mut reader = open()?;
         let mut header = reader.header().clone();
@@ -311,6 +395,7 @@ impl Redactor {
         let from_entries = |entries: &BTreeMap<String, String>, found: &mut Found| {
             for (k, v) in entries {
                 found.note_field(self, k);
+                found.memory_keys.insert(k.clone());
                 if let Ok(value) = serde_json::from_str::<Value>(v) {
                     self.collect_pii(&value, self.pii_fields.contains(k), found);
                 }
@@ -319,6 +404,7 @@ impl Redactor {
         match &record.body {
             Some(Body::MemoryDelta(d)) => {
                 found.note_field(self, &d.key);
+                found.memory_keys.insert(d.key.clone());
                 for text in [&d.before_json, &d.after_json].into_iter().flatten() {
                     if self.pii_fields.contains(&d.key) {
                         if let Ok(value) = serde_json::from_str::<Value>(text) {
@@ -348,19 +434,21 @@ impl Redactor {
         }
     }
 
-    /// PII values with their tokens. Values shorter than 4 characters, or
-    /// made only of hex digits (they could occur inside a token), are left
-    /// to the field and pattern rules.
+    /// PII values with their tokens. Values shorter than 4 characters are
+    /// left to the field and pattern rules; a value made only of hex digits
+    /// (`48213977`) is searched for as a whole number or word only, and
+    /// never inside a token the text already holds.
     fn known_values(&self, values: BTreeSet<String>) -> Result<Known, aho_corasick::BuildError> {
-        let values: Vec<String> = values
-            .into_iter()
-            .filter(|v| v.chars().count() >= 4 && !v.chars().all(|c| c.is_ascii_hexdigit()) && !is_token(v))
-            .collect();
+        let values: Vec<String> = values.into_iter().filter(|v| v.chars().count() >= 4 && !is_token(v)).collect();
         if values.is_empty() {
             return Ok(Known::default());
         }
         let matcher = AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&values)?;
-        Ok(Known { matcher: Some(matcher), tokens: values.iter().map(|v| self.token(v)).collect() })
+        Ok(Known {
+            matcher: Some(matcher),
+            tokens: values.iter().map(|v| self.token(v)).collect(),
+            whole_only: values.iter().map(|v| v.bytes().all(|c| c.is_ascii_hexdigit())).collect(),
+        })
     }
 
     /// Collects string leaves that are PII: everything under a PII field
@@ -418,12 +506,11 @@ impl Redactor {
                     for text in [&mut d.before_json, &mut d.after_json].into_iter().flatten() {
                         self.memory_value(&original.key, text, n);
                     }
+                    d.key = self.memory_key(&original.key, n);
                     state.apply(&original, d);
                 }
                 Some(Body::MemorySnapshot(s)) => {
-                    for (k, v) in s.entries_json.iter_mut() {
-                        self.memory_value(k, v, n);
-                    }
+                    self.memory_entries(&mut s.entries_json, n);
                     let entries: serde_json::Map<String, Value> = s
                         .entries_json
                         .iter()
@@ -443,9 +530,7 @@ impl Redactor {
                     self.text(&mut e.message, n);
                     self.text(&mut e.stack, n);
                     e.cause_chain.iter_mut().for_each(|s| self.text(s, n));
-                    for (k, v) in e.memory_snapshot_json.iter_mut() {
-                        self.memory_value(k, v, n);
-                    }
+                    self.memory_entries(&mut e.memory_snapshot_json, n);
                     for payload in &mut e.last_tool_payloads {
                         self.json_text(&mut payload.arguments_json, n);
                         self.json_text(&mut payload.response_json, n);
@@ -476,9 +561,7 @@ impl Redactor {
         self.json_text(&mut p.observation_json, n);
         let observation_changed = *n != mid;
         self.text(&mut p.error_message, n);
-        for (k, v) in p.refused_memory_json.iter_mut() {
-            self.memory_value(k, v, n);
-        }
+        self.memory_entries(&mut p.refused_memory_json, n);
         let rehash = |text: &str, stored: &mut Vec<u8>| {
             if let Ok(value) = serde_json::from_str::<Value>(text)
                 && !stored.is_empty()
@@ -499,6 +582,15 @@ impl Redactor {
 /// A token [`Redactor::token`] makes: `redacted:` and 16 hex digits.
 /// Replaces each range of `s` (in order, not overlapping) by its text;
 /// returns how many were replaced.
+/// Where `text` holds tokens ([`is_token`]: `redacted:` and 16 hex digits).
+fn token_spans(text: &str) -> Vec<Range<usize>> {
+    const TOKEN_LEN: usize = "redacted:".len() + 16;
+    text.match_indices("redacted:")
+        .map(|(at, _)| at..at + TOKEN_LEN)
+        .filter(|span| text.get(span.clone()).is_some_and(is_token))
+        .collect()
+}
+
 fn splice<T: AsRef<str>>(s: &mut String, spans: Vec<(Range<usize>, T)>) -> u64 {
     if spans.is_empty() {
         return 0;
@@ -513,6 +605,30 @@ fn splice<T: AsRef<str>>(s: &mut String, spans: Vec<(Range<usize>, T)>) -> u64 {
     out.push_str(&s[last..]);
     *s = out;
     spans.len() as u64
+}
+
+/// Names for keys after redaction (`(key, redacted text)`, in key order),
+/// one each: a key redaction leaves alone keeps its name; a redacted key
+/// whose text is already a name gets `#2`, `#3`, ..., so two keys never
+/// become one, and the same keys always get the same names.
+fn distinct_names(keys: &[(String, String)]) -> Vec<String> {
+    let mut taken: HashSet<String> =
+        keys.iter().filter(|(key, redacted)| key == redacted).map(|(key, _)| key.clone()).collect();
+    keys.iter()
+        .map(|(key, redacted)| {
+            if key == redacted {
+                return key.clone();
+            }
+            let mut name = redacted.clone();
+            let mut suffix = 2;
+            while taken.contains(&name) {
+                name = format!("{redacted}#{suffix}");
+                suffix += 1;
+            }
+            taken.insert(name.clone());
+            name
+        })
+        .collect()
 }
 
 fn is_token(text: &str) -> bool {

@@ -16,7 +16,8 @@
 //!   plan step's `memory_hash_before` when only tool deltas came between
 //!   (the hash chain the executor records), snapshots and the episode end's
 //!   `final_memory_hash` must match the replay.
-//! - **reward**: `weighted_sum` is the sum of score x weight over the components.
+//! - **reward**: `weighted_sum` is the sum of score x weight over the
+//!   components, and both are finite numbers.
 //!
 //! Each [`Finding`] names the file and the step (or the byte offset of damage).
 
@@ -191,17 +192,27 @@ impl Validator {
             }
             Some(Body::RewardSignal(r)) => {
                 let sum: f64 = r.components.iter().map(|c| c.score * c.weight).sum();
-                if (sum - r.weighted_sum).abs() > 1e-9 * sum.abs().max(1.0) || !r.weighted_sum.is_finite() {
+                let parts = || -> String {
                     let parts: Vec<String> =
                         r.components.iter().map(|c| format!("{} {} x {}", c.name, c.score, c.weight)).collect();
+                    parts.join(" + ")
+                };
+                // NaN compares false with everything, so these are checked first.
+                if !sum.is_finite() || !r.weighted_sum.is_finite() {
                     self.finding(
                         step,
                         "reward",
                         format!(
-                            "weighted_sum is {} but the components give {sum} ({})",
+                            "weighted_sum is {} and the components give {sum} ({}): a reward must be a finite number",
                             r.weighted_sum,
-                            parts.join(" + ")
+                            parts()
                         ),
+                    );
+                } else if (sum - r.weighted_sum).abs() > 1e-9 * sum.abs().max(1.0) {
+                    self.finding(
+                        step,
+                        "reward",
+                        format!("weighted_sum is {} but the components give {sum} ({})", r.weighted_sum, parts()),
                     );
                 }
             }

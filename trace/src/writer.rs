@@ -30,6 +30,18 @@ pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 /// time than they save bytes (measured by `make bench-sandbox`).
 pub const SMALL_FRAME_BYTES: usize = 4 << 10;
 pub const SMALL_FRAME_ZSTD_LEVEL: i32 = -1;
+/// Most raw bytes the writer puts in one frame: within the reader's
+/// [`format::MAX_RAW_FRAME`], and small enough that zstd's worst case
+/// (`compress_bound`: n + n/256 above 128 KiB) stays within
+/// [`format::MAX_COMPRESSED_FRAME`]. A record longer than this is refused.
+pub const FRAME_RAW_LIMIT: usize = {
+    let limit = if format::MAX_RAW_FRAME < format::MAX_COMPRESSED_FRAME {
+        format::MAX_RAW_FRAME
+    } else {
+        format::MAX_COMPRESSED_FRAME
+    } as usize;
+    limit - (limit >> 8) - 1
+};
 
 pub struct TraceWriter<W: Write> {
     out: Option<W>,
@@ -98,14 +110,38 @@ impl<W: Write> TraceWriter<W> {
 
     /// Appends one record to the current step. Steps are expected to be
     /// non-decreasing; the index points at the first frame holding each step.
+    /// A record too long for any frame is refused ([`TraceWriter::write_record`]).
     pub fn append(&mut self, step: u32, body: Body) -> io::Result<()> {
         self.write_record(&Record { step, body: Some(body) })
     }
 
+    /// Appends one record (see [`TraceWriter::append`]). A record too long
+    /// for any frame ([`FRAME_RAW_LIMIT`]) is refused, and nothing else is
+    /// lost: the records before it are still written, and later ones may follow.
     pub fn write_record(&mut self, record: &Record) -> io::Result<()> {
         let kind = RecordKind::of_body(record.body.as_ref());
+        let len = record.encoded_len();
+        let framed_len = prost::length_delimiter_len(len) + len;
+        if framed_len > FRAME_RAW_LIMIT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a trace record of step {} (body field {}) is {framed_len} bytes encoded, over the frame limit of \
+                     {FRAME_RAW_LIMIT} bytes; it was not written (the records before it are kept): shorten the \
+                     value that makes it this long",
+                    record.step,
+                    kind.field()
+                ),
+            ));
+        }
         let is_tokens = kind == RecordKind::TokenLogit;
-        if !self.raw.is_empty() && (self.last_step != Some(record.step) || self.raw_is_tokens != is_tokens) {
+        // Closing the buffer first also keeps a big record appended to a
+        // nearly full buffer from making a frame over the limit.
+        if !self.raw.is_empty()
+            && (self.last_step != Some(record.step)
+                || self.raw_is_tokens != is_tokens
+                || self.raw.len() + framed_len > FRAME_RAW_LIMIT)
+        {
             self.write_frame(FrameKind::Records)?;
         }
         self.raw_kinds |= kind.bit();
@@ -212,4 +248,59 @@ fn len_u32(len: usize) -> io::Result<u32> {
         ));
     }
     Ok(len as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::{PlanStep, PolicyTurn};
+    use crate::reader::{Tail, read_trace_from};
+
+    fn turn(bytes: usize) -> Body {
+        Body::PolicyTurn(PolicyTurn { content: "x".repeat(bytes), ..Default::default() })
+    }
+
+    /// A big record appended to a nearly full buffer made a frame over the
+    /// limit: that write failed and every later one too, losing records
+    /// already accepted. Now the buffer is closed first, and a record too big
+    /// for any frame is refused alone. Sizes follow the real limits (the
+    /// largest allocation is one limit's worth of record, raw and compressed
+    /// bytes: under 200 MB).
+    #[test]
+    fn a_record_that_would_overfill_the_frame_goes_to_the_next_and_one_too_big_is_refused_alone() {
+        let mut w = TraceWriter::new(Vec::new(), Header::default(), DEFAULT_ZSTD_LEVEL).unwrap();
+        let plan = Body::PlanStep(Box::new(PlanStep { index: 1, tool: "t".into(), ..Default::default() }));
+        w.append(1, plan).unwrap();
+        let nearly_full = FRAME_FLUSH_THRESHOLD - (1 << 10);
+        w.append(1, turn(nearly_full)).unwrap();
+        assert!(!w.raw.is_empty(), "the buffer is still open");
+        let overfilling = format::MAX_RAW_FRAME as usize - nearly_full + (1 << 10);
+        w.append(1, turn(overfilling)).unwrap();
+
+        let err = w.append(1, turn(format::MAX_RAW_FRAME as usize)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let message = err.to_string();
+        assert!(message.contains("step 1") && message.contains(&FRAME_RAW_LIMIT.to_string()), "{message}");
+        w.append(1, turn(3)).unwrap();
+        w.end_step().unwrap();
+        let bytes = w.finish(EpisodeEnd { steps: 1, ..Default::default() }).unwrap();
+
+        let trace = read_trace_from(bytes.as_slice(), "t").unwrap();
+        assert!(matches!(trace.tail, Tail::Complete), "{:?}", trace.tail);
+        let sizes: Vec<usize> = trace
+            .records
+            .iter()
+            .map(|r| match &r.body {
+                Some(Body::PolicyTurn(t)) => t.content.len(),
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(sizes, [0, nearly_full, overfilling, 3, 0]);
+    }
+
+    #[test]
+    fn a_full_frame_compresses_within_the_compressed_limit() {
+        assert!(FRAME_RAW_LIMIT <= format::MAX_RAW_FRAME as usize);
+        assert!(zstd::zstd_safe::compress_bound(FRAME_RAW_LIMIT) <= format::MAX_COMPRESSED_FRAME as usize);
+    }
 }

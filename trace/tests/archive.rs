@@ -1,10 +1,12 @@
 //! Archives: any tar.zst tool unpacks them; one member comes out alone,
 //! even when another member is damaged.
 
-use std::io::{Cursor, Write};
+use std::cell::Cell;
+use std::io::{Cursor, Read, Seek, SeekFrom, Write};
 use std::process::{Command, Stdio};
+use std::rc::Rc;
 
-use basecamp_trace::archive::{ArchiveError, ArchiveReader, ArchiveWriter, INDEX_NAME, prepare_member};
+use basecamp_trace::archive::{ArchiveError, ArchiveReader, ArchiveWriter, INDEX_NAME, Member, prepare_member};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 
 fn traces() -> Vec<(String, Vec<u8>)> {
@@ -88,4 +90,53 @@ fn a_file_that_is_not_an_archive_is_one_clear_error() {
     let bytes = archive(&traces());
     let err = ArchiveReader::new(Cursor::new(bytes[..bytes.len() - 10].to_vec()), "cut.tar.zst").err().unwrap();
     assert!(err.to_string().contains("no index locator at the end (cut short by an interrupted write"), "{err}");
+}
+
+/// A reader that counts the bytes read through it.
+struct Counting<R> {
+    inner: R,
+    read: Rc<Cell<u64>>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl<R: Seek> Seek for Counting<R> {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        self.inner.seek(pos)
+    }
+}
+
+/// A damaged index's frame length is checked before anything is read: it
+/// was used as is, so `u64::MAX` read the rest of the archive into memory.
+#[test]
+fn a_frame_length_beyond_what_the_member_can_take_is_refused_before_reading() {
+    let bytes = archive(&traces());
+    let file_len = bytes.len() as u64;
+    let read = Rc::new(Cell::new(0));
+    let mut r = ArchiveReader::new(Counting { inner: Cursor::new(bytes), read: read.clone() }, "a.tar.zst").unwrap();
+    let first = r.members()[0].clone();
+    for (damaged, says) in [
+        (Member { frame_len: u64::MAX, ..first.clone() }, "more than the"),
+        (Member { frame_len: first.frame_len + first.bytes, ..first.clone() }, "more than the"),
+        (Member { frame_offset: file_len - 10, ..first.clone() }, "past the end of the"),
+    ] {
+        let read_before = read.get();
+        let err = r.read_member(&damaged).unwrap_err();
+        assert_eq!(read.get(), read_before, "{damaged:?}: nothing is read for a damaged index entry");
+        let message = err.to_string();
+        let start = format!("a.tar.zst: member {} (frame at byte {}) is damaged: ", first.name, damaged.frame_offset);
+        assert!(
+            message.starts_with(&start)
+                && message.contains(&format!("frame_len {}", damaged.frame_len))
+                && message.contains(says),
+            "{message}"
+        );
+    }
+    assert_eq!(r.read_member(&first).unwrap().len() as u64, first.bytes);
 }

@@ -248,3 +248,145 @@ fn redacting_a_redacted_trace_with_the_same_salt_changes_nothing() {
     assert_eq!(stats.replaced, 0);
     assert_eq!(twice, once);
 }
+
+/// Patterns are matched in object keys and memory keys too, not only in
+/// values: an address used as a key was kept. A key that already reads like
+/// another's redacted text keeps its name, and the redacted one gets a
+/// suffix, so no entry is lost and memory keys stay one name each.
+#[test]
+fn keys_are_redacted_and_two_keys_never_become_one() {
+    let r = Redactor::new([], vec![Pattern::Email], b"keys".to_vec());
+    let token_key = format!("contact:{}", r.token(EMAIL));
+    let email_key = format!("contact:{EMAIL}");
+    let header = Header { episode_id: "ep-keys".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let mut memory = Memory::new();
+    let initial = json!({&email_key: "vip", &token_key: "kept"});
+    for d in memory.apply(&MemoryPatch::from_object(initial.as_object().unwrap()), MemorySource::Initial, "test_set") {
+        w.append(0, Body::MemoryDelta(d.to_record())).unwrap();
+    }
+    w.end_step().unwrap();
+    let args = json!({"contacts": {EMAIL: "vip", r.token(EMAIL): "other"}});
+    let before = memory.hash();
+    let deltas = memory.apply(&MemoryPatch::default().set(&email_key, json!("vvip")), MemorySource::Tool, "crm");
+    w.append(
+        1,
+        Body::PlanStep(Box::new(PlanStep {
+            index: 1,
+            kind: StepKind::ToolCall as i32,
+            tool: "crm".into(),
+            arguments_json: canonical_json(&args),
+            input_hash: hash_json(&args).0.to_vec(),
+            observation_json: "{}".into(),
+            status: StepStatus::Ok as i32,
+            memory_hash_before: before.0.to_vec(),
+            memory_hash_after: memory.hash().0.to_vec(),
+            refused_memory_json: [(format!("note:{EMAIL}"), "null".to_string())].into(),
+            ..Default::default()
+        })),
+    )
+    .unwrap();
+    for d in &deltas {
+        w.append(1, Body::MemoryDelta(d.to_record())).unwrap();
+    }
+    w.append(
+        1,
+        Body::ErrorContext(Box::new(ErrorContext {
+            error_type: "tool_error".into(),
+            memory_snapshot_json: memory.entries().map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
+            ..Default::default()
+        })),
+    )
+    .unwrap();
+    w.append(1, Body::MemorySnapshot(memory.to_snapshot())).unwrap();
+    w.end_step().unwrap();
+    let end = EpisodeEnd { outcome: 1, steps: 1, final_memory_hash: memory.hash().0.to_vec(), ..Default::default() };
+    let input = w.finish(end).unwrap();
+    assert!(validate_reader(TraceReader::new(input.as_slice(), "in.trace").unwrap()).is_empty());
+
+    let output = redact(&input, &r);
+    assert!(!contains(&decompressed(&output), EMAIL), "an address used as a key survived redaction");
+    let findings = validate_reader(TraceReader::new(output.as_slice(), "out.trace").unwrap());
+    assert!(findings.is_empty(), "the redacted trace is not valid: {findings:#?}");
+
+    let trace = read_trace_from(output.as_slice(), "out.trace").unwrap();
+    let mut replayed = Memory::new();
+    let (mut snapshot, mut error_memory, mut arguments, mut refused) = (None, None, None, None);
+    for record in &trace.records {
+        match &record.body {
+            Some(Body::MemoryDelta(d)) => {
+                let patch = match &d.after_json {
+                    Some(v) => MemoryPatch::default().set(&d.key, serde_json::from_str(v).unwrap()),
+                    None => MemoryPatch::default().remove(&d.key),
+                };
+                replayed.apply(&patch, MemorySource::Tool, "");
+            }
+            Some(Body::MemorySnapshot(s)) => snapshot = Some(s.entries_json.clone()),
+            Some(Body::ErrorContext(e)) => error_memory = Some(e.memory_snapshot_json.clone()),
+            Some(Body::PlanStep(p)) => {
+                arguments = Some(serde_json::from_str::<serde_json::Value>(&p.arguments_json).unwrap());
+                refused = Some(p.refused_memory_json.keys().cloned().collect::<Vec<_>>());
+            }
+            _ => {}
+        }
+    }
+    let redacted_key = format!("{token_key}#2");
+    let expected: std::collections::BTreeMap<String, String> =
+        [(token_key.clone(), "\"kept\"".to_string()), (redacted_key, "\"vvip\"".to_string())].into();
+    let replayed: std::collections::BTreeMap<String, String> =
+        replayed.entries().map(|(k, v)| (k.clone(), canonical_json(v))).collect();
+    assert_eq!(replayed, expected, "the deltas keep both keys apart");
+    assert_eq!(snapshot.unwrap(), expected, "the snapshot names the keys as the deltas do");
+    assert_eq!(error_memory.unwrap(), expected, "the error context names the keys as the deltas do");
+    assert_eq!(refused.unwrap(), [format!("note:{}", r.token(EMAIL))]);
+    assert_eq!(
+        arguments.unwrap(),
+        json!({"contacts": {r.token(EMAIL): "other", format!("{}#2", r.token(EMAIL)): "vip"}})
+    );
+
+    let mut twice = Vec::new();
+    let stats = r.redact(|| TraceReader::new(&output[..], "once.trace"), &mut twice, "twice.trace").unwrap();
+    assert_eq!((stats.replaced, twice), (0, output), "redacting again changes nothing");
+}
+
+#[test]
+fn an_all_digit_pii_value_is_redacted_in_free_text_where_it_stands_alone() {
+    const ACCOUNT: &str = "48213977";
+    let header = Header { episode_id: "ep-account".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let args = json!({"account_id": ACCOUNT});
+    w.append(
+        1,
+        Body::PolicyTurn(PolicyTurn {
+            // The value alone, then inside a longer number and a word: only the first is the account.
+            content: format!("Account {ACCOUNT} is closed; ticket 1{ACCOUNT}0 and x{ACCOUNT} are not it."),
+            tool_calls_json:
+                json!([{"id": "c1", "function": {"name": "accounts", "arguments": canonical_json(&args)}}]).to_string(),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    w.end_step().unwrap();
+    let input = w.finish(EpisodeEnd { outcome: 1, steps: 1, ..Default::default() }).unwrap();
+
+    let r = Redactor::new(["account_id".to_string()], Vec::new(), b"salt".to_vec());
+    let output = redact(&input, &r);
+    let token = r.token(ACCOUNT);
+    let trace = read_trace_from(output.as_slice(), "out.trace").unwrap();
+    let content = trace
+        .records
+        .iter()
+        .find_map(|rec| match &rec.body {
+            Some(Body::PolicyTurn(p)) => Some(p.content.clone()),
+            _ => None,
+        })
+        .expect("the policy turn");
+    // Before: all-digit values were never searched for in free text, so the account stayed in the content.
+    assert_eq!(content, format!("Account {token} is closed; ticket 1{ACCOUNT}0 and x{ACCOUNT} are not it."));
+    // Redaction leaves the trace as valid as it was (this minimal one has no plan step).
+    let findings = |bytes: &[u8]| validate_reader(TraceReader::new(bytes, "out.trace").unwrap());
+    assert_eq!(findings(&output), findings(&input));
+
+    // A second pass with the same salt changes nothing: no digit run inside a token is taken for the value.
+    assert_eq!(redact(&output, &r), output);
+}

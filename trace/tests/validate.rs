@@ -87,6 +87,40 @@ fn a_wrong_reward_sum_is_found() {
     assert!(found[0].message.contains("tool_call_accuracy"), "{}", found[0]);
 }
 
+/// Sets step 2's reward components to `scores` (weight 1 each) and its weighted sum.
+fn with_reward(scores: &[f64], weighted_sum: f64) -> Vec<Finding> {
+    let mut ep = episode();
+    for r in &mut ep.steps[2] {
+        if let Some(Body::RewardSignal(s)) = &mut r.body {
+            s.components.truncate(scores.len());
+            for (c, &score) in s.components.iter_mut().zip(scores) {
+                (c.score, c.weight) = (score, 1.0);
+            }
+            s.weighted_sum = weighted_sum;
+        }
+    }
+    findings(&ep)
+}
+
+/// NaN compares false with everything and inf - inf is NaN, so a sum that
+/// is not a number slipped past the tolerance check.
+#[test]
+fn a_reward_sum_that_is_not_finite_is_found() {
+    for (scores, weighted_sum) in [
+        (&[f64::NAN, 1.0][..], 1.0),
+        (&[f64::INFINITY, f64::NEG_INFINITY], 0.0),
+        (&[f64::INFINITY, 1.0], f64::INFINITY),
+        (&[f64::INFINITY, 1.0], 1.0),
+        (&[0.5, 1.0], f64::NAN),
+        (&[0.5, 1.0], f64::INFINITY),
+    ] {
+        let found = with_reward(scores, weighted_sum);
+        assert_eq!(summary(&found), [(Some(2), "reward")], "{scores:?} -> {weighted_sum}: {found:#?}");
+        assert!(found[0].message.ends_with("a reward must be a finite number"), "{}", found[0]);
+    }
+    assert!(with_reward(&[0.5, 1.0], 1.5).is_empty(), "the episode is clean otherwise");
+}
+
 #[test]
 fn statuses_hashes_and_indices_are_checked() {
     let mut ep = episode();

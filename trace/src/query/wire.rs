@@ -4,6 +4,8 @@
 
 use prost::encoding::decode_varint;
 
+use crate::reader::RecordKind;
+
 #[derive(Debug, Clone, Copy)]
 pub enum Wire<'a> {
     Varint(u64),
@@ -65,13 +67,20 @@ impl<'a> Fields<'a> {
 }
 
 /// The body message of a `Record` (the bytes of its `oneof body` field).
+/// A field this schema does not know (a newer writer's, after the body) is
+/// the body only of a record without a known one, as in the reader's kind.
 pub fn record_body(record: &[u8]) -> Result<&[u8], Malformed> {
     let mut body = None;
+    let mut known = false;
     for f in fields(record) {
         if let (n, Wire::Len(bytes)) = f?
             && n >= 2
         {
-            body = Some(bytes);
+            let is_known = RecordKind::from_field(n).is_known();
+            if is_known || !known {
+                body = Some(bytes);
+                known = is_known;
+            }
         }
     }
     body.ok_or(Malformed)
@@ -110,6 +119,10 @@ mod tests {
         assert!(matches!(last_field(body, 4).unwrap(), Some(Wire::Len(b"t"))));
         assert!(matches!(last_field(body, 18).unwrap(), Some(Wire::Varint(1234))));
         assert!(last_field(body, 19).unwrap().is_none());
+        // A field a newer writer adds after the body is not the body.
+        let mut newer = bytes.clone();
+        prost::encoding::string::encode(12, &"span-1".to_string(), &mut newer);
+        assert!(matches!(last_field(record_body(&newer).unwrap(), 4).unwrap(), Some(Wire::Len(b"t"))));
         // Any truncation is an error, not a panic.
         for cut in 0..bytes.len() {
             let _ = record_body(&bytes[..cut]).and_then(|b| last_field(b, 18));
