@@ -209,12 +209,17 @@ async fn run_episode(
     if stop.is_cancelled() {
         return (index, Ended::NotStarted);
     }
-    let lost =
-        |e: std::io::Error, trace_file| Ended::Lost { error: format!("cannot write the trace: {e}"), trace_file };
+    let trace_name = trace_file_name(&input.id);
+    // The path, not only the OS's reason: "Permission denied" alone does
+    // not say which directory to fix.
+    let trace_path = dir.join(&trace_name);
+    let lost = |e: std::io::Error, trace_file| Ended::Lost {
+        error: format!("cannot write the trace {}: {e}", trace_path.display()),
+        trace_file,
+    };
     // Noted as soon as the trace exists, not once start returns: a start
     // that fails (or panics) after it still leaves the trace.
     let noted = || trace_created.store(true, Ordering::Release);
-    let trace_name = trace_file_name(&input.id);
     let episode = match runner.start_noting_trace(input, &dir, noted) {
         Ok(episode) => episode,
         Err(e) => return (index, lost(e, trace_created.load(Ordering::Acquire).then_some(trace_name))),

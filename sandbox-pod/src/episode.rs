@@ -653,19 +653,27 @@ impl Episode {
             return Ok(report);
         }
 
-        let mut step_deadline_hit: Option<Value> = None;
-        for call in &response.tool_calls {
+        // (index of the call the deadline cut off, its observation)
+        let mut step_deadline_hit: Option<(usize, Value)> = None;
+        // Injections the turn's calls triggered, delivered once every call
+        // of the turn has its tool message: OpenAI-compatible servers
+        // refuse a user message between the answers to one assistant turn.
+        let mut due_injections = Vec::new();
+        for (index, call) in response.tool_calls.iter().enumerate() {
             let arguments = match &call.arguments {
                 ToolArguments::Parsed(v) => Ok(v),
                 ToolArguments::Invalid(bad) => Err(bad.raw.as_str()),
             };
             let tool_call = ToolCall { step, call_id: &call.id, plan_label: "", name: &call.name, arguments };
+            let (started_wall, started) = (SystemTime::now(), Instant::now());
             let result = tokio::time::timeout_at(deadline, self.executor.call(tool_call, &mut self.memory)).await;
             let Ok(outcome_of_call) = result else {
                 // The plan step ran out of time inside this call: the call is abandoned.
+                let latency = started.elapsed();
                 let timeout_ms = runner.plan_step_timeout.as_millis();
                 let observation =
                     json!({"error": format!("plan step timed out after {timeout_ms} ms"), "tool": call.name});
+                let observation_json = canonical_json(&observation);
                 let hash = self.memory.hash();
                 // As the executor records them for a call that ends.
                 let (arguments_json, input_hash) = crate::executor::arguments_json_and_hash(arguments);
@@ -683,21 +691,29 @@ impl Episode {
                         error_message: format!("plan step exceeded {timeout_ms} ms"),
                         memory_hash_before: hash.0.to_vec(),
                         memory_hash_after: hash.0.to_vec(),
-                        observation_json: canonical_json(&observation),
+                        observation_json: observation_json.clone(),
+                        start_unix_nanos: unix_nanos(started_wall),
+                        latency_micros: u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
                         timeout_ms: timeout_ms as u64,
                         ..Default::default()
                     })),
                 )?;
+                if let Some(metrics) = &runner.metrics {
+                    metrics.observe_rolled_back_call(&call.name, latency);
+                }
                 self.state.calls.push((call.name.clone(), call.arguments.as_value().cloned(), true));
                 report.calls.push(CallReport {
                     tool: call.name.clone(),
                     call_id: call.id.clone(),
                     status: StepStatus::RolledBack,
                     error_type: Some("plan_step_timeout".into()),
-                    latency: runner.plan_step_timeout,
+                    // How long the call ran: the deadline also covers the
+                    // policy's answer and the turn's earlier calls.
+                    latency,
                     memory_delta_keys: Vec::new(),
                 });
-                step_deadline_hit = Some(observation);
+                self.messages.push(ChatMessage::tool(call.id.clone(), observation_json));
+                step_deadline_hit = Some((index, observation));
                 break;
             };
             if let Some(metrics) = &runner.metrics {
@@ -752,16 +768,36 @@ impl Episode {
                 };
                 if !self.fired[i] && due {
                     self.fired[i] = true;
-                    let trigger = match inj.when {
-                        InjectionWhen::AfterTool(_) => InjectionTrigger::AfterTool,
-                        _ => InjectionTrigger::MemoryMatch,
-                    };
-                    self.inject(runner, &inj.id, trigger, &inj.observation, &inj.description)?;
+                    due_injections.push(i);
                 }
             }
         }
 
-        if let Some(observation) = step_deadline_hit {
+        if let Some((index, _)) = &step_deadline_hit {
+            // Every call of the assistant turn needs its tool message, or
+            // the next request is refused for an unanswered tool_call id.
+            let cut_off = &response.tool_calls[*index];
+            for call in &response.tool_calls[index + 1..] {
+                let observation = json!({
+                    "error": format!(
+                        "not run: the plan step timed out in an earlier call of this turn ({} {})",
+                        cut_off.name, cut_off.id
+                    ),
+                    "tool": call.name,
+                });
+                self.messages.push(ChatMessage::tool(call.id.clone(), canonical_json(&observation)));
+            }
+        }
+        for i in due_injections {
+            let inj = &runner.injections[i];
+            let trigger = match inj.when {
+                InjectionWhen::AfterTool(_) => InjectionTrigger::AfterTool,
+                _ => InjectionTrigger::MemoryMatch,
+            };
+            self.inject(runner, &inj.id, trigger, &inj.observation, &inj.description)?;
+        }
+
+        if let Some((_, observation)) = step_deadline_hit {
             report.plan_step_timed_out = true;
             self.state.first_error.get_or_insert("plan_step_timeout".into());
             if runner.rollback_enabled {
@@ -866,7 +902,9 @@ impl Episode {
         if !state.rollback_traces.is_empty() {
             let path = rollback_path(&self.trace_path);
             let text = serde_json::to_vec_pretty(&state.rollback_traces).expect("rollback traces serialize");
-            std::fs::write(&path, text)?;
+            // Callers report a failure here as the trace's: say which file.
+            std::fs::write(&path, text)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("its rollback evidence {}: {e}", path.display())))?;
         }
         let failure_class = failure_class(state, &metrics);
         Ok(EpisodeResult {

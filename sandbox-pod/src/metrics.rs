@@ -2,7 +2,9 @@
 //!
 //! One [`SandboxMetrics`] per process owns a `prometheus-client` registry.
 //! Whoever runs episodes feeds it: [`SandboxMetrics::observe_call`] for every
-//! executor outcome, [`SandboxMetrics::observe_episode`] for every finished
+//! executor outcome, [`SandboxMetrics::observe_rolled_back_call`] for every
+//! call the plan-step deadline cut off (it has no outcome),
+//! [`SandboxMetrics::observe_episode`] for every finished
 //! episode, [`SandboxMetrics::observe_injection`] when an injection is
 //! delivered into an episode (scheduled or live) and
 //! [`SandboxMetrics::observe_policy_error`] for a failed policy turn.
@@ -32,6 +34,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use basecamp_trace::pb::{InjectionTrigger, StepStatus};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -252,6 +255,17 @@ impl SandboxMetrics {
         if call.plan_step.fallback_used {
             self.tool_fallbacks.get_or_create(&labels).inc();
         }
+    }
+
+    /// Records a call the plan-step deadline cut off (status `rolled_back`),
+    /// which ends without a [`CallOutcome`]: `latency` is how long it ran.
+    /// Only a tool the executor defines can be cut off (an unknown tool is
+    /// refused without waiting), so `tool` is labelled by its name.
+    pub fn observe_rolled_back_call(&self, tool: &str, latency: Duration) {
+        let labels = ToolLabels { tool: self.tool_label(tool) };
+        self.tool_call_duration.get_or_create(&labels).observe(latency.as_secs_f64());
+        let status = status_label(StepStatus::RolledBack);
+        self.tool_calls.get_or_create(&ToolStatusLabels { tool: labels.tool, status }).inc();
     }
 
     /// Records a finished episode: its outcome and its rollbacks.

@@ -176,13 +176,35 @@ async fn an_episode_whose_start_failed_after_creating_its_trace_is_lost_with_tha
     assert_eq!(summary.episodes.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["ok"]);
     assert_eq!(summary.lost.len(), 1, "{:?}", summary.lost);
     let lost = &summary.lost[0];
-    assert!(lost.error.starts_with("cannot write the trace: a single trace record of"), "{}", lost.error);
+    let expected = format!("cannot write the trace {}: a trace record of step 0", out.join("huge.trace").display());
+    assert!(lost.error.starts_with(&expected), "{}", lost.error);
     // Before: no trace_file, so the trace (its header, a readable prefix)
     // stayed on disk and was not uploaded.
     assert_eq!((lost.id.as_str(), lost.trace_file.as_deref()), ("huge", Some("huge.trace")));
     let trace = basecamp_trace::reader::read_trace(out.join("huge.trace")).expect("the header is readable");
     assert_eq!(trace.header.episode_id, "huge");
     assert_eq!(summary.files_written(), ["summary.json", "ok.trace", "huge.trace"]);
+}
+
+#[tokio::test]
+async fn an_episode_whose_trace_cannot_be_created_is_lost_with_the_path_it_tried() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("policy.jsonl");
+    std::fs::write(&script, r#"{"episode": "blocked", "turns": [{"content": "done"}]}"#).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let runner = Arc::new(EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy));
+    // A directory where the trace should go: its creation fails even for
+    // root, whom a read-only directory does not stop.
+    let out = dir.path().join("out");
+    let blocked = out.join("blocked.trace");
+    std::fs::create_dir_all(&blocked).unwrap();
+    let summary = run_shard(runner, vec![input("blocked")], &out, 1, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(summary.lost.len(), 1, "{:?}", summary.lost);
+    let lost = &summary.lost[0];
+    // Before: "cannot write the trace: Is a directory (os error 21)", no file named.
+    let expected = format!("cannot write the trace {}: ", blocked.display());
+    assert!(lost.error.starts_with(&expected), "{}", lost.error);
+    assert_eq!(lost.trace_file, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

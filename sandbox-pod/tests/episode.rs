@@ -2,17 +2,21 @@
 //! traces on disk read back with the trace library.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use basecamp_sandbox::episode::{
     EpisodeInput, EpisodeRunner, InjectionWhen, LiveInjection, LiveInjections, ScheduledInjection, rollback_path,
 };
 use basecamp_sandbox::executor::{Fallback, NullWrites, ToolDef, ToolExecutor};
-use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
+use basecamp_sandbox::metrics::SandboxMetrics;
+use basecamp_sandbox::policy::{
+    ChatMessage, Policy, PolicyConfig, PolicyResponse, ScriptedConfig, ToolArguments, ToolCall,
+};
 use basecamp_sandbox::rewards::{ComponentSpec, RewardCalculator, RewardSpec};
-use basecamp_sandbox::tools::Tool;
 use basecamp_sandbox::tools::exec::ExecTool;
 use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
+use basecamp_sandbox::tools::{Tool, ToolOutput};
 use basecamp_trace::pb::{Header, InjectionTrigger, MemorySource, Outcome, StepStatus, record::Body};
 use basecamp_trace::{MemoryPatch, Tail, hash_json, read_trace};
 use serde_json::{Value, json};
@@ -351,4 +355,181 @@ async fn tools_answering_from_one_fixture_file_each_get_their_own_lines() {
     assert!(past.contains("has 2 answers for track"), "{past}");
     let unknown = call("faq", json!({"q": "unknown"})).await.unwrap_err();
     assert!(unknown.contains("no line for faq"), "{unknown}");
+}
+
+// ---- one turn of several tool calls ----------------------------------------
+
+/// A runner whose `note` answers at once (writing `noted`), whose `hang`
+/// answers after a minute, with an injection after each `note` and the
+/// metrics on; the deadline `act` is given cuts a turn off, not its 30 s
+/// plan-step timeout.
+fn turn_runner(dir: &Path) -> EpisodeRunner {
+    let script = dir.join("policy.jsonl");
+    std::fs::write(&script, r#"{"episode": "unused", "turns": [{"content": "done"}]}"#).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let mut executor = ToolExecutor::new(NullWrites::Warn);
+    let note = |_: &Value| ToolOutput::from_json(json!({"observation": "noted", "memory": {"noted": true}}), 0);
+    let def = |tool| ToolDef { tool, timeout: Duration::from_secs(30), fallback: None, memory_map: Vec::new() };
+    executor.add_tool("note", def(Tool::Function(Arc::new(note))));
+    executor.add_tool("hang", def(Tool::Exec(ExecTool::new(vec!["sleep".into(), "60".into()]))));
+    EpisodeRunner {
+        plan_step_timeout: Duration::from_secs(30),
+        injections: vec![ScheduledInjection {
+            id: "after-note".into(),
+            when: InjectionWhen::AfterTool("note".into()),
+            observation: json!("Notes are kept for a week."),
+            description: "after note".into(),
+        }],
+        metrics: Some(Arc::new(SandboxMetrics::new())),
+        ..EpisodeRunner::new(executor, policy)
+    }
+}
+
+/// An assistant turn calling each `(id, tool)` with no arguments.
+fn turn(calls: &[(&str, &str)]) -> PolicyResponse {
+    PolicyResponse {
+        model: "scripted".into(),
+        content: None,
+        tool_calls: calls
+            .iter()
+            .map(|(id, name)| ToolCall {
+                id: id.to_string(),
+                name: name.to_string(),
+                arguments: ToolArguments::Parsed(json!({})),
+            })
+            .collect(),
+        finish_reason: None,
+        logprobs: None,
+        raw_logits: None,
+        usage: None,
+        latency: Duration::ZERO,
+        attempts: 1,
+        warnings: Vec::new(),
+    }
+}
+
+/// The messages after the (last) assistant turn.
+fn after_the_turn(messages: &[ChatMessage]) -> &[ChatMessage] {
+    let at = messages.iter().rposition(|m| matches!(m, ChatMessage::Assistant { .. })).expect("an assistant turn");
+    &messages[at + 1..]
+}
+
+fn role(message: &ChatMessage) -> &'static str {
+    match message {
+        ChatMessage::System { .. } => "system",
+        ChatMessage::User { .. } => "user",
+        ChatMessage::Assistant { .. } => "assistant",
+        ChatMessage::Tool { .. } => "tool",
+    }
+}
+
+#[tokio::test]
+async fn a_turn_cut_off_by_the_plan_step_deadline_still_answers_each_of_its_tool_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = turn_runner(dir.path());
+    let mut episode = runner.start(bare_input("cut"), dir.path()).unwrap();
+    assert!(episode.advance(&runner).unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    let report =
+        episode.act(&runner, &turn(&[("c1", "note"), ("c2", "hang"), ("c3", "note")]), deadline).await.unwrap();
+    assert!(report.plan_step_timed_out);
+
+    // Before: assistant(c1, c2, c3), tool(c1), user — c2 and c3 unanswered,
+    // which an OpenAI-compatible server refuses with HTTP 400.
+    let messages = episode.messages().to_vec();
+    let Some(ChatMessage::Assistant { tool_calls, .. }) =
+        messages.iter().rfind(|m| matches!(m, ChatMessage::Assistant { .. }))
+    else {
+        unreachable!()
+    };
+    let asked: Vec<&str> = tool_calls.iter().map(|c| c.id.as_str()).collect();
+    let answers: Vec<(&str, &str)> = after_the_turn(&messages)
+        .iter()
+        .map_while(|m| match m {
+            ChatMessage::Tool { tool_call_id, content } => Some((tool_call_id.as_str(), content.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers.iter().map(|(id, _)| *id).collect::<Vec<_>>(), asked);
+    assert!(answers[2].1.contains("not run: the plan step timed out in an earlier call of this turn (hang c2)"));
+    assert_eq!(after_the_turn(&messages).iter().map(role).collect::<Vec<_>>(), ["tool", "tool", "tool", "user"]);
+
+    // The cut-off call's answer is what the trace records for it.
+    let trace_path = episode.trace_path().to_path_buf();
+    assert!(episode.advance(&runner).unwrap(), "the episode goes on after the rollback");
+    episode.cancel("done".into()).unwrap();
+    episode.finish(&runner).unwrap();
+    let trace = read_trace(&trace_path).unwrap();
+    let rolled_back = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::PlanStep(p)) if p.status == StepStatus::RolledBack as i32 => Some(p),
+        _ => None,
+    });
+    assert_eq!(rolled_back.expect("the cut-off call is recorded").observation_json, answers[1].1);
+}
+
+#[tokio::test]
+async fn the_injections_a_turn_triggers_follow_all_of_its_tool_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = turn_runner(dir.path());
+    let mut episode = runner.start(bare_input("two"), dir.path()).unwrap();
+    assert!(episode.advance(&runner).unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    episode.act(&runner, &turn(&[("a", "note"), ("b", "note")]), deadline).await.unwrap();
+    // Before: [tool, user, tool], a user message between one turn's answers.
+    assert_eq!(after_the_turn(episode.messages()).iter().map(role).collect::<Vec<_>>(), ["tool", "tool", "user"]);
+    assert_eq!(episode.take_delivered(), ["after-note"]);
+
+    // The trace keeps the conversation's order: the injection after both calls.
+    let trace_path = episode.trace_path().to_path_buf();
+    episode.cancel("done".into()).unwrap();
+    episode.finish(&runner).unwrap();
+    let order: Vec<String> = read_trace(&trace_path)
+        .unwrap()
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::PlanStep(p)) => Some(format!("call {}", p.call_id)),
+            Some(Body::Injection(i)) => Some(format!("injection {}", i.id)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["call a", "call b", "injection after-note"]);
+}
+
+#[tokio::test]
+async fn a_call_cut_off_by_the_plan_step_deadline_is_counted_as_rolled_back_with_the_time_it_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = turn_runner(dir.path());
+    let metrics = runner.metrics.clone().unwrap();
+    metrics.declare_tools(["note", "hang"]);
+    let mut episode = runner.start(bare_input("slow"), dir.path()).unwrap();
+    assert!(episode.advance(&runner).unwrap());
+    // The plan step's timeout is 30 s, but most of it went before the call.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+    let report = episode.act(&runner, &turn(&[("h", "hang")]), deadline).await.unwrap();
+    assert_eq!(report.calls[0].status, StepStatus::RolledBack);
+    let latency = report.calls[0].latency;
+    // Before: the whole plan-step timeout, 30 s.
+    assert!(latency >= Duration::from_millis(250) && latency < Duration::from_secs(10), "{latency:?}");
+
+    // Before: never observed, so the rolled_back series stayed at 0.
+    let text = metrics.encode();
+    assert!(text.contains(r#"basecamp_sandbox_tool_calls_total{tool="hang",status="rolled_back"} 1"#), "{text}");
+    assert!(text.contains(r#"basecamp_sandbox_tool_call_duration_seconds_count{tool="hang"} 1"#), "{text}");
+    let sum: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"basecamp_sandbox_tool_call_duration_seconds_sum{tool="hang"} "#))
+        .expect("the latency sum of hang")
+        .parse()
+        .unwrap();
+    assert!((sum - latency.as_secs_f64()).abs() < 1e-3, "{sum} vs {latency:?}");
+
+    let trace_path = episode.trace_path().to_path_buf();
+    episode.cancel("done".into()).unwrap();
+    episode.finish(&runner).unwrap();
+    let recorded = read_trace(&trace_path).unwrap().records.iter().find_map(|r| match &r.body {
+        Some(Body::PlanStep(p)) if p.call_id == "h" => Some(p.latency_micros),
+        _ => None,
+    });
+    assert_eq!(recorded, Some(latency.as_micros() as u64), "the trace records the same latency");
 }

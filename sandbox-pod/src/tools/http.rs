@@ -282,18 +282,24 @@ impl ToolError {
     }
 }
 
-/// `Retry-After` as seconds (fractions allowed) or an HTTP date, capped at a
-/// minute: the tool's timeout cuts a longer wait short anyway.
+/// The longest `Retry-After` wait honoured: the tool's timeout cuts a longer
+/// wait short anyway.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// `Retry-After` as seconds (fractions allowed) or an HTTP date, capped at
+/// [`MAX_RETRY_AFTER`].
 fn parse_retry_after(value: &str) -> Option<Duration> {
     let value = value.trim();
     let wait = match value.parse::<f64>() {
-        Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => Duration::from_secs_f64(seconds),
+        // A count of seconds too large for a Duration (1e20, inf) is a very
+        // long wait, not a panic: it gets the cap like any other long one.
+        Ok(seconds) if seconds >= 0.0 => Duration::try_from_secs_f64(seconds).unwrap_or(MAX_RETRY_AFTER),
         Ok(_) => return None,
         Err(_) => {
             httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default()
         }
     };
-    Some(wait.min(Duration::from_secs(60)))
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 /// reqwest hides the useful part ("connection refused") in the source chain.
@@ -474,6 +480,18 @@ mod tests {
         assert!(limiter(&own).check().is_ok() && limiter(&own).check().is_err());
         let unlimited = HttpTool::new(reqwest::Client::new(), Method::GET, "http://h/");
         assert!(unlimited.with_own_limiter().limiter.is_none());
+    }
+
+    #[test]
+    fn a_retry_after_too_large_for_a_duration_is_capped_not_a_panic() {
+        for huge in ["1e20", "1e300", "inf", "18446744073709551616"] {
+            assert_eq!(parse_retry_after(huge), Some(MAX_RETRY_AFTER), "{huge}");
+        }
+        assert_eq!(parse_retry_after(" 1.5 "), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_retry_after("120"), Some(MAX_RETRY_AFTER));
+        for refused in ["-1", "NaN", "-inf", "soon"] {
+            assert_eq!(parse_retry_after(refused), None, "{refused}");
+        }
     }
 
     #[test]
