@@ -45,7 +45,7 @@ pub use task::{HarnessTask, HarnessTaskSpec, HarnessTaskStatus};
 pub use testset::{Episode, ExpectedToolCall, TestSet, TestSetError, TestSetLoadError};
 pub use timeouts::ToolTimeouts;
 pub use tool::ToolSpec;
-pub use validate::{ValidationContext, validate_sandbox, validate_task};
+pub use validate::{FixtureMemo, ValidationContext, validate_sandbox, validate_task};
 
 /// The API group of Basecamp's resources.
 pub const GROUP: &str = "basecamp.dev";

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::sandbox::{SandboxConfig, SandboxConfigSpec};
 use crate::task::HarnessTask;
-use crate::validate::{ValidationContext, validate_sandbox, validate_task};
+use crate::validate::{FixtureMemo, ValidationContext, validate_sandbox, validate_task};
 
 /// Where an object came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,6 +277,9 @@ impl Manifests {
     /// are, not by their `Kind/name`.
     pub fn validate_each(&self, base_dir: Option<&Path>) -> Vec<ObjectReport<'_>> {
         let mut reports = Vec::new();
+        // A fixture is checked with its SandboxConfig, each profile of it and
+        // each task using it: read once.
+        let fixtures = FixtureMemo::default();
         for task in &self.tasks {
             let namespace = task.object.metadata.namespace.as_deref();
             // Each name once, and only those the task can use: a reference
@@ -294,6 +297,7 @@ impl Manifests {
                 task_name: task.object.metadata.name.as_deref(),
                 test_set: None,
                 base_dir: Some(&base_dir),
+                fixtures: Some(&fixtures),
             };
             let problems = validate_task(&task.object.spec, &sandboxes, &ctx);
             reports.push(ObjectReport {
@@ -304,7 +308,7 @@ impl Manifests {
         }
         for sandbox in &self.sandboxes {
             let base_dir = base_dir.map_or_else(|| sandbox.base_dir(), Path::to_path_buf);
-            let ctx = ValidationContext { base_dir: Some(&base_dir), ..Default::default() };
+            let ctx = ValidationContext { base_dir: Some(&base_dir), fixtures: Some(&fixtures), ..Default::default() };
             let name = sandbox.object.metadata.name.as_deref().unwrap_or("");
             reports.push(ObjectReport {
                 label: format!("SandboxConfig/{name}"),

@@ -43,10 +43,6 @@ pub const DEFAULT_VARIANT: &str = "default";
     {
         "rule": "has(self.sandboxRef) != (has(self.variants) && size(self.variants) > 0)",
         "message": "set exactly one of spec.sandboxRef (one sandbox) and spec.variants (an A/B test)"
-    },
-    {
-        "rule": "!has(self.parallelism) || !has(self.shards) || self.parallelism <= self.shards",
-        "message": "spec.parallelism cannot exceed spec.shards"
     }
 ]))]
 pub struct HarnessTaskSpec {

@@ -17,7 +17,9 @@ mod names;
 mod sandbox;
 mod task;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::duration::{Duration, MAX_SPEC_DURATION};
 use crate::problem::{Problem, Report, Rule};
@@ -40,6 +42,50 @@ pub struct ValidationContext<'a> {
     /// files the spec names (test set, fixtures, scripted policy) are read
     /// and checked; when unset, no file is touched.
     pub base_dir: Option<&'a Path>,
+    /// Fixture files already read by an earlier check sharing this memo:
+    /// a fixture that a SandboxConfig, each of its profiles and each task
+    /// using it all name is then read once. Without one, each check reads
+    /// the file itself.
+    pub fixtures: Option<&'a FixtureMemo>,
+}
+
+/// What validation needs of each fixture file it has read, by path.
+#[derive(Debug, Default)]
+pub struct FixtureMemo(Mutex<HashMap<PathBuf, Arc<FixtureFacts>>>);
+
+/// The tools a fixture records, each with the line it first appears on, or
+/// the file's problems when it cannot be read or parsed.
+#[derive(Debug)]
+pub(crate) struct FixtureFacts {
+    pub(crate) name: String,
+    pub(crate) tools: Result<Vec<(String, u64)>, Report>,
+}
+
+impl FixtureFacts {
+    fn read(file: &Path) -> FixtureFacts {
+        match crate::fixture::Fixture::load(file) {
+            Err(error) => FixtureFacts { name: file.display().to_string(), tools: Err(error.to_report()) },
+            Ok(fixture) => {
+                let mut tools: Vec<(String, u64)> = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                for entry in fixture.entries {
+                    if seen.insert(entry.tool.clone()) {
+                        tools.push((entry.tool, entry.line));
+                    }
+                }
+                FixtureFacts { name: fixture.name, tools: Ok(tools) }
+            }
+        }
+    }
+}
+
+impl FixtureMemo {
+    pub(crate) fn facts(memo: Option<&FixtureMemo>, file: &Path) -> Arc<FixtureFacts> {
+        let Some(memo) = memo else { return Arc::new(FixtureFacts::read(file)) };
+        // Held while the file is read: two checks never read it at once.
+        let mut read = memo.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        read.entry(file.to_path_buf()).or_insert_with(|| Arc::new(FixtureFacts::read(file))).clone()
+    }
 }
 
 impl ValidationContext<'_> {

@@ -5,14 +5,13 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use crate::duration::Duration;
-use crate::fixture::Fixture;
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::profile::{ProfileError, resolve_profile};
 use crate::sandbox::{NullWrites, REWARD_SOURCES, SandboxConfigSpec};
 use crate::tool::{ToolSpec, template_placeholders};
 
 use super::names::{is_dns_label, is_dns_subdomain, is_tool_name};
-use super::{ValidationContext, check_not_too_long, list, push_all, suggestion};
+use super::{FixtureMemo, ValidationContext, check_not_too_long, list, push_all, suggestion};
 
 /// Problems of `spec` (as `SandboxConfig/<name>`) and, with `profile`, the
 /// problems that only the profile-applied spec has (as
@@ -153,7 +152,7 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
         if let Some(file) = ctx.local_file(&recorded.fixture).filter(|_| !recorded.fixture.trim().is_empty())
             && !fixtures.contains(&file)
         {
-            check_fixture(&file, spec, &mut problems);
+            check_fixture(&file, spec, ctx.fixtures, &mut problems);
             fixtures.push(file);
         }
     }
@@ -719,26 +718,28 @@ fn check_services(spec: &SandboxConfigSpec, problems: &mut Vec<Problem>) {
     }
 }
 
-fn check_fixture(file: &std::path::Path, spec: &SandboxConfigSpec, problems: &mut Vec<Problem>) {
-    match Fixture::load(file) {
-        Err(error) => problems.extend(error.to_report()),
-        Ok(fixture) => {
-            let mut reported = BTreeSet::new();
-            for entry in &fixture.entries {
-                if !spec.tools.contains_key(&entry.tool) && reported.insert(entry.tool.clone()) {
-                    problems.push(Problem {
-                        severity: Severity::Error,
-                        rule: Rule::UndefinedTool,
-                        object: None,
-                        location: Location::line(fixture.name.clone(), entry.line),
-                        message: format!(
-                            "the fixture records tool {:?}, which is not defined in spec.tools (defined: {}).{}",
-                            entry.tool,
-                            list(spec.tools.keys(), 8),
-                            suggestion(&entry.tool, spec.tools.keys().map(String::as_str))
-                        ),
-                    });
-                }
+fn check_fixture(
+    file: &std::path::Path,
+    spec: &SandboxConfigSpec,
+    memo: Option<&FixtureMemo>,
+    problems: &mut Vec<Problem>,
+) {
+    let facts = FixtureMemo::facts(memo, file);
+    match &facts.tools {
+        Err(report) => problems.extend(report.problems().iter().cloned()),
+        Ok(tools) => {
+            for (tool, line) in tools.iter().filter(|(tool, _)| !spec.tools.contains_key(tool)) {
+                problems.push(Problem {
+                    severity: Severity::Error,
+                    rule: Rule::UndefinedTool,
+                    object: None,
+                    location: Location::line(facts.name.clone(), *line),
+                    message: format!(
+                        "the fixture records tool {tool:?}, which is not defined in spec.tools (defined: {}).{}",
+                        list(spec.tools.keys(), 8),
+                        suggestion(tool, spec.tools.keys().map(String::as_str))
+                    ),
+                });
             }
         }
     }

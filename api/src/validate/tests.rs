@@ -715,3 +715,37 @@ fn success_criteria_that_can_never_be_met_are_warned_about() {
     assert!(problems[3].message.contains("between 0 and 1"), "{}", problems[3]);
     assert!(problems[4].message.contains("not a time"), "{}", problems[4]);
 }
+
+#[test]
+fn checks_sharing_a_fixture_memo_read_the_file_once() {
+    let dir = std::env::temp_dir().join(format!("basecamp-api-fixture-memo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    std::fs::write(dir.join("faq.jsonl"), "{\"tool\": \"faq\"}\n{\"tool\": \"zz\"}\n{\"tool\": \"zz\"}\n")
+        .expect("write");
+    let spec = sandbox(json!({
+        "tools": {"faq": {"recorded": {"fixture": "faq.jsonl"}}},
+        "profiles": {"dev": {"maxSteps": 3}}
+    }));
+    let undefined = |report: &Report| -> Vec<String> {
+        report.problems().iter().filter(|p| p.rule == Rule::UndefinedTool).map(|p| p.to_string()).collect()
+    };
+    let memo = FixtureMemo::default();
+    let ctx = ValidationContext { base_dir: Some(&dir), fixtures: Some(&memo), ..Default::default() };
+    // The base spec and the profile: the undefined tool once, at its first line.
+    let alone = undefined(&validate_sandbox("shop", &spec, &ctx));
+    assert_eq!(alone.len(), 1, "{alone:#?}");
+    assert!(alone[0].contains("faq.jsonl:2") && alone[0].contains("\"zz\""), "{alone:#?}");
+    // Gone from disk, the file is still known to the memo: the task's check
+    // says what the first read found, so it did not read the file again.
+    std::fs::remove_file(dir.join("faq.jsonl")).expect("remove");
+    let as_used = validate_task(&task(good_task()), &[("shop", &spec)], &ctx);
+    // (good_task's compareArgs name a tool this spec lacks; only the fixture's problem is compared.)
+    let from_fixture: Vec<String> = undefined(&as_used).into_iter().filter(|p| p.contains("faq.jsonl")).collect();
+    assert_eq!(from_fixture, alone, "{as_used}");
+    assert!(as_used.problems().iter().all(|p| p.rule != Rule::MissingFile), "{as_used}");
+    // Without the memo, the check reads the file, and says it is missing.
+    let unshared = ValidationContext { base_dir: Some(&dir), ..Default::default() };
+    let missing = validate_task(&task(good_task()), &[("shop", &spec)], &unshared);
+    assert!(missing.problems().iter().any(|p| p.rule == Rule::MissingFile), "{missing}");
+    std::fs::remove_dir_all(&dir).ok();
+}
