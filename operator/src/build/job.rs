@@ -370,6 +370,26 @@ pub fn pod_failure_policy() -> PodFailurePolicy {
     }
 }
 
+/// What a variant's pods read of `manifests.yaml` (the ConfigMap, not the
+/// pod template): the task's description (the system prompt), evaluation,
+/// policy and trace destination, and the variant's resolved SandboxConfig.
+/// Part of the template hash, so an edit that only reaches the ConfigMap (a
+/// tool's URL, the policy's model, the test set) replaces the Job and runs
+/// its shards again, instead of leaving a finished Job's results standing
+/// for a spec they did not run; fields the pods do not read (`suspend`,
+/// `queueName`, `parallelism`, `successCriteria`, retention, training, the
+/// other variants' sandboxes) replace nothing.
+fn pod_inputs(input: &BuildInput<'_>, variant: &ResolvedVariant) -> serde_json::Value {
+    let spec = &input.task.spec;
+    serde_json::json!({
+        "description": spec.task_definition.description,
+        "evaluation": spec.evaluation,
+        "policy": spec.policy,
+        "destination": spec.traces.as_ref().and_then(|t| t.destination.as_deref()),
+        "sandbox": variant.spec,
+    })
+}
+
 /// The Job of one variant.
 pub fn job(input: &BuildInput<'_>, variant: &ResolvedVariant) -> Result<Job, BuildError> {
     job_for(input, variant, None)
@@ -391,6 +411,7 @@ pub fn job_for(
         "completions": completions,
         "podFailurePolicy": pod_failure_policy(),
         "backoffLimitPerIndex": input.settings.backoff_limit_per_index,
+        "manifests": pod_inputs(input, variant),
     });
     let hash = stable_hash(immutable.to_string().as_bytes());
     let mut job_labels = labels(input.name, Some(&variant.name));

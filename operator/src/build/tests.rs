@@ -255,6 +255,48 @@ fn the_template_hash_changes_with_the_pod_but_not_with_parallelism_or_suspend() 
 }
 
 #[test]
+fn an_edit_only_the_config_map_carries_changes_the_template_hash_when_the_pods_read_it() {
+    let settings = Settings::default();
+    let hash = |spec: Value, sandbox: SandboxConfigSpec| {
+        let desired = built(&task(spec), vec![variant("default", sandbox)], &settings);
+        desired.jobs[0].metadata.annotations.as_ref().and_then(|a| a.get(names::TEMPLATE_HASH_ANNOTATION)).cloned()
+    };
+    let base = hash(base_spec(), gpu_sandbox(None));
+    // Before: none of these reached the Job, so a finished Job stood for a
+    // spec it did not run, and a running one mixed the two.
+    let mut tool_moved = gpu_sandbox(None);
+    tool_moved.tools.get_mut("track_order").expect("tool").http.as_mut().expect("http").url =
+        "https://shop-v2.example.com/orders/{order_id}".into();
+    assert_ne!(hash(base_spec(), tool_moved), base, "a tool's URL");
+    for (field, value) in [
+        ("/policy/model", json!("m2")),
+        ("/evaluation/testSet", json!("s3://datasets/shop/tests-v2.jsonl")),
+        ("/taskDefinition/description", json!("You are a shop assistant.")),
+        ("/traces/destination", json!("s3://traces/other")),
+    ] {
+        let mut edited = base_spec();
+        set(&mut edited, field, value);
+        assert_ne!(hash(edited, gpu_sandbox(None)), base, "{field}");
+    }
+    // What the pods do not read replaces nothing.
+    for (field, value) in [
+        ("/taskDefinition/successCriteria", json!(["tool_call_accuracy >= 0.5"])),
+        ("/traces/retention", json!("Delete")),
+        ("/queueName", json!("other-queue")),
+    ] {
+        let mut edited = base_spec();
+        set(&mut edited, field, value);
+        assert_eq!(hash(edited, gpu_sandbox(None)), base, "{field}");
+    }
+}
+
+/// Sets the field at the JSON pointer `path`, creating its last segment.
+fn set(value: &mut Value, path: &str, new: Value) {
+    let (parent, last) = path.rsplit_once('/').expect("a pointer");
+    value.pointer_mut(parent).expect("the parent exists")[last] = new;
+}
+
+#[test]
 fn the_manifests_in_the_config_map_load_and_validate_as_the_pod_reads_them() {
     let mut spec = base_spec();
     spec.as_object_mut().expect("object").remove("sandboxRef");

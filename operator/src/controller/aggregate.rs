@@ -16,7 +16,8 @@
 //! Summaries live under date-partitioned prefixes
 //! (`<dest>/<yyyy>/<mm>/<dd>/<namespace>/<task>/<variant>/<shard>/`) dated
 //! by the shard's start, so the days from the task's creation to today are
-//! listed (at most [`MAX_DAYS`]).
+//! listed: the newest [`MAX_DAYS`] of them, where a Job replaced today
+//! writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -156,27 +157,36 @@ pub struct Request<'a> {
     pub criteria: &'a [String],
 }
 
-/// The day prefixes to search: `<dest>/<yyyy>/<mm>/<dd>/<namespace>/<task>`.
+/// The day prefixes to search: `<dest>/<yyyy>/<mm>/<dd>/<namespace>/<task>`
+/// for the newest [`MAX_DAYS`] days of `request.days` (a task older than
+/// that whose Job is replaced writes its summaries under today's date).
 pub fn day_prefixes(request: &Request<'_>) -> Vec<Destination> {
     let (first, last) = request.days;
-    let start = days_from_civil(first);
-    let end = days_from_civil(last).min(start + MAX_DAYS - 1);
-    (start..=end)
-        .filter_map(|day| UtcDate::from_unix_seconds(day * 86_400).ok())
-        .filter_map(|d| {
-            request
-                .destination
-                .join(&format!(
-                    "{:04}/{:02}/{:02}/{}/{}",
-                    d.year(),
-                    d.month(),
-                    d.day(),
-                    request.namespace,
-                    request.task
-                ))
-                .ok()
-        })
+    let newest_first = days_from_civil(last) - (MAX_DAYS - 1);
+    let first = if days_from_civil(first) < newest_first {
+        UtcDate::from_unix_seconds(newest_first * 86_400).unwrap_or(first)
+    } else {
+        first
+    };
+    dates(first, last)
+        .filter_map(|date| namespace_day_prefix(&request.destination, date, request.namespace).ok())
+        .filter_map(|prefix| prefix.join(request.task).ok())
         .collect()
+}
+
+/// Every date from `first` to `last`, both included (none when `first` is later).
+pub fn dates(first: UtcDate, last: UtcDate) -> impl Iterator<Item = UtcDate> {
+    (days_from_civil(first)..=days_from_civil(last)).filter_map(|day| UtcDate::from_unix_seconds(day * 86_400).ok())
+}
+
+/// The partition of one day and namespace: `<dest>/<yyyy>/<mm>/<dd>/<namespace>`
+/// (its directories are the runs: `<task>`, `<task>@step-N`).
+pub fn namespace_day_prefix(
+    destination: &Destination,
+    date: UtcDate,
+    namespace: &str,
+) -> Result<Destination, StorageError> {
+    destination.join(&format!("{:04}/{:02}/{:02}/{namespace}", date.year(), date.month(), date.day()))
 }
 
 /// Where index.json and comparison.json go: `<dest>/reports/<namespace>/<task>`.

@@ -4,11 +4,18 @@
 //! template hash differs from the desired one (the spec changed) is deleted
 //! and created anew. A Job that finished and was removed by its TTL is not
 //! recreated: the task's status already holds its result.
+//!
+//! Job names are `<task>-<variant>`, so two tasks can want the same name
+//! (task `eval` variant `v2-baseline`, task `eval-v2` variant `baseline`).
+//! A Job whose controller is not this task is never deleted nor applied
+//! over: that is [`ApplyError::JobNameTaken`], which the controller reports
+//! on the task's status (the holder keeps its Job).
 
 use basecamp_api::HarnessTaskStatus;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 
@@ -35,6 +42,19 @@ pub enum ApplyError {
         /// The cause.
         source: kube::Error,
     },
+    /// The Job's name is held by a Job this task does not control.
+    #[error(
+        "the Job {namespace}/{name} that this task needs is held by {holder}, and the operator never deletes \
+         another owner's Job; Job names are <task>-<variant>, so rename this task or the variant (or delete {holder})"
+    )]
+    JobNameTaken {
+        /// The Job's namespace.
+        namespace: String,
+        /// The Job's name.
+        name: String,
+        /// Who holds it, for people: `HarnessTask eval (uid ...)`, or that no controller owns it.
+        holder: String,
+    },
 }
 
 impl ApplyError {
@@ -48,6 +68,7 @@ impl ApplyError {
                 "ApiUnreachable" => "ApiUnreachable",
                 _ => "ApplyFailed",
             },
+            ApplyError::JobNameTaken { .. } => "JobNameTaken",
         }
     }
 }
@@ -65,6 +86,24 @@ pub struct AppliedJob {
 
 fn params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// The controller owner of `job`: its `ownerReferences` entry with `controller: true`.
+fn controller_of(job: &Job) -> Option<&OwnerReference> {
+    job.owner_references().iter().find(|owner| owner.controller == Some(true))
+}
+
+/// Who holds `job` when its controller is not the one `want` names: `None`
+/// when both have the same controller (the task's own Job).
+pub fn foreign_holder(want: &Job, job: &Job) -> Option<String> {
+    let holder = controller_of(job);
+    if holder.map(|o| &o.uid) == controller_of(want).map(|o| &o.uid) {
+        return None;
+    }
+    Some(match holder {
+        Some(owner) => format!("{} {} (uid {})", owner.kind, owner.name, owner.uid),
+        None => "a Job no controller owns (created by hand?)".to_string(),
+    })
 }
 
 fn variant_of(job: &Job) -> String {
@@ -184,6 +223,10 @@ pub async fn apply(
 /// it (`None`: finished and gone; a cached copy has no pod template) and
 /// whether it was replaced.
 ///
+/// A Job of that name that another controller owns is left alone: an error
+/// ([`ApplyError::JobNameTaken`]), or, when `finished_before`, `None` (this
+/// task's Job finished and was removed; the name went to someone else since).
+///
 /// A cached copy that is up to date is returned as it is. Otherwise the Job
 /// is read from the API first, so that a replacement or Kueue's `suspend`
 /// is decided on the live object, never on a stale copy — except when the
@@ -218,6 +261,12 @@ pub async fn apply_job(
     };
     let want_hash = want.annotations().get(TEMPLATE_HASH_ANNOTATION);
     let mut replaced = false;
+    if let Some(holder) = existing.as_ref().and_then(|job| foreign_holder(&want, job)) {
+        if finished_before {
+            return Ok((None, false));
+        }
+        return Err(ApplyError::JobNameTaken { namespace: namespace.to_string(), name, holder });
+    }
     match &existing {
         None if finished_before => return Ok((None, false)),
         Some(job) if job.annotations().get(TEMPLATE_HASH_ANNOTATION) != want_hash => {

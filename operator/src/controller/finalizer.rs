@@ -1,7 +1,11 @@
 //! The finalizer `basecamp.dev/traces`: added to every task, so that on
 //! deletion the operator applies `spec.traces.retention` before the task
 //! disappears — `Retain` (the default) keeps the traces, `Delete` removes
-//! every object under the task's date partitions and its reports prefix.
+//! every object under the task's date partitions (every day from its
+//! creation to today) and its reports prefix, and for a task that trains
+//! those of its checkpoint-evaluation runs `<task>@step-N` too (found by
+//! listing the directories of each day's namespace partition and of the
+//! namespace's reports).
 //! If S3 cannot be reached the finalizer stays and deletion is retried
 //! (with an Event saying why), so traces are never half-deleted silently.
 //! Then the task's metric series are removed and the finalizer released.
@@ -95,8 +99,9 @@ pub async fn ensure(client: &Client, task: &HarnessTask) -> Result<bool, Finaliz
     Ok(true)
 }
 
-/// The prefixes `Delete` removes: every day from the task's creation to
-/// `today` (at most the aggregation's window) and the reports prefix.
+/// The prefixes `Delete` removes of the run named `task`: every day from
+/// the task's creation to `today` (all of them, not the aggregation's
+/// window: the oldest days hold the first runs' traces) and the reports prefix.
 pub fn task_prefixes(
     destination: &Destination,
     namespace: &str,
@@ -104,22 +109,50 @@ pub fn task_prefixes(
     created: UtcDate,
     today: UtcDate,
 ) -> Vec<Destination> {
-    let request = super::aggregate::Request {
-        namespace,
-        task,
-        destination: destination.clone(),
-        days: (created, today),
-        variants: Vec::new(),
-        completed: Default::default(),
-        not_before_nanos: Default::default(),
-        all_finished: false,
-        criteria: &[],
-    };
-    let mut prefixes = super::aggregate::day_prefixes(&request);
+    let mut prefixes: Vec<Destination> = super::aggregate::dates(created, today)
+        .filter_map(|date| super::aggregate::namespace_day_prefix(destination, date, namespace).ok())
+        .filter_map(|day| day.join(task).ok())
+        .collect();
     prefixes.extend(super::aggregate::reports_prefix(destination, namespace, task).ok());
     prefixes
 }
 
+/// Whether the directory `name` is a checkpoint-evaluation run of `task` (`<task>@step-N`).
+fn is_step_run(name: &str, task: &str) -> bool {
+    name.strip_prefix(task)
+        .and_then(|rest| rest.strip_prefix('@'))
+        .is_some_and(|step| basecamp_api::task::parse_checkpoint_step(step).is_some())
+}
+
+/// The prefixes of `task`'s checkpoint-evaluation runs: the `<task>@step-N`
+/// directories of each day's namespace partition and of the namespace's
+/// reports (one listing with delimiter `/` each), and how many runs they hold.
+async fn step_run_prefixes(
+    storage: &Storage,
+    metrics: &Metrics,
+    destination: &Destination,
+    namespace: &str,
+    task: &str,
+    created: UtcDate,
+    today: UtcDate,
+) -> Result<(Vec<Destination>, usize), FinalizerError> {
+    let mut parents: Vec<Destination> = super::aggregate::dates(created, today)
+        .filter_map(|date| super::aggregate::namespace_day_prefix(destination, date, namespace).ok())
+        .collect();
+    parents.extend(destination.join(&format!("reports/{namespace}")).ok());
+    let mut prefixes = Vec::new();
+    let mut runs = std::collections::BTreeSet::new();
+    for parent in parents {
+        let listed = super::aggregate::timed(metrics, "list", storage.list_dirs(&parent))
+            .await
+            .map_err(|source| FinalizerError::DeleteTraces { prefix: parent.to_string(), source })?;
+        for name in listed.into_iter().filter(|name| is_step_run(name, task)) {
+            prefixes.extend(parent.join(&name).ok());
+            runs.insert(name);
+        }
+    }
+    Ok((prefixes, runs.len()))
+}
 /// What the clean-up did, for the Event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cleanup {
@@ -150,8 +183,18 @@ pub async fn cleanup(
                 .creation_timestamp()
                 .and_then(|t| UtcDate::from_unix_seconds(t.0.as_second()).ok())
                 .unwrap_or(today);
+            let mut prefixes = task_prefixes(&destination, &namespace, &name, created, today);
+            let trains =
+                task.spec.training_config.is_some() || task.status.as_ref().is_some_and(|s| s.training.is_some());
+            let mut step_runs = 0;
+            if trains {
+                let (runs, count) =
+                    step_run_prefixes(storage, metrics, &destination, &namespace, &name, created, today).await?;
+                step_runs = count;
+                prefixes.extend(runs);
+            }
             let mut deleted = 0;
-            for prefix in task_prefixes(&destination, &namespace, &name, created, today) {
+            for prefix in prefixes {
                 let started = std::time::Instant::now();
                 let result = storage.delete_prefix(&prefix).await;
                 metrics.observe_s3("delete", started.elapsed(), result.is_err());
@@ -160,7 +203,14 @@ pub async fn cleanup(
             }
             Cleanup::Deleted(
                 deleted,
-                format!("retention Delete: deleted {deleted} objects of the task under {destination}"),
+                if step_runs == 0 {
+                    format!("retention Delete: deleted {deleted} objects of the task under {destination}")
+                } else {
+                    format!(
+                        "retention Delete: deleted {deleted} objects of the task under {destination}, \
+                         {step_runs} checkpoint-evaluation runs (<task>@step-N) included"
+                    )
+                },
             )
         }
         (Retention::Delete, None) => {

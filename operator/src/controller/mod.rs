@@ -22,6 +22,8 @@
 //! an Event (reason = category), a metric label, and a requeue with backoff.
 //! An invalid spec is not an error of the operator: it becomes a Ready=False
 //! condition and an Event saying what to fix, and the task waits for a change.
+//! So does a Job name that another owner's Job holds (`JobNameTaken`). A task
+//! that finished keeps its results when a SandboxConfig it names is deleted.
 
 pub mod aggregate;
 pub mod api_error;
@@ -306,12 +308,43 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(seconds.min(300))
 }
 
+impl Error {
+    /// The Job name held by another owner, if that is what stopped the reconcile.
+    fn job_name_taken(&self) -> Option<&apply::ApplyError> {
+        match self {
+            Error::Apply(taken @ apply::ApplyError::JobNameTaken { .. })
+            | Error::Training(crate::training::TrainingError::Apply(taken @ apply::ApplyError::JobNameTaken { .. })) => {
+                Some(taken)
+            }
+            _ => None,
+        }
+    }
+}
+
 async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     if task.metadata.deletion_timestamp.is_some() {
         return finalize(task, ctx).await;
     }
     let freshest = ctx.freshest(task);
     let task = freshest.as_ref().unwrap_or(task);
+    match run(task, ctx).await {
+        Err(error) if error.job_name_taken().is_some() => name_taken(task, ctx, &error).await,
+        result => result,
+    }
+}
+
+/// A Job name held by another owner: a condition and an Event saying which
+/// object holds it and what to rename; looked at again every 5 minutes (the
+/// holder going away wakes nothing of this task).
+async fn name_taken(task: &HarnessTask, ctx: &Context, error: &Error) -> Result<Action, Error> {
+    let consequence = "rename this task or the variant; the task cannot finish until the Job name is free";
+    let status = status::blocked(task, error.category(), &error.to_string(), consequence, &now());
+    update_status(task, ctx, &status).await?;
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// The pipeline of a task that is not being deleted.
+async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     let world = dereference::dereference(&ctx.client, &ctx.caches, task, ctx.node_cache.as_ref()).await?;
     let (variants, warnings) = match validate::check(task, &world) {
         Verdict::Valid { variants, warnings } => (variants, warnings),
@@ -331,23 +364,24 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     // a new task's Jobs exist one API round trip sooner. Should the patch
     // fail, the reconcile fails and is retried; the objects applied meanwhile
     // are owned by the task, so nothing outlives it.
-    let (finalizer_added, applied) =
-        futures::try_join!(async { finalizer::ensure(&ctx.client, task).await.map_err(Error::from) }, async {
-            apply::apply(
-                &ctx.client,
-                &ctx.caches,
-                &ctx.metrics,
-                &namespace,
-                &desired,
-                task.status.as_ref(),
-                task.metadata.generation,
-            )
-            .await
-            .map_err(Error::from)
-        },)?;
-    if finalizer_added {
+    // Both run to the end, so that a finalizer added beside a failed apply
+    // is remembered (the next reconcile must not add it again).
+    let (finalizer_added, applied) = futures::join!(
+        finalizer::ensure(&ctx.client, task),
+        apply::apply(
+            &ctx.client,
+            &ctx.caches,
+            &ctx.metrics,
+            &namespace,
+            &desired,
+            task.status.as_ref(),
+            task.metadata.generation,
+        )
+    );
+    if finalizer_added? {
         ctx.remember_finalizer(task);
     }
+    let applied = applied?;
     for replaced in applied.iter().filter(|a| a.replaced) {
         let note =
             format!("the spec changed; the Job of variant {} was replaced and its shards run again", replaced.variant);
@@ -384,11 +418,17 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
 }
 
 /// An invalid spec: a condition and an Event saying what to fix; no objects.
+/// A task that finished for its current generation keeps its results and
+/// status: what became invalid since (a SandboxConfig deleted after the
+/// run) matters only to a next generation, which validation will report.
 async fn reject(task: &HarnessTask, ctx: &Context, report: &basecamp_api::Report) -> Result<Action, Error> {
     // Before the status write: both change the task, and the finalizer's
     // patch is a compare-and-swap on its resourceVersion.
     if finalizer::ensure(&ctx.client, task).await? {
         ctx.remember_finalizer(task);
+    }
+    if status::finished_run(task) {
+        return Ok(Action::await_change());
     }
     let reason = validate::reason(report);
     let message = validate::summarize(report, 4000);
@@ -521,7 +561,10 @@ async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatu
 /// owns its Jobs), so a healthy running task is only re-checked every five
 /// minutes; a degraded one (S3 down, summaries missing) every 30 seconds;
 /// a training task whose trainer runs or whose checkpoint evaluations are
-/// pending every `checkpoint_poll` (new checkpoints wake nothing).
+/// pending every `checkpoint_poll` (new checkpoints wake nothing). A
+/// finished task waits for a change, unless an error a retry may clear
+/// keeps its results from being written (a task failed by a shard whose
+/// other shards' summaries S3 could not serve): a failed shard stays failed.
 pub fn next_action(status: &HarnessTaskStatus, checkpoint_poll: Duration) -> Action {
     use basecamp_api::task::TaskPhase;
     let degraded = status
@@ -529,11 +572,15 @@ pub fn next_action(status: &HarnessTaskStatus, checkpoint_poll: Duration) -> Act
         .iter()
         .any(|c| c.type_ == basecamp_api::task::condition_types::DEGRADED && c.status == "True");
     let training = status.training.as_ref().is_some_and(status::training_busy);
-    match status.phase {
-        _ if training => Action::requeue(checkpoint_poll.min(Duration::from_secs(30))),
-        _ if degraded => Action::requeue(Duration::from_secs(30)),
-        Some(TaskPhase::Succeeded | TaskPhase::Failed) => Action::await_change(),
-        _ => Action::requeue(Duration::from_secs(300)),
+    let finished = matches!(status.phase, Some(TaskPhase::Succeeded | TaskPhase::Failed));
+    if training {
+        Action::requeue(checkpoint_poll.min(Duration::from_secs(30)))
+    } else if finished && !status::degraded_by_a_retryable_error(status) {
+        Action::await_change()
+    } else if degraded {
+        Action::requeue(Duration::from_secs(30))
+    } else {
+        Action::requeue(Duration::from_secs(300))
     }
 }
 

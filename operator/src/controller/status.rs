@@ -47,6 +47,23 @@ impl StatusError {
     }
 }
 
+/// Degraded reason: no node satisfies a variant's GPU requirement.
+pub const INSUFFICIENT_GPU_CAPACITY: &str = "InsufficientGpuCapacity";
+/// Degraded reason: shards failed after their retries.
+pub const SHARD_FAILED: &str = "ShardFailed";
+
+/// Whether the task is Degraded by an error a later reconcile may clear (S3
+/// unreachable, a summary not uploaded yet, ...), as opposed to a fact of
+/// the run (failed shards) or of the cluster (GPU capacity, whose change
+/// no retry of this task brings about).
+pub fn degraded_by_a_retryable_error(status: &HarnessTaskStatus) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == condition_types::DEGRADED
+            && c.status == "True"
+            && ![SHARD_FAILED, INSUFFICIENT_GPU_CAPACITY].contains(&c.reason.as_str())
+    })
+}
+
 /// A condition as the pipeline decides it (time and generation are added here).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
@@ -298,10 +315,12 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         Decided::new(DEGRADED, true, reason, message.clone())
     } else if let Some((reason, message)) = training.and_then(|t| t.problem.as_ref()) {
         Decided::new(DEGRADED, true, reason, message.clone())
-    } else if let Some(message) = &observed.capacity_problem {
-        Decided::new(DEGRADED, true, "InsufficientGpuCapacity", message.clone())
+    } else if let Some(message) = observed.capacity_problem.as_ref().filter(|_| !all_finished || training_busy) {
+        // A task whose shards (and checkpoint evaluations) all finished
+        // needs no GPU any more: a pool scaled to zero is not its problem.
+        Decided::new(DEGRADED, true, INSUFFICIENT_GPU_CAPACITY, message.clone())
     } else if failed > 0 {
-        Decided::new(DEGRADED, true, "ShardFailed", format!("{failed} of {total} shards failed after their retries"))
+        Decided::new(DEGRADED, true, SHARD_FAILED, format!("{failed} of {total} shards failed after their retries"))
     } else {
         Decided::new(DEGRADED, false, "AsExpected", "")
     };
@@ -366,24 +385,78 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
     }
 }
 
-/// The status of a task that cannot run.
-pub fn invalid(task: &HarnessTask, reason: &'static str, message: &str, now: &Time) -> HarnessTaskStatus {
+/// The status of a task that cannot run: its spec is invalid (reason from
+/// validation), or a Job name it needs is taken (`JobNameTaken`).
+/// `consequence` is the Progressing message: what does and does not run.
+///
+/// A task whose Jobs were applied for its current generation and that has
+/// not finished (a SandboxConfig it names was deleted under it) keeps its
+/// phase and results: its Jobs run on, so it is not Failed; only Ready says
+/// what is wrong. A finished task is not given this status at all (see
+/// [`finished_run`]).
+pub fn blocked(
+    task: &HarnessTask,
+    reason: &'static str,
+    message: &str,
+    consequence: &str,
+    now: &Time,
+) -> HarnessTaskStatus {
     use condition_types::*;
     let previous = task.status.clone().unwrap_or_default();
+    let generation = task.metadata.generation;
+    if applied_and_unfinished(task) {
+        let message = format!(
+            "{message}; the Jobs applied for generation {} run on, but this status is not updated until it is fixed",
+            generation.unwrap_or_default()
+        );
+        let ready = conditions(&previous.conditions, &[Decided::new(READY, false, reason, message)], generation, now);
+        let mut kept: Vec<Condition> = previous.conditions.iter().filter(|c| c.type_ != READY).cloned().collect();
+        kept.splice(0..0, ready);
+        return HarnessTaskStatus { conditions: kept, ..previous };
+    }
     let decided = [
         Decided::new(READY, false, reason, message),
-        Decided::new(PROGRESSING, false, reason, "fix the spec; nothing runs until it is valid"),
+        Decided::new(PROGRESSING, false, reason, consequence),
         Decided::new(DEGRADED, false, "AsExpected", ""),
         Decided::new(SUCCEEDED, false, reason, ""),
         Decided::new(FAILED, true, reason, message),
     ];
-    let generation = task.metadata.generation;
     HarnessTaskStatus {
         phase: Some(TaskPhase::Failed),
         conditions: conditions(&previous.conditions, &decided, generation, now),
         observed_generation: generation,
         ..previous
     }
+}
+
+/// The status of a task whose spec is invalid (see [`blocked`]).
+pub fn invalid(task: &HarnessTask, reason: &'static str, message: &str, now: &Time) -> HarnessTaskStatus {
+    blocked(task, reason, message, "fix the spec; nothing new is applied until it is valid", now)
+}
+
+fn ready(status: &HarnessTaskStatus) -> bool {
+    status.conditions.iter().any(|c| c.type_ == condition_types::READY && c.status == "True")
+}
+
+/// Whether the status holds the results of a finished run of the task's
+/// current generation (Succeeded or Failed after its Jobs ran, not because
+/// it could not run): they stand even if a SandboxConfig it names is
+/// deleted afterwards.
+pub fn finished_run(task: &HarnessTask) -> bool {
+    task.status.as_ref().is_some_and(|s| {
+        s.observed_generation == task.metadata.generation
+            && matches!(s.phase, Some(TaskPhase::Succeeded | TaskPhase::Failed))
+            && ready(s)
+    })
+}
+
+/// Whether the task's Jobs were applied for its current generation and it
+/// has not finished: only [`compute`] writes these phases, after the apply.
+fn applied_and_unfinished(task: &HarnessTask) -> bool {
+    task.status.as_ref().is_some_and(|s| {
+        s.observed_generation == task.metadata.generation
+            && matches!(s.phase, Some(TaskPhase::Pending | TaskPhase::Running | TaskPhase::Suspended))
+    })
 }
 
 /// A condition change worth an Event.

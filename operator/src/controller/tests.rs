@@ -887,3 +887,190 @@ fn the_operators_status_writes_do_not_wake_the_task_but_other_changes_do() {
         assert_ne!(hash, trigger(&base), "{what} wakes the task");
     }
 }
+
+/// Task `eval` variant `v2-baseline` and task `eval-v2` variant `baseline`
+/// both want the Job `eval-v2-baseline`: the one that does not hold it
+/// leaves the holder's Job alone (no DELETE, no apply over it) and says on
+/// its status which object holds the name and what to rename.
+#[tokio::test]
+async fn a_job_name_held_by_another_task_is_left_alone_and_reported() {
+    let mut variants = spec();
+    variants["variants"] = json!([{"name": "v2-baseline", "sandboxRef": {"name": "shop"}}]);
+    variants.as_object_mut().expect("a spec object").remove("sandboxRef");
+    let current = task(variants, true);
+    let job = "/apis/batch/v1/namespaces/team-a/jobs/eval-v2-baseline";
+    let holders = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": "eval-v2-baseline", "namespace": "team-a", "uid": "job-uid",
+            "annotations": {"basecamp.dev/template-hash": "another-tasks-template"},
+            "ownerReferences": [{"apiVersion": "basecamp.dev/v1alpha1", "kind": "HarnessTask", "name": "eval-v2",
+                                 "uid": "uid-2", "controller": true, "blockOwnerDeletion": true}],
+        },
+        "status": {"active": 1},
+    });
+    let script = vec![
+        call("GET", SANDBOX, Reply::Json(200, sandbox())),
+        call("PATCH", CONFIG_MAP, Reply::Echo),
+        call("PATCH", NETWORK_POLICY, Reply::Echo),
+        call("GET", job, Reply::Json(200, holders)),
+        // No DELETE and no PATCH of the Job: the status, and its Event.
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+    ];
+    let out = scenario(&current, storage_down(), script).await;
+    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))), "looked at again later");
+    let status = status_patch(&out.seen);
+    let ready = condition(&status, "Ready");
+    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("JobNameTaken")));
+    let message = ready["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("team-a/eval-v2-baseline")
+            && message.contains("HarnessTask eval-v2 (uid uid-2)")
+            && message.contains("rename this task or the variant"),
+        "{message}"
+    );
+    assert_eq!(event_reasons(&out.seen), [("Warning".into(), "JobNameTaken".into())]);
+    let note = out.seen.iter().find(|s| s.uri.starts_with(EVENTS)).map(|s| s.body["note"].clone()).expect("event");
+    assert!(note.as_str().is_some_and(|n| n.contains("HarnessTask eval-v2")), "{note}");
+}
+
+/// A Job whose name another owner took after this task's own Job finished
+/// and was removed: nothing to apply, nothing to report.
+#[tokio::test]
+async fn a_finished_variants_job_name_taken_since_is_not_an_error() {
+    let want: k8s_openapi::api::batch::v1::Job =
+        serde_json::from_value(built_job(&task(spec(), true))).expect("the built Job");
+    let mut holders = want.clone();
+    holders.metadata.owner_references.get_or_insert_default()[0].uid = "uid-2".into();
+    assert!(apply::foreign_holder(&want, &want).is_none(), "its own Job");
+    assert_eq!(
+        apply::foreign_holder(&want, &holders).as_deref(),
+        Some("HarnessTask eval (uid uid-2)"),
+        "the same name, another task (a deleted task's Job, or a name collision)"
+    );
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> =
+        kube::Api::namespaced(Client::new(service, "default"), "team-a");
+    let read = || call("GET", JOB, Reply::Json(200, serde_json::to_value(&holders).expect("json")));
+    // Each reads the live Job, and neither deletes nor applies it.
+    let verifier = tokio::spawn(verify(handle, vec![read(), read()]));
+    let metrics = Metrics::new();
+    let finished = apply::apply_job(&jobs, &metrics, "team-a", &want, cache::CachedJob::Unknown, true).await;
+    assert_eq!(finished.expect("no error"), (None, false));
+    let cached = cache::CachedJob::Present(Arc::new(holders.clone()));
+    let running =
+        apply::apply_job(&jobs, &metrics, "team-a", &want, cached, false).await.expect_err("the name is taken");
+    assert_eq!(running.category(), "JobNameTaken");
+    verifier.await.expect("verifier");
+}
+
+/// A task whose shards failed while no node satisfies its GPU requirement:
+/// finished, it needs no GPU, so it is not Degraded for capacity, and it
+/// waits for a change instead of being polled every 30 s forever.
+#[tokio::test]
+async fn a_failed_task_is_not_degraded_for_capacity_and_waits_for_a_change() {
+    let current = task(spec(), true);
+    let mut gpu_sandbox = sandbox();
+    gpu_sandbox["spec"]["gpu"] = json!({"required": true, "minComputeCapability": "9.0"});
+    let nodes = json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": []});
+    let failed = json!({"failed": 2, "failedIndexes": "0-1", "conditions": [{"type": "Failed", "status": "True"}]});
+    let mut script = apply_calls(Reply::Json(200, merge(built_job(&current), &json!({"status": failed}))), failed);
+    script[0] = call("GET", SANDBOX, Reply::Json(200, gpu_sandbox));
+    script.insert(1, call("GET", "/api/v1/nodes", Reply::Json(200, nodes)));
+    // The GPU sandbox changes the template: the Job is replaced.
+    script.insert(5, call("DELETE", JOB, Reply::Json(200, json!({"kind": "Status", "status": "Success"}))));
+    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone()))]);
+    script.extend(std::iter::repeat_with(event).take(5));
+    let out = scenario(&current, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.as_ref().err());
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Failed", "{status}");
+    assert_eq!(condition(&status, "Degraded")["reason"], "ShardFailed");
+    assert_eq!(out.result.ok(), Some(Action::await_change()), "a failed shard stays failed: nothing to poll");
+}
+
+fn status_with(phase: &str, degraded: Option<&str>) -> basecamp_api::HarnessTaskStatus {
+    let condition = |status: &str, reason: &str| {
+        json!({"type": "Degraded", "status": status, "reason": reason, "message": "",
+               "lastTransitionTime": "2026-01-02T03:04:05Z"})
+    };
+    let degraded = degraded.map_or_else(|| condition("False", "AsExpected"), |reason| condition("True", reason));
+    serde_json::from_value(json!({"phase": phase, "conditions": [degraded]})).expect("status")
+}
+
+#[test]
+fn a_finished_task_waits_for_a_change_unless_a_retry_can_clear_its_degraded_condition() {
+    let poll = Duration::from_secs(10);
+    let soon = Action::requeue(Duration::from_secs(30));
+    for (phase, degraded, expected) in [
+        ("Failed", Some("ShardFailed"), Action::await_change()),
+        ("Succeeded", Some("InsufficientGpuCapacity"), Action::await_change()),
+        ("Succeeded", None, Action::await_change()),
+        // Failed by a shard, the others' summaries not read yet: a retry writes the report.
+        ("Failed", Some("S3Unavailable"), soon.clone()),
+        ("Failed", Some("SummaryMissing"), soon.clone()),
+        ("Running", Some("ShardFailed"), soon.clone()),
+        ("Running", Some("InsufficientGpuCapacity"), soon.clone()),
+        ("Running", None, Action::requeue(Duration::from_secs(300))),
+    ] {
+        assert_eq!(next_action(&status_with(phase, degraded), poll), expected, "{phase} {degraded:?}");
+    }
+}
+
+fn finished_or_running(phase: &str) -> Value {
+    let mut current = task(spec(), true);
+    current["status"] = json!({
+        "phase": phase, "observedGeneration": 1, "shardsSummary": "2/2",
+        "shards": {"default": {"total": 2, "succeeded": 2, "failed": 0, "running": 0}},
+        "metrics": {"default": {"tool_call_accuracy": 0.95}},
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Resolved", "message": "", "lastTransitionTime": "2026-01-02T03:04:05Z", "observedGeneration": 1},
+            {"type": "Progressing", "status": "True", "reason": "ShardsRunning", "message": "1/2 shards finished, 1 running", "lastTransitionTime": "2026-01-02T03:04:05Z", "observedGeneration": 1},
+        ],
+    });
+    current
+}
+
+#[tokio::test]
+async fn a_finished_task_keeps_its_results_when_its_sandbox_config_is_deleted() {
+    let current = finished_or_running("Succeeded");
+    let out = scenario(&current, storage_down(), vec![call("GET", SANDBOX, not_found())]).await;
+    assert_eq!(out.result.ok(), Some(Action::await_change()), "no status write, no Event: nothing else is called");
+    // A new generation is validated again: it cannot run.
+    let mut edited = current.clone();
+    edited["metadata"]["generation"] = json!(2);
+    let script = vec![
+        call("GET", SANDBOX, not_found()),
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, edited.clone())),
+        event(),
+    ];
+    let out = scenario(&edited, storage_down(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    assert_eq!(status_patch(&out.seen)["phase"], "Failed");
+}
+
+#[tokio::test]
+async fn a_running_task_whose_sandbox_config_is_deleted_is_not_ready_but_not_failed() {
+    let current = finished_or_running("Running");
+    let script = vec![
+        call("GET", SANDBOX, not_found()),
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+    ];
+    let out = scenario(&current, storage_down(), script).await;
+    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))));
+    let status = status_patch(&out.seen);
+    assert_eq!(status["phase"], "Running", "its Jobs run on: {status}");
+    assert_eq!(status["metrics"]["default"]["tool_call_accuracy"], 0.95);
+    let ready = condition(&status, "Ready");
+    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("UnknownSandbox")));
+    assert!(ready["message"].as_str().is_some_and(|m| m.contains("run on")), "{ready}");
+    assert_eq!(condition(&status, "Progressing")["reason"], "ShardsRunning", "kept");
+    assert_eq!(condition(&status, "Failed"), Value::Null, "not failed");
+    assert_eq!(event_reasons(&out.seen), [("Warning".into(), "UnknownSandbox".into())]);
+    // Reconciled again while still invalid: the same status, nothing written.
+    let settled = merge(current.clone(), &json!({"status": status}));
+    let again = scenario(&settled, storage_down(), vec![call("GET", SANDBOX, not_found())]).await;
+    assert!(again.result.is_ok(), "{:?}", again.result.err());
+}

@@ -115,7 +115,7 @@ pub fn check(task: &HarnessTask, world: &World) -> Verdict {
         .iter()
         .filter_map(|(name, sandbox)| sandbox.as_ref().map(|s| (name.as_str(), &s.spec)))
         .collect();
-    let ctx = ValidationContext { task_name: Some(&name), test_set: None, base_dir: None };
+    let ctx = ValidationContext { task_name: Some(&name), test_set: None, base_dir: None, fixtures: None };
     let mut report = validate_task(&task.spec, &found, &ctx);
     report.extend(cluster_rules(task).into_iter().map(|p| p.in_object(&format!("HarnessTask/{name}"))));
     if report.has_errors() {
