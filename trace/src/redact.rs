@@ -178,8 +178,8 @@ impl Redactor {
             let tokens = token_spans(s);
             let alone = |r: &Range<usize>| {
                 let b = s.as_bytes();
-                !(r.start > 0 && b[r.start - 1].is_ascii_alphanumeric())
-                    && !b.get(r.end).is_some_and(u8::is_ascii_alphanumeric)
+                let before = r.start.checked_sub(1).and_then(|i| b.get(i));
+                !before.is_some_and(u8::is_ascii_alphanumeric) && !b.get(r.end).is_some_and(u8::is_ascii_alphanumeric)
             };
             let spans: Vec<(Range<usize>, &str)> = matcher
                 .find_iter(s.as_str())
