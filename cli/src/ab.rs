@@ -54,7 +54,10 @@ pub fn run(command: AbCommand) -> Result<ExitCode> {
     let a = local(a)?;
     let b = b.map(&mut local).transpose()?;
     let (baseline, candidate) = match b {
-        Some(b) => (one_variant(&a)?, one_variant(&b)?),
+        Some(b) => {
+            let (a_name, b_name) = column_names(&a.shown, &b.shown);
+            (one_variant(&Side { name: a_name, ..a })?, one_variant(&Side { name: b_name, ..b })?)
+        }
         None => two_variants(&a)?,
     };
     let comparison = compare(&baseline, &candidate);
@@ -88,11 +91,31 @@ fn summaries_under(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// The segments of a side as given: a path's, or an `s3://` URL's.
+fn segments(shown: &str) -> Vec<&str> {
+    shown.split('/').filter(|s| !s.is_empty() && *s != ".").collect()
+}
+
+/// What the table calls two sides: the last segment of each path or
+/// prefix, or as many trailing segments as tell them apart (`runs/x/a` and
+/// `runs/y/a` are `x/a` and `y/a`); the paths as given when none do.
+fn column_names(a: &str, b: &str) -> (String, String) {
+    let (a_segments, b_segments) = (segments(a), segments(b));
+    let suffix = |segments: &[&str], n: usize| segments[segments.len().saturating_sub(n)..].join("/");
+    for n in 1..=a_segments.len().max(b_segments.len()) {
+        let (a_name, b_name) = (suffix(&a_segments, n), suffix(&b_segments, n));
+        if a_name != b_name && !a_name.is_empty() && !b_name.is_empty() {
+            return (a_name, b_name);
+        }
+    }
+    (a.to_string(), b.to_string())
+}
+
 /// One side of the comparison.
 struct Side {
     /// Where its summaries are read.
     dir: PathBuf,
-    /// What the table calls it: the last segment of its path or prefix.
+    /// What the table calls it: the last segment of its path or prefix (see [`column_names`]).
     name: String,
     /// What messages call it: the path or `s3://` URL given.
     shown: String,
@@ -260,4 +283,23 @@ fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::column_names;
+
+    #[test]
+    fn two_sides_are_named_by_the_fewest_trailing_segments_that_tell_them_apart() {
+        let names = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(column_names("runs/x/a", "runs/y/b"), names("a", "b"));
+        // Before: `a` and `a`, and a JSON whose baseline and candidate were one name.
+        assert_eq!(column_names("runs/x/a", "runs/y/a"), names("x/a", "y/a"));
+        assert_eq!(column_names("/tmp/p/x/a/", "runs/q/x/a"), names("p/x/a", "q/x/a"));
+        assert_eq!(column_names("s3://one/t/a/", "s3://two/t/a"), names("one/t/a", "two/t/a"));
+        assert_eq!(column_names("x/a", "./y/a"), names("x/a", "y/a"));
+        // Nothing but the root tells them apart: the paths as given.
+        assert_eq!(column_names("/a", "a"), names("/a", "a"));
+        assert_eq!(column_names("/", "a"), names("/", "a"));
+    }
 }

@@ -152,3 +152,33 @@ fn extract_keeps_a_different_file_already_there_and_writes_each_member_once() {
     names.sort();
     assert_eq!(names, ["ep-1.trace"], "ep-2 is not extracted, and no .partial is left");
 }
+
+#[test]
+fn an_archive_and_an_export_can_go_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 7, steps: 4, tokens_per_step: 3, ..Default::default() });
+    let trace = dir.path().join("ep-7.trace");
+    std::fs::write(&trace, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let t = trace.display().to_string();
+
+    // Before: "cannot create -" and "cannot create /dev/stdout" (a .partial
+    // file beside it, renamed over it).
+    for out in ["-", "/dev/stdout"] {
+        let piped = basecamp(&["trace", "archive", &t, "-o", out]);
+        assert_eq!(piped.status.code(), Some(0), "{out}: {}", String::from_utf8_lossy(&piped.stderr));
+        // The summary line goes to stderr: stdout is the archive alone.
+        assert!(String::from_utf8_lossy(&piped.stderr).contains("archived 1 traces ("), "{out}");
+        let archive = dir.path().join("piped.tar.zst");
+        std::fs::write(&archive, &piped.stdout).unwrap();
+        let listed = basecamp(&["trace", "archive", "list", &archive.display().to_string()]);
+        assert_eq!(listed.status.code(), Some(0), "{out}: {}", String::from_utf8_lossy(&listed.stderr));
+        assert!(String::from_utf8_lossy(&listed.stdout).contains("ep-7.trace"), "{out}");
+
+        let exported = basecamp(&["trace", "export", "--otlp", &t, "-o", out]);
+        assert_eq!(exported.status.code(), Some(0), "{out}: {}", String::from_utf8_lossy(&exported.stderr));
+        let line = String::from_utf8(exported.stdout).unwrap();
+        assert_eq!(line.lines().count(), 1, "{out}");
+        serde_json::from_str::<serde_json::Value>(line.trim()).expect("one OTLP request");
+    }
+    assert!(!std::path::Path::new("/dev/stdout.partial").exists());
+}

@@ -236,7 +236,7 @@ fn the_report_of_a_real_run_renders_and_opens_an_episode_from_a_click_link() {
     assert!(html.contains(&row), "missing {row}");
     // A failing episode's point and row link to its in-page trace view.
     let failed = a["episodes"].as_array().unwrap().iter().find(|e| e["failure_class"] != "ok").unwrap();
-    let key = format!("shipping-delay-ab/a/{}", failed["id"].as_str().unwrap());
+    let key = format!("default/shipping-delay-ab/a/{}", failed["id"].as_str().unwrap());
     assert!(html.contains(&format!("<a href=\"#episode={key}\" class=\"point\"")));
     assert!(html.contains(&format!("<section class=\"episode-view drawer\" id=\"episode:{key}\" hidden>")));
     // Each view is packed until its drawer opens: none of its markup is in the page as written.
@@ -262,6 +262,58 @@ fn the_report_of_a_real_run_renders_and_opens_an_episode_from_a_click_link() {
 
     screenshot(&bin, &url, "report.png", (1400, 2400), 100_000);
     screenshot(&bin, &format!("{url}#episode={key}"), "report-episode.png", (1400, 1200), 60_000);
+}
+
+/// A report of several groups, one of them in a second namespace holding
+/// the same episode ids and an id with `%` and a space: each drawer opens
+/// from its own link, a drawer's step link keeps it open at that step's
+/// panel, and a timeline column opens its own group's step list alone.
+#[test]
+fn a_report_of_several_groups_opens_what_was_clicked_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::write_run(dir.path());
+    let other = dir.path().join("team-b").join(fixtures::TASK).join("a").join("shard-0");
+    std::fs::create_dir_all(&other).unwrap();
+    fixtures::write_episode_as(&other.join("ep-000.trace"), "team-b", fixtures::TASK, "a", "ep-000", 1);
+    // Episode 0 of variant a fails: its drawer has steps 1 and 2.
+    fixtures::write_episode_as(&other.join("ep-50.trace"), "team-b", fixtures::TASK, "a", "ep 50%", 0);
+    let report = dir.path().join("r.html");
+    let result = basecamp(&["trace", "report", dir.path().to_str().unwrap(), "-o", report.to_str().unwrap()]);
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let html = std::fs::read_to_string(&report).unwrap();
+    // Before: both namespaces' ep-000 were the drawer `shop/a/ep-000`, twice.
+    for key in ["team-a/shop/a/ep-000", "team-b/shop/a/ep-000"] {
+        let drawer = format!("<section class=\"episode-view drawer\" id=\"episode:{key}\" hidden>");
+        assert_eq!(html.matches(&drawer).count(), 1, "{key}");
+    }
+    // The key percent-encodes the id; the link encodes it once more, as the page script decodes it once.
+    let key = "team-b/shop/a/ep%2050%25";
+    let link = "#episode=team-b/shop/a/ep%252050%2525";
+    assert!(html.contains(&format!("<a href=\"{link}\">ep 50%</a>")), "the episode table links its drawer");
+    let unpacked = fixtures::unpacked_report(&html);
+    assert!(unpacked.contains(&format!("<a href=\"{link}:s1\">1</a>")), "its timeline links its own step panel");
+    assert!(unpacked.contains(&format!("<div class=\"panel\" id=\"episode:{key}:s1\">")));
+    assert!(!unpacked.contains("id=\"s1\""), "no two drawers share a step panel's id");
+    assert!(html.contains("<a href=\"#step=g0/1\" class=\"step-col\" data-step=\"1\">"));
+
+    let Some(bin) = chromium() else { return };
+    let url = format!("file://{}", report.display());
+    // Before: decoded to `ep 50%`, no drawer had that id, so nothing opened.
+    let opened = dom(&bin, &format!("{url}{link}"));
+    assert!(opened.contains(&format!("<body data-open-episode=\"{key}\">")), "the drawer did not open");
+    // Before: `#s2` hid the drawer it was clicked in.
+    let at_step = dom(&bin, &format!("{url}{link}:s2"));
+    assert!(at_step.contains(&format!("data-open-episode=\"{key}\"")), "a step link closed its drawer");
+    assert!(at_step.contains(&format!("data-open-panel=\"episode:{key}:s2\"")));
+    assert!(at_step.contains(&format!("<section class=\"episode-view drawer\" id=\"episode:{key}\">")));
+    // Before: every group's step-1 list opened.
+    let step = dom(&bin, &format!("{url}#step=g1/1"));
+    assert!(step.contains("<body data-open-step=\"1\">"));
+    assert!(step.contains("<div class=\"step-detail panel\" data-step=\"1\" data-scope=\"g1\">"), "g1's list opens");
+    for other in ["g0", "g2", "g3"] {
+        let hidden = format!("<div class=\"step-detail panel\" data-step=\"1\" data-scope=\"{other}\" hidden=\"\">");
+        assert!(step.contains(&hidden), "{other}'s step list stays shut");
+    }
 }
 
 /// A report of 1,100 episodes: 500 rows in its table, the other pages in

@@ -261,6 +261,73 @@ fn a_rerun_into_the_same_directory_replaces_the_earlier_shards() {
 }
 
 #[test]
+fn a_shard_that_cannot_write_its_traces_stops_no_other_and_exits_2() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let out = tempfile::tempdir().unwrap();
+    // A file where shard 1's directory goes: an earlier run's shards are
+    // replaced, but a file is not a shard's, so it stays and shard 1 fails at once.
+    let variant_dir = out.path().join("default");
+    std::fs::create_dir_all(&variant_dir).unwrap();
+    std::fs::write(variant_dir.join("shard-1"), "not a directory").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example.to_str().unwrap(), "--no-progress", "--shards", "2", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    // Before: exit 1 on the first shard error, shard 0 aborted mid-episode, no run.json.
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    let shard_1 = variant_dir.join("shard-1");
+    assert!(
+        stderr.contains(&format!("error: variant default, shard 1: cannot write the traces of {}", shard_1.display())),
+        "{stderr}"
+    );
+    assert!(stdout.contains("default: shard 1 wrote no summary"), "{stdout}");
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(variant_dir.join("shard-0/summary.json")).unwrap()).unwrap();
+    let finished = summary["episodes"].as_array().unwrap().len();
+    assert!(finished > 0, "{summary}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    assert_eq!(variant(&run, "default")["aggregate"]["episodes"], finished);
+    assert_eq!(run["failed_shards"][0]["shard"], 1, "{run}");
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(report.contains("variant default, shard 1 wrote no summary"));
+}
+
+#[test]
+fn two_runs_whose_directories_end_alike_are_told_apart_in_ab_compare() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let out = tempfile::tempdir().unwrap();
+    for run in ["x", "y"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", example.to_str().unwrap(), "--no-progress", "--out"])
+            .arg(out.path().join(run))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let compare = |json: bool| {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["ab", "compare"])
+            .args([out.path().join("x/default"), out.path().join("y/default")])
+            .args(json.then_some("--json"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    // Before: `metric  default  default  delta`, and one name for both sides in the JSON.
+    let text = compare(false);
+    let header = text.lines().find(|l| l.starts_with("metric")).expect(&text);
+    assert_eq!(header.split_whitespace().collect::<Vec<_>>(), ["metric", "x/default", "y/default", "delta"]);
+    let json: Value = serde_json::from_str(&compare(true)).unwrap();
+    assert_eq!(
+        (&json["comparison"]["baseline"], &json["comparison"]["candidate"]),
+        (&"x/default".into(), &"y/default".into())
+    );
+}
+
+#[test]
 fn a_concurrency_of_0_is_refused_naming_the_flag() {
     let out = tempfile::tempdir().unwrap();
     // Before: taken as 1 without a word.

@@ -413,8 +413,6 @@ fn an_object_deleted_from_s3_leaves_the_view_and_an_unreachable_s3_empties_nothi
     }
     let s3 = S3Server::start(&data);
     let cache = tempfile::tempdir().unwrap();
-    // The user's own file in the cache directory: not the mirror's to remove.
-    std::fs::write(cache.path().join("notes.txt"), b"mine").unwrap();
     let server = Server::start_with(
         &[
             "serve",
@@ -433,6 +431,8 @@ fn an_object_deleted_from_s3_leaves_the_view_and_an_unreachable_s3_empties_nothi
     assert!(get(&server.addr, &task_path()).text().contains("data-variant=\"b\""));
     assert_eq!(get(&server.addr, &raw_a).status, 200);
     assert_eq!(get(&server.addr, &raw_b).status, 200);
+    // The user's own file put in the mirror: not the mirror's to remove.
+    std::fs::write(cache.path().join("notes.txt"), b"mine").unwrap();
 
     // Variant b's objects (traces and summary) and one trace of variant a are deleted.
     std::fs::remove_dir_all(prefix.join(b.strip_prefix(staging.path()).unwrap())).unwrap();

@@ -17,6 +17,11 @@
 //! episodes and cuts off the running ones; their traces stay readable, every
 //! shard still writes its `summary.json`, the services are stopped, and the
 //! summary table shows what finished.
+//!
+//! A shard that cannot write its traces or summary stops no other shard:
+//! the run is summarised from the shards that finished, each failure is
+//! named in the table, `run.json` (`failed_shards`) and on stderr, and the
+//! exit status is 2, as for a lost episode's trace.
 
 pub(crate) mod analysis;
 mod report;
@@ -66,8 +71,9 @@ pub struct RunArgs {
     pub no_progress: bool,
 }
 
-/// Exit statuses beyond 0 and 1.
-const EXIT_LOST_EPISODES: u8 = 2;
+/// Exit statuses beyond 0 and 1: a trace not written (a lost episode's, a
+/// failed shard's); stopped by a signal.
+const EXIT_TRACES_NOT_WRITTEN: u8 = 2;
 const EXIT_INTERRUPTED: u8 = 130;
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
@@ -106,10 +112,18 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     write!(std::io::stdout(), "{}", summary.table())?;
     writeln!(std::io::stdout(), "\ntraces, summaries and report: {}", summary.out_dir.display())?;
     writeln!(std::io::stdout(), "report: {}", summary.out_dir.join(report::REPORT_FILE).display())?;
+    for failed in &summary.failed_shards {
+        basecamp_sandbox::stderr_line!(
+            "error: variant {}, shard {}: {} (its episodes are missing from run.json and the report)",
+            failed.variant,
+            failed.shard,
+            failed.error
+        );
+    }
     Ok(if summary.stopped_early {
         ExitCode::from(EXIT_INTERRUPTED)
-    } else if summary.lost_episodes() > 0 {
-        ExitCode::from(EXIT_LOST_EPISODES)
+    } else if summary.lost_episodes() > 0 || !summary.failed_shards.is_empty() {
+        ExitCode::from(EXIT_TRACES_NOT_WRITTEN)
     } else if args.fail_on_criteria && !summary.criteria_met() {
         ExitCode::FAILURE
     } else {
@@ -120,6 +134,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// One shard of one variant, ready to run.
 struct ShardJob {
     variant: usize,
+    shard: u32,
     out_dir: PathBuf,
     runner: Arc<basecamp_sandbox::episode::EpisodeRunner>,
     inputs: Vec<basecamp_sandbox::episode::EpisodeInput>,
@@ -179,6 +194,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
             let runner = first.for_shard(shard);
             jobs.push(ShardJob {
                 variant: v,
+                shard,
                 out_dir: variant_dir.join(format!("shard-{shard}")),
                 runner: Arc::new(runner),
                 inputs: rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect(),
@@ -210,27 +226,47 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     progress.set_message(format!("{task_name}: {} variant(s) x {shard_count} shard(s)", variants.len()));
     let started = Instant::now();
     let mut running = tokio::task::JoinSet::new();
+    // Which shard each task runs: a task that panics returns nothing to say so.
+    let mut shard_of_task = std::collections::HashMap::new();
     for job in jobs {
         let progress = progress.clone();
         let stop = stop.clone();
         let concurrency = args.concurrency;
-        running.spawn(async move {
-            let summary = run_shard(job.runner, job.inputs, &job.out_dir, concurrency, stop, |_| progress.inc(1)).await;
-            (job.variant, job.out_dir, summary)
+        let out_dir = job.out_dir.clone();
+        let task = running.spawn(async move {
+            run_shard(job.runner, job.inputs, &job.out_dir, concurrency, stop, |_| progress.inc(1)).await
         });
+        shard_of_task.insert(task.id(), (job.variant, job.shard, out_dir));
     }
+    // One shard failing stops none of the others (dropping the JoinSet
+    // would abort them mid-episode): every shard is waited for, the run is
+    // summarised from those that finished, and each failure is reported.
     let mut shards: Vec<Vec<ShardSummary>> = vec![Vec::new(); variants.len()];
-    while let Some(joined) = running.join_next().await {
-        let (variant, dir, summary) = joined.context("a shard task failed")?;
-        let summary = summary.with_context(|| format!("cannot write the traces of {}", dir.display()))?;
-        shards[variant].push(summary);
+    let mut failed_shards = Vec::new();
+    while let Some(joined) = running.join_next_with_id().await {
+        let task = match &joined {
+            Ok((id, _)) => *id,
+            Err(failed) => failed.id(),
+        };
+        let (variant, shard, dir) = shard_of_task.remove(&task).expect("every shard task is recorded when spawned");
+        let error = match joined {
+            Ok((_, Ok(summary))) => {
+                shards[variant].push(summary);
+                continue;
+            }
+            Ok((_, Err(error))) => format!("cannot write the traces of {}: {error}", dir.display()),
+            Err(failed) => format!("the task running {} failed: {failed}", dir.display()),
+        };
+        failed_shards.push(summary::FailedShard { variant: variants[variant].name.clone(), shard, error });
     }
+    failed_shards.sort_by(|a, b| (&a.variant, a.shard).cmp(&(&b.variant, b.shard)));
     progress.finish_and_clear();
     drop(services);
     let wall_seconds = started.elapsed().as_secs_f64();
 
     let criteria = &task.spec.task_definition.success_criteria;
     let mut summary = RunSummary::new(&task_name, &out_root, &variants, shards, criteria, wall_seconds);
+    summary.failed_shards = failed_shards;
     summary.manifests =
         args.paths.iter().map(|path| std::path::absolute(path).unwrap_or_else(|_| path.clone())).collect();
     summary.write(&out_root)?;

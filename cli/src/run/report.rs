@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::summary::{RunSummary, TABLE_METRICS};
+use super::summary::{RunSummary, TABLE_METRICS, fmt_metric};
 // The escaping `basecamp serve` and `trace report` use: one set of rules for every page.
 use crate::serve::html::{PAGE_ROWS, esc, num, page_end, rows_in_page, sentence};
 
@@ -81,6 +81,15 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
         );
     }
     h.push_str("</table>");
+    for failed in &s.failed_shards {
+        let _ = write!(
+            h,
+            "<p class=\"bad failed-shard\">variant {}, shard {} wrote no summary, its episodes are not counted: {}</p>",
+            esc(&failed.variant),
+            failed.shard,
+            esc(&failed.error)
+        );
+    }
 
     if let Some(c) = &s.comparison {
         let _ = write!(
@@ -97,8 +106,8 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
                 h,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{delta}</td></tr>",
                 esc(&d.metric),
-                num(d.baseline),
-                num(d.candidate)
+                esc(&fmt_metric(&d.metric, d.baseline)),
+                esc(&fmt_metric(&d.metric, d.candidate))
             );
         }
         h.push_str("</table>");

@@ -36,6 +36,18 @@ pub struct RunSummary {
     /// The second variant against the first, when there are two or more.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comparison: Option<Comparison>,
+    /// Shards that ended without their summary (a trace or the summary
+    /// could not be written): the rest of the run is summarised without them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_shards: Vec<FailedShard>,
+}
+
+/// A shard that ended without a summary, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailedShard {
+    pub variant: String,
+    pub shard: u32,
+    pub error: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -218,6 +230,7 @@ impl RunSummary {
             stopped_early,
             variants: summaries,
             comparison,
+            failed_shards: Vec::new(),
         }
     }
 
@@ -295,6 +308,12 @@ impl RunSummary {
             if !v.lost.is_empty() {
                 out.push_str(&format!("\n{}: {} episode(s) LOST (trace not written)", v.name, v.lost.len()));
             }
+            for failed in self.failed_shards.iter().filter(|f| f.variant == v.name) {
+                out.push_str(&format!(
+                    "\n{}: shard {} wrote no summary, its episodes are not counted: {}",
+                    v.name, failed.shard, failed.error
+                ));
+            }
             if !v.interrupted.is_empty() || !v.not_started.is_empty() {
                 out.push_str(&format!(
                     "\n{}: stopped early: {} cut off (partial traces kept), {} not started",
@@ -317,8 +336,8 @@ impl Comparison {
         for d in &self.rows {
             rows.push(vec![
                 d.metric.clone(),
-                fmt_value(d.baseline),
-                fmt_value(d.candidate),
+                fmt_metric(&d.metric, d.baseline),
+                fmt_metric(&d.metric, d.candidate),
                 d.delta_percent.map_or("-".into(), |p| format!("{p:+.1}%")),
             ]);
         }
@@ -350,6 +369,12 @@ pub fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Compari
 
 pub fn fmt_value(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// A metric's value as the tables show it: the divergence in nats (see
+/// [`fmt_nats`]), every other metric with three decimals.
+pub fn fmt_metric(metric: &str, v: Option<f64>) -> String {
+    if metric == DIVERGENCE { fmt_nats(v) } else { fmt_value(v) }
 }
 
 /// A divergence in nats: often far below 0.001, so small values keep
@@ -454,6 +479,7 @@ mod tests {
             stopped_early: false,
             comparison: (variants.len() == 2).then(|| compare(&variants[0], &variants[1])),
             variants,
+            failed_shards: Vec::new(),
         };
         let without = summary(vec![plain.clone()]).table();
         assert!(!without.contains(DIVERGENCE), "{without}");
@@ -468,5 +494,11 @@ mod tests {
         assert_eq!(a.split_whitespace().nth(6), Some("-"), "{table}");
         let rows = &both.comparison.as_ref().expect("two variants").rows;
         assert!(rows.iter().any(|d| d.metric == DIVERGENCE && d.candidate == Some(0.000_421) && d.baseline.is_none()));
+        // The A/B table (`basecamp run`'s and `ab compare`'s) and report.html keep its digits too.
+        let ab = table.lines().find(|l| l.starts_with(DIVERGENCE)).expect("A/B divergence row");
+        assert_eq!(ab.split_whitespace().collect::<Vec<_>>(), [DIVERGENCE, "-", "4.21e-4", "-"], "{table}");
+        let html = super::super::report::render(&both);
+        let row = format!("<tr><td>{DIVERGENCE}</td><td>-</td><td>4.21e-4</td>");
+        assert!(html.contains(&row), "{html}");
     }
 }

@@ -72,16 +72,43 @@ fn token_color(logprob: f32) -> String {
     format!("hsl({hue},70%,85%)")
 }
 
-/// The view's HTML (no page shell). At most `token_cap` token logits are
-/// drawn; the rest are counted, with `undrawn`: those a capped read
-/// ([`basecamp_trace::read_trace_at_most`]) left out of `trace`, per step.
-/// `raw` links the trace bytes when given.
+/// How a view names its step panels and how its timeline links to them:
+/// panel n's id is `{id_prefix}n`, the link `{href_prefix}n`.
+pub struct StepAnchors {
+    pub id_prefix: String,
+    pub href_prefix: String,
+}
+
+impl StepAnchors {
+    /// A page that holds this one view: `#s<n>`, which the browser follows itself.
+    pub fn page() -> Self {
+        StepAnchors { id_prefix: "s".into(), href_prefix: "#s".into() }
+    }
+}
+
+/// The view's HTML (no page shell), for a page of its own (see [`render_with`]).
 pub fn render(
     entry: &EpisodeEntry,
     trace: &TraceContents,
     undrawn: &LeftOut,
     token_cap: usize,
     raw: Option<&str>,
+) -> String {
+    render_with(entry, trace, undrawn, token_cap, raw, &StepAnchors::page())
+}
+
+/// The view's HTML (no page shell). At most `token_cap` token logits are
+/// drawn; the rest are counted, with `undrawn`: those a capped read
+/// ([`basecamp_trace::read_trace_at_most`]) left out of `trace`, per step.
+/// `raw` links the trace bytes when given. `anchors` names the step panels:
+/// a page holding many views (a report's drawers) gives each its own.
+pub fn render_with(
+    entry: &EpisodeEntry,
+    trace: &TraceContents,
+    undrawn: &LeftOut,
+    token_cap: usize,
+    raw: Option<&str>,
+    anchors: &StepAnchors,
 ) -> String {
     let header = &trace.header;
     let mut steps: BTreeMap<u32, StepRecords<'_>> =
@@ -166,7 +193,7 @@ pub fn render(
             let nulls = s.deltas.iter().filter(|d| d.after_json.as_deref() == Some("null")).count();
             let _ = write!(
                 h,
-                "<tr class=\"step-row\" data-step=\"{index}\" data-status=\"{st}\"><td><a href=\"#s{index}\">{index}</a></td><td>{}</td><td>{}</td><td><span class=\"status {st}\">{st}</span>{}</td>\
+                "<tr class=\"step-row\" data-step=\"{index}\" data-status=\"{st}\"><td><a href=\"{href}{index}\">{index}</a></td><td>{}</td><td>{}</td><td><span class=\"status {st}\">{st}</span>{}</td>\
                  <td style=\"white-space:nowrap\"><svg width=\"226\" height=\"12\"><rect width=\"{width:.1}\" height=\"10\" y=\"1\" fill=\"{}\"/></svg> {ms:.1} ms</td><td>{}</td><td>{}</td><td>{} delta(s){}</td></tr>",
                 kind_name(p.kind),
                 if p.tool.is_empty() { "-".to_string() } else { format!("<code>{}</code>", esc(&p.tool)) },
@@ -185,6 +212,7 @@ pub fn render(
                 s.deltas.len(),
                 if nulls > 0 { format!(" <span class=\"bad\">{nulls} null</span>") } else { String::new() },
                 st = status_name(status),
+                href = esc(&anchors.href_prefix),
             );
         }
     }
@@ -197,7 +225,8 @@ pub fn render(
     for (index, s) in &steps {
         let _ = write!(
             h,
-            "<div class=\"panel\" id=\"s{index}\"><b>{}</b>",
+            "<div class=\"panel\" id=\"{}{index}\"><b>{}</b>",
+            esc(&anchors.id_prefix),
             if *index == 0 { "before the first step".to_string() } else { format!("step {index}") }
         );
         for p in &s.plan {

@@ -3,9 +3,12 @@
 //! inline SVG charts, and the sections that show a group's insights.
 //!
 //! The script wires the interactive parts and then marks the page with
-//! `data-ready="1"` on `<html>`: a URL fragment `#episode=<variant>/<id>`
-//! opens that episode's in-page trace view (`data-open-episode` on `<body>`),
-//! `#step=<n>` lists the episodes flagged at step n (`data-open-step`),
+//! `data-ready="1"` on `<html>`: a URL fragment `#episode=<key>` opens that
+//! episode's in-page trace view (`data-open-episode` on `<body>`), and
+//! `#episode=<key>:s<n>` opens it at step n's panel (`data-open-panel`, the
+//! panel's id); `#step=<scope>/<n>` (a timeline column's link) lists the
+//! episodes flagged at step n in the group of that scope, `#step=<n>` in
+//! every group (`data-open-step`),
 //! `#<table id>-page-<n>` shows page n of a report's episode table (its
 //! pagers' `data-page`), and the "failed only" box hides passing rows.
 //! Browser tests read these marks.
@@ -103,19 +106,26 @@ const SCRIPT: &str = r##"
     if (page && paged[page[1]]) { paged[page[1]](Number(page[2])); }
     document.querySelectorAll('.episode-view.drawer').forEach(function (s) { s.hidden = true; });
     document.querySelectorAll('.step-detail').forEach(function (s) { s.hidden = true; });
-    delete body.dataset.openEpisode; delete body.dataset.openStep;
+    delete body.dataset.openEpisode; delete body.dataset.openStep; delete body.dataset.openPanel;
     if (h.indexOf('episode=') === 0) {
-      var id = h.slice(8), view = document.getElementById('episode:' + id);
+      // A drawer's key never holds ':' (its segments are percent-encoded), so
+      // ':s<n>' after it names one of its step panels.
+      var at = /^(.*):s([0-9]+)$/.exec(h.slice(8));
+      var id = at ? at[1] : h.slice(8), view = document.getElementById('episode:' + id);
       if (view) {
         return unpack(view).then(function () {
           if (hash() !== h) { return; }
           view.hidden = false; body.dataset.openEpisode = id; view.scrollTop = 0;
+          var panel = at && document.getElementById('episode:' + id + ':s' + at[2]);
+          if (panel) { body.dataset.openPanel = panel.id; panel.scrollIntoView({block: 'start'}); }
         });
       }
     } else if (h.indexOf('step=') === 0) {
-      var n = h.slice(5);
-      document.querySelectorAll('.step-detail[data-step="' + n + '"]').forEach(function (d) {
-        d.hidden = false; body.dataset.openStep = n; d.scrollIntoView({block: 'nearest'});
+      // step=<scope>/<n>: that group's panel; step=<n>: every group's.
+      var step = /^(?:(.*)\/)?([0-9]+)$/.exec(h.slice(5));
+      document.querySelectorAll('.step-detail').forEach(function (d) {
+        if (!step || d.dataset.step !== step[2] || (step[1] !== undefined && d.dataset.scope !== step[1])) { return; }
+        d.hidden = false; body.dataset.openStep = step[2]; d.scrollIntoView({block: 'nearest'});
       });
     }
   }
@@ -139,16 +149,16 @@ const SCRIPT: &str = r##"
   // and both pagers follow.
   var fmt = function (n) { return n.toLocaleString('en-US'); };
   document.querySelectorAll('table.episodes').forEach(function (table) {
-    var pagers = document.querySelectorAll('p.pager[data-table="' + table.id + '"]');
+    var pagers = document.querySelectorAll('p.pager[data-table="' + CSS.escape(table.id) + '"]');
     if (!pagers.length) { return; }
-    var later = document.querySelectorAll('template.rows[data-table="' + table.id + '"]');
+    var later = document.querySelectorAll('template.rows[data-table="' + CSS.escape(table.id) + '"]');
     var first = document.createElement('template');
     table.querySelectorAll('tr[data-ok]').forEach(function (row) { first.content.appendChild(row.cloneNode(true)); });
     var pages = [first].concat(Array.prototype.slice.call(later));
     var total = Number(pagers[0].dataset.rows), per = Number(pagers[0].dataset.perPage);
     function link(n, page, text) {
       return n === page || n < 1 || n > pages.length ? ' · <span class="muted">' + text + '</span>'
-        : ' · <a href="#' + table.id + '-page-' + n + '" data-page="' + n + '">' + text + '</a>';
+        : ' · <a href="#' + encodeURIComponent(table.id) + '-page-' + n + '" data-page="' + n + '">' + text + '</a>';
     }
     function go(page) {
       if (!(page >= 1 && page <= pages.length)) { return; }
@@ -161,7 +171,7 @@ const SCRIPT: &str = r##"
           + ' of ' + fmt(pages.length) + link(1, page, 'first') + link(page - 1, page, '‹ previous')
           + link(page + 1, page, 'next ›') + link(pages.length, page, 'last');
       });
-      var box = document.querySelector('input.failed-only[data-table="' + table.id + '"]');
+      var box = document.querySelector('input.failed-only[data-table="' + CSS.escape(table.id) + '"]');
       if (box) { box.dispatchEvent(new Event('change')); }
     }
     paged[table.id] = go;
@@ -200,8 +210,9 @@ fn status_class(rate: Option<f64>) -> &'static str {
 
 /// The per-step timeline: for each step index a column with the mean
 /// duration (bar height), the tool success rate and the memory
-/// consistency (two strips, red when low). A column links to `#step=<n>`.
-pub fn timeline_svg(steps: &[StepStat], id: &str) -> String {
+/// consistency (two strips, red when low). A column links to
+/// `#step=<scope>/<n>`, which opens that step's panel of this group alone.
+pub fn timeline_svg(steps: &[StepStat], scope: &str) -> String {
     if steps.is_empty() {
         return "<p class=\"muted\">no plan steps in these traces</p>".into();
     }
@@ -210,8 +221,11 @@ pub fn timeline_svg(steps: &[StepStat], id: &str) -> String {
     let width = left + col * steps.len() as f64 + 10.0;
     let bar_h = 90.0;
     let max_ms = steps.iter().map(|s| s.mean_ms).fold(0.0, f64::max).max(1e-9);
+    let id = esc(scope);
+    // The page script decodes the fragment once (decodeURIComponent).
+    let scope_in_link = url_segment(scope);
     let mut svg = format!(
-        r##"<svg id="{id}" class="timeline" width="{width}" height="214" role="img" aria-label="per-step timeline">
+        r##"<svg id="timeline-{id}" class="timeline" width="{width}" height="214" role="img" aria-label="per-step timeline">
 <text x="4" y="70">mean duration</text><text x="4" y="135">tool success</text><text x="4" y="163">memory consistency</text>"##
     );
     for (i, s) in steps.iter().enumerate() {
@@ -229,7 +243,7 @@ pub fn timeline_svg(steps: &[StepStat], id: &str) -> String {
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
         let _ = write!(
             svg,
-            r##"<a href="#step={idx}" class="step-col" data-step="{idx}"><title>step {idx}: {eps} episodes, mean {mean:.0} ms (max {max:.0} ms), tool success {sr}, memory consistency {mc}</title>
+            r##"<a href="#step={scope_in_link}/{idx}" class="step-col" data-step="{idx}"><title>step {idx}: {eps} episodes, mean {mean:.0} ms (max {max:.0} ms), tool success {sr}, memory consistency {mc}</title>
 <rect x="{x}" y="6" width="{w}" height="196" fill="transparent"/>
 <rect x="{bx}" y="{by}" width="{bw}" height="{h:.1}" fill="#3b7dd8"/><text x="{tx}" y="{ly}" text-anchor="middle">{mean:.0} ms</text>
 <rect x="{bx}" y="122" width="{bw}" height="18" fill="{sc}"/><text x="{tx}" y="135" text-anchor="middle" style="fill:#fff">{sr}</text>
@@ -444,7 +458,7 @@ pub fn insight_sections(
     }
 
     h.push_str("<h3>Timeline per step</h3><p class=\"muted\">Columns are step indices across episodes: mean duration (policy + tool), the share of tool calls that succeeded, and the share of episodes whose memory holds no <code>null</code> a tool or fallback wrote. Click a step to list the episodes flagged there.</p>");
-    h.push_str(&timeline_svg(&insights.steps, &format!("timeline-{scope}")));
+    h.push_str(&timeline_svg(&insights.steps, scope));
     for s in &insights.steps {
         let _ = write!(
             h,
@@ -573,10 +587,11 @@ pub fn insight_sections(
     };
     let _ = write!(
         h,
-        "<h3>Episodes</h3><label><input type=\"checkbox\" class=\"failed-only\" data-table=\"{table_id}\"> failed only</label>{pager}\
-         <table id=\"{table_id}\" class=\"episodes\"><tr><th>episode</th><th>variant</th><th>shard</th><th>outcome</th><th>failure</th><th>{}</th>{}<th>resolution</th><th>trace</th></tr>{shown}</table>{pager}{later}",
+        "<h3>Episodes</h3><label><input type=\"checkbox\" class=\"failed-only\" data-table=\"{table_html_id}\"> failed only</label>{pager}\
+         <table id=\"{table_html_id}\" class=\"episodes\"><tr><th>episode</th><th>variant</th><th>shard</th><th>outcome</th><th>failure</th><th>{}</th>{}<th>resolution</th><th>trace</th></tr>{shown}</table>{pager}{later}",
         esc(&insights.metric),
-        fixed.iter().map(|m| format!("<th>{m}</th>")).collect::<String>()
+        fixed.iter().map(|m| format!("<th>{m}</th>")).collect::<String>(),
+        table_html_id = esc(&table_id),
     );
     h
 }
@@ -591,11 +606,12 @@ pub fn rows_in_page(table_id: &str, rows: &[String], per_page: usize) -> (String
         return (String::new(), rows.concat(), String::new());
     }
     let total = rows.len();
-    let data = format!(" data-table=\"{table_id}\" data-rows=\"{total}\" data-per-page=\"{per_page}\"");
-    let pager = pager(1, total.div_ceil(per_page), 0, per_page, total, &|n| format!("#{table_id}-page-{n}"), &data);
+    let (html_id, link_id) = (esc(table_id), url_segment(table_id));
+    let data = format!(" data-table=\"{html_id}\" data-rows=\"{total}\" data-per-page=\"{per_page}\"");
+    let pager = pager(1, total.div_ceil(per_page), 0, per_page, total, &|n| format!("#{link_id}-page-{n}"), &data);
     let later = rows[per_page..]
         .chunks(per_page)
-        .map(|page| format!("<template class=\"rows\" data-table=\"{table_id}\">{}</template>", page.concat()))
+        .map(|page| format!("<template class=\"rows\" data-table=\"{html_id}\">{}</template>", page.concat()))
         .collect();
     (pager, rows[..per_page].concat(), later)
 }
@@ -639,7 +655,33 @@ fn pager(
 
 #[cfg(test)]
 mod tests {
-    use super::{count, rows_in_page};
+    use super::*;
+    use crate::serve::insights::StepStat;
+
+    #[test]
+    fn a_scope_is_text_in_every_id_and_link_it_names() {
+        // A variant name from a summary or a trace header, as `serve` takes it for the scope.
+        let scope = "a\"><i id=x>planted</i>";
+        let step = StepStat { index: 1, episodes: 1, ..Default::default() };
+        let insights = Insights { steps: vec![step], ..Default::default() };
+        let rows: Vec<String> = (0..3).map(|i| format!("<tr data-ok=\"1\"><td>{i}</td></tr>")).collect();
+        let sections = insight_sections(&insights, &[], &|_| String::new(), scope, Rows::All { per_page: 500 });
+        let (pager, _, later) = rows_in_page(&format!("episodes-{scope}"), &rows, 1);
+        for html in [&sections, &pager, &later] {
+            // Before: `id="timeline-a"><i id=x>planted</i>"` and the same in the table's id.
+            assert!(!html.contains("<i id=x>"), "the scope became markup: {html}");
+        }
+        let shown = esc(scope);
+        assert!(sections.contains(&format!("<svg id=\"timeline-{shown}\" class=\"timeline\"")), "{sections}");
+        assert!(sections.contains(&format!("<table id=\"episodes-{shown}\" class=\"episodes\">")), "{sections}");
+        assert!(sections.contains(&format!("class=\"failed-only\" data-table=\"episodes-{shown}\">")));
+        assert!(sections.contains(&format!("data-step=\"1\" data-scope=\"{shown}\" hidden>")));
+        // Links carry it percent-encoded: the page script decodes the fragment.
+        let in_link = url_segment(scope);
+        assert!(sections.contains(&format!("<a href=\"#step={in_link}/1\" class=\"step-col\"")), "{sections}");
+        assert!(pager.contains(&format!("<a href=\"#episodes-{in_link}-page-2\" data-page=\"2\">")), "{pager}");
+        assert!(later.starts_with(&format!("<template class=\"rows\" data-table=\"episodes-{shown}\">")));
+    }
 
     #[test]
     fn a_long_table_holds_a_page_and_templates_of_the_rest_in_order() {

@@ -8,7 +8,9 @@
 //! deleted object stops being served; a listing that fails removes nothing
 //! (S3 being down must not empty the view). Only files of the kinds mirrored
 //! are ever removed. Keys are checked segment by segment before they become
-//! local paths, so no key (`a/../..`) can write outside the mirror.
+//! local paths, so no key (`a/../..`) can write outside the mirror. The
+//! mirror directory is marked (`.basecamp-mirror`); a directory that holds
+//! files and no mark is refused, since a refresh would delete its traces.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -58,6 +60,7 @@ impl Mirror {
         }
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create the mirror directory {}", dir.display()))?;
+        claim(&dir, url)?;
         Ok(Mirror { storage: Storage::new(StorageConfig::from_env()), prefix, dir })
     }
 
@@ -116,6 +119,34 @@ impl Mirror {
         }
         Ok(synced)
     }
+}
+
+/// The file that marks a directory as a mirror this command made (it holds
+/// the prefix's URL, for people).
+pub const MARKER: &str = ".basecamp-mirror";
+
+/// Makes `dir` a mirror, or refuses it: a refresh removes every `.trace` and
+/// `.json` file whose object is gone, so a directory that holds files and no
+/// [`MARKER`] (a run directory given as `--cache` by mistake) would lose
+/// them. An empty directory, or one an earlier mirror marked, is taken.
+fn claim(dir: &Path, url: &str) -> Result<()> {
+    let marker = dir.join(MARKER);
+    if marker.exists() {
+        return Ok(());
+    }
+    let mut entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read the mirror directory {}", dir.display()))?;
+    if let Some(entry) = entries.next() {
+        let first = entry.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default();
+        bail!(
+            "{} is not empty (it holds {first:?}, ...) and is not a mirror basecamp made (no {MARKER} file): a \
+             mirror's refresh removes the .trace and .json files whose objects are gone, so it would delete this \
+             directory's own; give a new or empty directory",
+            dir.display()
+        );
+    }
+    std::fs::write(&marker, format!("{url}\n"))
+        .with_context(|| format!("cannot write {} (the mirror's marker)", marker.display()))
 }
 
 /// Removes every file under `dir` of a kind mirrored that is not in
@@ -201,6 +232,28 @@ mod tests {
         for key in ["../x.trace", "a/../../x.trace", "a//x.trace", "./x.trace", "a\\..\\x.trace", ""] {
             assert!(local_path(dir, key).is_err(), "{key:?} must be refused");
         }
+    }
+
+    #[test]
+    fn a_directory_holding_files_is_not_taken_as_a_mirror_but_an_empty_or_marked_one_is() {
+        let outer = tempfile::tempdir().unwrap();
+        let runs = outer.path().join("runs");
+        std::fs::create_dir_all(runs.join("shard-0")).unwrap();
+        std::fs::write(runs.join("shard-0/ep.trace"), b"x").unwrap();
+        // Before: taken, and its first refresh removed ep.trace (no object lists it).
+        let refused = claim(&runs, "s3://b/p").unwrap_err().to_string();
+        assert!(
+            refused.contains("runs is not empty") && refused.contains("give a new or empty directory"),
+            "{refused}"
+        );
+        assert!(!runs.join(MARKER).exists());
+
+        let fresh = outer.path().join("fresh");
+        std::fs::create_dir_all(&fresh).unwrap();
+        claim(&fresh, "s3://b/p").unwrap();
+        assert_eq!(std::fs::read_to_string(fresh.join(MARKER)).unwrap(), "s3://b/p\n");
+        std::fs::write(fresh.join("ep.trace"), b"x").unwrap();
+        claim(&fresh, "s3://b/p").expect("a mirror made earlier is taken again");
     }
 
     #[test]

@@ -25,8 +25,8 @@ pub struct ArchiveArgs {
     /// Trace files, directories (searched recursively for *.trace), glob patterns or s3://BUCKET/PREFIX to archive.
     #[arg(required = true)]
     paths: Vec<String>,
-    /// The archive to write (conventionally FILE.tar.zst). Members are named by their path below the
-    /// directory, glob prefix or S3 prefix given.
+    /// The archive to write (conventionally FILE.tar.zst; `-` for stdout). Members are named by their path below
+    /// the directory, glob prefix or S3 prefix given.
     #[arg(long, short = 'o', value_name = "FILE", required = true)]
     out: Option<PathBuf>,
     /// Worker threads compressing members (default: one per core).
@@ -81,8 +81,8 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
             bail!("{other} and {} would both be archived as {}; archive them separately", file.name, file.relative);
         }
     }
-    let (tmp, sink) = sources.create_output(out, "the archive's file name", "traces.tar.zst")?;
-    let mut writer = ArchiveWriter::new(BufWriter::new(sink));
+    let output = sources.create_output(out, "the archive's file name", "traces.tar.zst")?;
+    let mut writer = ArchiveWriter::new(BufWriter::new(&output));
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
     let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {
         let data = sources.read_bytes(source)?;
@@ -112,19 +112,30 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     });
     let count = writer.members().len();
     let result = match write_error {
-        Some(e) => Err(e),
+        Some(e) => {
+            drop(writer);
+            Err(e)
+        }
         None => writer.finish().and_then(|mut w| w.flush()),
     };
     if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
+        output.discard();
         return Err(e).with_context(|| format!("cannot write {}", out.display()));
     }
-    if let Err(e) = fs::rename(&tmp, out) {
-        let _ = fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()));
+    // The archive itself may be what stdout carries (`-o -`, `-o /dev/stdout`).
+    let to_stdout = output.in_place();
+    output.commit()?;
+    let message = match fs::metadata(out) {
+        Ok(m) if m.is_file() => {
+            format!("archived {count} traces ({input_bytes} bytes) into {} ({} bytes)", out.display(), m.len())
+        }
+        _ => format!("archived {count} traces ({input_bytes} bytes) into {}", out.display()),
+    };
+    if to_stdout {
+        eprintln!("{message}");
+    } else {
+        writeln!(std::io::stdout(), "{message}")?;
     }
-    let size = fs::metadata(out).map(|m| m.len()).unwrap_or(0);
-    writeln!(std::io::stdout(), "archived {count} traces ({input_bytes} bytes) into {} ({size} bytes)", out.display())?;
     Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 

@@ -6,7 +6,6 @@
 //! `-o FILE` is written as `FILE.partial` and renamed when every trace is
 //! exported; it may not be one of the inputs.
 
-use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -27,7 +26,7 @@ pub struct ExportArgs {
     /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
     paths: Vec<String>,
-    /// Write to this file instead of stdout.
+    /// Write to this file instead of stdout (written as FILE.partial and renamed when complete).
     #[arg(long, short = 'o', value_name = "FILE")]
     out: Option<PathBuf>,
     /// Worker threads (default: one per core).
@@ -44,14 +43,11 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     // -o is written under a temporary name and renamed when complete, so an
     // interrupted export leaves no file that looks finished.
     let target = match &args.out {
-        Some(path) => {
-            let (tmp, file) = sources.create_output(path, "the file to write", "spans.jsonl")?;
-            Some((path, tmp, file))
-        }
+        Some(path) => Some(sources.create_output(path, "the file to write", "spans.jsonl")?),
         None => None,
     };
     let mut out: Box<dyn Write> = match &target {
-        Some((_, _, file)) => Box::new(BufWriter::new(file)),
+        Some(output) => Box::new(BufWriter::new(output)),
         None => Box::new(BufWriter::new(io::stdout().lock())),
     };
     let mut failed = false;
@@ -85,16 +81,13 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     drop(out);
     let name = args.out.as_ref().map_or_else(|| "the export".to_string(), |p| p.display().to_string());
     if let Err(e) = written {
-        if let Some((_, tmp, _)) = &target {
-            let _ = fs::remove_file(tmp);
+        if let Some(output) = target {
+            output.discard();
         }
         return Err(e).with_context(|| format!("cannot write {name}"));
     }
-    if let Some((path, tmp, _)) = &target
-        && let Err(e) = fs::rename(tmp, path)
-    {
-        let _ = fs::remove_file(tmp);
-        return Err(e).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()));
+    if let Some(output) = target {
+        output.commit()?;
     }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

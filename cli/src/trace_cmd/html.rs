@@ -1,7 +1,7 @@
 //! The page `basecamp trace report` writes: a table of the groups (task and
 //! variant), each group's insight sections (shared with `basecamp serve`'s
 //! task page), and every episode's trace view as a hidden drawer that a
-//! click (a `#episode=<task>/<variant>/<id>` link) opens — so the report is
+//! click (a `#episode=<namespace>/<task>/<variant>/<id>` link) opens — so the report is
 //! one file that works offline. The page is written as it is drawn, one
 //! episode's view at a time, each packed until opened.
 
@@ -18,7 +18,10 @@ use flate2::write::GzEncoder;
 
 use crate::serve::catalog::EpisodeEntry;
 use crate::serve::episode;
-use crate::serve::html::{PACKED_VIEW_TYPE, PAGE_ROWS, Rows, esc, insight_sections, num, page_end, page_start};
+use crate::serve::episode::StepAnchors;
+use crate::serve::html::{
+    PACKED_VIEW_TYPE, PAGE_ROWS, Rows, esc, insight_sections, num, page_end, page_start, url_segment,
+};
 use crate::serve::insights::Insights;
 
 /// Token logits drawn per episode in the report (the rest are counted).
@@ -33,9 +36,27 @@ pub struct Group<'a> {
     pub insights: Insights,
 }
 
-/// The in-page key of an episode's trace view.
+/// The in-page key of an episode's trace view: namespace, task, variant and
+/// id (a group is one namespace's task variant, so two namespaces may hold
+/// the same episode id), each percent-encoded so that no `/` of a name
+/// blurs where a segment ends; it never holds `:` or an HTML special.
 pub fn view_key(e: &EpisodeEntry) -> String {
-    format!("{}/{}/{}", e.task, e.variant, e.id)
+    [&e.namespace, &e.task, &e.variant, &e.id].map(|segment| url_segment(segment)).join("/")
+}
+
+/// The fragment that opens an episode's drawer: the page script decodes the
+/// fragment once (`decodeURIComponent`) and looks up the drawer by the
+/// result, so the key is encoded once more (an id holding `%` opens too).
+pub fn view_link(e: &EpisodeEntry) -> String {
+    let key: Vec<String> = view_key(e).split('/').map(url_segment).collect();
+    format!("#episode={}", key.join("/"))
+}
+
+/// The drawer's step panels, `episode:<key>:s<n>`, linked as
+/// `#episode=<key>:s<n>`: unique on a page of many drawers, and a link the
+/// page script answers by keeping the drawer open at that panel.
+fn drawer_anchors(e: &EpisodeEntry) -> StepAnchors {
+    StepAnchors { id_prefix: format!("episode:{}:s", view_key(e)), href_prefix: format!("{}:s", view_link(e)) }
 }
 
 /// Writes the page to `out`. `load` reads an episode's trace when its view
@@ -61,7 +82,9 @@ pub fn write(
         jobs,
         |e| {
             let view = match load(e, REPORT_TOKEN_CAP) {
-                Ok((contents, undrawn)) => episode::render(e, &contents, &undrawn, REPORT_TOKEN_CAP, None),
+                Ok((contents, undrawn)) => {
+                    episode::render_with(e, &contents, &undrawn, REPORT_TOKEN_CAP, None, &drawer_anchors(e))
+                }
                 Err(problem) => format!("<h1>episode {}</h1><p class=\"bad\">{}</p>", esc(&e.id), esc(&problem)),
             };
             packed_drawer(&view_key(e), &view)
@@ -109,7 +132,7 @@ fn summary(groups: &[Group<'_>], inputs: &[String], problems: &[String], metric:
     for problem in problems {
         let _ = write!(h, "<p class=\"warn\">{}</p>", esc(problem));
     }
-    let link = |e: &EpisodeEntry| format!("#episode={}", view_key(e));
+    let link = |e: &EpisodeEntry| view_link(e);
     for (i, g) in groups.iter().enumerate() {
         let _ = write!(h, "<h2 id=\"group-{i}\">{} / variant {}</h2>", esc(g.task), esc(g.variant));
         h.push_str(&insight_sections(
@@ -168,6 +191,66 @@ mod tests {
         assert_eq!(drawer.matches("</script>").count(), 1);
         assert_eq!(drawer.matches("<section").count(), 1);
         assert!(drawer.len() < view.len() / 10, "{} bytes for a {} byte view", drawer.len(), view.len());
+    }
+
+    fn entry(namespace: &str, id: &str) -> EpisodeEntry {
+        EpisodeEntry {
+            namespace: namespace.into(),
+            task: "shop".into(),
+            variant: "a".into(),
+            shard: 0,
+            id: id.into(),
+            outcome: "completed".into(),
+            failure_class: "ok".into(),
+            metrics: Default::default(),
+            from_summary: false,
+            trace: format!("{id}.trace").into(),
+            relative: format!("{id}.trace"),
+            started_unix_nanos: 0,
+            digest: Default::default(),
+        }
+    }
+
+    /// What the page script's `decodeURIComponent` makes of a fragment.
+    fn decode_uri_component(text: &str) -> String {
+        let mut bytes = Vec::new();
+        let mut rest = text.as_bytes();
+        while let Some((&b, after)) = rest.split_first() {
+            if b == b'%' {
+                let hex = std::str::from_utf8(&after[..2]).expect("two hex digits");
+                bytes.push(u8::from_str_radix(hex, 16).expect("hex"));
+                rest = &after[2..];
+            } else {
+                bytes.push(b);
+                rest = after;
+            }
+        }
+        String::from_utf8(bytes).expect("UTF-8")
+    }
+
+    #[test]
+    fn each_episode_has_its_own_drawer_and_its_link_finds_it() {
+        let ids = ["ep-1", "ep 50%", "a/b", "100%25", "ünï\"<x>"];
+        let mut keys = Vec::new();
+        for namespace in ["team-a", "team-b"] {
+            for id in ids {
+                let e = entry(namespace, id);
+                let (key, link) = (view_key(&e), view_link(&e));
+                // As the page script opens it: the fragment decoded once, after `episode=`.
+                let fragment = link.strip_prefix("#episode=").expect("an episode link");
+                let opened = decode_uri_component(fragment);
+                assert_eq!(opened, key, "{link}");
+                let drawer = packed_drawer(&key, "");
+                assert!(drawer.contains(&format!(" id=\"episode:{opened}\" hidden>")), "{drawer}");
+                assert!(!key.contains(':') && esc(&key) == key, "{key}");
+                keys.push(key);
+            }
+        }
+        assert_eq!(keys[1], "team-a/shop/a/ep%2050%25");
+        keys.sort();
+        keys.dedup();
+        // Before: `shop/a/ep-1` (and every other id) in both namespaces alike.
+        assert_eq!(keys.len(), 2 * ids.len(), "{keys:?}");
     }
 
     #[test]

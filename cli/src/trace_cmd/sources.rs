@@ -9,7 +9,7 @@
 //! the memory of a few traces.
 
 use std::fs::File;
-use std::io::{self, BufReader, Cursor, Read};
+use std::io::{self, BufReader, Cursor, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,6 +17,62 @@ use anyhow::{Context, bail};
 use basecamp_sandbox::storage::{Destination, FailureKind, S3Location, Storage, StorageConfig};
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs_named};
 use basecamp_trace::{TraceError, TraceReader};
+
+/// An output file being written (see [`Sources::create_output`]).
+pub struct Output {
+    /// The path asked for.
+    pub path: PathBuf,
+    /// The temporary file written, renamed to `path` by [`Output::commit`];
+    /// `None` when `path` is written in place.
+    partial: Option<PathBuf>,
+    sink: Sink,
+}
+
+enum Sink {
+    File(File),
+    Stdout(io::Stdout),
+}
+
+impl Output {
+    /// Whether the output goes to this process's stdout or a device, where
+    /// a command's own messages must not be printed to stdout.
+    pub fn in_place(&self) -> bool {
+        self.partial.is_none()
+    }
+
+    /// Makes the complete output visible under its name.
+    pub fn commit(self) -> anyhow::Result<()> {
+        let Some(tmp) = self.partial else { return Ok(()) };
+        drop(self.sink);
+        std::fs::rename(&tmp, &self.path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            anyhow::Error::new(e).context(format!("cannot rename {} to {}", tmp.display(), self.path.display()))
+        })
+    }
+
+    /// Drops an output that failed: its temporary file is removed.
+    pub fn discard(self) {
+        if let Some(tmp) = &self.partial {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+impl Write for &Output {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.sink {
+            Sink::File(file) => (&*file).write(buf),
+            Sink::Stdout(stdout) => stdout.lock().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match &self.sink {
+            Sink::File(file) => (&*file).flush(),
+            Sink::Stdout(stdout) => stdout.lock().flush(),
+        }
+    }
+}
 
 /// One trace to read.
 pub struct Source {
@@ -128,18 +184,30 @@ impl Sources {
     }
 
     /// Opens the output file `out` under its temporary name (`FILE.partial`,
-    /// renamed by the caller when complete, so an interrupted command leaves
-    /// nothing that looks finished). Refused: a directory (the message asks
-    /// for `what`, e.g. `the file to write`, suggesting `DIR/<example>`), and
-    /// one of the inputs. Returns the temporary path and the file.
-    pub fn create_output(&self, out: &Path, what: &str, example: &str) -> anyhow::Result<(PathBuf, File)> {
+    /// renamed by [`Output::commit`] when complete, so an interrupted command
+    /// leaves nothing that looks finished). `-`, a path under `/dev/`
+    /// (`/dev/stdout`) and an existing file that is not a regular one (a
+    /// FIFO, a terminal) are written in place: they cannot be renamed over.
+    /// Refused: a directory (the message asks for `what`, e.g. `the file to
+    /// write`, suggesting `DIR/<example>`), and one of the inputs.
+    pub fn create_output(&self, out: &Path, what: &str, example: &str) -> anyhow::Result<Output> {
         if out.is_dir() {
             bail!("{} is a directory; give {what}, e.g. {}", out.display(), out.join(example).display());
         }
+        if out == Path::new("-") {
+            return Ok(Output { path: out.to_path_buf(), partial: None, sink: Sink::Stdout(io::stdout()) });
+        }
         self.refuse_as_output(out)?;
+        if out.starts_with("/dev") || std::fs::metadata(out).is_ok_and(|m| !m.is_file()) {
+            let file = File::options()
+                .write(true)
+                .open(out)
+                .with_context(|| format!("cannot open {} for writing", out.display()))?;
+            return Ok(Output { path: out.to_path_buf(), partial: None, sink: Sink::File(file) });
+        }
         let tmp = super::partial_path(out);
         let file = File::create(&tmp).with_context(|| format!("cannot create {}", out.display()))?;
-        Ok((tmp, file))
+        Ok(Output { path: out.to_path_buf(), partial: Some(tmp), sink: Sink::File(file) })
     }
 
     /// Refuses an output file that is one of the local inputs: writing it

@@ -36,9 +36,9 @@ pub fn fails(variant: &str, i: u32) -> bool {
     variant == "a" && i.is_multiple_of(3)
 }
 
-fn header(task: &str, variant: &str, id: &str, start: i64) -> Header {
+fn header(namespace: &str, task: &str, variant: &str, id: &str, start: i64) -> Header {
     Header {
-        namespace: NAMESPACE.into(),
+        namespace: namespace.into(),
         task: task.into(),
         variant: variant.into(),
         shard: 0,
@@ -86,10 +86,22 @@ fn tool_step(index: u32, tool: &str, ok: bool, start: i64) -> Body {
 
 /// Writes one episode; returns (steps, tool_call_accuracy, reward, failed).
 fn write_episode(path: &Path, task: &str, variant: &str, i: u32) -> (u32, f64, f64, bool) {
-    let id = format!("ep-{i:03}");
+    write_episode_as(path, NAMESPACE, task, variant, &format!("ep-{i:03}"), i)
+}
+
+/// Episode `i`'s story as [`write_episode`] tells it, under another
+/// namespace or episode id (the trace's header says which).
+pub fn write_episode_as(
+    path: &Path,
+    namespace: &str,
+    task: &str,
+    variant: &str,
+    id: &str,
+    i: u32,
+) -> (u32, f64, f64, bool) {
     let start = 1_796_000_000_000_000_000 + i64::from(i) * 10_000_000_000;
     let failed = fails(variant, i);
-    let mut w = TraceWriter::create(path, header(task, variant, &id, start)).unwrap();
+    let mut w = TraceWriter::create(path, header(namespace, task, variant, id, start)).unwrap();
     w.append(
         0,
         Body::MemoryDelta(MemoryDelta {
