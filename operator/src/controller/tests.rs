@@ -45,6 +45,17 @@ async fn scenario(task: &Value, storage: Storage, script: Vec<Call>) -> Outcome 
     scenario_with_caches(task, storage, cache::Caches::default(), script).await
 }
 
+/// Reconciles `task` while its SandboxConfig is missing: the status is
+/// written and a Warning Event recorded.
+async fn without_its_sandbox_config(task: &Value) -> Outcome {
+    let script = vec![
+        call("GET", SANDBOX, not_found()),
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, task.clone())),
+        event(),
+    ];
+    scenario(task, storage_down(), script).await
+}
+
 async fn scenario_with_caches(task: &Value, storage: Storage, caches: cache::Caches, script: Vec<Call>) -> Outcome {
     let task: HarnessTask = serde_json::from_value(task.clone()).expect("task fixture");
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -559,12 +570,7 @@ async fn finished_shards_are_aggregated_into_status_and_the_task_succeeds() {
 #[tokio::test]
 async fn an_unknown_sandbox_config_is_a_condition_and_a_warning() {
     let current = task(spec(), true);
-    let script = vec![
-        call("GET", SANDBOX, not_found()),
-        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
-        event(),
-    ];
-    let out = scenario(&current, storage_down(), script).await;
+    let out = without_its_sandbox_config(&current).await;
     assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))));
     let status = status_patch(&out.seen);
     assert_eq!(status["phase"], "Failed");
@@ -1040,12 +1046,7 @@ async fn a_finished_task_keeps_its_results_when_its_sandbox_config_is_deleted() 
     // A new generation is validated again: it cannot run.
     let mut edited = current.clone();
     edited["metadata"]["generation"] = json!(2);
-    let script = vec![
-        call("GET", SANDBOX, not_found()),
-        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, edited.clone())),
-        event(),
-    ];
-    let out = scenario(&edited, storage_down(), script).await;
+    let out = without_its_sandbox_config(&edited).await;
     assert!(out.result.is_ok(), "{:?}", out.result.err());
     assert_eq!(status_patch(&out.seen)["phase"], "Failed");
 }
@@ -1053,12 +1054,7 @@ async fn a_finished_task_keeps_its_results_when_its_sandbox_config_is_deleted() 
 #[tokio::test]
 async fn a_running_task_whose_sandbox_config_is_deleted_is_not_ready_but_not_failed() {
     let current = finished_or_running("Running");
-    let script = vec![
-        call("GET", SANDBOX, not_found()),
-        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
-        event(),
-    ];
-    let out = scenario(&current, storage_down(), script).await;
+    let out = without_its_sandbox_config(&current).await;
     assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))));
     let status = status_patch(&out.seen);
     assert_eq!(status["phase"], "Running", "its Jobs run on: {status}");
