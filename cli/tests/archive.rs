@@ -181,4 +181,14 @@ fn an_archive_and_an_export_can_go_to_stdout() {
         serde_json::from_str::<serde_json::Value>(line.trim()).expect("one OTLP request");
     }
     assert!(!std::path::Path::new("/dev/stdout.partial").exists());
+
+    // At a terminal (script(1) gives the command one), the archive is
+    // refused before anything is read (script is Debian's essential
+    // bsdutils). Before: zstd frames on the screen.
+    let command = format!("{} trace archive {t} -o -", env!("CARGO_BIN_EXE_basecamp"));
+    let tty = Command::new("script").args(["-qec", &command, "/dev/null"]).output().expect("script(1) runs");
+    let shown = String::from_utf8_lossy(&tty.stdout);
+    assert_eq!(tty.status.code(), Some(1), "{shown}");
+    assert!(shown.contains("- is a terminal: the archive is compressed binary"), "{shown}");
+    assert!(!shown.contains("archived 1 traces"), "{shown}");
 }

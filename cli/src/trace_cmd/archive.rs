@@ -82,6 +82,12 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let output = sources.create_output(out, "the archive's file name", "traces.tar.zst")?;
+    if output.is_terminal() {
+        bail!(
+            "{} is a terminal: the archive is compressed binary; redirect it (`-o - > traces.tar.zst`) or give -o FILE",
+            out.display()
+        );
+    }
     let mut writer = ArchiveWriter::new(BufWriter::new(&output));
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
     let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {

@@ -9,7 +9,7 @@
 //! the memory of a few traces.
 
 use std::fs::File;
-use std::io::{self, BufReader, Cursor, Read, Write};
+use std::io::{self, BufReader, Cursor, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,6 +38,15 @@ impl Output {
     /// a command's own messages must not be printed to stdout.
     pub fn in_place(&self) -> bool {
         self.partial.is_none()
+    }
+
+    /// Whether the output is a terminal (`-` or `/dev/stdout` at a prompt,
+    /// `/dev/tty`): no place for binary data.
+    pub fn is_terminal(&self) -> bool {
+        match &self.sink {
+            Sink::File(file) => file.is_terminal(),
+            Sink::Stdout(stdout) => stdout.is_terminal(),
+        }
     }
 
     /// Makes the complete output visible under its name.
