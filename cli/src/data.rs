@@ -78,7 +78,7 @@ pub struct PreprocessArgs {
     #[arg(long)]
     pub preprocessor: Option<String>,
     /// Rows per batch file, at least 1 (overrides the manifest's dataPipeline.batchSize; default 64).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = crate::at_least_one::<u32>)]
     pub batch_size: Option<u32>,
     /// The batch files' format (overrides the manifest's dataPipeline.format; default jsonl).
     #[arg(long, value_parser = format_parser())]

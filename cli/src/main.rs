@@ -116,9 +116,27 @@ fn report(error: &anyhow::Error) -> String {
     text
 }
 
+/// A count of at least 1 (`--jobs`, `--concurrency`, `--batch-size`, ...).
+/// clap's ranged parser would answer `0 is not in 1..18446744073709551615`.
+pub(crate) fn at_least_one<T: TryFrom<u64>>(arg: &str) -> Result<T, String> {
+    let n: u64 = arg.trim().parse().map_err(|_| "not a whole number".to_string())?;
+    if n == 0 {
+        return Err("must be at least 1".into());
+    }
+    T::try_from(n).map_err(|_| format!("{n} is too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_is_a_whole_number_of_at_least_one() {
+        assert_eq!(at_least_one::<usize>("8"), Ok(8));
+        assert_eq!(at_least_one::<usize>("0"), Err("must be at least 1".to_string()));
+        assert_eq!(at_least_one::<usize>("-1"), Err("not a whole number".to_string()));
+        assert_eq!(at_least_one::<u32>("5000000000"), Err("5000000000 is too large".to_string()));
+    }
 
     #[test]
     fn a_cause_already_in_the_message_is_said_once() {

@@ -33,13 +33,13 @@ pub struct InjectArgs {
     #[arg(long)]
     observation: String,
     /// Deliver before the policy's turn at this step (1-based) instead of its next turn.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = crate::at_least_one::<u32>)]
     at_step: Option<u32>,
     /// The injection's id in the trace (default: live-<n>, chosen by the sandbox).
     #[arg(long)]
     id: Option<String>,
     /// How long to wait for the sandbox's answer, in seconds.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 30, value_parser = crate::at_least_one::<u64>)]
     timeout_s: u64,
 }
 

@@ -337,7 +337,7 @@ fn a_concurrency_of_0_is_refused_naming_the_flag() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("invalid value '0' for '--concurrency <CONCURRENCY>'"), "{stderr}");
+    assert!(stderr.contains("invalid value '0' for '--concurrency <CONCURRENCY>': must be at least 1"), "{stderr}");
     assert!(traces_under(out.path()).is_empty());
 }
 

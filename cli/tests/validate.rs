@@ -92,7 +92,7 @@ fn zero_workers_or_a_zero_timeout_are_refused_naming_the_flag() {
         let out = basecamp(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
-        assert!(stderr.contains("invalid value '0' for '--jobs <JOBS>'"), "{command}: {stderr}");
+        assert!(stderr.contains("invalid value '0' for '--jobs <JOBS>': must be at least 1"), "{command}: {stderr}");
     }
     let out = basecamp(&[
         "sandbox",

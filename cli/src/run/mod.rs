@@ -61,7 +61,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub shards: Option<u32>,
     /// Episodes at once in each shard (at least 1).
-    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 8, value_parser = crate::at_least_one::<usize>)]
     pub concurrency: usize,
     /// Exit with status 1 when a variant misses a success criterion.
     #[arg(long)]

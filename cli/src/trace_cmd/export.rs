@@ -30,7 +30,7 @@ pub struct ExportArgs {
     #[arg(long, short = 'o', value_name = "FILE")]
     out: Option<PathBuf>,
     /// Worker threads (default: one per core).
-    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
+    #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
     jobs: Option<usize>,
 }
 

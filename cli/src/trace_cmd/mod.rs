@@ -65,8 +65,3 @@ pub(crate) fn partial_path(path: &std::path::Path) -> std::path::PathBuf {
     name.push(".partial");
     path.with_file_name(name)
 }
-
-/// `-j N`: worker threads, at least one (0 was silently taken as 1).
-pub(crate) fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
-}

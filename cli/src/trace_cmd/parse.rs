@@ -51,7 +51,7 @@ pub struct ParseArgs {
     #[arg(long)]
     allow_truncated: bool,
     /// Worker threads for several traces (default: one per core).
-    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
+    #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
     jobs: Option<usize>,
 }
 

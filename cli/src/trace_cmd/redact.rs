@@ -36,7 +36,7 @@ pub struct RedactArgs {
     #[arg(long, short = 'o', value_name = "OUTDIR")]
     out: PathBuf,
     /// Worker threads (default: one per core).
-    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
+    #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
     jobs: Option<usize>,
 }
 

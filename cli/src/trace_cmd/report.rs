@@ -46,7 +46,7 @@ pub struct ReportArgs {
     #[arg(long, short, default_value = "trace_report.html")]
     pub output: PathBuf,
     /// Traces read and drawn at once [default: one per core].
-    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
+    #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
     pub jobs: Option<usize>,
 }
 

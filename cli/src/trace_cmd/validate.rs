@@ -23,7 +23,7 @@ pub struct ValidateArgs {
     #[arg(long)]
     json: bool,
     /// Worker threads (default: one per core).
-    #[arg(long, short = 'j', value_parser = super::jobs_parser())]
+    #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
     jobs: Option<usize>,
 }
 
