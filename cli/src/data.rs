@@ -345,7 +345,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         bail!("no .trace files under {}", settings.inputs.join(", "));
     }
     let batch_dir = output.batch_dir();
-    std::fs::create_dir_all(&batch_dir).with_context(|| format!("cannot create {}", batch_dir.display()))?;
+    crate::create_out_dir(&batch_dir)?;
     let mut batches = Batches::new(batch_dir, output.dataset_file(), &settings, args.training_step);
     let mut process: Option<Subprocess> = None;
     let mut skipped = Vec::new();

@@ -126,9 +126,55 @@ pub(crate) fn at_least_one<T: TryFrom<u64>>(arg: &str) -> Result<T, String> {
     T::try_from(n).map_err(|_| format!("{n} is too large"))
 }
 
+/// Refuses an output directory (`--out DIR`) that a file stands in the way
+/// of: the path itself or one above it (`cannot create out: File exists`
+/// and `Not a directory` said neither which path nor why).
+pub(crate) fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    let in_the_way = dir.ancestors().find(|p| !p.as_os_str().is_empty() && p.exists() && !p.is_dir());
+    match in_the_way {
+        Some(file) if file == dir => {
+            anyhow::bail!("{} is a file; the output goes into a directory (created if missing)", dir.display())
+        }
+        Some(file) => anyhow::bail!(
+            "cannot make the directory {}: {} is a file; the output goes into a directory (created if missing)",
+            dir.display(),
+            file.display()
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Creates the output directory `dir` and its parents ([`check_out_dir`] first).
+pub(crate) fn create_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    check_out_dir(dir)?;
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create the directory {}: {e}", dir.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_directory_with_a_file_in_its_way_is_refused_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("afile");
+        std::fs::write(&file, "x").unwrap();
+        let said = create_out_dir(&file).unwrap_err().to_string();
+        assert_eq!(
+            said,
+            format!("{} is a file; the output goes into a directory (created if missing)", file.display())
+        );
+        let below = file.join("sub/dir");
+        let said = create_out_dir(&below).unwrap_err().to_string();
+        assert!(
+            said.starts_with(&format!("cannot make the directory {}: {} is a file", below.display(), file.display())),
+            "{said}"
+        );
+        let fresh = tmp.path().join("new/out");
+        create_out_dir(&fresh).unwrap();
+        assert!(fresh.is_dir());
+        create_out_dir(&fresh).expect("an existing directory is fine");
+    }
 
     #[test]
     fn a_count_is_a_whole_number_of_at_least_one() {

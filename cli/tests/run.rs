@@ -342,6 +342,23 @@ fn a_concurrency_of_0_is_refused_naming_the_flag() {
 }
 
 #[test]
+fn an_out_that_is_a_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("results");
+    std::fs::write(&file, "notes").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example().to_str().unwrap(), "--out", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    // Before: "cannot create .../results: File exists (os error 17)".
+    let expected = format!("{} is a file; the output goes into a directory (created if missing)", file.display());
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "notes");
+}
+
+#[test]
 fn a_concurrency_above_the_episodes_runs_them_all_at_once() {
     let out = tempfile::tempdir().unwrap();
     let raw = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");

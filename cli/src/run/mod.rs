@@ -159,7 +159,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     }
     let out_root = args.out.clone().unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name));
     check_no_other_task_in(&out_root, &task_name)?;
-    std::fs::create_dir_all(&out_root).with_context(|| format!("cannot create {}", out_root.display()))?;
+    crate::create_out_dir(&out_root)?;
 
     let test_set =
         load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -58,8 +58,7 @@ impl Mirror {
         if !prefix.is_s3() {
             bail!("{url}: not an s3:// prefix");
         }
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create the mirror directory {}", dir.display()))?;
+        crate::create_out_dir(&dir).context("the mirror directory (--cache)")?;
         claim(&dir, url)?;
         Ok(Mirror { storage: Storage::new(StorageConfig::from_env()), prefix, dir })
     }

@@ -197,6 +197,7 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
     }
     // Every destination is checked before anything is written: a file already
     // there is kept unless it holds exactly the archived bytes.
+    crate::check_out_dir(dir)?;
     let mut plan = Vec::with_capacity(wanted.len());
     for member in wanted {
         let path = destination(file, dir, &member)?;
@@ -214,7 +215,7 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
         };
         plan.push((member, path, already_there));
     }
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::create_out_dir(dir)?;
     // A closed stdout (`| head`) does not stop the extraction; its error is returned at the end.
     let mut stdout = std::io::stdout().lock();
     let mut write_error: Option<std::io::Error> = None;

@@ -65,7 +65,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     let sources = Sources::resolve(&args.paths)?;
     let files = &sources.items;
     let outputs = output_paths(files, &args.out)?;
-    fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    crate::create_out_dir(&args.out)?;
     let salt = match &args.salt {
         Some(s) => s.as_bytes().to_vec(),
         None => Redactor::random_salt(),
