@@ -59,11 +59,8 @@ fn observation(text: &str) -> anyhow::Result<Value> {
         None => ("--observation".to_string(), text.to_string()),
     };
     let value: Value = serde_json::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "{source} is not valid JSON: {e} (line {}, column {}); quote text as a JSON string, e.g. '\"the customer called\"'",
-            e.line(),
-            e.column()
-        )
+        // serde_json's message already says the line and column.
+        anyhow::anyhow!("{source} is not valid JSON: {e}; quote text as a JSON string, e.g. '\"the customer called\"'")
     })?;
     if value.is_null() {
         bail!("{source} is null: give the observation to inject");

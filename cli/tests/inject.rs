@@ -157,8 +157,11 @@ async fn inject_explains_an_unreachable_endpoint_and_invalid_json() {
 
     let (code, _, stderr) = inject(&endpoint, "ep", r#"{"a": }"#, &[]).await;
     assert_eq!(code, 1);
-    assert!(stderr.contains("--observation is not valid JSON"), "{stderr}");
-    assert!(stderr.contains("line 1, column 7"), "{stderr}");
+    // The position once (before: "at line 1 column 7 (line 1, column 7)").
+    assert!(
+        stderr.contains("--observation is not valid JSON: expected value at line 1 column 7; quote text"),
+        "{stderr}"
+    );
     let (code, _, stderr) = inject(&endpoint, "ep", "hello", &[]).await;
     assert_eq!(code, 1);
     assert!(stderr.contains("quote text as a JSON string"), "{stderr}");
