@@ -244,11 +244,7 @@ impl SandboxMetrics {
             Some(CallError::UnknownTool { .. }) => UNKNOWN_TOOL_LABEL.to_string(),
             _ => self.tool_label(&call.plan_step.tool),
         };
-        let seconds = call.plan_step.latency_micros as f64 / 1e6;
-        let labels = ToolLabels { tool };
-        self.tool_call_duration.get_or_create(&labels).observe(seconds);
-        let status = status_label(call.status);
-        self.tool_calls.get_or_create(&ToolStatusLabels { tool: labels.tool.clone(), status }).inc();
+        let labels = self.observe_ended(tool, call.plan_step.latency_micros as f64 / 1e6, call.status);
         if call.timed_out() {
             self.tool_timeouts.get_or_create(&labels).inc();
         }
@@ -262,10 +258,18 @@ impl SandboxMetrics {
     /// Only a tool the executor defines can be cut off (an unknown tool is
     /// refused without waiting), so `tool` is labelled by its name.
     pub fn observe_rolled_back_call(&self, tool: &str, latency: Duration) {
-        let labels = ToolLabels { tool: self.tool_label(tool) };
-        self.tool_call_duration.get_or_create(&labels).observe(latency.as_secs_f64());
-        let status = status_label(StepStatus::RolledBack);
-        self.tool_calls.get_or_create(&ToolStatusLabels { tool: labels.tool, status }).inc();
+        self.observe_ended(self.tool_label(tool), latency.as_secs_f64(), StepStatus::RolledBack);
+    }
+
+    /// The series every call ends in, whatever ended it: its duration and
+    /// its status. Returns the tool's labels for the others.
+    fn observe_ended(&self, tool: String, seconds: f64, status: StepStatus) -> ToolLabels {
+        let labels = ToolLabels { tool };
+        self.tool_call_duration.get_or_create(&labels).observe(seconds);
+        self.tool_calls
+            .get_or_create(&ToolStatusLabels { tool: labels.tool.clone(), status: status_label(status) })
+            .inc();
+        labels
     }
 
     /// Records a finished episode: its outcome and its rollbacks.

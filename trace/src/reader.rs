@@ -600,8 +600,16 @@ impl RecordKind {
     }
 
     /// Whether this is a body kind of this schema (not [`RecordKind::Other`]).
-    pub(crate) fn is_known(self) -> bool {
+    fn is_known(self) -> bool {
         !matches!(self, Self::Other(_))
+    }
+
+    /// Whether a body field of this kind, met after one of kind `earlier`
+    /// (`Other(0)` before any), is the record's body: the last field this
+    /// schema knows, as prost decodes the oneof; a field it does not know (a
+    /// newer writer's, after the body) only while no known body came first.
+    pub(crate) fn takes_over(self, earlier: RecordKind) -> bool {
+        self.is_known() || !earlier.is_known()
     }
 
     pub(crate) fn from_field(field: u32) -> Self {
@@ -665,10 +673,8 @@ fn split_record(buf: &[u8]) -> Result<(usize, usize, u32, RecordKind), String> {
                 let n = prost::encoding::decode_varint(&mut body).map_err(|e| e.to_string())?;
                 let n = usize::try_from(n).ok().filter(|&n| n <= body.len()).ok_or("field length past the record")?;
                 body = &body[n..];
-                // A field this schema does not know (a newer writer's, after
-                // the body) names the kind only of a record without a known body.
                 let this = RecordKind::from_field(field);
-                if field >= 2 && (this.is_known() || !kind.is_known()) {
+                if field >= 2 && this.takes_over(kind) {
                     kind = this;
                 }
             }

@@ -579,10 +579,7 @@ impl Redactor {
     }
 }
 
-/// A token [`Redactor::token`] makes: `redacted:` and 16 hex digits.
-/// Replaces each range of `s` (in order, not overlapping) by its text;
-/// returns how many were replaced.
-/// Where `text` holds tokens ([`is_token`]: `redacted:` and 16 hex digits).
+/// Where `text` holds tokens ([`is_token`]).
 fn token_spans(text: &str) -> Vec<Range<usize>> {
     const TOKEN_LEN: usize = "redacted:".len() + 16;
     text.match_indices("redacted:")
@@ -591,6 +588,8 @@ fn token_spans(text: &str) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// Replaces each range of `s` (in order, not overlapping) by its text;
+/// returns how many were replaced.
 fn splice<T: AsRef<str>>(s: &mut String, spans: Vec<(Range<usize>, T)>) -> u64 {
     if spans.is_empty() {
         return 0;
@@ -631,6 +630,7 @@ fn distinct_names(keys: &[(String, String)]) -> Vec<String> {
         .collect()
 }
 
+/// A token [`Redactor::token`] makes: `redacted:` and 16 hex digits.
 fn is_token(text: &str) -> bool {
     text.strip_prefix("redacted:").is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|c| c.is_ascii_hexdigit()))
 }

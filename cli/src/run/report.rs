@@ -84,10 +84,9 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
     for failed in &s.failed_shards {
         let _ = write!(
             h,
-            "<p class=\"bad failed-shard\">variant {}, shard {} wrote no summary, its episodes are not counted: {}</p>",
+            "<p class=\"bad failed-shard\">variant {}, {}</p>",
             esc(&failed.variant),
-            failed.shard,
-            esc(&failed.error)
+            esc(&failed.consequence())
         );
     }
 

@@ -50,6 +50,13 @@ pub struct FailedShard {
     pub error: String,
 }
 
+impl FailedShard {
+    /// What the table and the report say of it, after the variant's name.
+    pub fn consequence(&self) -> String {
+        format!("shard {} wrote no summary, its episodes are not counted: {}", self.shard, self.error)
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct VariantSummary {
     pub name: String,
@@ -309,10 +316,7 @@ impl RunSummary {
                 out.push_str(&format!("\n{}: {} episode(s) LOST (trace not written)", v.name, v.lost.len()));
             }
             for failed in self.failed_shards.iter().filter(|f| f.variant == v.name) {
-                out.push_str(&format!(
-                    "\n{}: shard {} wrote no summary, its episodes are not counted: {}",
-                    v.name, failed.shard, failed.error
-                ));
+                out.push_str(&format!("\n{}: {}", v.name, failed.consequence()));
             }
             if !v.interrupted.is_empty() || !v.not_started.is_empty() {
                 out.push_str(&format!(

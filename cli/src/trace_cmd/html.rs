@@ -132,13 +132,12 @@ fn summary(groups: &[Group<'_>], inputs: &[String], problems: &[String], metric:
     for problem in problems {
         let _ = write!(h, "<p class=\"warn\">{}</p>", esc(problem));
     }
-    let link = |e: &EpisodeEntry| view_link(e);
     for (i, g) in groups.iter().enumerate() {
         let _ = write!(h, "<h2 id=\"group-{i}\">{} / variant {}</h2>", esc(g.task), esc(g.variant));
         h.push_str(&insight_sections(
             &g.insights,
             &g.entries,
-            &link,
+            &view_link,
             &format!("g{i}"),
             Rows::All { per_page: PAGE_ROWS },
         ));

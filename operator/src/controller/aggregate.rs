@@ -168,30 +168,35 @@ pub fn day_prefixes(request: &Request<'_>) -> Vec<Destination> {
     } else {
         first
     };
-    dates(first, last)
-        .filter_map(|date| namespace_day_prefix(&request.destination, date, request.namespace).ok())
+    namespace_day_prefixes(&request.destination, request.namespace, (first, last))
+        .into_iter()
         .filter_map(|prefix| prefix.join(request.task).ok())
         .collect()
 }
 
-/// Every date from `first` to `last`, both included (none when `first` is later).
-pub fn dates(first: UtcDate, last: UtcDate) -> impl Iterator<Item = UtcDate> {
-    (days_from_civil(first)..=days_from_civil(last)).filter_map(|day| UtcDate::from_unix_seconds(day * 86_400).ok())
+/// The partitions of one namespace, a day each from `days.0` to `days.1`
+/// (both included): `<dest>/<yyyy>/<mm>/<dd>/<namespace>`. Their
+/// directories are the runs: `<task>`, `<task>@step-N`.
+pub fn namespace_day_prefixes(
+    destination: &Destination,
+    namespace: &str,
+    days: (UtcDate, UtcDate),
+) -> Vec<Destination> {
+    (days_from_civil(days.0)..=days_from_civil(days.1))
+        .filter_map(|day| UtcDate::from_unix_seconds(day * 86_400).ok())
+        .filter_map(|d| destination.join(&format!("{:04}/{:02}/{:02}/{namespace}", d.year(), d.month(), d.day())).ok())
+        .collect()
 }
 
-/// The partition of one day and namespace: `<dest>/<yyyy>/<mm>/<dd>/<namespace>`
-/// (its directories are the runs: `<task>`, `<task>@step-N`).
-pub fn namespace_day_prefix(
-    destination: &Destination,
-    date: UtcDate,
-    namespace: &str,
-) -> Result<Destination, StorageError> {
-    destination.join(&format!("{:04}/{:02}/{:02}/{namespace}", date.year(), date.month(), date.day()))
+/// The reports of one namespace: `<dest>/reports/<namespace>` (its
+/// directories are the runs, as in a day's partition).
+pub fn namespace_reports_prefix(destination: &Destination, namespace: &str) -> Result<Destination, StorageError> {
+    destination.join(&format!("reports/{namespace}"))
 }
 
 /// Where index.json and comparison.json go: `<dest>/reports/<namespace>/<task>`.
 pub fn reports_prefix(destination: &Destination, namespace: &str, task: &str) -> Result<Destination, StorageError> {
-    destination.join(&format!("reports/{namespace}/{task}"))
+    namespace_reports_prefix(destination, namespace)?.join(task)
 }
 
 fn days_from_civil(date: UtcDate) -> i64 {

@@ -109,10 +109,11 @@ pub fn task_prefixes(
     created: UtcDate,
     today: UtcDate,
 ) -> Vec<Destination> {
-    let mut prefixes: Vec<Destination> = super::aggregate::dates(created, today)
-        .filter_map(|date| super::aggregate::namespace_day_prefix(destination, date, namespace).ok())
-        .filter_map(|day| day.join(task).ok())
-        .collect();
+    let mut prefixes: Vec<Destination> =
+        super::aggregate::namespace_day_prefixes(destination, namespace, (created, today))
+            .into_iter()
+            .filter_map(|day| day.join(task).ok())
+            .collect();
     prefixes.extend(super::aggregate::reports_prefix(destination, namespace, task).ok());
     prefixes
 }
@@ -136,10 +137,8 @@ async fn step_run_prefixes(
     created: UtcDate,
     today: UtcDate,
 ) -> Result<(Vec<Destination>, usize), FinalizerError> {
-    let mut parents: Vec<Destination> = super::aggregate::dates(created, today)
-        .filter_map(|date| super::aggregate::namespace_day_prefix(destination, date, namespace).ok())
-        .collect();
-    parents.extend(destination.join(&format!("reports/{namespace}")).ok());
+    let mut parents = super::aggregate::namespace_day_prefixes(destination, namespace, (created, today));
+    parents.extend(super::aggregate::namespace_reports_prefix(destination, namespace).ok());
     let mut prefixes = Vec::new();
     let mut runs = std::collections::BTreeSet::new();
     for parent in parents {
@@ -153,6 +152,7 @@ async fn step_run_prefixes(
     }
     Ok((prefixes, runs.len()))
 }
+
 /// What the clean-up did, for the Event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cleanup {
@@ -201,16 +201,14 @@ pub async fn cleanup(
                 deleted +=
                     result.map_err(|source| FinalizerError::DeleteTraces { prefix: prefix.to_string(), source })?;
             }
+            let included = if step_runs == 0 {
+                String::new()
+            } else {
+                format!(", {step_runs} checkpoint-evaluation runs (<task>@step-N) included")
+            };
             Cleanup::Deleted(
                 deleted,
-                if step_runs == 0 {
-                    format!("retention Delete: deleted {deleted} objects of the task under {destination}")
-                } else {
-                    format!(
-                        "retention Delete: deleted {deleted} objects of the task under {destination}, \
-                         {step_runs} checkpoint-evaluation runs (<task>@step-N) included"
-                    )
-                },
+                format!("retention Delete: deleted {deleted} objects of the task under {destination}{included}"),
             )
         }
         (Retention::Delete, None) => {

@@ -67,19 +67,17 @@ impl<'a> Fields<'a> {
 }
 
 /// The body message of a `Record` (the bytes of its `oneof body` field).
-/// A field this schema does not know (a newer writer's, after the body) is
-/// the body only of a record without a known one, as in the reader's kind.
+/// Which field that is: [`RecordKind::takes_over`], as the reader decides the kind.
 pub fn record_body(record: &[u8]) -> Result<&[u8], Malformed> {
-    let mut body = None;
-    let mut known = false;
+    let (mut body, mut kind) = (None, RecordKind::Other(0));
     for f in fields(record) {
         if let (n, Wire::Len(bytes)) = f?
             && n >= 2
         {
-            let is_known = RecordKind::from_field(n).is_known();
-            if is_known || !known {
+            let this = RecordKind::from_field(n);
+            if this.takes_over(kind) {
                 body = Some(bytes);
-                known = is_known;
+                kind = this;
             }
         }
     }
