@@ -10,7 +10,7 @@
 //! shard once. With only `A`, it must hold the shards of exactly two
 //! variants; the first (by name) is the baseline.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
 
+use crate::run::analysis::RootCause;
 use crate::run::summary::{Comparison, VariantSummary, columns, compare};
 use crate::serve::mirror::TempMirror;
 
@@ -60,6 +61,9 @@ pub fn run(command: AbCommand) -> Result<ExitCode> {
         }
         None => two_variants(&a)?,
     };
+    for line in episode_set_warnings(&baseline, &candidate) {
+        eprintln!("warning: {line}");
+    }
     let comparison = compare(&baseline, &candidate);
     // Written, not print!ed: a closed stdout (`| head`) is an error to return, not a panic.
     let mut stdout = std::io::stdout().lock();
@@ -71,6 +75,40 @@ pub fn run(command: AbCommand) -> Result<ExitCode> {
     }
     stdout.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What makes the deltas compare unlike things: episodes one side ran and
+/// the other did not (another test set, a missing shard), and runs stopped
+/// before every episode finished.
+fn episode_set_warnings(a: &VariantSummary, b: &VariantSummary) -> Vec<String> {
+    fn ids(v: &VariantSummary) -> BTreeSet<&str> {
+        v.episodes.iter().map(|e| e.id.as_str()).collect()
+    }
+    let (in_a, in_b) = (ids(a), ids(b));
+    let (only_a, only_b) = (in_a.difference(&in_b).count(), in_b.difference(&in_a).count());
+    let mut lines = Vec::new();
+    if only_a + only_b > 0 {
+        lines.push(format!(
+            "the two sides ran different episodes: {only_a} of {}'s {} are not in {}, {only_b} of {}'s {} are not in {}",
+            a.name,
+            in_a.len(),
+            b.name,
+            b.name,
+            in_b.len(),
+            a.name
+        ));
+    }
+    for v in [a, b] {
+        if !v.interrupted.is_empty() || !v.not_started.is_empty() {
+            lines.push(format!(
+                "{} was stopped early: {} episode(s) cut off and {} not started are not compared",
+                v.name,
+                v.interrupted.len(),
+                v.not_started.len()
+            ));
+        }
+    }
+    lines
 }
 
 /// Every `summary.json` under `dir`, sorted.
@@ -144,6 +182,14 @@ impl Shard {
 
 /// Every shard summary under a side's directory, each shard of a variant once.
 fn shards_of(side: &Side) -> Result<Vec<Shard>> {
+    match std::fs::metadata(&side.dir) {
+        Err(e) => bail!("{}: {e}", side.shown),
+        Ok(meta) if !meta.is_dir() => bail!(
+            "{}: is a file; give a `basecamp run` output or a variant directory (one holding shard {SUMMARY_FILE} files)",
+            side.shown
+        ),
+        Ok(_) => {}
+    }
     let files = summaries_under(&side.dir);
     if files.is_empty() {
         bail!(
@@ -203,6 +249,7 @@ fn one_variant(side: &Side) -> Result<VariantSummary> {
         );
     }
     let shards = groups.into_values().next().expect("shards_of found one at least");
+    warn_of_missing_shards(side, &shards);
     Ok(summarize(&side.name, &side.dir, shards))
 }
 
@@ -225,7 +272,26 @@ fn two_variants(side: &Side) -> Result<(VariantSummary, VariantSummary)> {
     let name =
         |(_, task, variant): &(String, String, String)| if same_variant { task.clone() } else { variant.clone() };
     let (a_name, b_name) = (name(&first.0), name(&second.0));
+    warn_of_missing_shards(side, &first.1);
+    warn_of_missing_shards(side, &second.1);
     Ok((summarize(&a_name, &common_dir(&first.1), first.1), summarize(&b_name, &common_dir(&second.1), second.1)))
+}
+
+/// Says on stderr which shards of a variant its summaries count
+/// (`shard_count`) but `side` holds no summary of (a shard that failed, or
+/// a directory copied in part): their episodes are not in the comparison.
+fn warn_of_missing_shards(side: &Side, shards: &[Shard]) {
+    let count = shards.iter().map(|s| s.summary.shard_count).max().unwrap_or(0);
+    let missing: Vec<String> =
+        (0..count).filter(|i| !shards.iter().any(|s| s.summary.shard == *i)).map(|i| i.to_string()).collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "warning: {}: {} has {count} shards, but no {SUMMARY_FILE} of shard(s) {} here; their episodes are not compared",
+            side.shown,
+            variant_name(shards[0].variant()),
+            missing.join(", ")
+        );
+    }
 }
 
 /// The deepest directory that holds every one of the shards.
@@ -259,27 +325,32 @@ fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
         b.name, b.aggregate.episodes, b.failed, a.name, a.aggregate.episodes, a.failed
     );
     out.push_str(&c.table());
-    // Root causes side by side: each cluster's size in A and in B.
-    let mut clusters: BTreeMap<&str, (usize, usize, &str)> = BTreeMap::new();
-    for cause in &a.root_causes {
-        clusters.entry(&cause.key).or_insert((0, 0, &cause.hint)).0 = cause.episodes;
-    }
-    for cause in &b.root_causes {
-        clusters.entry(&cause.key).or_insert((0, 0, &cause.hint)).1 = cause.episodes;
+    // Root causes side by side: each cluster's size in A and in B, and each side's sentence.
+    let mut clusters: BTreeMap<&str, [Option<&RootCause>; 2]> = BTreeMap::new();
+    for (side, causes) in [&a.root_causes, &b.root_causes].into_iter().enumerate() {
+        for cause in causes {
+            clusters.entry(&cause.key).or_default()[side] = Some(cause);
+        }
     }
     if !clusters.is_empty() {
         out.push_str("\nfailure root causes (episodes in each):\n");
-        let mut rows = vec![vec!["cause".to_string(), a.name.clone(), b.name.clone()]];
+        let size = |cause: Option<&RootCause>| cause.map_or(0, |c| c.episodes);
         let mut sorted: Vec<_> = clusters.into_iter().collect();
-        sorted.sort_by_key(|(_, (in_a, in_b, _))| std::cmp::Reverse(in_a + in_b));
-        for (key, (in_a, in_b, _)) in &sorted {
-            rows.push(vec![key.to_string(), in_a.to_string(), in_b.to_string()]);
+        sorted.sort_by_key(|(_, [in_a, in_b])| std::cmp::Reverse(size(*in_a) + size(*in_b)));
+        let mut rows = vec![vec!["cause".to_string(), a.name.clone(), b.name.clone()]];
+        for (key, [in_a, in_b]) in &sorted {
+            rows.push(vec![key.to_string(), size(*in_a).to_string(), size(*in_b).to_string()]);
         }
         out.push_str(&columns(&rows));
-        for (_, (in_a, in_b, hint)) in sorted.iter().take(3) {
-            let fixed = if *in_b == 0 { format!(" — gone in {}", b.name) } else { String::new() };
-            let (who, _) = if in_a >= in_b { (&a.name, in_a) } else { (&b.name, in_b) };
-            out.push_str(&format!("  {who}: {hint}{fixed}\n"));
+        // Each sentence under the name of the side whose episodes it counts.
+        for (_, [in_a, in_b]) in sorted.iter().take(3) {
+            if let Some(cause) = in_a {
+                let fixed = if in_b.is_none() { format!(" — gone in {}", b.name) } else { String::new() };
+                out.push_str(&format!("  {}: {}{fixed}\n", a.name, cause.hint));
+            }
+            if let Some(cause) = in_b {
+                out.push_str(&format!("  {}: {}\n", b.name, cause.hint));
+            }
         }
     }
     out

@@ -123,6 +123,44 @@ fn the_ecommerce_ab_run_shows_the_null_fallback_in_a_and_b_fixing_it() {
     std::fs::copy(dir_a.join("shard-0/summary.json"), copy.join("summary.json")).unwrap();
     let err = ab(&[&dir_b, out.path()]);
     assert!(err.contains("shard 0 of default/shipping-delay-ab/a is there twice"), "{err}");
+    std::fs::remove_dir_all(out.path().join("a-copy")).unwrap();
+    let err = ab(&[&dir_a, &out.path().join("nonexistent")]);
+    assert!(err.contains("nonexistent: No such file or directory"), "{err}");
+    // Before: "no summary.json below this directory" for the summary itself.
+    let err = ab(&[&dir_a.join("shard-0/summary.json"), &dir_b]);
+    assert!(
+        err.contains("shard-0/summary.json: is a file; give a `basecamp run` output or a variant directory"),
+        "{err}"
+    );
+
+    // Each root-cause sentence is under the name of the side whose episodes it counts: before,
+    // shard-1's line held shard-0's numbers (the first side's sentence, the larger side's name).
+    let compared = |args: &[&Path]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["ab", "compare"]).args(args).output().unwrap();
+        assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        (String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap())
+    };
+    let (shard_0, shard_1) = (dir_a.join("shard-0"), dir_a.join("shard-1"));
+    let (text, _) = compared(&[&shard_0, &shard_1]);
+    for (shard, dir) in [("shard-0", &shard_0), ("shard-1", &shard_1)] {
+        let summary: Value = serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+        let failed = summary["episodes"].as_array().unwrap().iter().filter(|e| e["failure_class"] != "ok").count();
+        assert!(failed > 0, "the top cluster is in both shards: {text}");
+        let line = text.lines().find(|l| l.starts_with(&format!("  {shard}: "))).expect(&text);
+        assert!(line.contains(&format!("of {failed} failed episodes")), "{shard} failed {failed}: {line}");
+    }
+
+    // A shard without its summary (one that failed, or a partial copy) is not counted: said, not silent.
+    let partial = out.path().join("partial");
+    std::fs::create_dir_all(partial.join("shard-0")).unwrap();
+    std::fs::copy(dir_a.join("shard-0/summary.json"), partial.join("shard-0/summary.json")).unwrap();
+    let (text, warnings) = compared(&[&partial, &dir_b]);
+    assert!(text.starts_with("b (60 episodes"), "{text}");
+    assert!(
+        warnings.contains("partial: default/shipping-delay-ab/a has 2 shards, but no summary.json of shard(s) 1 here"),
+        "{warnings}"
+    );
+    assert!(warnings.contains("the two sides ran different episodes: 0 of partial's 30 are not in b, 30 of b's 60"));
 }
 
 #[test]
