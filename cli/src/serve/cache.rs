@@ -234,7 +234,7 @@ impl CatalogCache {
                 Err(problem) => catalog.problems.push(problem),
             }
         }
-        catalog.keep_latest();
+        catalog.finish();
         catalog
     }
 }
@@ -459,13 +459,47 @@ mod tests {
         let (episodes, problems) = shown(&cached);
         assert!(!episodes.iter().any(|e| e.contains("ep-7")), "nothing outside the directory: {episodes:?}");
         assert!(episodes.iter().any(|e| e.starts_with("c/ep-5.trace ep-5 false")), "{episodes:?}");
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems.len(), 4, "{problems:?}");
         // The full scan reads a summary symlinked from outside; the walk does not. Apart from that, the same.
-        let (mut scanned_episodes, scanned_problems) = shown(&scanned);
+        let (mut scanned_episodes, mut scanned_problems) = shown(&scanned);
         for e in scanned_episodes.iter_mut().filter(|e| e.starts_with("c/")) {
             *e = episodes.iter().find(|c| c.starts_with("c/")).unwrap().clone();
         }
         assert_eq!(episodes, scanned_episodes);
+        let partly_scored = |p: &String| p.starts_with("evals/shipping-delay/a: ") && p.contains("no shard summary");
+        assert!(problems.iter().any(partly_scored), "{problems:?}");
+        assert!(scanned_problems.iter().any(partly_scored), "{scanned_problems:?}");
+        let mut problems = problems;
+        problems.retain(|p| !partly_scored(p));
+        scanned_problems.retain(|p| !partly_scored(p));
         assert_eq!(problems, scanned_problems);
+    }
+
+    #[test]
+    fn a_variant_with_a_shard_missing_its_summary_is_noted_and_traces_alone_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        for seed in 1..=2 {
+            write_trace(&root.join(format!("a/shard-0/ep-{seed}.trace")), seed);
+        }
+        write_summary(&root.join("a/shard-0"), &[1, 2], 0.5);
+        // Shard 1 failed before writing its summary: its traces are all there is.
+        for seed in 3..=5 {
+            let mut episode = generate(&EpisodeShape { seed, steps: 3, tokens_per_step: 2, ..Default::default() });
+            episode.header.episode_id = format!("ep-{seed}");
+            episode.header.shard = 1;
+            let path = root.join(format!("a/shard-1/ep-{seed}.trace"));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, episode.write_to(Vec::new(), 3).unwrap()).unwrap();
+        }
+        let note = "evals/shipping-delay/a: 3 of 5 episodes (shard 1) have no shard summary; their metrics come from \
+                    their traces, so the averages of scored metrics (tool_call_accuracy, plan_step_f1, \
+                    memory_consistency) cover the other 2 only";
+        // Before: the task page showed 5 episodes and shard 0's averages as if they were all five's.
+        assert_eq!(Catalog::scan(&root).problems, [note]);
+        assert_eq!(CatalogCache::new(root.clone()).catalog().problems, [note]);
+        // Traces without any summary (not a run's output) are what they are: nothing to say.
+        std::fs::remove_file(root.join("a/shard-0").join(SUMMARY_FILE)).unwrap();
+        assert_eq!(Catalog::scan(&root).problems, Vec::<String>::new());
     }
 }

@@ -6,7 +6,7 @@
 //! start from here; `serve` keeps one up to date across requests with
 //! [`super::cache::CatalogCache`], which builds it from the same pieces.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -172,13 +172,56 @@ impl Catalog {
                 Err(problem) => catalog.problems.push(problem),
             }
         }
-        catalog.keep_latest();
+        catalog.finish();
         catalog
+    }
+
+    /// What every catalog is finished with, scanned or cached: the newest
+    /// run's episodes ([`Self::keep_latest`]), and a problem for each variant
+    /// only partly scored by summaries ([`Self::note_unscored_shards`]).
+    pub(super) fn finish(&mut self) {
+        self.keep_latest();
+        self.note_unscored_shards();
+    }
+
+    /// A variant some of whose episodes have a shard summary and some do
+    /// not (a shard that failed before writing one): the others' metrics
+    /// come from their traces, which hold no scores against the test set,
+    /// so the variant's averages of those cover only the scored episodes.
+    /// Said rather than shown as if every episode were counted. A tree of
+    /// traces with no summaries at all is not a run, and gets no note.
+    fn note_unscored_shards(&mut self) {
+        // (namespace, task, variant) -> (episodes, scored, shards without a summary)
+        let mut variants: BTreeMap<(&str, &str, &str), (usize, usize, BTreeSet<u32>)> = BTreeMap::new();
+        for e in &self.episodes {
+            let seen = variants.entry((&e.namespace, &e.task, &e.variant)).or_default();
+            seen.0 += 1;
+            if e.from_summary {
+                seen.1 += 1;
+            } else {
+                seen.2.insert(e.shard);
+            }
+        }
+        let notes: Vec<String> = variants
+            .into_iter()
+            .filter(|(_, (episodes, scored, _))| *scored > 0 && scored < episodes)
+            .map(|((namespace, task, variant), (episodes, scored, shards))| {
+                let shards: Vec<String> = shards.iter().map(u32::to_string).collect();
+                format!(
+                    "{namespace}/{task}/{variant}: {} of {episodes} episodes (shard {}) have no shard summary; their metrics \
+                     come from their traces, so the averages of scored metrics (tool_call_accuracy, plan_step_f1, \
+                     memory_consistency) cover the other {scored} only",
+                    episodes - scored,
+                    shards.join(", ")
+                )
+            })
+            .collect();
+        self.problems.extend(notes);
     }
 
     /// The same episode of the same variant found twice (two runs of one
     /// task in the tree): the newest run's wins, so a task page shows one run.
-    pub(super) fn keep_latest(&mut self) {
+    fn keep_latest(&mut self) {
         let mut newest: HashMap<(String, String, String, String), usize> = HashMap::new();
         for (i, e) in self.episodes.iter().enumerate() {
             let key = (e.namespace.clone(), e.task.clone(), e.variant.clone(), e.id.clone());
