@@ -409,6 +409,33 @@ fn line_of(error: &TestSetError) -> u64 {
     }
 }
 
+/// The fields a row may have; any other key is kept in [`Episode::extra`].
+const FIELDS: [&str; 8] = [
+    "id",
+    "messages",
+    "instruction",
+    "expected_tool_calls",
+    "initial_memory",
+    "expected_memory",
+    "expected_memory_hash",
+    "expected_outputs",
+];
+
+/// Whether the row gave `field` (`id` is taken out before, and given).
+fn field_is_set(row: &Row, field: &str) -> bool {
+    match field {
+        "id" => true,
+        "messages" => row.messages.is_some(),
+        "instruction" => row.instruction.is_some(),
+        "expected_tool_calls" => !row.expected_tool_calls.is_empty(),
+        "initial_memory" => row.initial_memory.is_some(),
+        "expected_memory" => row.expected_memory.is_some(),
+        "expected_memory_hash" => row.expected_memory_hash.is_some(),
+        "expected_outputs" => row.expected_outputs.is_some(),
+        _ => false,
+    }
+}
+
 fn parse_row(file: &str, row: crate::jsonl::JsonlRow) -> Result<Episode, Vec<TestSetError>> {
     let line = row.line;
     let mut value = row.value;
@@ -444,6 +471,20 @@ fn parse_row(file: &str, row: crate::jsonl::JsonlRow) -> Result<Episode, Vec<Tes
         }
     };
     if let Some(row) = &row {
+        // A misspelt field would be kept as extra data and the row scored without it
+        // (`expected_tool_call`: every correct call counted as unexpected).
+        for key in row.extra.keys() {
+            let known = FIELDS.iter().copied().filter(|field| !field_is_set(row, field));
+            if let Some(field) = crate::validate::did_you_mean(key, known) {
+                errors.push(invalid(
+                    key,
+                    format!(
+                        "{key:?} is not a test-set field; did you mean {field:?}? (a row's other keys are kept as \
+                         extra data, so this one would be ignored)"
+                    ),
+                ));
+            }
+        }
         if row.messages.is_none() && row.instruction.is_none() {
             errors.push(invalid(
                 "messages",
@@ -577,6 +618,30 @@ mod tests {
         assert!(errors[1].starts_with("tests.jsonl:2: expected_tool_calls[0]"), "{}", errors[1]);
         assert!(errors[2].contains("\"b\" is not one of the expected arguments"), "{}", errors[2]);
         assert!(errors[3].contains("not both"), "{}", errors[3]);
+    }
+
+    #[test]
+    fn a_misspelt_field_is_an_error_and_other_keys_are_extra_data() {
+        let text = concat!(
+            r#"{"id": "a", "instruction": "x", "expected_tool_call": [{"name": "t"}], "expected_memroy": {"s": 1}}"#,
+            "\n",
+            // Keys that are no field's near miss are the row's own data; so is a near miss of a field given.
+            r#"{"id": "b", "instruction": "x", "category": "shipping", "expected_outputs": 1, "expected_output": 2}"#,
+            "\n"
+        );
+        // Before: both kept as extra data, and row a scored as expecting no calls and no memory.
+        assert_eq!(
+            errors(text),
+            [
+                "tests.jsonl:1: expected_memroy: \"expected_memroy\" is not a test-set field; did you mean \
+                 \"expected_memory\"? (a row's other keys are kept as extra data, so this one would be ignored)",
+                "tests.jsonl:1: expected_tool_call: \"expected_tool_call\" is not a test-set field; did you mean \
+                 \"expected_tool_calls\"? (a row's other keys are kept as extra data, so this one would be ignored)",
+            ]
+        );
+        let set = TestSet::parse("tests.jsonl", text.split_inclusive('\n').nth(1).unwrap()).unwrap();
+        let extra: Vec<&str> = set.get("b").unwrap().extra.keys().map(String::as_str).collect();
+        assert_eq!(extra, ["category", "expected_output"]);
     }
 
     #[test]

@@ -166,7 +166,7 @@ fn list(names: impl IntoIterator<Item = impl AsRef<str>>, limit: usize) -> Strin
 
 /// The defined name closest to `name` (by edit distance), if close enough
 /// to be a likely typo.
-fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     candidates
         .into_iter()
         .map(|c| (edit_distance(name, c), c))
