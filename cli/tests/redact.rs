@@ -195,6 +195,27 @@ fn an_output_that_is_another_input_is_refused_before_writing() {
     );
     assert_eq!(std::fs::read(runs.join("sub/ep.trace")).unwrap(), bytes[1], "the input is untouched");
     assert!(!runs.join("sub/sub").exists(), "nothing is written");
+
+    // A new directory inside an input (before: 2 copies written into runs/, read with the
+    // originals by every later search, validate or parse over runs/), by any spelling.
+    for (input, out) in
+        [(r.clone(), format!("{r}/redacted")), (format!("{r}/**/*.trace"), format!("{r}/./x/../redacted"))]
+    {
+        let said = basecamp(&["trace", "redact", &input, "--patterns", "email", "-o", &out]);
+        assert_eq!(said.status.code(), Some(1));
+        assert_eq!(
+            String::from_utf8_lossy(&said.stderr),
+            format!(
+                "error: -o {out} is inside the input directory {r}: the redacted copies would be read with the \
+                 originals by every later command over it; choose an -o directory outside the inputs\n"
+            )
+        );
+        assert!(!runs.join("redacted").exists(), "nothing is written");
+    }
+    // Beside the inputs is fine.
+    let beside = dir.path().join("redacted").display().to_string();
+    let said = basecamp(&["trace", "redact", &r, "--patterns", "email", "-o", &beside]);
+    assert_eq!(said.status.code(), Some(0), "{}", String::from_utf8_lossy(&said.stderr));
 }
 
 /// `--pii-fields ""` (an unset shell variable) was taken as a field list, so

@@ -65,6 +65,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     let sources = Sources::resolve(&args.paths)?;
     let files = &sources.items;
     let outputs = output_paths(files, &args.out)?;
+    refuse_out_inside_an_input(&args.paths, &args.out)?;
     crate::create_out_dir(&args.out)?;
     let salt = match &args.salt {
         Some(s) => s.as_bytes().to_vec(),
@@ -163,6 +164,42 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
         outputs.push(output);
     }
     Ok(outputs)
+}
+
+/// `-o` inside a directory given as input (or a glob's fixed directory):
+/// the copies would be found again by every later command over that
+/// directory, each episode twice, raw and redacted. Refused.
+fn refuse_out_inside_an_input(paths: &[String], out: &Path) -> anyhow::Result<()> {
+    let out_resolved = resolved(out);
+    for arg in paths.iter().filter(|a| !a.starts_with("s3://")) {
+        let wild = |p: &Path| p.to_string_lossy().contains(['*', '?', '[']);
+        let Some(dir) = Path::new(arg).ancestors().find(|p| !wild(p) && p.is_dir()) else { continue };
+        if Path::new(arg).is_file() {
+            continue;
+        }
+        let dir_resolved = resolved(dir);
+        if out_resolved.starts_with(&dir_resolved) {
+            bail!(
+                "-o {} is inside the input directory {}: the redacted copies would be read with the originals by \
+                 every later command over it; choose an -o directory outside the inputs",
+                out.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `path` with its links and `..` resolved as far as it exists, the rest
+/// (still to be created) appended as given.
+fn resolved(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    for existing in absolute.ancestors() {
+        if let Ok(real) = fs::canonicalize(existing) {
+            return real.join(absolute.strip_prefix(existing).unwrap_or(Path::new("")));
+        }
+    }
+    absolute
 }
 
 fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &Path) -> anyhow::Result<RedactStats> {
