@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use basecamp_sandbox::testing::{example_copy, never_ready, services_in, wait_for_no_services, wait_for_services};
+use basecamp_trace::pb::{Outcome, record::Body};
 use serde_json::Value;
 
 fn example() -> PathBuf {
@@ -205,13 +206,40 @@ fn ctrl_c_during_a_run_leaves_readable_traces_and_a_partial_summary() {
             assert_eq!(summary["stopped_early"], true, "{v}/{shard}");
         }
     }
-    // Every trace on disk reads: complete, or a truncated prefix — never an error.
+    // Every trace on disk is whole: the episodes cut off end theirs as cancelled, saying why
+    // (before: a truncated prefix, which `trace validate` reported as damage).
     let traces = traces_under(out.path());
     assert!(traces.len() as u64 >= finished);
+    let interrupted: Vec<(String, String)> = run["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|v| {
+            let variant = v["name"].as_str().unwrap().to_string();
+            v["interrupted"].as_array().unwrap().iter().map(move |id| (variant.clone(), id.as_str().unwrap().into()))
+        })
+        .collect();
+    assert!(!interrupted.is_empty(), "at concurrency 1 each shard had an episode under way");
     for trace in traces {
         let contents = basecamp_trace::read_trace(&trace).unwrap_or_else(|e| panic!("{}: {e}", trace.display()));
-        assert!(!contents.records.is_empty(), "{} holds at least its header", trace.display());
+        assert!(contents.damage().is_none(), "{} is complete", trace.display());
+        let end = contents
+            .records
+            .iter()
+            .find_map(|r| match &r.body {
+                Some(Body::EpisodeEnd(end)) => Some(end),
+                _ => None,
+            })
+            .expect("a complete trace has its end");
+        if interrupted.contains(&(contents.header.variant.clone(), contents.header.episode_id.clone())) {
+            assert_eq!(end.outcome, Outcome::Cancelled as i32, "{}", trace.display());
+        } else {
+            assert_ne!(end.outcome, Outcome::Cancelled as i32, "{}", trace.display());
+        }
     }
+    let validate =
+        Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "validate"]).arg(out.path()).output().unwrap();
+    assert!(validate.status.success(), "{}", String::from_utf8_lossy(&validate.stdout));
 }
 
 #[test]

@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime};
 
 use basecamp_trace::metrics::{Aggregate, EpisodeEnd, aggregate};
+use basecamp_trace::pb::Outcome;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
-use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner, rollback_path, trace_file_name};
+use crate::episode::{EpisodeInput, EpisodeResult, EpisodeRunner, outcome_name, rollback_path, trace_file_name};
 use crate::executor::unix_nanos;
 
 /// A shard's `summary.json`.
@@ -37,8 +38,9 @@ pub struct ShardSummary {
     /// True when the run was stopped (Ctrl-C) before every episode finished.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stopped_early: bool,
-    /// Episodes cut off by the stop: their traces hold what ran (a readable
-    /// prefix); they are not in `episodes` or the aggregate.
+    /// Episodes cut off by the stop: their traces hold what ran and end as
+    /// `cancelled` (the step under way ended by an error context saying
+    /// so); they are not in `episodes` or the aggregate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interrupted: Vec<String>,
     /// The trace files of the `interrupted` episodes that had created one
@@ -102,8 +104,8 @@ enum Ended {
 
 /// Runs `episodes` with at most `concurrency` at a time, traces into `out_dir`.
 /// `on_done` is called after each episode (progress, metrics). When `stop`
-/// fires, no new episode starts and running ones are dropped — their trace
-/// writers flush what was written, so each leaves a readable prefix — and
+/// fires, no new episode starts and running ones are cut off where they
+/// are — each ends its trace as `cancelled`, so every trace is whole — and
 /// the summary is still written, marked `stopped_early`.
 ///
 /// Only the running episodes have a task: the next starts when one ends,
@@ -225,13 +227,12 @@ async fn run_episode(
         Err(e) => return (index, lost(e, trace_created.load(Ordering::Acquire).then_some(trace_name))),
     };
     let trace_file = Some(trace_name);
-    let ended = tokio::select! {
-        biased;
-        _ = stop.cancelled() => Ended::Interrupted { trace_file },
-        result = runner.run_started(episode) => match result {
-            Ok(result) => Ended::Ran(Box::new(result)),
-            Err(e) => lost(e, trace_file),
-        },
+    // Stopped, the episode ends its trace as cancelled; it is reported as
+    // interrupted, not scored with the episodes that ran to their end.
+    let ended = match runner.run_started(episode, &stop).await {
+        Ok(result) if result.outcome == outcome_name(Outcome::Cancelled) => Ended::Interrupted { trace_file },
+        Ok(result) => Ended::Ran(Box::new(result)),
+        Err(e) => lost(e, trace_file),
     };
     (index, ended)
 }

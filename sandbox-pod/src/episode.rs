@@ -32,6 +32,7 @@ use basecamp_trace::{Memory, MemoryPatch, TraceWriter, canonical_json, hash_json
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::driver::StopSignal;
 use crate::executor::{MemoryGuard, ToolCall, ToolExecutor, unix_nanos};
 use crate::logits::{Divergence, LogitAnalytics, RawLogitsError, TurnLogits};
 use crate::policy::{ChatMessage, Policy, PolicyRequest, PolicyResponse, ToolArguments, ToolSpec};
@@ -347,36 +348,57 @@ impl EpisodeRunner {
     /// episode are recorded and end it; only an unwritable trace is an `Err`.
     pub async fn run(&self, input: &EpisodeInput, dir: &Path) -> std::io::Result<EpisodeResult> {
         let episode = self.start(input.clone(), dir)?;
-        self.run_started(episode).await
+        self.run_started(episode, &StopSignal::new()).await
     }
 
     /// Runs an episode [`EpisodeRunner::start`] began (its trace created)
-    /// to its end: what [`EpisodeRunner::run`] does after the start.
-    pub async fn run_started(&self, mut episode: Episode) -> std::io::Result<EpisodeResult> {
-        while episode.advance(self)? {
-            let deadline = tokio::time::Instant::now() + self.plan_step_timeout;
-            let request = PolicyRequest::new(episode.id(), episode.step - 1, &episode.messages[..], &self.tools[..]);
-            let answer = tokio::time::timeout_at(deadline, self.policy.respond(&request)).await;
-            match answer {
-                Ok(Ok(response)) => {
-                    episode.act(self, &response, deadline).await?;
+    /// to its end, or until `stop`: the step under way is then cut off
+    /// where it is ([`Episode::cancel`]) and the trace closed with outcome
+    /// `cancelled`, so a stopped run leaves whole traces. What
+    /// [`EpisodeRunner::run`] does after the start.
+    pub async fn run_started(&self, mut episode: Episode, stop: &StopSignal) -> std::io::Result<EpisodeResult> {
+        loop {
+            let going_on = tokio::select! {
+                biased;
+                () = stop.cancelled() => {
+                    episode.cancel(format!("stopped at step {}: the run was interrupted", episode.step))?;
+                    false
                 }
-                Ok(Err(e)) => {
-                    if let Some(metrics) = &self.metrics {
-                        metrics.observe_policy_error(e.category());
-                    }
-                    episode.stop(e.category(), "policy_error", format!("policy failed: {e}"))?;
-                }
-                Err(_) => {
-                    let msg = format!(
-                        "the policy did not answer within the plan-step timeout of {:?}",
-                        self.plan_step_timeout
-                    );
-                    episode.stop("plan_step_timeout", "plan_step_timeout", msg)?;
-                }
+                going_on = self.play_step(&mut episode) => going_on?,
+            };
+            if !going_on {
+                return episode.finish(self);
             }
         }
-        episode.finish(self)
+    }
+
+    /// Begins the episode's next step and plays it: the policy's answer
+    /// (within the plan-step timeout) acted on, or the error that ends the
+    /// episode. False when the episode was over before it.
+    async fn play_step(&self, episode: &mut Episode) -> std::io::Result<bool> {
+        if !episode.advance(self)? {
+            return Ok(false);
+        }
+        let deadline = tokio::time::Instant::now() + self.plan_step_timeout;
+        let request = PolicyRequest::new(episode.id(), episode.step - 1, &episode.messages[..], &self.tools[..]);
+        let answer = tokio::time::timeout_at(deadline, self.policy.respond(&request)).await;
+        match answer {
+            Ok(Ok(response)) => {
+                episode.act(self, &response, deadline).await?;
+            }
+            Ok(Err(e)) => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.observe_policy_error(e.category());
+                }
+                episode.stop(e.category(), "policy_error", format!("policy failed: {e}"))?;
+            }
+            Err(_) => {
+                let msg =
+                    format!("the policy did not answer within the plan-step timeout of {:?}", self.plan_step_timeout);
+                episode.stop("plan_step_timeout", "plan_step_timeout", msg)?;
+            }
+        }
+        Ok(true)
     }
 
     /// This runner for shard `shard` of a local run (`basecamp run` runs the
@@ -593,12 +615,20 @@ impl Episode {
     }
 
     /// Ends the episode before it finished (closed by its client, idle too
-    /// long): outcome `cancelled`, `reason` as its error.
+    /// long, the run stopped): outcome `cancelled`, `reason` as its error.
+    /// A step begun and not played to its end is ended in the trace by an
+    /// error context of type `cancelled` holding `reason`, so the trace
+    /// says why and each step it holds has an end.
     pub fn cancel(&mut self, reason: String) -> std::io::Result<()> {
         if self.is_done() {
             return Ok(());
         }
-        self.writer.end_step()?;
+        if self.phase == Phase::AwaitingAction {
+            record_error(&mut self.writer, self.step, CANCELLED, &reason, vec![], &mut self.memory, &self.state)?;
+            self.state.first_error.get_or_insert_with(|| CANCELLED.to_string());
+        } else {
+            self.writer.end_step()?;
+        }
         self.stop_error = Some(reason);
         self.phase = Phase::Done(Outcome::Cancelled);
         Ok(())
@@ -986,6 +1016,9 @@ fn record_policy_turn<W: std::io::Write>(
     Ok(())
 }
 
+/// The error type, and failure class, of an episode ended before it finished.
+const CANCELLED: &str = "cancelled";
+
 fn record_error<W: std::io::Write>(
     writer: &mut TraceWriter<W>,
     step: u32,
@@ -1112,7 +1145,7 @@ pub fn metric_score(source: &str, m: &EpisodeMetrics, outcome: Outcome, max_step
     })
 }
 
-fn outcome_name(o: Outcome) -> &'static str {
+pub(crate) fn outcome_name(o: Outcome) -> &'static str {
     match o {
         Outcome::Completed => "completed",
         Outcome::MaxSteps => "max_steps",

@@ -435,6 +435,17 @@ async fn an_exec_tool_past_the_plan_step_deadline_is_rolled_back_and_reported() 
     ));
     let Some(Body::EpisodeEnd(end)) = trace.records.last().and_then(|r| r.body.as_ref()) else { panic!("no end") };
     assert_eq!(end.outcome, Outcome::Cancelled as i32);
+    // Step 3 had begun and was never played: the close ends it in the trace, saying why (before:
+    // the step had no end, so `trace validate` failed every trace closed early).
+    let cancelled = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::ErrorContext(e)) if r.step == 3 => Some(e),
+        _ => None,
+    });
+    let cancelled = cancelled.expect("an error context ends step 3");
+    assert_eq!(cancelled.error_type, "cancelled");
+    assert!(cancelled.message.contains("closed by the client at step 3"), "{}", cancelled.message);
+    let path = server.dir.path().join("traces").join(format!("{id}.trace"));
+    assert_eq!(basecamp_trace::validate::validate_file(&path), vec![], "{}", path.display());
     assert!(server.dir.path().join("traces").join(format!("{id}.rollback_trace.json")).exists());
     server.shut_down().await;
 }
