@@ -397,18 +397,24 @@ impl ToolExecutor {
 }
 
 /// A call's `arguments_json` and `input_hash` as its plan step records
-/// them: the canonical JSON of the arguments and its sha256, or, for
-/// arguments that are not an object, the raw text and the hash of it as a
-/// JSON string. Also used for a call the plan step's timeout cut off, so
-/// that its record can be compared with the same call's elsewhere.
+/// them: the canonical JSON of the arguments and its sha256 — for arguments
+/// that are JSON but not an object (`[1, 2]`) too, as `trace validate`
+/// checks them — or, for a text that is not JSON at all, the raw text and
+/// the hash of it as a JSON string. Also used for a call the plan step's
+/// timeout cut off, so that its record can be compared with the same
+/// call's elsewhere.
 pub fn arguments_json_and_hash(arguments: Result<&Value, &str>) -> (String, Digest) {
+    let canonical = |v: &Value| {
+        let text = canonical_json(v);
+        let hash = hash_canonical_text(&text);
+        (text, hash)
+    };
     match arguments {
-        Ok(v) => {
-            let text = canonical_json(v);
-            let hash = hash_canonical_text(&text);
-            (text, hash)
-        }
-        Err(raw) => (raw.to_string(), hash_json(&Value::String(raw.to_string()))),
+        Ok(v) => canonical(v),
+        Err(raw) => match serde_json::from_str::<Value>(raw) {
+            Ok(v) => canonical(&v),
+            Err(_) => (raw.to_string(), hash_json(&Value::String(raw.to_string()))),
+        },
     }
 }
 

@@ -265,6 +265,14 @@ async fn arguments_that_are_json_but_not_an_object_are_refused_as_such_not_as_in
     assert_eq!(refuse("\"x\"", &mut memory).await, "the arguments for a must be a JSON object, got a string: \"x\"");
     assert_eq!(refuse("3", &mut memory).await, "the arguments for a must be a JSON object, got a number: 3");
     assert_eq!(refuse("{\"x\": ", &mut memory).await, "the arguments for a are not valid JSON: {\"x\": ");
+
+    // Recorded as `trace validate` checks a plan step: the canonical JSON and its hash (before:
+    // the raw text hashed as a string, so every trace with such a call failed validation).
+    let out = ex
+        .call(ToolCall { step: 1, call_id: "c", plan_label: "", name: "a", arguments: Err("[1, 2]") }, &mut memory)
+        .await;
+    assert_eq!(out.plan_step.arguments_json, "[1,2]");
+    assert_eq!(out.plan_step.input_hash, basecamp_trace::hash_json(&json!([1, 2])).0.to_vec());
 }
 
 #[tokio::test]
