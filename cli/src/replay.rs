@@ -32,7 +32,7 @@ use basecamp_api::task::PolicySpec;
 use basecamp_api::tool::{RecordedMatch, RecordedTool, ToolSpec};
 use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
 use basecamp_sandbox::deadline::Timer;
-use basecamp_sandbox::episode::LiveInjection;
+use basecamp_sandbox::episode::{EpisodeInput, LiveInjection};
 use basecamp_sandbox::run::{load_manifests, load_test_set, resolve_variants, select_task};
 use basecamp_trace::pb::{self, record::Body};
 use serde_json::{Value, json};
@@ -221,8 +221,19 @@ async fn prepare(
     let variant = resolve_variants(&manifests, task, Some(&variant_name)).map_err(err)?.remove(0);
     let base_dir = loaded.base_dir();
     let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(err)?;
-    let row = test_set.episodes.iter().find(|e| e.id == header.episode_id).ok_or_else(|| {
-        anyhow!("episode {} is not in the test set {}", header.episode_id, task.spec.evaluation.test_set)
+    // Server mode names a row's episodes `<row>-<n>`; traces before schema 1.2 have no row_id.
+    let row_id = if header.row_id.is_empty() { &header.episode_id } else { &header.row_id };
+    let row = test_set.episodes.iter().find(|e| &e.id == row_id).ok_or_else(|| {
+        let inline = if header.row_id.is_empty() {
+            " (an episode created in server mode with its fields inline has no row to replay)"
+        } else {
+            ""
+        };
+        anyhow!(
+            "episode {}: no row {row_id:?} in the test set {}{inline}",
+            header.episode_id,
+            task.spec.evaluation.test_set
+        )
     })?;
 
     let fixture = scratch.join("replay-tools.jsonl");
@@ -269,7 +280,7 @@ async fn prepare(
             );
         }
     }
-    let input = episode_input(row, &spec.evaluation.compare_args);
+    let input = EpisodeInput { id: header.episode_id.clone(), ..episode_input(row, &spec.evaluation.compare_args) };
     let out = scratch.join("replayed");
     std::fs::create_dir_all(&out)?;
     Ok(Prepared { runner, input, out })

@@ -56,6 +56,30 @@ fn a_recorded_episode_replays_identically_and_diverges_under_the_other_variant()
     let (said, noted) = (String::from_utf8_lossy(&replayed.stdout), String::from_utf8_lossy(&replayed.stderr));
     assert!(replayed.status.success() && said.starts_with("identical:"), "{said}{noted}");
     assert!(noted.contains("examples/ecommerce (from ") && noted.contains("run.json)"), "{noted}");
+    // Server mode calls a row's episodes `<row>-<n>` and names the row in the header (before:
+    // replay looked the episode id up in the test set, and no server-mode trace replayed).
+    let served = out.path().join("served.trace");
+    rewrite_header(&trace, &served, |h| {
+        h.row_id = h.episode_id.clone();
+        h.episode_id = format!("{}-1", h.episode_id);
+    });
+    let (ok, text) = basecamp(&["trace", "replay", served.to_str().unwrap(), "--config", example]);
+    assert!(ok && text.starts_with("identical:"), "{text}");
+    // An episode given inline has no row: said so.
+    let inline = out.path().join("inline.trace");
+    rewrite_header(&trace, &inline, |h| {
+        h.row_id.clear();
+        h.episode_id = "episode-1".into();
+    });
+    let (ok, text) = basecamp(&["trace", "replay", inline.to_str().unwrap(), "--config", example]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(
+            "episode episode-1: no row \"episode-1\" in the test set tests.jsonl (an episode created in \
+                       server mode with its fields inline has no row to replay)"
+        ),
+        "{text}"
+    );
     // Outside a run directory, or under another task's run, it says to pass --config.
     let elsewhere = tempfile::tempdir().unwrap();
     let lone = elsewhere.path().join("lone.trace");
@@ -99,6 +123,32 @@ fn a_recorded_episode_replays_identically_and_diverges_under_the_other_variant()
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     let (ok, text) = basecamp(&["trace", "replay", cut.to_str().unwrap(), "--config", example]);
     assert!(!ok && text.contains("incomplete"), "{text}");
+}
+
+/// `from` written again to `to` with its header changed by `change`.
+fn rewrite_header(from: &Path, to: &Path, change: impl FnOnce(&mut basecamp_trace::pb::Header)) {
+    use basecamp_trace::pb::record::Body;
+    let contents = basecamp_trace::read_trace(from).unwrap();
+    let mut header = contents.header.clone();
+    change(&mut header);
+    let mut writer = basecamp_trace::TraceWriter::create(to, header).unwrap();
+    let mut end = None;
+    let mut step = None;
+    for record in contents.records {
+        match record.body {
+            Some(Body::EpisodeEnd(e)) => end = Some(e),
+            Some(Body::Header(_)) | None => {}
+            Some(body) => {
+                if step.is_some_and(|s| s != record.step) {
+                    writer.end_step().unwrap();
+                }
+                step = Some(record.step);
+                writer.append(record.step, body).unwrap();
+            }
+        }
+    }
+    writer.end_step().unwrap();
+    writer.finish(end.expect("a complete trace")).unwrap();
 }
 
 /// The `token_logit` records of a trace.
@@ -198,7 +248,10 @@ fn an_episode_id_with_dot_dot_does_not_steer_the_scratch_directory() {
         .output()
         .expect("basecamp runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success() && stderr.contains("episode x/../victim is not in the test set"), "{stderr}");
+    assert!(
+        !output.status.success() && stderr.contains("episode x/../victim: no row \"x/../victim\" in the test set"),
+        "{stderr}"
+    );
     assert_eq!(std::fs::read_to_string(victim.join("keep.txt")).ok().as_deref(), Some("mine"), "{stderr}");
     // Nothing is left behind in TMPDIR either.
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -341,6 +341,7 @@ pub fn episode_input(row: &Episode, compare_args: &BTreeMap<String, Vec<String>>
     }
     EpisodeInput {
         id: row.id.clone(),
+        row_id: Some(row.id.clone()),
         messages,
         initial_memory: row.initial_memory.clone().unwrap_or_default(),
         expected_calls: row

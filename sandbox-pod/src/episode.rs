@@ -183,6 +183,9 @@ pub type ExpectedCallSpec = (String, serde_json::Map<String, Value>, Option<Vec<
 #[derive(Debug, Clone, Default)]
 pub struct EpisodeInput {
     pub id: String,
+    /// The test-set row it runs (the trace header's `row_id`): `None` for
+    /// an episode given inline (server mode), whose row is nowhere.
+    pub row_id: Option<String>,
     pub messages: Vec<ChatMessage>,
     pub initial_memory: serde_json::Map<String, Value>,
     pub expected_calls: Vec<ExpectedCallSpec>,
@@ -466,6 +469,7 @@ impl EpisodeRunner {
         let trace_path = dir.join(trace_file_name(&input.id));
         let mut header = self.header.clone();
         header.episode_id = input.id.clone();
+        header.row_id = input.row_id.clone().unwrap_or_default();
         header.start_time_unix_nanos = unix_nanos(SystemTime::now());
         header.training_step = self.training_step;
         // An OpenAI-compatible server returns what it was asked for; other

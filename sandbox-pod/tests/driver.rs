@@ -66,6 +66,7 @@ fn input(id: &str) -> EpisodeInput {
         expected_calls: Vec::new(),
         expected_memory: None,
         expected_memory_hash: None,
+        row_id: Some(id.into()),
     }
 }
 

@@ -113,6 +113,7 @@ fn input(id: &str, expected_tool: &str, expected_args: Value) -> EpisodeInput {
         expected_calls: vec![(expected_tool.into(), expected_args.as_object().cloned().unwrap(), None)],
         expected_memory: Some(json!({"shipping_status": "in_transit"}).as_object().cloned().unwrap()),
         expected_memory_hash: None,
+        row_id: Some(id.into()),
     }
 }
 

@@ -103,6 +103,7 @@ fn row(id: &str) -> EpisodeInput {
         expected_calls: vec![("tracking_api".into(), json!({"order_id": "A-1"}).as_object().cloned().unwrap(), None)],
         expected_memory: Some(json!({"shipping_status": "in_transit"}).as_object().cloned().unwrap()),
         expected_memory_hash: None,
+        row_id: Some(id.into()),
     }
 }
 
@@ -442,6 +443,7 @@ async fn an_exec_tool_past_the_plan_step_deadline_is_rolled_back_and_reported() 
         _ => None,
     });
     let cancelled = cancelled.expect("an error context ends step 3");
+    assert_eq!(trace.header.row_id, "", "given inline: no row");
     assert_eq!(cancelled.error_type, "cancelled");
     assert!(cancelled.message.contains("closed by the client at step 3"), "{}", cancelled.message);
     let path = server.dir.path().join("traces").join(format!("{id}.trace"));
@@ -468,6 +470,9 @@ async fn a_step_without_tool_calls_reports_a_latency_of_zero_never_negative_zero
     let latency = answer["info"]["latency_ms"].as_f64().unwrap();
     assert!(latency == 0.0 && latency.is_sign_positive(), "{text}");
     assert_eq!(answer["info"]["calls"], json!([]), "{text}");
+    // The header names the test-set row, which `trace replay` starts the episode from.
+    let header = server.trace("answer").await.header;
+    assert_eq!((header.episode_id.as_str(), header.row_id.as_str()), ("answer", "ok"));
     server.shut_down().await;
 }
 

@@ -187,8 +187,8 @@ fn todays_writer_reads_back_like_the_golden_files() {
         let golden = read_trace_from(golden.as_slice(), name).unwrap();
         let today = read_trace_from(bytes.as_slice(), name).unwrap();
         // The golden files were written at schema 1.0; today's writer says
-        // 1.1 (TokenLogit gained the optional entropy and kl), which reads
-        // the old files unchanged.
+        // 1.2 (1.1: TokenLogit gained the optional entropy and kl; 1.2: the
+        // header's row_id), which reads the old files unchanged.
         let strip_versions = |mut h: basecamp_trace::pb::Header| {
             h.producer_versions.clear();
             h.schema_minor = 0;

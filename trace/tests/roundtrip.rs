@@ -53,12 +53,12 @@ prop_compose! {
     fn header()(
         (schema_major, schema_minor, namespace, task, variant, shard, shard_count) in
             (any::<u32>(), any::<u32>(), text(), text(), text(), any::<u32>(), any::<u32>()),
-        (episode_id, config_hash, producer_versions, start_time_unix_nanos, training_step, top_k) in
-            (text(), bytes(), string_map(), any::<i64>(), any::<u64>(), any::<u32>()),
+        (episode_id, config_hash, producer_versions, start_time_unix_nanos, training_step, top_k, row_id) in
+            (text(), bytes(), string_map(), any::<i64>(), any::<u64>(), any::<u32>(), text()),
     ) -> Header {
         Header {
             schema_major, schema_minor, namespace, task, variant, shard, shard_count, episode_id, config_hash,
-            producer_versions, start_time_unix_nanos, training_step, top_k,
+            producer_versions, start_time_unix_nanos, training_step, top_k, row_id,
         }
     }
 }
@@ -455,9 +455,9 @@ fn check_every_step<R: std::io::Read + std::io::Seek>(
 #[test]
 fn unknown_fields_are_ignored_at_every_level() {
     let header = Header { schema_major: 1, schema_minor: 7, task: "newer-minor".into(), ..Default::default() };
-    // A header from a newer minor version: an extra field 14.
+    // A header from a newer minor version: an extra field 40.
     let mut header_bytes = header.encode_to_vec();
-    header_bytes.extend(unknown_field(14, b"a field this reader has never heard of"));
+    header_bytes.extend(unknown_field(40, b"a field this reader has never heard of"));
     let mut header_record = Vec::new();
     prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut header_record);
     header_record.extend(length_delimited(&header_bytes));

@@ -122,7 +122,8 @@ pub fn inline_input(
         }
     })?;
     let row = set.episodes.first().ok_or_else(|| refuse("body", "holds no episode"))?;
-    Ok(episode_input(row, compare_args))
+    // Of no test set: a replay has no row to start it from.
+    Ok(EpisodeInput { row_id: None, ..episode_input(row, compare_args) })
 }
 
 #[cfg(test)]
