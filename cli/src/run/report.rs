@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::summary::{RunSummary, TABLE_METRICS, fmt_metric};
+use super::summary::{RunSummary, TABLE_METRICS, fmt_latency, fmt_metric};
 // The escaping `basecamp serve` and `trace report` use: one set of rules for every page.
 use crate::serve::html::{PAGE_ROWS, esc, num, page_end, rows_in_page, sentence};
 
@@ -74,9 +74,9 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
         let class = if met == v.criteria.len() { "good" } else { "bad" };
         let _ = write!(
             h,
-            "<td>{:.2}s</td><td>{:.2}s</td><td class=\"{class}\">{met}/{} met</td></tr>",
-            a.resolution_time_p50_s,
-            a.resolution_time_p95_s,
+            "<td>{}</td><td>{}</td><td class=\"{class}\">{met}/{} met</td></tr>",
+            fmt_latency(a, a.resolution_time_p50_s),
+            fmt_latency(a, a.resolution_time_p95_s),
             v.criteria.len()
         );
     }

@@ -283,8 +283,8 @@ impl RunSummary {
             if divergence {
                 row.push(fmt_nats(a.value_of(DIVERGENCE)));
             }
-            row.push(format!("{:.2}s", a.resolution_time_p50_s));
-            row.push(format!("{:.2}s", a.resolution_time_p95_s));
+            row.push(fmt_latency(a, a.resolution_time_p50_s));
+            row.push(fmt_latency(a, a.resolution_time_p95_s));
             row.push(criteria);
             rows.push(row);
         }
@@ -373,6 +373,12 @@ pub fn compare(baseline: &VariantSummary, candidate: &VariantSummary) -> Compari
 
 pub fn fmt_value(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// A resolution-time percentile of `aggregate` in seconds; `-` when no
+/// episode was measured (the aggregate's 0.0 is no latency).
+pub fn fmt_latency(aggregate: &Aggregate, seconds: f64) -> String {
+    if aggregate.episodes == 0 { "-".into() } else { format!("{seconds:.2}s") }
 }
 
 /// A metric's value as the tables show it: the divergence in nats (see
@@ -504,5 +510,29 @@ mod tests {
         let html = super::super::report::render(&both);
         let row = format!("<tr><td>{DIVERGENCE}</td><td>-</td><td>4.21e-4</td>");
         assert!(html.contains(&row), "{html}");
+    }
+
+    #[test]
+    fn a_variant_without_episodes_shows_no_latency() {
+        let mut empty = variant("a", aggregate_with(0.9));
+        empty.aggregate = Aggregate::default();
+        let summary = RunSummary {
+            manifests: Vec::new(),
+            task: "t".into(),
+            out_dir: PathBuf::from("out"),
+            wall_seconds: 1.0,
+            episodes_per_second: 0.0,
+            stopped_early: false,
+            comparison: None,
+            variants: vec![empty],
+            failed_shards: Vec::new(),
+        };
+        // Before: p50 and p95 `0.00s`, a latency nothing measured.
+        let table = summary.table();
+        let a = table.lines().find(|l| l.starts_with("a ")).expect("row a");
+        let cells: Vec<&str> = a.split_whitespace().collect();
+        assert_eq!(cells[cells.len() - 3..cells.len() - 1], ["-", "-"], "{table}");
+        let html = super::super::report::render(&summary);
+        assert!(html.contains("<td>-</td><td>-</td><td class=\"good\">0/0 met</td>"), "{html}");
     }
 }
