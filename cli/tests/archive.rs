@@ -153,6 +153,31 @@ fn extract_keeps_a_different_file_already_there_and_writes_each_member_once() {
     assert_eq!(names, ["ep-1.trace"], "ep-2 is not extracted, and no .partial is left");
 }
 
+/// An archive not written by basecamp may hold two members of one name:
+/// the second was written over the first, and the command said both were extracted.
+#[test]
+fn two_members_of_one_name_are_refused_before_anything_is_extracted() {
+    use basecamp_trace::archive::{ArchiveWriter, prepare_member};
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = ArchiveWriter::new(Vec::new());
+    for seed in 1..=2 {
+        let ep = generate(&EpisodeShape { seed, steps: 3, tokens_per_step: 2, ..Default::default() });
+        let bytes = ep.write_to(Vec::new(), 3).unwrap();
+        writer.append(prepare_member(&format!("ep-{seed}"), "same.trace", &bytes).unwrap()).unwrap();
+    }
+    let archive = dir.path().join("two.tar.zst");
+    std::fs::write(&archive, writer.finish().unwrap()).unwrap();
+    let (a, d) = (archive.display().to_string(), dir.path().join("out").display().to_string());
+    let listed = basecamp(&["trace", "archive", "list", &a]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(listed.lines().filter(|l| l.contains("same.trace")).count(), 2, "{listed}");
+    let out = basecamp(&["trace", "archive", "extract", &a, "same.trace", "-o", &d]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("and same.trace (of episode ep-0002) would both be extracted to"), "{said}");
+    assert!(!dir.path().join("out").exists(), "nothing is extracted");
+}
+
 #[test]
 fn an_archive_and_an_export_can_go_to_stdout() {
     let dir = tempfile::tempdir().unwrap();

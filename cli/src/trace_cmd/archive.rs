@@ -198,9 +198,22 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
     // Every destination is checked before anything is written: a file already
     // there is kept unless it holds exactly the archived bytes.
     crate::check_out_dir(dir)?;
-    let mut plan = Vec::with_capacity(wanted.len());
+    let mut plan: Vec<(Member, PathBuf, bool)> = Vec::with_capacity(wanted.len());
     for member in wanted {
         let path = destination(file, dir, &member)?;
+        // Two members of one name (an archive not written by basecamp): the second would replace the first.
+        if let Some((other, _, _)) = plan.iter().find(|(_, planned, _)| *planned == path) {
+            bail!(
+                "{}: {} (of episode {}) and {} (of episode {}) would both be extracted to {}; nothing was \
+                 extracted: extract them one at a time into different directories",
+                file.display(),
+                other.name,
+                other.episode,
+                member.name,
+                member.episode,
+                path.display()
+            );
+        }
         let already_there = match fs::symlink_metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => return Err(e).with_context(|| format!("cannot check {}", path.display())),
