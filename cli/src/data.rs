@@ -68,11 +68,12 @@ pub struct PreprocessArgs {
     /// image's working directory).
     #[arg(long, value_name = "DIR", requires = "config")]
     pub base_dir: Option<PathBuf>,
-    /// The HarnessTask, when the manifests hold several (NAME, or NAMESPACE/NAME when two namespaces have one of that name).
-    #[arg(long)]
+    /// With --config: the HarnessTask, when the manifests hold several (NAME, or NAMESPACE/NAME when two
+    /// namespaces have one of that name).
+    #[arg(long, requires = "config")]
     pub task: Option<String>,
-    /// The variant whose SandboxConfig scores rewards (default: the first).
-    #[arg(long)]
+    /// With --config: the variant whose SandboxConfig scores rewards (default: the first).
+    #[arg(long, requires = "config")]
     pub variant: Option<String>,
     /// builtin:trajectory, exec:PROGRAM ARGS..., or python:module.function (overrides the manifest).
     #[arg(long)]

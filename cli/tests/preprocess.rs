@@ -689,6 +689,18 @@ fn a_batch_size_of_0_is_refused_naming_the_flag() {
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
     assert!(text(&output).contains("invalid value '0' for '--batch-size <BATCH_SIZE>'"), "{}", text(&output));
     assert!(!tmp.path().join("ds").exists());
+
+    // --task and --variant choose among manifests: without --config they were ignored, exit 0.
+    for flag in ["--task", "--variant"] {
+        let output = basecamp(&["data", "preprocess", "ep.trace", flag, "zz", "--out", "ds"], tmp.path());
+        assert_eq!(output.status.code(), Some(2), "{flag}: {}", text(&output));
+        assert!(
+            text(&output).contains("required arguments were not provided:\n  --config <CONFIG>"),
+            "{}",
+            text(&output)
+        );
+        assert!(!tmp.path().join("ds").exists());
+    }
 }
 
 /// Runs `basecamp` in `dir`, killed after `limit`: `None` when it had to be.
