@@ -23,7 +23,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use basecamp_api::harness_json::{self, Converted};
 use basecamp_api::manifest::read_manifest_file;
-use basecamp_api::{Location, Manifests, Problem, Report};
+use basecamp_api::testset::TestSet;
+use basecamp_api::{Location, Manifests, Problem, Report, Rule};
+use basecamp_sandbox::policy::{ScriptedConfig, ScriptedError, ScriptedPolicy};
 use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
@@ -147,6 +149,7 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
             });
         }
     }
+    report.extend(check_scripts(&manifests));
     let errors = report.errors().count();
     let warnings = report.problems().len() - errors;
     // Written, not print!ed: a closed stdout (`| grep -q`) is an error to return, not a panic.
@@ -179,6 +182,70 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
 }
 
 /// A problem of a converted JSON harness, told in the JSON file's terms.
+/// The scripted policies the tasks name, read as a run reads them (their
+/// format is the sandbox's, which the shared validation does not know): a
+/// line a run would refuse is an error; rows of the test set with no script
+/// (each such episode ends with a policy error) and scripts for no row
+/// (never played) are warnings. A file that is not there is the shared
+/// validation's to say.
+fn check_scripts(manifests: &Manifests) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for task in &manifests.tasks {
+        let spec = &task.object.spec;
+        let Some(script) = spec.policy.scripted.as_deref().filter(|p| !p.contains("://")) else { continue };
+        let label = format!("HarnessTask/{}", task.object.metadata.name.as_deref().unwrap_or_default());
+        let field = "spec.policy.scripted";
+        let path = task.base_dir().join(script);
+        let policy = match ScriptedPolicy::load(&ScriptedConfig { path: path.clone() }) {
+            Ok(policy) => policy,
+            Err(ScriptedError::Read { .. }) => continue,
+            Err(e) => {
+                problems.push(Problem::error(Rule::InvalidPolicy, field, e.to_string()).in_object(&label));
+                continue;
+            }
+        };
+        let test_set = &spec.evaluation.test_set;
+        let (Some(scripted), false) = (policy.scripted_episodes(), test_set.contains("://")) else { continue };
+        let Ok(rows) = TestSet::load(task.base_dir().join(test_set)) else { continue };
+        let unscripted: Vec<&str> =
+            rows.episodes.iter().map(|e| e.id.as_str()).filter(|id| !scripted.iter().any(|(s, _)| s == id)).collect();
+        if !unscripted.is_empty() {
+            let mut named: Vec<String> = unscripted.iter().take(5).map(|id| format!("{id:?}")).collect();
+            if unscripted.len() > named.len() {
+                named.push("…".into());
+            }
+            problems.push(
+                Problem::warning(
+                    Rule::InvalidPolicy,
+                    field,
+                    format!(
+                        "{} of the {} rows of {test_set} have no script in {} ({}); each of their episodes ends with a policy error",
+                        unscripted.len(),
+                        rows.len(),
+                        path.display(),
+                        named.join(", ")
+                    ),
+                )
+                .in_object(&label),
+            );
+        }
+        for (id, line) in scripted.iter().filter(|(id, _)| rows.get(id).is_none()) {
+            problems.push(
+                Problem::warning(
+                    Rule::InvalidPolicy,
+                    field,
+                    format!(
+                        "{}:{line}: scripts episode {id:?}, which is no row of {test_set}; it is never played",
+                        path.display()
+                    ),
+                )
+                .in_object(&label),
+            );
+        }
+    }
+    problems
+}
+
 fn to_json_spelling(mut problem: Problem, file: &str, object: Option<&str>) -> Problem {
     problem.location = match problem.location {
         Location::Field(path) => Location::Field(harness_json::json_path(&path)),

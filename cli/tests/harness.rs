@@ -502,3 +502,50 @@ fn convert_refuses_a_harness_with_an_unknown_field_as_validate_does() {
     assert!(output.status.success(), "{}", text(&output));
     assert!(std::fs::read_to_string(&out).unwrap().contains("resumeFrom: s3://ckpt/last/"));
 }
+
+/// The scripted policy is read as a run reads it (before: validate said ok,
+/// and `run` or `serve` then refused the file, or played an episode with no
+/// script as a policy error).
+#[test]
+fn validate_reads_the_scripted_policy_as_a_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = basecamp_sandbox::testing::example_copy(dir.path());
+    let p = project.display().to_string();
+    let script = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let mut lines: Vec<&str> = script.lines().collect();
+    lines.pop(); // ship-059's script
+    let stray = r#"{"episode": "ship-999", "turns": [{"content": "x"}]}"#;
+    std::fs::write(project.join("policy.jsonl"), format!("{}\n{stray}\n", lines.join("\n"))).unwrap();
+    let output = basecamp(&["harness", "validate", &p]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(0), "warnings only: {out}");
+    assert!(
+        out.contains(&format!(
+            "warning: HarnessTask/shipping-delay-ab: spec.policy.scripted: 1 of the 60 rows of tests.jsonl have no \
+             script in {p}/policy.jsonl (\"ship-059\"); each of their episodes ends with a policy error"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("{p}/policy.jsonl:60: scripts episode \"ship-999\", which is no row of tests.jsonl")),
+        "{out}"
+    );
+
+    // An episode's line with `id` for `episode`: refused by validate as by run, in words that say so.
+    std::fs::write(project.join("policy.jsonl"), "{\"id\": \"ship-000\", \"turns\": [{\"content\": \"x\"}]}\n")
+        .unwrap();
+    let said = format!(
+        "{p}/policy.jsonl:1: a line with \"turns\" scripts one episode and needs \"episode\": the id of the test-set row it answers"
+    );
+    let output = basecamp(&["harness", "validate", &p]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(
+        text(&output).contains(&format!("error: HarnessTask/shipping-delay-ab: spec.policy.scripted: {said}")),
+        "{}",
+        text(&output)
+    );
+    let out_dir = dir.path().join("out").display().to_string();
+    let output = basecamp(&["run", &p, "--no-progress", "--out", &out_dir]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(text(&output).contains(&said), "{}", text(&output));
+}

@@ -245,6 +245,15 @@ pub struct ScriptedPolicy {
 }
 
 impl ScriptedPolicy {
+    /// The test-set rows a per-episode script answers, with each one's
+    /// line; `None` for one script shared by every episode.
+    pub fn scripted_episodes(&self) -> Option<Vec<(&str, usize)>> {
+        match self.script.as_ref() {
+            Script::Shared(_) => None,
+            Script::PerEpisode(episodes) => Some(episodes.iter().map(|(id, (line, _))| (id.as_str(), *line)).collect()),
+        }
+    }
+
     /// Reads and checks the whole script; every problem names `file:line`.
     pub fn load(config: &ScriptedConfig) -> Result<Self, ScriptedError> {
         let bytes = std::fs::read(&config.path)
@@ -314,6 +323,15 @@ impl ScriptedPolicy {
                 }
                 episodes.insert(episode.episode, (line, episode.turns));
             } else {
+                // `{"id": …, "turns": […]}` is an episode's line with its key misnamed, not a bad response.
+                if value.get("turns").is_some() {
+                    return Err(line_error(
+                        line,
+                        "a line with \"turns\" scripts one episode and needs \"episode\": the id of the test-set row \
+                         it answers"
+                            .to_owned(),
+                    ));
+                }
                 let mut response: ScriptedResponse =
                     serde_json::from_value(value).map_err(|e| line_error(line, format!("invalid response: {e}")))?;
                 check_response(&mut response, base).map_err(|m| line_error(line, m))?;
