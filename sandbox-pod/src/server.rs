@@ -73,6 +73,26 @@ pub fn readable(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> 
     })
 }
 
+/// The episode id of a route's path (`/v1/episodes/{id}/…`). One that is
+/// not UTF-8 names no episode (ids are text): 404 `UnknownEpisode` in the
+/// API's JSON error, where axum's `Path` answered 400 in plain text.
+pub struct EpisodeIdPath(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for EpisodeIdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(EpisodeIdPath(id)),
+            Err(rejection) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "UnknownEpisode",
+                format!("no episode has the id in this path ({})", rejection.body_text()),
+            )),
+        }
+    }
+}
+
 /// What the handlers share: the metrics to serve and the injection queues
 /// the episode runner reads.
 #[derive(Debug, Clone)]
@@ -314,7 +334,7 @@ pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Resul
 
 async fn inject(
     State(state): State<ServerState>,
-    Path(episode): Path<String>,
+    EpisodeIdPath(episode): EpisodeIdPath,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let body = match readable(body) {

@@ -362,6 +362,9 @@ async fn the_answers_of_a_real_episode_match_the_documented_schemas() {
         ("GET", "/v1/episodes/{episode_id}"),
     ] {
         assert_eq!(check(method, path, path.replace("{episode_id}", "missing"), "{}").await.0, 404);
+        // An id that is not UTF-8 names no episode either (before: 400 in plain text, no JSON error).
+        let (status, error) = check(method, path, path.replace("{episode_id}", "%FF"), "{}").await;
+        assert_eq!((status, error["error"]["category"].as_str()), (404, Some("UnknownEpisode")), "{error}");
     }
 
     let (status, content_type, _) = call(addr, "GET", &at("/trace"), "").await;

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -20,7 +20,9 @@ use super::registry::{Entry, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
 use crate::episode::{Episode, EpisodeResult, StepReport};
 use crate::metrics::status_label;
-use crate::server::{ApiError, MAX_BODY_BYTES, MAX_ID_LEN, observability, parse_injection, readable, with_fallbacks};
+use crate::server::{
+    ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, observability, parse_injection, readable, with_fallbacks,
+};
 
 /// Every route server mode serves, as `(method, path)`: the API's own
 /// (built into the router from this same list) and `/metrics`, `/healthz`.
@@ -357,7 +359,7 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
 
-async fn describe(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn describe(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
     let slot = entry.slot.lock().await;
     let mut body = serde_json::to_value(entry.status()).expect("a status serializes");
@@ -409,7 +411,7 @@ fn step_info(report: &StepReport, injections: &[String]) -> Value {
 
 async fn step(
     State(gym): State<GymState>,
-    Path(id): Path<String>,
+    EpisodeIdPath(id): EpisodeIdPath,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = readable(body)?;
@@ -461,7 +463,7 @@ async fn step(
 
 async fn inject(
     State(gym): State<GymState>,
-    Path(id): Path<String>,
+    EpisodeIdPath(id): EpisodeIdPath,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = readable(body)?;
@@ -493,7 +495,7 @@ async fn inject(
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
-async fn close(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn close(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
     let mut slot = entry.slot.lock().await;
     if let Some(episode) = &slot.episode {
@@ -510,7 +512,7 @@ async fn close(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Re
     }
 }
 
-async fn trace(State(gym): State<GymState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn trace(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
     // A forgotten episode was closed, its trace completed.
     let (trace_file, closed) = match gym.registry.get(&id) {
         Some(entry) => {
