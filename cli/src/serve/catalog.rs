@@ -191,21 +191,27 @@ impl Catalog {
     /// Said rather than shown as if every episode were counted. A tree of
     /// traces with no summaries at all is not a run, and gets no note.
     fn note_unscored_shards(&mut self) {
-        // (namespace, task, variant) -> (episodes, scored, shards without a summary)
-        let mut variants: BTreeMap<(&str, &str, &str), (usize, usize, BTreeSet<u32>)> = BTreeMap::new();
+        /// A variant's episodes, how many a summary scored, and the shards of the others.
+        #[derive(Default)]
+        struct Seen {
+            episodes: usize,
+            scored: usize,
+            unscored_shards: BTreeSet<u32>,
+        }
+        let mut variants: BTreeMap<(&str, &str, &str), Seen> = BTreeMap::new();
         for e in &self.episodes {
             let seen = variants.entry((&e.namespace, &e.task, &e.variant)).or_default();
-            seen.0 += 1;
+            seen.episodes += 1;
             if e.from_summary {
-                seen.1 += 1;
+                seen.scored += 1;
             } else {
-                seen.2.insert(e.shard);
+                seen.unscored_shards.insert(e.shard);
             }
         }
         let notes: Vec<String> = variants
             .into_iter()
-            .filter(|(_, (episodes, scored, _))| *scored > 0 && scored < episodes)
-            .map(|((namespace, task, variant), (episodes, scored, shards))| {
+            .filter(|(_, seen)| seen.scored > 0 && seen.scored < seen.episodes)
+            .map(|((namespace, task, variant), Seen { episodes, scored, unscored_shards: shards })| {
                 let shards: Vec<String> = shards.iter().map(u32::to_string).collect();
                 format!(
                     "{namespace}/{task}/{variant}: {} of {episodes} episodes (shard {}) have no shard summary; their metrics \
