@@ -598,14 +598,29 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
     let name = object.get("metadata").and_then(|m| m.get("name")).and_then(serde_json::Value::as_str);
     if let Some(schema) = crate::crd::schema_of(kind) {
         let mut unknown = Vec::new();
+        let mut wrong = Vec::new();
         for (key, child) in object {
             if matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
                 continue;
             }
             match schema.get("properties").and_then(|p| p.get(key)) {
-                Some(child_schema) => unknown_fields(child, child_schema, key, &mut unknown),
+                Some(child_schema) => {
+                    unknown_fields(child, child_schema, key, &mut unknown);
+                    wrong_types(child, child_schema, key, key, &mut wrong);
+                }
                 None => unknown.push(UnknownField { path: key.clone(), key: key.clone(), known: known_keys(schema) }),
             }
+        }
+        for field in wrong {
+            let line = line_of_key(document, &field.key);
+            report.push(Problem::error_at(
+                Rule::InvalidManifest,
+                file_location(file, Some(line.unwrap_or(document.start_line))),
+                format!(
+                    "{} is {}, not {}; the API server refuses it (quote a string, leave a number or boolean unquoted)",
+                    field.path, field.found, field.expected
+                ),
+            ));
         }
         for field in unknown {
             let hint = crate::validate::suggestion(&field.key, field.known.iter().map(String::as_str));
@@ -759,6 +774,84 @@ fn known_keys(schema: &serde_json::Value) -> Vec<String> {
         .and_then(serde_json::Value::as_object)
         .map(|p| p.keys().cloned().collect())
         .unwrap_or_default()
+}
+
+/// A scalar of another type than the CRD's schema gives its field (`shards:
+/// "2"` for an integer): the API server refuses the object, while the
+/// YAML reader here would have taken the text as the number.
+struct WrongType {
+    path: String,
+    key: String,
+    found: String,
+    expected: &'static str,
+}
+
+/// The type the schema gives a scalar field, when it gives exactly one
+/// (a field that is an int or a string, or untyped, has none to check).
+fn scalar_type(schema: &serde_json::Value) -> Option<&'static str> {
+    if schema.get("x-kubernetes-int-or-string").and_then(serde_json::Value::as_bool) == Some(true) {
+        return None;
+    }
+    match schema.get("type").and_then(serde_json::Value::as_str)? {
+        "integer" => Some("an integer"),
+        "number" => Some("a number"),
+        "boolean" => Some("a boolean"),
+        "string" => Some("a string"),
+        _ => None,
+    }
+}
+
+/// Whether `value` is what `expected` ([`scalar_type`]) asks for, or a
+/// text the typed read refuses anyway (`maxSteps: many`), which it reports.
+fn has_type(value: &serde_json::Value, expected: &str) -> bool {
+    match (expected, value) {
+        ("an integer", serde_json::Value::String(text)) => text.trim().parse::<i128>().is_err(),
+        ("a number", serde_json::Value::String(text)) => text.trim().parse::<f64>().is_err(),
+        ("a boolean", serde_json::Value::String(text)) => !matches!(
+            text.trim().to_ascii_lowercase().as_str(),
+            "true" | "false" | "yes" | "no" | "on" | "off" | "y" | "n"
+        ),
+        ("an integer", value) => value.is_i64() || value.is_u64(),
+        ("a number", value) => value.is_number(),
+        ("a boolean", value) => value.is_boolean(),
+        (_, value) => value.is_string(),
+    }
+}
+
+/// Collects scalars of `value` whose type is not the one `schema` gives
+/// their field; `key` is the last key on the way (for its line).
+fn wrong_types(value: &serde_json::Value, schema: &serde_json::Value, path: &str, key: &str, out: &mut Vec<WrongType>) {
+    if schema.get("x-kubernetes-preserve-unknown-fields").and_then(serde_json::Value::as_bool) == Some(true) {
+        return;
+    }
+    match value {
+        serde_json::Value::Object(map) => {
+            let properties = schema.get("properties").and_then(serde_json::Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            for (child_key, child) in map {
+                if let Some(child_schema) = properties.and_then(|p| p.get(child_key)).or(additional) {
+                    wrong_types(child, child_schema, &join_path(path, child_key), child_key, out);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (index, item) in items.iter().enumerate() {
+                    wrong_types(item, item_schema, &format!("{path}[{index}]"), key, out);
+                }
+            }
+        }
+        serde_json::Value::Null => {}
+        scalar => {
+            if let Some(expected) = scalar_type(schema).filter(|expected| !has_type(scalar, expected)) {
+                let found = match scalar {
+                    serde_json::Value::String(text) => format!("the string {text:?}"),
+                    other => format!("the {} {other}", json_type(other)),
+                };
+                out.push(WrongType { path: path.to_string(), key: key.to_string(), found, expected });
+            }
+        }
+    }
 }
 
 /// Collects fields of `value` that `schema` does not define.
@@ -1096,6 +1189,30 @@ mod tests {
         let exported = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\n  namespace: team-a\n  generateName: a-\n  labels: {team: a}\n  annotations: {note: x}\n  uid: 0b6d2c3e-8f1a-4c2b-9d7e-1f2a3b4c5d6e\n  resourceVersion: \"42\"\n  generation: 3\n  creationTimestamp: \"2026-11-30T10:00:00Z\"\n  finalizers: [basecamp.dev/cleanup]\n  ownerReferences: []\n  managedFields: [{manager: kubectl, operation: Apply}]\nspec: {}\n";
         let (_, report) = Manifests::parse("m.yaml", exported);
         assert!(report.is_empty(), "{report}");
+    }
+
+    #[test]
+    fn a_scalar_of_another_type_than_the_crd_gives_is_an_error_at_its_line() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\nspec:\n  maxSteps: \"4\"\n  tools:\n    t:\n      description: 7\n      exec: {command: [\"true\"]}\n";
+        let (_, report) = Manifests::parse("m.yaml", text);
+        // Before: both read as what they look like; kubectl apply is refused by the API server.
+        let messages: Vec<(Location, &str)> =
+            report.problems().iter().map(|p| (p.location.clone(), p.message.as_str())).collect();
+        let refused = "the API server refuses it (quote a string, leave a number or boolean unquoted)";
+        assert_eq!(
+            messages,
+            [
+                (
+                    Location::line("m.yaml", 6),
+                    format!("spec.maxSteps is the string \"4\", not an integer; {refused}").as_str()
+                ),
+                (
+                    Location::line("m.yaml", 9),
+                    format!("spec.tools.t.description is the number 7, not a string; {refused}").as_str()
+                ),
+            ],
+            "{report}"
+        );
     }
 
     #[test]
