@@ -19,9 +19,15 @@ fn basecamp(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
 }
 
+/// A file of `bytes` bytes, `days_old` days old: one named `*.trace` begins as a trace does.
 fn write_aged(path: &std::path::Path, bytes: usize, days_old: u64) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, vec![0u8; bytes]).unwrap();
+    let mut content = vec![0u8; bytes];
+    if path.extension().is_some_and(|e| e == "trace") {
+        let magic = &basecamp_trace::format::MAGIC[..bytes.min(8)];
+        content[..magic.len()].copy_from_slice(magic);
+    }
+    std::fs::write(path, content).unwrap();
     let when = SystemTime::now() - Duration::from_secs(days_old * 86_400);
     File::options().write(true).open(path).unwrap().set_modified(when).unwrap();
 }
@@ -38,6 +44,9 @@ fn only_old_traces_go_and_only_with_delete() {
     write_aged(&root.join("2026/01/a/index.json"), 10, 30);
     write_aged(&root.join("checkpoints/step-1200.safetensors"), 10, 30);
     write_aged(&root.join("2026/01/a/ep-1.rollback_trace.json"), 10, 30);
+    // Named like a trace, but not one (before: counted and deleted as a trace).
+    write_aged(&root.join("notes/fake.json"), 10, 30);
+    std::fs::rename(root.join("notes/fake.json"), root.join("notes/fake.trace")).unwrap();
     let r = root.display().to_string();
 
     let out = basecamp(&["trace", "cleanup", &r, "--older-than", "7d"]);
@@ -47,7 +56,8 @@ fn only_old_traces_go_and_only_with_delete() {
         stdout,
         format!(
             "would delete {r}/2026/01/a/ep-1.trace (100 bytes)\nwould delete {r}/2026/01/a/ep-2.trace (50 bytes)\n\
-             dry run: would delete 2 traces, 150 bytes; 1 newer traces kept; add --delete to delete\n"
+             dry run: would delete 2 traces, 150 bytes; 1 newer traces kept; 1 files that are not traces left alone; \
+             add --delete to delete\n"
         )
     );
     assert!(root.join("2026/01/a/ep-1.trace").exists(), "a dry run deletes nothing");
@@ -58,12 +68,18 @@ fn only_old_traces_go_and_only_with_delete() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(
-        stdout.ends_with("deleted 2 traces, 150 bytes; 1 newer traces kept; 4 files that are not .trace left alone\n"),
+        stdout.ends_with("deleted 2 traces, 150 bytes; 1 newer traces kept; 5 files that are not traces left alone\n"),
         "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{r}/notes/fake.trace: not a basecamp trace (bad magic); left alone")),
+        "{stderr}"
     );
     assert!(!root.join("2026/01/a/ep-1.trace").exists());
     assert!(!root.join("2026/01/a/ep-2.trace").exists());
     for kept in [
+        "notes/fake.trace",
         "2026/01/a/ep-3.trace",
         "2026/01/a/summary.json",
         "2026/01/a/index.json",

@@ -3,7 +3,8 @@
 //! what would go and sums it up; `--delete` deletes. Only files and objects
 //! whose names end in `.trace` are ever considered — checkpoints,
 //! `summary.json`, `index.json`, rollback traces and anything else stay, even
-//! when named explicitly or matched by a glob.
+//! when named explicitly or matched by a glob — and of local files only those
+//! that begin as a trace does (an S3 object is judged by its name).
 //!
 //! A local file's age is its modification time; an S3 object's, its
 //! `LastModified`. `s3://BUCKET/PREFIX` takes every `*.trace` object under
@@ -24,6 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
 use basecamp_sandbox::storage::{Destination, ObjectInfo, Storage};
+use basecamp_trace::format::MAGIC;
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
 use clap::Args;
 
@@ -122,6 +124,11 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
                     continue;
                 }
                 let meta = fs::metadata(&file).with_context(|| format!("{}: cannot read its age", file.display()))?;
+                if !starts_like_a_trace(&file)? {
+                    writeln!(std::io::stderr(), "{}: not a basecamp trace (bad magic); left alone", file.display())?;
+                    plan.kept_other += 1;
+                    continue;
+                }
                 let object = ObjectInfo {
                     relative: String::new(),
                     size: meta.len(),
@@ -136,7 +143,7 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
     }
     let Plan { old, young, kept_other, .. } = plan;
     let note =
-        if kept_other > 0 { format!("; {kept_other} files that are not .trace left alone") } else { String::new() };
+        if kept_other > 0 { format!("; {kept_other} files that are not traces left alone") } else { String::new() };
     if !args.delete {
         for trace in &old {
             writeln!(std::io::stdout(), "would delete {} ({} bytes)", trace.name, trace.size)?;
@@ -196,6 +203,18 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
         bail!("{failed} traces could not be deleted");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a local file begins as a trace does: the magic, or as much of
+/// it as the file holds (a writer killed at once leaves less). A file named
+/// `*.trace` that is something else is never deleted.
+fn starts_like_a_trace(file: &Path) -> anyhow::Result<bool> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(MAGIC.len());
+    fs::File::open(file)
+        .and_then(|f| f.take(MAGIC.len() as u64).read_to_end(&mut head))
+        .with_context(|| format!("{}: cannot read it to check it is a trace", file.display()))?;
+    Ok(MAGIC.starts_with(&head))
 }
 
 /// The directory entry `file` names, however it was spelt: its directory
