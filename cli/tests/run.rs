@@ -356,6 +356,10 @@ fn a_shard_that_cannot_write_its_traces_stops_no_other_and_exits_2() {
     let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
     assert_eq!(variant(&run, "default")["aggregate"]["episodes"], finished);
     assert_eq!(run["failed_shards"][0]["shard"], 1, "{run}");
+    // The rows the shard was to run, none of them counted, and said so.
+    let rows = std::fs::read_to_string(example.join("tests.jsonl")).unwrap().lines().count();
+    assert_eq!(run["failed_shards"][0]["episodes"], rows - finished, "{run}");
+    assert!(stdout.contains(&format!("shard 1 wrote no summary, its {} episodes are not counted", rows - finished)));
     let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
     assert!(report.contains("variant default, shard 1 wrote no summary"));
 }

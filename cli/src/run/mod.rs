@@ -233,10 +233,11 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
         let stop = stop.clone();
         let concurrency = args.concurrency;
         let out_dir = job.out_dir.clone();
+        let episodes = job.inputs.len();
         let task = running.spawn(async move {
             run_shard(job.runner, job.inputs, &job.out_dir, concurrency, stop, |_| progress.inc(1)).await
         });
-        shard_of_task.insert(task.id(), (job.variant, job.shard, out_dir));
+        shard_of_task.insert(task.id(), (job.variant, job.shard, episodes, out_dir));
     }
     // One shard failing stops none of the others (dropping the JoinSet
     // would abort them mid-episode): every shard is waited for, the run is
@@ -248,7 +249,8 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
             Ok((id, _)) => *id,
             Err(failed) => failed.id(),
         };
-        let (variant, shard, dir) = shard_of_task.remove(&task).expect("every shard task is recorded when spawned");
+        let (variant, shard, episodes, dir) =
+            shard_of_task.remove(&task).expect("every shard task is recorded when spawned");
         let error = match joined {
             Ok((_, Ok(summary))) => {
                 shards[variant].push(summary);
@@ -257,7 +259,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
             Ok((_, Err(error))) => format!("cannot write the traces of {}: {error}", dir.display()),
             Err(failed) => format!("the task running {} failed: {failed}", dir.display()),
         };
-        failed_shards.push(summary::FailedShard { variant: variants[variant].name.clone(), shard, error });
+        failed_shards.push(summary::FailedShard { variant: variants[variant].name.clone(), shard, episodes, error });
     }
     failed_shards.sort_by(|a, b| (&a.variant, a.shard).cmp(&(&b.variant, b.shard)));
     progress.finish_and_clear();
@@ -265,8 +267,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let wall_seconds = started.elapsed().as_secs_f64();
 
     let criteria = &task.spec.task_definition.success_criteria;
-    let mut summary = RunSummary::new(&task_name, &out_root, &variants, shards, criteria, wall_seconds);
-    summary.failed_shards = failed_shards;
+    let mut summary = RunSummary::new(&task_name, &out_root, &variants, shards, failed_shards, criteria, wall_seconds);
     summary.manifests =
         args.paths.iter().map(|path| std::path::absolute(path).unwrap_or_else(|_| path.clone())).collect();
     summary.write(&out_root)?;

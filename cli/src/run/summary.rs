@@ -47,13 +47,16 @@ pub struct RunSummary {
 pub struct FailedShard {
     pub variant: String,
     pub shard: u32,
+    /// The test-set rows it was to run: none is in the aggregate, and the
+    /// variant's `lost_episodes` counts them.
+    pub episodes: usize,
     pub error: String,
 }
 
 impl FailedShard {
     /// What the table and the report say of it, after the variant's name.
     pub fn consequence(&self) -> String {
-        format!("shard {} wrote no summary, its episodes are not counted: {}", self.shard, self.error)
+        format!("shard {} wrote no summary, its {} episodes are not counted: {}", self.shard, self.episodes, self.error)
     }
 }
 
@@ -204,6 +207,7 @@ impl RunSummary {
         out_dir: &Path,
         variants: &[ResolvedVariant],
         shards: Vec<Vec<ShardSummary>>,
+        failed_shards: Vec<FailedShard>,
         criteria: &[String],
         wall_seconds: f64,
     ) -> Self {
@@ -226,6 +230,13 @@ impl RunSummary {
                 out_dir,
             ));
         }
+        // A failed shard's episodes ran nowhere: `lost_episodes` counts them.
+        for v in &mut summaries {
+            let unrun: usize = failed_shards.iter().filter(|f| f.variant == v.name).map(|f| f.episodes).sum();
+            if unrun > 0 {
+                v.criteria = evaluate_criteria(criteria, &v.aggregate, v.lost.len() + unrun);
+            }
+        }
         let episodes: u32 = summaries.iter().map(|v| v.aggregate.episodes).sum();
         let comparison = (summaries.len() >= 2).then(|| compare(&summaries[0], &summaries[1]));
         RunSummary {
@@ -237,7 +248,7 @@ impl RunSummary {
             stopped_early,
             variants: summaries,
             comparison,
-            failed_shards: Vec::new(),
+            failed_shards,
         }
     }
 
@@ -510,6 +521,25 @@ mod tests {
         let html = super::super::report::render(&both);
         let row = format!("<tr><td>{DIVERGENCE}</td><td>-</td><td>4.21e-4</td>");
         assert!(html.contains(&row), "{html}");
+    }
+
+    #[test]
+    fn a_failed_shards_episodes_count_as_lost() {
+        let variants = [basecamp_sandbox::run::ResolvedVariant {
+            name: "a".into(),
+            sandbox_name: "s".into(),
+            sandbox: Default::default(),
+        }];
+        let failed = FailedShard { variant: "a".into(), shard: 1, episodes: 4, error: "disk full".into() };
+        let criteria = ["lost_episodes == 0".to_string()];
+        let summary = RunSummary::new("t", Path::new("out"), &variants, vec![Vec::new()], vec![failed], &criteria, 1.0);
+        // Before: met, observed 0, though none of the shard's 4 episodes ran.
+        let lost = &summary.variants[0].criteria[0];
+        assert_eq!((lost.met, lost.observed), (false, Some(4.0)), "{lost:?}");
+        assert_eq!(
+            summary.failed_shards[0].consequence(),
+            "shard 1 wrote no summary, its 4 episodes are not counted: disk full"
+        );
     }
 
     #[test]
