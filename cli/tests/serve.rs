@@ -481,7 +481,10 @@ fn a_report_of_an_s3_prefix_names_the_objects_not_its_deleted_copy() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(result.status.success(), "{stderr}");
+    // The report is written without the unreadable object, which fails the command as every trace tool's
+    // unreadable input does (before: exit 0).
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(stderr.ends_with("error: 1 trace(s) could not be read and are not in the report\n"), "{stderr}");
     let html = fixtures::unpacked_report(&std::fs::read_to_string(&report).unwrap());
     let object = format!("s3://runs/traces/2026/11/30/{NAMESPACE}/{TASK}/a/shard-0/ep-003.trace");
     assert!(html.contains(&format!("file <code>{object}</code>")), "the episode names its object");

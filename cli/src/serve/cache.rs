@@ -231,7 +231,7 @@ impl CatalogCache {
             let digest = state.traces.get(trace).map(|seen| seen.value.clone()).unwrap_or_default();
             match episode_entry(&self.root, trace, summary, digest) {
                 Ok(entry) => catalog.episodes.push(entry),
-                Err(problem) => catalog.problems.push(problem),
+                Err(problem) => catalog.unreadable_trace(problem),
             }
         }
         catalog.finish();

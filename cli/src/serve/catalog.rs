@@ -118,6 +118,8 @@ pub struct Catalog {
     pub episodes: Vec<EpisodeEntry>,
     /// One line per file that was skipped, and why.
     pub problems: Vec<String>,
+    /// How many traces could not be read (each has its line in `problems`).
+    pub unreadable: usize,
     /// What the task page computed from these episodes, kept as long as
     /// the catalog is (`serve` builds a new one when a file changes).
     pub insights: InsightsMemo,
@@ -169,11 +171,17 @@ impl Catalog {
                 });
             match episode_entry(root, file, summary.as_ref(), LazyDigest::default()) {
                 Ok(entry) => catalog.episodes.push(entry),
-                Err(problem) => catalog.problems.push(problem),
+                Err(problem) => catalog.unreadable_trace(problem),
             }
         }
         catalog.finish();
         catalog
+    }
+
+    /// A trace that could not be read, and why.
+    pub(super) fn unreadable_trace(&mut self, problem: String) {
+        self.unreadable += 1;
+        self.problems.push(problem);
     }
 
     /// What every catalog is finished with, scanned or cached: the newest

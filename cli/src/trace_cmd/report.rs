@@ -208,5 +208,10 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     for problem in &catalog.problems {
         eprintln!("warning: {problem}");
     }
+    // As every trace tool does: a trace that could not be read fails the command (the report is written without it).
+    if catalog.unreadable > 0 {
+        eprintln!("error: {} trace(s) could not be read and are not in the report", catalog.unreadable);
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
