@@ -596,6 +596,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
     }
     metadata::check(file, document, kind, object.get("metadata"), report);
     let name = object.get("metadata").and_then(|m| m.get("name")).and_then(serde_json::Value::as_str);
+    let mut wrong_types_found: Vec<WrongType> = Vec::new();
     if let Some(schema) = crate::crd::schema_of(kind) {
         let mut unknown = Vec::new();
         let mut wrong = Vec::new();
@@ -611,17 +612,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
                 None => unknown.push(UnknownField { path: key.clone(), key: key.clone(), known: known_keys(schema) }),
             }
         }
-        for field in wrong {
-            let line = line_of_key(document, &field.key);
-            report.push(Problem::error_at(
-                Rule::InvalidManifest,
-                file_location(file, Some(line.unwrap_or(document.start_line))),
-                format!(
-                    "{} is {}, not {}; the API server refuses it (quote a string, leave a number or boolean unquoted)",
-                    field.path, field.found, field.expected
-                ),
-            ));
-        }
+        wrong_types_found = wrong;
         for field in unknown {
             let hint = crate::validate::suggestion(&field.key, field.known.iter().map(String::as_str));
             let line = line_of_key(document, &field.key);
@@ -632,6 +623,28 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
             ));
         }
     }
+    // Said after the typed read, which stops at its first error: that one is said once, in the typed read's
+    // words where they know more (a number's range), else in the schema walk's.
+    wrong_types_found.sort_by_key(|field| line_of_key(document, &field.key).unwrap_or(document.start_line));
+    let mut say_wrong_types = |typed: Option<(&str, u64, String)>| {
+        let mut typed = typed;
+        for field in &wrong_types_found {
+            let line = line_of_key(document, &field.key).unwrap_or(document.start_line);
+            let (line, message) = match typed.take_if(|(path, _, _)| *path == field.path) {
+                Some((_, typed_line, message)) if matches!(field.expected.as_str(), "integer" | "number") => {
+                    (typed_line, message)
+                }
+                _ => (line, field.message.clone()),
+            };
+            report.push(
+                ManifestError::Invalid { file: file.into(), line, path: field.path.clone(), message }.to_problem(),
+            );
+        }
+        if let Some((path, line, message)) = typed {
+            report
+                .push(ManifestError::Invalid { file: file.into(), line, path: path.to_string(), message }.to_problem());
+        }
+    };
     let source = Source { file: file.to_string(), line: document.start_line };
     let result = match kind {
         "HarnessTask" => deserialize_yaml::<HarnessTask>(&document.padded)
@@ -639,7 +652,11 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         _ => deserialize_yaml::<SandboxConfig>(&document.padded)
             .map(|object| manifests.sandboxes.push(Loaded { object, source })),
     };
-    if let Err(boxed) = result {
+    let Err(boxed) = result else {
+        say_wrong_types(None);
+        return;
+    };
+    {
         if kind == "SandboxConfig"
             && let Some(name) = name
         {
@@ -654,7 +671,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         let (path, error) = *boxed;
         let (line, _) = location_of(&error, document.start_line);
         let message = message_of(&error, value_at(&value, &path));
-        report.push(ManifestError::Invalid { file: file.into(), line, path, message }.to_problem());
+        say_wrong_types(Some((&path, line, message)));
     }
 }
 
@@ -776,52 +793,90 @@ fn known_keys(schema: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A scalar of another type than the CRD's schema gives its field (`shards:
-/// "2"` for an integer): the API server refuses the object, while the
-/// YAML reader here would have taken the text as the number.
+/// A value of another type than the CRD's schema gives its field: the API
+/// server refuses the object. Found for every field at once; the typed
+/// read stops at its first error, which is then not said a second time.
 struct WrongType {
     path: String,
+    /// The last key on the way, for the line.
     key: String,
-    found: String,
-    expected: &'static str,
+    /// The schema's type for the field.
+    expected: String,
+    message: String,
 }
 
-/// The type the schema gives a scalar field, when it gives exactly one
-/// (a field that is an int or a string, or untyped, has none to check).
-fn scalar_type(schema: &serde_json::Value) -> Option<&'static str> {
+/// The type the schema gives a field, when it gives exactly one (a field
+/// that is an int or a string, or untyped, has none to check).
+fn schema_type(schema: &serde_json::Value) -> Option<&str> {
     if schema.get("x-kubernetes-int-or-string").and_then(serde_json::Value::as_bool) == Some(true) {
         return None;
     }
-    match schema.get("type").and_then(serde_json::Value::as_str)? {
-        "integer" => Some("an integer"),
-        "number" => Some("a number"),
-        "boolean" => Some("a boolean"),
-        "string" => Some("a string"),
-        _ => None,
+    schema.get("type").and_then(serde_json::Value::as_str)
+}
+
+/// "an integer", "a mapping", … for a schema type.
+fn a_type(schema_type: &str) -> &'static str {
+    match schema_type {
+        "integer" => "an integer",
+        "number" => "a number",
+        "boolean" => "a boolean",
+        "string" => "a string",
+        "object" => "a mapping",
+        "array" => "a list",
+        _ => "a value",
     }
 }
 
-/// Whether `value` is what `expected` ([`scalar_type`]) asks for, or a
-/// text the typed read refuses anyway (`maxSteps: many`), which it reports.
-fn has_type(value: &serde_json::Value, expected: &str) -> bool {
-    match (expected, value) {
-        ("an integer", serde_json::Value::String(text)) => text.trim().parse::<i128>().is_err(),
-        ("a number", serde_json::Value::String(text)) => text.trim().parse::<f64>().is_err(),
-        ("a boolean", serde_json::Value::String(text)) => !matches!(
-            text.trim().to_ascii_lowercase().as_str(),
-            "true" | "false" | "yes" | "no" | "on" | "off" | "y" | "n"
+/// What is wrong with `value` where the schema wants `expected`, if anything.
+fn wrong_type_message(value: &serde_json::Value, expected: &str, key: &str) -> Option<String> {
+    use serde_json::Value;
+    let fits = match expected {
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "boolean" => value.is_boolean(),
+        "string" => value.is_string(),
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        _ => true,
+    };
+    if fits {
+        return None;
+    }
+    let quoted_scalar = |text: &str| match expected {
+        "integer" => text.trim().parse::<i128>().is_ok(),
+        "number" => text.trim().parse::<f64>().is_ok(),
+        "boolean" => matches!(text.trim(), "true" | "false"),
+        _ => false,
+    };
+    Some(match value {
+        // What the YAML reader here takes for the number or boolean it looks like.
+        Value::String(text) if quoted_scalar(text) => format!(
+            "{text:?} is quoted: a string, not {}; the API server refuses it, so write it unquoted: {key}: {text}",
+            a_type(expected)
         ),
-        ("an integer", value) => value.is_i64() || value.is_u64(),
-        ("a number", value) => value.is_number(),
-        ("a boolean", value) => value.is_boolean(),
-        (_, value) => value.is_string(),
-    }
+        Value::Number(_) | Value::Bool(_) if expected == "string" => format!(
+            "{value} is {}, not a string; the API server refuses it, so quote it: {key}: \"{value}\"",
+            if value.is_boolean() { "a boolean" } else { "a number" }
+        ),
+        Value::String(text) => format!("expected {}, found the string {text:?}", a_type(expected)),
+        Value::Object(_) => format!("expected {}, found a mapping", a_type(expected)),
+        Value::Array(_) => format!("expected {}, found a list", a_type(expected)),
+        other => format!("expected {}, found the {} {other}", a_type(expected), json_type(other)),
+    })
 }
 
-/// Collects scalars of `value` whose type is not the one `schema` gives
+/// Collects the values of `value` whose type is not the one `schema` gives
 /// their field; `key` is the last key on the way (for its line).
 fn wrong_types(value: &serde_json::Value, schema: &serde_json::Value, path: &str, key: &str, out: &mut Vec<WrongType>) {
-    if schema.get("x-kubernetes-preserve-unknown-fields").and_then(serde_json::Value::as_bool) == Some(true) {
+    if value.is_null()
+        || schema.get("x-kubernetes-preserve-unknown-fields").and_then(serde_json::Value::as_bool) == Some(true)
+    {
+        return;
+    }
+    if let Some(expected) = schema_type(schema)
+        && let Some(message) = wrong_type_message(value, expected, key)
+    {
+        out.push(WrongType { path: path.to_string(), key: key.to_string(), expected: expected.to_string(), message });
         return;
     }
     match value {
@@ -841,16 +896,7 @@ fn wrong_types(value: &serde_json::Value, schema: &serde_json::Value, path: &str
                 }
             }
         }
-        serde_json::Value::Null => {}
-        scalar => {
-            if let Some(expected) = scalar_type(schema).filter(|expected| !has_type(scalar, expected)) {
-                let found = match scalar {
-                    serde_json::Value::String(text) => format!("the string {text:?}"),
-                    other => format!("the {} {other}", json_type(other)),
-                };
-                out.push(WrongType { path: path.to_string(), key: key.to_string(), found, expected });
-            }
-        }
+        _ => {}
     }
 }
 
@@ -1198,20 +1244,35 @@ mod tests {
         // Before: both read as what they look like; kubectl apply is refused by the API server.
         let messages: Vec<(Location, &str)> =
             report.problems().iter().map(|p| (p.location.clone(), p.message.as_str())).collect();
-        let refused = "the API server refuses it (quote a string, leave a number or boolean unquoted)";
         assert_eq!(
             messages,
             [
                 (
                     Location::line("m.yaml", 6),
-                    format!("spec.maxSteps is the string \"4\", not an integer; {refused}").as_str()
+                    "spec.maxSteps: \"4\" is quoted: a string, not an integer; the API server refuses it, so write it \
+                     unquoted: maxSteps: 4"
                 ),
                 (
                     Location::line("m.yaml", 9),
-                    format!("spec.tools.t.description is the number 7, not a string; {refused}").as_str()
+                    "spec.tools.t.description: 7 is a number, not a string; the API server refuses it, so quote it: \
+                     description: \"7\""
                 ),
             ],
             "{report}"
+        );
+        // Every one at once: the typed read stops at its first, and says it only when this walk did not.
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\nspec:\n  maxSteps: many\n  rollback: [true]\n  trace:\n    errorContext: \"false\"\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        assert!(manifests.sandboxes.is_empty(), "maxSteps cannot be read");
+        let messages: Vec<String> = report.problems().iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            messages,
+            [
+                "error: m.yaml:6: spec.maxSteps: expected a whole number from 0 to 4294967295, found \"many\"",
+                "error: m.yaml:7: spec.rollback: expected a mapping, found a list",
+                "error: m.yaml:9: spec.trace.errorContext: \"false\" is quoted: a string, not a boolean; the API \
+                 server refuses it, so write it unquoted: errorContext: false",
+            ],
         );
     }
 
