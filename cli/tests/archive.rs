@@ -217,3 +217,21 @@ fn an_archive_and_an_export_can_go_to_stdout() {
     assert!(shown.contains("- is a terminal: the archive is compressed binary"), "{shown}");
     assert!(!shown.contains("archived 1 traces"), "{shown}");
 }
+
+/// A trace cut short or damaged is archived as it is, and the warning says
+/// what is wrong with it (before: "not complete (a killed writer?)" for a
+/// corrupt frame too).
+#[test]
+fn a_damaged_trace_is_archived_with_what_is_wrong_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 3, steps: 4, tokens_per_step: 3, ..Default::default() });
+    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    let cut = dir.path().join("cut.trace");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let (c, a) = (cut.display().to_string(), dir.path().join("a.tar.zst").display().to_string());
+    let out = basecamp(&["trace", "archive", &c, "-o", &a]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.starts_with(&format!("warning: {c}: truncated at byte ")), "{said}");
+    assert!(said.contains("; archived as it is\n"), "{said}");
+}

@@ -89,11 +89,18 @@ struct Index {
 pub struct PreparedMember {
     member: Member,
     frame: Vec<u8>,
+    damage: Option<String>,
 }
 
 impl PreparedMember {
     pub fn member(&self) -> &Member {
         &self.member
+    }
+
+    /// Why the trace is not complete (cut short, or damaged where it was
+    /// read), when it is not: it is archived as it is.
+    pub fn damage(&self) -> Option<&str> {
+        self.damage.as_deref()
     }
 }
 
@@ -107,7 +114,11 @@ pub fn prepare_member(file: &str, name: &str, data: &[u8]) -> Result<PreparedMem
         }
     }
     let header = reader.header().clone();
-    let complete = matches!(reader.tail(), Some(Tail::Complete));
+    let (complete, damage) = match reader.tail() {
+        Some(Tail::Complete) => (true, None),
+        Some(Tail::Damaged(e)) => (false, Some(e.to_string())),
+        None => (false, Some("its end was not reached".to_string())),
+    };
     let steps = reader.steps_recovered();
     let entry = tar_entry(file, name, data)?;
     let frame =
@@ -127,6 +138,7 @@ pub fn prepare_member(file: &str, name: &str, data: &[u8]) -> Result<PreparedMem
             frame_len: frame.len() as u64,
         },
         frame,
+        damage,
     })
 }
 

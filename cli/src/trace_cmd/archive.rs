@@ -94,13 +94,11 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         let data = sources.read_bytes(source)?;
         Ok(prepare_member(&source.name, &source.relative, &data)?)
     };
-    for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), prepare, |i, prepared| match prepared {
+    for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), prepare, |_, prepared| match prepared {
         Ok(member) => {
-            if !member.member().complete {
-                eprintln!(
-                    "warning: {}: the trace is not complete (a killed writer?); archived as it is",
-                    files[i].name
-                );
+            // The damage names the file: "X: truncated at byte N: …", "X: corrupt frame at byte N: …".
+            if let Some(damage) = member.damage() {
+                eprintln!("warning: {damage}; archived as it is");
             }
             input_bytes += member.member().bytes;
             if let Err(e) = writer.append(member) {
