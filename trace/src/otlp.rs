@@ -146,10 +146,16 @@ fn flag(key: &'static str, value: bool) -> KeyValue {
     KeyValue { key, value: AnyValue::Bool(value) }
 }
 
-/// JSON has no NaN or infinity: such a value is the text "null", as a JSON
-/// number it would have been.
+/// JSON has no NaN or infinity: such a value is the text the proto3 JSON
+/// mapping gives it ("NaN", "Infinity", "-Infinity"), so the three stay
+/// apart (they were all "null").
 fn double(key: &'static str, value: f64) -> KeyValue {
-    let value = if value.is_finite() { AnyValue::Double(value) } else { AnyValue::String("null".into()) };
+    let value = match value {
+        v if v.is_finite() => AnyValue::Double(v),
+        v if v.is_nan() => AnyValue::String("NaN".into()),
+        v if v > 0.0 => AnyValue::String("Infinity".into()),
+        _ => AnyValue::String("-Infinity".into()),
+    };
     KeyValue { key, value }
 }
 
@@ -351,4 +357,18 @@ fn evaluation<const N: usize>(time: u64, name: &str, score: f64, extra: [KeyValu
     let mut attributes = vec![text("gen_ai.evaluation.name", name), double("gen_ai.evaluation.score.value", score)];
     attributes.extend(extra);
     Event { attributes, name: "gen_ai.evaluation.result", time_unix_nano: time.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_non_finite_double_keeps_which_it_is() {
+        let shown = |v: f64| serde_json::to_value(double("x", v).value).unwrap();
+        assert_eq!(shown(0.5), serde_json::json!({"doubleValue": 0.5}));
+        assert_eq!(shown(f64::NAN), serde_json::json!({"stringValue": "NaN"}));
+        assert_eq!(shown(f64::INFINITY), serde_json::json!({"stringValue": "Infinity"}));
+        assert_eq!(shown(f64::NEG_INFINITY), serde_json::json!({"stringValue": "-Infinity"}));
+    }
 }
