@@ -301,6 +301,19 @@ const REFUSED_UNCALLED: [&str; 2] = ["invalid_arguments", "unknown_tool"];
 /// goes in the fixture, and the memory policy refuses the write again.
 const REFUSED_AFTER_ANSWER: [&str; 2] = ["null_write_refused", "memory_type"];
 
+/// A recorded latency in milliseconds, taken again by the replay; longer
+/// than any spec duration (168h) it is damage, said where it is (the replay
+/// sandbox would refuse its own fixture naming another tool and a temporary file).
+fn recorded_millis(micros: u64) -> Result<f64> {
+    let most = basecamp_api::duration::MAX_SPEC_DURATION;
+    if micros / 1000 > most.as_millis().unsigned_abs() {
+        bail!(
+            "the recorded latency of {micros} µs is longer than anything may take ({most}); the trace is damaged there"
+        );
+    }
+    Ok(micros as f64 / 1000.0)
+}
+
 /// The tools' recorded answers, in call order, as a fixture. An answer
 /// carries the memory its tool wrote, so the replayed call writes it again
 /// under the memory policy of the replay's configuration.
@@ -326,7 +339,9 @@ fn tool_fixture(records: &[pb::Record], tools: &BTreeMap<String, ToolSpec>) -> R
         if !timed_out && step.latency_micros > 0 {
             // The call takes its time again: later calls of the step, and
             // its plan-step deadline, see the time it used.
-            entry["latencyMs"] = json!(step.latency_micros as f64 / 1000.0);
+            let latency = recorded_millis(step.latency_micros)
+                .with_context(|| format!("step {} ({})", record.step, step.tool))?;
+            entry["latencyMs"] = json!(latency);
         }
         if answered {
             let observation = parse_json(&step.observation_json, "tool observation")
@@ -407,7 +422,8 @@ fn policy_script(records: &[pb::Record]) -> Result<String> {
                 if !turn.content.is_empty() {
                     response["content"] = json!(turn.content);
                 }
-                let calls = parse_json(&turn.tool_calls_json, "policy tool calls")?;
+                let calls = parse_json(&turn.tool_calls_json, "policy tool calls")
+                    .with_context(|| format!("step {} (the policy's turn)", record.step))?;
                 if let Some(calls) = calls.as_array().filter(|c| !c.is_empty()) {
                     let scripted: Vec<Value> = calls
                         .iter()
@@ -425,7 +441,9 @@ fn policy_script(records: &[pb::Record]) -> Result<String> {
                 }
                 // The policy's time counts against the plan step too.
                 if turn.latency_micros > 0 {
-                    response["delay_ms"] = json!(turn.latency_micros as f64 / 1000.0);
+                    let delay = recorded_millis(turn.latency_micros)
+                        .with_context(|| format!("step {} (the policy's turn)", record.step))?;
+                    response["delay_ms"] = json!(delay);
                 }
                 turns.push(response);
             }
@@ -671,6 +689,16 @@ mod tests {
         let script = policy_script(&[turn(750), turn(0)]).unwrap();
         let turns: Vec<Value> = script.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!((turns[0]["delay_ms"].as_f64(), turns[1].get("delay_ms")), (Some(0.75), None));
+
+        // A latency no call can take is damage, said at its step (before: the replay sandbox refused
+        // its own fixture, naming another tool and a temporary file).
+        let err = tool_fixture(&[call(pb::StepStatus::Ok, "", u64::MAX)], &BTreeMap::new()).unwrap_err();
+        assert!(
+            format!("{err:#}").starts_with("step 1 (t): the recorded latency of 18446744073709551615 µs"),
+            "{err:#}"
+        );
+        let err = policy_script(&[turn(u64::MAX)]).unwrap_err();
+        assert!(format!("{err:#}").starts_with("step 1 (the policy's turn): the recorded latency"), "{err:#}");
     }
 
     #[test]
