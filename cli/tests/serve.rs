@@ -461,6 +461,29 @@ fn an_object_deleted_from_s3_leaves_the_view_and_an_unreachable_s3_empties_nothi
     assert_eq!(get(&server.addr, &raw).body, std::fs::read(a.join("ep-000.trace")).unwrap());
 }
 
+/// Without --cache the mirror is the process's own: gone when it stops
+/// (before: SIGTERM ended it on the spot and the copy stayed in the temp dir).
+#[test]
+fn a_temporary_mirror_is_removed_when_serve_stops() {
+    let staging = tempfile::tempdir().unwrap();
+    write_run(staging.path());
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("s3");
+    let a = shard_dir(staging.path(), TASK, "a");
+    copy_tree(&a, &data.join("runs/traces").join(a.strip_prefix(staging.path()).unwrap()));
+    let s3 = S3Server::start(&data);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut envs = s3.env();
+    envs.push(("TMPDIR", tmp.path().display().to_string()));
+    let server = Server::start_with(&["serve", "s3://runs/traces", "--listen", "127.0.0.1:0"], &envs);
+    assert_eq!(get(&server.addr, &task_path()).status, 200);
+    let mirrors = || std::fs::read_dir(tmp.path()).unwrap().count();
+    assert_eq!(mirrors(), 1, "the mirror is in TMPDIR while serving");
+    let status = server.terminate();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(mirrors(), 0, "the mirror is removed");
+}
+
 #[test]
 fn a_report_of_an_s3_prefix_names_the_objects_not_its_deleted_copy() {
     let staging = tempfile::tempdir().unwrap();

@@ -79,6 +79,25 @@ impl ShardSummary {
     }
 }
 
+/// Listens for SIGTERM from now on (its default would end the process on
+/// the spot: no summaries, traces cut, services and temporary files left)
+/// and ends at the first Ctrl-C or SIGTERM. Call it within a Tokio runtime.
+pub fn ctrl_c_or_sigterm() -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let terminated = async {
+            match term.as_mut() {
+                Some(term) => term.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = terminated => {},
+        }
+    }
+}
+
 /// Stops a run early (Ctrl-C): cancel it and every shard winds down.
 pub type StopSignal = tokio_util::sync::CancellationToken;
 

@@ -141,32 +141,13 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Listens for SIGTERM from now on (its default would end the process on
-/// the spot and leave the services running) and ends at the first Ctrl-C
-/// or SIGTERM.
-fn ctrl_c_or_sigterm() -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    async move {
-        let terminated = async {
-            match term.as_mut() {
-                Some(term) => term.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = terminated => {},
-        }
-    }
-}
-
 async fn serve_command(args: ServeArgs) -> ExitCode {
     use basecamp_sandbox::gym::{Gym, serve, setup};
     // Listening from the start: SIGTERM's default while the services start
     // would end the process on the spot and leave them running.
     let stop = StopSignal::new();
     let on_signal = stop.clone();
-    let signalled = ctrl_c_or_sigterm();
+    let signalled = basecamp_sandbox::driver::ctrl_c_or_sigterm();
     tokio::spawn(async move {
         signalled.await;
         on_signal.cancel();
@@ -252,7 +233,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
     let stop = request.stop.clone();
     let shard_done = Arc::new(AtomicBool::new(false));
     let shard_done_for_signal = shard_done.clone();
-    let signalled = ctrl_c_or_sigterm();
+    let signalled = basecamp_sandbox::driver::ctrl_c_or_sigterm();
     tokio::spawn(async move {
         signalled.await;
         if !shard_done_for_signal.load(Ordering::SeqCst) {

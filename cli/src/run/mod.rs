@@ -83,21 +83,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let on_ctrl_c = stop.clone();
     // SIGTERM's default would end the process on the spot: no summaries,
     // and the services (in process groups of their own) left running.
-    let mut terminate = {
+    let signalled = {
         let _context = runtime.enter();
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok()
+        basecamp_sandbox::driver::ctrl_c_or_sigterm()
     };
     runtime.spawn(async move {
-        let terminated = async {
-            match terminate.as_mut() {
-                Some(signal) => signal.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            Ok(()) = tokio::signal::ctrl_c() => {}
-            _ = terminated => {}
-        }
+        signalled.await;
         basecamp_sandbox::stderr_line!(
             "\nstopping: no new episodes; traces so far stay readable (Ctrl-C again to quit at once)"
         );

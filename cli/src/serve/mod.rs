@@ -83,10 +83,16 @@ impl Served {
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    // The mirror of an s3:// DIR without --cache is this process's own, removed when it stops.
+    let mut temporary_mirror = None;
     let dir = if args.dir.starts_with("s3://") {
         let cache = match &args.cache {
             Some(dir) => dir.clone(),
-            None => std::env::temp_dir().join(format!("basecamp-serve-{}", std::process::id())),
+            None => {
+                let dir = std::env::temp_dir().join(format!("basecamp-serve-{}", std::process::id()));
+                temporary_mirror = Some(dir.clone());
+                dir
+            }
         };
         let mirror = mirror::Mirror::new(&args.dir, cache)?;
         let first = runtime.block_on(mirror.sync())?;
@@ -131,8 +137,16 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
         let _ = std::io::stdout().flush();
         let served =
             Served { cache: CatalogCache::new(root.clone()), root, rescan_every_request: args.rescan_every_request };
-        axum::serve(listener, router(served)).await.context("the server stopped")
+        // Ctrl-C or SIGTERM ends it cleanly (SIGTERM's default would skip removing a temporary mirror).
+        axum::serve(listener, router(served))
+            .with_graceful_shutdown(basecamp_sandbox::driver::ctrl_c_or_sigterm())
+            .await
+            .context("the server stopped")
     })?;
+    drop(runtime); // the mirror's refresh stops before its directory goes
+    if let Some(dir) = temporary_mirror {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove the mirror {}", dir.display()))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

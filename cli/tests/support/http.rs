@@ -55,6 +55,22 @@ impl Server {
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+
+    /// Sends SIGTERM, as a pod's end or a service manager would, and waits
+    /// (60 s at most) for the exit status.
+    #[allow(dead_code)] // not every test binary that includes this module stops its server so
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "serve did not stop within 60 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Server {
