@@ -490,6 +490,12 @@ fn parse_row(file: &str, row: crate::jsonl::JsonlRow) -> Result<Episode, Vec<Tes
                 "messages",
                 "the row has neither \"messages\" nor \"instruction\"; give the episode its input".into(),
             ));
+        } else if row.messages.as_ref().is_some_and(Vec::is_empty) && row.instruction.is_none() {
+            // The policy would be asked to answer no conversation at all.
+            errors.push(invalid(
+                "messages",
+                "is empty and the row has no \"instruction\"; give the episode its input".into(),
+            ));
         }
         for (index, message) in row.messages.iter().flatten().enumerate() {
             if !message.get("role").is_some_and(serde_json::Value::is_string) {
@@ -612,9 +618,14 @@ mod tests {
             r#"{"id": "d", "instruction": "x", "expected_memory": {}, "expected_memory_hash": "ab"}"#,
             "\n"
         );
-        let errors = errors(text);
-        assert_eq!(errors.len(), 4, "{errors:?}");
+        let errors = errors(&format!("{text}{}\n", r#"{"id": "e", "messages": []}"#));
+        assert_eq!(errors.len(), 5, "{errors:?}");
         assert!(errors[0].contains("neither \"messages\" nor \"instruction\""), "{}", errors[0]);
+        // Before: accepted, and the policy asked to answer no conversation.
+        assert_eq!(
+            errors[4],
+            "tests.jsonl:5: messages: is empty and the row has no \"instruction\"; give the episode its input"
+        );
         assert!(errors[1].starts_with("tests.jsonl:2: expected_tool_calls[0]"), "{}", errors[1]);
         assert!(errors[2].contains("\"b\" is not one of the expected arguments"), "{}", errors[2]);
         assert!(errors[3].contains("not both"), "{}", errors[3]);

@@ -59,6 +59,15 @@ pub fn parse_action(body: &[u8], step: u32) -> Result<PolicyResponse, ActionErro
     if tool_calls.is_empty() && content.is_none() {
         return Err(refuse("tool_calls", "no tool calls and no `content`: give one or the other"));
     }
+    // Each call's tool message answers it by id: two of one id could not be told apart.
+    for (index, call) in tool_calls.iter().enumerate() {
+        if let Some(first) = tool_calls[..index].iter().position(|c| c.id == call.id) {
+            return Err(refuse(
+                format!("tool_calls[{index}].id"),
+                format!("{:?} is the id of tool_calls[{first}] too; give each call its own, or leave ids out", call.id),
+            ));
+        }
+    }
     let finish_reason = match optional_string(&fields, "finish_reason")? {
         Some(reason) => FinishReason::parse(&reason),
         None if tool_calls.is_empty() => FinishReason::Stop,
@@ -220,6 +229,10 @@ mod tests {
             ),
             (r#"{"content": "x", "raw_logits": {"path": "/a", "tensr": "l"}}"#, "raw_logits: unknown field `tensr`"),
             ("{\"content\": ", "body: not valid JSON at line 1 column 12"),
+            (
+                r#"{"tool_calls": [{"name": "a", "id": "c"}, {"name": "b", "id": "c"}]}"#,
+                "tool_calls[1].id: \"c\" is the id of tool_calls[0] too",
+            ),
         ] {
             let err = parse_action(body.as_bytes(), 1).unwrap_err().to_string();
             assert!(err.starts_with(field), "{body}: {err}");
