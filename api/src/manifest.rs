@@ -552,6 +552,11 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
             report.push(
                 ManifestError::Yaml { file: file.into(), line, column, message: message_of(&error, None) }.to_problem(),
             );
+            // A task naming it hears that it could not be read, not that there is none.
+            if let Some(named) = sandbox_named_in(document) {
+                let source = Source { file: file.to_string(), line: document.start_line };
+                manifests.unreadable_sandboxes.push(Loaded { object: named, source });
+            }
             return;
         }
     };
@@ -673,6 +678,30 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         let message = message_of(&error, value_at(&value, &path));
         say_wrong_types(Some((&path, line, message)));
     }
+}
+
+/// The namespace and name of the SandboxConfig a document that is not
+/// valid YAML defines, read from its lines as they are usually written
+/// (`kind: SandboxConfig` at the top level; `name:` and `namespace:` one
+/// level into `metadata:`); `None` when they do not say.
+fn sandbox_named_in(document: &Document) -> Option<(Option<String>, String)> {
+    let value_of = |line: &str, key: &str| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        let value = rest.split(" #").next().unwrap_or("").trim().trim_matches(|c| c == '"' || c == '\'');
+        (!value.is_empty()).then(|| value.to_string())
+    };
+    let lines: Vec<&str> = document.lines.iter().map(|(_, line)| line.as_str()).collect();
+    if !lines.iter().any(|line| value_of(line, "kind").as_deref() == Some("SandboxConfig")) {
+        return None;
+    }
+    let metadata = lines.iter().position(|line| line.trim_end() == "metadata:")?;
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    let block: Vec<&str> =
+        lines[metadata + 1..].iter().copied().take_while(|line| line.starts_with(' ') || line.is_empty()).collect();
+    let level = indent(block.first()?);
+    let field =
+        |key: &str| block.iter().filter(|line| indent(line) == level).find_map(|line| value_of(line.trim_start(), key));
+    Some((field("namespace"), field("name")?))
 }
 
 /// The Basecamp kind a document is read as, or `None` to skip it. Another
@@ -1125,6 +1154,18 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_task_referencing_a_sandbox_that_is_not_valid_yaml_is_not_told_it_is_missing() {
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  labels: {team: a}\n  name: shop-a # the shop\n  namespace: \"team-a\"\nspec:\n  maxSteps: [1\n---\napiVersion: basecamp.dev/v1alpha1\nkind: HarnessTask\nmetadata: {name: t, namespace: team-a}\nspec:\n  taskDefinition: {}\n  evaluation: {testSet: s3://bucket/tests.jsonl}\n  policy: {endpoint: http://localhost:8000/v1, model: m}\n  sandboxRef: {name: shop-a}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        assert!(report.problems()[0].message.starts_with("invalid YAML"), "{report}");
+        assert_eq!(manifests.unreadable_sandboxes[0].object, (Some("team-a".to_string()), "shop-a".to_string()));
+        // Before: "SandboxConfig \"shop-a\" not found (available: none)", sending the user to look for it.
+        let validation = manifests.validate();
+        let problem = validation.by_rule(Rule::UnknownSandbox).next().expect("the reference is still an error");
+        assert!(problem.message.contains("SandboxConfig \"shop-a\" (m.yaml:1) could not be read"), "{problem}");
     }
 
     #[test]
