@@ -68,6 +68,16 @@ fn pages_are_served_at_stable_urls_with_what_the_traces_say() {
     assert!(unknown.text().contains("has no variant `zz` (it has: a, b)"));
     let bad_key = get(&server.addr, &format!("{}?cluster_by=colour", task_path()));
     assert_eq!(bad_key.status, 400);
+    // The site's own error pages for what axum refuses (before: plain text).
+    let twice = get(&server.addr, &format!("{}?variant=a&variant=b", task_path()));
+    assert_eq!(twice.status, 400);
+    assert!(twice.headers.to_ascii_lowercase().contains("content-type: text/html"), "{}", twice.headers);
+    assert!(twice.text().contains("duplicate field"), "{}", twice.text());
+    for path in [format!("{}%FF", task_path()), "/raw/%FF.trace".to_string()] {
+        let unreadable = get(&server.addr, &path);
+        assert_eq!(unreadable.status, 404, "{path}");
+        assert!(unreadable.text().contains("no page at this path"), "{path}: {}", unreadable.text());
+    }
 
     // The correlation shown is Pearson's r of the data: tool_call_accuracy vs steps.
     let page =
@@ -278,6 +288,10 @@ fn nothing_outside_the_directory_is_served() {
         assert!(r.text().contains("leaves the served directory"), "{path}");
         assert!(!r.text().contains("not for you") && !r.text().contains("password"));
     }
+    // A NUL is no file name, not a way out (before: "the path leaves the served directory").
+    let nul = get(&server.addr, "/raw/a%00.trace");
+    assert_eq!(nul.status, 400);
+    assert!(nul.text().contains("not a file name"), "{}", nul.text());
     assert_eq!(get(&server.addr, "/raw/notes.txt").status, 404, "only .trace and .json files");
     assert_eq!(get(&server.addr, "/raw/missing.trace").status, 404);
     // The symlinked trace is not listed as an episode either.

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use axum::Router;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
@@ -194,11 +195,25 @@ async fn index(State(s): State<Arc<Served>>) -> Response {
     blocking(move || Html(pages::index(&s.catalog(), &s.root.display().to_string())).into_response()).await
 }
 
+/// A path axum could not take apart (not UTF-8 once decoded): no page has it.
+fn unreadable_path(rejection: &PathRejection) -> Response {
+    not_found(&format!("no page at this path ({})", rejection.body_text()))
+}
+
 async fn task(
     State(s): State<Arc<Served>>,
-    UrlPath((namespace, task)): UrlPath<(String, String)>,
-    Query(query): Query<pages::TaskQuery>,
+    path: Result<UrlPath<(String, String)>, PathRejection>,
+    query: Result<Query<pages::TaskQuery>, QueryRejection>,
 ) -> Response {
+    // The site's own error pages, not axum's plain-text rejections.
+    let UrlPath((namespace, task)) = match path {
+        Ok(path) => path,
+        Err(rejection) => return unreadable_path(&rejection),
+    };
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(rejection) => return bad_request(&rejection.body_text()),
+    };
     blocking(move || match pages::task(&s.catalog(), &namespace, &task, &query) {
         None => not_found(&format!("no task {namespace}/{task} under this directory")),
         Some(Err(problem)) => bad_request(&problem),
@@ -209,8 +224,12 @@ async fn task(
 
 async fn episode(
     State(s): State<Arc<Served>>,
-    UrlPath((namespace, task, variant, episode)): UrlPath<(String, String, String, String)>,
+    path: Result<UrlPath<(String, String, String, String)>, PathRejection>,
 ) -> Response {
+    let UrlPath((namespace, task, variant, episode)) = match path {
+        Ok(path) => path,
+        Err(rejection) => return unreadable_path(&rejection),
+    };
     blocking(move || match pages::episode_page(&s.catalog(), &namespace, &task, &variant, &episode) {
         None => not_found(&format!("no episode {variant}/{episode} in task {namespace}/{task}")),
         Some(page) => Html(page).into_response(),
@@ -221,6 +240,8 @@ async fn episode(
 /// Why a `/raw/` path is refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refused {
+    /// A NUL or a backslash: no file of the tree is called so.
+    NotAName,
     /// `..`, an absolute path or a symlink that leads out of the directory.
     Escapes,
     /// Not a `.trace` or `.json` file.
@@ -231,7 +252,7 @@ pub enum Refused {
 /// The file `/raw/<relative>` names, confined to `root` (already canonical).
 pub fn confined(root: &Path, relative: &str) -> Result<PathBuf, Refused> {
     if relative.contains('\0') || relative.contains('\\') {
-        return Err(Refused::Escapes);
+        return Err(Refused::NotAName);
     }
     let path = Path::new(relative);
     if !path.components().all(|c| matches!(c, Component::Normal(_))) {
@@ -248,8 +269,13 @@ pub fn confined(root: &Path, relative: &str) -> Result<PathBuf, Refused> {
     Ok(real)
 }
 
-async fn raw(State(s): State<Arc<Served>>, UrlPath(path): UrlPath<String>) -> Response {
+async fn raw(State(s): State<Arc<Served>>, path: Result<UrlPath<String>, PathRejection>) -> Response {
+    let UrlPath(path) = match path {
+        Ok(path) => path,
+        Err(rejection) => return unreadable_path(&rejection),
+    };
     blocking(move || match confined(&s.root, &path) {
+        Err(Refused::NotAName) => bad_request(&format!("{path:?}: not a file name (a NUL or a backslash)")),
         Err(Refused::Escapes) => bad_request(&format!("{path}: the path leaves the served directory")),
         Err(Refused::NotServed) => not_found(&format!("{path}: only .trace and .json files are served")),
         Err(Refused::Missing) => not_found(&format!("{path}: no such file")),
@@ -289,6 +315,7 @@ mod tests {
         );
         assert_eq!(confined(&root, "/etc/passwd"), Err(Refused::Escapes));
         assert_eq!(confined(&root, "a/link.trace"), Err(Refused::Escapes));
+        assert_eq!(confined(&root, "a\0.trace"), Err(Refused::NotAName));
         assert_eq!(confined(&root, "a/shard-0/notes.txt"), Err(Refused::NotServed));
         assert_eq!(confined(&root, "a/shard-0/none.trace"), Err(Refused::Missing));
     }
