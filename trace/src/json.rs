@@ -11,7 +11,7 @@ use serde::ser::{Error as _, Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Value, json};
 
 use crate::TraceError;
-use crate::pb::{Header, Record};
+use crate::pb::{Header, Record, record::Body};
 use crate::reader::{Tail, TraceContents, TraceReader};
 
 /// `{"complete", "damage", "file", "header", "records": [...]}`, written as
@@ -158,14 +158,65 @@ pub fn trace_to_json(file: &str, trace: &TraceContents) -> Value {
 /// enum value from a newer writer) becomes `{"step", "unshowable": reason}`
 /// rather than failing the whole document.
 pub fn record_to_json(record: &Record) -> Value {
-    serde_json::to_value(record).unwrap_or_else(|e| json!({ "step": record.step, "unshowable": e.to_string() }))
+    let mut value =
+        serde_json::to_value(record).unwrap_or_else(|e| json!({ "step": record.step, "unshowable": e.to_string() }));
+    restore_non_finite(record, &mut value);
+    value
+}
+
+/// serde_json writes a float JSON cannot hold (NaN, ±infinity) as `null`;
+/// the proto3 JSON mapping writes it as the text "NaN", "Infinity" or
+/// "-Infinity", so the three stay apart. Put back where the record has one
+/// (its float fields: rewards, token logprobs).
+fn restore_non_finite(record: &Record, value: &mut Value) {
+    let mut set = |pointer: String, v: f64| {
+        if v.is_finite() {
+            return;
+        }
+        let text = if v.is_nan() {
+            "NaN"
+        } else if v > 0.0 {
+            "Infinity"
+        } else {
+            "-Infinity"
+        };
+        if let Some(slot) = value.pointer_mut(&pointer) {
+            *slot = Value::String(text.into());
+        }
+    };
+    match &record.body {
+        Some(Body::RewardSignal(r)) => {
+            set("/rewardSignal/weightedSum".into(), r.weighted_sum);
+            for (i, c) in r.components.iter().enumerate() {
+                set(format!("/rewardSignal/components/{i}/score"), c.score);
+                set(format!("/rewardSignal/components/{i}/weight"), c.weight);
+            }
+            for (i, d) in r.weight_deltas.iter().enumerate() {
+                set(format!("/rewardSignal/weightDeltas/{i}/oldWeight"), d.old_weight);
+                set(format!("/rewardSignal/weightDeltas/{i}/newWeight"), d.new_weight);
+            }
+        }
+        Some(Body::TokenLogit(t)) => {
+            set("/tokenLogit/logprob".into(), f64::from(t.logprob));
+            for (i, lp) in t.top_logprobs.iter().enumerate() {
+                set(format!("/tokenLogit/topLogprobs/{i}"), f64::from(*lp));
+            }
+            if let Some(entropy) = t.entropy {
+                set("/tokenLogit/entropy".into(), f64::from(entropy));
+            }
+            if let Some(kl) = t.kl {
+                set("/tokenLogit/kl".into(), f64::from(kl));
+            }
+        }
+        _ => {}
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::TraceError;
-    use crate::pb::{Header, PlanStep, record::Body};
+    use crate::pb::{Header, PlanStep, RewardComponent, RewardSignal, TokenLogit};
 
     fn contents(tail: Tail) -> TraceContents {
         let records = vec![
@@ -205,5 +256,36 @@ mod tests {
             assert_eq!(trace_to_json(file, &trace), value);
             assert!(value["records"][1]["unshowable"].as_str().unwrap().contains("42"));
         }
+    }
+
+    #[test]
+    fn a_float_json_cannot_hold_is_the_proto3_text_not_null() {
+        let reward = Record {
+            step: 2,
+            body: Some(Body::RewardSignal(RewardSignal {
+                components: vec![RewardComponent { name: "c".into(), score: f64::NAN, weight: f64::INFINITY }],
+                weighted_sum: f64::NEG_INFINITY,
+                weight_deltas: vec![],
+            })),
+        };
+        // Before: null, null, null — which of the three was lost.
+        let json = record_to_json(&reward);
+        assert_eq!(json["rewardSignal"]["components"][0]["score"], "NaN");
+        assert_eq!(json["rewardSignal"]["components"][0]["weight"], "Infinity");
+        assert_eq!(json["rewardSignal"]["weightedSum"], "-Infinity");
+        let token = Record {
+            step: 1,
+            body: Some(Body::TokenLogit(TokenLogit {
+                token: "a".into(),
+                logprob: -0.5,
+                top_logprobs: vec![-0.5, f32::NEG_INFINITY],
+                kl: Some(f32::INFINITY),
+                ..Default::default()
+            })),
+        };
+        let json = record_to_json(&token);
+        assert_eq!(json["tokenLogit"]["logprob"], -0.5);
+        assert_eq!(json["tokenLogit"]["topLogprobs"], json!([-0.5, "-Infinity"]));
+        assert_eq!(json["tokenLogit"]["kl"], "Infinity");
     }
 }
