@@ -322,6 +322,12 @@ pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Resul
     if request.observation.is_null() {
         return Err(invalid(format!("`observation` is null: give the observation to inject; {INJECT_BODY_SHAPE}")));
     }
+    // Steps are numbered from 1 (as `basecamp sandbox inject --at-step` says); 0 was taken as "the next turn".
+    if request.at_step == Some(0) {
+        return Err(invalid(format!(
+            "`at_step` is 0: steps are numbered from 1; leave it out for the next turn; {INJECT_BODY_SHAPE}"
+        )));
+    }
     let id = match request.id {
         Some(id) => {
             check_id("`id`", &id).map_err(invalid)?;

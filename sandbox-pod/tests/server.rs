@@ -468,6 +468,8 @@ async fn bad_injection_bodies_get_400_with_a_reason_and_queue_nothing() {
         (r#"{"observation": "x", "at_step": -1}"#, "invalid value: integer `-1`"),
         (r#"{"observation": "x", "at_step": "two"}"#, "invalid type: string \"two\""),
         (r#"{"observation": null}"#, "`observation` is null"),
+        // Before: taken as the next turn, while the CLI's --at-step refused 0.
+        (r#"{"observation": "x", "at_step": 0}"#, "`at_step` is 0: steps are numbered from 1"),
         (r#"{"observation": "x", "id": " "}"#, "`id` is empty"),
         (r#"["observation"]"#, "the injection body is an array, not an object"),
         ("42", "the injection body is a number, not an object"),
