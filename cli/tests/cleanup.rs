@@ -256,3 +256,19 @@ fn a_trace_reached_by_two_spellings_counts_once_and_is_deleted_once() {
     assert!(String::from_utf8(out.stdout).unwrap().ends_with("deleted 2 traces, 150 bytes; 0 newer traces kept\n"));
     assert!(!root.join("a/ep-1.trace").exists() && !root.join("a/ep-2.trace").exists());
 }
+
+/// A snapshot tree of hard links (`cp -al`, `rsync --link-dest`) holds
+/// each old trace under two names: both go, or nothing is freed.
+#[test]
+fn hard_linked_copies_of_an_old_trace_all_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_aged(&root.join("a/ep-1.trace"), 100, 30);
+    std::fs::create_dir_all(root.join("b")).unwrap();
+    std::fs::hard_link(root.join("a/ep-1.trace"), root.join("b/ep-1.trace")).unwrap();
+    let r = root.display().to_string();
+    let out = basecamp(&["trace", "cleanup", &r, "--older-than", "7d", "--delete"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("deleted 2 traces, 200 bytes; 0 newer traces kept\n"));
+    assert!(!root.join("a/ep-1.trace").exists() && !root.join("b/ep-1.trace").exists());
+}

@@ -116,3 +116,33 @@ fn zero_workers_or_a_zero_timeout_are_refused_naming_the_flag() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("a value is required for '--episode <EPISODE>' but none was supplied"), "{stderr}");
 }
+
+/// One file reached by several spellings across the arguments (`run
+/// ./run`, `$PWD/run`, a symbolic link) is checked once; a hard-linked copy
+/// is another name in the tree, counted as one (before: 4 traces for 2 files,
+/// and an inode test that held only within one argument).
+#[test]
+fn a_trace_given_by_several_spellings_is_checked_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    for seed in 1..=2 {
+        let ep = generate(&EpisodeShape { seed, steps: 3, tokens_per_step: 2, ..Default::default() });
+        std::fs::write(run.join(format!("ep-{seed}.trace")), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    }
+    std::os::unix::fs::symlink(&run, dir.path().join("link")).unwrap();
+    let checked = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["trace", "validate"])
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stdout));
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let absolute = run.display().to_string();
+    assert_eq!(checked(&["run", "./run", &absolute, "link", "run/ep-1.trace"]), "2 traces checked: all valid\n");
+    std::fs::hard_link(run.join("ep-1.trace"), run.join("copy.trace")).unwrap();
+    assert_eq!(checked(&["run", "./run"]), "3 traces checked: all valid\n");
+}

@@ -2,8 +2,7 @@
 //!
 //! [`expand_inputs`] turns what a user typed (files, directories searched
 //! recursively for `*.trace`, glob patterns with `*`, `?`, `[...]` and `**`)
-//! into a sorted list of files, each file once however it was spelt
-//! (`run ./run`, a symbolic link), without reading any of them.
+//! into a sorted, de-duplicated list of files, without reading any of them.
 //! [`for_each_ordered`] then works through that list on several threads, one
 //! file per task, and hands each result back in input order, so output is
 //! stable however the threads interleave and only a bounded window of results
@@ -58,7 +57,7 @@ pub struct Input {
 /// Like [`expand_inputs`], with each file's [`Input::relative`] name.
 pub fn expand_inputs_named<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<Input>, InputError> {
     let mut out = Vec::new();
-    let mut seen: std::collections::HashSet<FileKey> = std::collections::HashSet::new();
+    let mut seen = std::collections::HashSet::new();
     for arg in args {
         let arg = arg.as_ref();
         let mut found = Vec::new();
@@ -85,7 +84,7 @@ pub fn expand_inputs_named<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Ve
             };
         }
         for path in found {
-            if seen.insert(FileKey::of(&path)) {
+            if seen.insert(path.clone()) {
                 let relative = path.strip_prefix(&base).unwrap_or(&path);
                 let relative: Vec<String> = relative
                     .components()
@@ -100,28 +99,6 @@ pub fn expand_inputs_named<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Ve
         return Err(InputError::Nothing);
     }
     Ok(out)
-}
-
-/// What makes two paths one file: `run` and `./run`, `$PWD/run` or a
-/// symbolic link to it reach the same traces, which a tool must count once.
-#[derive(Debug, PartialEq, Eq, Hash)]
-enum FileKey {
-    /// Device and inode: the file itself, however it was reached.
-    #[cfg(unix)]
-    Inode(u64, u64),
-    /// The path with every link resolved; the path as given when it cannot be.
-    Path(PathBuf),
-}
-
-impl FileKey {
-    fn of(path: &Path) -> FileKey {
-        #[cfg(unix)]
-        if let Ok(meta) = fs::metadata(path) {
-            use std::os::unix::fs::MetadataExt;
-            return FileKey::Inode(meta.dev(), meta.ino());
-        }
-        FileKey::Path(fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()))
-    }
 }
 
 /// The components of a glob pattern before the first wildcard.
@@ -408,13 +385,6 @@ mod tests {
         let named = expand_inputs_named(&[format!("{r}/b/**/*.trace")], ".trace").unwrap();
         let rel: Vec<&str> = named.iter().map(|i| i.relative.as_str()).collect();
         assert_eq!(rel, ["a.trace", "deep/z.trace"]);
-
-        // The same files by other spellings (before: each counted again by parse, search, validate, export).
-        std::os::unix::fs::symlink(root.join("b"), root.join("link")).unwrap();
-        let spellings = [r.clone(), format!("{r}/./b"), format!("{r}/b/../c.trace"), format!("{r}/link")];
-        let got = expand_inputs(&spellings, ".trace").unwrap();
-        let rel: Vec<String> = got.iter().map(|p| p.strip_prefix(root).unwrap().display().to_string()).collect();
-        assert_eq!(rel, ["b/a.trace", "b/deep/z.trace", "c.trace"]);
 
         assert!(matches!(expand_inputs(&[format!("{r}/nope")], ".trace"), Err(InputError::Missing(_))));
         assert!(matches!(expand_inputs(&[format!("{r}/*.nope")], ".trace"), Err(InputError::NoMatch(_))));

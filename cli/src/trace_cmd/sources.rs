@@ -179,9 +179,13 @@ impl Sources {
             };
             for source in found {
                 // By the file itself: two names that differ only in bytes
-                // that are not UTF-8 display alike, and both are inputs.
+                // that are not UTF-8 display alike, and both are inputs; one
+                // reached by two spellings (`run ./run`, `$PWD/run`, a
+                // symbolic link) is one input. Hard links stay two names.
                 let key = match &source.location {
-                    Location::Local(path) => path.clone().into_os_string(),
+                    Location::Local(path) => {
+                        std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()).into_os_string()
+                    }
                     Location::S3(_) => source.name.clone().into(),
                 };
                 if seen.insert((matches!(source.location, Location::S3(_)), key)) {
