@@ -77,6 +77,25 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
             args.file.display()
         );
     }
+    // Cut off by a stop or a client's close: its end is not the episode's to reproduce.
+    let cancelled = recorded
+        .records
+        .iter()
+        .any(|r| matches!(&r.body, Some(Body::EpisodeEnd(end)) if end.outcome == pb::Outcome::Cancelled as i32));
+    if cancelled {
+        let why = recorded
+            .records
+            .iter()
+            .find_map(|r| match &r.body {
+                Some(Body::ErrorContext(e)) if e.error_type == "cancelled" => Some(format!(" ({})", e.message)),
+                _ => None,
+            })
+            .unwrap_or_default();
+        bail!(
+            "cannot replay {}: the episode was cancelled before it finished{why}; replay needs a finished episode",
+            args.file.display()
+        );
+    }
     let header = recorded.header.clone();
     let manifests = if args.config.is_empty() {
         let (run_file, manifests) = manifests_of_run(&args.file, &header.task)

@@ -240,6 +240,17 @@ fn ctrl_c_during_a_run_leaves_readable_traces_and_a_partial_summary() {
     let validate =
         Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "validate"]).arg(out.path()).output().unwrap();
     assert!(validate.status.success(), "{}", String::from_utf8_lossy(&validate.stdout));
+    // A cut-off episode is not one to replay: said so (before: a divergence at its end).
+    let (variant, id) = &interrupted[0];
+    let shard = (0..2).map(|s| out.path().join(format!("{variant}/shard-{s}/{id}.trace"))).find(|p| p.exists());
+    let replay = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "replay"])
+        .arg(shard.expect("the interrupted episode's trace"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&replay.stderr);
+    assert_eq!(replay.status.code(), Some(1), "{said}");
+    assert!(said.contains("the episode was cancelled before it finished"), "{said}");
 }
 
 #[test]
