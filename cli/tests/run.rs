@@ -240,6 +240,25 @@ fn ctrl_c_during_a_run_leaves_readable_traces_and_a_partial_summary() {
     let validate =
         Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "validate"]).arg(out.path()).output().unwrap();
     assert!(validate.status.success(), "{}", String::from_utf8_lossy(&validate.stdout));
+    // serve's and report's catalog leaves the cut-off episodes out, as the run's totals do
+    // (before: counted as failures, and said to have no shard summary).
+    let report = out.path().join("report-of-traces.html");
+    let reported = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "report"])
+        .arg(out.path())
+        .arg("-o")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&reported.stderr);
+    assert!(reported.status.success(), "{said}");
+    assert!(!said.contains("no shard summary"), "{said}");
+    assert!(said.contains("episode(s) cut off by a stop (so their shard summaries say) are left out"), "{said}");
+    let reported_episodes: u64 = String::from_utf8_lossy(&reported.stdout)
+        .split_once(": ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .expect("wrote FILE: N episodes");
+    assert_eq!(reported_episodes, finished, "{}", String::from_utf8_lossy(&reported.stdout));
     // A cut-off episode is not one to replay: said so (before: a divergence at its end).
     let (variant, id) = &interrupted[0];
     let shard = (0..2).map(|s| out.path().join(format!("{variant}/shard-{s}/{id}.trace"))).find(|p| p.exists());

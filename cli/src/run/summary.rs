@@ -331,7 +331,7 @@ impl RunSummary {
             }
             if !v.interrupted.is_empty() || !v.not_started.is_empty() {
                 out.push_str(&format!(
-                    "\n{}: stopped early: {} cut off (partial traces kept), {} not started",
+                    "\n{}: stopped early: {} cut off (their traces end as cancelled), {} not started",
                     v.name,
                     v.interrupted.len(),
                     v.not_started.len()

@@ -228,6 +228,10 @@ impl CatalogCache {
                 }
                 None => None,
             };
+            if let Some(index) = summary.filter(|index| index.cut_off(trace)) {
+                catalog.left_out_cut_off(index);
+                continue;
+            }
             let digest = state.traces.get(trace).map(|seen| seen.value.clone()).unwrap_or_default();
             match episode_entry(&self.root, trace, summary, digest) {
                 Ok(entry) => catalog.episodes.push(entry),

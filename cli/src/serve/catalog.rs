@@ -120,6 +120,9 @@ pub struct Catalog {
     pub problems: Vec<String>,
     /// How many traces could not be read (each has its line in `problems`).
     pub unreadable: usize,
+    /// Episodes a stop cut off, by namespace, task and variant: their shard
+    /// summaries name them, and they are left out as the run's totals leave them out.
+    pub(super) cut_off: BTreeMap<(String, String, String), usize>,
     /// What the task page computed from these episodes, kept as long as
     /// the catalog is (`serve` builds a new one when a file changes).
     pub insights: InsightsMemo,
@@ -169,6 +172,10 @@ impl Catalog {
                         None
                     }
                 });
+            if let Some(index) = summary.as_ref().filter(|index| index.cut_off(file)) {
+                catalog.left_out_cut_off(index);
+                continue;
+            }
             match episode_entry(root, file, summary.as_ref(), LazyDigest::default()) {
                 Ok(entry) => catalog.episodes.push(entry),
                 Err(problem) => catalog.unreadable_trace(problem),
@@ -176,6 +183,12 @@ impl Catalog {
         }
         catalog.finish();
         catalog
+    }
+
+    /// An episode of `index`'s shard that a stop cut off, left out.
+    pub(super) fn left_out_cut_off(&mut self, index: &ShardIndex) {
+        let s = &index.summary;
+        *self.cut_off.entry((non_empty(&s.namespace), s.task.clone(), s.variant.clone())).or_default() += 1;
     }
 
     /// A trace that could not be read, and why.
@@ -190,6 +203,12 @@ impl Catalog {
     pub(super) fn finish(&mut self) {
         self.keep_latest();
         self.note_unscored_shards();
+        for ((namespace, task, variant), count) in std::mem::take(&mut self.cut_off) {
+            self.problems.push(format!(
+                "{namespace}/{task}/{variant}: {count} episode(s) cut off by a stop (so their shard summaries say) \
+                 are left out, as the run's totals leave them out"
+            ));
+        }
     }
 
     /// A variant some of whose episodes have a shard summary and some do
@@ -288,6 +307,12 @@ pub struct ShardIndex {
 }
 
 impl ShardIndex {
+    /// Whether the summary names `trace` as an episode a stop cut off.
+    pub fn cut_off(&self, trace: &Path) -> bool {
+        let name = trace.file_name().map(|n| n.to_string_lossy());
+        name.is_some_and(|name| self.summary.interrupted_traces.iter().any(|t| *t == name))
+    }
+
     /// The summary at `path`: `None` when there is none (or it cannot be
     /// read), `Err` (the problem to show) when it is not a shard summary.
     pub fn read(path: &Path) -> Result<Option<ShardIndex>, String> {
