@@ -630,11 +630,14 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
     }
     // Said after the typed read, which stops at its first error: that one is said once, in the typed read's
     // words where they know more (a number's range), else in the schema walk's.
-    wrong_types_found.sort_by_key(|field| line_of_key(document, &field.key).unwrap_or(document.start_line));
+    let line_of = |field: &WrongType| {
+        line_of_key(document, &field.key).or_else(|| line_of_path(document, &field.path)).unwrap_or(document.start_line)
+    };
+    wrong_types_found.sort_by_key(line_of);
     let mut say_wrong_types = |typed: Option<(&str, u64, String)>| {
         let mut typed = typed;
         for field in &wrong_types_found {
-            let line = line_of_key(document, &field.key).unwrap_or(document.start_line);
+            let line = line_of(field);
             let (line, message) = match typed.take_if(|(path, _, _)| *path == field.path) {
                 Some((_, typed_line, message)) if matches!(field.expected.as_str(), "integer" | "number") => {
                     (typed_line, message)
@@ -857,7 +860,7 @@ fn a_type(schema_type: &str) -> &'static str {
 }
 
 /// What is wrong with `value` where the schema wants `expected`, if anything.
-fn wrong_type_message(value: &serde_json::Value, expected: &str, key: &str) -> Option<String> {
+fn wrong_type_message(value: &serde_json::Value, expected: &str) -> Option<String> {
     use serde_json::Value;
     let fits = match expected {
         "integer" => value.is_i64() || value.is_u64(),
@@ -880,12 +883,13 @@ fn wrong_type_message(value: &serde_json::Value, expected: &str, key: &str) -> O
     Some(match value {
         // What the YAML reader here takes for the number or boolean it looks like.
         Value::String(text) if quoted_scalar(text) => format!(
-            "{text:?} is quoted: a string, not {}; the API server refuses it, so write it unquoted: {key}: {text}",
+            "{text:?} is quoted: a string, not {}; the API server refuses it, so write it unquoted",
             a_type(expected)
         ),
+        // Said as YAML read it (`1.10` is 1.1, `no` false), so the value to quote is the one written.
         Value::Number(_) | Value::Bool(_) if expected == "string" => format!(
-            "{value} is {}, not a string; the API server refuses it, so quote it: {key}: \"{value}\"",
-            if value.is_boolean() { "a boolean" } else { "a number" }
+            "YAML reads this as the {} {value}, not a string; the API server refuses it, so quote the value as written",
+            if value.is_boolean() { "boolean" } else { "number" }
         ),
         Value::String(text) => format!("expected {}, found the string {text:?}", a_type(expected)),
         Value::Object(_) => format!("expected {}, found a mapping", a_type(expected)),
@@ -903,7 +907,7 @@ fn wrong_types(value: &serde_json::Value, schema: &serde_json::Value, path: &str
         return;
     }
     if let Some(expected) = schema_type(schema)
-        && let Some(message) = wrong_type_message(value, expected, key)
+        && let Some(message) = wrong_type_message(value, expected)
     {
         out.push(WrongType { path: path.to_string(), key: key.to_string(), expected: expected.to_string(), message });
         return;
@@ -971,15 +975,32 @@ fn join_path(prefix: &str, key: &str) -> String {
 /// The line where `key:` occurs in the document (as a block or flow
 /// mapping key), when it occurs exactly once.
 fn line_of_key(document: &Document, key: &str) -> Option<u64> {
-    let needles = [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")];
-    let is_key_at = |line: &str, index: usize| {
-        line[..index].chars().next_back().is_none_or(|c| c.is_whitespace() || matches!(c, '{' | ',' | '-'))
-    };
-    let mut found = document.lines.iter().filter(|(_, line)| {
-        needles.iter().any(|needle| line.match_indices(needle.as_str()).any(|(index, _)| is_key_at(line, index)))
-    });
+    let mut found = document.lines.iter().filter(|(_, line)| holds_key(line, key));
     let first = found.next()?;
     if found.next().is_some() { None } else { Some(first.0) }
+}
+
+/// Whether `line` holds `key:` as a mapping key (block or flow, quoted or not).
+fn holds_key(line: &str, key: &str) -> bool {
+    let needles = [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")];
+    let is_key_at = |index: usize| {
+        line[..index].chars().next_back().is_none_or(|c| c.is_whitespace() || matches!(c, '{' | ',' | '-'))
+    };
+    needles.iter().any(|needle| line.match_indices(needle.as_str()).any(|(index, _)| is_key_at(index)))
+}
+
+/// The line of a field path (`spec.tools.t.description`): each key looked
+/// for after the line of the one before, so a key the document uses many
+/// times (`weight`, `command`) is found where this path has it.
+fn line_of_path(document: &Document, path: &str) -> Option<u64> {
+    let mut from = 0;
+    let mut line = None;
+    for key in path.split('.').map(|segment| segment.split('[').next().unwrap_or(segment)).filter(|k| !k.is_empty()) {
+        let at = document.lines[from..].iter().position(|(_, text)| holds_key(text, key))? + from;
+        line = Some(document.lines[at].0);
+        from = at;
+    }
+    line
 }
 
 fn location_of(error: &serde_saphyr::Error, fallback_line: u64) -> (u64, u64) {
@@ -1291,16 +1312,22 @@ mod tests {
                 (
                     Location::line("m.yaml", 6),
                     "spec.maxSteps: \"4\" is quoted: a string, not an integer; the API server refuses it, so write it \
-                     unquoted: maxSteps: 4"
+                     unquoted"
                 ),
                 (
                     Location::line("m.yaml", 9),
-                    "spec.tools.t.description: 7 is a number, not a string; the API server refuses it, so quote it: \
-                     description: \"7\""
+                    "spec.tools.t.description: YAML reads this as the number 7, not a string; the API server refuses \
+                     it, so quote the value as written"
                 ),
             ],
             "{report}"
         );
+        // A key the document has many times is placed where this path has it (before: the document's line).
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\nspec:\n  tools:\n    s:\n      description: fine\n      exec: {command: [\"true\"]}\n    t:\n      description: 1.10\n      exec: {command: [\"true\"]}\n";
+        let (_, report) = Manifests::parse("m.yaml", text);
+        let problem = &report.problems()[0];
+        assert_eq!(problem.location, Location::line("m.yaml", 11), "{report}");
+        assert!(problem.message.contains("YAML reads this as the number 1.1"), "{report}");
         // Every one at once: the typed read stops at its first, and says it only when this walk did not.
         let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata:\n  name: a\nspec:\n  maxSteps: many\n  rollback: [true]\n  trace:\n    errorContext: \"false\"\n";
         let (manifests, report) = Manifests::parse("m.yaml", text);
@@ -1312,7 +1339,7 @@ mod tests {
                 "error: m.yaml:6: spec.maxSteps: expected a whole number from 0 to 4294967295, found \"many\"",
                 "error: m.yaml:7: spec.rollback: expected a mapping, found a list",
                 "error: m.yaml:9: spec.trace.errorContext: \"false\" is quoted: a string, not a boolean; the API \
-                 server refuses it, so write it unquoted: errorContext: false",
+                 server refuses it, so write it unquoted",
             ],
         );
     }
