@@ -421,21 +421,6 @@ const FIELDS: [&str; 8] = [
     "expected_outputs",
 ];
 
-/// Whether the row gave `field` (`id` is taken out before, and given).
-fn field_is_set(row: &Row, field: &str) -> bool {
-    match field {
-        "id" => true,
-        "messages" => row.messages.is_some(),
-        "instruction" => row.instruction.is_some(),
-        "expected_tool_calls" => !row.expected_tool_calls.is_empty(),
-        "initial_memory" => row.initial_memory.is_some(),
-        "expected_memory" => row.expected_memory.is_some(),
-        "expected_memory_hash" => row.expected_memory_hash.is_some(),
-        "expected_outputs" => row.expected_outputs.is_some(),
-        _ => false,
-    }
-}
-
 fn parse_row(file: &str, row: crate::jsonl::JsonlRow) -> Result<Episode, Vec<TestSetError>> {
     let line = row.line;
     let mut value = row.value;
@@ -462,6 +447,8 @@ fn parse_row(file: &str, row: crate::jsonl::JsonlRow) -> Result<Episode, Vec<Tes
             None
         }
     };
+    // The fields the row gives, even empty (`"expected_tool_calls": []`).
+    let given: Vec<String> = value.keys().cloned().collect();
     let row: Option<Row> = match serde_path_to_error::deserialize(serde_json::Value::Object(value)) {
         Ok(row) => Some(row),
         Err(e) => {
@@ -474,8 +461,25 @@ fn parse_row(file: &str, row: crate::jsonl::JsonlRow) -> Result<Episode, Vec<Tes
         // A misspelt field would be kept as extra data and the row scored without it
         // (`expected_tool_call`: every correct call counted as unexpected).
         for key in row.extra.keys() {
-            let known = FIELDS.iter().copied().filter(|field| !field_is_set(row, field));
-            if let Some(field) = crate::validate::did_you_mean(key, known) {
+            // A field the row gives, or one it could not give with those (`expected_memory_hash`
+            // beside `expected_memory`), is not what a key was meant to be.
+            let excluded = |field: &str| match field {
+                "id" => true,
+                "expected_memory_hash" => given.iter().any(|g| g == "expected_memory"),
+                "expected_memory" => given.iter().any(|g| g == "expected_memory_hash"),
+                field => given.iter().any(|g| g == field),
+            };
+            // Two edits at most (`expected_memroy`, `expected_tool_call`): a longer way off
+            // (`expected_outcome`) is the row's own data, not a slip.
+            let field = FIELDS
+                .iter()
+                .copied()
+                .filter(|field| !excluded(field))
+                .map(|field| (crate::validate::edit_distance(key, field), field))
+                .filter(|(distance, _)| *distance <= 2)
+                .min_by_key(|(distance, _)| *distance)
+                .map(|(_, field)| field);
+            if let Some(field) = field {
                 errors.push(invalid(
                     key,
                     format!(
@@ -636,8 +640,11 @@ mod tests {
         let text = concat!(
             r#"{"id": "a", "instruction": "x", "expected_tool_call": [{"name": "t"}], "expected_memroy": {"s": 1}}"#,
             "\n",
-            // Keys that are no field's near miss are the row's own data; so is a near miss of a field given.
+            // Keys that are no field's near miss are the row's own data; so is a near miss of a field given
+            // (even empty), of one the row cannot have beside its own, or one further off.
             r#"{"id": "b", "instruction": "x", "category": "shipping", "expected_outputs": 1, "expected_output": 2}"#,
+            "\n",
+            r#"{"id": "c", "instruction": "x", "expected_tool_calls": [], "unexpected_tool_calls": [], "expected_outcome": "ok", "expected_memory": {}, "expected_memory_diff": {}}"#,
             "\n"
         );
         // Before: both kept as extra data, and row a scored as expecting no calls and no memory.
