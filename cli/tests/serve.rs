@@ -496,6 +496,18 @@ fn a_temporary_mirror_is_removed_when_serve_stops() {
     let status = server.terminate();
     assert!(status.success(), "{status:?}");
     assert_eq!(mirrors(), 0, "the mirror is removed");
+
+    // Also when serving never starts: the port is taken (before: the whole copy stayed).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let failed = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["serve", "s3://runs/traces", "--listen", &port])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1), "{}", String::from_utf8_lossy(&failed.stderr));
+    assert!(String::from_utf8_lossy(&failed.stderr).contains(&format!("cannot listen on {port}")));
+    assert_eq!(mirrors(), 0, "the mirror is removed");
 }
 
 #[test]

@@ -82,21 +82,28 @@ impl Served {
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
+    // The mirror of an s3:// DIR without --cache is this process's own, removed when it stops,
+    // however it stops (an error, a busy port, a signal while the first copy is made). Made
+    // before the runtime, so dropped after it: the mirror's refresh has stopped by then.
+    let mut temporary_mirror = RemovedWhenDropped(None);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
-    // The mirror of an s3:// DIR without --cache is this process's own, removed when it stops.
-    let mut temporary_mirror = None;
     let dir = if args.dir.starts_with("s3://") {
         let cache = match &args.cache {
             Some(dir) => dir.clone(),
             None => {
                 let dir = std::env::temp_dir().join(format!("basecamp-serve-{}", std::process::id()));
-                temporary_mirror = Some(dir.clone());
+                temporary_mirror.0 = Some(dir.clone());
                 dir
             }
         };
         let mirror = mirror::Mirror::new(&args.dir, cache)?;
-        let first = runtime.block_on(mirror.sync())?;
+        let first = runtime.block_on(async {
+            tokio::select! {
+                synced = mirror.sync() => synced,
+                () = basecamp_sandbox::driver::ctrl_c_or_sigterm() => bail!("stopped while mirroring {}", args.dir),
+            }
+        })?;
         eprintln!(
             "mirrored {} into {}: {} file(s) fetched, {} unchanged, {} removed (their objects are gone)",
             args.dir,
@@ -145,10 +152,19 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
             .context("the server stopped")
     })?;
     drop(runtime); // the mirror's refresh stops before its directory goes
-    if let Some(dir) = temporary_mirror {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("cannot remove the mirror {}", dir.display()))?;
-    }
+    drop(temporary_mirror);
     Ok(ExitCode::SUCCESS)
+}
+
+/// A directory removed, with what it holds, when this is dropped.
+struct RemovedWhenDropped(Option<PathBuf>);
+
+impl Drop for RemovedWhenDropped {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn router(served: Served) -> Router {
