@@ -47,6 +47,19 @@ fn only_old_traces_go_and_only_with_delete() {
     // Named like a trace, but not one (before: counted and deleted as a trace).
     write_aged(&root.join("notes/fake.json"), 10, 30);
     std::fs::rename(root.join("notes/fake.json"), root.join("notes/fake.trace")).unwrap();
+    // Nor is a FIFO named directly, whose read would block the command (it hung).
+    let pipe = root.join("notes/pipe.trace");
+    assert!(Command::new("mkfifo").arg(&pipe).status().unwrap().success());
+    let out = Command::new("timeout")
+        .args(["60", env!("CARGO_BIN_EXE_basecamp"), "trace", "cleanup"])
+        .arg(&pipe)
+        .args(["--older-than", "0s", "--delete"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pipe.trace: not a basecamp trace"));
+    assert!(pipe.exists());
+    std::fs::remove_file(&pipe).unwrap();
     let r = root.display().to_string();
 
     let out = basecamp(&["trace", "cleanup", &r, "--older-than", "7d"]);

@@ -124,7 +124,8 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
                     continue;
                 }
                 let meta = fs::metadata(&file).with_context(|| format!("{}: cannot read its age", file.display()))?;
-                if !starts_like_a_trace(&file)? {
+                // A FIFO or a device named *.trace is no trace (and reading one could block).
+                if !meta.is_file() || !starts_like_a_trace(&file)? {
                     writeln!(std::io::stderr(), "{}: not a basecamp trace (bad magic); left alone", file.display())?;
                     plan.kept_other += 1;
                     continue;
