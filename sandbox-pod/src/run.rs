@@ -27,7 +27,7 @@ use basecamp_api::{HarnessTask, Loaded, Manifests, Report, SandboxConfigSpec, Te
 
 use crate::config::{RunContext, build_runner, episode_input};
 use crate::driver::StopSignal;
-use crate::driver::{ShardSummary, run_shard};
+use crate::driver::{SUMMARY_FILE, ShardSummary, run_shard};
 use crate::episode::LiveInjections;
 use crate::metrics::SandboxMetrics;
 use crate::server::{LingerEnd, RunningServer, ServerState};
@@ -391,7 +391,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
             let mut files = summary.files_written();
             files.extend(variant.sandbox.services.keys().map(|name| format!("services/{name}.log")));
             let storage = Storage::new(StorageConfig::from_env());
-            Some(storage.upload_files(&out_dir, &files, &destination.for_shard(&partition)).await)
+            Some(upload_summary_last(&storage, &out_dir, files, &destination.for_shard(&partition)).await)
         }
         _ => None,
     };
@@ -474,6 +474,47 @@ async fn fetch_scripted_policy(location: &str, out_dir: &Path) -> Result<PathBuf
     }
     std::fs::write(&path, bytes).map_err(|e| err(format!("cannot write {}: {e}", path.display())))?;
     Ok(std::path::absolute(&path).unwrap_or(path))
+}
+
+/// Uploads the shard's files, `summary.json` last and only when every
+/// other one went up: a summary on S3 says its traces are there (the
+/// operator aggregates from it, `serve` lists its episodes), so one whose
+/// traces failed stays local, reported as not uploaded, like them.
+async fn upload_summary_last(
+    storage: &Storage,
+    out_dir: &Path,
+    files: Vec<String>,
+    to: &crate::storage::Destination,
+) -> crate::storage::UploadReport {
+    let (summary, others): (Vec<String>, Vec<String>) = files.into_iter().partition(|f| f == SUMMARY_FILE);
+    let mut report = storage.upload_files(out_dir, &others, to).await;
+    if summary.is_empty() {
+        return report;
+    }
+    if report.is_complete() {
+        let last = storage.upload_files(out_dir, &summary, to).await;
+        report.files.extend(last.files);
+    } else {
+        let failed = report.files.iter().filter(|f| !f.is_uploaded()).count();
+        let local = out_dir.join(SUMMARY_FILE);
+        let target = to.join(SUMMARY_FILE).unwrap_or_else(|_| to.clone());
+        let operation = crate::storage::Operation::Upload { from: local.clone(), to: target.to_string() };
+        report.files.push(crate::storage::FileUpload {
+            bytes: std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0),
+            local,
+            target,
+            attempts: 0,
+            status: crate::storage::UploadStatus::Failed(crate::storage::StorageError::Failed {
+                operation,
+                kind: crate::storage::FailureKind::Other,
+                reason: format!(
+                    "not uploaded: {failed} of the shard's other files failed, and the summary goes up only with all of them"
+                ),
+                attempts: 0,
+            }),
+        });
+    }
+    report
 }
 
 #[cfg(test)]

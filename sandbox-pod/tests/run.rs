@@ -124,6 +124,44 @@ fn a_shard_runs_writes_traces_and_summary_and_uploads_them() {
     assert!(uploaded.iter().any(|p| p.ends_with("default/shipping/default/0/ep-2.trace")), "{uploaded:?}");
 }
 
+/// The summary says its traces are uploaded (the operator aggregates from
+/// it, serve lists its episodes): it goes last, and not when one failed.
+#[test]
+fn the_summary_is_uploaded_last_and_not_when_a_trace_failed_to_upload() {
+    use basecamp_sandbox::storage::{Destination, ShardPartition, UtcDate};
+    let project = tempfile::tempdir().unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), dest.path());
+    // A directory where ep-2.trace goes: that one copy fails.
+    let date = UtcDate::from_system_time(std::time::SystemTime::now()).unwrap();
+    let partition = ShardPartition::new(date, "default", "shipping", "default", 0).unwrap();
+    let Destination::Local(shard_dir) =
+        Destination::parse(&dest.path().display().to_string()).unwrap().for_shard(&partition)
+    else {
+        unreachable!("a local destination")
+    };
+    std::fs::create_dir_all(shard_dir.join("ep-2.trace/in-the-way")).unwrap();
+    let manifest = project.path().join("task.yaml");
+    let run = sandbox(&[
+        "run",
+        "--config",
+        manifest.to_str().unwrap(),
+        "--shard",
+        "0/2",
+        "--out",
+        out.path().to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert_eq!(run.status.code(), Some(3), "stdout: {stdout}\nstderr: {stderr}");
+    // Before: summary.json went up beside the missing trace, counting it.
+    assert!(shard_dir.join("ep-1.trace").is_file(), "{stdout}{stderr}");
+    assert!(!shard_dir.join("summary.json").exists(), "{stdout}{stderr}");
+    let said = format!("{stdout}{stderr}");
+    assert!(said.contains("the summary goes up only with all of them"), "{said}");
+    assert!(out.path().join("summary.json").is_file(), "kept locally");
+}
+
 #[test]
 fn a_run_uploads_only_what_it_wrote_and_leaves_the_rest_of_the_output_directory_alone() {
     let project = tempfile::tempdir().unwrap();

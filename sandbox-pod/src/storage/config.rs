@@ -96,6 +96,10 @@ pub struct StorageConfig {
     pub sdk_initial_backoff: Duration,
     /// The longest wait for a TCP (and TLS) connection.
     pub connect_timeout: Duration,
+    /// The longest wait for a response's first byte once a request is sent:
+    /// a server that takes the connection and never answers fails the
+    /// attempt in this time, not in `attempt_timeout`.
+    pub read_timeout: Duration,
     /// The longest wait for one request attempt, transfer included.
     pub attempt_timeout: Duration,
     /// Files larger than this go up in a multipart upload.
@@ -117,6 +121,7 @@ impl Default for StorageConfig {
             sdk_max_attempts: 3,
             sdk_initial_backoff: Duration::from_millis(200),
             connect_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(30),
             attempt_timeout: Duration::from_secs(300),
             multipart_threshold: DEFAULT_PART_SIZE,
             part_size: DEFAULT_PART_SIZE,

@@ -76,6 +76,7 @@ impl S3Backend {
             .with_initial_backoff(config.sdk_initial_backoff);
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(config.connect_timeout)
+            .read_timeout(config.read_timeout)
             .operation_attempt_timeout(config.attempt_timeout)
             .build();
         let mut loader =
