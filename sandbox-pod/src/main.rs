@@ -135,6 +135,15 @@ fn parse_shard(s: &str) -> Result<(u32, u32), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The runtime's own warnings (an upload or a policy call retried, a GPU
+    // run fallen back to the CPU) on stderr; RUST_LOG chooses more.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("basecamp_sandbox=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     match cli.command {
         Command::Run(args) => run_command(args).await,
         Command::Serve(args) => serve_command(args).await,

@@ -162,6 +162,32 @@ fn the_summary_is_uploaded_last_and_not_when_a_trace_failed_to_upload() {
     assert!(out.path().join("summary.json").is_file(), "kept locally");
 }
 
+/// An S3 endpoint that refuses connections: each file is retried, and the
+/// retries are said on stderr as they happen (before: only the final report,
+/// with no sign of the waits in between).
+#[test]
+fn upload_retries_are_said_as_they_happen() {
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), Path::new("s3://traces/runs"));
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed at once
+    let run = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["run", "--config"])
+        .arg(project.path().join("task.yaml"))
+        .args(["--shard", "1/2", "--out"])
+        .arg(out.path())
+        .env("AWS_ENDPOINT_URL_S3", format!("http://{refused}"))
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("upload failed; will retry"), "{stderr}");
+}
+
 #[test]
 fn a_run_uploads_only_what_it_wrote_and_leaves_the_rest_of_the_output_directory_alone() {
     let project = tempfile::tempdir().unwrap();
