@@ -25,6 +25,15 @@ fn ask(episode: &str, turn: u32) -> PolicyRequest<'static> {
     PolicyRequest::new(episode, turn, vec![ChatMessage::user("help")], vec![])
 }
 
+/// A test set's integer ids (`"id": 7`) are read as their decimal text; a
+/// script may name them the same way (before: "invalid type: integer").
+#[tokio::test]
+async fn an_episode_line_may_name_an_integer_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = load(&write_script(&dir, "{\"episode\": 7, \"turns\": [{\"content\": \"Done.\"}]}\n")).unwrap();
+    assert_eq!(policy.respond(&ask("7", 0)).await.unwrap().content.as_deref(), Some("Done."));
+}
+
 #[tokio::test]
 async fn fifty_episodes_each_follow_their_own_script() {
     let dir = tempfile::tempdir().unwrap();

@@ -217,8 +217,26 @@ struct ScriptedUsage {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EpisodeLine {
+    #[serde(deserialize_with = "episode_id")]
     episode: String,
     turns: Vec<ScriptedResponse>,
+}
+
+/// The test-set row an episode line answers: a string, or an integer as a
+/// test set's integer `id` is read (its decimal text).
+fn episode_id<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Id {
+        Text(String),
+        Whole(u64),
+        Negative(i64),
+    }
+    Ok(match Id::deserialize(deserializer)? {
+        Id::Text(text) => text,
+        Id::Whole(n) => n.to_string(),
+        Id::Negative(n) => n.to_string(),
+    })
 }
 
 /// A response with the line it came from.
