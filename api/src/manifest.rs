@@ -603,22 +603,20 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
     let name = object.get("metadata").and_then(|m| m.get("name")).and_then(serde_json::Value::as_str);
     let mut wrong_types_found: Vec<WrongType> = Vec::new();
     if let Some(schema) = crate::crd::schema_of(kind) {
-        let mut unknown = Vec::new();
-        let mut wrong = Vec::new();
+        let mut found = SchemaFindings::default();
         for (key, child) in object {
             if matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
                 continue;
             }
             match schema.get("properties").and_then(|p| p.get(key)) {
-                Some(child_schema) => {
-                    unknown_fields(child, child_schema, key, &mut unknown);
-                    wrong_types(child, child_schema, key, key, &mut wrong);
+                Some(child_schema) => against_schema(child, child_schema, key, key, &mut found),
+                None => {
+                    found.unknown.push(UnknownField { path: key.clone(), key: key.clone(), known: known_keys(schema) })
                 }
-                None => unknown.push(UnknownField { path: key.clone(), key: key.clone(), known: known_keys(schema) }),
             }
         }
-        wrong_types_found = wrong;
-        for field in unknown {
+        wrong_types_found = found.wrong;
+        for field in found.unknown {
             let hint = crate::validate::suggestion(&field.key, field.known.iter().map(String::as_str));
             let line = line_of_key(document, &field.key);
             report.push(Problem::error_at(
@@ -898,9 +896,25 @@ fn wrong_type_message(value: &serde_json::Value, expected: &str) -> Option<Strin
     })
 }
 
-/// Collects the values of `value` whose type is not the one `schema` gives
-/// their field; `key` is the last key on the way (for its line).
-fn wrong_types(value: &serde_json::Value, schema: &serde_json::Value, path: &str, key: &str, out: &mut Vec<WrongType>) {
+/// What a document holds that its kind's schema does not allow.
+#[derive(Default)]
+struct SchemaFindings {
+    /// Fields the schema does not define.
+    unknown: Vec<UnknownField>,
+    /// Values of another type than the schema gives their field.
+    wrong: Vec<WrongType>,
+}
+
+/// Walks `value` along `schema`, collecting its unknown fields and its values
+/// of the wrong type (whose insides are not walked); `key` is the last key on
+/// the way (for its line).
+fn against_schema(
+    value: &serde_json::Value,
+    schema: &serde_json::Value,
+    path: &str,
+    key: &str,
+    found: &mut SchemaFindings,
+) {
     if value.is_null()
         || schema.get("x-kubernetes-preserve-unknown-fields").and_then(serde_json::Value::as_bool) == Some(true)
     {
@@ -909,54 +923,32 @@ fn wrong_types(value: &serde_json::Value, schema: &serde_json::Value, path: &str
     if let Some(expected) = schema_type(schema)
         && let Some(message) = wrong_type_message(value, expected)
     {
-        out.push(WrongType { path: path.to_string(), key: key.to_string(), expected: expected.to_string(), message });
-        return;
-    }
-    match value {
-        serde_json::Value::Object(map) => {
-            let properties = schema.get("properties").and_then(serde_json::Value::as_object);
-            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
-            for (child_key, child) in map {
-                if let Some(child_schema) = properties.and_then(|p| p.get(child_key)).or(additional) {
-                    wrong_types(child, child_schema, &join_path(path, child_key), child_key, out);
-                }
-            }
-        }
-        serde_json::Value::Array(items) => {
-            if let Some(item_schema) = schema.get("items") {
-                for (index, item) in items.iter().enumerate() {
-                    wrong_types(item, item_schema, &format!("{path}[{index}]"), key, out);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Collects fields of `value` that `schema` does not define.
-fn unknown_fields(value: &serde_json::Value, schema: &serde_json::Value, path: &str, out: &mut Vec<UnknownField>) {
-    if schema.get("x-kubernetes-preserve-unknown-fields").and_then(serde_json::Value::as_bool) == Some(true) {
+        let (path, key, expected) = (path.to_string(), key.to_string(), expected.to_string());
+        found.wrong.push(WrongType { path, key, expected, message });
         return;
     }
     match value {
         serde_json::Value::Object(map) => {
             let properties = schema.get("properties").and_then(serde_json::Value::as_object);
             let additional = schema.get("additionalProperties");
-            for (key, child) in map {
-                let child_path = join_path(path, key);
-                if let Some(child_schema) = properties.and_then(|p| p.get(key)) {
-                    unknown_fields(child, child_schema, &child_path, out);
-                } else if let Some(additional) = additional.filter(|a| a.is_object()) {
-                    unknown_fields(child, additional, &child_path, out);
+            for (child_key, child) in map {
+                let child_path = join_path(path, child_key);
+                let additional_schema = additional.filter(|a| a.is_object());
+                if let Some(child_schema) = properties.and_then(|p| p.get(child_key)).or(additional_schema) {
+                    against_schema(child, child_schema, &child_path, child_key, found);
                 } else if additional.and_then(serde_json::Value::as_bool) != Some(true) && properties.is_some() {
-                    out.push(UnknownField { path: child_path, key: key.clone(), known: known_keys(schema) });
+                    found.unknown.push(UnknownField {
+                        path: child_path,
+                        key: child_key.clone(),
+                        known: known_keys(schema),
+                    });
                 }
             }
         }
         serde_json::Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
                 for (index, item) in items.iter().enumerate() {
-                    unknown_fields(item, item_schema, &format!("{path}[{index}]"), out);
+                    against_schema(item, item_schema, &format!("{path}[{index}]"), key, found);
                 }
             }
         }
