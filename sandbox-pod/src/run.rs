@@ -498,21 +498,15 @@ async fn upload_summary_last(
         let failed = report.files.iter().filter(|f| !f.is_uploaded()).count();
         let local = out_dir.join(SUMMARY_FILE);
         let target = to.join(SUMMARY_FILE).unwrap_or_else(|_| to.clone());
-        let operation = crate::storage::Operation::Upload { from: local.clone(), to: target.to_string() };
-        report.files.push(crate::storage::FileUpload {
-            bytes: std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0),
+        let bytes = std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0);
+        report.files.push(crate::storage::FileUpload::not_attempted(
             local,
             target,
-            attempts: 0,
-            status: crate::storage::UploadStatus::Failed(crate::storage::StorageError::Failed {
-                operation,
-                kind: crate::storage::FailureKind::Other,
-                reason: format!(
-                    "not uploaded: {failed} of the shard's other files failed, and the summary goes up only with all of them"
-                ),
-                attempts: 0,
-            }),
-        });
+            bytes,
+            format!(
+                "not uploaded: {failed} of the shard's other files failed, and the summary goes up only with all of them"
+            ),
+        ));
     }
     report
 }

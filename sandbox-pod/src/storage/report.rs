@@ -9,7 +9,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use super::destination::Destination;
-use super::error::StorageError;
+use super::error::{FailureKind, Operation, StorageError};
 
 /// How one file's upload ended.
 #[derive(Debug, Clone)]
@@ -36,6 +36,13 @@ pub struct FileUpload {
 }
 
 impl FileUpload {
+    /// A file that was never sent, failed with `reason` (no attempt made).
+    pub fn not_attempted(local: PathBuf, target: Destination, bytes: u64, reason: impl Into<String>) -> FileUpload {
+        let operation = Operation::Upload { from: local.clone(), to: target.to_string() };
+        let error = StorageError::Failed { operation, kind: FailureKind::Other, reason: reason.into(), attempts: 0 };
+        FileUpload { local, target, bytes, attempts: 0, status: UploadStatus::Failed(error) }
+    }
+
     /// True when the file reached its destination.
     pub fn is_uploaded(&self) -> bool {
         matches!(self.status, UploadStatus::Uploaded)

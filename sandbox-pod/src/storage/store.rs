@@ -70,17 +70,8 @@ impl Storage {
         let size = tokio::fs::metadata(local).await.map(|m| m.len()).unwrap_or(0);
         let job = Job { index: 0, path: local.to_path_buf(), target: to.clone(), size };
         let mut done = self.upload_jobs(vec![job]).await;
-        done.pop().unwrap_or_else(|| FileUpload {
-            local: local.to_path_buf(),
-            target: to.clone(),
-            bytes: size,
-            attempts: 0,
-            status: UploadStatus::Failed(StorageError::Failed {
-                operation: Operation::Upload { from: local.to_path_buf(), to: to.to_string() },
-                kind: FailureKind::Other,
-                reason: "the upload produced no result".into(),
-                attempts: 0,
-            }),
+        done.pop().unwrap_or_else(|| {
+            FileUpload::not_attempted(local.to_path_buf(), to.clone(), size, "the upload produced no result")
         })
     }
 
