@@ -190,6 +190,18 @@ fn remove_unlisted(dir: &Path, listed: &HashSet<&Path>, synced: &mut Synced) {
 /// directory (`trace report`, `ab compare`).
 pub struct TempMirror {
     pub mirror: Mirror,
+    _removed: RemovedWhenDropped,
+}
+
+/// A directory removed, with what it holds, when this is dropped.
+pub struct RemovedWhenDropped(pub Option<std::path::PathBuf>);
+
+impl Drop for RemovedWhenDropped {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl TempMirror {
@@ -200,7 +212,7 @@ impl TempMirror {
         static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("basecamp-{what}-{}-{n}", std::process::id()));
-        let fetched = TempMirror { mirror: Mirror::new(url, dir)? };
+        let fetched = TempMirror { mirror: Mirror::new(url, dir.clone())?, _removed: RemovedWhenDropped(Some(dir)) };
         let runtime =
             tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
         let synced = runtime.block_on(fetched.mirror.sync())?;
@@ -211,12 +223,6 @@ impl TempMirror {
             bail!("{url}: no .trace or .json objects under this prefix");
         }
         Ok(fetched)
-    }
-}
-
-impl Drop for TempMirror {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.mirror.dir);
     }
 }
 

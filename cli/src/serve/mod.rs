@@ -85,7 +85,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     // The mirror of an s3:// DIR without --cache is this process's own, removed when it stops,
     // however it stops (an error, a busy port, a signal while the first copy is made). Made
     // before the runtime, so dropped after it: the mirror's refresh has stopped by then.
-    let mut temporary_mirror = RemovedWhenDropped(None);
+    let mut temporary_mirror = mirror::RemovedWhenDropped(None);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     let dir = if args.dir.starts_with("s3://") {
@@ -154,17 +154,6 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
     drop(runtime); // the mirror's refresh stops before its directory goes
     drop(temporary_mirror);
     Ok(ExitCode::SUCCESS)
-}
-
-/// A directory removed, with what it holds, when this is dropped.
-struct RemovedWhenDropped(Option<PathBuf>);
-
-impl Drop for RemovedWhenDropped {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
 }
 
 fn router(served: Served) -> Router {
