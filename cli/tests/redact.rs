@@ -270,3 +270,70 @@ fn a_pii_field_found_in_no_trace_is_pointed_out() {
          (misspelt?); nothing was replaced for it\n"
     );
 }
+
+/// What a crashed pod leaves, a trace cut off mid-write, is refused with a
+/// hint by default; with `--allow-truncated` its records are redacted into
+/// a copy cut off the same way (not dressed up as a complete episode).
+/// Corruption is still refused.
+#[test]
+fn a_truncated_trace_is_redacted_into_a_copy_cut_off_the_same_way_when_allowed() {
+    use basecamp_trace::TraceError;
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    let ep = generate(&EpisodeShape { seed: 4, steps: 12, tokens_per_step: 2, ..Default::default() });
+    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    let cut = input.join("crashed.trace");
+    std::fs::write(&cut, &bytes[..bytes.len() * 3 / 5]).unwrap();
+    let original = read_trace(&cut).unwrap();
+    let Some(TraceError::Truncated { steps_recovered, .. }) = original.damage() else {
+        panic!("a cut file reads as truncated: {:?}", original.damage())
+    };
+    assert!(*steps_recovered > 2 && *steps_recovered < 12, "{steps_recovered}");
+    let recovered = format!("records of {steps_recovered} steps recovered");
+    let (c, o) = (cut.display().to_string(), output.display().to_string());
+    let redact = |extra: &[&str]| {
+        let mut args = vec!["trace", "redact", &c, "--pii-fields", "order_id,carrier", "-o", &o];
+        args.extend(extra);
+        basecamp(&args)
+    };
+
+    let out = redact(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&recovered) && stderr.contains("(--allow-truncated redacts the records recovered)"),
+        "{stderr}"
+    );
+    assert!(!output.join("crashed.trace").exists());
+
+    let out = redact(&["--allow-truncated"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.starts_with("warning: ") && stderr.contains(&recovered), "{stderr}");
+    assert!(stderr.contains("is cut off after them too (no episode end)"), "{stderr}");
+    let copy = read_trace(output.join("crashed.trace")).unwrap();
+    match copy.damage() {
+        Some(TraceError::Truncated { steps_recovered: n, .. }) => assert_eq!(n, steps_recovered),
+        other => panic!("the copy is cut off too: {other:?}"),
+    }
+    assert_eq!(copy.records.len(), original.records.len());
+    let text = serde_json::to_string(&copy.records).unwrap();
+    assert!(serde_json::to_string(&original.records).unwrap().contains("A-10"));
+    assert!(!text.contains("A-10") && !text.contains("ACME") && text.contains("redacted:"));
+    // The copy's recovered steps still validate as far as they go: the only finding is the cut.
+    let out = basecamp(&["trace", "validate", &o]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("schema: truncated at byte "), "{stdout}");
+
+    // A flipped byte inside a frame is corruption, not a truncation.
+    let mut corrupt = bytes.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 0xff;
+    std::fs::write(&cut, &corrupt).unwrap();
+    let out = redact(&["--allow-truncated"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("corrupt frame at byte") && !stderr.contains("--allow-truncated"), "{stderr}");
+}

@@ -43,7 +43,7 @@ use crate::canonical::{canonical_json, hash_json};
 use crate::error::TraceError;
 use crate::memory::{Memory, MemoryPatch};
 use crate::pb::{self, MemorySource, Record, record::Body};
-use crate::reader::{RecordKind, Tail, TraceReader};
+use crate::reader::{RecordKind, TraceReader};
 use crate::writer::TraceWriter;
 
 /// A pattern recognised inside strings.
@@ -74,6 +74,10 @@ pub enum RedactError {
     Write { file: String, cause: std::io::Error },
     #[error("{file}: the {count} PII values found are too many to search for: {cause}")]
     TooManyValues { file: String, count: usize, cause: aho_corasick::BuildError },
+    #[error(
+        "{file}: changed while being redacted (is a writer still appending to it?): first read {first}, then {second}"
+    )]
+    Changed { file: String, first: String, second: String },
 }
 
 /// What to replace, and the salt of this run.
@@ -88,6 +92,9 @@ pub struct Redactor {
     /// For the trace being redacted: every memory key and its name in the
     /// copy (see [`distinct_names`]).
     memory_keys: BTreeMap<String, String>,
+    /// Whether a cleanly truncated trace (a killed writer's) is redacted
+    /// into a copy cut off the same way ([`Redactor::allowing_truncated`]).
+    allow_truncated: bool,
 }
 
 /// The PII values of one trace and their tokens. One automaton finds all of
@@ -108,7 +115,7 @@ struct Known {
 }
 
 /// How much one trace's redaction replaced.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct RedactStats {
     pub records: u64,
     /// Values (fields, memory values, pattern matches) replaced, and keys renamed.
@@ -116,6 +123,10 @@ pub struct RedactStats {
     /// The PII fields that occur in the trace (as a JSON key or a memory
     /// key), so a field found in no trace (misspelt?) can be pointed out.
     pub fields_found: BTreeSet<String>,
+    /// The input's truncation, when it was a cleanly truncated trace
+    /// redacted under [`Redactor::allowing_truncated`]: the copy holds the
+    /// records recovered and is cut off after them (no episode end, no index).
+    pub truncated: Option<TraceError>,
 }
 
 /// What the first pass over a trace finds: PII values and the fields holding them.
@@ -137,6 +148,26 @@ impl Redactor {
             salt,
             known: Known::default(),
             memory_keys: BTreeMap::new(),
+            allow_truncated: false,
+        }
+    }
+
+    /// Also redacts a cleanly truncated trace (what a killed writer leaves):
+    /// its records are copied, redacted, and the copy is cut off after them,
+    /// so it reads as truncated too. Other damage is still an error.
+    pub fn allowing_truncated(mut self, allow: bool) -> Self {
+        self.allow_truncated = allow;
+        self
+    }
+
+    /// What a pass over the input that ended on `damage` (the error its
+    /// reader gave last, after which it gives nothing) leaves to do: `None`
+    /// for a complete trace, the truncation when a clean one is allowed, else the error.
+    fn damage_allowed(&self, damage: Option<TraceError>) -> Result<Option<TraceError>, TraceError> {
+        match damage {
+            Some(e @ TraceError::Truncated { .. }) if self.allow_truncated => Ok(Some(e)),
+            Some(e) => Err(e),
+            None => Ok(None),
         }
     }
 
@@ -319,7 +350,8 @@ impl Redactor {
     /// final answer quoting an order id) they are replaced too; the second
     /// writes the copy one step at a time, so memory stays that of one step
     /// however long the episode. A damaged input is an error (naming file
-    /// and offset), found in the first pass, before anything is written.
+    /// and offset), found in the first pass, before anything is written;
+    /// a cleanly truncated one too unless [`Redactor::allowing_truncated`].
     pub fn redact<R: Read, W: Write>(
         &self,
         mut open: impl FnMut() -> Result<TraceReader<R>, TraceError>,
@@ -330,12 +362,14 @@ impl Redactor {
         // Token logits and rewards hold no PII field: not even decoded here.
         let mut reader = open()?.without(&[RecordKind::TokenLogit, RecordKind::RewardSignal]);
         let mut found = Found::default();
+        let mut damage = None;
         for record in reader.by_ref() {
-            self.find_pii(&record?, &mut found);
+            match record {
+                Ok(record) => self.find_pii(&record, &mut found),
+                Err(e) => damage = Some(e),
+            }
         }
-        if let Some(Tail::Damaged(e)) = reader.tail() {
-            return Err(e.clone().into());
-        }
+        let truncated = self.damage_allowed(damage)?;
         let mut this = self.clone();
         let count = found.values.len();
         this.known = self.known_values(found.values).map_err(|cause| RedactError::TooManyValues {
@@ -360,10 +394,19 @@ impl Redactor {
         let mut stats = RedactStats { fields_found: found.fields, ..RedactStats::default() };
         let mut step_records: Vec<Record> = Vec::new();
         let mut end: Option<pb::EpisodeEnd> = None;
+        let mut end_step = 0;
+        let mut damage = None;
         for record in reader.by_ref() {
-            let record = record?;
+            let record = match record {
+                Ok(record) => record,
+                Err(e) => {
+                    damage = Some(e);
+                    continue;
+                }
+            };
             if let Some(Body::EpisodeEnd(e)) = record.body {
                 end = Some(e);
+                end_step = record.step;
                 continue;
             }
             if step_records.first().is_some_and(|r| r.step != record.step) {
@@ -371,15 +414,35 @@ impl Redactor {
             }
             step_records.push(record);
         }
-        if let Some(Tail::Damaged(e)) = reader.tail() {
-            // Changed since the first pass read it whole.
-            return Err(e.clone().into());
+        // Damaged now but not in the first pass, or cut off elsewhere: the
+        // file changed in between (a writer still appending to it), and
+        // records the first pass did not search for PII values may follow.
+        let truncated_now = self.damage_allowed(damage)?;
+        let said = |cut: &Option<TraceError>| cut.as_ref().map_or_else(|| "complete".to_string(), |e| e.to_string());
+        if said(&truncated_now) != said(&truncated) {
+            return Err(RedactError::Changed {
+                file: reader.file_name().to_string(),
+                first: said(&truncated),
+                second: said(&truncated_now),
+            });
         }
         this.flush_step(&mut step_records, &mut state, &mut stats, &mut writer).map_err(write_err)?;
-        let mut end = end.unwrap_or_default();
-        end.final_memory_hash = state.map(&end.final_memory_hash);
-        this.text(&mut end.final_answer, &mut stats.replaced);
-        writer.finish(end).map_err(write_err)?;
+        let end = end.map(|mut end| {
+            end.final_memory_hash = state.map(&end.final_memory_hash);
+            this.text(&mut end.final_answer, &mut stats.replaced);
+            end
+        });
+        match (truncated, end) {
+            (None, end) => writer.finish(end.unwrap_or_default()).map_err(write_err)?,
+            (Some(cut), end) => {
+                // An end record read before the cut (the index was lost) is kept, still without an index.
+                if let Some(end) = end {
+                    writer.append(end_step, Body::EpisodeEnd(end)).map_err(write_err)?;
+                }
+                stats.truncated = Some(cut);
+                writer.finish_truncated().map_err(write_err)?
+            }
+        };
         Ok(stats)
     }
 

@@ -192,6 +192,17 @@ impl<W: Write> TraceWriter<W> {
         Ok(out)
     }
 
+    /// Writes what is buffered and returns the output with no episode end,
+    /// index or trailer: the trace reads as truncated after its last record,
+    /// as one whose writer was killed does (so a copy of such a trace, e.g.
+    /// a redacted one, is cut off the same way rather than made to look complete).
+    pub fn finish_truncated(mut self) -> io::Result<W> {
+        self.end_step()?;
+        let mut out = self.out.take().expect("finish_truncated consumes the writer, so out is still present");
+        out.flush()?;
+        Ok(out)
+    }
+
     fn write_frame(&mut self, kind: FrameKind) -> io::Result<()> {
         let (record_kinds, flags) = match kind {
             FrameKind::Records => {

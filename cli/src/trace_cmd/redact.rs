@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
+use basecamp_trace::TraceError;
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
-use basecamp_trace::redact::{Pattern, RedactStats, Redactor};
+use basecamp_trace::redact::{Pattern, RedactError, RedactStats, Redactor};
 use clap::Args;
 
 use super::sources::{Source, Sources};
@@ -35,6 +36,10 @@ pub struct RedactArgs {
     /// glob prefix or S3 prefix given.
     #[arg(long, short = 'o', value_name = "OUTDIR")]
     out: PathBuf,
+    /// Also redact a trace whose writer was killed (a clean truncation): the copy holds its records, redacted,
+    /// and is cut off after them the same way. Other damage is still an error.
+    #[arg(long)]
+    allow_truncated: bool,
     /// Worker threads (default: one per core).
     #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
     jobs: Option<usize>,
@@ -71,7 +76,8 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
         Some(s) => s.as_bytes().to_vec(),
         None => Redactor::random_salt(),
     };
-    let redactor = Redactor::new(args.pii_fields.iter().cloned(), patterns, salt);
+    let redactor =
+        Redactor::new(args.pii_fields.iter().cloned(), patterns, salt).allowing_truncated(args.allow_truncated);
     let jobs: Vec<(&Source, &PathBuf)> = files.iter().zip(&outputs).collect();
     let mut failed = 0usize;
     let mut total = RedactStats::default();
@@ -90,6 +96,12 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                     total.records += stats.records;
                     total.replaced += stats.replaced;
                     total.fields_found.extend(stats.fields_found);
+                    if let Some(cut) = &stats.truncated {
+                        eprintln!(
+                            "warning: {cut}; {} holds them redacted and is cut off after them too (no episode end)",
+                            output.display()
+                        );
+                    }
                     if write_error.is_none()
                         && let Err(e) = writeln!(
                             stdout,
@@ -105,7 +117,12 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => {
                     failed += 1;
-                    eprintln!("error: {e:#}");
+                    let truncated = matches!(
+                        e.downcast_ref::<RedactError>(),
+                        Some(RedactError::Read(TraceError::Truncated { .. }))
+                    );
+                    let hint = if truncated { " (--allow-truncated redacts the records recovered)" } else { "" };
+                    eprintln!("error: {e:#}{hint}");
                 }
             }
         },
