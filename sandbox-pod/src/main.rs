@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use basecamp_sandbox::driver::StopSignal;
-use basecamp_sandbox::run::{RunRequest, run};
+use basecamp_sandbox::run::{RunRequest, exit_code, run};
 use basecamp_sandbox::server::{LingerEnd, RunningServer};
 use basecamp_sandbox::stderr_line;
 use clap::{Parser, Subcommand};
@@ -283,7 +283,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     for lost in &s.lost {
         stderr_line!("error: episode {} lost: {}", lost.id, lost.error);
-        code = ExitCode::from(2);
+        code = ExitCode::from(exit_code::LOST_EPISODES);
     }
     if let Some(report) = &outcome.upload {
         if report.is_complete() {
@@ -291,14 +291,24 @@ async fn run_command(args: RunArgs) -> ExitCode {
         } else {
             stderr_line!("{report}");
             stderr_line!("the local copies are kept in {}", outcome.out_dir.display());
-            code = ExitCode::from(3);
+            code = ExitCode::from(exit_code::UPLOAD_FAILED);
         }
+    }
+    if s.stopped_early && code == ExitCode::SUCCESS {
+        // Not done: a Job must not count this pod's shard as complete.
+        stderr_line!(
+            "stopped early: {} episodes interrupted, {} not started (summary.json lists them); exit {}",
+            s.interrupted.len(),
+            s.not_started.len(),
+            exit_code::STOPPED_EARLY
+        );
+        code = ExitCode::from(exit_code::STOPPED_EARLY);
     }
     if let Some(e) = stdout.failed {
         stderr_line!(
             "error [Stdout]: cannot write the outcome to stdout: {e}; the traces and summary.json are written"
         );
-        // A lost episode (2) or a failed upload (3) says more.
+        // A lost episode (2), a failed upload (3) or a stop (130) says more.
         if code == ExitCode::SUCCESS {
             code = ExitCode::FAILURE;
         }

@@ -34,6 +34,23 @@ use crate::server::{LingerEnd, RunningServer, ServerState};
 use crate::services::{RunningServices, ServiceError};
 use crate::storage::{Destination, ShardPartition, Storage, StorageConfig, UploadReport, UtcDate};
 
+/// Exit codes of `basecamp-sandbox run`. The operator's pod failure policy
+/// matches on them (`basecamp_operator::build::job`), so a pod's exit says
+/// whether its shard is done, worth retrying, or refused for good.
+pub mod exit_code {
+    /// The configuration (or the node's GPU) is refused: a retry fails the same way.
+    pub const CONFIG_ERROR: u8 = 1;
+    /// Episodes lost: their traces could not be written.
+    pub const LOST_EPISODES: u8 = 2;
+    /// The upload failed (the local copies are kept).
+    pub const UPLOAD_FAILED: u8 = 3;
+    /// SIGTERM or Ctrl-C cut the shard off: episodes were interrupted or
+    /// never started (`summary.json` says `stopped_early` and lists them),
+    /// so the shard is not done, though every trace written is whole. As a
+    /// shell reports a process ended by SIGINT, and as `basecamp run` exits.
+    pub const STOPPED_EARLY: u8 = 130;
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RunRequest {

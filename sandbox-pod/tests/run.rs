@@ -1129,3 +1129,43 @@ fn a_task_without_a_namespace_runs_in_the_one_its_name_or_its_sandbox_configs_gi
     // --task NAMESPACE/NAME settles it: the variants' SandboxConfigs are looked up there.
     assert_eq!(namespace(Some("team-a"), Some("team-b"), Some("team-a/t")).unwrap(), "team-a");
 }
+
+/// A pod evicted mid-shard gets SIGTERM: the running episode's trace is
+/// ended as `cancelled`, the summary says what was cut off, and the exit
+/// code says the shard is not done (130), so the Job retries it instead of
+/// counting partial results as a finished shard. Before: exit 0.
+#[test]
+fn sigterm_mid_shard_writes_the_summary_and_exits_130() {
+    let (project, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_project(project.path(), Path::new("/tmp/unused"));
+    // ep-1 thinks 30 s over its first turn: the signal comes while it runs.
+    let slow = POLICY.replacen(r#"{"order_id": "1"}}]}"#, r#"{"order_id": "1"}}], "delay_ms": 30000}"#, 1);
+    assert_ne!(slow, POLICY);
+    std::fs::write(project.path().join("policy.jsonl"), slow).unwrap();
+    let manifest = project.path().join("task.yaml").display().to_string();
+    let out_dir = out.path().display().to_string();
+    let run =
+        Background::start(&["run", "--config", &manifest, "--no-upload", "--concurrency", "1", "--out", &out_dir]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !out.path().join("ep-1.trace").exists() {
+        assert!(Instant::now() < deadline, "ep-1 never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(Command::new("kill").args(["-TERM", &run.child.id().to_string()]).status().unwrap().success());
+    let ended = run.exit_within(Duration::from_secs(20));
+    assert_eq!(ended.status.code(), Some(130), "{}", ended.stderr);
+    assert!(ended.stderr.contains("stopping: no new episodes"), "{}", ended.stderr);
+    assert!(
+        ended
+            .stderr
+            .contains("stopped early: 1 episodes interrupted, 2 not started (summary.json lists them); exit 130"),
+        "{}",
+        ended.stderr
+    );
+    let summary: Value = serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["stopped_early"], true);
+    assert_eq!(summary["interrupted"], serde_json::json!(["ep-1"]));
+    assert_eq!(summary["not_started"], serde_json::json!(["ep-2", "ep-3"]));
+    let trace = read_trace(out.path().join("ep-1.trace")).unwrap();
+    assert!(trace.damage().is_none(), "the cut-off episode's trace is whole: {:?}", trace.damage());
+}

@@ -6,9 +6,11 @@
 //! Exit codes of `basecamp-sandbox run` drive the pod failure policy:
 //! 1 (the configuration or the node's GPU is refused) fails that index at
 //! once — a retry would fail the same way, and a per-index failure keeps one
-//! lying node from failing the whole Job; 2 (episodes lost) and 3 (upload
-//! failed) are retried up to `backoffLimitPerIndex`; a pod evicted by a
-//! disruption is retried without counting.
+//! lying node from failing the whole Job; 2 (episodes lost), 3 (upload
+//! failed) and 130 (stopped early by SIGTERM: its summary lists episodes
+//! interrupted or never started, so the shard is not done) are retried up
+//! to `backoffLimitPerIndex`; a pod evicted by a disruption (preempted,
+//! drained: SIGTERM, so 130) is retried without counting.
 //!
 //! When the SandboxConfig names a tools image, an init container copies the
 //! sandbox binary from the Basecamp image into an emptyDir (as Argo and
@@ -25,6 +27,7 @@
 use std::collections::BTreeMap;
 
 use basecamp_api::task::SANDBOX_METRICS_PORT;
+use basecamp_sandbox::run::exit_code;
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
     PodFailurePolicyRule,
@@ -64,11 +67,13 @@ pub const INJECTED_BIN_DIR: &str = "/basecamp/bin";
 /// Env var holding the pod's index; the kubelet expands it in args.
 pub const INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
 /// Exit code of `basecamp-sandbox run`: configuration (or GPU) refused.
-pub const EXIT_CONFIG_ERROR: i32 = 1;
+pub const EXIT_CONFIG_ERROR: i32 = exit_code::CONFIG_ERROR as i32;
 /// Exit code: episodes lost (their traces could not be written).
-pub const EXIT_LOST_EPISODES: i32 = 2;
+pub const EXIT_LOST_EPISODES: i32 = exit_code::LOST_EPISODES as i32;
 /// Exit code: the upload failed (local copies kept).
-pub const EXIT_UPLOAD_FAILED: i32 = 3;
+pub const EXIT_UPLOAD_FAILED: i32 = exit_code::UPLOAD_FAILED as i32;
+/// Exit code: SIGTERM cut the shard off before all its episodes ended.
+pub const EXIT_STOPPED_EARLY: i32 = exit_code::STOPPED_EARLY as i32;
 
 /// A checkpoint whose evaluation a Job runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -363,7 +368,7 @@ pub fn pod_failure_policy() -> PodFailurePolicy {
             },
             PodFailurePolicyRule {
                 action: "Count".into(),
-                on_exit_codes: Some(exit_codes("In", vec![EXIT_LOST_EPISODES, EXIT_UPLOAD_FAILED])),
+                on_exit_codes: Some(exit_codes("In", vec![EXIT_LOST_EPISODES, EXIT_UPLOAD_FAILED, EXIT_STOPPED_EARLY])),
                 on_pod_conditions: None,
             },
         ],

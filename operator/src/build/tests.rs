@@ -94,6 +94,7 @@ fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
     assert_eq!(action_for(1).as_deref(), Some("FailIndex"), "a config error is not retried");
     assert_eq!(action_for(3).as_deref(), Some("Count"), "a failed upload is retried");
     assert_eq!(action_for(2).as_deref(), Some("Count"));
+    assert_eq!(action_for(130).as_deref(), Some("Count"), "a shard SIGTERM cut off is not done: retried");
     assert!(rules.iter().all(|r| r["onExitCodes"].is_null() || r["onExitCodes"]["containerName"] == "sandbox"));
 
     let pod = &spec["template"]["spec"];
