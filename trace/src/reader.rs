@@ -235,6 +235,9 @@ pub struct TraceReader<R> {
     cap: Option<(RecordKind, usize)>,
     /// The capped kind's records left undecoded, per step.
     left_out: LeftOut,
+    /// The footer index frame, once read: its offset and its entries (or
+    /// why they do not decode). See [`TraceReader::footer_index`].
+    footer: Option<(u64, Result<TraceIndex, String>)>,
 }
 
 /// Records a capped read left out, per step ([`TraceReader::at_most`]).
@@ -289,6 +292,7 @@ impl<R: Read> TraceReader<R> {
             unwanted: 0,
             cap: None,
             left_out: LeftOut::new(),
+            footer: None,
         })
     }
 
@@ -357,6 +361,14 @@ impl<R: Read> TraceReader<R> {
     /// How the file ended; `None` until iteration has finished.
     pub fn tail(&self) -> Option<&Tail> {
         self.tail.as_ref()
+    }
+
+    /// The footer index as the writer recorded it, once iteration reached
+    /// it: the index frame's byte offset and its entries, or why they do not
+    /// decode. The reader does not check the entries against the records
+    /// (`validate` does; random access through [`IndexedTrace`] trusts them).
+    pub fn footer_index(&self) -> Option<(u64, Result<&TraceIndex, &str>)> {
+        self.footer.as_ref().map(|(offset, index)| (*offset, index.as_ref().map_err(String::as_str)))
     }
 
     /// Number of distinct steps (other than 0) read so far from verified frames.
@@ -485,6 +497,8 @@ impl<R: Read> TraceReader<R> {
                         FrameKind::Records => self.in_records_frame = true,
                         FrameKind::Index => {
                             self.in_records_frame = false;
+                            let index = TraceIndex::decode(self.frames.raw.as_slice()).map_err(|e| e.to_string());
+                            self.footer = Some((frame.offset, index));
                             let tail = self.check_trailer(frame.offset);
                             return self.stop(tail).map(Err);
                         }

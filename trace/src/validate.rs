@@ -18,6 +18,9 @@
 //!   `final_memory_hash` must match the replay.
 //! - **reward**: `weighted_sum` is the sum of score x weight over the
 //!   components, and both are finite numbers.
+//! - **index**: the footer index lists every step with the offset of the
+//!   frame holding its first record, in file order, and counts every record
+//!   (random access trusts it).
 //!
 //! Each [`Finding`] names the file and the step (or the byte offset of damage).
 
@@ -38,7 +41,7 @@ pub struct Finding {
     pub file: String,
     /// The step of the record at fault (`None` for the file as a whole).
     pub step: Option<u32>,
-    /// Which family of checks: `schema`, `steps`, `status`, `hashes`, `memory`, `reward`.
+    /// Which family of checks: `schema`, `steps`, `status`, `hashes`, `memory`, `reward`, `index`.
     pub check: &'static str,
     pub message: String,
 }
@@ -77,16 +80,68 @@ fn unreadable(e: &TraceError) -> String {
 /// Validates a trace read from any source.
 pub fn validate_reader<R: Read>(mut reader: TraceReader<R>) -> Vec<Finding> {
     let mut v = Validator::new(reader.file_name().to_string(), reader.header().clone());
-    for record in reader.by_ref() {
+    // What the footer index must say: each step with the offset of the
+    // frame holding its first record (the header's frame starts step 0),
+    // and the records, the header included.
+    let mut steps: Vec<(u32, u64)> = vec![(0, reader.frame_offset())];
+    let mut records = 1u64;
+    while let Some(record) = reader.next() {
         match record {
-            Ok(record) => v.record(record),
+            Ok(record) => {
+                if steps.last().is_some_and(|&(step, _)| step != record.step) {
+                    steps.push((record.step, reader.frame_offset()));
+                }
+                records += 1;
+                v.record(record);
+            }
             Err(_) => break,
         }
     }
-    if let Some(Tail::Damaged(e)) = reader.tail() {
-        v.file_finding("schema", unreadable(e));
+    match reader.tail() {
+        Some(Tail::Damaged(e)) => v.file_finding("schema", unreadable(e)),
+        Some(Tail::Complete) => {
+            if let Some(problem) =
+                reader.footer_index().and_then(|(at, index)| index_problem(at, index, &steps, records))
+            {
+                v.file_finding("index", problem);
+            }
+        }
+        None => {}
     }
     v.finish()
+}
+
+/// What is wrong with the footer index at byte `at`, against the steps
+/// (with their first frames' offsets) and the record count read. Random
+/// access (`trace show --step`, the `serve` episode pages) trusts the
+/// index: a wrong entry shows another step's records, or none.
+fn index_problem(at: u64, index: Result<&pb::TraceIndex, &str>, steps: &[(u32, u64)], records: u64) -> Option<String> {
+    let index = match index {
+        Ok(index) => index,
+        Err(e) => return Some(format!("the index frame at byte {at} does not decode: {e}")),
+    };
+    let listed: Vec<(u32, u64)> = index.entries.iter().map(|e| (e.step, e.offset)).collect();
+    if let Some(i) = (0..listed.len().max(steps.len())).find(|&i| listed.get(i) != steps.get(i)) {
+        let said = |entry: Option<&(u32, u64)>| match entry {
+            Some((step, offset)) => format!("step {step} at byte {offset}"),
+            None => "nothing more".to_string(),
+        };
+        return Some(match (listed.get(i), steps.get(i)) {
+            (Some((step, offset)), Some((read, first))) if step == read => format!(
+                "the index (byte {at}) points step {step} at byte {offset}, but its first record is in the frame at \
+                 byte {first}"
+            ),
+            (l, r) => format!(
+                "the index (byte {at}) lists {} steps, the trace holds {}; entry {i} is {}, the trace has {}",
+                listed.len(),
+                steps.len(),
+                said(l),
+                said(r)
+            ),
+        });
+    }
+    (index.record_count != records)
+        .then(|| format!("the index (byte {at}) counts {} records, the trace holds {records}", index.record_count))
 }
 
 struct Validator {
@@ -407,5 +462,80 @@ mod tests {
             .unwrap();
         let findings = validate_reader(TraceReader::new(bytes.as_slice(), "ok.trace").unwrap());
         assert!(findings.is_empty(), "{findings:#?}");
+    }
+
+    /// The footer index of `bytes`: its frame's offset and its entries.
+    fn index_of(bytes: &[u8]) -> (usize, pb::TraceIndex) {
+        use crate::format::{FRAME_HEADER_LEN, FrameHeader, TRAILER_LEN};
+        use prost::Message as _;
+        let at = u64::from_le_bytes(bytes[bytes.len() - TRAILER_LEN..][..8].try_into().unwrap()) as usize;
+        let header = FrameHeader::decode(bytes[at..at + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        let payload = &bytes[at + FRAME_HEADER_LEN..][..header.compressed_len as usize];
+        (at, pb::TraceIndex::decode(zstd::decode_all(payload).unwrap().as_slice()).unwrap())
+    }
+
+    /// `bytes` with its footer index replaced by what `edit` makes of it,
+    /// framed and checksummed as a writer would: only the index lies.
+    fn with_index(bytes: &[u8], edit: impl FnOnce(&mut pb::TraceIndex)) -> Vec<u8> {
+        use crate::format::{FRAME_HEADER_LEN, FrameHeader, trailer};
+        use prost::Message as _;
+        let (at, mut index) = index_of(bytes);
+        edit(&mut index);
+        let raw = index.encode_to_vec();
+        let compressed = zstd::encode_all(raw.as_slice(), 3).unwrap();
+        let header = FrameHeader::decode(bytes[at..at + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        let header = FrameHeader {
+            compressed_len: compressed.len() as u32,
+            raw_len: raw.len() as u32,
+            payload_crc: crc32fast::hash(&compressed),
+            ..header
+        };
+        [&bytes[..at], &header.encode(), &compressed, &trailer(at as u64)].concat()
+    }
+
+    #[test]
+    fn an_index_that_does_not_match_the_records_is_a_finding() {
+        let bytes = generate(&EpisodeShape { steps: 6, tokens_per_step: 2, ..Default::default() })
+            .write_to(Vec::new(), 3)
+            .unwrap();
+        let check = |bytes: &[u8]| -> Vec<String> {
+            let findings = validate_reader(TraceReader::new(bytes, "x.trace").unwrap());
+            findings.iter().map(|f| format!("{}: {}", f.check, f.message)).collect()
+        };
+        assert_eq!(with_index(&bytes, |_| {}), bytes, "re-framing alone changes nothing");
+        let (at, index) = index_of(&bytes);
+        let offset_of = |step: u32| index.entries.iter().find(|e| e.step == step).unwrap().offset;
+        let (at3, at4) = (offset_of(3), offset_of(4));
+
+        // Step 3 pointed at step 4's frame: random access would find no record of step 3.
+        let moved = with_index(&bytes, |i| i.entries.iter_mut().find(|e| e.step == 3).unwrap().offset = at4);
+        assert_eq!(
+            check(&moved),
+            [format!(
+                "index: the index (byte {at}) points step 3 at byte {at4}, but its first record is in the frame at \
+                 byte {at3}"
+            )]
+        );
+        // A step left out.
+        let dropped = with_index(&bytes, |i| i.entries.retain(|e| e.step != 3));
+        let n = index.entries.len();
+        assert_eq!(
+            check(&dropped),
+            [format!(
+                "index: the index (byte {at}) lists {} steps, the trace holds {n}; entry 3 is step 4 at byte {at4}, \
+                 the trace has step 3 at byte {at3}",
+                n - 1
+            )]
+        );
+        // A wrong record count.
+        let counted = with_index(&bytes, |i| i.record_count += 1);
+        assert_eq!(
+            check(&counted),
+            [format!(
+                "index: the index (byte {at}) counts {} records, the trace holds {}",
+                index.record_count + 1,
+                index.record_count
+            )]
+        );
     }
 }
