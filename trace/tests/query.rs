@@ -78,6 +78,15 @@ fn bad_queries_show_the_query_and_a_caret() {
             "memory_state.\"città\" == 1 and é",
             "invalid query: unexpected character 'é'\n  memory_state.\"città\" == 1 and é\n                                ^",
         ),
+        // ... and terminal cells: a wide character takes two, a control character is shown as one.
+        (
+            "memory_state.\"配送\" == 1 and é",
+            "invalid query: unexpected character 'é'\n  memory_state.\"配送\" == 1 and é\n                               ^",
+        ),
+        (
+            "memory_state.\"a\u{7}\" == 1 and é",
+            "invalid query: unexpected character 'é'\n  memory_state.\"a\u{fffd}\" == 1 and é\n                             ^",
+        ),
     ];
     for (query, want) in cases {
         assert_eq!(error_of(query), *want, "query: {query}");

@@ -98,16 +98,33 @@ impl QueryError {
         Self { query: query.to_string(), at: at.min(query.len()), message }
     }
 
-    /// The column (in characters) the caret goes under.
+    /// The column the caret goes under, in terminal cells: a wide character
+    /// (CJK, most emoji) takes two, a combining mark none.
     pub fn column(&self) -> usize {
-        self.query[..self.at].chars().count()
+        self.query[..self.at].chars().map(cell_width).sum()
     }
+}
+
+/// How a query character is shown on its one line: whitespace (a tab, a
+/// newline) as a space, another control character as U+FFFD.
+fn shown_char(c: char) -> char {
+    if c.is_whitespace() {
+        ' '
+    } else if c.is_control() {
+        char::REPLACEMENT_CHARACTER
+    } else {
+        c
+    }
+}
+
+fn cell_width(c: char) -> usize {
+    unicode_width::UnicodeWidthChar::width(shown_char(c)).unwrap_or(0)
 }
 
 impl fmt::Display for QueryError {
     /// `invalid query: MESSAGE`, then the query and a caret under the problem.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown: String = self.query.chars().map(|c| if c.is_whitespace() { ' ' } else { c }).collect();
+        let shown: String = self.query.chars().map(shown_char).collect();
         write!(f, "invalid query: {}\n  {}\n  {}^", self.message, shown, " ".repeat(self.column()))
     }
 }
