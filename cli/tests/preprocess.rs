@@ -307,6 +307,8 @@ fn assert_parquet_holds_the_jsonl_rows(parquet_dir: &Path, jsonl_dir: &Path, bat
     let expected = jsonl_rows_and_reward_bits(jsonl_dir);
     assert_eq!(files.len(), expected.len().div_ceil(batch_size), "one file a batch");
     let columns = serde_json::json!([
+        {"name": "task", "physical": "BYTE_ARRAY", "logical": "String", "maxDefinitionLevel": 0, "arrow": "string"},
+        {"name": "variant", "physical": "BYTE_ARRAY", "logical": "String", "maxDefinitionLevel": 0, "arrow": "string"},
         {"name": "episode", "physical": "BYTE_ARRAY", "logical": "String", "maxDefinitionLevel": 0, "arrow": "string"},
         {"name": "step", "physical": "INT32", "logical": "Int(bitWidth=32, isSigned=false)", "maxDefinitionLevel": 0, "arrow": "uint32"},
         {"name": "state", "physical": "BYTE_ARRAY", "logical": "JSON", "maxDefinitionLevel": 0, "arrow": "extension<arrow.json>"},
@@ -326,7 +328,9 @@ fn assert_parquet_holds_the_jsonl_rows(parquet_dir: &Path, jsonl_dir: &Path, bat
     }
     assert_eq!(read.len(), expected.len());
     for (index, (got, (want, reward_bits))) in read.iter().zip(&expected).enumerate() {
-        assert_eq!(got["episode"], want["episode"], "row {index}");
+        for column in ["task", "variant", "episode"] {
+            assert_eq!(got[column], want[column], "row {index}: {column}");
+        }
         assert_eq!(got["step"], want["step"], "row {index}");
         for column in ["state", "action"] {
             let text = got[column].as_str().unwrap_or_else(|| panic!("row {index}: {column} is JSON text: {got}"));
@@ -887,4 +891,36 @@ fn a_preprocessor_that_does_not_answer_in_time_is_stopped_naming_the_record_and_
     let output = basecamp(&[&args[..], &["--record-timeout", "0s"]].concat(), tmp.path());
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
     assert!(text(&output).contains("a preprocessor needs some time to answer"), "{}", text(&output));
+}
+
+/// An A/B run has each test-set row once per variant, under one episode id:
+/// every row names its task and variant, so the two episodes' steps are
+/// not one episode's. Before: rows held only `episode` and `step`.
+#[test]
+fn rows_name_their_task_and_variant_so_one_episode_id_in_two_variants_stays_two_episodes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let traces = tmp.path().join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+    for variant in ["a", "b"] {
+        let shape =
+            basecamp_trace::synthetic::EpisodeShape { seed: 7, steps: 3, tokens_per_step: 1, ..Default::default() };
+        let mut episode = basecamp_trace::synthetic::generate(&shape);
+        episode.header.variant = variant.into();
+        std::fs::write(traces.join(format!("{variant}.trace")), episode.write_to(Vec::new(), 3).unwrap()).unwrap();
+    }
+    let out = tmp.path().join("rows");
+    let output = basecamp(&["data", "preprocess", traces.to_str().unwrap(), "-o", out.to_str().unwrap()], tmp.path());
+    assert!(output.status.success(), "{}", text(&output));
+    let built = rows(&out);
+    assert_eq!(built.len(), 6, "{built:#?}");
+    let keys: std::collections::BTreeSet<(String, String, String, u64)> = built
+        .iter()
+        .map(|r| {
+            let field = |k: &str| r[k].as_str().unwrap_or_else(|| panic!("{k} in {r}")).to_string();
+            (field("task"), field("variant"), field("episode"), r["step"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(keys.len(), 6, "each (task, variant, episode, step) once: {keys:#?}");
+    assert_eq!(keys.iter().filter(|k| k.1 == "a").count(), 3);
+    assert!(keys.iter().all(|k| k.2 == "ep-0007" && !k.0.is_empty()), "{keys:#?}");
 }

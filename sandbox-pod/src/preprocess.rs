@@ -123,11 +123,21 @@ impl std::fmt::Display for Preprocessor {
 /// One training row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
+    /// The run's task (`<task>@step-N` for a checkpoint's evaluation) and
+    /// variant: an episode id is unique only within them (an A/B run has
+    /// each test-set row once per variant).
+    pub task: String,
+    pub variant: String,
     pub episode: String,
     pub step: u32,
     pub state: Value,
     pub action: Value,
     pub reward: f64,
+}
+
+/// A string field of a raw record (always present: [`raw_records`] writes it).
+fn text_field(record: &Value, key: &str) -> String {
+    record[key].as_str().unwrap_or_default().to_string()
 }
 
 fn json_or_text(text: &str) -> Value {
@@ -237,7 +247,9 @@ pub fn raw_records(
 /// `builtin:trajectory` on one raw record.
 pub fn trajectory_row(record: &Value) -> Row {
     Row {
-        episode: record["episode"].as_str().unwrap_or_default().to_string(),
+        task: text_field(record, "task"),
+        variant: text_field(record, "variant"),
+        episode: text_field(record, "episode"),
         step: record["step"].as_u64().unwrap_or(0) as u32,
         state: json!({
             "memory": record["memory_before"],
@@ -456,7 +468,9 @@ impl Subprocess {
             return Err(shape_error());
         };
         Ok(Row {
-            episode: record["episode"].as_str().unwrap_or_default().to_string(),
+            task: text_field(record, "task"),
+            variant: text_field(record, "variant"),
+            episode: text_field(record, "episode"),
             step: record["step"].as_u64().unwrap_or(0) as u32,
             state: state.clone(),
             action: action.clone(),

@@ -2,7 +2,8 @@
 //! the rows of one batch as one row group, ZSTD-compressed, written with
 //! the parquet crate's column writers (no Arrow).
 //!
-//! Schema: `episode` (string), `step` (`u32`: INT32 with the unsigned
+//! Schema: `task`, `variant`, `episode` (strings: an episode id is unique
+//! only within its task and variant), `step` (`u32`: INT32 with the unsigned
 //! 32-bit integer logical type, the row's own type, so every step a row
 //! holds is stored as is and a reader gets `uint32`), `state` and `action`
 //! (the values' JSON text, JSON logical type) and `reward` (DOUBLE, the
@@ -24,6 +25,8 @@ use parquet::schema::parser::parse_message_type;
 /// The columns of a training row, in order.
 const SCHEMA: &str = "
 message row {
+  REQUIRED BYTE_ARRAY task (STRING);
+  REQUIRED BYTE_ARRAY variant (STRING);
   REQUIRED BYTE_ARRAY episode (STRING);
   REQUIRED INT32 step (INTEGER(32, false));
   REQUIRED BYTE_ARRAY state (JSON);
@@ -36,6 +39,8 @@ message row {
 /// a file is one row group, written at once.
 pub struct ParquetBatch {
     file: BufWriter<File>,
+    task: Vec<ByteArray>,
+    variant: Vec<ByteArray>,
     episode: Vec<ByteArray>,
     step: Vec<i32>,
     state: Vec<ByteArray>,
@@ -49,6 +54,8 @@ impl ParquetBatch {
     pub fn new(file: File) -> Self {
         Self {
             file: BufWriter::new(file),
+            task: Vec::new(),
+            variant: Vec::new(),
             episode: Vec::new(),
             step: Vec::new(),
             state: Vec::new(),
@@ -60,6 +67,8 @@ impl ParquetBatch {
     pub fn push(&mut self, row: &Row) -> Result<(), serde_json::Error> {
         self.state.push(serde_json::to_string(&row.state)?.into_bytes().into());
         self.action.push(serde_json::to_string(&row.action)?.into_bytes().into());
+        self.task.push(row.task.as_bytes().to_vec().into());
+        self.variant.push(row.variant.as_bytes().to_vec().into());
         self.episode.push(row.episode.as_bytes().to_vec().into());
         // The logical type says unsigned: the reader sees the u32 again.
         self.step.push(row.step as i32);
@@ -83,12 +92,14 @@ impl ParquetBatch {
         while let Some(mut column) = group.next_column()? {
             // In SCHEMA's order.
             match index {
-                0 => column.typed::<ByteArrayType>().write_batch(&self.episode, None, None)?,
-                1 => column.typed::<Int32Type>().write_batch(&self.step, None, None)?,
-                2 => column.typed::<ByteArrayType>().write_batch(&self.state, None, None)?,
-                3 => column.typed::<ByteArrayType>().write_batch(&self.action, None, None)?,
-                4 => column.typed::<DoubleType>().write_batch(&self.reward, None, None)?,
-                _ => unreachable!("SCHEMA has five columns"),
+                0 => column.typed::<ByteArrayType>().write_batch(&self.task, None, None)?,
+                1 => column.typed::<ByteArrayType>().write_batch(&self.variant, None, None)?,
+                2 => column.typed::<ByteArrayType>().write_batch(&self.episode, None, None)?,
+                3 => column.typed::<Int32Type>().write_batch(&self.step, None, None)?,
+                4 => column.typed::<ByteArrayType>().write_batch(&self.state, None, None)?,
+                5 => column.typed::<ByteArrayType>().write_batch(&self.action, None, None)?,
+                6 => column.typed::<DoubleType>().write_batch(&self.reward, None, None)?,
+                _ => unreachable!("SCHEMA has seven columns"),
             };
             column.close()?;
             index += 1;
@@ -115,6 +126,8 @@ mod tests {
         let mut batch = ParquetBatch::new(File::create(&path).unwrap());
         let rows = [
             Row {
+                task: "eval@step-20".into(),
+                variant: "a".into(),
                 episode: "ep-1".into(),
                 step: u32::MAX,
                 state: json!({"memory": {}}),
@@ -122,6 +135,8 @@ mod tests {
                 reward: 0.1,
             },
             Row {
+                task: "eval".into(),
+                variant: "b".into(),
                 episode: "ep-2".into(),
                 step: 0,
                 state: json!({"a": [1, 2]}),
@@ -146,6 +161,8 @@ mod tests {
         assert_eq!(
             columns,
             [
+                ("task".into(), PhysicalType::BYTE_ARRAY, Some(LogicalType::String)),
+                ("variant".into(), PhysicalType::BYTE_ARRAY, Some(LogicalType::String)),
                 ("episode".into(), PhysicalType::BYTE_ARRAY, Some(LogicalType::String)),
                 ("step".into(), PhysicalType::INT32, Some(LogicalType::integer(32, false))),
                 ("state".into(), PhysicalType::BYTE_ARRAY, Some(LogicalType::Json)),
@@ -165,8 +182,10 @@ mod tests {
             .unwrap()
             .map(|r| r.unwrap().get_column_iter().map(|(_, f)| f.clone()).collect())
             .collect();
-        assert_eq!(read[0][1], Field::UInt(u32::MAX));
-        assert_eq!(read[1][4], Field::Double(-1.5e-300));
-        assert_eq!(read[0][2], Field::Str(r#"{"memory":{}}"#.into()));
+        assert_eq!(read[0][0], Field::Str("eval@step-20".into()));
+        assert_eq!(read[1][1], Field::Str("b".into()));
+        assert_eq!(read[0][3], Field::UInt(u32::MAX));
+        assert_eq!(read[1][6], Field::Double(-1.5e-300));
+        assert_eq!(read[0][4], Field::Str(r#"{"memory":{}}"#.into()));
     }
 }
