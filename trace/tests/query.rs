@@ -527,3 +527,51 @@ fn a_record_body_that_does_not_decode_is_named_by_step_and_section() {
     let err = q.search(&mut reader, &mut |_| {}).unwrap_err();
     assert!(err.to_string().starts_with("g.trace: truncated at byte "), "{err}");
 }
+
+/// A hash copied from `trace parse` (proto3 JSON: base64) matches as its
+/// hex does, in either case; a string that is neither is refused rather
+/// than matching nothing. `\u` escapes spell any character, one beyond
+/// U+FFFF as a JSON surrogate pair, and a short one names itself.
+#[test]
+fn hashes_match_in_hex_or_base64_and_unicode_escapes_spell_any_character() {
+    use base64::Engine as _;
+    let hash: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(250)).collect();
+    let mut w = TraceWriter::new(Vec::new(), Header { episode_id: "ep-h".into(), ..Default::default() }, 3).unwrap();
+    let step = PlanStep { tool: "😀 lookup".into(), input_hash: hash.clone(), ..Default::default() };
+    w.append(1, Body::PlanStep(Box::new(step))).unwrap();
+    w.end_step().unwrap();
+    let bytes = w.finish(EpisodeEnd { steps: 1, ..Default::default() }).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&hash);
+    assert!(b64.ends_with('=') && b64.contains(['+', '/']), "{b64}: the test covers padding and both alphabets");
+    for literal in [
+        hex::encode(&hash),
+        hex::encode_upper(&hash),
+        b64.clone(),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hash),
+    ] {
+        assert_eq!(steps_matching(&bytes, &format!("input_hash == \"{literal}\"")), [1], "{literal}");
+        assert_eq!(steps_matching(&bytes, &format!("input_hash != \"{literal}\"")), [0u32; 0], "{literal}");
+    }
+    assert_eq!(steps_matching(&bytes, "result_hash == \"\""), [1], "an empty hash is written \"\"");
+    assert_eq!(
+        error_of("input_hash == \"not a hash!\""),
+        "invalid query: a hash is written in hex or in base64 (as `trace parse` prints it); \"not a hash!\" is \
+         neither\n  input_hash == \"not a hash!\"\n                ^"
+    );
+
+    assert_eq!(steps_matching(&bytes, r#"tool == "\ud83d\ude00 lookup""#), [1]);
+    assert_eq!(steps_matching(&bytes, r#"tool == "\uD83D\uDE00 lookup""#), [1]);
+    for (query, message) in [
+        (r#"tool == "\u12""#, r"'\u12' is not an escape: '\u' takes four hex digits, as in '\u00e9'"),
+        (
+            r#"tool == "\ud83d lookup""#,
+            r"'\ud83d' is the first half of a surrogate pair: follow it with the second ('\udc00' to '\udfff'), or type the character itself",
+        ),
+        (r#"tool == "\ude00""#, r"'\ude00' is the second half of a surrogate pair, without the first"),
+    ] {
+        let said = error_of(query);
+        assert!(said.starts_with(&format!("invalid query: {message}\n")), "{query}: {said}");
+    }
+    // The closing quote after a short escape is still the string's end: not "never closed".
+    assert!(!error_of(r#"tool == "\u12""#).contains("never closed"));
+}

@@ -62,6 +62,9 @@ Paths:
   step                     the step number
 
 Quote a path segment with other characters: memory_state.\"user.phone\".
+Strings take the escapes \\\" \\' \\\\ \\n \\t \\r \\uXXXX (a character beyond U+FFFF as
+a surrogate pair, as in JSON, or typed as itself). Hashes compare as hex, or as
+the base64 `basecamp trace parse` prints.
 
 A memory_state.KEY or reward_signal.NAME that no searched trace has is
 reported on stderr as a warning listing the names they do have (a misspelt

@@ -453,6 +453,20 @@ pub fn check_literal(
             format!("'{}' orders numbers and strings, not {}", op.symbol(), literal.type_name()),
         ));
     }
+    if let (Target::Record { getter: Getter::Scalar { scalar: Scalar::Hex, .. }, .. }, Literal::Str(text)) =
+        (target, &literal)
+    {
+        return hash_literal(text).map(Literal::Str).ok_or_else(|| {
+            QueryError::new(
+                query,
+                literal_at,
+                format!(
+                    "a hash is written in hex or in base64 (as `trace parse` prints it); {text:?} is \
+                     neither"
+                ),
+            )
+        });
+    }
     match (ty, &literal) {
         (Ty::Nothing, _) => {
             Err(QueryError::new(query, path_at, "a whole section cannot be compared; use exists(...)".into()))
@@ -471,6 +485,21 @@ pub fn check_literal(
         (Ty::Num, _) => Err(mismatch("a number")),
         (Ty::Bool, _) => Err(mismatch("a boolean")),
     }
+}
+
+/// A hash literal as the lower-case hex a hash field is compared as: hex
+/// of any case, or the base64 of proto3 JSON (`trace parse`: standard
+/// alphabet, padded) and its URL-safe and unpadded forms.
+fn hash_literal(text: &str) -> Option<String> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    if text.len() % 2 == 0 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Some(text.to_ascii_lowercase());
+    }
+    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|engine| engine.decode(text).ok())
+        .map(hex::encode)
 }
 
 /// A value read from a record.

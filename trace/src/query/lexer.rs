@@ -162,17 +162,75 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
     Ok(out)
 }
 
+/// The character of a `\u` escape at `here`, its `u` just read: four hex
+/// digits, and for a high surrogate the `\uXXXX` of its low half.
+fn unicode_escape(
+    query: &str,
+    here: usize,
+    chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>,
+) -> Result<char, QueryError> {
+    let four_digits = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
+        let mut digits = String::new();
+        while digits.len() < 4 {
+            match chars.next_if(|(_, c)| c.is_ascii_hexdigit()) {
+                Some((_, c)) => digits.push(c),
+                None => break,
+            }
+        }
+        match u32::from_str_radix(&digits, 16) {
+            Ok(n) if digits.len() == 4 => Ok(n),
+            _ => Err(QueryError::new(
+                query,
+                here,
+                format!("'\\u{digits}' is not an escape: '\\u' takes four hex digits, as in '\\u00e9'"),
+            )),
+        }
+    };
+    let first = four_digits(chars)?;
+    let code = match first {
+        0xD800..=0xDBFF => {
+            let low = match (chars.next_if(|&(_, c)| c == '\\'), chars.next_if(|&(_, c)| c == 'u')) {
+                (Some(_), Some(_)) => Some(four_digits(chars)?),
+                _ => None,
+            };
+            match low {
+                Some(low @ 0xDC00..=0xDFFF) => 0x10000 + ((first - 0xD800) << 10) + (low - 0xDC00),
+                _ => {
+                    return Err(QueryError::new(
+                        query,
+                        here,
+                        format!(
+                            "'\\u{first:04x}' is the first half of a surrogate pair: follow it with the second \
+                             ('\\udc00' to '\\udfff'), or type the character itself"
+                        ),
+                    ));
+                }
+            }
+        }
+        0xDC00..=0xDFFF => {
+            return Err(QueryError::new(
+                query,
+                here,
+                format!("'\\u{first:04x}' is the second half of a surrogate pair, without the first"),
+            ));
+        }
+        n => n,
+    };
+    Ok(char::from_u32(code).expect("a code point outside the surrogates is a char"))
+}
+
 /// Letters, digits, `_` and `-`: what an unquoted name is made of.
 fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
 /// A quoted string starting at `at`: `"..."` or `'...'` with `\"`, `\'`,
-/// `\\`, `\n`, `\t` and `\uXXXX` escapes. Returns the value and the length in bytes.
+/// `\\`, `\/`, `\n`, `\t`, `\r` and `\uXXXX` escapes (a character beyond
+/// U+FFFF as a surrogate pair, as in JSON). Returns the value and the length in bytes.
 fn lex_string(query: &str, at: usize) -> Result<(String, usize), QueryError> {
     let quote = query.as_bytes()[at] as char;
     let mut out = String::new();
-    let mut chars = query[at + 1..].char_indices();
+    let mut chars = query[at + 1..].char_indices().peekable();
     while let Some((off, c)) = chars.next() {
         let here = at + 1 + off;
         match c {
@@ -184,14 +242,7 @@ fn lex_string(query: &str, at: usize) -> Result<(String, usize), QueryError> {
                     'n' => out.push('\n'),
                     't' => out.push('\t'),
                     'r' => out.push('\r'),
-                    'u' => {
-                        let hex: String = chars.by_ref().take(4).map(|(_, c)| c).collect();
-                        let ch = u32::from_str_radix(&hex, 16)
-                            .ok()
-                            .and_then(char::from_u32)
-                            .ok_or_else(|| QueryError::new(query, here, format!("bad unicode escape '\\u{hex}'")))?;
-                        out.push(ch);
-                    }
+                    'u' => out.push(unicode_escape(query, here, &mut chars)?),
                     other => {
                         return Err(QueryError::new(query, here, format!("unknown escape '\\{other}' in a string")));
                     }
