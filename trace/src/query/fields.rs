@@ -493,7 +493,7 @@ pub fn check_literal(
 fn hash_literal(text: &str) -> Option<String> {
     use base64::Engine as _;
     use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-    if text.len() % 2 == 0 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if text.len().is_multiple_of(2) && text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Some(text.to_ascii_lowercase());
     }
     [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
