@@ -308,7 +308,7 @@ impl Output {
         if !out.starts_with("s3://") {
             return Ok(Self::Local(PathBuf::from(out)));
         }
-        let destination = Destination::parse(out.trim_end_matches('/'))?;
+        let destination = Destination::parse_prefix(out)?;
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
         let staging = std::env::temp_dir().join(format!("basecamp-dataset-{}-{nanos}", std::process::id()));
         Ok(Self::S3 { destination, staging })

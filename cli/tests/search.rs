@@ -292,4 +292,22 @@ fn a_memory_key_or_reward_component_no_trace_has_is_a_warning_listing_those_they
         trace_dir,
     ]);
     assert_eq!((out.status.code(), text(&out.stderr)), (Some(0), String::new()));
+
+    // A trace damaged early: its keys were never read, and the warning says it
+    // speaks of what could be read (before: "it has no keys at all").
+    let mut bytes = std::fs::read(&one).unwrap();
+    bytes[200] ^= 0x40;
+    let damaged = dir.path().join("damaged.trace");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let out = basecamp(&["trace", "search", "memory_state.eta != null", damaged.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(lines[0].starts_with("error: ") && lines[0].contains("corrupt frame at byte"), "{stderr}");
+    assert!(
+        lines[1].starts_with("warning: the searched trace has no memory key `eta`")
+            && lines[1].ends_with(" (in what could be read: 1 trace was read only up to its damage, or not at all)"),
+        "{stderr}"
+    );
 }

@@ -230,7 +230,7 @@ fn directory_entry(file: &Path) -> PathBuf {
 /// `s3://B/KEY.trace` is one object (one HEAD); anything else is a prefix,
 /// listed whole, of which only `*.trace` objects count (as in a directory).
 fn find_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> anyhow::Result<Vec<ObjectInfo>> {
-    let location = Destination::parse(arg.trim_end_matches('/'))?;
+    let location = Destination::parse_prefix(arg)?;
     if arg.ends_with(TRACE_SUFFIX) {
         return match runtime.block_on(storage.stat(&location))? {
             Some(object) => Ok(vec![object]),

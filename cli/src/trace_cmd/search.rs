@@ -92,7 +92,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     let sources = Sources::resolve(&args.paths)?;
     let files = &sources.items;
     let mut out = io::BufWriter::new(io::stdout().lock());
-    let mut failed = false;
+    let mut failed = 0usize;
     let mut write_error: Option<io::Error> = None;
     let mut seen = NamesSeen::default();
     for_each_ordered(
@@ -119,7 +119,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
             if let Some(e) = found.error {
                 let _ = out.flush();
                 eprintln!("error: {e}");
-                failed = true;
+                failed += 1;
             }
             ControlFlow::Continue(())
         },
@@ -127,13 +127,19 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     // The last lines are written by this flush (all of them when they fit the buffer).
     let flushed = write_error.map_or_else(|| out.flush(), Err);
     if flushed.is_ok() {
+        // A damaged trace was read only up to its damage: a name may be in what was not.
+        let unread = match failed {
+            0 => String::new(),
+            1 => " (in what could be read: 1 trace was read only up to its damage, or not at all)".to_string(),
+            n => format!(" (in what could be read: {n} traces were read only up to their damage, or not at all)"),
+        };
         for line in query.unseen_names(&seen) {
-            eprintln!("warning: {line}");
+            eprintln!("warning: {line}{unread}");
         }
     }
     match flushed {
         // A closed pipe (`| head`) is not an error of the search.
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }),
+        _ => Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }),
     }
 }

@@ -338,7 +338,7 @@ pub(crate) fn s3_client() -> anyhow::Result<(tokio::runtime::Runtime, Storage)> 
 
 /// `s3://B/KEY.trace` is one object; anything else is a prefix listed for `*.trace`.
 fn list_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> anyhow::Result<Vec<Source>> {
-    let destination = Destination::parse(arg.trim_end_matches('/'))?;
+    let destination = Destination::parse_prefix(arg)?;
     if arg.ends_with(TRACE_SUFFIX) {
         let relative = arg.rsplit('/').next().unwrap_or(arg).to_string();
         return Ok(vec![Source {

@@ -69,6 +69,18 @@ impl Destination {
         }
     }
 
+    /// Parses a prefix a user typed, as [`Destination::parse`] after dropping
+    /// its trailing `/`s (`s3://b/runs//`, `out/`). The scheme's own slashes
+    /// stay: `s3://` is refused for want of a bucket, not read as a local
+    /// directory named `s3:`.
+    pub fn parse_prefix(input: &str) -> Result<Self, StorageError> {
+        let trimmed = input.trim_end_matches('/');
+        match input.strip_prefix("s3://") {
+            Some(_) if !trimmed.starts_with("s3://") => Self::parse("s3://"),
+            _ => Self::parse(trimmed),
+        }
+    }
+
     /// True for `s3://` destinations.
     pub fn is_s3(&self) -> bool {
         matches!(self, Self::S3(_))
@@ -191,6 +203,18 @@ mod tests {
         assert!(err.to_string().contains("no bucket name"), "{err}");
         for bad in ["s3://bucket/a//b", "s3://bucket/../etc", "s3://bucket/a/./b", "gs://bucket/x", "S3://bucket/x"] {
             assert!(Destination::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_prefix_drops_trailing_slashes_but_never_the_schemes() {
+        assert_eq!(Destination::parse_prefix("s3://bucket/runs//").unwrap(), s3("bucket", "runs"));
+        assert_eq!(Destination::parse_prefix("s3://bucket/").unwrap(), s3("bucket", ""));
+        assert_eq!(Destination::parse_prefix("out//").unwrap(), Destination::Local("out".into()));
+        for bad in ["s3://", "s3:///", "s3:////"] {
+            // Before: trimmed to "s3:", a local directory.
+            let err = Destination::parse_prefix(bad).expect_err(bad);
+            assert!(err.to_string().contains("no bucket name"), "{bad}: {err}");
         }
     }
 
