@@ -122,7 +122,7 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
         OutputFormat::Table => write_table(&mut out, &sources, &stats, &backend, analyzer.fallback_reason()),
     };
     // A closed pipe (`| head`) ends the command quietly in main.
-    written.and_then(|()| out.flush())?;
+    written.and_then(|()| out.flush()).context("cannot write the analysis to stdout")?;
     Ok(ExitCode::SUCCESS)
 }
 

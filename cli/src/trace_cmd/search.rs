@@ -139,7 +139,9 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     }
     match flushed {
         // A closed pipe (`| head`) is not an error of the search.
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("cannot write the matches to stdout"))
+        }
         _ => Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }),
     }
 }
