@@ -311,3 +311,19 @@ fn a_memory_key_or_reward_component_no_trace_has_is_a_warning_listing_those_they
         "{stderr}"
     );
 }
+
+/// A newline in a file name (or an episode id) would make one match look
+/// like two lines of plain output: such a name is printed quoted, escaped.
+#[test]
+fn plain_output_quotes_a_name_with_a_control_character() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = write_traces(dir.path(), 1);
+    let odd = dir.path().join("ep\n00.trace");
+    std::fs::rename(&paths[0], &odd).unwrap();
+    let out = basecamp(&["trace", "search", "step == 1", odd.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let quoted = format!("{:?}", odd.display().to_string());
+    assert!(stdout.starts_with(&format!("{quoted}:")), "{stdout}");
+}

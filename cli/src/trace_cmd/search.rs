@@ -87,6 +87,13 @@ pub struct SearchArgs {
     jobs: Option<usize>,
 }
 
+/// `text` as it goes on one line of the plain output: as it is, or, when it
+/// holds a control character (a newline in a file name would start a line
+/// that looks like another match), quoted with Rust's escapes (`"a\nb"`).
+fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) { format!("{text:?}").into() } else { text.into() }
+}
+
 pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
     let query = Query::parse(&args.query)?;
     let sources = Sources::resolve(&args.paths)?;
@@ -109,7 +116,14 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
                     let line = json!({"file": file, "offset": m.offset, "episode": m.episode, "step": m.step, "section": section});
                     writeln!(out, "{line}")
                 } else {
-                    writeln!(out, "{file}:{}: episode {} step {} ({section})", m.offset, m.episode, m.step)
+                    writeln!(
+                        out,
+                        "{}:{}: episode {} step {} ({section})",
+                        one_line(file),
+                        m.offset,
+                        one_line(&m.episode),
+                        m.step
+                    )
                 };
                 if let Err(e) = written {
                     write_error = Some(e);
