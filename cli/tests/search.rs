@@ -327,3 +327,27 @@ fn plain_output_quotes_a_name_with_a_control_character() {
     let quoted = format!("{:?}", odd.display().to_string());
     assert!(stdout.starts_with(&format!("{quoted}:")), "{stdout}");
 }
+
+/// A file whose name is not UTF-8, named directly (as a shell's glob
+/// expands it) or matched by a quoted glob, is searched under its own
+/// bytes. Before: clap refused the whole command ("invalid UTF-8 was
+/// detected in one or more arguments"), and a glob's match was opened under
+/// its lossy name, which does not exist.
+#[test]
+fn a_file_name_that_is_not_utf8_is_searched_named_directly_or_by_a_glob() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let paths = write_traces(dir.path(), 1);
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"ep-\xff.trace"));
+    std::fs::rename(&paths[0], &odd).unwrap();
+    let glob = format!("{}/ep-*.trace", dir.path().display());
+    for arg in [odd.as_os_str(), std::ffi::OsStr::new(&glob)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["trace", "search", "--json", "step == 1"])
+            .arg(arg)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{arg:?}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).lines().count(), 1, "{arg:?}: {}", text(&out.stdout));
+    }
+}

@@ -39,7 +39,7 @@ pub enum InputError {
 /// sorted within each argument and in argument order, each file once.
 /// Directories contribute files whose names end with `suffix`; a file named
 /// directly is taken whatever its name.
-pub fn expand_inputs<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<PathBuf>, InputError> {
+pub fn expand_inputs<S: AsRef<std::ffi::OsStr>>(args: &[S], suffix: &str) -> Result<Vec<PathBuf>, InputError> {
     Ok(expand_inputs_named(args, suffix)?.into_iter().map(|input| input.path).collect())
 }
 
@@ -55,27 +55,31 @@ pub struct Input {
 }
 
 /// Like [`expand_inputs`], with each file's [`Input::relative`] name.
-pub fn expand_inputs_named<S: AsRef<str>>(args: &[S], suffix: &str) -> Result<Vec<Input>, InputError> {
+pub fn expand_inputs_named<S: AsRef<std::ffi::OsStr>>(args: &[S], suffix: &str) -> Result<Vec<Input>, InputError> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for arg in args {
-        let arg = arg.as_ref();
+        // A name that is not UTF-8 (a shell's expansion of a file so named)
+        // is a path: only UTF-8 text can be an s3:// URL or a pattern.
+        let arg_os = arg.as_ref();
+        let text = arg_os.to_str();
+        let shown = || arg_os.to_string_lossy().into_owned();
         let mut found = Vec::new();
         let base: PathBuf;
-        if arg.starts_with("s3://") {
-            return Err(InputError::S3(arg.to_string()));
-        } else if is_glob(arg) {
-            expand_glob(arg, suffix, &mut found)?;
+        if let Some(url) = text.filter(|t| t.starts_with("s3://")) {
+            return Err(InputError::S3(url.to_string()));
+        } else if let Some(pattern) = text.filter(|t| is_glob(t) && !Path::new(t).exists()) {
+            expand_glob(pattern, suffix, &mut found)?;
             if found.is_empty() {
-                return Err(InputError::NoMatch(arg.to_string()));
+                return Err(InputError::NoMatch(pattern.to_string()));
             }
-            base = PathBuf::from(glob_base(arg));
+            base = PathBuf::from(glob_base(pattern));
         } else {
-            let path = Path::new(arg);
+            let path = Path::new(arg_os);
             match fs::metadata(path) {
                 Ok(meta) if meta.is_dir() => walk(path, suffix, &mut found)?,
                 Ok(_) => found.push(path.to_path_buf()),
-                Err(_) => return Err(InputError::Missing(arg.to_string())),
+                Err(_) => return Err(InputError::Missing(shown())),
             }
             base = if path.is_dir() {
                 path.to_path_buf()
@@ -150,17 +154,17 @@ fn expand_glob(pattern: &str, suffix: &str, out: &mut Vec<PathBuf>) -> Result<()
     let mut candidates = Vec::new();
     walk_all(Path::new(&root), &mut candidates)?;
     for path in candidates {
-        let shown = if base.is_empty() && !pattern.starts_with('/') {
-            path.strip_prefix(".").unwrap_or(&path).to_string_lossy().into_owned()
-        } else {
-            path.to_string_lossy().into_owned()
+        let path = match path.strip_prefix(".") {
+            Ok(relative) if base.is_empty() && !pattern.starts_with('/') => relative.to_path_buf(),
+            _ => path,
         };
-        if glob_match(pattern, &shown) {
-            let as_path = PathBuf::from(&shown);
-            if as_path.is_dir() {
-                walk(&as_path, suffix, out)?;
+        // Matched as text; taken with its own bytes (a name that is not
+        // UTF-8 would not be found again under its lossy spelling).
+        if glob_match(pattern, &path.to_string_lossy()) {
+            if path.is_dir() {
+                walk(&path, suffix, out)?;
             } else {
-                out.push(as_path);
+                out.push(path);
             }
         }
     }

@@ -24,7 +24,7 @@ pub struct ArchiveArgs {
     action: Option<ArchiveAction>,
     /// Trace files, directories (searched recursively for *.trace), glob patterns or s3://BUCKET/PREFIX to archive.
     #[arg(required = true)]
-    paths: Vec<String>,
+    paths: Vec<std::ffi::OsString>,
     /// The archive to write (conventionally FILE.tar.zst; `-` for stdout). Members are named by their path below
     /// the directory, glob prefix or S3 prefix given.
     #[arg(long, short = 'o', value_name = "FILE", required = true)]

@@ -25,7 +25,7 @@ pub struct ExportArgs {
     otlp: bool,
     /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
-    paths: Vec<String>,
+    paths: Vec<std::ffi::OsString>,
     /// Write to this file instead of stdout (written as FILE.partial and renamed when complete).
     #[arg(long, short = 'o', value_name = "FILE")]
     out: Option<PathBuf>,

@@ -44,7 +44,7 @@ pub struct ParseArgs {
     /// or several, directories (searched recursively), globs and s3://BUCKET/PREFIX
     /// (JSON Lines: one trace per line).
     #[arg(required = true)]
-    paths: Vec<String>,
+    paths: Vec<std::ffi::OsString>,
     #[arg(long, short, value_enum, default_value = "json")]
     output: OutputFormat,
     /// Exit 0 for a trace whose writer was killed (a clean truncation).
@@ -64,13 +64,14 @@ pub fn run(args: &ParseArgs) -> anyhow::Result<ExitCode> {
 
 /// A path that names one trace: a file, or an `s3://` object key ending in
 /// `.trace`; not a directory, a glob or a prefix.
-fn is_one_trace(path: &str) -> bool {
-    if path.starts_with("s3://") {
-        return path.ends_with(TRACE_SUFFIX);
+fn is_one_trace(path: &std::ffi::OsStr) -> bool {
+    let text = path.to_string_lossy();
+    if text.starts_with("s3://") {
+        return text.ends_with(TRACE_SUFFIX);
     }
     let file = Path::new(path);
     // A glob names many, unless a file has that very name.
-    !file.is_dir() && (file.exists() || !path.contains(['*', '?', '[']))
+    !file.is_dir() && (file.exists() || !text.contains(['*', '?', '[']))
 }
 
 fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
@@ -131,7 +132,7 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
     if matches!(args.output, OutputFormat::Html) {
         bail!(
             "--output html draws one trace; give one FILE, or use `basecamp trace report {}` for many",
-            args.paths.join(" ")
+            args.paths.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>().join(" ")
         );
     }
     let sources = Sources::resolve(&args.paths)?;

@@ -22,7 +22,7 @@ use super::sources::{Source, Sources};
 pub struct RedactArgs {
     /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
-    paths: Vec<String>,
+    paths: Vec<std::ffi::OsString>,
     /// Memory keys and JSON fields (at any depth) whose values are replaced, e.g. user_phone,user_address.
     #[arg(long, value_delimiter = ',', value_name = "FIELDS", value_parser = pii_field)]
     pii_fields: Vec<String>,
@@ -186,9 +186,9 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
 /// `-o` inside a directory given as input (or a glob's fixed directory):
 /// the copies would be found again by every later command over that
 /// directory, each episode twice, raw and redacted. Refused.
-fn refuse_out_inside_an_input(paths: &[String], out: &Path) -> anyhow::Result<()> {
+fn refuse_out_inside_an_input(paths: &[std::ffi::OsString], out: &Path) -> anyhow::Result<()> {
     let out_resolved = resolved(out);
-    for arg in paths.iter().filter(|a| !a.starts_with("s3://")) {
+    for arg in paths.iter().filter(|a| !a.to_string_lossy().starts_with("s3://")) {
         let wild = |p: &Path| p.to_string_lossy().contains(['*', '?', '[']);
         let Some(dir) = Path::new(arg).ancestors().find(|p| !wild(p) && p.is_dir()) else { continue };
         if Path::new(arg).is_file() {

@@ -78,7 +78,7 @@ pub struct SearchArgs {
     query: String,
     /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
-    paths: Vec<String>,
+    paths: Vec<std::ffi::OsString>,
     /// Print one JSON object per match (JSON Lines): file, offset, episode, step, section.
     #[arg(long)]
     json: bool,

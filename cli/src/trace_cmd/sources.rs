@@ -148,24 +148,28 @@ impl Sources {
     }
 
     /// Expands every argument, in order, each source once.
-    pub fn resolve(args: &[String]) -> anyhow::Result<Self> {
+    pub fn resolve<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> anyhow::Result<Self> {
         let mut items = Vec::new();
         let mut s3 = None;
         let mut seen = std::collections::HashSet::new();
         for arg in args {
-            let found: Vec<Source> = if arg.starts_with("s3://") {
+            let arg = arg.as_ref();
+            let found: Vec<Source> = if let Some(url) = arg.to_str().filter(|a| a.starts_with("s3://")) {
                 let (runtime, storage) = match &mut s3 {
                     Some(client) => client,
                     None => s3.insert(s3_client()?),
                 };
-                list_s3(runtime, storage, arg)?
+                list_s3(runtime, storage, url)?
             } else {
-                let found = expand_inputs_named(std::slice::from_ref(arg), TRACE_SUFFIX)?;
+                let found = expand_inputs_named(&[arg], TRACE_SUFFIX)?;
                 // As for an S3 prefix and a glob: a directory that holds no
                 // trace is a mistake (a wrong path, traces named otherwise),
                 // not zero traces that all pass.
                 if found.is_empty() && Path::new(arg).is_dir() {
-                    bail!("{arg}: no {TRACE_SUFFIX} files in this directory (searched recursively)");
+                    bail!(
+                        "{}: no {TRACE_SUFFIX} files in this directory (searched recursively)",
+                        Path::new(arg).display()
+                    );
                 }
                 found
                     .into_iter()

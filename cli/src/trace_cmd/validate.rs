@@ -18,7 +18,7 @@ use super::sources::Sources;
 pub struct ValidateArgs {
     /// Trace files, directories (searched recursively for *.trace), glob patterns, or s3://BUCKET/PREFIX.
     #[arg(required = true)]
-    paths: Vec<String>,
+    paths: Vec<std::ffi::OsString>,
     /// Print one JSON object per finding (JSON Lines): file, step, check, message.
     #[arg(long)]
     json: bool,
