@@ -336,4 +336,22 @@ fn a_truncated_trace_is_redacted_into_a_copy_cut_off_the_same_way_when_allowed()
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("corrupt frame at byte") && !stderr.contains("--allow-truncated"), "{stderr}");
+
+    // Cut in its footer: every record is there, the end included, and the warning says so.
+    std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
+    let out = redact(&["--allow-truncated"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("is cut off after them too (its episode end kept, no index)"), "{stderr}");
+    assert_eq!(
+        read_trace(output.join("crashed.trace")).unwrap().records.len(),
+        read_trace(&cut).unwrap().records.len()
+    );
+    // Cut inside its header: nothing to redact, and no hint to give the flag already given.
+    std::fs::write(&cut, &bytes[..100]).unwrap();
+    let out = redact(&["--allow-truncated"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("(cut before its header ended: there is nothing to redact)"), "{stderr}");
+    assert!(!stderr.contains("(--allow-truncated redacts"), "{stderr}");
 }

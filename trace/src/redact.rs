@@ -125,8 +125,12 @@ pub struct RedactStats {
     pub fields_found: BTreeSet<String>,
     /// The input's truncation, when it was a cleanly truncated trace
     /// redacted under [`Redactor::allowing_truncated`]: the copy holds the
-    /// records recovered and is cut off after them (no episode end, no index).
+    /// records recovered and is cut off after them (no index; an episode
+    /// end only when the input's was read, see [`RedactStats::kept_end`]).
     pub truncated: Option<TraceError>,
+    /// Whether the copy holds an episode end (a truncated input's cut came
+    /// after its end record, in the index or trailer).
+    pub kept_end: bool,
 }
 
 /// What the first pass over a trace finds: PII values and the fields holding them.
@@ -438,6 +442,7 @@ impl Redactor {
                 // An end record read before the cut (the index was lost) is kept, still without an index.
                 if let Some(end) = end {
                     writer.append(end_step, Body::EpisodeEnd(end)).map_err(write_err)?;
+                    stats.kept_end = true;
                 }
                 stats.truncated = Some(cut);
                 writer.finish_truncated().map_err(write_err)?

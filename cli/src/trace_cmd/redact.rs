@@ -97,8 +97,9 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                     total.replaced += stats.replaced;
                     total.fields_found.extend(stats.fields_found);
                     if let Some(cut) = &stats.truncated {
+                        let end = if stats.kept_end { "its episode end kept, no index" } else { "no episode end" };
                         eprintln!(
-                            "warning: {cut}; {} holds them redacted and is cut off after them too (no episode end)",
+                            "warning: {cut}; {} holds them redacted and is cut off after them too ({end})",
                             output.display()
                         );
                     }
@@ -121,7 +122,12 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                         e.downcast_ref::<RedactError>(),
                         Some(RedactError::Read(TraceError::Truncated { .. }))
                     );
-                    let hint = if truncated { " (--allow-truncated redacts the records recovered)" } else { "" };
+                    let hint = match (truncated, args.allow_truncated) {
+                        (true, false) => " (--allow-truncated redacts the records recovered)",
+                        // Cut inside its header: nothing to make a copy of.
+                        (true, true) => " (cut before its header ended: there is nothing to redact)",
+                        _ => "",
+                    };
                     eprintln!("error: {e:#}{hint}");
                 }
             }
