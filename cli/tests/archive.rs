@@ -235,3 +235,35 @@ fn a_damaged_trace_is_archived_with_what_is_wrong_with_it() {
     assert!(said.starts_with(&format!("warning: {c}: truncated at byte ")), "{said}");
     assert!(said.contains("; archived as it is\n"), "{said}");
 }
+
+/// `x.trace` from one input and `x.trace/y.trace` from another cannot both
+/// come out: refused before writing (before: archived, and extract failed
+/// half-way). An archive none of whose inputs could be read is not written.
+#[test]
+fn a_member_that_is_another_members_directory_is_refused_and_an_empty_archive_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 1, steps: 2, tokens_per_step: 1, ..Default::default() });
+    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    let (r1, r2) = (dir.path().join("r1"), dir.path().join("r2"));
+    std::fs::create_dir_all(r2.join("x.trace")).unwrap();
+    std::fs::create_dir_all(&r1).unwrap();
+    std::fs::write(r1.join("x.trace"), &bytes).unwrap();
+    std::fs::write(r2.join("x.trace/y.trace"), &bytes).unwrap();
+    let archive = dir.path().join("clash.tar.zst");
+    let out =
+        basecamp(&["trace", "archive", r1.to_str().unwrap(), r2.to_str().unwrap(), "-o", archive.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("would be archived as a file where") && stderr.contains("x.trace/y.trace"), "{stderr}");
+    assert!(!archive.exists());
+
+    // Every input unreadable: an error, and no archive of nothing.
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("cut.trace"), &bytes[..20]).unwrap();
+    let out = basecamp(&["trace", "archive", bad.to_str().unwrap(), "-o", archive.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no trace could be archived (each is named above)"), "{stderr}");
+    assert!(!archive.exists());
+}

@@ -47,7 +47,10 @@ pub enum ArchiveError {
     Damaged { file: String, name: String, offset: u64, reason: String },
     #[error(transparent)]
     Trace(#[from] TraceError),
-    #[error("{file}: member name {name:?} is longer than the 100 bytes a tar header holds")]
+    #[error(
+        "{file}: member name {name:?} does not fit a tar header: a name of at most 100 bytes, after a directory \
+         prefix of at most 155"
+    )]
     NameTooLong { file: String, name: String },
 }
 
@@ -188,13 +191,30 @@ impl<W: Write> ArchiveWriter<W> {
     }
 }
 
+/// `name` as ustar stores it: a prefix of at most 155 bytes (its
+/// directories, split at a `/`) and the rest, at most 100 bytes. A trace's
+/// path in the operator's layout (`yyyy/mm/dd/<namespace>/<task>/<variant>/
+/// shard-N/<episode>.trace`, names of up to 63 bytes) is often over 100.
+fn ustar_name(name: &str) -> Option<(&str, &str)> {
+    if name.len() <= 100 {
+        return Some(("", name));
+    }
+    // The longest prefix that fits leaves the shortest rest.
+    name.match_indices('/')
+        .map(|(at, _)| at)
+        .filter(|&at| at > 0 && at <= 155 && name.len() - at - 1 <= 100 && at + 1 < name.len())
+        .last()
+        .map(|at| (&name[..at], &name[at + 1..]))
+}
+
 /// A ustar header, the data, and padding to a whole block.
 fn tar_entry(file: &str, name: &str, data: &[u8]) -> Result<Vec<u8>, ArchiveError> {
-    if name.len() > 100 {
+    let Some((prefix, rest)) = ustar_name(name) else {
         return Err(ArchiveError::NameTooLong { file: file.into(), name: name.into() });
-    }
+    };
     let mut h = [0u8; BLOCK];
-    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[..rest.len()].copy_from_slice(rest.as_bytes());
+    h[345..345 + prefix.len()].copy_from_slice(prefix.as_bytes());
     let octal = |h: &mut [u8; BLOCK], at: usize, len: usize, value: u64| {
         let text = format!("{value:0width$o}", width = len - 1);
         h[at..at + len - 1].copy_from_slice(text.as_bytes());
@@ -230,8 +250,12 @@ fn untar(entry: &[u8]) -> Result<(String, &[u8]), String> {
     if stored != sum {
         return Err(format!("tar header checksum {stored} != {sum}"));
     }
-    let name_len = h[..100].iter().position(|&b| b == 0).unwrap_or(100);
-    let name = String::from_utf8_lossy(&h[..name_len]).into_owned();
+    let field = |bytes: &[u8]| {
+        let len = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..len]).into_owned()
+    };
+    let (prefix, rest) = (field(&h[345..500]), field(&h[..100]));
+    let name = if prefix.is_empty() { rest } else { format!("{prefix}/{rest}") };
     let size = parse_octal(&h[124..136]).ok_or("bad size field")? as usize;
     let data = entry.get(BLOCK..BLOCK + size).ok_or("entry shorter than its size")?;
     Ok((name, data))

@@ -140,3 +140,33 @@ fn a_frame_length_beyond_what_the_member_can_take_is_refused_before_reading() {
     }
     assert_eq!(r.read_member(&first).unwrap().len() as u64, first.bytes);
 }
+
+/// A path in the operator's S3 layout is often over the 100 bytes of a tar
+/// name: its directories go in the ustar prefix (155 bytes more), and both
+/// the archive's own reader and GNU tar see the whole name. Before: refused.
+#[test]
+fn a_member_name_over_100_bytes_goes_in_the_ustar_prefix() {
+    let long_dir = format!("2026/01/02/{}/{}/a/shard-0", "team-recommendations-prod", "x".repeat(63));
+    let traces: Vec<(String, Vec<u8>)> =
+        traces().into_iter().map(|(name, data)| (format!("{long_dir}/{name}"), data)).collect();
+    assert!(traces[0].0.len() > 100, "{}", traces[0].0);
+    let bytes = archive(&traces);
+    let mut r = ArchiveReader::new(Cursor::new(bytes.clone()), "a.tar.zst").unwrap();
+    for (i, (name, data)) in traces.iter().enumerate() {
+        let member = r.members()[i].clone();
+        assert_eq!(&member.name, name);
+        assert_eq!(&r.read_member(&member).unwrap(), data);
+    }
+    let tar = zstd::stream::decode_all(bytes.as_slice()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new("tar").arg("-x").arg("-C").arg(dir.path()).stdin(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(&tar).unwrap();
+    assert!(child.wait().unwrap().success());
+    for (name, data) in &traces {
+        assert_eq!(&std::fs::read(dir.path().join(name)).unwrap(), data, "{name}");
+    }
+    // A file name alone over 100 bytes has no place: refused, naming both limits.
+    let too_long = format!("{}.trace", "e".repeat(100));
+    let Err(err) = prepare_member("in/x.trace", &too_long, &traces[0].1) else { panic!("a name too long is refused") };
+    assert!(err.to_string().contains("a name of at most 100 bytes, after a directory prefix of at most 155"), "{err}");
+}

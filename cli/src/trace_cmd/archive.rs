@@ -81,6 +81,17 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
             bail!("{other} and {} would both be archived as {}; archive them separately", file.name, file.relative);
         }
     }
+    // A member that is another's directory (`x.trace` and `x.trace/y.trace`)
+    // cannot be extracted (or untarred) next to it.
+    for file in files {
+        let dirs = file.relative.match_indices('/').map(|(at, _)| &file.relative[..at]);
+        if let Some(other) = dirs.filter_map(|dir| names.get(dir)).next() {
+            bail!(
+                "{other} would be archived as a file where {} needs a directory of that name; archive them separately",
+                file.name
+            );
+        }
+    }
     let output = sources.create_output(out, "the archive's file name", "traces.tar.zst")?;
     if output.is_terminal() {
         bail!(
@@ -115,6 +126,11 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let count = writer.members().len();
+    if count == 0 && write_error.is_none() {
+        drop(writer);
+        output.discard();
+        bail!("no trace could be archived (each is named above); {} was not written", out.display());
+    }
     let result = match write_error {
         Some(e) => {
             drop(writer);
