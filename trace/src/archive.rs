@@ -200,10 +200,9 @@ fn ustar_name(name: &str) -> Option<(&str, &str)> {
         return Some(("", name));
     }
     // The longest prefix that fits leaves the shortest rest.
-    name.match_indices('/')
+    name.rmatch_indices('/')
         .map(|(at, _)| at)
-        .filter(|&at| at > 0 && at <= 155 && name.len() - at - 1 <= 100 && at + 1 < name.len())
-        .last()
+        .find(|&at| at > 0 && at <= 155 && name.len() - at - 1 <= 100 && at + 1 < name.len())
         .map(|at| (&name[..at], &name[at + 1..]))
 }
 
