@@ -291,9 +291,23 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
     if !converted.manifest.is_null() {
         // What `validate` says of the converted object on its own (an unknown field such as a
         // misspelt `resume_frm`, a wrong type): a manifest with it would not apply.
-        let (_, parse_problems) = Manifests::parse(&name, &converted.manifest.to_string());
+        let (parsed, parse_problems) = Manifests::parse(&name, &converted.manifest.to_string());
         for problem in parse_problems.problems() {
             report.push(to_json_spelling(problem.clone(), &name, None));
+        }
+        // ... and what the task's own rules say (a criterion that does not
+        // parse, a batch size of 0): the checks `validate` makes of the task
+        // alone. Which SandboxConfig it names, and the files it names, are
+        // for `validate` with the manifests beside it: not read here.
+        for task in &parsed.tasks {
+            let ctx = basecamp_api::validate::ValidationContext {
+                task_name: task.object.metadata.name.as_deref(),
+                ..Default::default()
+            };
+            let own = basecamp_api::validate::validate_task(&task.object.spec, &[], &ctx);
+            for problem in own.problems().iter().filter(|p| p.rule != Rule::UnknownSandbox) {
+                report.push(to_json_spelling(problem.clone(), &name, None));
+            }
         }
     }
     if report.has_errors() || converted.manifest.is_null() {

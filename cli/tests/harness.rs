@@ -549,3 +549,34 @@ fn validate_reads_the_scripted_policy_as_a_run_does() {
     assert_eq!(output.status.code(), Some(1), "{}", text(&output));
     assert!(text(&output).contains(&said), "{}", text(&output));
 }
+
+/// `convert` refuses what the task's own rules refuse (a criterion that
+/// does not parse, a batch size of 0), as `validate` reports it, and writes
+/// nothing. Before: exit 0 and a manifest `validate` then refused.
+#[test]
+fn convert_refuses_a_task_its_own_rules_refuse_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let harness = dir.path().join("sem.json");
+    std::fs::write(
+        &harness,
+        r#"{"task_definition": {"name": "t1", "goal": "g", "success_criteria": ["tool_call_accuracy >>= 0.9"]},
+ "data_pipeline": {"source": "s3://ds-logs/x/", "batch_size": 0},
+ "evaluation": {"metrics": ["tool_call_accuracy"], "test_set": "s3://ds-eval/t.jsonl"},
+ "policy": {"endpoint": "http://127.0.0.1:8000/v1", "model": "m"}, "sandbox": "shipping-b"}"#,
+    )
+    .unwrap();
+    let out_file = dir.path().join("sem.yaml");
+    let out = basecamp(&["harness", "convert", harness.to_str().unwrap(), "-o", out_file.to_str().unwrap()]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(!out_file.exists(), "nothing is written");
+    assert!(
+        said.contains(
+            "task_definition.success_criteria[0]: success criterion \"tool_call_accuracy >>= 0.9\" does not parse"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("data_pipeline.batch_size: the batch size is 0; use a positive batch size"), "{said}");
+    // The SandboxConfig it names is not beside it: that is for `validate`, not a reason to refuse.
+    assert!(!said.contains("not found"), "{said}");
+}

@@ -63,7 +63,7 @@ pub(super) fn validate(
             problems.push(Problem::error(
                 Rule::OutOfRange,
                 "spec.dataPipeline.batchSize",
-                "batchSize is 0; use a positive batch size",
+                "the batch size is 0; use a positive batch size",
             ));
         }
         if let Some(timeout) = pipeline.record_timeout {
