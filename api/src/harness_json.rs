@@ -34,7 +34,32 @@ pub fn is_harness_json(text: &str) -> bool {
         && serde_json::from_str::<Value>(text).is_ok_and(|v| v.get("task_definition").is_some())
 }
 
+/// Plain snake_case: lower-case words of letters and digits joined by
+/// single `_`s, each after the first starting with a letter.
+fn is_snake(key: &str) -> bool {
+    key.split('_').enumerate().all(|(i, word)| {
+        word.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || (i == 0 && b.is_ascii_digit()))
+            && word.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    })
+}
+
+/// An object's keys, those in the form's own spelling (snake_case) first:
+/// of two keys that are one field, the snake_case one is kept.
+fn form_keys_first(map: &Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+    entries.sort_by_key(|(key, _)| !is_snake(key));
+    entries
+}
+
+/// The manifest's camelCase for a snake_case key (`batch_size` ->
+/// `batchSize`). A key that is not plain snake_case (`batch__size`,
+/// `batch_size_`, `testSet`) is kept as it is, so the schema reports it as
+/// unknown in the user's own spelling instead of it quietly becoming a
+/// field (or replacing the one the user meant).
 fn camel(key: &str) -> String {
+    if !is_snake(key) {
+        return key.to_string();
+    }
     let mut out = String::with_capacity(key.len());
     let mut upper = false;
     for c in key.chars() {
@@ -68,12 +93,34 @@ pub fn json_path(manifest_path: &str) -> String {
     out
 }
 
-fn rename(value: &Value, verbatim: bool) -> Value {
+/// `value` with its keys in the manifest's spelling (not below a
+/// [`VERBATIM`] key); two keys that would become one (`batch_size` and
+/// `batchSize`) are an error at `path` rather than one silently replacing
+/// the other.
+fn rename(value: &Value, verbatim: bool, path: &str, problems: &mut Vec<Problem>) -> Value {
     match value {
-        Value::Object(map) if !verbatim => Value::Object(
-            map.iter().map(|(k, v)| (camel(k), rename(v, VERBATIM.contains(&k.as_str())))).collect::<Map<_, _>>(),
+        Value::Object(map) if !verbatim => {
+            let mut out = Map::new();
+            let mut from: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+            for (key, v) in form_keys_first(map) {
+                let inner = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                let name = camel(key);
+                if let Some(kept) = from.get(&name) {
+                    problems.push(Problem::error(
+                        Rule::InvalidManifest,
+                        inner,
+                        format!("{key:?} is the field {name:?} too, which {kept:?} sets; keep one"),
+                    ));
+                    continue;
+                }
+                from.insert(name.clone(), key);
+                out.insert(name, rename(v, VERBATIM.contains(&key.as_str()), &inner, problems));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) if !verbatim => Value::Array(
+            items.iter().enumerate().map(|(i, v)| rename(v, false, &format!("{path}[{i}]"), problems)).collect(),
         ),
-        Value::Array(items) if !verbatim => Value::Array(items.iter().map(|v| rename(v, false)).collect()),
         other => other.clone(),
     }
 }
@@ -114,17 +161,18 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
         return Converted { manifest: Value::Null, report };
     };
     let mut spec = Map::new();
-    for (key, value) in object {
+    let mut renamed = Vec::new();
+    for (key, value) in form_keys_first(object) {
         match key.as_str() {
             "sandbox" => {
                 let reference = match value {
                     Value::String(name) => serde_json::json!({ "name": name }),
-                    other => rename(other, false),
+                    other => rename(other, false, key, &mut renamed),
                 };
                 spec.insert("sandboxRef".into(), reference);
             }
             "task_definition" => {
-                let mut definition = rename(value, false);
+                let mut definition = rename(value, false, key, &mut renamed);
                 if let Some(map) = definition.as_object_mut()
                     && let Some(goal) = map.remove("goal")
                 {
@@ -133,9 +181,21 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
                 spec.insert("taskDefinition".into(), definition);
             }
             other => {
-                spec.insert(camel(other), rename(value, VERBATIM.contains(&other)));
+                let field = camel(other);
+                if let Some(kept) = object.keys().find(|k| *k != other && camel(k) == field && is_snake(k)) {
+                    renamed.push(Problem::error(
+                        Rule::InvalidManifest,
+                        other,
+                        format!("{other:?} is the field {field:?} too, which {kept:?} sets; keep one"),
+                    ));
+                    continue;
+                }
+                spec.insert(field, rename(value, VERBATIM.contains(&other), key, &mut renamed));
             }
         }
+    }
+    for problem in renamed {
+        report.push(problem.in_object(file));
     }
     if let Some(name) = sandbox {
         spec.insert("sandboxRef".into(), serde_json::json!({ "name": name }));
@@ -169,6 +229,38 @@ mod tests {
     use super::*;
 
     const ARTICLE: &str = r#"{ "task_definition": { "name": "e_commerce_support_v4", "goal": "resolve user complaints about delayed shipping", "success_criteria": ["user_satisfaction_score > 0.85", "avg_resolution_time < 90s"] }, "data_pipeline": { "source": "s3://ds-logs/ecommerce-v3/", "preprocessor": "deepseek.harness.preprocess.shipping_delay_filter", "batch_size": 64 }, "training_config": { "model_id": "deepseek-v4.1-agent-base", "optimizer": "paged_adamw_32bit", "lr_schedule": {"type": "cosine", "warmup_steps": 200} }, "evaluation": { "metrics": ["tool_call_accuracy", "plan_step_f1", "memory_consistency"], "test_set": "s3://ds-eval/ecommerce-delay-test.jsonl" } }"#;
+
+    #[test]
+    fn keys_that_are_not_snake_case_stay_as_written_and_two_keys_for_one_field_are_an_error() {
+        let text = r#"{"task_definition": {"name": "t1"},
+            "data_pipeline": {"source": "s3://b/x/", "batch_size": 64, "batch__size": 8, "batchSize": 9},
+            "evaluation": {"test_set": "a.jsonl", "testSet": "b.jsonl", "top_k_": 1}}"#;
+        let converted = convert("h.json", text, None);
+        let said: Vec<String> = converted.report.problems().iter().map(|p| p.to_string()).collect();
+        let spec = &converted.manifest["spec"];
+        // Kept as written, for the schema to name as unknown fields.
+        assert_eq!(spec["dataPipeline"]["batchSize"], 64, "{said:#?}");
+        assert_eq!(spec["dataPipeline"]["batch__size"], 8);
+        assert_eq!(spec["evaluation"]["top_k_"], 1);
+        assert_eq!(spec["evaluation"]["testSet"], "a.jsonl");
+        for expected in [
+            "data_pipeline.batchSize: \"batchSize\" is the field \"batchSize\" too, which \"batch_size\" sets; keep one",
+            "evaluation.testSet: \"testSet\" is the field \"testSet\" too, which \"test_set\" sets; keep one",
+        ] {
+            assert!(said.iter().any(|s| s.contains(expected)), "{expected}\n{said:#?}");
+        }
+        assert_eq!(said.len(), 2, "{said:#?}");
+        // A section spelt both ways.
+        let twice =
+            convert("h.json", r#"{"task_definition": {"name": "t1"}, "data_pipeline": {}, "dataPipeline": {}}"#, None);
+        let said: Vec<String> = twice.report.problems().iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            said,
+            [
+                "error: h.json: dataPipeline: \"dataPipeline\" is the field \"dataPipeline\" too, which \"data_pipeline\" sets; keep one"
+            ]
+        );
+    }
 
     #[test]
     fn the_articles_harness_converts_field_by_field() {
