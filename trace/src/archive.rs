@@ -124,8 +124,7 @@ pub fn prepare_member(file: &str, name: &str, data: &[u8]) -> Result<PreparedMem
     };
     let steps = reader.steps_recovered();
     let entry = tar_entry(file, name, data)?;
-    let frame =
-        zstd::bulk::compress(&entry, ZSTD_LEVEL).map_err(|cause| ArchiveError::Io { file: file.into(), cause })?;
+    let frame = compress_checked(&entry).map_err(|cause| ArchiveError::Io { file: file.into(), cause })?;
     Ok(PreparedMember {
         member: Member {
             name: name.to_string(),
@@ -174,11 +173,11 @@ impl<W: Write> ArchiveWriter<W> {
         let index = Index { format: INDEX_FORMAT.into(), members: std::mem::take(&mut self.members) };
         let json = serde_json::to_vec_pretty(&index).map_err(io::Error::other)?;
         let entry = tar_entry("index", INDEX_NAME, &json).map_err(io::Error::other)?;
-        let frame = zstd::bulk::compress(&entry, ZSTD_LEVEL)?;
+        let frame = compress_checked(&entry)?;
         let index_offset = self.offset;
         self.out.write_all(&frame)?;
         self.offset += frame.len() as u64;
-        self.out.write_all(&zstd::bulk::compress(&[0u8; 2 * BLOCK], ZSTD_LEVEL)?)?;
+        self.out.write_all(&compress_checked(&[0u8; 2 * BLOCK])?)?;
         let mut locator = Vec::with_capacity(LOCATOR_LEN);
         locator.extend_from_slice(&SKIPPABLE_MAGIC.to_le_bytes());
         locator.extend_from_slice(&24u32.to_le_bytes());
@@ -189,6 +188,16 @@ impl<W: Write> ArchiveWriter<W> {
         self.out.flush()?;
         Ok(self.out)
     }
+}
+
+/// One zstd frame of `data` with its content checksum (xxh64), which every
+/// zstd decoder checks: damage to the index (names, offsets, sha256s) or
+/// to a member is found by decompressing it, not trusted. Archives written
+/// before had no checksum; they read as before.
+fn compress_checked(data: &[u8]) -> io::Result<Vec<u8>> {
+    let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL)?;
+    compressor.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
+    compressor.compress(data)
 }
 
 /// `name` as ustar stores it: a prefix of at most 155 bytes (its
