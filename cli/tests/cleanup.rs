@@ -285,3 +285,27 @@ fn hard_linked_copies_of_an_old_trace_all_go() {
     assert!(String::from_utf8_lossy(&out.stdout).ends_with("deleted 2 traces, 200 bytes; 0 newer traces kept\n"));
     assert!(!root.join("a/ep-1.trace").exists() && !root.join("b/ep-1.trace").exists());
 }
+
+/// A symbolic link named `*.trace` is aged and counted as itself (what
+/// `--delete` removes), not as its target: a new link to an old trace stays,
+/// and a link to a trace also found is not its bytes twice. Before: a link
+/// made now to a 10-day-old trace was deleted "(N bytes)" with N the
+/// target's size, freeing nothing.
+#[test]
+fn a_symbolic_link_is_aged_and_counted_as_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_aged(&root.join("keep/old.trace"), 1000, 10);
+    std::fs::create_dir_all(root.join("links")).unwrap();
+    std::os::unix::fs::symlink("../keep/old.trace", root.join("links/new-link.trace")).unwrap();
+    let links = root.join("links").display().to_string();
+    let out = basecamp(&["trace", "cleanup", &links, "--older-than", "7d", "--delete"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "deleted 0 traces, 0 bytes; 1 newer traces kept\n");
+    assert!(root.join("links/new-link.trace").exists());
+    // The link's own size when it does go: not the target's 1,000 bytes.
+    let out = basecamp(&["trace", "cleanup", &links, "--older-than", "0s"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let link_bytes = "../keep/old.trace".len();
+    assert!(stdout.contains(&format!("new-link.trace ({link_bytes} bytes)")), "{stdout}");
+}

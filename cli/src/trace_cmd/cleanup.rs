@@ -130,6 +130,11 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
                     plan.kept_other += 1;
                     continue;
                 }
+                // A symbolic link is what is deleted: its own age and size,
+                // not its target's (which stays, and is counted where it is found).
+                let own =
+                    fs::symlink_metadata(&file).with_context(|| format!("{}: cannot read its age", file.display()))?;
+                let meta = if own.file_type().is_symlink() { own } else { meta };
                 let object = ObjectInfo {
                     relative: String::new(),
                     size: meta.len(),
