@@ -81,14 +81,22 @@ pub fn json_path(manifest_path: &str) -> String {
     let path = manifest_path.strip_prefix("spec.").unwrap_or(manifest_path);
     let path =
         if path.starts_with("sandboxRef") { path.replacen("sandboxRef", "sandbox", 1) } else { path.to_string() };
+    // The whole manifest is the harness: its top level has no name of its own.
+    if path == "spec" {
+        return "(the harness)".to_string();
+    }
     let mut out = String::with_capacity(path.len() + 8);
+    let mut previous = ' ';
     for c in path.chars() {
-        if c.is_ascii_uppercase() {
+        // A hump of camelCase (`batchSize`); a key kept as the user wrote
+        // it (`Model_ID`, see `camel`) is not one and stays as written.
+        if c.is_ascii_uppercase() && (previous.is_ascii_lowercase() || previous.is_ascii_digit()) {
             out.push('_');
             out.push(c.to_ascii_lowercase());
         } else {
             out.push(c);
         }
+        previous = c;
     }
     out
 }
@@ -283,6 +291,9 @@ mod tests {
         assert_eq!(json_path("spec.dataPipeline.batchSize"), "data_pipeline.batch_size");
         assert_eq!(json_path("spec.sandboxRef.name"), "sandbox.name");
         assert_eq!(json_path("spec.taskDefinition.successCriteria[1]"), "task_definition.success_criteria[1]");
+        // Keys not in snake_case reach the manifest as written, and are named so.
+        assert_eq!(json_path("spec.trainingConfig.Model_ID"), "training_config.Model_ID");
+        assert_eq!(json_path("spec"), "(the harness)");
     }
 
     #[test]

@@ -305,10 +305,11 @@ enum Output {
 
 impl Output {
     fn new(out: &str) -> Result<Self> {
-        if !out.starts_with("s3://") {
+        // Parsed either way: `S3://b/x` or `gs://b/x` is refused, not made a local directory.
+        let destination = Destination::parse_prefix(out)?;
+        if !destination.is_s3() {
             return Ok(Self::Local(PathBuf::from(out)));
         }
-        let destination = Destination::parse_prefix(out)?;
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
         let staging = std::env::temp_dir().join(format!("basecamp-dataset-{}-{nanos}", std::process::id()));
         Ok(Self::S3 { destination, staging })

@@ -262,9 +262,9 @@ fn to_json_spelling(mut problem: Problem, file: &str, object: Option<&str>) -> P
         .split(' ')
         .map(|word| {
             let bare = word.trim_end_matches(['.', ',', ';', '?']);
+            // "batchSize" or `testSet` (serde's "missing field `testSet`").
             let quoted = bare.len() > 2
-                && bare.starts_with('"')
-                && bare.ends_with('"')
+                && ((bare.starts_with('"') && bare.ends_with('"')) || (bare.starts_with('`') && bare.ends_with('`')))
                 && bare[1..bare.len() - 1].chars().all(|c| c.is_ascii_alphanumeric());
             if word.starts_with("spec.") || (quoted && word.chars().any(|c| c.is_ascii_uppercase())) {
                 harness_json::json_path(word)

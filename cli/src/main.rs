@@ -126,6 +126,19 @@ pub(crate) fn at_least_one<T: TryFrom<u64>>(arg: &str) -> Result<T, String> {
     T::try_from(n).map_err(|_| format!("{n} is too large"))
 }
 
+/// An output that is written on this machine only (`-o` of redact,
+/// archive, extract, export, report): a URL such as `s3://b/x` is refused,
+/// not created as a local directory `s3:/b/x` while the command reports
+/// writing to S3.
+pub(crate) fn local_path(arg: &str) -> Result<std::path::PathBuf, String> {
+    match arg.split_once("://") {
+        Some((scheme, _)) if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric()) => Err(format!(
+            "{arg:?} is a URL; this command writes a local path only (copy to {scheme}:// afterwards, e.g. `aws s3 cp`)"
+        )),
+        _ => Ok(arg.into()),
+    }
+}
+
 /// Refuses an output directory (`--out DIR`) that a file stands in the way
 /// of: the path itself or one above it (`cannot create out: File exists`
 /// and `Not a directory` said neither which path nor why).

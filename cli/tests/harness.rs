@@ -580,3 +580,27 @@ fn convert_refuses_a_task_its_own_rules_refuse_and_writes_nothing() {
     // The SandboxConfig it names is not beside it: that is for `validate`, not a reason to refuse.
     assert!(!said.contains("not found"), "{said}");
 }
+
+/// Problems of the JSON form name its keys as the user wrote them: a key
+/// that is not snake_case keeps its spelling in the path, and a missing
+/// field is named in snake_case. Before: `data_pipeline._b_a_t_c_h__s_i_z_e`
+/// and "missing field `testSet`".
+#[test]
+fn json_harness_problems_name_keys_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let harness = dir.path().join("keys.json");
+    std::fs::write(
+        &harness,
+        r#"{"task_definition": {"name": "t1", "goal": "g", "success_criteria": ["tool_call_accuracy >= 0.9"]},
+ "data_pipeline": {"source": "s3://ds-logs/x/", "batch_size": 4, "BATCH_SIZE": 4},
+ "evaluation": {"metrics": ["tool_call_accuracy"]},
+ "policy": {"endpoint": "http://127.0.0.1:8000/v1", "model": "m"}}"#,
+    )
+    .unwrap();
+    let out = basecamp(&["harness", "convert", harness.to_str().unwrap()]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("data_pipeline.BATCH_SIZE: unknown field \"BATCH_SIZE\""), "{said}");
+    assert!(said.contains("missing field `test_set`"), "{said}");
+    assert!(!said.contains("_b_a_t") && !said.contains("testSet"), "{said}");
+}

@@ -924,3 +924,17 @@ fn rows_name_their_task_and_variant_so_one_episode_id_in_two_variants_stays_two_
     assert_eq!(keys.iter().filter(|k| k.1 == "a").count(), 3);
     assert!(keys.iter().all(|k| k.2 == "ep-0007" && !k.0.is_empty()), "{keys:#?}");
 }
+
+/// `-o S3://b/x` (or `gs://...`) is refused, not written to a local
+/// directory `S3:/b/x` with exit 0.
+#[test]
+fn an_output_url_of_another_scheme_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("ep.trace"), small_trace(1, 2)).unwrap();
+    for out in ["S3://bucket/x", "gs://bucket/x"] {
+        let output = basecamp(&["data", "preprocess", "ep.trace", "-o", out], tmp.path());
+        assert_eq!(output.status.code(), Some(1), "{out}: {}", text(&output));
+        assert!(text(&output).contains(out), "{out}: {}", text(&output));
+        assert!(std::fs::read_dir(tmp.path()).unwrap().count() == 1, "{out}: nothing written");
+    }
+}

@@ -355,3 +355,27 @@ fn a_truncated_trace_is_redacted_into_a_copy_cut_off_the_same_way_when_allowed()
     assert!(stderr.contains("(cut before its header ended: there is nothing to redact)"), "{stderr}");
     assert!(!stderr.contains("(--allow-truncated redacts"), "{stderr}");
 }
+
+/// `-o s3://...` is refused: redact writes local files only, and before it
+/// created a local directory `s3:/bucket/...` while printing `-> s3://...`.
+#[test]
+fn an_s3_output_is_refused_not_written_to_a_local_directory_named_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("ep.trace");
+    let ep = generate(&EpisodeShape { seed: 3, steps: 2, tokens_per_step: 1, ..Default::default() });
+    std::fs::write(&trace, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    for (args, flag) in [
+        (vec!["trace", "redact", trace.to_str().unwrap(), "--pii-fields", "order_id", "-o", "s3://bucket/red"], "-o"),
+        (vec!["trace", "archive", trace.to_str().unwrap(), "-o", "s3://bucket/a.tar.zst"], "-o"),
+        (vec!["trace", "report", trace.to_str().unwrap(), "-o", "s3://bucket/r.html"], "--output"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_basecamp")).args(&args).current_dir(dir.path()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("is a URL; this command writes a local path only"),
+            "{stderr}"
+        );
+        assert!(!dir.path().join("s3:").exists(), "{args:?}");
+    }
+}

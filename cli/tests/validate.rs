@@ -146,3 +146,19 @@ fn a_trace_given_by_several_spellings_is_checked_once() {
     std::fs::hard_link(run.join("ep-1.trace"), run.join("copy.trace")).unwrap();
     assert_eq!(checked(&["run", "./run"]), "3 traces checked: all valid\n");
 }
+
+/// One finding, one line: a file name holding a newline (or an ESC) is
+/// printed quoted and escaped. Before: the finding was split over two lines.
+#[test]
+fn a_file_name_with_a_control_character_keeps_its_finding_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = generate(&EpisodeShape { seed: 1, steps: 4, tokens_per_step: 1, ..Default::default() });
+    let bytes = ep.write_to(Vec::new(), 3).unwrap();
+    let odd = dir.path().join("ep\n1.trace");
+    std::fs::write(&odd, &bytes[..bytes.len() / 2]).unwrap();
+    let out = basecamp(&["trace", "validate", odd.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.starts_with(&format!("{:?}: schema: truncated at byte ", odd.display().to_string())), "{stdout}");
+}

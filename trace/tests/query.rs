@@ -553,10 +553,15 @@ fn hashes_match_in_hex_or_base64_and_unicode_escapes_spell_any_character() {
         assert_eq!(steps_matching(&bytes, &format!("input_hash != \"{literal}\"")), [0u32; 0], "{literal}");
     }
     assert_eq!(steps_matching(&bytes, "result_hash == \"\""), [1], "an empty hash is written \"\"");
+    // Not 32 bytes: no hash could match it; refused, not an empty result.
+    for wrong in ["abcd".to_string(), "AAAA".to_string(), format!("{}aa", hex::encode(&hash))] {
+        let said = error_of(&format!("input_hash == \"{wrong}\""));
+        assert!(said.starts_with("invalid query: a hash is a sha256, 32 bytes"), "{wrong}: {said}");
+    }
     assert_eq!(
         error_of("input_hash == \"not a hash!\""),
-        "invalid query: a hash is written in hex or in base64 (as `trace parse` prints it); \"not a hash!\" is \
-         neither\n  input_hash == \"not a hash!\"\n                ^"
+        "invalid query: a hash is a sha256, 32 bytes written in hex (64 digits) or in base64 (as `trace parse` \
+         prints it); \"not a hash!\" is neither\n  input_hash == \"not a hash!\"\n                ^"
     );
 
     assert_eq!(steps_matching(&bytes, r#"tool == "\ud83d\ude00 lookup""#), [1]);

@@ -27,7 +27,7 @@ pub struct ArchiveArgs {
     paths: Vec<std::ffi::OsString>,
     /// The archive to write (conventionally FILE.tar.zst; `-` for stdout). Members are named by their path below
     /// the directory, glob prefix or S3 prefix given.
-    #[arg(long, short = 'o', value_name = "FILE", required = true)]
+    #[arg(long, short = 'o', value_name = "FILE", required = true, value_parser = crate::local_path)]
     out: Option<PathBuf>,
     /// Worker threads compressing members (default: one per core).
     #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
@@ -50,7 +50,7 @@ enum ArchiveAction {
         #[arg(required = true, value_name = "EPISODE|NAME")]
         keys: Vec<String>,
         /// Directory to write them to (created if missing).
-        #[arg(long, short = 'o', value_name = "DIR")]
+        #[arg(long, short = 'o', value_name = "DIR", value_parser = crate::local_path)]
         out: PathBuf,
     },
 }

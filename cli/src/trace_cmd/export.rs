@@ -27,7 +27,7 @@ pub struct ExportArgs {
     #[arg(required = true)]
     paths: Vec<std::ffi::OsString>,
     /// Write to this file instead of stdout (written as FILE.partial and renamed when complete).
-    #[arg(long, short = 'o', value_name = "FILE")]
+    #[arg(long, short = 'o', value_name = "FILE", value_parser = crate::local_path)]
     out: Option<PathBuf>,
     /// Worker threads (default: one per core).
     #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]

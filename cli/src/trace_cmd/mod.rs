@@ -56,6 +56,14 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `text` as it goes on one line of plain output: as it is, or, when it
+/// holds a control character (a newline in a file name would start a line
+/// that looks like another match or finding; an ESC would reach the
+/// terminal), quoted with Rust's escapes (`"a\nb"`).
+pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) { format!("{text:?}").into() } else { text.into() }
+}
+
 /// `FILE.partial` next to `FILE`, where an output is written before it is
 /// renamed into place: the whole name and a suffix, since `with_extension`
 /// would give `a.tar.zst` and `a.tar.gz` (or traces named `ep.b1` and

@@ -34,7 +34,7 @@ pub struct RedactArgs {
     salt: Option<String>,
     /// Directory for the redacted traces (created if missing); each keeps its path below the directory,
     /// glob prefix or S3 prefix given.
-    #[arg(long, short = 'o', value_name = "OUTDIR")]
+    #[arg(long, short = 'o', value_name = "OUTDIR", value_parser = crate::local_path)]
     out: PathBuf,
     /// Also redact a trace whose writer was killed (a clean truncation): the copy holds its records, redacted,
     /// and is cut off after them the same way. Other damage is still an error.

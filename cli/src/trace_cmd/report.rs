@@ -43,7 +43,7 @@ pub struct ReportArgs {
     #[arg(long, value_enum, default_value_t = ClusterBy::MemoryState)]
     pub cluster_by: ClusterBy,
     /// The HTML file to write.
-    #[arg(long, short, default_value = "trace_report.html")]
+    #[arg(long, short, default_value = "trace_report.html", value_parser = crate::local_path)]
     pub output: PathBuf,
     /// Traces read and drawn at once [default: one per core].
     #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]

@@ -18,6 +18,7 @@ use basecamp_trace::query::{FileMatches, NamesSeen, Query};
 use clap::Args;
 use serde_json::json;
 
+use super::one_line;
 use super::sources::Sources;
 
 /// The query language, shown by `basecamp trace search --help`.
@@ -85,13 +86,6 @@ pub struct SearchArgs {
     /// Worker threads (default: one per core).
     #[arg(long, short = 'j', value_parser = crate::at_least_one::<usize>)]
     jobs: Option<usize>,
-}
-
-/// `text` as it goes on one line of the plain output: as it is, or, when it
-/// holds a control character (a newline in a file name would start a line
-/// that looks like another match), quoted with Rust's escapes (`"a\nb"`).
-fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.chars().any(char::is_control) { format!("{text:?}").into() } else { text.into() }
 }
 
 pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {

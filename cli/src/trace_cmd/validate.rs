@@ -8,10 +8,11 @@ use std::ops::ControlFlow;
 use std::process::ExitCode;
 
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
-use basecamp_trace::validate::validate_opened;
+use basecamp_trace::validate::{Finding, validate_opened};
 use clap::Args;
 use serde_json::json;
 
+use super::one_line;
 use super::sources::Sources;
 
 #[derive(Args)]
@@ -47,7 +48,8 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
                 let written = if args.json {
                     writeln!(out, "{}", json!({"file": f.file, "step": f.step, "check": f.check, "message": f.message}))
                 } else {
-                    writeln!(out, "{f}")
+                    // A newline in a file name would split the finding over two lines.
+                    writeln!(out, "{}", Finding { file: one_line(&f.file).into_owned(), ..f.clone() })
                 };
                 if let Err(e) = written {
                     // The rest is not validated.

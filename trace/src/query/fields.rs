@@ -461,8 +461,8 @@ pub fn check_literal(
                 query,
                 literal_at,
                 format!(
-                    "a hash is written in hex or in base64 (as `trace parse` prints it); {text:?} is \
-                     neither"
+                    "a hash is a sha256, 32 bytes written in hex (64 digits) or in base64 (as `trace parse` \
+                     prints it); {text:?} is neither"
                 ),
             )
         });
@@ -487,18 +487,21 @@ pub fn check_literal(
     }
 }
 
-/// A hash literal as the lower-case hex a hash field is compared as: hex
-/// of any case, or the base64 of proto3 JSON (`trace parse`: standard
-/// alphabet, padded) and its URL-safe and unpadded forms.
+/// A hash literal as the lower-case hex a hash field is compared as: 32
+/// bytes (a sha256) in hex of any case, or in the base64 of proto3 JSON
+/// (`trace parse`: standard alphabet, padded) or its URL-safe and unpadded
+/// forms; or "" (no hash).
 fn hash_literal(text: &str) -> Option<String> {
     use base64::Engine as _;
     use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-    if text.len().is_multiple_of(2) && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+    // A sha256, or "" (no hash): a literal of another length matches nothing.
+    if text.is_empty() || (text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())) {
         return Some(text.to_ascii_lowercase());
     }
     [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
         .iter()
         .find_map(|engine| engine.decode(text).ok())
+        .filter(|bytes| bytes.len() == 32)
         .map(hex::encode)
 }
 
