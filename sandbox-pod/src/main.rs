@@ -255,7 +255,10 @@ async fn run_command(args: RunArgs) -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             stderr_line!("error [{}]: {e}", e.category());
-            return ExitCode::FAILURE;
+            if e.is_transient() {
+                stderr_line!("(unavailable for now: exit {}, a later attempt can succeed)", exit_code::UNAVAILABLE);
+            }
+            return ExitCode::from(e.exit_code());
         }
     };
     for w in &outcome.warnings {

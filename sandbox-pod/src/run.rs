@@ -40,6 +40,11 @@ use crate::storage::{Destination, ShardPartition, Storage, StorageConfig, Upload
 pub mod exit_code {
     /// The configuration (or the node's GPU) is refused: a retry fails the same way.
     pub const CONFIG_ERROR: u8 = 1;
+    /// Something the shard needs before its first episode was unavailable
+    /// for a while (the S3 test set or scripted policy after every retry:
+    /// unreachable, timed out, throttled, 5xx; the policy server never
+    /// ready): a later attempt can succeed ([`RunError::is_transient`]).
+    pub const UNAVAILABLE: u8 = 4;
     /// Episodes lost: their traces could not be written.
     pub const LOST_EPISODES: u8 = 2;
     /// The upload failed (the local copies are kept).
@@ -92,10 +97,11 @@ pub enum RunError {
     Invalid(String),
     #[error("{0}")]
     Selection(String),
+    /// `transient`: the S3 fetch failed in a way a retry can fix.
     #[error("test set {location}: {message}")]
-    TestSet { location: String, message: String },
+    TestSet { location: String, message: String, transient: bool },
     #[error("scripted policy {location}: {message}")]
-    ScriptedPolicy { location: String, message: String },
+    ScriptedPolicy { location: String, message: String, transient: bool },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
@@ -113,6 +119,23 @@ pub enum RunError {
 }
 
 impl RunError {
+    /// Whether a later attempt can succeed where this one failed before its
+    /// first episode: exit [`exit_code::UNAVAILABLE`], which the operator's
+    /// Job retries, rather than [`exit_code::CONFIG_ERROR`], which fails the
+    /// shard for good.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::TestSet { transient, .. } | Self::ScriptedPolicy { transient, .. } => *transient,
+            Self::PolicyServer(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The process's exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        if self.is_transient() { exit_code::UNAVAILABLE } else { exit_code::CONFIG_ERROR }
+    }
+
     pub fn category(&self) -> &'static str {
         match self {
             Self::Invalid(_) => "InvalidSpec",
@@ -466,11 +489,15 @@ pub fn absolute_dir(dir: &Path) -> Result<PathBuf, RunError> {
 
 /// The test set at `location`: a path relative to `base_dir`, or `s3://`.
 pub async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, RunError> {
-    let err = |message: String| RunError::TestSet { location: location.to_string(), message };
+    let err = |message: String| RunError::TestSet { location: location.to_string(), message, transient: false };
     if location.starts_with("s3://") {
         let destination = Destination::parse(location).map_err(|e| err(e.to_string()))?;
         let storage = Storage::new(StorageConfig::from_env());
-        let bytes = storage.fetch(&destination).await.map_err(|e| err(e.to_string()))?;
+        let bytes = storage.fetch(&destination).await.map_err(|e| RunError::TestSet {
+            location: location.to_string(),
+            message: e.to_string(),
+            transient: e.is_retryable(),
+        })?;
         return TestSet::parse_bytes(location, &bytes).map_err(|e| err(e.to_string()));
     }
     let path = if Path::new(location).is_absolute() { PathBuf::from(location) } else { base_dir.join(location) };
@@ -480,9 +507,11 @@ pub async fn load_test_set(location: &str, base_dir: &Path) -> Result<TestSet, R
 /// Downloads an `s3://` scripted policy to `<out_dir>.policy.jsonl` (beside
 /// the output directory, so it is not uploaded with the traces).
 async fn fetch_scripted_policy(location: &str, out_dir: &Path) -> Result<PathBuf, RunError> {
-    let err = |message: String| RunError::ScriptedPolicy { location: location.to_string(), message };
+    let err = |message: String| RunError::ScriptedPolicy { location: location.to_string(), message, transient: false };
     let destination = Destination::parse(location).map_err(|e| err(e.to_string()))?;
-    let bytes = Storage::new(StorageConfig::from_env()).fetch(&destination).await.map_err(|e| err(e.to_string()))?;
+    let bytes = Storage::new(StorageConfig::from_env()).fetch(&destination).await.map_err(|e| {
+        RunError::ScriptedPolicy { location: location.to_string(), message: e.to_string(), transient: e.is_retryable() }
+    })?;
     let mut name = out_dir.file_name().unwrap_or_default().to_os_string();
     name.push(".policy.jsonl");
     let path = out_dir.with_file_name(name);

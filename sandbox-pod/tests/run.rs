@@ -1169,3 +1169,29 @@ fn sigterm_mid_shard_writes_the_summary_and_exits_130() {
     let trace = read_trace(out.path().join("ep-1.trace")).unwrap();
     assert!(trace.damage().is_none(), "the cut-off episode's trace is whole: {:?}", trace.damage());
 }
+
+/// An S3 outage before the first episode (the test set cannot be fetched
+/// after every retry) is exit 4, which the operator's Job retries; before,
+/// it was exit 1, which fails the shard's index for good as a refused
+/// configuration does.
+#[test]
+fn a_test_set_on_an_unreachable_s3_is_exit_4_not_a_configuration_error() {
+    let (project, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_project(project.path(), Path::new("/tmp/unused"));
+    let manifest = project.path().join("task.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("testSet: tests.jsonl", "testSet: s3://testsets/tests.jsonl")).unwrap();
+    let port = basecamp_sandbox::testing::free_port();
+    let run = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["run", "--config", manifest.to_str().unwrap(), "--no-upload", "--out", out.path().to_str().unwrap()])
+        .env("AWS_ENDPOINT_URL_S3", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("error [TestSetUnavailable]: test set s3://testsets/tests.jsonl: "), "{stderr}");
+    assert!(stderr.contains("(unavailable for now: exit 4, a later attempt can succeed)"), "{stderr}");
+}

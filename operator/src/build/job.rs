@@ -7,7 +7,9 @@
 //! 1 (the configuration or the node's GPU is refused) fails that index at
 //! once — a retry would fail the same way, and a per-index failure keeps one
 //! lying node from failing the whole Job; 2 (episodes lost), 3 (upload
-//! failed) and 130 (stopped early by SIGTERM: its summary lists episodes
+//! failed), 4 (the S3 test set or scripted policy unreachable after every
+//! retry, or the policy server never ready: a later attempt can succeed)
+//! and 130 (stopped early by SIGTERM: its summary lists episodes
 //! interrupted or never started, so the shard is not done) are retried up
 //! to `backoffLimitPerIndex`; a pod evicted by a disruption (preempted,
 //! drained: SIGTERM, so 130) is retried without counting.
@@ -74,6 +76,8 @@ pub const EXIT_LOST_EPISODES: i32 = exit_code::LOST_EPISODES as i32;
 pub const EXIT_UPLOAD_FAILED: i32 = exit_code::UPLOAD_FAILED as i32;
 /// Exit code: SIGTERM cut the shard off before all its episodes ended.
 pub const EXIT_STOPPED_EARLY: i32 = exit_code::STOPPED_EARLY as i32;
+/// Exit code: something needed before the first episode was unavailable for a while.
+pub const EXIT_UNAVAILABLE: i32 = exit_code::UNAVAILABLE as i32;
 
 /// A checkpoint whose evaluation a Job runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,7 +372,10 @@ pub fn pod_failure_policy() -> PodFailurePolicy {
             },
             PodFailurePolicyRule {
                 action: "Count".into(),
-                on_exit_codes: Some(exit_codes("In", vec![EXIT_LOST_EPISODES, EXIT_UPLOAD_FAILED, EXIT_STOPPED_EARLY])),
+                on_exit_codes: Some(exit_codes(
+                    "In",
+                    vec![EXIT_LOST_EPISODES, EXIT_UPLOAD_FAILED, EXIT_UNAVAILABLE, EXIT_STOPPED_EARLY],
+                )),
                 on_pod_conditions: None,
             },
         ],

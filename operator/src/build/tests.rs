@@ -95,6 +95,7 @@ fn the_job_runs_one_indexed_pod_per_shard_with_the_failure_policy() {
     assert_eq!(action_for(3).as_deref(), Some("Count"), "a failed upload is retried");
     assert_eq!(action_for(2).as_deref(), Some("Count"));
     assert_eq!(action_for(130).as_deref(), Some("Count"), "a shard SIGTERM cut off is not done: retried");
+    assert_eq!(action_for(4).as_deref(), Some("Count"), "an S3 outage before the first episode: retried");
     assert!(rules.iter().all(|r| r["onExitCodes"].is_null() || r["onExitCodes"]["containerName"] == "sandbox"));
 
     let pod = &spec["template"]["spec"];
