@@ -350,4 +350,9 @@ fn a_file_name_that_is_not_utf8_is_searched_named_directly_or_by_a_glob() {
         assert_eq!(out.status.code(), Some(0), "{arg:?}: {}", text(&out.stderr));
         assert_eq!(text(&out.stdout).lines().count(), 1, "{arg:?}: {}", text(&out.stdout));
     }
+    // Plain output names it with its byte escaped, not as "ep-\u{fffd}.trace".
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "search", "step == 1"]).arg(&odd).output().unwrap();
+    assert!(text(&out.stdout).starts_with(&format!("{odd:?}:")), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("\\xFF"), "{}", text(&out.stdout));
 }

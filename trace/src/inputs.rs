@@ -79,6 +79,13 @@ pub fn expand_inputs_named<S: AsRef<std::ffi::OsStr>>(args: &[S], suffix: &str) 
             match fs::metadata(path) {
                 Ok(meta) if meta.is_dir() => walk(path, suffix, &mut found)?,
                 Ok(_) => found.push(path.to_path_buf()),
+                // A name that is not UTF-8 is never a pattern: say so when it looks like one.
+                Err(_) if text.is_none() && is_glob(&shown()) => {
+                    return Err(InputError::Missing(format!(
+                        "{} (not UTF-8, so taken as a path, not as a pattern)",
+                        shown()
+                    )));
+                }
                 Err(_) => return Err(InputError::Missing(shown())),
             }
             base = if path.is_dir() {

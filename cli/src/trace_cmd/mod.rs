@@ -64,6 +64,17 @@ pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     if text.chars().any(char::is_control) { format!("{text:?}").into() } else { text.into() }
 }
 
+/// How plain output names a source: [`one_line`] of its name, or, for a
+/// local file whose name is not UTF-8, the path quoted with its bytes
+/// escaped (`"ep-\xFF.trace"`), so two such files are told apart and the
+/// name can be typed back.
+pub(crate) fn shown_name(source: &sources::Source) -> std::borrow::Cow<'_, str> {
+    match source.local_path() {
+        Some(path) if path.to_str().is_none() => format!("{path:?}").into(),
+        _ => one_line(&source.name),
+    }
+}
+
 /// `FILE.partial` next to `FILE`, where an output is written before it is
 /// renamed into place: the whole name and a suffix, since `with_extension`
 /// would give `a.tar.zst` and `a.tar.gz` (or traces named `ep.b1` and

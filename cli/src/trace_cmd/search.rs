@@ -18,8 +18,8 @@ use basecamp_trace::query::{FileMatches, NamesSeen, Query};
 use clap::Args;
 use serde_json::json;
 
-use super::one_line;
 use super::sources::Sources;
+use super::{one_line, shown_name};
 
 /// The query language, shown by `basecamp trace search --help`.
 pub const QUERY_HELP: &str = "\
@@ -113,7 +113,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
                     writeln!(
                         out,
                         "{}:{}: episode {} step {} ({section})",
-                        one_line(file),
+                        shown_name(&files[i]),
                         m.offset,
                         one_line(&m.episode),
                         m.step

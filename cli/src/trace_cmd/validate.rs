@@ -12,7 +12,7 @@ use basecamp_trace::validate::{Finding, validate_opened};
 use clap::Args;
 use serde_json::json;
 
-use super::one_line;
+use super::shown_name;
 use super::sources::Sources;
 
 #[derive(Args)]
@@ -38,7 +38,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
         files,
         args.jobs.unwrap_or_else(default_jobs),
         |source| validate_opened(&source.name, sources.open(source)),
-        |_, found| {
+        |i, found| {
             if found.is_empty() {
                 return ControlFlow::Continue(());
             }
@@ -49,7 +49,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
                     writeln!(out, "{}", json!({"file": f.file, "step": f.step, "check": f.check, "message": f.message}))
                 } else {
                     // A newline in a file name would split the finding over two lines.
-                    writeln!(out, "{}", Finding { file: one_line(&f.file).into_owned(), ..f.clone() })
+                    writeln!(out, "{}", Finding { file: shown_name(&files[i]).into_owned(), ..f.clone() })
                 };
                 if let Err(e) = written {
                     // The rest is not validated.
