@@ -48,16 +48,22 @@ fn the_index_lists_members_and_each_comes_out_identical() {
 fn any_zstd_and_tar_unpack_it() {
     let traces = traces();
     let bytes = archive(&traces);
-    // The concatenated frames (the skippable locator included) are one tar stream.
-    let tar = zstd::stream::decode_all(bytes.as_slice()).unwrap();
+    let dir = untar_with_gnu_tar(&bytes, &traces);
+    assert!(dir.path().join(INDEX_NAME).exists());
+}
+
+/// `bytes` unpacked by `zstd` decoding and GNU tar, each trace checked: the
+/// concatenated frames (the skippable locator included) are one tar stream.
+fn untar_with_gnu_tar(bytes: &[u8], traces: &[(String, Vec<u8>)]) -> tempfile::TempDir {
+    let tar = zstd::stream::decode_all(bytes).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new("tar").arg("-x").arg("-C").arg(dir.path()).stdin(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(&tar).unwrap();
     assert!(child.wait().unwrap().success());
-    for (name, data) in &traces {
-        assert_eq!(&std::fs::read(dir.path().join(name)).unwrap(), data);
+    for (name, data) in traces {
+        assert_eq!(&std::fs::read(dir.path().join(name)).unwrap(), data, "{name}");
     }
-    assert!(dir.path().join(INDEX_NAME).exists());
+    dir
 }
 
 #[test]
@@ -157,14 +163,7 @@ fn a_member_name_over_100_bytes_goes_in_the_ustar_prefix() {
         assert_eq!(&member.name, name);
         assert_eq!(&r.read_member(&member).unwrap(), data);
     }
-    let tar = zstd::stream::decode_all(bytes.as_slice()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new("tar").arg("-x").arg("-C").arg(dir.path()).stdin(Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(&tar).unwrap();
-    assert!(child.wait().unwrap().success());
-    for (name, data) in &traces {
-        assert_eq!(&std::fs::read(dir.path().join(name)).unwrap(), data, "{name}");
-    }
+    untar_with_gnu_tar(&bytes, &traces);
     // A file name alone over 100 bytes has no place: refused, naming both limits.
     let too_long = format!("{}.trace", "e".repeat(100));
     let Err(err) = prepare_member("in/x.trace", &too_long, &traces[0].1) else { panic!("a name too long is refused") };
