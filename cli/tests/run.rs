@@ -196,6 +196,9 @@ fn ctrl_c_during_a_run_leaves_readable_traces_and_a_partial_summary() {
 
     let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
     assert_eq!(run["stopped_early"], true);
+    // The report says what the stop left out, as the console does (before: only "partial results").
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(report.contains("cut off (their traces end as cancelled"), "the report names the cut-off episodes");
     let finished: u64 =
         run["variants"].as_array().unwrap().iter().map(|v| v["aggregate"]["episodes"].as_u64().unwrap()).sum();
     assert!(finished < 120, "the run was cut short");
@@ -699,4 +702,51 @@ fn a_run_into_the_directory_of_another_tasks_run_is_refused_before_anything_chan
     // A rerun of the same task still replaces its earlier run.
     let output = run(&raw);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// `--variant b` into a directory holding a run of both keeps variant a's
+/// results: its shards stay, and run.json and the report still include it,
+/// marked as an earlier run's (serve and ab compare read both). Before:
+/// run.json and report.html held b alone while a's shards stayed on disk.
+#[test]
+fn a_rerun_of_one_variant_keeps_the_other_in_run_json_and_the_report() {
+    let out = tempfile::tempdir().unwrap();
+    let o = out.path().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", example().to_str().unwrap(), "--no-progress", "--out", o])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        output
+    };
+    run(&[]);
+    let output = run(&["--variant", "b"]);
+    assert!(String::from_utf8_lossy(&output.stdout).contains("a: from an earlier run in this directory (not run now)"));
+    let run_json: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let names: Vec<&str> =
+        run_json["variants"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(run_json["variants"][0]["kept_from_earlier_run"], true);
+    assert!(run_json["variants"][1].get("kept_from_earlier_run").is_none());
+    assert_eq!(run_json["variants"][0]["aggregate"]["episodes"], 60);
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(report.contains("variant a: from an earlier run in this directory (not run now)"));
+    assert!(report.contains("A/B: b vs a") || report.contains("A/B: a vs b"), "the comparison is still there");
+}
+
+/// A run refused before it starts (more shards than episodes) leaves no
+/// output directory behind.
+#[test]
+fn a_run_refused_before_it_starts_creates_no_output_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example().to_str().unwrap(), "--no-progress", "--shards", "61", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--shards 61"));
+    assert!(!out.exists());
 }

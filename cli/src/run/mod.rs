@@ -150,11 +150,12 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     }
     let out_root = args.out.clone().unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name));
     check_no_other_task_in(&out_root, &task_name)?;
-    crate::create_out_dir(&out_root)?;
 
     let test_set =
         load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     check_shard_count(shard_count, args.shards.is_some(), test_set.episodes.len(), &task.spec.evaluation.test_set)?;
+    // Only once the run is known to start: a refused one leaves no directory behind.
+    crate::create_out_dir(&out_root)?;
     let probe = basecamp_gpu::probe::probe_gpus();
     let mut services = Vec::new();
     let mut jobs = Vec::new();
@@ -258,12 +259,65 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let wall_seconds = started.elapsed().as_secs_f64();
 
     let criteria = &task.spec.task_definition.success_criteria;
+    let (variants, shards, kept) = if args.variant.is_some() {
+        let all = resolve_variants(&manifests, task, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+        with_kept_variants(&out_root, all, variants, shards)
+    } else {
+        (variants, shards, Vec::new())
+    };
     let mut summary = RunSummary::new(&task_name, &out_root, &variants, shards, failed_shards, criteria, wall_seconds);
+    summary.mark_kept(&kept);
     summary.manifests =
         args.paths.iter().map(|path| std::path::absolute(path).unwrap_or_else(|_| path.clone())).collect();
     summary.write(&out_root)?;
     report::write(&summary, &out_root)?;
     Ok(summary)
+}
+
+/// A run of some variants (`--variant b`) into a directory holding an
+/// earlier run of the others: their shards stay on disk, so `run.json` and
+/// the report include them too, from their shards' `summary.json` (as
+/// `serve` and `ab compare` read the directory), in the task's variant
+/// order. Before, they were dropped from both while still on disk.
+fn with_kept_variants(
+    out_root: &Path,
+    all: Vec<basecamp_sandbox::run::ResolvedVariant>,
+    ran: Vec<basecamp_sandbox::run::ResolvedVariant>,
+    shards: Vec<Vec<ShardSummary>>,
+) -> (Vec<basecamp_sandbox::run::ResolvedVariant>, Vec<Vec<ShardSummary>>, Vec<String>) {
+    let mut ran: std::collections::HashMap<String, Vec<ShardSummary>> =
+        ran.iter().map(|v| v.name.clone()).zip(shards).collect();
+    let (mut variants, mut summaries, mut kept_names) = (Vec::new(), Vec::new(), Vec::new());
+    for variant in all {
+        let shards = match ran.remove(&variant.name) {
+            Some(shards) => shards,
+            None => {
+                let kept = kept_shard_summaries(&out_root.join(&variant.name));
+                if kept.is_empty() {
+                    continue;
+                }
+                kept_names.push(variant.name.clone());
+                kept
+            }
+        };
+        variants.push(variant);
+        summaries.push(shards);
+    }
+    (variants, summaries, kept_names)
+}
+
+/// The `summary.json` of each `shard-N` under `variant_dir`, by shard; one
+/// that cannot be read is left out, as `serve` leaves it out.
+fn kept_shard_summaries(variant_dir: &Path) -> Vec<ShardSummary> {
+    let Ok(entries) = std::fs::read_dir(variant_dir) else { return Vec::new() };
+    let mut summaries: Vec<ShardSummary> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("shard-"))
+        .filter_map(|e| std::fs::read(e.path().join(basecamp_sandbox::driver::SUMMARY_FILE)).ok())
+        .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
+        .collect();
+    summaries.sort_by_key(|s: &ShardSummary| s.shard);
+    summaries
 }
 
 /// Every shard is set up (a runner, a task, a directory and a summary)

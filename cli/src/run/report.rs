@@ -29,6 +29,16 @@ fn bar(v: Option<f64>) -> String {
     )
 }
 
+/// `: a, b, c` and how many more, for a list of episode ids shown in a sentence.
+fn some_ids(ids: &[String]) -> String {
+    const SHOWN: usize = 10;
+    match ids.len() {
+        0 => String::new(),
+        n if n <= SHOWN => format!(": {}", esc(&ids.join(", "))),
+        n => format!(": {} and {} more", esc(&ids[..SHOWN].join(", ")), n - SHOWN),
+    }
+}
+
 pub fn render(s: &RunSummary) -> String {
     let mut h = String::new();
     let episodes: u32 = s.variants.iter().map(|v| v.aggregate.episodes).sum();
@@ -88,6 +98,28 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
             esc(&failed.variant),
             esc(&failed.consequence())
         );
+    }
+    for v in &s.variants {
+        if v.kept_from_earlier_run {
+            let _ = write!(
+                h,
+                "<p class=\"muted kept\">variant {}: from an earlier run in this directory (not run now)</p>",
+                esc(&v.name)
+            );
+        }
+        // What a stop left out of the table: said as the console says it.
+        if !v.interrupted.is_empty() || !v.not_started.is_empty() {
+            let _ = write!(
+                h,
+                "<p class=\"bad stopped\">variant {}: stopped early: {} cut off (their traces end as cancelled{}), {} not \
+                 started{}; neither is in the averages</p>",
+                esc(&v.name),
+                v.interrupted.len(),
+                some_ids(&v.interrupted),
+                v.not_started.len(),
+                some_ids(&v.not_started),
+            );
+        }
     }
 
     if let Some(c) = &s.comparison {

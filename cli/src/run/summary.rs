@@ -73,6 +73,10 @@ pub struct VariantSummary {
     pub lost: Vec<LostEpisode>,
     pub interrupted: Vec<String>,
     pub not_started: Vec<String>,
+    /// Not run now (`basecamp run --variant` of another): its shards are an
+    /// earlier run's, kept in the directory ([`RunSummary::mark_kept`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub kept_from_earlier_run: bool,
 }
 
 /// One episode, with its trace path relative to the run directory.
@@ -197,6 +201,7 @@ impl VariantSummary {
             lost,
             interrupted,
             not_started,
+            kept_from_earlier_run: false,
         }
     }
 }
@@ -253,12 +258,30 @@ impl RunSummary {
     }
 
     pub fn lost_episodes(&self) -> usize {
-        self.variants.iter().map(|v| v.lost.len()).sum()
+        self.ran().map(|v| v.lost.len()).sum()
     }
 
-    /// Every criterion of every variant met.
+    /// Every criterion of every variant this run ran met.
     pub fn criteria_met(&self) -> bool {
-        self.variants.iter().all(|v| v.criteria.iter().all(|c| c.met))
+        self.ran().all(|v| v.criteria.iter().all(|c| c.met))
+    }
+
+    /// The variants this run ran (not those kept from an earlier one).
+    fn ran(&self) -> impl Iterator<Item = &VariantSummary> {
+        self.variants.iter().filter(|v| !v.kept_from_earlier_run)
+    }
+
+    /// Marks the variants named in `kept` as an earlier run's, kept in the
+    /// directory: they are in `run.json` and the report, but this run's exit
+    /// status, rate and "stopped early" speak of what it ran.
+    pub fn mark_kept(&mut self, kept: &[String]) {
+        for v in &mut self.variants {
+            v.kept_from_earlier_run = kept.contains(&v.name);
+        }
+        let stopped_early = self.ran().any(|v| !v.interrupted.is_empty() || !v.not_started.is_empty());
+        self.stopped_early = stopped_early;
+        let episodes: u32 = self.ran().map(|v| v.aggregate.episodes).sum();
+        self.episodes_per_second = if self.wall_seconds > 0.0 { f64::from(episodes) / self.wall_seconds } else { 0.0 };
     }
 
     pub fn write(&self, dir: &Path) -> Result<()> {
@@ -313,6 +336,9 @@ impl RunSummary {
             out.push_str(&c.table());
         }
         for v in &self.variants {
+            if v.kept_from_earlier_run {
+                out.push_str(&format!("\n{}: from an earlier run in this directory (not run now)", v.name));
+            }
             for c in v.criteria.iter().filter(|c| !c.met) {
                 let why = c.problem.clone().unwrap_or_else(|| format!("observed {}", fmt_value(c.observed)));
                 out.push_str(&format!("\n{}: criterion `{}` not met: {why}", v.name, c.criterion));
@@ -483,6 +509,7 @@ mod tests {
             lost: Vec::new(),
             interrupted: Vec::new(),
             not_started: Vec::new(),
+            kept_from_earlier_run: false,
         }
     }
 
