@@ -173,6 +173,17 @@ impl FromStr for Duration {
                 "s" => MS_PER_SECOND,
                 "m" => MS_PER_MINUTE,
                 "h" => MS_PER_HOUR,
+                // `800 ms`, `7 days`: the unit is there, after a space.
+                "" if rest.starts_with(char::is_whitespace) => {
+                    let after = rest.trim_start();
+                    let word = &after[..after.bytes().take_while(|b| b.is_ascii_alphabetic()).count()];
+                    let reason = match word {
+                        "" => format!("{number:?} has no unit"),
+                        "ms" | "s" | "m" | "h" => format!("write {number}{word}, without the space"),
+                        other => format!("unknown unit {other:?}; use ms, s, m or h"),
+                    };
+                    return Err(DurationError::new(input, reason));
+                }
                 "" => return Err(DurationError::new(input, format!("{number:?} has no unit"))),
                 other => {
                     return Err(DurationError::new(input, format!("unknown unit {other:?}; use ms, s, m or h")));
@@ -346,6 +357,11 @@ mod tests {
         }
         let err = "3sec".parse::<Duration>().expect_err("unit");
         assert!(err.to_string().contains("unknown unit \"sec\""), "{err}");
+        // A unit after a space is named, not called missing (before: "\"800\" has no unit").
+        let err = "800 fortnights".parse::<Duration>().expect_err("unit");
+        assert!(err.to_string().contains("unknown unit \"fortnights\""), "{err}");
+        let err = "3 s".parse::<Duration>().expect_err("space");
+        assert!(err.to_string().contains("write 3s, without the space"), "{err}");
     }
 
     #[test]

@@ -68,6 +68,11 @@ fn pages_are_served_at_stable_urls_with_what_the_traces_say() {
     assert!(unknown.text().contains("has no variant `zz` (it has: a, b)"));
     let bad_key = get(&server.addr, &format!("{}?cluster_by=colour", task_path()));
     assert_eq!(bad_key.status, 400);
+    // A metric no episode has is refused naming those they have (before: a 200 with a column of `-`).
+    let no_metric = get(&server.addr, &format!("{}?metric=nope", task_path()));
+    assert_eq!(no_metric.status, 400);
+    assert!(no_metric.text().contains("metric `nope`: no episode here has it; these do: "), "{}", no_metric.text());
+    assert!(no_metric.text().contains("tool_call_accuracy"), "{}", no_metric.text());
     // The site's own error pages for what axum refuses (before: plain text).
     let twice = get(&server.addr, &format!("{}?variant=a&variant=b", task_path()));
     assert_eq!(twice.status, 400);

@@ -184,6 +184,13 @@ pub struct Insights {
 
 /// Pearson's r over paired values; `Err` says why it is undefined.
 pub fn pearson(xs: &[f64], ys: &[f64]) -> Result<f64, String> {
+    pearson_of(("x", xs), ("y", ys))
+}
+
+/// [`pearson`] of two named series: a constant one is named in the reason
+/// (`tool_call_accuracy is constant at 1.000`), so a table row of another
+/// metric does not read as if its own values were constant.
+pub fn pearson_of((x_name, xs): (&str, &[f64]), (y_name, ys): (&str, &[f64])) -> Result<f64, String> {
     let n = xs.len().min(ys.len());
     if n < 3 {
         return Err(format!("{n} paired value(s); need 3"));
@@ -198,10 +205,10 @@ pub fn pearson(xs: &[f64], ys: &[f64]) -> Result<f64, String> {
         syy += dy * dy;
     }
     if sxx <= f64::EPSILON * n as f64 {
-        return Err(format!("constant at {}", short(mx)));
+        return Err(format!("{x_name} is constant at {}", short(mx)));
     }
     if syy <= f64::EPSILON * n as f64 {
-        return Err(format!("constant at {}", short(my)));
+        return Err(format!("{y_name} is constant at {}", short(my)));
     }
     Ok((sxy / (sxx.sqrt() * syy.sqrt())).clamp(-1.0, 1.0))
 }
@@ -287,7 +294,8 @@ fn correlations(values: &[BTreeMap<String, f64>], metric: &str) -> Vec<Correlati
                 return None;
             }
             let (xs, ys): (Vec<f64>, Vec<f64>) = points.iter().map(|p| (p.0, p.1)).unzip();
-            Some(Correlation { x: other.clone(), y: metric.to_string(), r: pearson(&xs, &ys), points })
+            let r = pearson_of((other, &xs), (metric, &ys));
+            Some(Correlation { x: other.clone(), y: metric.to_string(), r, points })
         })
         .collect();
     out.sort_by(|a, b| match (&a.r, &b.r) {
@@ -479,6 +487,11 @@ mod tests {
         assert!((pearson(&xs, &[2.0, 4.0, 6.0, 8.0]).unwrap() - 1.0).abs() < 1e-12);
         assert!((pearson(&xs, &[8.0, 6.0, 4.0, 2.0]).unwrap() + 1.0).abs() < 1e-12);
         assert!(pearson(&xs, &[1.0, 1.0, 1.0, 1.0]).unwrap_err().contains("constant at 1.000"));
+        // Which of the two is constant is named: not the row's own metric when it varies.
+        assert_eq!(
+            pearson_of(("error_rate", &xs), ("tool_call_accuracy", &[1.0; 4])).unwrap_err(),
+            "tool_call_accuracy is constant at 1.000"
+        );
         assert!(pearson(&xs[..2], &xs[..2]).unwrap_err().contains("need 3"));
         // A known value: r of (1,2,3,4,5) and (2,4,5,4,5) is 0.7745966...
         let r = pearson(&[1.0, 2.0, 3.0, 4.0, 5.0], &[2.0, 4.0, 5.0, 4.0, 5.0]).unwrap();

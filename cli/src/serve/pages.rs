@@ -2,6 +2,7 @@
 //! per variant, then each selected variant's hints, timeline,
 //! correlations, failure clusters and episodes) and an episode's trace.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use basecamp_trace::RecordKind;
@@ -109,6 +110,17 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         .filter(|(name, _)| query.variant.as_ref().is_none_or(|v| v == *name))
         .flat_map(|(_, episodes)| episodes.iter().copied())
         .collect();
+    // As `trace report --metric` refuses it: a metric no episode has would
+    // draw a column of `-` and no correlations, with a 200.
+    if let Some(m) = &query.metric
+        && !CHOICES.contains(&m.as_str())
+        && !shown.iter().any(|e| e.metrics.contains_key(m))
+    {
+        let mut known: BTreeSet<&str> = CHOICES.into_iter().collect();
+        known.extend(shown.iter().flat_map(|e| e.metrics.keys().map(String::as_str)));
+        let known: Vec<&str> = known.into_iter().collect();
+        return Some(Err(format!("metric `{m}`: no episode here has it; these do: {}", known.join(", "))));
+    }
     let metric = query.metric.clone().unwrap_or_else(|| default_metric(&shown));
     let cluster_by = match query.cluster_by.as_deref() {
         None => ClusterBy::MemoryState,
