@@ -42,8 +42,10 @@ pub mod exit_code {
     pub const CONFIG_ERROR: u8 = 1;
     /// Something the shard needs before its first episode was unavailable
     /// for a while (the S3 test set or scripted policy after every retry:
-    /// unreachable, timed out, throttled, 5xx; the policy server never
-    /// ready): a later attempt can succeed ([`RunError::is_transient`]).
+    /// unreachable, timed out, throttled, 5xx): a later attempt can succeed
+    /// ([`RunError::is_transient`]). A policy server that never got ready
+    /// within its `startupTimeout` stays a configuration error (1): the
+    /// same model on the same kind of node would not get ready either.
     pub const UNAVAILABLE: u8 = 4;
     /// Episodes lost: their traces could not be written.
     pub const LOST_EPISODES: u8 = 2;
@@ -126,7 +128,6 @@ impl RunError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::TestSet { transient, .. } | Self::ScriptedPolicy { transient, .. } => *transient,
-            Self::PolicyServer(_) => true,
             _ => false,
         }
     }

@@ -107,6 +107,13 @@ pub(super) fn validate(
                 loaded_test_set = set;
                 test_set = Some(&loaded_test_set);
             }
+            // At the field that names it, as a missing scripted policy is
+            // (its rows' problems are at their own file:line).
+            Err(crate::testset::TestSetLoadError::Io { path, source }) => problems.push(Problem::error(
+                Rule::MissingFile,
+                "spec.evaluation.testSet",
+                format!("cannot read the test set {path}: {source}"),
+            )),
             Err(error) => problems.extend(error.to_report()),
         }
     }

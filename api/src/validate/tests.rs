@@ -749,3 +749,22 @@ fn checks_sharing_a_fixture_memo_read_the_file_once() {
     assert!(missing.problems().iter().any(|p| p.rule == Rule::MissingFile), "{missing}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_local_test_set_that_cannot_be_read_is_at_the_field_that_names_it() {
+    // Never created: nothing is read from it but the test set that is not there.
+    let dir = std::env::temp_dir().join(format!("basecamp-api-no-test-set-{}", std::process::id()));
+    let spec = sandbox(good_sandbox());
+    let report = validate_task(
+        &task(with(good_task(), json!({"evaluation": {"testSet": "nosuch.jsonl"}}))),
+        &[("shop", &spec)],
+        &ValidationContext { task_name: Some("t"), base_dir: Some(&dir), ..Default::default() },
+    );
+    let problem = report
+        .problems()
+        .iter()
+        .find(|p| p.rule == Rule::MissingFile)
+        .unwrap_or_else(|| panic!("a missing test set is a problem: {report:?}"));
+    assert_eq!(problem.location, Location::Field("spec.evaluation.testSet".into()));
+    assert!(problem.message.starts_with("cannot read the test set ") && problem.message.contains("nosuch.jsonl"));
+}

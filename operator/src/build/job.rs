@@ -8,7 +8,7 @@
 //! once — a retry would fail the same way, and a per-index failure keeps one
 //! lying node from failing the whole Job; 2 (episodes lost), 3 (upload
 //! failed), 4 (the S3 test set or scripted policy unreachable after every
-//! retry, or the policy server never ready: a later attempt can succeed)
+//! retry: a later attempt can succeed)
 //! and 130 (stopped early by SIGTERM: its summary lists episodes
 //! interrupted or never started, so the shard is not done) are retried up
 //! to `backoffLimitPerIndex`; a pod evicted by a disruption (preempted,
