@@ -238,6 +238,10 @@ fn queries_find_exactly_the_steps_they_describe() {
         ("NOT EXISTS(error_context)", &[0, 1, 3]),
         ("memory_state.shipping_status == NULL", &[2]),
         ("tool > \"p\"", &[1, 2, 3]),
+        // A leading '.' is a number where a value stands, as `-.5` is.
+        ("reward_signal.efficiency_penalty < -.1", &[2]),
+        ("token_logit.kl > .5", &[3]),
+        ("(token_logit.kl > .5)", &[3]),
     ];
     for (query, want) in cases {
         assert_eq!(steps_matching(&bytes, query), *want, "query: {query}");

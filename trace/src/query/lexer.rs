@@ -87,6 +87,13 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
                 i += 1;
                 continue;
             }
+            // `.5` where a value may stand (after an operator, a parenthesis,
+            // or at the start): a number, as `-.5` and `0.5` are.
+            b'.' if bytes.get(i + 1).is_some_and(u8::is_ascii_digit)
+                && !matches!(out.last(), Some(Token { tok: Tok::Ident(_) | Tok::Str(_) | Tok::RParen, .. })) =>
+            {
+                lex_number(query, at)?
+            }
             b'.' => (Tok::Dot, 1),
             b'(' => (Tok::LParen, 1),
             b')' => (Tok::RParen, 1),
@@ -104,33 +111,7 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
                 let (s, len) = lex_string(query, at)?;
                 (Tok::Str(s), len)
             }
-            b'-' | b'0'..=b'9' => {
-                let mut j = i + 1;
-                while j < bytes.len() && bytes[j].is_ascii_digit() {
-                    j += 1;
-                }
-                if j + 1 < bytes.len() && bytes[j] == b'.' && bytes[j + 1].is_ascii_digit() {
-                    j += 1;
-                    while j < bytes.len() && bytes[j].is_ascii_digit() {
-                        j += 1;
-                    }
-                }
-                if j < bytes.len() && (bytes[j] == b'e' || bytes[j] == b'E') {
-                    let mut k = j + 1;
-                    if k < bytes.len() && (bytes[k] == b'+' || bytes[k] == b'-') {
-                        k += 1;
-                    }
-                    if k < bytes.len() && bytes[k].is_ascii_digit() {
-                        while k < bytes.len() && bytes[k].is_ascii_digit() {
-                            k += 1;
-                        }
-                        j = k;
-                    }
-                }
-                let text = &query[i..j];
-                let n: f64 = text.parse().map_err(|_| err(at, format!("'{text}' is not a number")))?;
-                (Tok::Num(n), j - i)
-            }
+            b'-' | b'0'..=b'9' => lex_number(query, at)?,
             c if c.is_ascii_alphabetic() || c == b'_' => {
                 let mut j = i + 1;
                 while j < bytes.len() && is_name_byte(bytes[j]) {
@@ -217,6 +198,37 @@ fn unicode_escape(
         n => n,
     };
     Ok(char::from_u32(code).expect("a code point outside the surrogates is a char"))
+}
+
+/// A number starting at `i` (a digit, `-` or `.`): digits with at most one
+/// `.`, and an exponent. Returns the token and its length in bytes.
+fn lex_number(query: &str, i: usize) -> Result<(Tok, usize), QueryError> {
+    let bytes = query.as_bytes();
+    let mut j = i + 1;
+    while j < bytes.len() && bytes[j].is_ascii_digit() {
+        j += 1;
+    }
+    if j + 1 < bytes.len() && bytes[j] == b'.' && bytes[j + 1].is_ascii_digit() {
+        j += 1;
+        while j < bytes.len() && bytes[j].is_ascii_digit() {
+            j += 1;
+        }
+    }
+    if j < bytes.len() && (bytes[j] == b'e' || bytes[j] == b'E') {
+        let mut k = j + 1;
+        if k < bytes.len() && (bytes[k] == b'+' || bytes[k] == b'-') {
+            k += 1;
+        }
+        if k < bytes.len() && bytes[k].is_ascii_digit() {
+            while k < bytes.len() && bytes[k].is_ascii_digit() {
+                k += 1;
+            }
+            j = k;
+        }
+    }
+    let text = &query[i..j];
+    let n: f64 = text.parse().map_err(|_| QueryError::new(query, i, format!("'{text}' is not a number")))?;
+    Ok((Tok::Num(n), j - i))
 }
 
 /// Letters, digits, `_` and `-`: what an unquoted name is made of.
