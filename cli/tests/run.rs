@@ -198,7 +198,13 @@ fn ctrl_c_during_a_run_leaves_readable_traces_and_a_partial_summary() {
     assert_eq!(run["stopped_early"], true);
     // The report says what the stop left out, as the console does (before: only "partial results").
     let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
-    assert!(report.contains("cut off (their traces end as cancelled"), "the report names the cut-off episodes");
+    assert!(
+        report.contains("cut off (their traces end as cancelled: <a href=\""),
+        "the report links the cut-off traces"
+    );
+    let linked = run["variants"][0]["interrupted_traces"][0].as_str().expect("run.json lists the cut-off traces");
+    assert!(out.path().join(linked).exists(), "{linked}");
+    assert!(report.contains(&format!("<a href=\"{linked}\">")), "{linked}");
     let finished: u64 =
         run["variants"].as_array().unwrap().iter().map(|v| v["aggregate"]["episodes"].as_u64().unwrap()).sum();
     assert!(finished < 120, "the run was cut short");

@@ -31,13 +31,15 @@ fn bar(v: Option<f64>) -> String {
 
 /// `: a, b, c` and how many more, for a list of episode ids shown in a sentence.
 fn some_ids(ids: &[String]) -> String {
-    const SHOWN: usize = 10;
     match ids.len() {
         0 => String::new(),
-        n if n <= SHOWN => format!(": {}", esc(&ids.join(", "))),
-        n => format!(": {} and {} more", esc(&ids[..SHOWN].join(", ")), n - SHOWN),
+        n if n <= SHOWN_IDS => format!(": {}", esc(&ids.join(", "))),
+        n => format!(": {} and {} more", esc(&ids[..SHOWN_IDS].join(", ")), n - SHOWN_IDS),
     }
 }
+
+/// How many episode ids (or trace links) a sentence of the report names.
+const SHOWN_IDS: usize = 10;
 
 pub fn render(s: &RunSummary) -> String {
     let mut h = String::new();
@@ -109,13 +111,29 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
         }
         // What a stop left out of the table: said as the console says it.
         if !v.interrupted.is_empty() || !v.not_started.is_empty() {
+            // The cut-off episodes' traces, one click away as every other episode's.
+            let cut_off = if v.interrupted_traces.is_empty() {
+                some_ids(&v.interrupted)
+            } else {
+                let links: Vec<String> = v
+                    .interrupted_traces
+                    .iter()
+                    .take(SHOWN_IDS)
+                    .map(|t| {
+                        let name =
+                            Path::new(t).file_stem().map_or_else(|| t.clone(), |s| s.to_string_lossy().into_owned());
+                        format!("<a href=\"{}\">{}</a>", esc(t), esc(&name))
+                    })
+                    .collect();
+                let more = v.interrupted_traces.len().saturating_sub(SHOWN_IDS);
+                format!(": {}{}", links.join(", "), if more > 0 { format!(" and {more} more") } else { String::new() })
+            };
             let _ = write!(
                 h,
-                "<p class=\"bad stopped\">variant {}: stopped early: {} cut off (their traces end as cancelled{}), {} not \
-                 started{}; neither is in the averages</p>",
+                "<p class=\"bad stopped\">variant {}: stopped early: {} cut off (their traces end as cancelled{cut_off}), \
+                 {} not started{}; neither is in the averages</p>",
                 esc(&v.name),
                 v.interrupted.len(),
-                some_ids(&v.interrupted),
                 v.not_started.len(),
                 some_ids(&v.not_started),
             );

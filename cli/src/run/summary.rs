@@ -72,6 +72,10 @@ pub struct VariantSummary {
     pub episodes: Vec<EpisodeRow>,
     pub lost: Vec<LostEpisode>,
     pub interrupted: Vec<String>,
+    /// The traces of the `interrupted` episodes (each ends as cancelled),
+    /// relative to the run directory as [`EpisodeRow::trace`] is.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub interrupted_traces: Vec<String>,
     pub not_started: Vec<String>,
     /// Not run now (`basecamp run --variant` of another): its shards are an
     /// earlier run's, kept in the directory ([`RunSummary::mark_kept`]).
@@ -166,6 +170,7 @@ impl VariantSummary {
         shards.sort_by_key(|(s, _)| s.shard);
         let mut episodes = Vec::new();
         let (mut lost, mut interrupted, mut not_started) = (Vec::new(), Vec::new(), Vec::new());
+        let mut interrupted_traces = Vec::new();
         for (shard, dir) in &shards {
             for e in &shard.episodes {
                 let trace = dir.join(&e.trace_file).to_string_lossy().into_owned();
@@ -180,6 +185,8 @@ impl VariantSummary {
             }
             lost.extend(shard.lost.iter().cloned());
             interrupted.extend(shard.interrupted.iter().cloned());
+            interrupted_traces
+                .extend(shard.interrupted_traces.iter().map(|t| dir.join(t).to_string_lossy().into_owned()));
             not_started.extend(shard.not_started.iter().cloned());
         }
         let aggregate = aggregate(episodes.iter().map(|e| EpisodeEnd {
@@ -200,6 +207,7 @@ impl VariantSummary {
             episodes,
             lost,
             interrupted,
+            interrupted_traces,
             not_started,
             kept_from_earlier_run: false,
         }
@@ -508,6 +516,7 @@ mod tests {
             episodes: Vec::new(),
             lost: Vec::new(),
             interrupted: Vec::new(),
+            interrupted_traces: Vec::new(),
             not_started: Vec::new(),
             kept_from_earlier_run: false,
         }
