@@ -112,7 +112,7 @@ fn episode_set_warnings(a: &VariantSummary, b: &VariantSummary) -> Vec<String> {
 }
 
 /// Every `summary.json` under `dir`, sorted.
-fn summaries_under(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn summaries_under(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

@@ -306,14 +306,12 @@ fn with_kept_variants(
     (variants, summaries, kept_names)
 }
 
-/// The `summary.json` of each `shard-N` under `variant_dir`, by shard; one
-/// that cannot be read is left out, as `serve` leaves it out.
+/// The shard summaries under `variant_dir` (found as `ab compare` finds
+/// them), by shard; one that cannot be read is left out, as `serve` leaves it out.
 fn kept_shard_summaries(variant_dir: &Path) -> Vec<ShardSummary> {
-    let Ok(entries) = std::fs::read_dir(variant_dir) else { return Vec::new() };
-    let mut summaries: Vec<ShardSummary> = entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("shard-"))
-        .filter_map(|e| std::fs::read(e.path().join(basecamp_sandbox::driver::SUMMARY_FILE)).ok())
+    let mut summaries: Vec<ShardSummary> = crate::ab::summaries_under(variant_dir)
+        .iter()
+        .filter_map(|path| std::fs::read(path).ok())
         .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
         .collect();
     summaries.sort_by_key(|s: &ShardSummary| s.shard);

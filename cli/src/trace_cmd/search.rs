@@ -63,8 +63,8 @@ Paths:
   step                     the step number
 
 Quote a path segment with other characters: memory_state.\"user.phone\".
-Strings take the escapes \\\" \\' \\\\ \\n \\t \\r \\uXXXX (a character beyond U+FFFF as
-a surrogate pair, as in JSON, or typed as itself). Hashes compare as hex, or as
+Strings take the escapes \\\" \\' \\\\ \\n \\t \\r and \\u with four hex digits (\\u00e9; a
+character beyond U+FFFF as a surrogate pair, as in JSON, or typed as itself). Hashes compare as hex, or as
 the base64 `basecamp trace parse` prints.
 
 A memory_state.KEY or reward_signal.NAME that no searched trace has is

@@ -144,7 +144,7 @@ pub fn lex(query: &str) -> Result<Vec<Token>, QueryError> {
 }
 
 /// The character of a `\u` escape at `here`, its `u` just read: four hex
-/// digits, and for a high surrogate the `\uXXXX` of its low half.
+/// digits, and for a high surrogate the `\u` escape of its low half.
 fn unicode_escape(
     query: &str,
     here: usize,
@@ -237,8 +237,8 @@ fn is_name_byte(b: u8) -> bool {
 }
 
 /// A quoted string starting at `at`: `"..."` or `'...'` with `\"`, `\'`,
-/// `\\`, `\/`, `\n`, `\t`, `\r` and `\uXXXX` escapes (a character beyond
-/// U+FFFF as a surrogate pair, as in JSON). Returns the value and the length in bytes.
+/// `\\`, `\/`, `\n`, `\t`, `\r` and `\u` + four hex digits (`\u00e9`; a
+/// character beyond U+FFFF as a surrogate pair, as in JSON). Returns the value and the length in bytes.
 fn lex_string(query: &str, at: usize) -> Result<(String, usize), QueryError> {
     let quote = query.as_bytes()[at] as char;
     let mut out = String::new();
