@@ -126,6 +126,17 @@ pub(crate) fn at_least_one<T: TryFrom<u64>>(arg: &str) -> Result<T, String> {
     T::try_from(n).map_err(|_| format!("{n} is too large"))
 }
 
+/// A count that may be 0: a negative number is refused as one (clap would
+/// otherwise read `-1` as an unknown flag).
+pub(crate) fn count<T: TryFrom<u64>>(arg: &str) -> Result<T, String> {
+    let arg = arg.trim();
+    if arg.starts_with('-') && arg[1..].parse::<u64>().is_ok() {
+        return Err("must be 0 or more".into());
+    }
+    let n: u64 = arg.parse().map_err(|_| "not a whole number".to_string())?;
+    T::try_from(n).map_err(|_| format!("{n} is too large"))
+}
+
 /// An output that is written on this machine only (`-o` of redact,
 /// archive, extract, export, report): a URL such as `s3://b/x` is refused,
 /// not created as a local directory `s3:/b/x` while the command reports

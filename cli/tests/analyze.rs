@@ -178,6 +178,11 @@ fn input_errors_name_the_file_the_tensor_and_the_shapes() {
     // A huge k is refused the same way (it aborted allocating rows x k outputs, with a backtrace).
     let line = failure(&analyze(&["--logits", a_s, "--top-k", "100000000000"]));
     assert_eq!(line, "error: top-k of 100000000000 is more than the 20 supported: ask for at most 20");
+    // A negative k is a usage error that says so (clap read `-1` as an unknown flag).
+    let out = analyze(&["--logits", a_s, "--top-k", "-1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("error: invalid value '-1' for '--top-k <TOP_K>': must be 0 or more\n"), "{stderr}");
 
     let missing = dir.path().join("missing.safetensors");
     let line = failure(&analyze(&["--logits", path_str(&missing)]));

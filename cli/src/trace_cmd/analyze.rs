@@ -47,7 +47,7 @@ pub struct AnalyzeArgs {
     #[arg(long, value_name = "NAME")]
     tensor: Option<String>,
     /// How many top tokens to list per position (at most 20).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true, value_parser = crate::count::<usize>)]
     top_k: usize,
     /// Where to compute.
     #[arg(long, value_enum, default_value = "auto")]
