@@ -358,10 +358,11 @@ pub struct Injection {
     /// Inject before step N (1-based).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_step: Option<u32>,
-    /// Inject right after every call of this tool.
+    /// Inject after every turn that calls this tool: once per turn, after
+    /// the turn's tool messages (which must follow the calls directly).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_tool: Option<String>,
-    /// Inject when a memory key takes a value.
+    /// Inject once, after the first turn that leaves a memory key at a value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when_memory: Option<MemoryMatch>,
     /// The observation, e.g. `{"type": "system", "content": "the user asked about Beijing weather; suggest an umbrella"}`.

@@ -870,6 +870,7 @@ fn episode_runner(dir: &Path) -> EpisodeRunner {
         max_steps: EPISODE_STEPS,
         plan_step_timeout: Duration::from_secs(3),
         rollback_enabled: true,
+        checkpoint_every: 1,
         snapshot_interval: 10,
         error_context: true,
         injections: Vec::new(),

@@ -173,6 +173,7 @@ pub fn build_runner(
         max_steps: sandbox.max_steps(),
         plan_step_timeout: positive(sandbox.plan_step_timeout(), "spec.planStepTimeout")?,
         rollback_enabled: sandbox.rollback.enabled(),
+        checkpoint_every: sandbox.rollback.checkpoint_every(),
         snapshot_interval: sandbox.trace.memory_snapshot_interval(),
         error_context: sandbox.trace.error_context(),
         injections,

@@ -160,6 +160,9 @@ pub struct EpisodeRunner {
     pub max_steps: u32,
     pub plan_step_timeout: Duration,
     pub rollback_enabled: bool,
+    /// A stable checkpoint is taken after every this many completed steps
+    /// (`rollback.checkpointEvery`, at least 1).
+    pub checkpoint_every: u32,
     pub snapshot_interval: u32,
     pub error_context: bool,
     pub injections: Vec<ScheduledInjection>,
@@ -216,7 +219,10 @@ struct RollbackTrace {
     step: u32,
     plan_step_timeout_ms: u64,
     triggering_observation: Value,
-    /// key -> {before, after}: the step's changes that were undone.
+    /// key -> {before, after}: the changes since the checkpoint that were
+    /// undone; `before` is left out for a key the checkpoint did not hold
+    /// (and `after` for one the step removed), so an absent key is not read
+    /// as a JSON null.
     modified_keys: BTreeMap<String, Value>,
     /// The last (up to) 10 tokens of the policy with their top-k alternatives.
     last_tokens: Vec<Value>,
@@ -284,8 +290,14 @@ pub struct Episode {
     executor: ToolExecutor,
     memory: Memory,
     guard: MemoryGuard,
-    /// Memory at the end of the last step that finished in time.
+    /// The stable checkpoint a timed-out step rolls back to: memory at the
+    /// start, then after every `checkpoint_every` completed steps.
     checkpoint: Memory,
+    /// Steps completed (finished in time) since the checkpoint was taken.
+    completed_since_checkpoint: u32,
+    /// Memory at the end of the last step, which the guard compares with
+    /// to name the keys changed behind the runtime's back.
+    last_step_memory: Memory,
     messages: Vec<ChatMessage>,
     /// Which scheduled injections have fired.
     fired: Vec<bool>,
@@ -325,6 +337,7 @@ impl EpisodeRunner {
             max_steps: DEFAULT_MAX_STEPS,
             plan_step_timeout: DEFAULT_PLAN_STEP_TIMEOUT.to_std().expect("a positive constant"),
             rollback_enabled: true,
+            checkpoint_every: 1,
             snapshot_interval: DEFAULT_MEMORY_SNAPSHOT_INTERVAL,
             error_context: true,
             injections: Vec::new(),
@@ -419,6 +432,7 @@ impl EpisodeRunner {
             max_steps: self.max_steps,
             plan_step_timeout: self.plan_step_timeout,
             rollback_enabled: self.rollback_enabled,
+            checkpoint_every: self.checkpoint_every,
             snapshot_interval: self.snapshot_interval,
             error_context: self.error_context,
             injections: self.injections.clone(),
@@ -493,6 +507,7 @@ impl EpisodeRunner {
 
         let guard = MemoryGuard::new(&mut memory);
         let checkpoint = memory.clone();
+        let last_step_memory = memory.clone();
         let mut messages: Vec<ChatMessage> = self.system_prompt.iter().map(ChatMessage::system).collect();
         messages.extend(input.messages.iter().cloned());
         Ok(Episode {
@@ -504,6 +519,8 @@ impl EpisodeRunner {
             memory,
             guard,
             checkpoint,
+            completed_since_checkpoint: 0,
+            last_step_memory,
             messages,
             fired: vec![false; self.injections.len()],
             state: StepState {
@@ -577,7 +594,7 @@ impl Episode {
         }
         self.step += 1;
         let step = self.step;
-        if let Err(corruption) = self.guard.check(&mut self.memory, Some(&self.checkpoint)) {
+        if let Err(corruption) = self.guard.check(&mut self.memory, Some(&self.last_step_memory)) {
             let msg = corruption.to_string();
             self.stop("memory_corruption", "memory_corruption", msg)?;
             return Ok(false);
@@ -795,12 +812,14 @@ impl Episode {
             self.messages.push(ChatMessage::tool(call.id.clone(), outcome_of_call.plan_step.observation_json.clone()));
 
             for (i, inj) in runner.injections.iter().enumerate() {
+                // `afterTool` fires after every turn that calls the tool (once
+                // per turn, however many calls); `whenMemory` once an episode.
                 let due = match &inj.when {
-                    InjectionWhen::AfterTool(tool) => *tool == call.name,
-                    InjectionWhen::MemoryEquals { key, value } => self.memory.get(key) == Some(value),
+                    InjectionWhen::AfterTool(tool) => *tool == call.name && !due_injections.contains(&i),
+                    InjectionWhen::MemoryEquals { key, value } => !self.fired[i] && self.memory.get(key) == Some(value),
                     InjectionWhen::AtStep(_) => false,
                 };
-                if !self.fired[i] && due {
+                if due {
                     self.fired[i] = true;
                     due_injections.push(i);
                 }
@@ -846,10 +865,17 @@ impl Episode {
                     &mut self.state,
                 )?;
                 self.guard.accept(&mut self.memory);
+                // Memory is the checkpoint again: the count starts over.
+                self.completed_since_checkpoint = 0;
             }
         } else {
-            self.checkpoint = self.memory.clone();
+            self.completed_since_checkpoint += 1;
+            if self.completed_since_checkpoint >= runner.checkpoint_every {
+                self.checkpoint = self.memory.clone();
+                self.completed_since_checkpoint = 0;
+            }
         }
+        self.last_step_memory = self.memory.clone();
         if runner.snapshot_interval > 0 && step.is_multiple_of(runner.snapshot_interval) {
             self.writer.append(step, Body::MemorySnapshot(self.memory.to_snapshot()))?;
         }
@@ -1060,7 +1086,14 @@ fn roll_back<W: std::io::Write>(
     let mut modified = BTreeMap::new();
     let mut patch = MemoryPatch::default();
     for (key, now, before) in memory.diff(checkpoint) {
-        modified.insert(key.to_string(), json!({"before": before, "after": now}));
+        let mut change = serde_json::Map::new();
+        if let Some(before) = before {
+            change.insert("before".into(), before.clone());
+        }
+        if let Some(now) = now {
+            change.insert("after".into(), now.clone());
+        }
+        modified.insert(key.to_string(), Value::Object(change));
         patch = match before {
             Some(v) => patch.set(key, v.clone()),
             None => patch.remove(key),

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 const SCRIPT: &str = r#"{"episode": "ok", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}, {"content": "It ships tomorrow."}]}
 {"episode": "slow", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "SLOW"}}]}, {"content": "Status unknown."}]}
 {"episode": "stuck", "turns": [{"tool_calls": [{"name": "note", "arguments": {"k": "v"}}, {"name": "hang", "arguments": {}}]}, {"content": "done"}]}
+{"episode": "stepwise", "turns": [{"tool_calls": [{"name": "note", "arguments": {"k": "a"}}]}, {"tool_calls": [{"name": "note", "arguments": {"k": "b"}}]}, {"tool_calls": [{"name": "note", "arguments": {"k": "c"}}]}, {"tool_calls": [{"name": "note", "arguments": {"k": "d"}}, {"name": "hang", "arguments": {}}]}, {"content": "done"}]}
 {"episode": "bad-json", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": "{\"order_id\": "}]}, {"content": "oops"}]}
 "#;
 
@@ -87,6 +88,7 @@ fn runner(dir: &Path) -> EpisodeRunner {
         max_steps: 5,
         plan_step_timeout: Duration::from_millis(1500),
         rollback_enabled: true,
+        checkpoint_every: 1,
         snapshot_interval: 1,
         error_context: true,
         injections: vec![ScheduledInjection {
@@ -182,7 +184,8 @@ async fn a_plan_step_timeout_rolls_memory_back_and_writes_rollback_trace() {
     let trace_path = dir.path().join("stuck.trace");
     let rollback: Value = serde_json::from_slice(&std::fs::read(rollback_path(&trace_path)).unwrap()).unwrap();
     assert_eq!(rollback[0]["step"], 1);
-    assert_eq!(rollback[0]["modified_keys"]["k"], json!({"before": null, "after": "v"}));
+    // The key was not in memory at the checkpoint: no `before`, not `before: null`.
+    assert_eq!(rollback[0]["modified_keys"]["k"], json!({"after": "v"}));
     assert_eq!(rollback[0]["triggering_observation"]["tool"], "hang");
     let trace = read_trace(&trace_path).unwrap();
     let rolled_back = trace.records.iter().find_map(|r| match &r.body {
@@ -199,6 +202,32 @@ async fn a_plan_step_timeout_rolls_memory_back_and_writes_rollback_trace() {
         matches!(&r.body, Some(Body::MemoryDelta(d)) if d.source == MemorySource::Rollback as i32 && d.key == "k" && d.after_json.is_none())
     });
     assert!(undo, "the rollback's delta removes the key the step added");
+}
+
+#[tokio::test]
+async fn a_timed_out_step_rolls_back_to_the_checkpoint_of_every_nth_completed_step() {
+    // Steps 1-3 set k to a, b, c; step 4 sets d, then hangs past the plan step's deadline.
+    for (every, before) in [(1, Some("c")), (2, Some("b")), (10, None)] {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = EpisodeRunner { checkpoint_every: every, ..runner(dir.path()) };
+        let result = runner.run(&input("stepwise", "note", json!({"k": "a"})), dir.path()).await.unwrap();
+        assert_eq!(result.rollbacks, 1, "checkpointEvery {every}");
+        let trace_path = dir.path().join("stepwise.trace");
+        let rollback: Value = serde_json::from_slice(&std::fs::read(rollback_path(&trace_path)).unwrap()).unwrap();
+        assert_eq!(rollback[0]["step"], 4);
+        let expected = match before {
+            Some(before) => json!({"before": before, "after": "d"}),
+            None => json!({"after": "d"}),
+        };
+        assert_eq!(rollback[0]["modified_keys"]["k"], expected, "checkpointEvery {every}");
+        let trace = read_trace(&trace_path).unwrap();
+        let undo = trace.records.iter().find_map(|r| match &r.body {
+            Some(Body::MemoryDelta(d)) if d.source == MemorySource::Rollback as i32 && d.key == "k" => Some(d),
+            _ => None,
+        });
+        let undo = undo.expect("the rollback's delta is in the trace");
+        assert_eq!(undo.after_json, before.map(|b| format!("{b:?}")), "checkpointEvery {every}");
+    }
 }
 
 #[tokio::test]
@@ -479,6 +508,11 @@ async fn the_injections_a_turn_triggers_follow_all_of_its_tool_messages() {
     // Before: [tool, user, tool], a user message between one turn's answers.
     assert_eq!(after_the_turn(episode.messages()).iter().map(role).collect::<Vec<_>>(), ["tool", "tool", "user"]);
     assert_eq!(episode.take_delivered(), ["after-note"]);
+    // Every turn that calls the tool gets it again (it used to fire once an episode).
+    assert!(episode.advance(&runner).unwrap());
+    episode.act(&runner, &turn(&[("c", "note")]), deadline).await.unwrap();
+    assert_eq!(after_the_turn(episode.messages()).iter().map(role).collect::<Vec<_>>(), ["tool", "user"]);
+    assert_eq!(episode.take_delivered(), ["after-note"]);
 
     // The trace keeps the conversation's order: the injection after both calls.
     let trace_path = episode.trace_path().to_path_buf();
@@ -494,7 +528,7 @@ async fn the_injections_a_turn_triggers_follow_all_of_its_tool_messages() {
             _ => None,
         })
         .collect();
-    assert_eq!(order, ["call a", "call b", "injection after-note"]);
+    assert_eq!(order, ["call a", "call b", "injection after-note", "call c", "injection after-note"]);
 }
 
 #[tokio::test]

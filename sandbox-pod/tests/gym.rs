@@ -77,6 +77,7 @@ fn runner(dir: &Path) -> EpisodeRunner {
         max_steps: 4,
         plan_step_timeout: Duration::from_millis(1500),
         rollback_enabled: true,
+        checkpoint_every: 1,
         snapshot_interval: 1,
         error_context: true,
         injections: vec![ScheduledInjection {
