@@ -380,7 +380,12 @@ fn tool_fixture(records: &[pb::Record], tools: &BTreeMap<String, ToolSpec>) -> R
             entry["timeout"] = json!(true);
         } else {
             let error_type = if step.error_type.is_empty() { "tool_error" } else { step.error_type.as_str() };
-            entry["error"] = json!(step.error_message);
+            // The recorded message is the call's ("tool NAME exited with …"):
+            // the replayed tool fails with the tool's own part, which the call
+            // names again.
+            let prefix = format!("tool {} ", step.tool);
+            let message = step.error_message.strip_prefix(&prefix).unwrap_or(&step.error_message);
+            entry["error"] = json!(message);
             entry["errorType"] = json!(error_type);
         }
         lines.push_str(&entry.to_string());

@@ -406,6 +406,68 @@ fn calls_the_sandbox_refused_replay_identically() {
 }
 
 #[test]
+fn a_tool_failure_without_a_fallback_replays_identically() {
+    // The replayed failure's message was "tool fail tool fail exited with …":
+    // the call's message, named by the call again, so the observation (the
+    // error) hashed differently and every fallback-free failure diverged.
+    let dir = tempfile::tempdir().unwrap();
+    let task = REFUSALS_TASK.replace("maxSteps: 6", "maxSteps: 6\n  toolTimeouts: {default: 5s}").replace(
+        "      memoryPatch:\n        count: /count\n",
+        "    fail:\n      parameters: {type: object}\n      exec:\n        command: [sh, -c, 'cat >/dev/null; echo boom >&2; exit 3']\n",
+    );
+    std::fs::write(dir.path().join("task.yaml"), task).unwrap();
+    std::fs::write(
+        dir.path().join("fixture.jsonl"),
+        "{\"tool\": \"lookup\", \"arguments\": {\"id\": \"1\"}, \"error\": \"down\"}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("tests.jsonl"), "{\"id\": \"f1\", \"instruction\": \"a\"}\n").unwrap();
+    std::fs::write(
+        dir.path().join("policy.jsonl"),
+        concat!(
+            r#"{"episode": "f1", "turns": [{"tool_calls": [{"name": "fail", "arguments": {}}]}, "#,
+            r#"{"tool_calls": [{"name": "lookup", "arguments": {"id": "1"}}]}, {"content": "done"}]}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", dir.path().to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let trace = out.join("default/shard-0/f1.trace");
+    let errors: Vec<(String, String)> = basecamp_trace::read_trace(&trace)
+        .unwrap()
+        .records
+        .into_iter()
+        .filter_map(|r| match r.body {
+            Some(basecamp_trace::pb::record::Body::PlanStep(s)) if !s.tool.is_empty() => {
+                Some((s.error_type, s.error_message))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            ("exit_status".to_string(), "tool fail exited with exit status: 3; stderr: boom".to_string()),
+            ("tool_error".to_string(), "tool lookup down".to_string())
+        ],
+        "the run did not fail the calls this test is about"
+    );
+    let replayed = dir.path().join("replayed");
+    let (ok, text) = basecamp(&[
+        "trace",
+        "replay",
+        trace.to_str().unwrap(),
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--out",
+        replayed.to_str().unwrap(),
+    ]);
+    assert!(ok && text.starts_with("identical:"), "{text}");
+}
+
+#[test]
 fn a_divergence_names_enum_values() {
     // "status recorded 6 vs replayed 1": the numbers of the proto enums.
     let dir = tempfile::tempdir().unwrap();
