@@ -363,14 +363,16 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         for record in &records {
             let row = match &settings.preprocessor {
                 Preprocessor::Trajectory => trajectory_row(record),
-                other => {
-                    if process.is_none() {
-                        // Preflight: import/start and check the shape on the first record.
+                other => match process.as_mut() {
+                    Some(process) => process.call(record)?,
+                    None => {
+                        // Preflight: import/start and check the shape on the first record (its row).
                         let timeout = settings.record_timeout;
-                        process = Some(Subprocess::preflight(other, &settings.workdir, timeout, record)?);
+                        let (started, row) = Subprocess::preflight(other, &settings.workdir, timeout, record)?;
+                        process = Some(started);
+                        row
                     }
-                    process.as_mut().expect("started above").call(record)?
-                }
+                },
             };
             batches.push(&row)?;
         }

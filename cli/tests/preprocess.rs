@@ -192,6 +192,20 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     let output = exec("exec-base-dir", &["--base-dir", "."]);
     assert!(output.status.success(), "{}", text(&output));
     assert_eq!(rows(&tmp.path().join("exec-base-dir")).len(), built.len());
+    // Each record is sent once: the preflight's answer is the first record's row
+    // (it was sent again, so a preprocessor that counts or keeps state saw it twice).
+    std::fs::write(
+        tmp.path().join("prep_count.py"),
+        "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    \
+         open('seen.log', 'a').write(f\"{r['episode']} {r['step']}\\n\")\n    \
+         print(json.dumps([{}, r['action'], 0.0]), flush=True)\n",
+    )
+    .unwrap();
+    let args = ["data", "preprocess", runs.to_str().unwrap(), "-o", "exec-count", "--preprocessor"];
+    let output = basecamp(&[&args[..], &["exec:python3 prep_count.py"]].concat(), tmp.path());
+    assert!(output.status.success(), "{}", text(&output));
+    let seen = std::fs::read_to_string(tmp.path().join("seen.log")).unwrap();
+    assert_eq!(seen.lines().count(), built.len(), "{seen}");
 
     // The wrong shape fails before the run, naming the record, the answer and what was expected.
     let output = basecamp(

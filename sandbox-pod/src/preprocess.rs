@@ -478,16 +478,17 @@ impl Subprocess {
         })
     }
 
-    /// Starts the preprocessor and checks its answer on `sample` before a run.
+    /// Starts the preprocessor and checks its answer on the run's first
+    /// record, which is that record's row: each record is sent once.
     pub fn preflight(
         preprocessor: &Preprocessor,
         workdir: &Path,
         timeout: Duration,
-        sample: &Value,
-    ) -> Result<Self, PreprocessError> {
+        first: &Value,
+    ) -> Result<(Self, Row), PreprocessError> {
         let mut process = Self::start(preprocessor, workdir, timeout)?;
-        process.call(sample)?;
-        Ok(process)
+        let row = process.call(first)?;
+        Ok((process, row))
     }
 }
 
