@@ -729,7 +729,13 @@ fn a_rerun_of_one_variant_keeps_the_other_in_run_json_and_the_report() {
     };
     run(&[]);
     let output = run(&["--variant", "b"]);
-    assert!(String::from_utf8_lossy(&output.stdout).contains("a: from an earlier run in this directory (not run now)"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("a: from an earlier run in this directory (not run now)"), "{stdout}");
+    // The headline counts what ran (it said 120 episodes at the rate of 60).
+    assert!(
+        stdout.contains(": 60 episodes in ") && stdout.contains(", plus 1 variant(s) from an earlier run"),
+        "{stdout}"
+    );
     let run_json: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
     let names: Vec<&str> =
         run_json["variants"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();

@@ -330,12 +330,16 @@ impl RunSummary {
             row.push(criteria);
             rows.push(row);
         }
+        // The headline speaks of this run: a variant kept from an earlier run
+        // is in the table, not in the count the rate is made of.
+        let kept = self.variants.iter().filter(|v| v.kept_from_earlier_run).count();
         out.push_str(&format!(
-            "\n{}: {} episodes in {:.1}s ({:.1} episodes/s){}\n\n",
+            "\n{}: {} episodes in {:.1}s ({:.1} episodes/s){}{}\n\n",
             self.task,
-            self.variants.iter().map(|v| v.aggregate.episodes).sum::<u32>(),
+            self.variants.iter().filter(|v| !v.kept_from_earlier_run).map(|v| v.aggregate.episodes).sum::<u32>(),
             self.wall_seconds,
             self.episodes_per_second,
+            if kept > 0 { format!(", plus {kept} variant(s) from an earlier run") } else { String::new() },
             if self.stopped_early { " — STOPPED EARLY, partial results" } else { "" }
         ));
         out.push_str(&columns(&rows));
