@@ -618,6 +618,69 @@ fn sigkill_of_a_run_takes_its_services_with_it() {
 }
 
 #[test]
+fn sigkill_of_a_run_takes_a_running_exec_tool_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("tool.pid");
+    let manifests = format!(
+        r#"apiVersion: basecamp.dev/v1alpha1
+kind: SandboxConfig
+metadata: {{name: sb}}
+spec:
+  tools:
+    slow:
+      parameters: {{type: object}}
+      exec: {{command: [sh, -c, 'echo $$ > {}; exec sleep 60']}}
+  toolTimeouts: {{default: 90s}}
+  planStepTimeout: 100s
+---
+apiVersion: basecamp.dev/v1alpha1
+kind: HarnessTask
+metadata: {{name: kl}}
+spec:
+  taskDefinition: {{name: kl}}
+  evaluation: {{testSet: tests.jsonl}}
+  policy: {{scripted: policy.jsonl}}
+  sandboxRef: {{name: sb}}
+"#,
+        pid_file.display()
+    );
+    std::fs::write(dir.path().join("task.yaml"), manifests).unwrap();
+    std::fs::write(dir.path().join("tests.jsonl"), "{\"id\": \"s1\", \"instruction\": \"x\"}\n").unwrap();
+    std::fs::write(
+        dir.path().join("policy.jsonl"),
+        "{\"episode\": \"s1\", \"turns\": [{\"tool_calls\": [{\"name\": \"slow\", \"arguments\": {}}]}, {\"content\": \"done\"}]}\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", dir.path().to_str().unwrap(), "--no-progress", "--out"])
+        .arg(dir.path().join("out"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<u32>().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the tool never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Before: the tool slept on for its minute, reparented to init.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| !stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
+    };
+    while alive() {
+        assert!(Instant::now() < deadline, "the tool (pid {pid}) still runs after its run was killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
 fn a_shard_count_above_the_episodes_is_refused_naming_where_it_came_from() {
     let raw = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
     let out = tempfile::tempdir().unwrap();

@@ -231,7 +231,7 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
 /// effect is caught by asking for the parent again; the service then does
 /// not start.
 #[cfg(target_os = "linux")]
-fn die_with_parent(starter: Pid) -> std::io::Result<()> {
+pub(crate) fn die_with_parent(starter: Pid) -> std::io::Result<()> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
     if nix::unistd::getppid() != starter {
         return Err(nix::errno::Errno::ESRCH.into());

@@ -4,7 +4,10 @@
 //! The child runs in a process group of its own. When the call ends — in
 //! any way, including a timeout that drops this future — the whole group is
 //! killed, so a tool's grandchildren (a shell pipeline, a helper server)
-//! never outlive the call.
+//! never outlive the call. When this process dies without a chance to end
+//! the call (SIGKILL), the kernel kills the tool's own process (its parent
+//! death signal, as the services'); what that process started itself is
+//! orphaned and stops when its work does.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -106,6 +109,17 @@ impl ExecTool {
             .kill_on_drop(true);
         if let Some(dir) = &self.working_dir {
             cmd.current_dir(dir);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let starter = nix::unistd::getpid();
+            // SAFETY: as for services: between fork and exec the closure makes
+            // only async-signal-safe calls (prctl, getppid) and allocates
+            // nothing. The signal follows the forking thread: a tokio worker,
+            // which lives as long as the runtime the call runs on.
+            unsafe {
+                cmd.pre_exec(move || crate::services::die_with_parent(starter));
+            }
         }
         let mut child = cmd.spawn().map_err(|e| ToolError::Spawn(format!("{program}: {e}")))?;
         let group = child.id().map(ProcessGroup);
