@@ -577,7 +577,7 @@ fn check_http(
                             Rule::InvalidTemplate,
                             field.clone(),
                             format!(
-                                "placeholder {{{{{name}}}}} is not one of the tool's parameters ({}); it will render empty.{}",
+                                "placeholder {{{{{name}}}}} is not one of the tool's parameters ({}): the policy is not told of it, so it renders empty unless a call sends it anyway.{}",
                                 list(parameters.iter(), 8),
                                 super::suggestion(root, parameters.iter().copied())
                             ),

@@ -475,6 +475,8 @@ fn template_placeholders_that_are_not_parameters_are_warnings() {
     let problem = only(&report, Rule::InvalidTemplate);
     assert_eq!(problem.severity, Severity::Warning);
     assert!(problem.message.contains("Did you mean \"order_id\"?"), "{problem}");
+    // A call that sends the argument anyway fills it in: the warning does not say it renders empty for good.
+    assert!(problem.message.contains("renders empty unless a call sends it anyway"), "{problem}");
 }
 
 #[test]
