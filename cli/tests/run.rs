@@ -535,34 +535,43 @@ fn a_closed_stderr_loses_its_lines_not_the_run() {
 }
 
 #[test]
-fn a_second_ctrl_c_quits_at_once_and_stops_the_services() {
-    let dir = tempfile::tempdir().unwrap();
-    let project = example_copy(dir.path());
-    never_ready(&project);
-    // ...and ignores SIGTERM: stopping it takes a 2 s grace period, in which the second Ctrl-C comes.
-    let script = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n";
-    std::fs::write(project.join("services/tracking.py"), script).unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-        .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_services(&project, Duration::from_secs(20));
-    let interrupt =
-        || assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-    interrupt();
-    std::thread::sleep(Duration::from_millis(500));
-    interrupt();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(started.elapsed() < Duration::from_secs(10), "the second Ctrl-C did not quit");
-        std::thread::sleep(Duration::from_millis(50));
+fn a_second_ctrl_c_or_sigterm_quits_at_once_and_stops_the_services() {
+    // A second SIGTERM quits too (only a second Ctrl-C did), and the message names the signal
+    // that came (it said "Ctrl-C again" after a SIGTERM).
+    for (signal, named) in [("INT", "Ctrl-C"), ("TERM", "SIGTERM")] {
+        let dir = tempfile::tempdir().unwrap();
+        let project = example_copy(dir.path());
+        never_ready(&project);
+        // ...and ignores SIGTERM: stopping it takes a 2 s grace period, in which the second signal comes.
+        let script = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n";
+        std::fs::write(project.join("services/tracking.py"), script).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.path().to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_services(&project, Duration::from_secs(20));
+        let send = || {
+            let sent = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status();
+            assert!(sent.unwrap().success());
+        };
+        send();
+        std::thread::sleep(Duration::from_millis(500));
+        send();
+        let started = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(started.elapsed() < Duration::from_secs(10), "the second {named} did not quit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(130));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(&format!("stopping on {named}: no new episodes")), "{stderr}");
+        // Before: the service, in a process group of its own, was left sleeping.
+        wait_for_no_services(&project, Duration::from_secs(5));
     }
-    assert_eq!(child.wait().unwrap().code(), Some(130));
-    // Before: the service, in a process group of its own, was left sleeping.
-    wait_for_no_services(&project, Duration::from_secs(5));
 }
 
 #[test]

@@ -83,6 +83,15 @@ impl ShardSummary {
 /// the spot: no summaries, traces cut, services and temporary files left)
 /// and ends at the first Ctrl-C or SIGTERM. Call it within a Tokio runtime.
 pub fn ctrl_c_or_sigterm() -> impl std::future::Future<Output = ()> + Send + 'static {
+    let signal = which_stop_signal();
+    async move {
+        signal.await;
+    }
+}
+
+/// As [`ctrl_c_or_sigterm`], naming the signal that came: "Ctrl-C" or
+/// "SIGTERM", for a message that tells the user what was received.
+pub fn which_stop_signal() -> impl std::future::Future<Output = &'static str> + Send + 'static {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     async move {
         let terminated = async {
@@ -91,9 +100,16 @@ pub fn ctrl_c_or_sigterm() -> impl std::future::Future<Output = ()> + Send + 'st
                 None => std::future::pending().await,
             }
         };
+        // A Ctrl-C handler that could not be installed never fires (it is
+        // not a Ctrl-C).
+        let interrupted = async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = terminated => {},
+            () = interrupted => "Ctrl-C",
+            _ = terminated => "SIGTERM",
         }
     }
 }

@@ -85,19 +85,18 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     // and the services (in process groups of their own) left running.
     let signalled = {
         let _context = runtime.enter();
-        basecamp_sandbox::driver::ctrl_c_or_sigterm()
+        basecamp_sandbox::driver::which_stop_signal()
     };
     runtime.spawn(async move {
-        signalled.await;
+        let signal = signalled.await;
         basecamp_sandbox::stderr_line!(
-            "\nstopping: no new episodes; traces so far stay readable (Ctrl-C again to quit at once)"
+            "\nstopping on {signal}: no new episodes; traces so far stay readable (Ctrl-C or SIGTERM again quits at once)"
         );
         on_ctrl_c.cancel();
-        if tokio::signal::ctrl_c().await.is_ok() {
-            // Exiting skips the destructors that stop the services.
-            basecamp_sandbox::services::kill_all_now();
-            std::process::exit(i32::from(EXIT_INTERRUPTED));
-        }
+        basecamp_sandbox::driver::which_stop_signal().await;
+        // Exiting skips the destructors that stop the services.
+        basecamp_sandbox::services::kill_all_now();
+        std::process::exit(i32::from(EXIT_INTERRUPTED));
     });
     let summary = runtime.block_on(run_task(&args, stop))?;
     write!(std::io::stdout(), "{}", summary.table())?;
