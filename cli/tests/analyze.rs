@@ -306,6 +306,45 @@ fn a_tensor_named_twice_in_the_header_is_refused() {
     );
 }
 
+/// A safetensors file of `header` (padded) and `data`.
+fn raw_file(dir: &Path, name: &str, header: &[u8], data: &[f32]) -> PathBuf {
+    let mut header = header.to_vec();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    bytes.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
+#[test]
+fn a_tensor_whose_offsets_do_not_fit_its_shape_is_named_with_both_sizes() {
+    // Before: "invalid shape, data type, or offset for tensor", naming none.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let header = br#"{"logits":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]},"extra":{"dtype":"F32","shape":[1],"data_offsets":[20,24]}}"#;
+    let path = raw_file(dir.path(), "short.safetensors", header, &[0.0, 1.0, 2.0, 2.0, 1.0, 0.0]);
+    let line = failure(&analyze(&["--logits", path_str(&path)]));
+    assert_eq!(
+        line,
+        format!(
+            "error: {} is not a valid safetensors file: tensor \"logits\" of shape [2, 3] and type F32 takes 24 bytes, \
+             but its data_offsets [0, 20] span 20",
+            path.display()
+        )
+    );
+    // A name given twice is said as such, even where its entries' offsets do not fit together.
+    let header = br#"{"logits":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"logits":{"dtype":"F32","shape":[3,2],"data_offsets":[24,48]}}"#;
+    let path = raw_file(dir.path(), "twice.safetensors", header, &[0.0; 12]);
+    let line = failure(&analyze(&["--logits", path_str(&path)]));
+    assert_eq!(
+        line,
+        format!("error: {} is not a valid safetensors file: the header names \"logits\" twice", path.display())
+    );
+}
+
 #[test]
 fn logits_of_no_tokens_still_give_the_summary_line() {
     // [0, V] is accepted (a turn that generated nothing); the table ended at

@@ -214,11 +214,18 @@ impl LogitsFile {
 
     fn parse(&self) -> Result<SafeTensors<'_>, FileError> {
         let invalid = |message: String| FileError::Parse { path: self.path.clone(), message };
-        let tensors = SafeTensors::deserialize(&self.bytes).map_err(|e| invalid(e.to_string()))?;
+        // First: a name given twice can also make the entries look invalid
+        // (the parser keeps the last one's offsets).
         if let Some(name) = named_twice(&self.bytes) {
             return Err(invalid(format!("the header names {name:?} twice")));
         }
-        Ok(tensors)
+        SafeTensors::deserialize(&self.bytes).map_err(|e| match e {
+            // The crate's message names no tensor and no sizes.
+            safetensors::SafeTensorError::TensorInvalidInfo => {
+                invalid(size_mismatch(&self.bytes).unwrap_or_else(|| e.to_string()))
+            }
+            e => invalid(e.to_string()),
+        })
     }
 
     /// Tensor names, sorted.
@@ -305,6 +312,28 @@ fn named_twice(bytes: &[u8]) -> Option<String> {
     let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
     let header = bytes.get(8..8usize.checked_add(len)?)?;
     serde_json::from_slice::<FirstRepeat>(header).ok()?.0
+}
+
+/// Which tensor's data_offsets span other than its shape and dtype take,
+/// said with both sizes: what the crate reports as "invalid shape, data
+/// type, or offset for tensor".
+fn size_mismatch(bytes: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get(8..8usize.checked_add(len)?)?;
+    let entries: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    entries.into_iter().filter(|(name, _)| name != "__metadata__").find_map(|(name, entry)| {
+        let info: safetensors::tensor::TensorInfo = serde_json::from_value(entry).ok()?;
+        let elements = info.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+        let needed = elements.checked_mul(info.dtype.bitsize())? / 8;
+        let (start, end) = info.data_offsets;
+        let spanned = end.checked_sub(start)?;
+        (spanned != needed).then(|| {
+            format!(
+                "tensor {name:?} of shape {:?} and type {} takes {needed} bytes, but its data_offsets [{start}, {end}] span {spanned}",
+                info.shape, info.dtype
+            )
+        })
+    })
 }
 
 /// A pipe (`--logits <(...)`, a piped `/dev/stdin`): it cannot be mapped, and
