@@ -115,8 +115,8 @@ impl fmt::Display for Operation {
 /// Every way the storage module fails.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StorageError {
-    /// A destination string that is neither `s3://bucket[/prefix]` nor a usable path.
-    #[error("invalid destination {input:?}: {reason}")]
+    /// A location (a destination, or a source to read) that is neither `s3://bucket[/prefix]` nor a usable path.
+    #[error("invalid location {input:?}: {reason}")]
     InvalidDestination {
         /// What the user wrote.
         input: String,
@@ -125,7 +125,7 @@ pub enum StorageError {
     },
     /// An `s3://` URI with `?...`: S3 URIs name a bucket and a key only.
     #[error(
-        "invalid destination {input:?}: S3 URIs cannot carry a query string ({query:?}); \
+        "invalid location {input:?}: S3 URIs cannot carry a query string ({query:?}); \
          write s3://BUCKET/PREFIX and pin the data version with dataPipeline.version instead"
     )]
     QueryString {
