@@ -31,6 +31,18 @@ enum Command {
     Run(RunArgs),
     /// Serve the sandbox as a gym-like HTTP environment for an external trainer (server mode).
     Serve(ServeArgs),
+    /// Upload a shard's output directory again, after `run` exited 3 (its upload failed).
+    Upload(UploadArgs),
+}
+
+#[derive(clap::Args)]
+struct UploadArgs {
+    /// The shard's output directory (`run --out`), holding its summary.json.
+    dir: PathBuf,
+    /// Where to: the task's `spec.traces.destination` (`s3://bucket/prefix` or a local
+    /// directory); the files go under the same date/namespace/task/variant/shard partition
+    /// as `run` uploads them, the day being the one the shard started.
+    to: String,
 }
 
 /// `--base-dir`, the same for `run` and `serve`.
@@ -147,6 +159,32 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run_command(args).await,
         Command::Serve(args) => serve_command(args).await,
+        Command::Upload(args) => upload_command(args).await,
+    }
+}
+
+async fn upload_command(args: UploadArgs) -> ExitCode {
+    match basecamp_sandbox::run::upload_again(&args.dir, &args.to).await {
+        Err(e) => {
+            stderr_line!("error: {e}");
+            ExitCode::from(exit_code::CONFIG_ERROR)
+        }
+        Ok(report) if report.is_complete() => {
+            let mut stdout = Stdout::default();
+            stdout.line(format_args!("uploaded {} files to {}", report.files.len(), report.destination));
+            match stdout.failed {
+                Some(e) => {
+                    stderr_line!("error [Stdout]: cannot write the outcome to stdout: {e}; the upload is complete");
+                    ExitCode::FAILURE
+                }
+                None => ExitCode::SUCCESS,
+            }
+        }
+        Ok(report) => {
+            stderr_line!("{report}");
+            stderr_line!("the local copies are kept in {}", args.dir.display());
+            ExitCode::from(exit_code::UPLOAD_FAILED)
+        }
     }
 }
 
@@ -294,6 +332,9 @@ async fn run_command(args: RunArgs) -> ExitCode {
         } else {
             stderr_line!("{report}");
             stderr_line!("the local copies are kept in {}", outcome.out_dir.display());
+            if let Some(to) = &outcome.upload_to {
+                stderr_line!("upload them again with: basecamp-sandbox upload {} {to}", outcome.out_dir.display());
+            }
             code = ExitCode::from(exit_code::UPLOAD_FAILED);
         }
     }

@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use basecamp_api::{HarnessTask, Loaded, Manifests, Report, SandboxConfigSpec, TestSet, resolve_profile};
 
@@ -159,6 +159,9 @@ pub struct RunOutcome {
     pub summary: ShardSummary,
     pub out_dir: PathBuf,
     pub upload: Option<UploadReport>,
+    /// Where the upload went: the task's `spec.traces.destination` (for
+    /// [`upload_again`] after a failed one).
+    pub upload_to: Option<String>,
     pub warnings: Vec<String>,
     /// The `listen` server, still serving; its metrics are final (nothing
     /// of this run updates them any more). Dropping it stops it.
@@ -413,7 +416,6 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         _ = request.stop.cancelled() => {}
     }
 
-    let started = SystemTime::now();
     let metrics_for_episodes = metrics.clone();
     let summary = run_shard(runner, inputs, &out_dir, request.concurrency, request.stop.clone(), move |result| {
         metrics_for_episodes.observe_episode(result)
@@ -421,12 +423,11 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     .await?;
     drop(services);
 
-    let upload = match task.spec.traces.as_ref().and_then(|t| t.destination.as_deref()) {
-        Some(dest) if request.upload => {
+    let upload_to = task.spec.traces.as_ref().and_then(|t| t.destination.clone()).filter(|_| request.upload);
+    let upload = match upload_to.as_deref() {
+        Some(dest) => {
             let destination = Destination::parse(dest).map_err(|e| RunError::Selection(e.to_string()))?;
-            let date = UtcDate::from_system_time(started).map_err(|e| RunError::Selection(e.to_string()))?;
-            let partition = ShardPartition::new(date, &namespace, &run_name, &variant.name, request.shard)
-                .map_err(|e| RunError::Selection(e.to_string()))?;
+            let partition = shard_partition(&summary).map_err(|e| RunError::Selection(e.to_string()))?;
             // This run's files only: --out may hold an earlier run's traces,
             // which the summary does not count and which are not this shard's.
             let mut files = summary.files_written();
@@ -438,7 +439,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     };
     // Every episode and the upload are recorded: a scrape from now on sees it all.
     metrics.scrapes().mark_final();
-    Ok(RunOutcome { summary, out_dir, upload, warnings, server })
+    Ok(RunOutcome { summary, out_dir, upload, upload_to, warnings, server })
 }
 
 /// [`RunRequest::first_scrape_wait`]: a pod's every count reaches `rate()`
@@ -521,6 +522,48 @@ async fn fetch_scripted_policy(location: &str, out_dir: &Path) -> Result<PathBuf
     }
     std::fs::write(&path, bytes).map_err(|e| err(format!("cannot write {}: {e}", path.display())))?;
     Ok(std::path::absolute(&path).unwrap_or(path))
+}
+
+/// Uploads a shard's output directory again, as [`run`] does after its
+/// episodes: the files its `summary.json` lists (traces, rollback traces,
+/// the summary last) and the services' logs, under the partition of the
+/// day the shard started, so a second try lands where the first would have.
+/// For a shard whose upload failed (exit 3 keeps the local copies).
+pub async fn upload_again(out_dir: &Path, destination: &str) -> Result<UploadReport, RunError> {
+    let summary_path = out_dir.join(SUMMARY_FILE);
+    let text = std::fs::read(&summary_path).map_err(|e| {
+        RunError::Selection(format!(
+            "cannot read {}: {e}; give the output directory of a `basecamp-sandbox run`",
+            summary_path.display()
+        ))
+    })?;
+    let summary: ShardSummary = serde_json::from_slice(&text)
+        .map_err(|e| RunError::Selection(format!("{} is not a shard summary: {e}", summary_path.display())))?;
+    let destination = Destination::parse(destination).map_err(|e| RunError::Selection(e.to_string()))?;
+    let partition =
+        shard_partition(&summary).map_err(|e| RunError::Selection(format!("{}: {e}", summary_path.display())))?;
+    let mut files = summary.files_written();
+    if let Ok(logs) = std::fs::read_dir(out_dir.join("services")) {
+        let mut names: Vec<String> = logs
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| name.ends_with(".log"))
+            .map(|name| format!("services/{name}"))
+            .collect();
+        names.sort();
+        files.extend(names);
+    }
+    let storage = Storage::new(StorageConfig::from_env());
+    Ok(upload_summary_last(&storage, out_dir, files, &destination.for_shard(&partition)).await)
+}
+
+/// Where a shard's files go under the destination: the day it started
+/// (UTC), its namespace, run name (the task, or `<task>@step-N`), variant
+/// and shard, all as its summary says.
+fn shard_partition(summary: &ShardSummary) -> Result<ShardPartition, crate::storage::StorageError> {
+    let since_epoch = Duration::from_nanos(u64::try_from(summary.started_unix_nanos).unwrap_or_default());
+    let date = UtcDate::from_system_time(std::time::UNIX_EPOCH + since_epoch)?;
+    ShardPartition::new(date, &summary.namespace, &summary.task, &summary.variant, summary.shard)
 }
 
 /// Uploads the shard's files, `summary.json` last and only when every

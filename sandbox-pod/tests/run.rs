@@ -160,6 +160,36 @@ fn the_summary_is_uploaded_last_and_not_when_a_trace_failed_to_upload() {
     let said = format!("{stdout}{stderr}");
     assert!(said.contains("the summary goes up only with all of them"), "{said}");
     assert!(out.path().join("summary.json").is_file(), "kept locally");
+    let again = format!("basecamp-sandbox upload {} {}", out.path().display(), dest.path().display());
+    assert!(said.contains(&format!("upload them again with: {again}")), "{said}");
+
+    // `upload` sends the kept copies once the obstacle is gone: into the same
+    // partition, the summary last (before: only a rerun of the whole shard).
+    let upload = |dir: &Path| sandbox(&["upload", dir.to_str().unwrap(), dest.path().to_str().unwrap()]);
+    let failed = upload(out.path());
+    assert_eq!(failed.status.code(), Some(3), "{}", String::from_utf8_lossy(&failed.stderr));
+    assert!(!shard_dir.join("summary.json").exists());
+    std::fs::remove_dir_all(shard_dir.join("ep-2.trace")).unwrap();
+    let done = upload(out.path());
+    let (stdout, stderr) = (String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
+    assert!(done.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("uploaded 3 files to "), "{stdout}");
+    for file in ["ep-1.trace", "ep-2.trace", "summary.json"] {
+        assert_eq!(
+            std::fs::read(shard_dir.join(file)).unwrap(),
+            std::fs::read(out.path().join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    // A directory without a shard summary is refused, naming what it needs.
+    let empty = tempfile::tempdir().unwrap();
+    let refused = upload(empty.path());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("summary.json") && stderr.contains("output directory of a `basecamp-sandbox run`"),
+        "{stderr}"
+    );
 }
 
 /// An S3 endpoint that refuses connections: each file is retried, and the
