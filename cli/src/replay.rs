@@ -299,7 +299,9 @@ async fn prepare(
             );
         }
     }
-    let input = EpisodeInput { id: header.episode_id.clone(), ..episode_input(row, &spec.evaluation.compare_args) };
+    let input = episode_input(row, &spec.evaluation.compare_args)
+        .map_err(|e| anyhow::anyhow!("test set row {:?}: {e}", row.id))?;
+    let input = EpisodeInput { id: header.episode_id.clone(), ..input };
     let out = scratch.join("replayed");
     std::fs::create_dir_all(&out)?;
     Ok(Prepared { runner, input, out })

@@ -518,7 +518,7 @@ async fn a_live_injection_is_delivered_again_so_the_episode_replays_identically(
     runner.live.push("bad-args", LiveInjection { id: "strike".into(), observation: notice, at_step: Some(2) });
     let out = dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
-    let result = runner.run(&episode_input(row, &task.spec.evaluation.compare_args), &out).await.unwrap();
+    let result = runner.run(&episode_input(row, &task.spec.evaluation.compare_args).unwrap(), &out).await.unwrap();
     let trace = out.join(&result.trace_file);
     let injected: Vec<(u32, i32)> = basecamp_trace::read_trace(&trace)
         .unwrap()

@@ -333,14 +333,21 @@ fn policy_config(spec: &PolicySpec, base_dir: &Path, top_k: u32) -> Result<Polic
 }
 
 /// A test-set row as the runner needs it; `compare_args` are the task's
-/// per-tool defaults, used where a row does not say.
-pub fn episode_input(row: &Episode, compare_args: &BTreeMap<String, Vec<String>>) -> EpisodeInput {
-    let mut messages: Vec<ChatMessage> =
-        row.messages.iter().flatten().filter_map(|m| serde_json::from_value(m.clone()).ok()).collect();
+/// per-tool defaults, used where a row does not say. A message that is not
+/// a chat message (a role the policy has no place for, content that is not
+/// text) is an error naming it: it was dropped without a word, and the
+/// episode ran without it.
+pub fn episode_input(row: &Episode, compare_args: &BTreeMap<String, Vec<String>>) -> Result<EpisodeInput, String> {
+    let mut messages = Vec::new();
+    for (i, message) in row.messages.iter().flatten().enumerate() {
+        let message: ChatMessage =
+            serde_json::from_value(message.clone()).map_err(|e| format!("messages[{i}]: {e}"))?;
+        messages.push(message);
+    }
     if let Some(instruction) = &row.instruction {
         messages.push(ChatMessage::user(instruction.clone()));
     }
-    EpisodeInput {
+    Ok(EpisodeInput {
         id: row.id.clone(),
         row_id: Some(row.id.clone()),
         messages,
@@ -355,5 +362,5 @@ pub fn episode_input(row: &Episode, compare_args: &BTreeMap<String, Vec<String>>
             .collect(),
         expected_memory: row.expected_memory.clone(),
         expected_memory_hash: row.expected_memory_hash.clone(),
-    }
+    })
 }

@@ -361,8 +361,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
 
     let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await?;
     let rows = test_set.shard(request.shard, request.shard_count).map_err(|e| RunError::Selection(e.to_string()))?;
-    let inputs: Vec<crate::episode::EpisodeInput> =
-        rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect();
+    let inputs = episode_inputs(rows, &task.spec.evaluation.compare_args, &task.spec.evaluation.test_set)?;
 
     let out_dir = request.out_dir.clone().unwrap_or_else(|| {
         Path::new("basecamp-runs").join(&run_name).join(&variant.name).join(format!("shard-{}", request.shard))
@@ -522,6 +521,24 @@ async fn fetch_scripted_policy(location: &str, out_dir: &Path) -> Result<PathBuf
     }
     std::fs::write(&path, bytes).map_err(|e| err(format!("cannot write {}: {e}", path.display())))?;
     Ok(std::path::absolute(&path).unwrap_or(path))
+}
+
+/// The rows as the runner needs them ([`episode_input`]); a row the runner
+/// cannot use is the test set's error, named by its row.
+pub fn episode_inputs(
+    rows: &[basecamp_api::testset::Episode],
+    compare_args: &std::collections::BTreeMap<String, Vec<String>>,
+    test_set: &str,
+) -> Result<Vec<crate::episode::EpisodeInput>, RunError> {
+    rows.iter()
+        .map(|row| {
+            episode_input(row, compare_args).map_err(|message| RunError::TestSet {
+                location: test_set.to_string(),
+                message: format!("row {:?}: {message}", row.id),
+                transient: false,
+            })
+        })
+        .collect()
 }
 
 /// Uploads a shard's output directory again, as [`run`] does after its

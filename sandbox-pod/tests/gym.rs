@@ -918,3 +918,102 @@ async fn the_serve_command_resolves_relative_paths_against_base_dir() {
         .unwrap_or_else(|| panic!("no address in {first_line:?}; stderr: {}", String::from_utf8_lossy(&output.stderr)));
     assert_eq!(status, 201, "the test set was found under --base-dir: {body}");
 }
+
+/// The records of `trace` at `step`, by kind.
+fn kinds_at(trace: &TraceContents, step: u32) -> Vec<String> {
+    trace.records.iter().filter(|r| r.step == step).filter_map(|r| r.body.as_ref()).map(kind).collect()
+}
+
+#[tokio::test]
+async fn a_client_gone_mid_step_leaves_the_step_played_whole() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "gone"}"#).await.0, 201);
+    // The recorded SLOW answer takes 2 s; the tool's timeout (300 ms) takes the fallback.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
+    let body = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "SLOW"}}]}"#;
+    let sent = impatient.post(server.url("/v1/episodes/gone/step")).body(body).send().await;
+    assert!(sent.is_err_and(|e| e.is_timeout()), "the client gives up before the step ends");
+    // The step still ends: describe waits for it, then shows step 2 with the call answered.
+    // Before: step 1 again, its turn recorded without its call, and the next action played as step 1.
+    let (_, state) = server.get("/v1/episodes/gone").await;
+    assert_eq!(state["step"], 2, "{state}");
+    let answered = state["messages"].as_array().unwrap().iter().any(|m| m["tool_call_id"] == "call_0_0");
+    assert!(answered, "{state}");
+    let (status, done) = server.post("/v1/episodes/gone/step", r#"{"content": "Status unknown."}"#).await;
+    assert_eq!((status, &done["done"]), (200, &json!(true)), "{done}");
+    let trace = server.trace("gone").await;
+    assert!(matches!(trace.tail, Tail::Complete));
+    let step_1 = kinds_at(&trace, 1);
+    assert_eq!(step_1.iter().filter(|k| *k == "PolicyTurn").count(), 1, "{step_1:?}");
+    assert!(step_1.iter().any(|k| k == "PlanStep"), "{step_1:?}");
+    assert!(kinds_at(&trace, 2).iter().any(|k| k == "PolicyTurn"), "the final answer is step 2");
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn shutting_down_cuts_off_a_step_under_way_as_driver_mode_does() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "busy"}"#).await.0, 201);
+    let url = server.url("/v1/episodes/busy/step");
+    let step = tokio::spawn(async move {
+        let body = r#"{"tool_calls": [{"name": "hang", "arguments": {}}]}"#;
+        json_answer(client().post(url).body(body).send().await.unwrap()).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dir = server.shut_down().await;
+    // The step's client hears how it ended: cut off, the episode cancelled.
+    let (status, answer) = step.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!((&answer["done"], &answer["info"]["outcome"]), (&json!(true), &json!("cancelled")), "{answer}");
+    // Before: the shutdown waited for the step (the tool to its plan-step deadline), which was
+    // then played whole; the episode was cancelled at step 2 afterwards.
+    let trace = read_trace(dir.path().join("traces").join("busy.trace")).unwrap();
+    assert!(matches!(trace.tail, Tail::Complete), "{:?}", trace.tail);
+    let cut = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::ErrorContext(e)) if e.error_type == "cancelled" => Some((r.step, e.message.clone())),
+        _ => None,
+    });
+    assert_eq!(cut, Some((1, "stopped at step 1: the server shut down".to_string())));
+}
+
+#[tokio::test]
+async fn the_trace_complete_header_says_what_the_file_holds() {
+    let first = TestServer::start(4, Duration::from_secs(60)).await;
+    assert_eq!(first.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "whole"}"#).await.0, 201);
+    assert_eq!(first.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "open"}"#).await.0, 201);
+    let complete = |response: &reqwest::Response| response.headers()["x-basecamp-trace-complete"].clone();
+    let open = client().get(first.url("/v1/episodes/open/trace")).send().await.unwrap();
+    assert_eq!(complete(&open), "false", "an open episode's trace is still being written");
+    let dir = first.shut_down().await;
+    // A crash cut `cut.trace` off: a copy of one without its end.
+    let traces = dir.path().join("traces");
+    let bytes = std::fs::read(traces.join("whole.trace")).unwrap();
+    std::fs::write(traces.join("cut.trace"), &bytes[..bytes.len() / 2]).unwrap();
+    let second = TestServer::start_in(dir, 4, Duration::from_secs(60), Duration::from_secs(60)).await;
+    let whole = client().get(second.url("/v1/episodes/whole/trace")).send().await.unwrap();
+    assert_eq!(complete(&whole), "true");
+    // Before: "true" for any trace an earlier server left.
+    let cut = client().get(second.url("/v1/episodes/cut/trace")).send().await.unwrap();
+    assert_eq!((cut.status().as_u16(), complete(&cut)), (200, "false".parse().unwrap()));
+    second.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_inline_message_the_policy_cannot_take_is_refused_naming_it() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    // Before: 201, and the user's question was dropped without a word.
+    for (messages, words) in [
+        (
+            r#"[{"role": "system", "content": "sys"}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]"#,
+            "messages[1]: invalid type: sequence, expected a string",
+        ),
+        (r#"[{"role": "bogus", "content": "x"}]"#, "messages[0]: unknown variant `bogus`"),
+        (r#"[{"role": "user"}]"#, "messages[0]: missing field `content`"),
+    ] {
+        let body = format!(r#"{{"messages": {messages}}}"#);
+        assert_error(&server.post("/v1/episodes", &body).await, 400, "InvalidEpisodeRequest", words);
+    }
+    let (_, listed) = server.get("/v1/episodes").await;
+    assert_eq!(listed["open"], 0, "{listed}");
+    server.shut_down().await;
+}

@@ -192,6 +192,27 @@ fn the_summary_is_uploaded_last_and_not_when_a_trace_failed_to_upload() {
     );
 }
 
+#[test]
+fn a_test_set_message_the_policy_cannot_take_is_refused_naming_its_row() {
+    // Before: the message was dropped and the episode ran without it.
+    let project = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_project(project.path(), out.path());
+    let tests = TESTS.replacen(
+        r#""instruction": "Where is order 1?""#,
+        r#""messages": [{"role": "customer", "content": "Where is order 1?"}]"#,
+        1,
+    );
+    std::fs::write(project.path().join("tests.jsonl"), tests).unwrap();
+    let manifest = project.path().join("task.yaml");
+    let run =
+        sandbox(&["run", "--config", manifest.to_str().unwrap(), "--no-upload", "--out", out.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(r#"row "ep-1": messages[0]: unknown variant `customer`"#), "{stderr}");
+    assert!(!out.path().join("ep-2.trace").exists(), "refused before any episode");
+}
+
 /// An S3 endpoint that refuses connections: each file is retried, and the
 /// retries are said on stderr as they happen (before: only the final report,
 /// with no sign of the waits in between).

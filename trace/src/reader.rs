@@ -798,6 +798,9 @@ pub struct IndexedTrace<R> {
     index: StepIndex,
     /// Set when the index was rebuilt by scanning and the scan hit damage.
     damage: Option<TraceError>,
+    /// Whether the file ends with its footer index, as only a finished
+    /// trace does.
+    finished: bool,
 }
 
 impl IndexedTrace<File> {
@@ -819,6 +822,7 @@ impl<R: Read + Seek> IndexedTrace<R> {
             (reader.header, reader.frames.version)
         };
         let footer = Self::read_footer(&mut inner, &file, version).map_err(io)?;
+        let finished = footer.is_some();
         let (index, damage) = match footer {
             Some(index) => (index, None),
             None => {
@@ -826,7 +830,7 @@ impl<R: Read + Seek> IndexedTrace<R> {
                 Self::scan(&mut inner, &file)?
             }
         };
-        Ok(Self { inner, file, header, version, index, damage })
+        Ok(Self { inner, file, header, version, index, damage, finished })
     }
 
     /// The footer's index, or `None` when there is no valid footer.
@@ -887,6 +891,13 @@ impl<R: Read + Seek> IndexedTrace<R> {
     }
 
     /// Damage found while rebuilding the index of a file without a footer.
+    /// Whether the trace was finished: it ends with the footer index its
+    /// writer adds last (a trace still being written, or cut off by a
+    /// crash or a full disk, does not).
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
     pub fn damage(&self) -> Option<&TraceError> {
         self.damage.as_ref()
     }

@@ -34,9 +34,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use basecamp_sandbox::config::{RunContext, build_runner, episode_input};
+use basecamp_sandbox::config::{RunContext, build_runner};
 use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
-use basecamp_sandbox::run::{check_gpu, load_manifests, load_test_set, resolve_variants, run_namespace, select_task};
+use basecamp_sandbox::run::{
+    check_gpu, episode_inputs, load_manifests, load_test_set, resolve_variants, run_namespace, select_task,
+};
 use basecamp_sandbox::services::RunningServices;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -188,7 +190,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
                 shard,
                 out_dir: variant_dir.join(format!("shard-{shard}")),
                 runner: Arc::new(runner),
-                inputs: rows.iter().map(|row| episode_input(row, &task.spec.evaluation.compare_args)).collect(),
+                inputs: episode_inputs(rows, &task.spec.evaluation.compare_args, &task.spec.evaluation.test_set)?,
             });
         }
     }

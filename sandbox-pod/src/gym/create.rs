@@ -123,7 +123,11 @@ pub fn inline_input(
     })?;
     let row = set.episodes.first().ok_or_else(|| refuse("body", "holds no episode"))?;
     // Of no test set: a replay has no row to start it from.
-    Ok(EpisodeInput { row_id: None, ..episode_input(row, compare_args) })
+    let input = episode_input(row, compare_args).map_err(|e| match e.split_once(": ") {
+        Some((field, message)) => refuse(field, message),
+        None => refuse("body", e),
+    })?;
+    Ok(EpisodeInput { row_id: None, ..input })
 }
 
 #[cfg(test)]

@@ -17,8 +17,10 @@
 //! `openapi/sandbox.yaml` documents them; a test holds the router and the
 //! document to each other. Errors are [`ApiError`](crate::server::ApiError)s.
 //! At most `max_episodes` are open at once (429 beyond), and an episode idle
-//! for `idle_timeout` is closed as `cancelled`. A closed episode is held
-//! (listed, described) for `keep_closed` after its last request, then
+//! for `idle_timeout` (no create, step, inject or close: reads do not count,
+//! so a dashboard watching an abandoned episode does not keep its place) is
+//! closed as `cancelled`. A closed episode is held (listed, described) for
+//! `keep_closed` after its last such request, then
 //! forgotten: its trace stays in the output directory, `GET …/trace` still
 //! serves it, and its id is never given again. So a server that runs
 //! millions of episodes holds those of the last few minutes, not all.
@@ -89,6 +91,8 @@ pub struct Gym {
     keep_closed: Duration,
     registry: registry::Registry,
     next_injection: AtomicU64,
+    /// Fired when the server stops: a step under way is cut off there.
+    stop: crate::driver::StopSignal,
 }
 
 /// What the handlers share.
@@ -114,6 +118,7 @@ impl Gym {
             keep_closed: config.keep_closed,
             registry: registry::Registry::default(),
             next_injection: AtomicU64::new(1),
+            stop: crate::driver::StopSignal::new(),
         }))
     }
 
@@ -127,8 +132,9 @@ impl Gym {
 }
 
 /// Serves the API on `listener` until `shutdown` completes, closing idle
-/// episodes as it goes; at shutdown every open episode is closed, so each
-/// trace is complete.
+/// episodes as it goes; at shutdown the steps under way are cut off where
+/// they are (their episodes end `cancelled`, as in driver mode) and every
+/// open episode is closed, so each trace is complete.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     gym: GymState,
@@ -144,6 +150,13 @@ pub async fn serve(
             reaper_gym.close_idle().await;
         }
     });
+    // The graceful shutdown waits for the requests under way: the stop cuts
+    // their steps off first (a tool may run for its whole timeout).
+    let stop = gym.stop.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stop.cancel();
+    };
     let served = axum::serve(listener, router(gym.clone())).with_graceful_shutdown(shutdown).await;
     reaper.abort();
     gym.close_all("the server shut down").await;

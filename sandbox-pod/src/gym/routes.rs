@@ -415,6 +415,22 @@ async fn step(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = readable(body)?;
+    // Played in a task of its own: a client that goes away mid-step (its
+    // timeout, a dropped connection) drops this future, and a step cut
+    // where it stood left the episode half played (its turn recorded, its
+    // calls not, the next action played as the same step). Only the
+    // server's stop cuts a step off, and then the episode ends there.
+    let episode_id = id.clone();
+    tokio::spawn(play_step(gym, id, body)).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "TraceIo",
+            format!("the step of episode {episode_id:?} failed: {e}; its trace may end early"),
+        ))
+    })
+}
+
+async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
     let mut slot = entry.slot.lock().await;
     let Some(episode) = slot.episode.as_mut() else { return Err(done_conflict(&id, &entry, &slot)) };
@@ -422,18 +438,31 @@ async fn step(
         parse_action(&body, episode.step()).map_err(|e| ApiError::bad_request("InvalidAction", e.to_string()))?;
     let assistant_at = episode.messages().len();
     let deadline = tokio::time::Instant::now() + gym.runner.plan_step_timeout;
-    let played: std::io::Result<(StepReport, bool)> = async {
-        let report = episode.act(&gym.runner, &action, deadline).await?;
-        let running = episode.advance(&gym.runner)?;
-        Ok((report, running))
-    }
-    .await;
-    let (report, running) = match played {
-        Ok(played) => played,
-        Err(e) => {
+    let played: Option<std::io::Result<(StepReport, bool)>> = tokio::select! {
+        biased;
+        () = gym.stop.cancelled() => None,
+        played = async {
+            let report = episode.act(&gym.runner, &action, deadline).await?;
+            let running = episode.advance(&gym.runner)?;
+            Ok((report, running))
+        } => Some(played),
+    };
+    let (report, running, stopped) = match played {
+        Some(Ok((report, running))) => (report, running, None),
+        Some(Err(e)) => {
             let error = trace_io(&id, &e);
             let _ = gym.finish(&entry, &mut slot, Some(format!("the trace could not be written: {e}")));
             return Err(error);
+        }
+        // As driver mode's stop: the step ends where it is (in the trace, an
+        // error context that says why) and the episode as `cancelled`.
+        None => {
+            let step = episode.step();
+            (
+                StepReport { step, ..StepReport::default() },
+                false,
+                Some(format!("stopped at step {step}: the server shut down")),
+            )
         }
     };
     let messages = episode.messages().get(assistant_at + 1..).unwrap_or_default().to_vec();
@@ -445,7 +474,7 @@ async fn step(
     if running {
         entry.update(|s| s.step = step_now);
     } else {
-        gym.finish(&entry, &mut slot, None)?;
+        gym.finish(&entry, &mut slot, stopped)?;
         if let Some(result) = &slot.result {
             reward = result.metrics.reward.unwrap_or(0.0);
             info["outcome"] = json!(result.outcome);
@@ -513,13 +542,9 @@ async fn close(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) ->
 }
 
 async fn trace(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
-    // A forgotten episode was closed, its trace completed.
-    let (trace_file, closed) = match gym.registry.get(&id) {
-        Some(entry) => {
-            let status = entry.status();
-            (status.trace_file, status.closed)
-        }
-        None if gym.trace_exists(&id) => (crate::episode::trace_file_name(&id), true),
+    let trace_file = match gym.registry.get(&id) {
+        Some(entry) => entry.status().trace_file,
+        None if gym.trace_exists(&id) => crate::episode::trace_file_name(&id),
         None => return Err(gym.unknown(&id)),
     };
     let path = gym.out_dir.join(&trace_file);
@@ -530,10 +555,15 @@ async fn trace(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) ->
             format!("cannot read the trace of episode {id:?} at {}: {e}", path.display()),
         )
     })?;
+    // Complete is what the file says: its writer's footer is there. A closed
+    // episode's trace is not complete when its writing failed (a full disk),
+    // nor one an earlier server left cut off by a crash.
+    let complete = basecamp_trace::IndexedTrace::new(std::io::Cursor::new(&bytes[..]), trace_file.clone())
+        .is_ok_and(|trace| trace.is_finished());
     let headers = [
         (header::CONTENT_TYPE, "application/octet-stream".to_string()),
         (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{trace_file}\"")),
-        (header::HeaderName::from_static("x-basecamp-trace-complete"), closed.to_string()),
+        (header::HeaderName::from_static("x-basecamp-trace-complete"), complete.to_string()),
     ];
     Ok((headers, bytes).into_response())
 }

@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::GymConfig;
-use crate::config::{RunContext, build_runner, episode_input};
+use crate::config::{RunContext, build_runner};
 use crate::driver::StopSignal;
 use crate::run::{
-    RunError, absolute_dir, check_gpu, create_out_dir, load_manifests_in, load_test_set, resolve_variants,
-    run_namespace, select_task,
+    RunError, absolute_dir, check_gpu, create_out_dir, episode_inputs, load_manifests_in, load_test_set,
+    resolve_variants, run_namespace, select_task,
 };
 use crate::services::RunningServices;
 
@@ -65,7 +65,7 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
     }
     let test_set = load_test_set(&task.spec.evaluation.test_set, &base_dir).await?;
     let compare_args = task.spec.evaluation.compare_args.clone();
-    let rows = test_set.episodes.iter().map(|row| episode_input(row, &compare_args)).collect();
+    let rows = episode_inputs(&test_set.episodes, &compare_args, &task.spec.evaluation.test_set)?;
     let out_dir = request
         .out_dir
         .clone()
