@@ -11,9 +11,16 @@
 //! `{name, profile}`), `policy`, `variants`, `shards`, `traces` — convert
 //! the same way. Unknown keys are not dropped: they reach the manifest and
 //! are reported as unknown fields, with the original (snake_case) path.
+//!
+//! One value changes spelling: `data_pipeline.preprocessor` written as a
+//! bare dotted Python path (`pkg.module.function`, as harness files name
+//! it) becomes `python:pkg.module.function`, the manifest's form for it,
+//! and the conversion says so in a note. Any other preprocessor is kept as
+//! written, for validation to accept or refuse.
 
 use serde_json::{Map, Value};
 
+use crate::preprocessor::Preprocessor;
 use crate::problem::{Location, Problem, Report, Rule};
 
 /// JSON keys whose values are user data, copied as they are (no renaming inside).
@@ -26,6 +33,8 @@ pub struct Converted {
     pub manifest: Value,
     /// Problems found while converting (not the validation problems).
     pub report: Report,
+    /// Values the conversion rewrote, one sentence each, for the user to read.
+    pub notes: Vec<String>,
 }
 
 /// Whether `text` looks like the JSON harness form (an object with `task_definition`).
@@ -133,6 +142,25 @@ fn rename(value: &Value, verbatim: bool, path: &str, problems: &mut Vec<Problem>
     }
 }
 
+/// Rewrites a bare dotted Python path in `dataPipeline.preprocessor` as
+/// the manifest writes it (`python:pkg.module.function`); returns the note
+/// that says so. A value that already parses, or that is not a dotted
+/// Python path, is left for validation (which names the accepted forms).
+fn python_preprocessor(spec: &mut Map<String, Value>) -> Option<String> {
+    let slot = spec.get_mut("dataPipeline")?.get_mut("preprocessor")?;
+    let written = slot.as_str()?;
+    if written.parse::<Preprocessor>().is_ok() {
+        return None;
+    }
+    let python = Preprocessor::from_python_path(written)?.to_string();
+    let note = format!(
+        "data_pipeline.preprocessor {written:?} is the Python function {python} in the manifest \
+         (imported from the trainer image's working directory by `basecamp data preprocess`)"
+    );
+    *slot = Value::String(python);
+    Some(note)
+}
+
 /// A DNS-1123 name from a display name: lowercase, `_`/spaces to `-`.
 fn object_name(name: &str) -> String {
     let mut out: String = name
@@ -157,7 +185,7 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
             let location =
                 Location::File { file: file.to_string(), line: Some(e.line() as u64), column: Some(e.column() as u64) };
             report.push(Problem::error_at(Rule::InvalidManifest, location, format!("invalid JSON: {e}")));
-            return Converted { manifest: Value::Null, report };
+            return Converted { manifest: Value::Null, report, notes: Vec::new() };
         }
     };
     let Some(object) = value.as_object() else {
@@ -166,7 +194,7 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
             Location::line(file, 1),
             "a harness file holds one JSON object with task_definition, data_pipeline, training_config and evaluation",
         ));
-        return Converted { manifest: Value::Null, report };
+        return Converted { manifest: Value::Null, report, notes: Vec::new() };
     };
     let mut spec = Map::new();
     let mut renamed = Vec::new();
@@ -208,6 +236,7 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
     if let Some(name) = sandbox {
         spec.insert("sandboxRef".into(), serde_json::json!({ "name": name }));
     }
+    let notes: Vec<String> = python_preprocessor(&mut spec).into_iter().collect();
     // The form has no policy section; an empty one lets validation say what
     // a policy needs instead of stopping at "missing field".
     spec.entry("policy").or_insert_with(|| Value::Object(Map::new()));
@@ -229,7 +258,7 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
         "metadata": { "name": name },
         "spec": Value::Object(spec),
     });
-    Converted { manifest, report }
+    Converted { manifest, report, notes }
 }
 
 #[cfg(test)]
@@ -284,6 +313,33 @@ mod tests {
         assert_eq!(m["spec"]["trainingConfig"]["lrSchedule"]["warmup_steps"], 200);
         assert_eq!(m["spec"]["evaluation"]["testSet"], "s3://ds-eval/ecommerce-delay-test.jsonl");
         assert_eq!(m["spec"]["sandboxRef"]["name"], "shipping-tools");
+        // The article's dotted Python path, in the manifest's form, and said so.
+        assert_eq!(
+            m["spec"]["dataPipeline"]["preprocessor"],
+            "python:deepseek.harness.preprocess.shipping_delay_filter"
+        );
+        assert_eq!(converted.notes.len(), 1, "{:?}", converted.notes);
+        assert!(
+            converted.notes[0].starts_with(
+                "data_pipeline.preprocessor \"deepseek.harness.preprocess.shipping_delay_filter\" is the Python function \
+                 python:deepseek.harness.preprocess.shipping_delay_filter in the manifest"
+            ),
+            "{:?}",
+            converted.notes
+        );
+    }
+
+    #[test]
+    fn a_preprocessor_in_the_manifests_form_or_not_a_python_path_is_kept_as_written() {
+        for written in ["builtin:trajectory", "exec:python3 prep.py", "python:prep.f", "shipping_delay_filter", "a.b-c"]
+        {
+            let harness = format!(
+                r#"{{"task_definition": {{"name": "t"}}, "data_pipeline": {{"source": "s3://b/x/", "preprocessor": {written:?}}}}}"#
+            );
+            let converted = convert("h.json", &harness, None);
+            assert_eq!(converted.manifest["spec"]["dataPipeline"]["preprocessor"], written);
+            assert!(converted.notes.is_empty(), "{:?}", converted.notes);
+        }
     }
 
     #[test]

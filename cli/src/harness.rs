@@ -87,7 +87,7 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     for path in json {
         let file = path.display().to_string();
         let text = is_json_harness(path).expect("partitioned as JSON");
-        let Converted { manifest, report: problems } = harness_json::convert(&file, &text, sandbox);
+        let Converted { manifest, report: problems, .. } = harness_json::convert(&file, &text, sandbox);
         report.extend(problems);
         if manifest.is_null() {
             continue;
@@ -324,6 +324,9 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
     match out {
         Some(path) => std::fs::write(path, &yaml).with_context(|| format!("cannot write {}", path.display()))?,
         None => std::io::stdout().lock().write_all(yaml.as_bytes())?,
+    }
+    for note in &converted.notes {
+        eprintln!("note: {name}: {note}");
     }
     if sandbox.is_none() && converted.manifest["spec"].get("sandboxRef").is_none() {
         eprintln!("note: the task names no SandboxConfig yet; add spec.sandboxRef (or convert with --sandbox NAME)");

@@ -604,3 +604,78 @@ fn json_harness_problems_name_keys_as_written() {
     assert!(said.contains("missing field `test_set`"), "{said}");
     assert!(!said.contains("_b_a_t") && !said.contains("testSet"), "{said}");
 }
+
+/// The article's harness names its preprocessor by a dotted Python path;
+/// convert writes it as `python:…` (and says so), so the manifest validates
+/// and `data preprocess` imports it. One that is no form at all is refused
+/// as validate refuses it. Before: written as it was, and refused only by
+/// `data preprocess` in the trainer pod.
+#[test]
+fn convert_writes_a_dotted_preprocessor_as_python_and_refuses_one_a_run_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = dir.path().join("sandbox-b.yaml");
+    std::fs::copy(repo("examples/ecommerce/sandbox-b.yaml"), &sandbox).unwrap();
+    let article = |preprocessor: &str| {
+        format!(
+            r#"{{"task_definition": {{"name": "e_commerce_support_v4", "goal": "g", "success_criteria": ["tool_call_accuracy >= 0.9"]}},
+ "data_pipeline": {{"source": "s3://ds-logs/ecommerce-v3/", "preprocessor": "{preprocessor}", "batch_size": 64}},
+ "evaluation": {{"metrics": ["tool_call_accuracy"], "test_set": "s3://ds-eval/t.jsonl"}},
+ "policy": {{"endpoint": "http://127.0.0.1:8000/v1", "model": "m"}}}}"#
+        )
+    };
+    let harness = dir.path().join("article.json");
+    std::fs::write(&harness, article("deepseek.harness.preprocess.shipping_delay_filter")).unwrap();
+    let (h, out_file) = (harness.to_str().unwrap(), dir.path().join("task.yaml"));
+    let o = out_file.to_str().unwrap();
+    let output = basecamp(&["harness", "convert", h, "--sandbox", "shipping-b", "-o", o]);
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    let yaml = std::fs::read_to_string(&out_file).unwrap();
+    assert!(yaml.contains("preprocessor: python:deepseek.harness.preprocess.shipping_delay_filter"), "{yaml}");
+    assert!(
+        said.contains(&format!(
+            "note: {h}: data_pipeline.preprocessor \"deepseek.harness.preprocess.shipping_delay_filter\" is the Python function python:deepseek.harness.preprocess.shipping_delay_filter in the manifest"
+        )),
+        "{said}"
+    );
+    let output = basecamp(&["harness", "validate", o, sandbox.to_str().unwrap()]);
+    assert!(output.status.success(), "the converted manifest is valid: {}", text(&output));
+
+    std::fs::remove_file(&out_file).unwrap();
+    std::fs::write(&harness, article("shipping_delay_filter")).unwrap();
+    let output = basecamp(&["harness", "convert", h, "--sandbox", "shipping-b", "-o", o]);
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(!out_file.exists(), "nothing is written");
+    assert!(
+        said.contains(
+            "data_pipeline.preprocessor: preprocessor \"shipping_delay_filter\" \
+             is not one of builtin:trajectory, exec:PROGRAM ARGS..., python:module.function"
+        ),
+        "{said}"
+    );
+    let output = basecamp(&["harness", "validate", h, sandbox.to_str().unwrap(), "--sandbox", "shipping-b"]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(text(&output).contains("data_pipeline.preprocessor: preprocessor \"shipping_delay_filter\""));
+}
+
+/// The example manifest's preprocessor was `shipping_delay_filter`, which
+/// `data preprocess` refuses; validation now refuses it too.
+#[test]
+fn a_manifest_preprocessor_a_run_would_refuse_fails_validation_at_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = std::fs::read_to_string(repo("examples/manifests/shipping-support.yaml")).unwrap();
+    assert!(example.contains("preprocessor: builtin:trajectory"), "the example's preprocessor");
+    let manifest = dir.path().join("m.yaml");
+    std::fs::write(&manifest, example.replace("builtin:trajectory", "shipping_delay_filter")).unwrap();
+    let output = basecamp(&["harness", "validate", manifest.to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains(
+            "error: HarnessTask/shipping-support: spec.dataPipeline.preprocessor: preprocessor \"shipping_delay_filter\" \
+             is not one of builtin:trajectory, exec:PROGRAM ARGS..., python:module.function"
+        ),
+        "{out}"
+    );
+}

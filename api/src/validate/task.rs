@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::criteria::{CRITERION_METRICS, Criterion, metric_kind};
+use crate::preprocessor::{Preprocessor, PreprocessorSyntaxError};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::profile::resolve_profile;
 use crate::sandbox::SandboxConfigSpec;
@@ -68,6 +69,9 @@ pub(super) fn validate(
         }
         if let Some(timeout) = pipeline.record_timeout {
             super::sandbox::check_duration(&mut problems, "spec.dataPipeline.recordTimeout", timeout);
+        }
+        if let Some(preprocessor) = &pipeline.preprocessor {
+            check_preprocessor(&mut problems, preprocessor);
         }
     }
     check_training(task, &mut problems);
@@ -210,6 +214,25 @@ pub(super) fn validate(
     super::push_all(&mut report, &label, problems);
     check_sandbox_refs(task, sandboxes, ctx, test_set, &label, &mut report);
     report
+}
+
+/// Refuses a preprocessor that `basecamp data preprocess` (the trainer's
+/// dataset step) would refuse, by the same parser: found here, not when the
+/// trainer pod fails after the evaluation has run.
+fn check_preprocessor(problems: &mut Vec<Problem>, preprocessor: &str) {
+    let Err(error) = preprocessor.parse::<Preprocessor>() else { return };
+    let advice = match error {
+        PreprocessorSyntaxError::Unknown(_) => match Preprocessor::from_python_path(preprocessor) {
+            Some(python) => format!("; for the Python function write {python}"),
+            None => String::new(),
+        },
+        PreprocessorSyntaxError::UnclosedQuote(_) => "; quote as a shell does".into(),
+    };
+    problems.push(Problem::error(
+        Rule::InvalidPreprocessor,
+        "spec.dataPipeline.preprocessor",
+        format!("{error}{advice}"),
+    ));
 }
 
 /// Checks an `s3://` value; `data_pipeline` selects the advice for a query

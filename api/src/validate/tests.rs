@@ -312,6 +312,38 @@ fn durations_longer_than_seven_days_are_errors_with_their_paths() {
     assert!(report.by_rule(Rule::OutOfRange).next().is_none(), "{report}");
 }
 
+/// `data preprocess` refuses these when the trainer runs; before, validation
+/// let them through (`preprocessor: shipping_delay_filter` in the example).
+#[test]
+fn a_preprocessor_a_run_would_refuse_is_an_error_naming_the_accepted_forms() {
+    let preprocessor =
+        |name: &str| check_task(with(good_task(), json!({"dataPipeline": {"preprocessor": name}})), good_sandbox());
+    for good in ["builtin:trajectory", "exec:python3 \"my prep.py\" --mode 'a b'", "python:shop.prep.filter"] {
+        let report = preprocessor(good);
+        assert!(report.is_empty(), "{good}: {report}");
+    }
+    let forms = "builtin:trajectory, exec:PROGRAM ARGS..., python:module.function";
+    for (bad, said) in [
+        ("shipping_delay_filter", format!("preprocessor \"shipping_delay_filter\" is not one of {forms}")),
+        (
+            "shop.prep.filter",
+            format!("preprocessor \"shop.prep.filter\" is not one of {forms}; for the Python function write python:shop.prep.filter"),
+        ),
+        ("exec:", format!("preprocessor \"exec:\" is not one of {forms}")),
+        (
+            "exec:python3 \"prep.py",
+            "preprocessor exec:python3 \"prep.py: its command has an unclosed quote or a trailing backslash; quote as a shell does"
+                .to_string(),
+        ),
+    ] {
+        let report = preprocessor(bad);
+        let problem = only(&report, Rule::InvalidPreprocessor);
+        assert_eq!(field(&problem), "spec.dataPipeline.preprocessor");
+        assert_eq!(problem.severity, Severity::Error);
+        assert_eq!(problem.message, said);
+    }
+}
+
 #[test]
 fn a_bare_number_tool_timeout_is_a_warning_that_names_every_tool() {
     let report = check_sandbox(good_sandbox().tap(|v| v["toolTimeouts"] = json!(800)));
