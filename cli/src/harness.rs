@@ -305,8 +305,10 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
                 ..Default::default()
             };
             let own = basecamp_api::validate::validate_task(&task.object.spec, &[], &ctx);
+            // Named `FILE (HarnessTask/name)`, as `validate` names them.
             for problem in own.problems().iter().filter(|p| p.rule != Rule::UnknownSandbox) {
-                report.push(to_json_spelling(problem.clone(), &name, None));
+                let object = problem.object.clone();
+                report.push(to_json_spelling(problem.clone(), &name, object.as_deref()));
             }
         }
     }

@@ -577,6 +577,14 @@ fn convert_refuses_a_task_its_own_rules_refuse_and_writes_nothing() {
         "{said}"
     );
     assert!(said.contains("data_pipeline.batch_size: the batch size is 0; use a positive batch size"), "{said}");
+    // Each names the file, as validate does (before: `error: HarnessTask/t1: ...`).
+    let h = harness.to_str().unwrap();
+    assert!(
+        said.contains(&format!(
+            "error: {h} (HarnessTask/t1): data_pipeline.batch_size: the batch size is 0; use a positive batch size"
+        )),
+        "{said}"
+    );
     // The SandboxConfig it names is not beside it: that is for `validate`, not a reason to refuse.
     assert!(!said.contains("not found"), "{said}");
 }
@@ -648,10 +656,10 @@ fn convert_writes_a_dotted_preprocessor_as_python_and_refuses_one_a_run_would_re
     assert_eq!(output.status.code(), Some(1), "{said}");
     assert!(!out_file.exists(), "nothing is written");
     assert!(
-        said.contains(
-            "data_pipeline.preprocessor: preprocessor \"shipping_delay_filter\" \
+        said.contains(&format!(
+            "error: {h} (HarnessTask/e-commerce-support-v4): data_pipeline.preprocessor: preprocessor \"shipping_delay_filter\" \
              is not one of builtin:trajectory, exec:PROGRAM ARGS..., python:module.function"
-        ),
+        )),
         "{said}"
     );
     let output = basecamp(&["harness", "validate", h, sandbox.to_str().unwrap(), "--sandbox", "shipping-b"]);
