@@ -1298,6 +1298,21 @@ mod tests {
         // Before: "is not a Kubernetes name (lowercase letters, digits, '-' and '.')", which it was.
         let long = problem(&format!("{{name: {}}}", "a".repeat(300)));
         assert!(long.message.contains("300 characters") && long.message.contains("at most 253"), "{long}");
+        // A name is a subdomain: 253 characters, no 63-character limit on a part (that is a
+        // label's). Before: 64-253 characters without dots were refused as not a Kubernetes name.
+        for name in ["a".repeat(64), "a".repeat(253), format!("{}.b", "a".repeat(100))] {
+            let text = format!(
+                "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {{name: {name}}}\nspec: {{}}\n"
+            );
+            let (manifests, report) = Manifests::parse("m.yaml", &text);
+            assert!(report.is_empty() && manifests.sandboxes.len() == 1, "{}: {report}", name.len());
+        }
+        // The rule broken is named.
+        let underscore = problem("{name: shop_a}");
+        assert_eq!(
+            underscore.message,
+            "metadata.name \"shop_a\" is not a Kubernetes name: it has '_'; names have only lowercase letters, digits, '-' and '.'"
+        );
         // Before: accepted; the API server refuses it.
         let namespace = problem("{name: a, namespace: Team A}");
         assert_eq!(namespace.rule, Rule::InvalidName);

@@ -344,6 +344,35 @@ fn a_preprocessor_a_run_would_refuse_is_an_error_naming_the_accepted_forms() {
     }
 }
 
+/// Object names (a Secret, a RuntimeClass, a LocalQueue) are subdomains:
+/// up to 253 characters with no 63-character limit on a part; a queue name
+/// is a pod label too, so at most 63.
+#[test]
+fn object_names_are_subdomains_and_a_queue_name_is_also_a_label_value() {
+    let long = "s".repeat(100);
+    let report = check_task(
+        with(good_task(), json!({"policy": {"apiKeySecret": {"name": long, "key": "k"}}, "queueName": "q".repeat(63)})),
+        good_sandbox(),
+    );
+    assert!(report.is_empty(), "{report}");
+    let report = check_sandbox(with(good_sandbox(), json!({"runtimeClassName": long})));
+    assert!(report.is_empty(), "{report}");
+    let report = check_task(with(good_task(), json!({"queueName": "q".repeat(64)})), good_sandbox());
+    let problem = only(&report, Rule::InvalidName);
+    assert_eq!(field(&problem), "spec.queueName");
+    assert!(
+        problem.message.ends_with(
+            "is not a Kueue LocalQueue name: it is 64 characters, and pods carry it as the label kueue.x-k8s.io/queue-name, at most 63"
+        ),
+        "{problem}"
+    );
+    let report = check_sandbox(with(good_sandbox(), json!({"runtimeClassName": "gVisor"})));
+    assert_eq!(
+        only(&report, Rule::InvalidName).message,
+        "\"gVisor\" is not a RuntimeClass name: it has 'V'; names have only lowercase letters, digits, '-' and '.'"
+    );
+}
+
 #[test]
 fn a_bare_number_tool_timeout_is_a_warning_that_names_every_tool() {
     let report = check_sandbox(good_sandbox().tap(|v| v["toolTimeouts"] = json!(800)));
