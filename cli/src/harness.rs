@@ -150,6 +150,18 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
         }
     }
     report.extend(check_scripts(&manifests));
+    let objects = manifests.tasks.len() + manifests.sandboxes.len();
+    if objects == 0 && !report.has_errors() {
+        // Nothing was checked (an empty file, `kind` misspelt, another kind
+        // only): passing it would let a broken manifest through CI. An error
+        // like any other, so the count says it too.
+        let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        report.push(Problem::error_at(
+            Rule::InvalidManifest,
+            Location::File { file: named.join(", "), line: None, column: None },
+            "no HarnessTask or SandboxConfig to validate; give the files that define them",
+        ));
+    }
     let errors = report.errors().count();
     let warnings = report.problems().len() - errors;
     // Written, not print!ed: a closed stdout (`| grep -q`) is an error to return, not a panic.
@@ -157,21 +169,8 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     for problem in report.problems() {
         writeln!(stdout, "{problem}")?;
     }
-    let objects = manifests.tasks.len() + manifests.sandboxes.len();
     let summary =
         format!("{errors} error(s), {warnings} warning(s) in {objects} object(s) from {} path(s)", paths.len());
-    if errors == 0 && objects == 0 {
-        // Nothing was checked (an empty file, `kind` misspelt, another kind
-        // only): passing it would let a broken manifest through CI.
-        let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        writeln!(
-            stdout,
-            "error: {}: no HarnessTask or SandboxConfig to validate; give the files that define them",
-            named.join(", ")
-        )?;
-        eprintln!("{summary}");
-        return Ok(ExitCode::FAILURE);
-    }
     if errors > 0 {
         eprintln!("{summary}");
         Ok(ExitCode::FAILURE)

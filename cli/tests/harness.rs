@@ -351,13 +351,20 @@ fn paths_without_a_harness_task_or_sandbox_config_fail_validation() {
     std::fs::write(&misspelt, "apiVersion: basecamp.dev/v1alpha1\nkindd: HarnessTask\nmetadata: {name: t}\n").unwrap();
     let empty = dir.path().join("empty.yaml");
     std::fs::write(&empty, "").unwrap();
+    let comments = dir.path().join("comments.yaml");
+    std::fs::write(&comments, "# nothing here yet\n").unwrap();
+    let separators = dir.path().join("separators.yaml");
+    std::fs::write(&separators, "---\n---\n").unwrap();
+    let nothing = ": no HarnessTask or SandboxConfig to validate; give the files that define them";
     for (file, error) in [
         // Kubernetes refuses a Basecamp document without a kind, so validate says so where it is.
         (
             &misspelt,
             ":1: a document of apiVersion basecamp.dev/v1alpha1 without `kind`, so Kubernetes refuses it; write kind: HarnessTask or kind: SandboxConfig",
         ),
-        (&empty, ": no HarnessTask or SandboxConfig to validate; give the files that define them"),
+        (&empty, nothing),
+        (&comments, nothing),
+        (&separators, nothing),
     ] {
         let f = file.to_str().unwrap();
         let output = basecamp(&["harness", "validate", f]);
@@ -365,6 +372,8 @@ fn paths_without_a_harness_task_or_sandbox_config_fail_validation() {
         assert_eq!(output.status.code(), Some(1), "{out}");
         assert!(out.contains(&format!("error: {f}{error}")), "{out}");
         assert!(!out.contains("ok:"), "{out}");
+        // Counted as the error it is (before: "0 error(s), ..." with exit 1).
+        assert!(out.contains("1 error(s), 0 warning(s) in 0 object(s) from 1 path(s)"), "{out}");
     }
 }
 
