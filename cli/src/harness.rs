@@ -25,6 +25,7 @@ use basecamp_api::harness_json::{self, Converted};
 use basecamp_api::manifest::read_manifest_file;
 use basecamp_api::testset::TestSet;
 use basecamp_api::{Location, Manifests, Problem, Report, Rule};
+use basecamp_sandbox::policy::scripted::MAX_REPORTED_LINES;
 use basecamp_sandbox::policy::{ScriptedConfig, ScriptedError, ScriptedPolicy};
 use clap::Subcommand;
 
@@ -195,11 +196,23 @@ fn check_scripts(manifests: &Manifests) -> Vec<Problem> {
         let label = format!("HarnessTask/{}", task.object.metadata.name.as_deref().unwrap_or_default());
         let field = "spec.policy.scripted";
         let path = task.base_dir().join(script);
-        let policy = match ScriptedPolicy::load(&ScriptedConfig { path: path.clone() }) {
+        let policy = match ScriptedPolicy::load_all(&ScriptedConfig { path: path.clone() }) {
             Ok(policy) => policy,
-            Err(ScriptedError::Read { .. }) => continue,
-            Err(e) => {
-                problems.push(Problem::error(Rule::InvalidPolicy, field, e.to_string()).in_object(&label));
+            Err(errors) => {
+                // Every bad line at once, as the test set's are.
+                for error in errors.iter().filter(|e| !matches!(e, ScriptedError::Read { .. })) {
+                    problems.push(Problem::error(Rule::InvalidPolicy, field, error.to_string()).in_object(&label));
+                }
+                if errors.len() == MAX_REPORTED_LINES {
+                    problems.push(
+                        Problem::warning(
+                            Rule::InvalidPolicy,
+                            field,
+                            format!("only the first {MAX_REPORTED_LINES} bad lines of {} are listed", path.display()),
+                        )
+                        .in_object(&label),
+                    );
+                }
                 continue;
             }
         };

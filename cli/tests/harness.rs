@@ -559,6 +559,29 @@ fn validate_reads_the_scripted_policy_as_a_run_does() {
     assert!(text(&output).contains(&said), "{}", text(&output));
 }
 
+/// Every bad line of the scripted policy at once, as the test set's are
+/// (before: only the first).
+#[test]
+fn validate_lists_every_bad_line_of_the_scripted_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = basecamp_sandbox::testing::example_copy(dir.path());
+    let p = project.display().to_string();
+    let bad = "{\"tool_calls\":[]}\n{\"id\": \"ship-000\", \"turns\":[]}\n{not json\n";
+    std::fs::write(project.join("policy.jsonl"), bad).unwrap();
+    let output = basecamp(&["harness", "validate", &p]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    for line in 1..=3 {
+        assert!(
+            out.contains(&format!(
+                "error: HarnessTask/shipping-delay-ab: spec.policy.scripted: {p}/policy.jsonl:{line}: "
+            )),
+            "line {line}: {out}"
+        );
+    }
+    assert!(out.contains("3 error(s)"), "{out}");
+}
+
 /// `convert` refuses what the task's own rules refuse (a criterion that
 /// does not parse, a batch size of 0), as `validate` reports it, and writes
 /// nothing. Before: exit 0 and a manifest `validate` then refused.
