@@ -39,8 +39,15 @@ pub struct Converted {
 
 /// Whether `text` looks like the JSON harness form (an object with `task_definition`).
 pub fn is_harness_json(text: &str) -> bool {
+    let text = without_bom(text);
     text.trim_start().starts_with('{')
         && serde_json::from_str::<Value>(text).is_ok_and(|v| v.get("task_definition").is_some())
+}
+
+/// `text` without a leading UTF-8 byte order mark, which editors on Windows
+/// write and JSON parsers refuse (the YAML reader and the JSONL files skip it).
+fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
 }
 
 /// Plain snake_case: lower-case words of letters and digits joined by
@@ -179,7 +186,7 @@ fn object_name(name: &str) -> String {
 /// manifest. `sandbox` overrides (or supplies) the SandboxConfig reference.
 pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
     let mut report = Report::new();
-    let value: Value = match serde_json::from_str(text) {
+    let value: Value = match serde_json::from_str(without_bom(text)) {
         Ok(v) => v,
         Err(e) => {
             let location =
@@ -350,6 +357,16 @@ mod tests {
         // Keys not in snake_case reach the manifest as written, and are named so.
         assert_eq!(json_path("spec.trainingConfig.Model_ID"), "training_config.Model_ID");
         assert_eq!(json_path("spec"), "(the harness)");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        // Before: "invalid JSON: expected value at line 1 column 1".
+        let text = format!("\u{feff}{ARTICLE}");
+        assert!(is_harness_json(&text));
+        let converted = convert("harness.json", &text, Some("shipping-tools"));
+        assert!(converted.report.problems().is_empty(), "{:?}", converted.report);
+        assert_eq!(converted.manifest["metadata"]["name"], "e-commerce-support-v4");
     }
 
     #[test]
