@@ -44,6 +44,80 @@ pub fn is_harness_json(text: &str) -> bool {
         && serde_json::from_str::<Value>(text).is_ok_and(|v| v.get("task_definition").is_some())
 }
 
+/// JSON text as a value, refusing a key given twice in one object, which
+/// serde_json would let the last one win silently (`"batch_size": 64, ...,
+/// "batch_size": 0`); YAML manifests refuse it too. The error names the
+/// key's path in the form's spelling, at the key's line and column.
+fn parse_refusing_duplicates(text: &str) -> Result<Value, serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = UniqueKeys { path: "" }.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
+}
+
+/// A JSON value at `path` (`data_pipeline.batch_size`, `evaluation.metrics[0]`;
+/// empty for the document) whose objects have each key once.
+struct UniqueKeys<'p> {
+    path: &'p str,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKeys<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        // JSON text has no NaN or infinity, so every f64 read is a number.
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(UniqueKeys { path: &format!("{}[{}]", self.path, items.len()) })? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = if self.path.is_empty() { key.clone() } else { format!("{}.{key}", self.path) };
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("{path} is given twice in the same object; keep one")));
+            }
+            let value = map.next_value_seed(UniqueKeys { path: &path })?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
 /// `text` without a leading UTF-8 byte order mark, which editors on Windows
 /// write and JSON parsers refuse (the YAML reader and the JSONL files skip it).
 fn without_bom(text: &str) -> &str {
@@ -186,12 +260,15 @@ fn object_name(name: &str) -> String {
 /// manifest. `sandbox` overrides (or supplies) the SandboxConfig reference.
 pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
     let mut report = Report::new();
-    let value: Value = match serde_json::from_str(without_bom(text)) {
+    let value: Value = match parse_refusing_duplicates(without_bom(text)) {
         Ok(v) => v,
         Err(e) => {
             let location =
                 Location::File { file: file.to_string(), line: Some(e.line() as u64), column: Some(e.column() as u64) };
-            report.push(Problem::error_at(Rule::InvalidManifest, location, format!("invalid JSON: {e}")));
+            // The location says where; serde_json's text says it again at its end.
+            let text = e.to_string();
+            let text = text.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&text);
+            report.push(Problem::error_at(Rule::InvalidManifest, location, format!("invalid JSON: {text}")));
             return Converted { manifest: Value::Null, report, notes: Vec::new() };
         }
     };
@@ -367,6 +444,27 @@ mod tests {
         let converted = convert("harness.json", &text, Some("shipping-tools"));
         assert!(converted.report.problems().is_empty(), "{:?}", converted.report);
         assert_eq!(converted.manifest["metadata"]["name"], "e-commerce-support-v4");
+    }
+
+    /// Before: the last one won silently (a batch size of 0 that validation
+    /// then refused, or worse, a valid value the user never meant).
+    #[test]
+    fn a_key_given_twice_in_one_object_is_refused_at_its_line() {
+        let text = "{\"task_definition\": {\"name\": \"t\"},\n \"data_pipeline\": {\"source\": \"s3://b/x/\",\n   \"batch_size\": 64, \"batch_size\": 0}}";
+        let converted = convert("h.json", text, None);
+        let said: Vec<String> = converted.report.problems().iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            said,
+            ["error: h.json:3:33: invalid JSON: data_pipeline.batch_size is given twice in the same object; keep one"]
+        );
+        assert!(converted.manifest.is_null());
+        // Inside lists too; the same key in two objects is fine.
+        let text = r#"{"task_definition": {"name": "t", "success_criteria": ["a"]}, "variants": [{"name": "a"}, {"name": "b", "name": "c"}]}"#;
+        let said = convert("h.json", text, None).report.problems()[0].to_string();
+        assert!(said.contains("invalid JSON: variants[1].name is given twice in the same object; keep one"), "{said}");
+        // Values still read as serde_json reads them.
+        let text = r#"{"a": [1, -2, 2.5, 18446744073709551615, "x", null, true, {}]}"#;
+        assert_eq!(parse_refusing_duplicates(text).unwrap(), serde_json::from_str::<Value>(text).unwrap());
     }
 
     #[test]
