@@ -11,9 +11,16 @@
 //! `{name, profile}`), `policy`, `variants`, `shards`, `traces` — convert
 //! the same way. Unknown keys are not dropped: they reach the manifest and
 //! are reported as unknown fields, with the original (snake_case) path.
+//!
+//! One value changes spelling: `data_pipeline.preprocessor` written as a
+//! bare dotted Python path (`pkg.module.function`, as harness files name
+//! it) becomes `python:pkg.module.function`, the manifest's form for it,
+//! and the conversion says so in a note. Any other preprocessor is kept as
+//! written, for validation to accept or refuse.
 
 use serde_json::{Map, Value};
 
+use crate::preprocessor::Preprocessor;
 use crate::problem::{Location, Problem, Report, Rule};
 
 /// JSON keys whose values are user data, copied as they are (no renaming inside).
@@ -26,12 +33,95 @@ pub struct Converted {
     pub manifest: Value,
     /// Problems found while converting (not the validation problems).
     pub report: Report,
+    /// Values the conversion rewrote, one sentence each, for the user to read.
+    pub notes: Vec<String>,
 }
 
 /// Whether `text` looks like the JSON harness form (an object with `task_definition`).
 pub fn is_harness_json(text: &str) -> bool {
+    let text = without_bom(text);
     text.trim_start().starts_with('{')
         && serde_json::from_str::<Value>(text).is_ok_and(|v| v.get("task_definition").is_some())
+}
+
+/// JSON text as a value, refusing a key given twice in one object, which
+/// serde_json would let the last one win silently (`"batch_size": 64, ...,
+/// "batch_size": 0`); YAML manifests refuse it too. The error names the
+/// key's path in the form's spelling, at the key's line and column.
+fn parse_refusing_duplicates(text: &str) -> Result<Value, serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = UniqueKeys { path: "" }.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
+}
+
+/// A JSON value at `path` (`data_pipeline.batch_size`, `evaluation.metrics[0]`;
+/// empty for the document) whose objects have each key once.
+struct UniqueKeys<'p> {
+    path: &'p str,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKeys<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        // JSON text has no NaN or infinity, so every f64 read is a number.
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(UniqueKeys { path: &format!("{}[{}]", self.path, items.len()) })? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = if self.path.is_empty() { key.clone() } else { format!("{}.{key}", self.path) };
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("{path} is given twice in the same object; keep one")));
+            }
+            let value = map.next_value_seed(UniqueKeys { path: &path })?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
+/// `text` without a leading UTF-8 byte order mark, which editors on Windows
+/// write and JSON parsers refuse (the YAML reader and the JSONL files skip it).
+fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
 }
 
 /// Plain snake_case: lower-case words of letters and digits joined by
@@ -133,6 +223,25 @@ fn rename(value: &Value, verbatim: bool, path: &str, problems: &mut Vec<Problem>
     }
 }
 
+/// Rewrites a bare dotted Python path in `dataPipeline.preprocessor` as
+/// the manifest writes it (`python:pkg.module.function`); returns the note
+/// that says so. A value that already parses, or that is not a dotted
+/// Python path, is left for validation (which names the accepted forms).
+fn python_preprocessor(spec: &mut Map<String, Value>) -> Option<String> {
+    let slot = spec.get_mut("dataPipeline")?.get_mut("preprocessor")?;
+    let written = slot.as_str()?;
+    if written.parse::<Preprocessor>().is_ok() {
+        return None;
+    }
+    let python = Preprocessor::from_python_path(written)?.to_string();
+    let note = format!(
+        "data_pipeline.preprocessor {written:?} is the Python function {python} in the manifest \
+         (imported from the trainer image's working directory by `basecamp data preprocess`)"
+    );
+    *slot = Value::String(python);
+    Some(note)
+}
+
 /// A DNS-1123 name from a display name: lowercase, `_`/spaces to `-`.
 fn object_name(name: &str) -> String {
     let mut out: String = name
@@ -151,13 +260,16 @@ fn object_name(name: &str) -> String {
 /// manifest. `sandbox` overrides (or supplies) the SandboxConfig reference.
 pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
     let mut report = Report::new();
-    let value: Value = match serde_json::from_str(text) {
+    let value: Value = match parse_refusing_duplicates(without_bom(text)) {
         Ok(v) => v,
         Err(e) => {
             let location =
                 Location::File { file: file.to_string(), line: Some(e.line() as u64), column: Some(e.column() as u64) };
-            report.push(Problem::error_at(Rule::InvalidManifest, location, format!("invalid JSON: {e}")));
-            return Converted { manifest: Value::Null, report };
+            // The location says where; serde_json's text says it again at its end.
+            let text = e.to_string();
+            let text = text.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&text);
+            report.push(Problem::error_at(Rule::InvalidManifest, location, format!("invalid JSON: {text}")));
+            return Converted { manifest: Value::Null, report, notes: Vec::new() };
         }
     };
     let Some(object) = value.as_object() else {
@@ -166,7 +278,7 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
             Location::line(file, 1),
             "a harness file holds one JSON object with task_definition, data_pipeline, training_config and evaluation",
         ));
-        return Converted { manifest: Value::Null, report };
+        return Converted { manifest: Value::Null, report, notes: Vec::new() };
     };
     let mut spec = Map::new();
     let mut renamed = Vec::new();
@@ -208,6 +320,7 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
     if let Some(name) = sandbox {
         spec.insert("sandboxRef".into(), serde_json::json!({ "name": name }));
     }
+    let notes: Vec<String> = python_preprocessor(&mut spec).into_iter().collect();
     // The form has no policy section; an empty one lets validation say what
     // a policy needs instead of stopping at "missing field".
     spec.entry("policy").or_insert_with(|| Value::Object(Map::new()));
@@ -229,7 +342,7 @@ pub fn convert(file: &str, text: &str, sandbox: Option<&str>) -> Converted {
         "metadata": { "name": name },
         "spec": Value::Object(spec),
     });
-    Converted { manifest, report }
+    Converted { manifest, report, notes }
 }
 
 #[cfg(test)]
@@ -284,6 +397,33 @@ mod tests {
         assert_eq!(m["spec"]["trainingConfig"]["lrSchedule"]["warmup_steps"], 200);
         assert_eq!(m["spec"]["evaluation"]["testSet"], "s3://ds-eval/ecommerce-delay-test.jsonl");
         assert_eq!(m["spec"]["sandboxRef"]["name"], "shipping-tools");
+        // The article's dotted Python path, in the manifest's form, and said so.
+        assert_eq!(
+            m["spec"]["dataPipeline"]["preprocessor"],
+            "python:deepseek.harness.preprocess.shipping_delay_filter"
+        );
+        assert_eq!(converted.notes.len(), 1, "{:?}", converted.notes);
+        assert!(
+            converted.notes[0].starts_with(
+                "data_pipeline.preprocessor \"deepseek.harness.preprocess.shipping_delay_filter\" is the Python function \
+                 python:deepseek.harness.preprocess.shipping_delay_filter in the manifest"
+            ),
+            "{:?}",
+            converted.notes
+        );
+    }
+
+    #[test]
+    fn a_preprocessor_in_the_manifests_form_or_not_a_python_path_is_kept_as_written() {
+        for written in ["builtin:trajectory", "exec:python3 prep.py", "python:prep.f", "shipping_delay_filter", "a.b-c"]
+        {
+            let harness = format!(
+                r#"{{"task_definition": {{"name": "t"}}, "data_pipeline": {{"source": "s3://b/x/", "preprocessor": {written:?}}}}}"#
+            );
+            let converted = convert("h.json", &harness, None);
+            assert_eq!(converted.manifest["spec"]["dataPipeline"]["preprocessor"], written);
+            assert!(converted.notes.is_empty(), "{:?}", converted.notes);
+        }
     }
 
     #[test]
@@ -294,6 +434,37 @@ mod tests {
         // Keys not in snake_case reach the manifest as written, and are named so.
         assert_eq!(json_path("spec.trainingConfig.Model_ID"), "training_config.Model_ID");
         assert_eq!(json_path("spec"), "(the harness)");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        // Before: "invalid JSON: expected value at line 1 column 1".
+        let text = format!("\u{feff}{ARTICLE}");
+        assert!(is_harness_json(&text));
+        let converted = convert("harness.json", &text, Some("shipping-tools"));
+        assert!(converted.report.problems().is_empty(), "{:?}", converted.report);
+        assert_eq!(converted.manifest["metadata"]["name"], "e-commerce-support-v4");
+    }
+
+    /// Before: the last one won silently (a batch size of 0 that validation
+    /// then refused, or worse, a valid value the user never meant).
+    #[test]
+    fn a_key_given_twice_in_one_object_is_refused_at_its_line() {
+        let text = "{\"task_definition\": {\"name\": \"t\"},\n \"data_pipeline\": {\"source\": \"s3://b/x/\",\n   \"batch_size\": 64, \"batch_size\": 0}}";
+        let converted = convert("h.json", text, None);
+        let said: Vec<String> = converted.report.problems().iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            said,
+            ["error: h.json:3:33: invalid JSON: data_pipeline.batch_size is given twice in the same object; keep one"]
+        );
+        assert!(converted.manifest.is_null());
+        // Inside lists too; the same key in two objects is fine.
+        let text = r#"{"task_definition": {"name": "t", "success_criteria": ["a"]}, "variants": [{"name": "a"}, {"name": "b", "name": "c"}]}"#;
+        let said = convert("h.json", text, None).report.problems()[0].to_string();
+        assert!(said.contains("invalid JSON: variants[1].name is given twice in the same object; keep one"), "{said}");
+        // Values still read as serde_json reads them.
+        let text = r#"{"a": [1, -2, 2.5, 18446744073709551615, "x", null, true, {}]}"#;
+        assert_eq!(parse_refusing_duplicates(text).unwrap(), serde_json::from_str::<Value>(text).unwrap());
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! - [`sandbox`], [`tool`], [`service`], [`timeouts`], [`gpu`], [`profile`]: the
 //!   `SandboxConfig` resource and how a profile is applied.
 //! - [`task`]: the `HarnessTask` resource and its status.
-//! - [`duration`], [`criteria`], [`storage`]: the small languages inside
-//!   specs (durations, success criteria, S3 URIs).
+//! - [`duration`], [`criteria`], [`storage`], [`preprocessor`]: the small
+//!   languages inside specs (durations, success criteria, S3 URIs,
+//!   preprocessor names).
 //! - [`testset`], [`fixture`], [`jsonl`]: JSONL files the spec points to.
 //! - [`crd`]: the generated CRDs and a structural-schema check.
 //! - [`manifest`]: reading multi-document YAML manifests from files;
@@ -21,6 +22,7 @@ pub mod gpu;
 pub mod harness_json;
 pub mod jsonl;
 pub mod manifest;
+pub mod preprocessor;
 pub mod problem;
 pub mod profile;
 pub mod sandbox;

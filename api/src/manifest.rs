@@ -632,12 +632,17 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
         line_of_key(document, &field.key).or_else(|| line_of_path(document, &field.path)).unwrap_or(document.start_line)
     };
     wrong_types_found.sort_by_key(line_of);
+    // The typed read's words win for a number it could not take (they give its range); for a
+    // mapping or a list where a number belongs, the schema walk's say what the field is.
     let mut say_wrong_types = |typed: Option<(&str, u64, String)>| {
         let mut typed = typed;
         for field in &wrong_types_found {
             let line = line_of(field);
             let (line, message) = match typed.take_if(|(path, _, _)| *path == field.path) {
-                Some((_, typed_line, message)) if matches!(field.expected.as_str(), "integer" | "number") => {
+                Some((path, typed_line, message))
+                    if matches!(field.expected.as_str(), "integer" | "number")
+                        && value_at(&value, path).and_then(collection_kind).is_none() =>
+                {
                     (typed_line, message)
                 }
                 _ => (line, field.message.clone()),
@@ -847,7 +852,8 @@ fn schema_type(schema: &serde_json::Value) -> Option<&str> {
 /// "an integer", "a mapping", … for a schema type.
 fn a_type(schema_type: &str) -> &'static str {
     match schema_type {
-        "integer" => "an integer",
+        // As the typed read says it ("expected a whole number from 0 to …").
+        "integer" => "a whole number",
         "number" => "a number",
         "boolean" => "a boolean",
         "string" => "a string",
@@ -1012,9 +1018,20 @@ fn message_of(error: &serde_saphyr::Error, found: Option<&serde_json::Value>) ->
     while let Error::WithSnippet { error, .. } | Error::AliasError { error, .. } = inner {
         inner = error;
     }
+    let collection = found.and_then(collection_kind);
     let found = found.map(|value| format!(", found {value}")).unwrap_or_default();
     let text = match inner {
         Error::InvalidScalar { ty, .. } => format!("{}{found}", expected_scalar(ty)),
+        // A mapping or a list where a number, a boolean or a string belongs: the
+        // parser names only the token it wanted ("expected string scalar").
+        Error::Unexpected { expected: "string scalar", .. } => format!(
+            "expected a single value (a number, a string or true/false), found {}",
+            collection.unwrap_or("a mapping or a list")
+        ),
+        // A duration, a quantity, …: serde's "invalid type: map, expected …".
+        Error::SerdeInvalidType { expected, .. } if let Some(kind) = collection => {
+            format!("expected {}, found {kind}", expected_kind(expected))
+        }
         Error::DuplicateMappingKey { key: Some(key), .. } => {
             format!("{key} is given twice in the same mapping; keep one")
         }
@@ -1024,6 +1041,25 @@ fn message_of(error: &serde_saphyr::Error, found: Option<&serde_json::Value>) ->
     };
     // The text may quote the file (a key); it goes to a terminal.
     text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+/// "a mapping" or "a list" for a value that is one (not a single value).
+fn collection_kind(value: &serde_json::Value) -> Option<&'static str> {
+    match value {
+        serde_json::Value::Object(_) => Some("a mapping"),
+        serde_json::Value::Array(_) => Some("a list"),
+        _ => None,
+    }
+}
+
+/// What serde's "expected …" names, in the user's terms where it names a
+/// Rust type (k8s-openapi's `Quantity`) rather than describing the value.
+fn expected_kind(serde_expected: &str) -> String {
+    match serde_expected {
+        "Quantity" => "a quantity such as 500m, 2 or 1Gi".into(),
+        rust if !rust.contains(' ') => expected_scalar(rust).trim_start_matches("expected ").to_string(),
+        described => described.to_string(),
+    }
 }
 
 /// What a scalar of the Rust type `ty` must look like.
@@ -1262,6 +1298,21 @@ mod tests {
         // Before: "is not a Kubernetes name (lowercase letters, digits, '-' and '.')", which it was.
         let long = problem(&format!("{{name: {}}}", "a".repeat(300)));
         assert!(long.message.contains("300 characters") && long.message.contains("at most 253"), "{long}");
+        // A name is a subdomain: 253 characters, no 63-character limit on a part (that is a
+        // label's). Before: 64-253 characters without dots were refused as not a Kubernetes name.
+        for name in ["a".repeat(64), "a".repeat(253), format!("{}.b", "a".repeat(100))] {
+            let text = format!(
+                "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {{name: {name}}}\nspec: {{}}\n"
+            );
+            let (manifests, report) = Manifests::parse("m.yaml", &text);
+            assert!(report.is_empty() && manifests.sandboxes.len() == 1, "{}: {report}", name.len());
+        }
+        // The rule broken is named.
+        let underscore = problem("{name: shop_a}");
+        assert_eq!(
+            underscore.message,
+            "metadata.name \"shop_a\" is not a Kubernetes name: it has '_'; names have only lowercase letters, digits, '-' and '.'"
+        );
         // Before: accepted; the API server refuses it.
         let namespace = problem("{name: a, namespace: Team A}");
         assert_eq!(namespace.rule, Rule::InvalidName);
@@ -1303,8 +1354,8 @@ mod tests {
             [
                 (
                     Location::line("m.yaml", 6),
-                    "spec.maxSteps: \"4\" is quoted: a string, not an integer; the API server refuses it, so write it \
-                     unquoted"
+                    "spec.maxSteps: \"4\" is quoted: a string, not a whole number; the API server refuses it, so \
+                     write it unquoted"
                 ),
                 (
                     Location::line("m.yaml", 9),
@@ -1333,6 +1384,53 @@ mod tests {
                 "error: m.yaml:9: spec.trace.errorContext: \"false\" is quoted: a string, not a boolean; the API \
                  server refuses it, so write it unquoted",
             ],
+        );
+    }
+
+    /// Before: "expected string scalar" (the parser's token) for every number,
+    /// and "invalid type: map, expected Quantity" for a quantity.
+    #[test]
+    fn a_mapping_or_a_list_where_a_single_value_belongs_says_what_was_expected_and_found() {
+        let task = |field: &str| {
+            let text = std::fs::read_to_string(examples().join("shipping-support.yaml")).unwrap();
+            let (_, report) = Manifests::parse("m.yaml", &text.replace("  shards: 2\n", &format!("  {field}\n")));
+            let messages: Vec<String> = report.problems().iter().map(|p| p.message.clone()).collect();
+            assert_eq!(messages.len(), 1, "{report}");
+            messages[0].clone()
+        };
+        assert_eq!(task("shards: {n: 2}"), "spec.shards: expected a whole number, found a mapping");
+        assert_eq!(task("shards: [2]"), "spec.shards: expected a whole number, found a list");
+        let sandbox = |patch: &str| {
+            let text = format!(
+                "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {{name: a}}\nspec:\n  {patch}\n"
+            );
+            let (_, report) = Manifests::parse("m.yaml", &text);
+            let messages: Vec<String> = report.problems().iter().map(|p| p.to_string()).collect();
+            assert_eq!(messages.len(), 1, "{report}");
+            messages[0].clone()
+        };
+        assert_eq!(
+            sandbox("maxSteps: {a: 1}"),
+            "error: m.yaml:5: spec.maxSteps: expected a whole number, found a mapping"
+        );
+        assert_eq!(
+            sandbox("planStepTimeout: [5s]"),
+            "error: m.yaml:5: spec.planStepTimeout: expected a duration such as \"800ms\", \"1.5s\", \"2m\", or an \
+             integer number of milliseconds, found a list"
+        );
+        assert_eq!(
+            sandbox("resources: {requests: {cpu: {x: 1}}}"),
+            "error: m.yaml:5: spec.resources.requests.cpu: expected a quantity such as 500m, 2 or 1Gi, found a mapping"
+        );
+        assert_eq!(
+            sandbox("rewards: {components: {c: {weight: [1], source: tool_call_accuracy}}}"),
+            "error: m.yaml:5: spec.rewards.components.c.weight: expected a number, found a list"
+        );
+        // A number the schema does not type is said by what the parser wanted.
+        let error = serde_saphyr::from_str::<u32>("{a: 1}").unwrap_err();
+        assert_eq!(
+            message_of(&error, Some(&serde_json::json!({"a": 1}))),
+            "expected a single value (a number, a string or true/false), found a mapping"
         );
     }
 

@@ -115,6 +115,8 @@ rules! {
     DuplicateVariant,
     /// A policy that cannot be called as written.
     InvalidPolicy,
+    /// A `dataPipeline.preprocessor` that is none of the forms a run accepts.
+    InvalidPreprocessor,
     /// An injection without exactly one trigger, or without an observation.
     InvalidInjection,
     /// Reward components or weight schedules that do not add up.

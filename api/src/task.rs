@@ -150,8 +150,10 @@ pub struct DataPipeline {
     /// Version of the source data (e.g. an S3 versionId or a dataset tag).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
-    /// Preprocessor turning raw logs into (state, action, reward); it must
-    /// compute rewards with the sandbox's reward calculator.
+    /// Preprocessor turning raw logs into (state, action, reward):
+    /// `builtin:trajectory` (the default), `exec:PROGRAM ARGS...` (split as a
+    /// shell splits words) or `python:module.function`. Rewards come from the
+    /// sandbox's reward calculator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preprocessor: Option<String>,
     /// Training batch size; also the rows per batch file of the dataset

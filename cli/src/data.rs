@@ -30,7 +30,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow, bail};
 use basecamp_api::task::{DEFAULT_RECORD_TIMEOUT, DataFormat};
 use basecamp_sandbox::config::reward_calculator;
-use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, raw_records, trajectory_row};
+use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, parse_preprocessor, raw_records, trajectory_row};
 use basecamp_sandbox::rewards::RewardCalculator;
 use basecamp_sandbox::run::{absolute_dir, load_manifests_in, resolve_variants, select_task};
 use basecamp_sandbox::storage::{Destination, UtcDate};
@@ -170,7 +170,7 @@ fn settings(args: &PreprocessArgs) -> Result<Settings> {
     };
     let name = args.preprocessor.clone().or(name).unwrap_or_else(|| "builtin:trajectory".into());
     Ok(Settings {
-        preprocessor: name.parse()?,
+        preprocessor: parse_preprocessor(&name)?,
         // Both are at least 1: the flag's parser and the manifest's validation refuse 0.
         batch_size: args.batch_size.or(batch).unwrap_or(64) as usize,
         format: args.format.or(format).unwrap_or_default(),

@@ -25,6 +25,7 @@ use basecamp_api::harness_json::{self, Converted};
 use basecamp_api::manifest::read_manifest_file;
 use basecamp_api::testset::TestSet;
 use basecamp_api::{Location, Manifests, Problem, Report, Rule};
+use basecamp_sandbox::policy::scripted::MAX_REPORTED_LINES;
 use basecamp_sandbox::policy::{ScriptedConfig, ScriptedError, ScriptedPolicy};
 use clap::Subcommand;
 
@@ -87,7 +88,7 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     for path in json {
         let file = path.display().to_string();
         let text = is_json_harness(path).expect("partitioned as JSON");
-        let Converted { manifest, report: problems } = harness_json::convert(&file, &text, sandbox);
+        let Converted { manifest, report: problems, .. } = harness_json::convert(&file, &text, sandbox);
         report.extend(problems);
         if manifest.is_null() {
             continue;
@@ -150,6 +151,18 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
         }
     }
     report.extend(check_scripts(&manifests));
+    let objects = manifests.tasks.len() + manifests.sandboxes.len();
+    if objects == 0 && !report.has_errors() {
+        // Nothing was checked (an empty file, `kind` misspelt, another kind
+        // only): passing it would let a broken manifest through CI. An error
+        // like any other, so the count says it too.
+        let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        report.push(Problem::error_at(
+            Rule::InvalidManifest,
+            Location::File { file: named.join(", "), line: None, column: None },
+            "no HarnessTask or SandboxConfig to validate; give the files that define them",
+        ));
+    }
     let errors = report.errors().count();
     let warnings = report.problems().len() - errors;
     // Written, not print!ed: a closed stdout (`| grep -q`) is an error to return, not a panic.
@@ -157,21 +170,8 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     for problem in report.problems() {
         writeln!(stdout, "{problem}")?;
     }
-    let objects = manifests.tasks.len() + manifests.sandboxes.len();
     let summary =
         format!("{errors} error(s), {warnings} warning(s) in {objects} object(s) from {} path(s)", paths.len());
-    if errors == 0 && objects == 0 {
-        // Nothing was checked (an empty file, `kind` misspelt, another kind
-        // only): passing it would let a broken manifest through CI.
-        let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        writeln!(
-            stdout,
-            "error: {}: no HarnessTask or SandboxConfig to validate; give the files that define them",
-            named.join(", ")
-        )?;
-        eprintln!("{summary}");
-        return Ok(ExitCode::FAILURE);
-    }
     if errors > 0 {
         eprintln!("{summary}");
         Ok(ExitCode::FAILURE)
@@ -196,11 +196,23 @@ fn check_scripts(manifests: &Manifests) -> Vec<Problem> {
         let label = format!("HarnessTask/{}", task.object.metadata.name.as_deref().unwrap_or_default());
         let field = "spec.policy.scripted";
         let path = task.base_dir().join(script);
-        let policy = match ScriptedPolicy::load(&ScriptedConfig { path: path.clone() }) {
+        let policy = match ScriptedPolicy::load_all(&ScriptedConfig { path: path.clone() }) {
             Ok(policy) => policy,
-            Err(ScriptedError::Read { .. }) => continue,
-            Err(e) => {
-                problems.push(Problem::error(Rule::InvalidPolicy, field, e.to_string()).in_object(&label));
+            Err(errors) => {
+                // Every bad line at once, as the test set's are.
+                for error in errors.iter().filter(|e| !matches!(e, ScriptedError::Read { .. })) {
+                    problems.push(Problem::error(Rule::InvalidPolicy, field, error.to_string()).in_object(&label));
+                }
+                if errors.len() == MAX_REPORTED_LINES {
+                    problems.push(
+                        Problem::warning(
+                            Rule::InvalidPolicy,
+                            field,
+                            format!("only the first {MAX_REPORTED_LINES} bad lines of {} are listed", path.display()),
+                        )
+                        .in_object(&label),
+                    );
+                }
                 continue;
             }
         };
@@ -305,8 +317,10 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
                 ..Default::default()
             };
             let own = basecamp_api::validate::validate_task(&task.object.spec, &[], &ctx);
+            // Named `FILE (HarnessTask/name)`, as `validate` names them.
             for problem in own.problems().iter().filter(|p| p.rule != Rule::UnknownSandbox) {
-                report.push(to_json_spelling(problem.clone(), &name, None));
+                let object = problem.object.clone();
+                report.push(to_json_spelling(problem.clone(), &name, object.as_deref()));
             }
         }
     }
@@ -324,6 +338,9 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
     match out {
         Some(path) => std::fs::write(path, &yaml).with_context(|| format!("cannot write {}", path.display()))?,
         None => std::io::stdout().lock().write_all(yaml.as_bytes())?,
+    }
+    for note in &converted.notes {
+        eprintln!("note: {name}: {note}");
     }
     if sandbox.is_none() && converted.manifest["spec"].get("sandboxRef").is_none() {
         eprintln!("note: the task names no SandboxConfig yet; add spec.sandboxRef (or convert with --sandbox NAME)");

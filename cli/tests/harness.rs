@@ -351,13 +351,20 @@ fn paths_without_a_harness_task_or_sandbox_config_fail_validation() {
     std::fs::write(&misspelt, "apiVersion: basecamp.dev/v1alpha1\nkindd: HarnessTask\nmetadata: {name: t}\n").unwrap();
     let empty = dir.path().join("empty.yaml");
     std::fs::write(&empty, "").unwrap();
+    let comments = dir.path().join("comments.yaml");
+    std::fs::write(&comments, "# nothing here yet\n").unwrap();
+    let separators = dir.path().join("separators.yaml");
+    std::fs::write(&separators, "---\n---\n").unwrap();
+    let nothing = ": no HarnessTask or SandboxConfig to validate; give the files that define them";
     for (file, error) in [
         // Kubernetes refuses a Basecamp document without a kind, so validate says so where it is.
         (
             &misspelt,
             ":1: a document of apiVersion basecamp.dev/v1alpha1 without `kind`, so Kubernetes refuses it; write kind: HarnessTask or kind: SandboxConfig",
         ),
-        (&empty, ": no HarnessTask or SandboxConfig to validate; give the files that define them"),
+        (&empty, nothing),
+        (&comments, nothing),
+        (&separators, nothing),
     ] {
         let f = file.to_str().unwrap();
         let output = basecamp(&["harness", "validate", f]);
@@ -365,6 +372,8 @@ fn paths_without_a_harness_task_or_sandbox_config_fail_validation() {
         assert_eq!(output.status.code(), Some(1), "{out}");
         assert!(out.contains(&format!("error: {f}{error}")), "{out}");
         assert!(!out.contains("ok:"), "{out}");
+        // Counted as the error it is (before: "0 error(s), ..." with exit 1).
+        assert!(out.contains("1 error(s), 0 warning(s) in 0 object(s) from 1 path(s)"), "{out}");
     }
 }
 
@@ -550,6 +559,29 @@ fn validate_reads_the_scripted_policy_as_a_run_does() {
     assert!(text(&output).contains(&said), "{}", text(&output));
 }
 
+/// Every bad line of the scripted policy at once, as the test set's are
+/// (before: only the first).
+#[test]
+fn validate_lists_every_bad_line_of_the_scripted_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = basecamp_sandbox::testing::example_copy(dir.path());
+    let p = project.display().to_string();
+    let bad = "{\"tool_calls\":[]}\n{\"id\": \"ship-000\", \"turns\":[]}\n{not json\n";
+    std::fs::write(project.join("policy.jsonl"), bad).unwrap();
+    let output = basecamp(&["harness", "validate", &p]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    for line in 1..=3 {
+        assert!(
+            out.contains(&format!(
+                "error: HarnessTask/shipping-delay-ab: spec.policy.scripted: {p}/policy.jsonl:{line}: "
+            )),
+            "line {line}: {out}"
+        );
+    }
+    assert!(out.contains("3 error(s)"), "{out}");
+}
+
 /// `convert` refuses what the task's own rules refuse (a criterion that
 /// does not parse, a batch size of 0), as `validate` reports it, and writes
 /// nothing. Before: exit 0 and a manifest `validate` then refused.
@@ -577,6 +609,14 @@ fn convert_refuses_a_task_its_own_rules_refuse_and_writes_nothing() {
         "{said}"
     );
     assert!(said.contains("data_pipeline.batch_size: the batch size is 0; use a positive batch size"), "{said}");
+    // Each names the file, as validate does (before: `error: HarnessTask/t1: ...`).
+    let h = harness.to_str().unwrap();
+    assert!(
+        said.contains(&format!(
+            "error: {h} (HarnessTask/t1): data_pipeline.batch_size: the batch size is 0; use a positive batch size"
+        )),
+        "{said}"
+    );
     // The SandboxConfig it names is not beside it: that is for `validate`, not a reason to refuse.
     assert!(!said.contains("not found"), "{said}");
 }
@@ -603,4 +643,79 @@ fn json_harness_problems_name_keys_as_written() {
     assert!(said.contains("data_pipeline.BATCH_SIZE: unknown field \"BATCH_SIZE\""), "{said}");
     assert!(said.contains("missing field `test_set`"), "{said}");
     assert!(!said.contains("_b_a_t") && !said.contains("testSet"), "{said}");
+}
+
+/// The article's harness names its preprocessor by a dotted Python path;
+/// convert writes it as `python:…` (and says so), so the manifest validates
+/// and `data preprocess` imports it. One that is no form at all is refused
+/// as validate refuses it. Before: written as it was, and refused only by
+/// `data preprocess` in the trainer pod.
+#[test]
+fn convert_writes_a_dotted_preprocessor_as_python_and_refuses_one_a_run_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = dir.path().join("sandbox-b.yaml");
+    std::fs::copy(repo("examples/ecommerce/sandbox-b.yaml"), &sandbox).unwrap();
+    let article = |preprocessor: &str| {
+        format!(
+            r#"{{"task_definition": {{"name": "e_commerce_support_v4", "goal": "g", "success_criteria": ["tool_call_accuracy >= 0.9"]}},
+ "data_pipeline": {{"source": "s3://ds-logs/ecommerce-v3/", "preprocessor": "{preprocessor}", "batch_size": 64}},
+ "evaluation": {{"metrics": ["tool_call_accuracy"], "test_set": "s3://ds-eval/t.jsonl"}},
+ "policy": {{"endpoint": "http://127.0.0.1:8000/v1", "model": "m"}}}}"#
+        )
+    };
+    let harness = dir.path().join("article.json");
+    std::fs::write(&harness, article("deepseek.harness.preprocess.shipping_delay_filter")).unwrap();
+    let (h, out_file) = (harness.to_str().unwrap(), dir.path().join("task.yaml"));
+    let o = out_file.to_str().unwrap();
+    let output = basecamp(&["harness", "convert", h, "--sandbox", "shipping-b", "-o", o]);
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    let yaml = std::fs::read_to_string(&out_file).unwrap();
+    assert!(yaml.contains("preprocessor: python:deepseek.harness.preprocess.shipping_delay_filter"), "{yaml}");
+    assert!(
+        said.contains(&format!(
+            "note: {h}: data_pipeline.preprocessor \"deepseek.harness.preprocess.shipping_delay_filter\" is the Python function python:deepseek.harness.preprocess.shipping_delay_filter in the manifest"
+        )),
+        "{said}"
+    );
+    let output = basecamp(&["harness", "validate", o, sandbox.to_str().unwrap()]);
+    assert!(output.status.success(), "the converted manifest is valid: {}", text(&output));
+
+    std::fs::remove_file(&out_file).unwrap();
+    std::fs::write(&harness, article("shipping_delay_filter")).unwrap();
+    let output = basecamp(&["harness", "convert", h, "--sandbox", "shipping-b", "-o", o]);
+    let said = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(!out_file.exists(), "nothing is written");
+    assert!(
+        said.contains(&format!(
+            "error: {h} (HarnessTask/e-commerce-support-v4): data_pipeline.preprocessor: preprocessor \"shipping_delay_filter\" \
+             is not one of builtin:trajectory, exec:PROGRAM ARGS..., python:module.function"
+        )),
+        "{said}"
+    );
+    let output = basecamp(&["harness", "validate", h, sandbox.to_str().unwrap(), "--sandbox", "shipping-b"]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(text(&output).contains("data_pipeline.preprocessor: preprocessor \"shipping_delay_filter\""));
+}
+
+/// The example manifest's preprocessor was `shipping_delay_filter`, which
+/// `data preprocess` refuses; validation now refuses it too.
+#[test]
+fn a_manifest_preprocessor_a_run_would_refuse_fails_validation_at_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = std::fs::read_to_string(repo("examples/manifests/shipping-support.yaml")).unwrap();
+    assert!(example.contains("preprocessor: builtin:trajectory"), "the example's preprocessor");
+    let manifest = dir.path().join("m.yaml");
+    std::fs::write(&manifest, example.replace("builtin:trajectory", "shipping_delay_filter")).unwrap();
+    let output = basecamp(&["harness", "validate", manifest.to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains(
+            "error: HarnessTask/shipping-support: spec.dataPipeline.preprocessor: preprocessor \"shipping_delay_filter\" \
+             is not one of builtin:trajectory, exec:PROGRAM ARGS..., python:module.function"
+        ),
+        "{out}"
+    );
 }

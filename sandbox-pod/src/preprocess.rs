@@ -29,7 +29,6 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::str::FromStr;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,8 +40,7 @@ use serde_json::{Map, Value, json};
 
 use crate::rewards::RewardCalculator;
 
-/// The built-in trajectory preprocessor's name.
-pub const TRAJECTORY: &str = "builtin:trajectory";
+pub use basecamp_api::preprocessor::{Preprocessor, PreprocessorSyntaxError, TRAJECTORY};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PreprocessError {
@@ -73,51 +71,22 @@ impl PreprocessError {
     }
 }
 
-/// Which preprocessor.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Preprocessor {
-    Trajectory,
-    Exec(Vec<String>),
-    Python { module: String, function: String },
-}
-
-impl FromStr for Preprocessor {
-    type Err = PreprocessError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let unknown = || PreprocessError::Unknown(s.to_string());
-        if s == TRAJECTORY {
-            return Ok(Self::Trajectory);
-        }
-        if let Some(command) = s.strip_prefix("exec:") {
-            // Split as a shell splits words: `exec:python3 "my prep.py" --mode 'a b'`.
-            let argv = shlex::split(command).ok_or_else(|| PreprocessError::Start {
-                name: s.to_string(),
-                message: "its command has an unclosed quote or a trailing backslash".into(),
-            })?;
-            return if argv.is_empty() { Err(unknown()) } else { Ok(Self::Exec(argv)) };
-        }
-        if let Some(path) = s.strip_prefix("python:") {
-            let (module, function) = path.rsplit_once('.').ok_or_else(unknown)?;
-            let ident = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if module.split('.').all(ident) && ident(function) {
-                return Ok(Self::Python { module: module.into(), function: function.into() });
+/// The syntax is the API's (so validation refuses what a run would); a
+/// command that cannot be split is, for a run, one that cannot start.
+impl From<PreprocessorSyntaxError> for PreprocessError {
+    fn from(error: PreprocessorSyntaxError) -> Self {
+        match error {
+            PreprocessorSyntaxError::Unknown(name) => Self::Unknown(name),
+            PreprocessorSyntaxError::UnclosedQuote(name) => {
+                Self::Start { name, message: "its command has an unclosed quote or a trailing backslash".into() }
             }
         }
-        Err(unknown())
     }
 }
 
-impl std::fmt::Display for Preprocessor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Trajectory => f.write_str(TRAJECTORY),
-            Self::Exec(argv) => {
-                let command = shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_else(|_| argv.join(" "));
-                write!(f, "exec:{command}")
-            }
-            Self::Python { module, function } => write!(f, "python:{module}.{function}"),
-        }
-    }
+/// Parses a preprocessor name with the run's errors (and their categories).
+pub fn parse_preprocessor(name: &str) -> Result<Preprocessor, PreprocessError> {
+    Ok(name.parse::<Preprocessor>()?)
 }
 
 /// One training row.
@@ -565,32 +534,30 @@ mod tests {
         assert_eq!(tail("short", 10), "short");
     }
 
+    /// The syntax is the API's (tested there); a run keeps its own words
+    /// and categories for a name it cannot use.
     #[test]
     fn preprocessor_names_parse_and_bad_ones_say_what_is_accepted() {
-        assert_eq!("builtin:trajectory".parse::<Preprocessor>().unwrap(), Preprocessor::Trajectory);
+        assert_eq!(parse_preprocessor("builtin:trajectory").unwrap(), Preprocessor::Trajectory);
         assert_eq!(
-            "python:shop.prep.shipping_delay_filter".parse::<Preprocessor>().unwrap(),
-            Preprocessor::Python { module: "shop.prep".into(), function: "shipping_delay_filter".into() }
+            parse_preprocessor("exec:python3 \"my prep.py\"").unwrap(),
+            Preprocessor::Exec(vec!["python3".into(), "my prep.py".into()])
         );
+        let err = parse_preprocessor("exec:python3 \"prep.py").unwrap_err();
         assert_eq!(
-            "exec:python3 prep.py".parse::<Preprocessor>().unwrap(),
-            Preprocessor::Exec(vec!["python3".into(), "prep.py".into()])
+            err.to_string(),
+            "preprocessor exec:python3 \"prep.py: cannot start: its command has an unclosed quote or a trailing backslash"
         );
-        // Words are split as a shell splits them; before, `"my prep.py"` was two
-        // words with quotes in them.
-        assert_eq!(
-            "exec:python3 \"my prep.py\" --mode 'a b'".parse::<Preprocessor>().unwrap(),
-            Preprocessor::Exec(vec!["python3".into(), "my prep.py".into(), "--mode".into(), "a b".into()])
-        );
-        assert_eq!(
-            Preprocessor::Exec(vec!["python3".into(), "my prep.py".into()]).to_string(),
-            "exec:python3 'my prep.py'"
-        );
-        let err = "exec:python3 \"prep.py".parse::<Preprocessor>().unwrap_err();
-        assert!(err.to_string().contains("its command has an unclosed quote"), "{err}");
+        assert_eq!(err.category(), "PreprocessorStart");
         for bad in ["shipping_delay_filter", "python:nofunction", "exec:", "python:a b.c"] {
-            let err = bad.parse::<Preprocessor>().unwrap_err();
-            assert!(err.to_string().contains("builtin:trajectory, exec:"), "{err}");
+            let err = parse_preprocessor(bad).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "preprocessor {bad:?} is not one of builtin:trajectory, exec:PROGRAM ARGS..., python:module.function"
+                )
+            );
+            assert_eq!(err.category(), "UnknownPreprocessor");
         }
     }
 }

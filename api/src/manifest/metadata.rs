@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::{Document, ManifestError, file_location, join_path, json_type, line_of_key};
 use crate::problem::{Location, Problem, Report, Rule};
-use crate::validate::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name, suggestion};
+use crate::validate::{dns_subdomain_violation, is_dns_label, is_label_value, is_qualified_name, suggestion};
 
 /// Every problem the API server would find in `metadata` of a `kind` document.
 pub(super) fn check(file: &str, document: &Document, kind: &str, metadata: Option<&Value>, report: &mut Report) {
@@ -143,10 +143,11 @@ fn check_name(file: &str, document: &Document, kind: &str, metadata: Option<&Val
             "metadata.name is {} characters; Kubernetes names are at most 253",
             name.chars().count()
         ))),
-        (_, Some(name)) if !is_dns_subdomain(name) => report.push(name_problem(format!(
-            "metadata.name {name:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit)"
-        ))),
-        _ => {}
+        (_, Some(name)) => {
+            if let Some(why) = dns_subdomain_violation(name) {
+                report.push(name_problem(format!("metadata.name {name:?} is not a Kubernetes name: {why}")));
+            }
+        }
     }
 }
 

@@ -27,7 +27,9 @@ use crate::sandbox::SandboxConfigSpec;
 use crate::task::HarnessTaskSpec;
 use crate::testset::TestSet;
 
-pub use names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name, is_tool_name};
+pub use names::{
+    dns_subdomain_violation, is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name, is_tool_name,
+};
 
 /// What validation may use besides the specs.
 #[derive(Debug, Clone, Copy, Default)]

@@ -10,7 +10,7 @@ use crate::profile::{ProfileError, resolve_profile};
 use crate::sandbox::{NullWrites, REWARD_SOURCES, SandboxConfigSpec};
 use crate::tool::{ToolSpec, template_placeholders};
 
-use super::names::{is_dns_label, is_dns_subdomain, is_tool_name};
+use super::names::{dns_subdomain_violation, is_dns_label, is_tool_name};
 use super::{FixtureMemo, ValidationContext, check_not_too_long, list, push_all, suggestion};
 
 /// Problems of `spec` (as `SandboxConfig/<name>`) and, with `profile`, the
@@ -433,12 +433,12 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
         problems.push(Problem::error(Rule::InvalidName, "spec.image", format!("{image:?} is not an image reference")));
     }
     if let Some(class) = &spec.runtime_class_name
-        && !is_dns_subdomain(class)
+        && let Some(why) = dns_subdomain_violation(class)
     {
         problems.push(Problem::error(
             Rule::InvalidName,
             "spec.runtimeClassName",
-            format!("{class:?} is not a RuntimeClass name (lowercase letters, digits, '-' and '.')"),
+            format!("{class:?} is not a RuntimeClass name: {why}"),
         ));
     }
     problems

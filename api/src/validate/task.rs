@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::criteria::{CRITERION_METRICS, Criterion, metric_kind};
+use crate::preprocessor::{Preprocessor, PreprocessorSyntaxError};
 use crate::problem::{Location, Problem, Report, Rule, Severity};
 use crate::profile::resolve_profile;
 use crate::sandbox::SandboxConfigSpec;
@@ -12,7 +13,7 @@ use crate::storage::{S3UriError, StorageLocation};
 use crate::task::HarnessTaskSpec;
 use crate::testset::TestSet;
 
-use super::names::{is_dns_label, is_dns_subdomain};
+use super::names::{dns_subdomain_violation, is_dns_label};
 use super::sandbox::key_path;
 use super::{ValidationContext, check_not_too_long, list, suggestion};
 
@@ -68,6 +69,9 @@ pub(super) fn validate(
         }
         if let Some(timeout) = pipeline.record_timeout {
             super::sandbox::check_duration(&mut problems, "spec.dataPipeline.recordTimeout", timeout);
+        }
+        if let Some(preprocessor) = &pipeline.preprocessor {
+            check_preprocessor(&mut problems, preprocessor);
         }
     }
     check_training(task, &mut problems);
@@ -196,20 +200,52 @@ pub(super) fn validate(
             }
         }
     }
-    if let Some(queue) = &task.queue_name
-        && !is_dns_subdomain(queue)
-    {
-        problems.push(Problem::error(
-            Rule::InvalidName,
-            "spec.queueName",
-            format!("{queue:?} is not a Kueue LocalQueue name"),
-        ));
+    if let Some(queue) = &task.queue_name {
+        check_queue_name(&mut problems, queue);
     }
 
     let mut report = Report::new();
     super::push_all(&mut report, &label, problems);
     check_sandbox_refs(task, sandboxes, ctx, test_set, &label, &mut report);
     report
+}
+
+/// A LocalQueue is an object (a subdomain name), and its name also goes on
+/// every pod as the label `kueue.x-k8s.io/queue-name`, whose values are at
+/// most 63 characters.
+fn check_queue_name(problems: &mut Vec<Problem>, queue: &str) {
+    let why = match dns_subdomain_violation(queue) {
+        Some(why) => why,
+        None if queue.len() > 63 => format!(
+            "it is {} characters, and pods carry it as the label kueue.x-k8s.io/queue-name, at most 63",
+            queue.chars().count()
+        ),
+        None => return,
+    };
+    problems.push(Problem::error(
+        Rule::InvalidName,
+        "spec.queueName",
+        format!("{queue:?} is not a Kueue LocalQueue name: {why}"),
+    ));
+}
+
+/// Refuses a preprocessor that `basecamp data preprocess` (the trainer's
+/// dataset step) would refuse, by the same parser: found here, not when the
+/// trainer pod fails after the evaluation has run.
+fn check_preprocessor(problems: &mut Vec<Problem>, preprocessor: &str) {
+    let Err(error) = preprocessor.parse::<Preprocessor>() else { return };
+    let advice = match error {
+        PreprocessorSyntaxError::Unknown(_) => match Preprocessor::from_python_path(preprocessor) {
+            Some(python) => format!("; for the Python function write {python}"),
+            None => String::new(),
+        },
+        PreprocessorSyntaxError::UnclosedQuote(_) => "; quote as a shell does".into(),
+    };
+    problems.push(Problem::error(
+        Rule::InvalidPreprocessor,
+        "spec.dataPipeline.preprocessor",
+        format!("{error}{advice}"),
+    ));
 }
 
 /// Checks an `s3://` value; `data_pipeline` selects the advice for a query
@@ -408,12 +444,12 @@ fn check_policy(task: &HarnessTaskSpec, ctx: &ValidationContext<'_>, problems: &
         ));
     }
     if let Some(secret) = &policy.api_key_secret
-        && !is_dns_subdomain(&secret.name)
+        && let Some(why) = dns_subdomain_violation(&secret.name)
     {
         problems.push(Problem::error(
             Rule::InvalidName,
             "spec.policy.apiKeySecret.name",
-            format!("{:?} is not a Secret name", secret.name),
+            format!("{:?} is not a Secret name: {why}", secret.name),
         ));
     }
     if let Some(temperature) = policy.temperature

@@ -312,6 +312,67 @@ fn durations_longer_than_seven_days_are_errors_with_their_paths() {
     assert!(report.by_rule(Rule::OutOfRange).next().is_none(), "{report}");
 }
 
+/// `data preprocess` refuses these when the trainer runs; before, validation
+/// let them through (`preprocessor: shipping_delay_filter` in the example).
+#[test]
+fn a_preprocessor_a_run_would_refuse_is_an_error_naming_the_accepted_forms() {
+    let preprocessor =
+        |name: &str| check_task(with(good_task(), json!({"dataPipeline": {"preprocessor": name}})), good_sandbox());
+    for good in ["builtin:trajectory", "exec:python3 \"my prep.py\" --mode 'a b'", "python:shop.prep.filter"] {
+        let report = preprocessor(good);
+        assert!(report.is_empty(), "{good}: {report}");
+    }
+    let forms = "builtin:trajectory, exec:PROGRAM ARGS..., python:module.function";
+    for (bad, said) in [
+        ("shipping_delay_filter", format!("preprocessor \"shipping_delay_filter\" is not one of {forms}")),
+        (
+            "shop.prep.filter",
+            format!("preprocessor \"shop.prep.filter\" is not one of {forms}; for the Python function write python:shop.prep.filter"),
+        ),
+        ("exec:", format!("preprocessor \"exec:\" is not one of {forms}")),
+        (
+            "exec:python3 \"prep.py",
+            "preprocessor exec:python3 \"prep.py: its command has an unclosed quote or a trailing backslash; quote as a shell does"
+                .to_string(),
+        ),
+    ] {
+        let report = preprocessor(bad);
+        let problem = only(&report, Rule::InvalidPreprocessor);
+        assert_eq!(field(&problem), "spec.dataPipeline.preprocessor");
+        assert_eq!(problem.severity, Severity::Error);
+        assert_eq!(problem.message, said);
+    }
+}
+
+/// Object names (a Secret, a RuntimeClass, a LocalQueue) are subdomains:
+/// up to 253 characters with no 63-character limit on a part; a queue name
+/// is a pod label too, so at most 63.
+#[test]
+fn object_names_are_subdomains_and_a_queue_name_is_also_a_label_value() {
+    let long = "s".repeat(100);
+    let report = check_task(
+        with(good_task(), json!({"policy": {"apiKeySecret": {"name": long, "key": "k"}}, "queueName": "q".repeat(63)})),
+        good_sandbox(),
+    );
+    assert!(report.is_empty(), "{report}");
+    let report = check_sandbox(with(good_sandbox(), json!({"runtimeClassName": long})));
+    assert!(report.is_empty(), "{report}");
+    let report = check_task(with(good_task(), json!({"queueName": "q".repeat(64)})), good_sandbox());
+    let problem = only(&report, Rule::InvalidName);
+    assert_eq!(field(&problem), "spec.queueName");
+    assert!(
+        problem.message.ends_with(
+            "is not a Kueue LocalQueue name: it is 64 characters, and pods carry it as the label kueue.x-k8s.io/queue-name, at most 63"
+        ),
+        "{problem}"
+    );
+    let report = check_sandbox(with(good_sandbox(), json!({"runtimeClassName": "gVisor"})));
+    assert_eq!(
+        only(&report, Rule::InvalidName).message,
+        "\"gVisor\" is not a RuntimeClass name: it has 'V'; names have only lowercase letters, digits, '-' and '.'"
+    );
+}
+
 #[test]
 fn a_bare_number_tool_timeout_is_a_warning_that_names_every_tool() {
     let report = check_sandbox(good_sandbox().tap(|v| v["toolTimeouts"] = json!(800)));

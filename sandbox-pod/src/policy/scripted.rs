@@ -59,7 +59,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use basecamp_api::jsonl::{JsonlError, jsonl_rows};
+use basecamp_api::jsonl::{JsonlError, JsonlRow, jsonl_rows};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -273,10 +273,17 @@ impl ScriptedPolicy {
     }
 
     /// Reads and checks the whole script; every problem names `file:line`.
+    /// The error is the first in the file ([`ScriptedPolicy::load_all`] has them all).
     pub fn load(config: &ScriptedConfig) -> Result<Self, ScriptedError> {
+        Self::load_all(config).map_err(first_error)
+    }
+
+    /// [`ScriptedPolicy::load`], with every bad line of the file (at most
+    /// [`MAX_REPORTED_LINES`]), in line order: what `harness validate` lists.
+    pub fn load_all(config: &ScriptedConfig) -> Result<Self, Vec<ScriptedError>> {
         let bytes = std::fs::read(&config.path)
-            .map_err(|e| ScriptedError::Read { path: config.path.clone(), source: Arc::new(e) })?;
-        Self::parse_bytes(&config.path, &bytes)
+            .map_err(|e| vec![ScriptedError::Read { path: config.path.clone(), source: Arc::new(e) }])?;
+        Self::parse_bytes_all(&config.path, &bytes)
     }
 
     /// Parses script text; `path` is what errors name.
@@ -287,81 +294,28 @@ impl ScriptedPolicy {
     /// [`ScriptedPolicy::parse`] of a file's bytes: a line that is not
     /// UTF-8 is an error naming its line and column.
     pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Self, ScriptedError> {
-        let line_error = |line: usize, message: String| ScriptedError::Line { path: path.to_owned(), line, message };
+        Self::parse_bytes_all(path, bytes).map_err(first_error)
+    }
+
+    /// [`ScriptedPolicy::parse_bytes`] with every bad line (at most
+    /// [`MAX_REPORTED_LINES`]), in line order, never an empty list.
+    pub fn parse_bytes_all(path: &Path, bytes: &[u8]) -> Result<Self, Vec<ScriptedError>> {
         let file = path.display().to_string();
-        let base = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        let mut shared = Vec::new();
-        let mut episodes: BTreeMap<String, (usize, Vec<ScriptedResponse>)> = BTreeMap::new();
-        // The line that decided the file's form, and whether it is per-episode.
-        let mut form: Option<(usize, bool)> = None;
-        // Line by line, each row's JSON value dropped once it is read: the
-        // error reported is the first in the file.
+        let mut reader = ScriptReader::new(path);
+        let mut errors = Vec::new();
+        // Line by line, each row's JSON value dropped once it is read.
         for row in jsonl_rows(&file, "scripted policy", bytes) {
-            let row = row?;
-            let line = usize::try_from(row.line).unwrap_or(usize::MAX);
-            let per_episode = row.value.contains_key("episode");
-            let value = Value::Object(row.value);
-            match form {
-                None => form = Some((line, per_episode)),
-                Some((first, was_per_episode)) if was_per_episode != per_episode => {
-                    let (this, that) = if per_episode {
-                        ("an {\"episode\", \"turns\"} line", "response lines")
-                    } else {
-                        ("a response line", "{\"episode\", \"turns\"} lines")
-                    };
-                    return Err(line_error(
-                        line,
-                        format!("{this} in a file of {that} (decided by line {first}); use one form per file"),
-                    ));
+            if let Err(error) = row.map_err(ScriptedError::from).and_then(|row| reader.read(row)) {
+                errors.push(error);
+                if errors.len() == MAX_REPORTED_LINES {
+                    break;
                 }
-                Some(_) => {}
-            }
-            if per_episode {
-                let mut episode: EpisodeLine = serde_json::from_value(value)
-                    .map_err(|e| line_error(line, format!("invalid episode line: {e}")))?;
-                if episode.episode.trim().is_empty() {
-                    return Err(line_error(line, "`episode` is empty; use the test set row's id".to_owned()));
-                }
-                if episode.turns.is_empty() {
-                    return Err(line_error(line, format!("episode `{}` has no turns", episode.episode)));
-                }
-                for (turn, response) in episode.turns.iter_mut().enumerate() {
-                    check_response(response, base).map_err(|m| line_error(line, format!("turns[{turn}]: {m}")))?;
-                }
-                if let Some((first_line, _)) = episodes.get(&episode.episode) {
-                    return Err(ScriptedError::DuplicateEpisode {
-                        path: path.to_owned(),
-                        line,
-                        first_line: *first_line,
-                        episode: episode.episode,
-                    });
-                }
-                episodes.insert(episode.episode, (line, episode.turns));
-            } else {
-                // `{"id": …, "turns": […]}` is an episode's line with its key misnamed, not a bad response.
-                if value.get("turns").is_some() {
-                    return Err(line_error(
-                        line,
-                        "a line with \"turns\" scripts one episode and needs \"episode\": the id of the test-set row \
-                         it answers"
-                            .to_owned(),
-                    ));
-                }
-                let mut response: ScriptedResponse =
-                    serde_json::from_value(value).map_err(|e| line_error(line, format!("invalid response: {e}")))?;
-                check_response(&mut response, base).map_err(|m| line_error(line, m))?;
-                shared.push(Turn { line, response });
             }
         }
-        let script = match form {
-            None => return Err(ScriptedError::Empty { path: path.to_owned() }),
-            Some((_, true)) => Script::PerEpisode(episodes),
-            _ => Script::Shared(shared),
-        };
-        Ok(Self { path: path.to_owned(), script: Arc::new(script) })
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        reader.finish().map_err(|error| vec![error])
     }
 
     pub fn path(&self) -> &Path {
@@ -440,6 +394,117 @@ impl ScriptedPolicy {
                 })
             }
         }
+    }
+}
+
+/// At most this many bad lines of one script are reported: enough to fix a
+/// file in one pass, bounded for a file that is no script at all.
+pub const MAX_REPORTED_LINES: usize = 100;
+
+/// The first of a non-empty error list (what a run reports).
+fn first_error(errors: Vec<ScriptedError>) -> ScriptedError {
+    errors.into_iter().next().expect("an error list is never empty")
+}
+
+/// A script being read one line at a time; a bad line is reported and the
+/// next one read as if it were not there.
+struct ScriptReader<'p> {
+    path: &'p Path,
+    /// The directory relative paths (`raw_logits.path`) are taken from.
+    base: &'p Path,
+    shared: Vec<Turn>,
+    episodes: BTreeMap<String, (usize, Vec<ScriptedResponse>)>,
+    /// The line that decided the file's form, and whether it is per-episode.
+    form: Option<(usize, bool)>,
+}
+
+impl<'p> ScriptReader<'p> {
+    fn new(path: &'p Path) -> Self {
+        let base = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        Self { path, base, shared: Vec::new(), episodes: BTreeMap::new(), form: None }
+    }
+
+    fn line_error(&self, line: usize, message: String) -> ScriptedError {
+        ScriptedError::Line { path: self.path.to_owned(), line, message }
+    }
+
+    /// Reads one line into the script.
+    fn read(&mut self, row: JsonlRow) -> Result<(), ScriptedError> {
+        let line = usize::try_from(row.line).unwrap_or(usize::MAX);
+        let per_episode = row.value.contains_key("episode");
+        let value = Value::Object(row.value);
+        match self.form {
+            None => self.form = Some((line, per_episode)),
+            Some((first, was_per_episode)) if was_per_episode != per_episode => {
+                let (this, that) = if per_episode {
+                    ("an {\"episode\", \"turns\"} line", "response lines")
+                } else {
+                    ("a response line", "{\"episode\", \"turns\"} lines")
+                };
+                return Err(self.line_error(
+                    line,
+                    format!("{this} in a file of {that} (decided by line {first}); use one form per file"),
+                ));
+            }
+            Some(_) => {}
+        }
+        if per_episode { self.read_episode(line, value) } else { self.read_response(line, value) }
+    }
+
+    /// `{"episode": ID, "turns": [...]}`.
+    fn read_episode(&mut self, line: usize, value: Value) -> Result<(), ScriptedError> {
+        let mut episode: EpisodeLine =
+            serde_json::from_value(value).map_err(|e| self.line_error(line, format!("invalid episode line: {e}")))?;
+        if episode.episode.trim().is_empty() {
+            return Err(self.line_error(line, "`episode` is empty; use the test set row's id".to_owned()));
+        }
+        if episode.turns.is_empty() {
+            return Err(self.line_error(line, format!("episode `{}` has no turns", episode.episode)));
+        }
+        for (turn, response) in episode.turns.iter_mut().enumerate() {
+            check_response(response, self.base).map_err(|m| self.line_error(line, format!("turns[{turn}]: {m}")))?;
+        }
+        if let Some((first_line, _)) = self.episodes.get(&episode.episode) {
+            return Err(ScriptedError::DuplicateEpisode {
+                path: self.path.to_owned(),
+                line,
+                first_line: *first_line,
+                episode: episode.episode,
+            });
+        }
+        self.episodes.insert(episode.episode, (line, episode.turns));
+        Ok(())
+    }
+
+    /// One response of a script shared by every episode.
+    fn read_response(&mut self, line: usize, value: Value) -> Result<(), ScriptedError> {
+        // `{"id": …, "turns": […]}` is an episode's line with its key misnamed, not a bad response.
+        if value.get("turns").is_some() {
+            return Err(self.line_error(
+                line,
+                "a line with \"turns\" scripts one episode and needs \"episode\": the id of the test-set row it \
+                 answers"
+                    .to_owned(),
+            ));
+        }
+        let mut response: ScriptedResponse =
+            serde_json::from_value(value).map_err(|e| self.line_error(line, format!("invalid response: {e}")))?;
+        check_response(&mut response, self.base).map_err(|m| self.line_error(line, m))?;
+        self.shared.push(Turn { line, response });
+        Ok(())
+    }
+
+    /// The script read, once every line was good.
+    fn finish(self) -> Result<ScriptedPolicy, ScriptedError> {
+        let script = match self.form {
+            None => return Err(ScriptedError::Empty { path: self.path.to_owned() }),
+            Some((_, true)) => Script::PerEpisode(self.episodes),
+            _ => Script::Shared(self.shared),
+        };
+        Ok(ScriptedPolicy { path: self.path.to_owned(), script: Arc::new(script) })
     }
 }
 
@@ -547,6 +612,28 @@ mod tests {
         ];
         let categories: Vec<&str> = turn_errors.iter().map(ScriptedError::category).collect();
         assert_eq!(categories, TURN_ERROR_CATEGORIES);
+    }
+
+    /// Every bad line, in line order, for `harness validate` (before: only
+    /// the first); a run still reports the first.
+    #[test]
+    fn every_bad_line_is_reported_and_a_run_gets_the_first() {
+        let text = "{\"tool_calls\": []}\n{\"content\": \"ok\"}\n{\"id\": \"e1\", \"turns\": []}\n{not json\n";
+        let path = Path::new("script.jsonl");
+        let errors = ScriptedPolicy::parse_bytes_all(path, text.as_bytes()).unwrap_err();
+        let said: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(said.len(), 3, "{said:#?}");
+        assert!(
+            said[0].starts_with("script.jsonl:1: a response needs `content`, `tool_calls` or `error`"),
+            "{said:#?}"
+        );
+        assert!(said[1].starts_with("script.jsonl:3: a line with \"turns\" scripts one episode"), "{said:#?}");
+        assert!(said[2].starts_with("script.jsonl:4:"), "{said:#?}");
+        assert_eq!(ScriptedPolicy::parse(path, text).unwrap_err().to_string(), said[0]);
+        // Bounded: a file that is no script at all.
+        let junk = "x\n".repeat(MAX_REPORTED_LINES * 3);
+        assert_eq!(ScriptedPolicy::parse(path, &junk).map(|_| ()).unwrap_err().category(), "ScriptedPolicyInvalidLine");
+        assert_eq!(ScriptedPolicy::parse_bytes_all(path, junk.as_bytes()).unwrap_err().len(), MAX_REPORTED_LINES);
     }
 
     fn parse(text: &str) -> Result<ScriptedPolicy, ScriptedError> {
