@@ -28,6 +28,9 @@
 #                 return data
 #   assertions    what each values file must render: RBAC rules exactly, PSS
 #                 restricted, probes, leader election, watch namespaces, S3
+#   names         with the longest release name Helm allows (53 characters)
+#                 and ci/all-on-values.yaml: no two objects share a name, and
+#                 names and label values fit the API server's limits
 #   package       helm package, then the packaged chart renders exactly what the
 #                 directory does (.helmignore leaves out nothing it needs)
 #   notes         templates/NOTES.txt renders with each values file, with no
@@ -215,6 +218,15 @@ assertions() {
   checks assert all-on "$WORK/all-on.yaml" || ok=1
   checks assert minimal "$WORK/minimal.yaml" || ok=1
   return $ok
+}
+
+# Names are cut to fit 63 characters in places; with a long release name a
+# cut must not make two objects one.
+names() {
+  local release
+  release=$(printf 'r%.0s' {1..53})
+  "$HELM" template "$release" "$CHART" --namespace "$RELEASE_NS" -f "${VALUES[all-on]}" >"$WORK/long-name.yaml" || return 1
+  checks names "$WORK/long-name.yaml"
 }
 
 package() {
@@ -411,6 +423,7 @@ check rules rules
 check dashboards dashboards
 check prometheus prometheus_check
 check assertions assertions
+check names names
 check package package
 check notes notes
 check readme readme

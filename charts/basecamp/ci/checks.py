@@ -9,6 +9,7 @@ Python (it has PyYAML and jsonschema):
     checks.py rules RENDERED OUT              the PrometheusRule groups as a promtool rules file
     checks.py dashboards DIR OUT              dashboard structure; every query as a recording rule in OUT
     checks.py assert default|all-on|minimal RENDERED  what those values must render
+    checks.py names RENDERED                  no two objects share a name; names and label values fit their limits
     checks.py crd-drift REPO_CRDS CHART_CRDS  the chart's crds/ equals the repository's
     checks.py readme VALUES README            every value has a row in README.md's table
     checks.py contract RULES...               every basecamp_* metric and label a query uses is in the contract
@@ -500,6 +501,37 @@ def cmd_assert(which, rendered):
     print(f"  {which}: {len(docs)} objects, {len(problems)} problems")
 
 
+# ---------------------------------------------------------------- names
+
+# A Service's name is a DNS label (63); other objects' names DNS subdomains (253).
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def cmd_names(rendered):
+    """What the API server would refuse or silently merge with a long release
+    name: two objects of one kind and namespace with one name (the second
+    overwrites the first), names and label values over their limits."""
+    docs = load_docs(rendered)
+    seen = {}
+    for doc in docs:
+        meta = doc.get("metadata", {})
+        name = meta.get("name", "")
+        group = doc.get("apiVersion", "").rpartition("/")[0]
+        key = (group, doc.get("kind"), meta.get("namespace"), name)
+        if key in seen:
+            problem(f"{name_of(doc)}: rendered twice (the second overwrites the first)")
+        seen[key] = doc
+        if doc.get("kind") == "Service" and (len(name) > 63 or not DNS_LABEL.match(name)):
+            problem(f"{name_of(doc)}: a Service name must be a DNS label of at most 63 characters ({len(name)})")
+        elif len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+            problem(f"{name_of(doc)}: not a DNS subdomain of at most 253 characters ({len(name)})")
+        for key, value in (meta.get("labels") or {}).items():
+            if len(str(value)) > 63:
+                problem(f"{name_of(doc)}: label {key} is {len(str(value))} characters, over 63")
+    print(f"  {len(docs)} objects, {len(seen)} distinct names")
+
+
 # ---------------------------------------------------------------- CRD drift
 
 def cmd_crd_drift(repo_dir, chart_dir):
@@ -735,7 +767,8 @@ def cmd_query(url, *paths):
 
 def main(argv):
     cmds = {"split": (cmd_split, 2), "monitoring": (cmd_monitoring, 1), "rules": (cmd_rules, 2),
-            "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "crd-drift": (cmd_crd_drift, 2),
+            "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "names": (cmd_names, 1),
+            "crd-drift": (cmd_crd_drift, 2),
             "readme": (cmd_readme, 2), "contract": (cmd_contract, -1), "synth": (cmd_synth, 1),
             "query": (cmd_query, -2)}
     nargs = cmds[argv[1]][1] if len(argv) >= 2 and argv[1] in cmds else None
