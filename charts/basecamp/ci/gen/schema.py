@@ -40,8 +40,11 @@ probe = obj({
     "timeoutSeconds": i(minimum=1), "failureThreshold": i(minimum=1)})
 image_ref = lambda desc: obj({
     "repository": s(desc, pattern="^$|^[a-z0-9]+([._/:-][a-z0-9]+)*$"),
-    "tag": {"type": ["string", "number"], "description": "Image tag; empty: the default",
-            "pattern": "^$|^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"},
+    # A string only: YAML reads `tag: 1.10` as the number 1.1 and `tag:
+    # 20240101` as one Helm prints 2.0240101e+07, so a number would render
+    # another image's tag. Quoted ("1.10") it is kept as written.
+    "tag": s('Image tag, quoted when it looks like a number ("1.10"); empty: the default',
+             pattern="^$|^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"),
     "digest": s("Image digest, wins over the tag", pattern="^$|^sha256:[a-f0-9]{64}$")})
 op_image = image_ref("Image repository, e.g. ghcr.io/org/basecamp")
 op_image["properties"]["repository"]["minLength"] = 1
