@@ -35,7 +35,9 @@
 #                 directory does (.helmignore leaves out nothing it needs)
 #   notes         templates/NOTES.txt renders with each values file, with no
 #                 "<no value>" and the next step (kubectl apply) in it
-#   readme        every value in values.yaml has a row in the chart README's table
+#   readme        every value in values.yaml has a row in the chart README's table,
+#                 and every `helm install|upgrade` in README.md and the chart
+#                 README renders as `helm template` with the values it sets
 #   schema        every ci/invalid/*.yaml fails helm template (and one helm
 #                 lint) with the message its `# expect:` line names
 #
@@ -268,7 +270,12 @@ notes() {
   return $ok
 }
 
-readme() { checks readme "$CHART/values.yaml" "$CHART/README.md"; }
+readme() {
+  local ok=0
+  checks readme "$CHART/values.yaml" "$CHART/README.md" || ok=1
+  checks doc-commands "$HELM" "$ROOT" "$ROOT/README.md" "$CHART/README.md" || ok=1
+  return $ok
+}
 
 # Each ci/invalid/*.yaml names the error it must produce on its first line:
 # `# expect: REGEX` (extended regex, matched against helm's stderr).

@@ -10,6 +10,7 @@ Python (it has PyYAML and jsonschema):
     checks.py dashboards DIR OUT              dashboard structure; every query as a recording rule in OUT
     checks.py assert default|all-on|minimal RENDERED  what those values must render
     checks.py names RENDERED                  no two objects share a name; names and label values fit their limits
+    checks.py doc-commands HELM ROOT DOC...   every `helm install|upgrade` of DOC's sh blocks renders (helm template)
     checks.py crd-drift REPO_CRDS CHART_CRDS  the chart's crds/ equals the repository's
     checks.py readme VALUES README            every value has a row in README.md's table
     checks.py contract RULES...               every basecamp_* metric and label a query uses is in the contract
@@ -532,6 +533,66 @@ def cmd_names(rendered):
     print(f"  {len(docs)} objects, {len(seen)} distinct names")
 
 
+# ---------------------------------------------------------------- documented commands
+
+# Flags of helm install/upgrade that helm template has no use for; the value
+# says whether one takes an argument.
+HELM_ONLY_FLAGS = {"--create-namespace": False, "--reuse-values": False, "--wait": False, "--atomic": False,
+                   "--install": False, "--timeout": True}
+
+
+def doc_commands(path):
+    """(line, argv) of each `helm install` / `helm upgrade` in the ```sh
+    blocks of a Markdown file, continuation lines joined."""
+    import shlex
+    commands, in_sh, pending, start = [], False, "", 0
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            stripped = line.strip()
+            if stripped.startswith("```"):
+                in_sh = not in_sh and stripped in ("```sh", "```bash", "```shell")
+                continue
+            if not in_sh:
+                continue
+            if not pending:
+                start = number
+            pending += stripped[:-1] + " " if stripped.endswith("\\") else stripped
+            if stripped.endswith("\\"):
+                continue
+            command, pending = pending, ""
+            if re.match(r"helm (install|upgrade) ", command):
+                commands.append((start, shlex.split(command, comments=True)))
+    return commands
+
+
+def cmd_doc_commands(helm, root, *docs):
+    """Renders each documented install/upgrade command as `helm template`
+    with the same values, from the repository root (the commands name
+    charts/basecamp): a value the chart does not take fails here, not for
+    the user who copies it."""
+    import subprocess
+    n = 0
+    for doc in docs:
+        for line, argv in doc_commands(doc):
+            n += 1
+            args, rest = ["template"], iter(argv[2:])
+            for arg in rest:
+                flag = arg.split("=", 1)[0]
+                if flag in HELM_ONLY_FLAGS:
+                    if HELM_ONLY_FLAGS[flag] and "=" not in arg:
+                        next(rest, None)
+                    continue
+                args.append(arg)
+            where = f"{os.path.relpath(doc, root)}:{line}"
+            result = subprocess.run([helm, *args], cwd=root, capture_output=True, text=True)
+            if result.returncode != 0:
+                problem(f"{where}: `{' '.join(argv)}` does not render: {result.stderr.strip()}")
+            else:
+                print(f"  ok {where}: {' '.join(argv)[:120]}")
+    if n == 0:
+        problem(f"no helm install/upgrade command found in {', '.join(docs)}")
+
+
 # ---------------------------------------------------------------- CRD drift
 
 def cmd_crd_drift(repo_dir, chart_dir):
@@ -768,7 +829,7 @@ def cmd_query(url, *paths):
 def main(argv):
     cmds = {"split": (cmd_split, 2), "monitoring": (cmd_monitoring, 1), "rules": (cmd_rules, 2),
             "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "names": (cmd_names, 1),
-            "crd-drift": (cmd_crd_drift, 2),
+            "doc-commands": (cmd_doc_commands, -3),            "crd-drift": (cmd_crd_drift, 2),
             "readme": (cmd_readme, 2), "contract": (cmd_contract, -1), "synth": (cmd_synth, 1),
             "query": (cmd_query, -2)}
     nargs = cmds[argv[1]][1] if len(argv) >= 2 and argv[1] in cmds else None
