@@ -496,6 +496,24 @@ mod tests {
         assert!(prometheus, "the default admits the Prometheus Operator's Prometheus pods: {scrape_from}");
     }
 
+    /// What the chart's schema takes for `scrapeFrom`, the operator takes:
+    /// ci/all-on-values.yaml holds every form of peer the schema allows
+    /// (chart-lint renders it), and each parses here.
+    #[test]
+    fn every_scrape_from_peer_the_chart_schema_takes_parses() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let text = std::fs::read_to_string(chart.join("ci/all-on-values.yaml")).expect("ci/all-on-values.yaml");
+        let values: serde_json::Value = serde_saphyr::from_str(&text).expect("ci/all-on-values.yaml parses");
+        let scrape_from = &values["metrics"]["sandboxPodMonitor"]["scrapeFrom"];
+        let json = serde_json::to_string(scrape_from).expect("json");
+        let peers = run_args(&["--sandbox-metrics-from", &json])
+            .unwrap_or_else(|e| panic!("the operator refuses what the chart's schema took: {e}"))
+            .sandbox_metrics_from
+            .0;
+        assert_eq!(peers.len(), scrape_from.as_array().map_or(0, Vec::len));
+        assert!(peers.iter().any(|p| p.ip_block.as_ref().is_some_and(|b| b.cidr.contains(':'))), "an IPv6 block");
+    }
+
     /// The chart passes `metrics.sandboxPodMonitor.metricsLinger` (0s without
     /// the PodMonitor), and its default parses here and covers the interval.
     #[test]

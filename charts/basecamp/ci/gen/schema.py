@@ -65,10 +65,37 @@ label_key = {"type": "string", "pattern": "^$|^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za
 # A NetworkPolicyPeer the operator passes on (--sandbox-metrics-from): the
 # operator refuses unknown fields and empty peers at start-up, so refuse them
 # here already, at helm install, rather than in a crash-looping operator.
-selector = obj({"matchLabels": strmap, "matchExpressions": arr(anyobj)})
+# A LabelSelectorRequirement: In/NotIn need values, Exists/DoesNotExist take
+# none (the API server's rule, checked on each task's NetworkPolicy).
+requirement = obj({"key": s(minLength=1), "operator": s(enum=["In", "NotIn", "Exists", "DoesNotExist"]),
+                   "values": arr({"type": "string"})}, required=["key", "operator"])
+requirement["allOf"] = [
+    {"if": {"properties": {"operator": {"enum": ["In", "NotIn"]}}},
+     "then": {"required": ["values"], "properties": {"values": {"minItems": 1}}}},
+    {"if": {"properties": {"operator": {"enum": ["Exists", "DoesNotExist"]}}},
+     "then": {"properties": {"values": {"maxItems": 0}}}}]
+selector = obj({"matchLabels": strmap, "matchExpressions": arr(requirement)})
+# What the operator's CIDR check takes: an IPv4 or IPv6 address (no leading
+# zeros, no zone), a slash, and a prefix length that fits it.
+_octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_ipv4 = f"({_octet}\\.){{3}}{_octet}"
+_h = "[0-9A-Fa-f]{1,4}"
+_ipv6 = "|".join([f"({_h}:){{7}}{_h}", f"({_h}:){{1,7}}:", f"({_h}:){{1,6}}:{_h}",
+                  f"({_h}:){{1,5}}(:{_h}){{1,2}}", f"({_h}:){{1,4}}(:{_h}){{1,3}}",
+                  f"({_h}:){{1,3}}(:{_h}){{1,4}}", f"({_h}:){{1,2}}(:{_h}){{1,5}}",
+                  f"{_h}:(:{_h}){{1,6}}", f":((:{_h}){{1,7}}|:)", f"::([Ff]{{4}}(:0{{1,4}})?:)?{_ipv4}",
+                  f"({_h}:){{1,4}}:{_ipv4}", f"({_h}:){{6}}{_ipv4}"])
+cidr = s("An IPv4 or IPv6 CIDR such as 10.0.0.0/8 or fd00::/8",
+         pattern=f"^({_ipv4}/(3[0-2]|[12]?[0-9])|({_ipv6})/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))$")
+# ipBlock excludes the selectors (the API server refuses the mix): a peer is
+# either an ipBlock alone or one or both selectors. `false` makes the error
+# name the selector that is too many.
 peer = obj({"podSelector": selector, "namespaceSelector": selector,
-            "ipBlock": obj({"cidr": s(minLength=1), "except": arr({"type": "string"})}, required=["cidr"])})
+            "ipBlock": obj({"cidr": cidr, "except": arr(cidr)}, required=["cidr"])})
 peer["minProperties"] = 1
+peer["if"] = {"required": ["ipBlock"]}
+peer["then"] = {"description": "ipBlock cannot be combined with podSelector or namespaceSelector: make them two peers",
+                "properties": {"podSelector": False, "namespaceSelector": False}}
 
 schema = {
   "$schema": "http://json-schema.org/draft-07/schema#",
