@@ -194,7 +194,10 @@ schema = {
                           pattern="^https?://[^\\s\"'<>\\\\]+$"),
       "dashboards": obj({
         "enabled": b(), "namespace": s(), "label": label_key | {"minLength": 1},
-        "labelValue": s(), "folder": s(), "folderAnnotation": label_key,
+        "labelValue": s(), "folder": s("Grafana folder; empty: no folder annotation"),
+        # An annotation needs a key: empty would render `: Basecamp`. No
+        # folder is `folder: ""`.
+        "folderAnnotation": label_key | {"minLength": 1},
         "labels": strmap, "annotations": strmap}),
     }, required=["traceViewerUrl"]),
   },
