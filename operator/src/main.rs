@@ -87,11 +87,11 @@ struct RunArgs {
     /// A Secret in each task's namespace with the pods' S3 credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
     #[arg(long, env = "BASECAMP_S3_SECRET")]
     s3_secret: Option<String>,
-    /// ttlSecondsAfterFinished of the sandbox Jobs.
-    #[arg(long, env = "BASECAMP_JOB_TTL_SECONDS", default_value_t = 604_800)]
+    /// ttlSecondsAfterFinished of the sandbox Jobs (0 to 2147483647, Kubernetes' int32).
+    #[arg(long, env = "BASECAMP_JOB_TTL_SECONDS", default_value_t = 604_800, value_parser = clap::value_parser!(i32).range(0..))]
     job_ttl_seconds: i32,
-    /// Retries of one shard (backoffLimitPerIndex).
-    #[arg(long, env = "BASECAMP_SHARD_RETRIES", default_value_t = 2)]
+    /// Retries of one shard (backoffLimitPerIndex, 0 or more).
+    #[arg(long, env = "BASECAMP_SHARD_RETRIES", default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..))]
     shard_retries: i32,
     /// Where `basecamp serve` runs (e.g. https://basecamp.example.com); status.reportUrl links each task's page.
     #[arg(long, env = "BASECAMP_REPORT_BASE_URL")]
@@ -494,6 +494,31 @@ mod tests {
                 .is_some_and(|labels| labels.get("app.kubernetes.io/name").is_some_and(|v| v == "prometheus"))
         });
         assert!(prometheus, "the default admits the Prometheus Operator's Prometheus pods: {scrape_from}");
+    }
+
+    /// The chart's schema bounds each integer it passes as a flag to what
+    /// the flag takes: a value beyond would pass `helm install` and stop the
+    /// operator at start.
+    #[test]
+    fn the_chart_schema_bounds_integer_flags_as_the_operator_does() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let text = std::fs::read_to_string(chart.join("values.schema.json")).expect("values.schema.json");
+        let schema: serde_json::Value = serde_json::from_str(&text).expect("values.schema.json parses");
+        for (value, flag) in [("jobTtlSeconds", "--job-ttl-seconds"), ("shardRetries", "--shard-retries")] {
+            let bounds = &schema["properties"]["sandbox"]["properties"][value];
+            let bound = |key: &str| bounds[key].as_i64().unwrap_or_else(|| panic!("sandbox.{value} has a {key}"));
+            let (min, max) = (bound("minimum"), bound("maximum"));
+            for ok in [min, max] {
+                run_args(&[&format!("{flag}={ok}")]).unwrap_or_else(|e| panic!("sandbox.{value}={ok} is refused: {e}"));
+            }
+            // shardRetries' maximum (100) is the chart's choice, not the type's.
+            if max == i64::from(i32::MAX) {
+                let err = run_args(&[&format!("{flag}={}", max + 1)]).err().expect("past i32").to_string();
+                assert!(err.contains(flag), "{err}");
+            }
+            let err = run_args(&[&format!("{flag}={}", min - 1)]).err().expect("negative").to_string();
+            assert!(err.contains(flag), "{err}");
+        }
     }
 
     /// What the chart's schema takes for `scrapeFrom`, the operator takes:

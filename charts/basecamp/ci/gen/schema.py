@@ -29,6 +29,10 @@ def arr(items=None, desc=None, **kw):
     if desc: d["description"] = desc
     return d
 strmap = {"type": "object", "additionalProperties": {"type": "string"}}
+# Kubernetes' int32 fields, and the operator's i32 flags: a larger value
+# passes Helm and is refused later, by the API server or by the operator at
+# start (a crash loop).
+INT32_MAX = 2147483647
 anyobj = {"type": "object"}
 k8s_name = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 duration = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$",
@@ -36,8 +40,8 @@ duration = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$",
 severity = {"type": "string", "enum": ["critical", "warning", "info", "none"]}
 probe = obj({
     "enabled": b("Whether the probe is set"),
-    "initialDelaySeconds": i(minimum=0), "periodSeconds": i(minimum=1),
-    "timeoutSeconds": i(minimum=1), "failureThreshold": i(minimum=1)})
+    "initialDelaySeconds": i(minimum=0, maximum=INT32_MAX), "periodSeconds": i(minimum=1, maximum=INT32_MAX),
+    "timeoutSeconds": i(minimum=1, maximum=INT32_MAX), "failureThreshold": i(minimum=1, maximum=INT32_MAX)})
 image_ref = lambda desc: obj({
     "repository": s(desc, pattern="^$|^[a-z0-9]+([._/:-][a-z0-9]+)*$"),
     # A string only: YAML reads `tag: 1.10` as the number 1.1 and `tag:
@@ -110,7 +114,7 @@ schema = {
     "image": op_image,
     "imagePullSecrets": arr(obj({"name": s(minLength=1)}, required=["name"])),
     "operator": obj({
-      "replicas": i("Operator pods; more than 1 needs leaderElection.enabled", minimum=0),
+      "replicas": i("Operator pods; more than 1 needs leaderElection.enabled", minimum=0, maximum=INT32_MAX),
       "logLevel": s("RUST_LOG filter, e.g. info or info,basecamp_operator=debug", minLength=1,
                     pattern="^[A-Za-z0-9_:=,.\\[\\]{}\"-]+$"),
       "logFormat": s("Log line format", enum=["json", "text"]),
@@ -131,7 +135,7 @@ schema = {
       "topologySpreadConstraints": arr(anyobj),
       "podAnnotations": strmap, "podLabels": strmap, "annotations": strmap,
       "terminationGracePeriodSeconds": i(minimum=0),
-      "revisionHistoryLimit": i(minimum=0),
+      "revisionHistoryLimit": i(minimum=0, maximum=INT32_MAX),
       "strategy": obj({"type": s(enum=["RollingUpdate", "Recreate"]), "rollingUpdate": anyobj}),
       "podDisruptionBudget": obj({"enabled": b(), "minAvailable": {"type": ["integer", "string"]}}),
     }, required=["replicas", "logLevel", "logFormat", "metricsPort"]),
@@ -143,7 +147,8 @@ schema = {
     "sandbox": obj({"image": image_ref("Sandbox image repository; empty: image.repository"),
                     "s3Secret": {"type": "string", "pattern": "^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                                  "description": "Secret in each task namespace with the pods' S3 credentials"},
-                    "jobTtlSeconds": i("ttlSecondsAfterFinished of sandbox Jobs", minimum=0),
+                    "jobTtlSeconds": i("ttlSecondsAfterFinished of sandbox Jobs (--job-ttl-seconds, an i32)",
+                                       minimum=0, maximum=INT32_MAX),
                     "shardRetries": i("backoffLimitPerIndex of sandbox Jobs", minimum=0, maximum=100)},
                    required=["jobTtlSeconds", "shardRetries"]),
     "s3": obj({
