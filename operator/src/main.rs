@@ -69,9 +69,13 @@ struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "BASECAMP_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// Run only while holding the Lease `basecamp-operator` (for several replicas).
+    /// Run only while holding the Lease --lease-name (for several replicas).
     #[arg(long, env = "BASECAMP_LEADER_ELECT")]
     leader_elect: bool,
+    /// The leader Lease's name: one per installation (two releases in one namespace sharing a name
+    /// would each wait for the other).
+    #[arg(long, env = "BASECAMP_LEASE_NAME", default_value = basecamp_operator::leader::DEFAULT_LEASE_NAME)]
+    lease_name: String,
     /// The namespace of the leader Lease (the operator's own).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
@@ -321,10 +325,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .pod_name
         .clone()
         .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "basecamp-operator".into()));
-    let elector = args.leader_elect.then(|| LeaderElector::new(client.clone(), &args.lease_namespace, &identity));
+    let elector = args
+        .leader_elect
+        .then(|| LeaderElector::new(client.clone(), &args.lease_namespace, &args.lease_name, &identity));
     ready.store(true, Ordering::Relaxed);
     if let Some(elector) = &elector {
-        tracing::info!(namespace = %args.lease_namespace, %identity, "waiting for the leader Lease");
+        tracing::info!(namespace = %args.lease_namespace, lease = %args.lease_name, %identity, "waiting for the leader Lease");
         tokio::select! {
             acquired = elector.acquire() => acquired.map_err(|e| anyhow::anyhow!("{e}"))?,
             () = stopped(stop_rx.clone()) => return Ok(()),
@@ -426,6 +432,24 @@ mod tests {
             Command::Run(args) => Ok(*args),
             _ => unreachable!("the run subcommand parses as Command::Run"),
         }
+    }
+
+    #[test]
+    fn the_lease_name_defaults_to_the_one_every_release_used_and_can_be_set() {
+        assert_eq!(run_args(&[]).expect("no flags").lease_name, "basecamp-operator");
+        assert_eq!(run_args(&["--lease-name=team-a-basecamp"]).expect("named").lease_name, "team-a-basecamp");
+    }
+
+    /// The chart gives each release its own Lease, `<fullname>-operator`:
+    /// `basecamp-operator` for the release `basecamp`, the name before the flag.
+    #[test]
+    fn the_chart_passes_a_lease_name_per_release() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let template = std::fs::read_to_string(chart.join("templates/deployment.yaml")).expect("deployment template");
+        assert!(
+            template.contains(r#"- --lease-name={{ printf "%s-operator" (include "basecamp.fullname" .) }}"#),
+            "the Deployment passes --lease-name from the release's full name"
+        );
     }
 
     #[test]

@@ -400,6 +400,9 @@ def cmd_assert(which, rendered):
             problem("default replicas is not 1")
         if "--leader-elect" not in args or "--lease-namespace=$(POD_NAMESPACE)" not in args:
             problem(f"leader election is not on by default: {args}")
+        # Each release its own Lease (two in one namespace would wait on each other).
+        if "--lease-name=release-name-basecamp-operator" not in args:
+            problem(f"the Lease is not named after the release: {args}")
         if any(a.startswith("--namespaces") for a in args):
             problem("--namespaces is set although watchNamespaces is empty")
         if c["image"] != "basecamp:0.1.0" or "--sandbox-image=basecamp:0.1.0" not in args:
