@@ -88,6 +88,9 @@ struct RunArgs {
     /// An S3-compatible endpoint for the operator and the sandbox pods (none: AWS S3).
     #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
     s3_endpoint: Option<String>,
+    /// The S3 region of the operator and the sandbox pods (AWS_REGION; none: each resolves its own).
+    #[arg(long, env = "AWS_REGION")]
+    s3_region: Option<String>,
     /// A Secret in each task's namespace with the pods' S3 credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
     #[arg(long, env = "BASECAMP_S3_SECRET")]
     s3_secret: Option<String>,
@@ -339,6 +342,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings {
         sandbox_image: args.sandbox_image,
         s3_endpoint: args.s3_endpoint.clone(),
+        s3_region: args.s3_region.clone(),
         s3_secret: args.s3_secret,
         job_ttl_seconds: args.job_ttl_seconds,
         backoff_limit_per_index: args.shard_retries,
@@ -350,6 +354,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut storage_config = StorageConfig::from_env();
     if let Some(endpoint) = &args.s3_endpoint {
         storage_config = storage_config.with_endpoint(endpoint.clone());
+    }
+    if let Some(region) = &args.s3_region {
+        storage_config = storage_config.with_region(region.clone());
     }
     let mut context = Context::new(client.clone(), metrics, settings, Storage::new(storage_config), Some(identity));
     context.node_cache = Some(node_cache(client.clone(), stop_rx.clone()));

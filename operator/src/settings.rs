@@ -25,6 +25,11 @@ pub struct Settings {
     /// An S3-compatible endpoint passed to pods as `AWS_ENDPOINT_URL_S3`
     /// and allowed by the NetworkPolicy; `None` for AWS S3 (HTTPS, 443).
     pub s3_endpoint: Option<String>,
+    /// The S3 region passed to pods as `AWS_REGION` (the operator's own,
+    /// `--s3-region` or `AWS_REGION`); `None`: the pods resolve it themselves
+    /// (the SDK's chain, `us-east-1` without one), which a bucket elsewhere
+    /// refuses.
+    pub s3_region: Option<String>,
     /// A Secret in the task's namespace whose keys become the sandbox's
     /// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, ...).
     pub s3_secret: Option<String>,
@@ -59,6 +64,7 @@ impl Default for Settings {
         Self {
             sandbox_image: "basecamp:dev".into(),
             s3_endpoint: None,
+            s3_region: None,
             s3_secret: None,
             job_ttl_seconds: 7 * 24 * 3600,
             backoff_limit_per_index: 2,

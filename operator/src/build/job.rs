@@ -216,6 +216,12 @@ fn sandbox_env(input: &BuildInput<'_>, checkpoint: Option<&CheckpointUnderTest>)
     if let Some(endpoint) = &input.settings.s3_endpoint {
         vars.push(env("AWS_ENDPOINT_URL_S3", endpoint));
     }
+    // Without it the pods' SDK falls back to us-east-1, and a bucket in
+    // another region (or a store that checks the signing region) refuses
+    // the uploads the operator's own reads succeed with.
+    if let Some(region) = &input.settings.s3_region {
+        vars.push(env("AWS_REGION", region));
+    }
     if let Some(secret) = &input.task.spec.policy.api_key_secret {
         vars.push(EnvVar {
             name: basecamp_sandbox::config::API_KEY_ENV.into(),

@@ -337,6 +337,26 @@ fn the_manifests_in_the_config_map_load_and_validate_as_the_pod_reads_them() {
     assert_eq!(desired.config_map.metadata.owner_references.as_ref().map(Vec::len), Some(1));
 }
 
+/// The region travels as the endpoint does: the operator's (`AWS_REGION`)
+/// to every sandbox pod; none set, none passed (the pod's own chain).
+#[test]
+fn the_s3_region_reaches_the_sandbox_pods() {
+    let task = task(base_spec());
+    let env_of = |settings: &Settings| {
+        let desired = built(&task, vec![variant("default", gpu_sandbox(None))], settings);
+        let job = to_json(&desired.jobs[0]);
+        job["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("env").clone()
+    };
+    let region = |env: &[Value]| env.iter().find(|e| e["name"] == "AWS_REGION").map(|e| e["value"].clone());
+    let settings = Settings {
+        s3_endpoint: Some("http://minio.storage:9000".into()),
+        s3_region: Some("eu-central-1".into()),
+        ..Default::default()
+    };
+    assert_eq!(region(&env_of(&settings)), Some(json!("eu-central-1")));
+    assert_eq!(region(&env_of(&Settings::default())), None);
+}
+
 #[test]
 fn the_network_policy_allows_dns_policy_tools_and_s3_only() {
     let task = task(base_spec());

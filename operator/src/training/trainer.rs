@@ -92,6 +92,9 @@ pub fn trainer_env(input: &BuildInput<'_>, locations: &Locations) -> Result<Vec<
     if let Some(endpoint) = &input.settings.s3_endpoint {
         vars.push(env("AWS_ENDPOINT_URL_S3", endpoint));
     }
+    if let Some(region) = &input.settings.s3_region {
+        vars.push(env("AWS_REGION", region));
+    }
     vars.push(env("HOME", "/tmp"));
     Ok(vars)
 }
