@@ -85,6 +85,13 @@ struct RunArgs {
     /// The Basecamp image: sandbox pods run it (and copy the sandbox binary from it into tools images).
     #[arg(long, env = "BASECAMP_SANDBOX_IMAGE", default_value = "basecamp:dev")]
     sandbox_image: String,
+    /// A Secret for pulling images, put in the imagePullSecrets of every pod the operator builds; it must
+    /// exist in each task's namespace. Repeat the flag (or separate with commas) for several.
+    #[arg(long = "sandbox-image-pull-secret", env = "BASECAMP_SANDBOX_IMAGE_PULL_SECRETS", value_name = "NAME", value_delimiter = ',', value_parser = parse_secret_name)]
+    sandbox_image_pull_secrets: Vec<String>,
+    /// imagePullPolicy of the containers in sandbox and trainer pods that run --sandbox-image (none: Kubernetes' default).
+    #[arg(long, env = "BASECAMP_SANDBOX_IMAGE_PULL_POLICY", value_parser = basecamp_operator::settings::IMAGE_PULL_POLICIES)]
+    sandbox_image_pull_policy: Option<String>,
     /// An S3-compatible endpoint for the operator and the sandbox pods (none: AWS S3).
     #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
     s3_endpoint: Option<String>,
@@ -128,6 +135,21 @@ struct RunArgs {
 /// a flag given many times, and this is one JSON value.
 #[derive(Debug, Clone)]
 struct MetricsPeers(Vec<NetworkPolicyPeer>);
+
+/// A Secret's name (a DNS subdomain): a bad one would otherwise fail every
+/// Job the operator creates, not its start.
+fn parse_secret_name(s: &str) -> Result<String, String> {
+    let valid = !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a Secret name (lowercase letters, digits, '-' and '.', at most 253)"))
+    }
+}
 
 /// Parses `--sandbox-metrics-from`; clap puts the flag's name in front of the message.
 fn parse_metrics_from(s: &str) -> Result<MetricsPeers, String> {
@@ -343,6 +365,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         sandbox_image: args.sandbox_image,
         s3_endpoint: args.s3_endpoint.clone(),
         s3_region: args.s3_region.clone(),
+        image_pull_secrets: args.sandbox_image_pull_secrets,
+        image_pull_policy: args.sandbox_image_pull_policy,
         s3_secret: args.s3_secret,
         job_ttl_seconds: args.job_ttl_seconds,
         backoff_limit_per_index: args.shard_retries,
@@ -457,6 +481,38 @@ mod tests {
             template.contains(r#"- --lease-name={{ printf "%s-operator" (include "basecamp.fullname" .) }}"#),
             "the Deployment passes --lease-name from the release's full name"
         );
+    }
+
+    #[test]
+    fn image_pull_secrets_repeat_and_the_pull_policy_is_kubernetes_own() {
+        let args = run_args(&[]).expect("no flags");
+        assert!(args.sandbox_image_pull_secrets.is_empty() && args.sandbox_image_pull_policy.is_none());
+        let args = run_args(&[
+            "--sandbox-image-pull-secret=regcred",
+            "--sandbox-image-pull-secret",
+            "mirror.io,other",
+            "--sandbox-image-pull-policy=Always",
+        ])
+        .expect("flags");
+        assert_eq!(args.sandbox_image_pull_secrets, ["regcred", "mirror.io", "other"]);
+        assert_eq!(args.sandbox_image_pull_policy.as_deref(), Some("Always"));
+        for bad in ["--sandbox-image-pull-policy=always", "--sandbox-image-pull-secret=Reg_Cred"] {
+            let err = run_args(&[bad]).err().expect(bad).to_string();
+            assert!(err.contains(bad.split('=').next().unwrap_or(bad)), "{err}");
+        }
+    }
+
+    /// The chart passes `imagePullSecrets` and `image.pullPolicy` on to the pods the operator builds.
+    #[test]
+    fn the_chart_passes_pull_secrets_and_policy_to_the_sandbox_pods() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let template = std::fs::read_to_string(chart.join("templates/deployment.yaml")).expect("deployment template");
+        for passed in [
+            "- --sandbox-image-pull-secret={{ .name }}",
+            "- --sandbox-image-pull-policy={{ .Values.image.pullPolicy }}",
+        ] {
+            assert!(template.contains(passed), "the Deployment passes {passed}");
+        }
     }
 
     #[test]

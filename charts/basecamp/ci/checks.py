@@ -431,6 +431,10 @@ def cmd_assert(which, rendered):
                 problem(f"{flag} not passed: {args}")
         if "--sandbox-image=registry.example.com/ml/basecamp-tools:2026.11" not in args:
             problem(f"--sandbox-image is not sandbox.image: {args}")
+        # Sandbox pods pull the same images from the same registry.
+        for flag in ("--sandbox-image-pull-secret=regcred", "--sandbox-image-pull-policy=Always"):
+            if flag not in args:
+                problem(f"{flag} not passed (imagePullSecrets, image.pullPolicy): {args}")
         if "--log-format=text" not in args or env["RUST_LOG"]["value"] != "info,basecamp_operator=debug,kube=warn":
             problem("log format/level not passed")
         if env.get("AWS_ENDPOINT_URL_S3", {}).get("value") != "http://minio.storage.svc:9000" or \

@@ -232,6 +232,36 @@ fn a_tools_image_gets_the_sandbox_binary_from_an_init_container() {
     );
 }
 
+/// The pods run the operator's image by default: from a private registry
+/// they need its pull secrets (pod-wide) and policy (containers of that
+/// image only: a tools image keeps Kubernetes' default).
+#[test]
+fn the_pods_get_the_image_pull_secrets_and_the_basecamp_images_pull_policy() {
+    let task = task(base_spec());
+    let settings = Settings {
+        image_pull_secrets: vec!["regcred".into(), "mirror".into()],
+        image_pull_policy: Some("Always".into()),
+        ..Default::default()
+    };
+    let desired = built(&task, vec![variant("default", gpu_sandbox(None))], &settings);
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}, {"name": "mirror"}]));
+    assert_eq!(pod["containers"][0]["imagePullPolicy"], "Always", "the sandbox runs the Basecamp image");
+
+    let mut tools = gpu_sandbox(None);
+    tools.image = Some("registry.example.com/shop-tools:1.2".into());
+    let desired = built(&task, vec![variant("default", tools)], &settings);
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}, {"name": "mirror"}]));
+    assert_eq!(pod["initContainers"][0]["imagePullPolicy"], "Always", "inject-sandbox pulls the Basecamp image");
+    assert!(pod["containers"][0].get("imagePullPolicy").is_none(), "the tools image keeps its default");
+
+    // None set: the pods are built as before (and keep their template hash).
+    let desired = built(&task, vec![variant("default", gpu_sandbox(None))], &Settings::default());
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    assert!(pod.get("imagePullSecrets").is_none() && pod["containers"][0].get("imagePullPolicy").is_none());
+}
+
 #[test]
 fn the_template_hash_changes_with_the_pod_but_not_with_parallelism_or_suspend() {
     let settings = Settings::default();

@@ -112,6 +112,27 @@ fn the_checkpoint_root_defaults_under_the_trace_destination() {
 
 // --- the trainer Job ---------------------------------------------------------------------------
 
+/// The trainer pod pulls the Basecamp image (inject-basecamp) with the
+/// operator's pull secrets and policy; the trainer image keeps its policy.
+#[test]
+fn the_trainer_job_gets_the_image_pull_secrets_and_policy() {
+    let task = task_with(training_spec("bkt"));
+    let settings =
+        Settings { image_pull_secrets: vec!["regcred".into()], image_pull_policy: Some("Never".into()), ..settings() };
+    let input = BuildInput::new(&task, vec![variant("default", None)], &settings).expect("input");
+    let locations = Locations::of(&task, "team-a", "eval").expect("locations");
+    let job = to_json(&trainer::trainer_job(&input, &locations).expect("build").expect("a trainer"));
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert_eq!(pod["initContainers"][0]["name"], "inject-basecamp");
+    assert_eq!(pod["initContainers"][0]["imagePullPolicy"], "Never");
+    assert!(pod["containers"][0].get("imagePullPolicy").is_none(), "the trainer image keeps its default");
+    // Evaluation Jobs are the variants' Jobs: the same pod template.
+    let under_test = CheckpointUnderTest { step: 20, location: "s3://bkt/c/step-20/".into() };
+    let eval = to_json(&evaluation::evaluation_jobs(&input, &under_test).expect("jobs")[0]);
+    assert_eq!(eval["spec"]["template"]["spec"]["imagePullSecrets"], json!([{"name": "regcred"}]));
+}
+
 /// The operator's S3 region reaches the trainer's containers as the endpoint does.
 #[test]
 fn the_trainer_job_gets_the_s3_region() {
