@@ -515,6 +515,16 @@ mod tests {
         }
     }
 
+    /// The chart's `operator.metricsBindAddress` "::" becomes `--metrics-addr=[::]:PORT`.
+    #[test]
+    fn the_metrics_address_takes_ipv6_in_brackets() {
+        let addr = run_args(&["--metrics-addr=[::]:9090"]).expect("IPv6").metrics_addr;
+        assert!(addr.is_ipv6() && addr.port() == 9090, "{addr}");
+        // A chart flag cannot be given again through extraArgs: the values set it.
+        let twice = run_args(&["--metrics-addr=0.0.0.0:8080", "--metrics-addr=[::]:8080"]).err().expect("twice");
+        assert!(twice.to_string().contains("--metrics-addr"), "{twice}");
+    }
+
     #[test]
     fn reconciles_in_flight_are_bounded_and_at_least_one() {
         assert_eq!(run_args(&[]).expect("no flags").max_concurrent_reconciles, 16);

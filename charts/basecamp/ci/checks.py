@@ -346,7 +346,8 @@ def assert_common(docs):
     if args[:1] != ["run"]:
         problem(f"operator args do not start with the run subcommand: {args}")
     metrics_port = c["ports"][0]["containerPort"]
-    if f"--metrics-addr=0.0.0.0:{metrics_port}" not in args:
+    # all-on binds to IPv6 (operator.metricsBindAddress: "::"), in brackets.
+    if not {f"--metrics-addr=0.0.0.0:{metrics_port}", f"--metrics-addr=[::]:{metrics_port}"} & set(args):
         problem(f"--metrics-addr does not match the metrics port {metrics_port}: {args}")
     env = env_of(c)
     if env.get("POD_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace":
@@ -429,6 +430,8 @@ def cmd_assert(which, rendered):
         for flag in ("--s3-secret=sandbox-s3", "--job-ttl-seconds=86400", "--shard-retries=4"):
             if flag not in args:
                 problem(f"{flag} not passed: {args}")
+        if f"--metrics-addr=[::]:{c['ports'][0]['containerPort']}" not in args:
+            problem(f"--metrics-addr is not operator.metricsBindAddress :: in brackets: {args}")
         if "--sandbox-image=registry.example.com/ml/basecamp-tools:2026.11" not in args:
             problem(f"--sandbox-image is not sandbox.image: {args}")
         # Sandbox pods pull the same images from the same registry.

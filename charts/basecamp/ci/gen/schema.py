@@ -66,9 +66,20 @@ monitor_common = {
     "labels": strmap, "annotations": strmap, "interval": duration, "scrapeTimeout": duration,
     "relabelings": arr(anyobj), "metricRelabelings": arr(anyobj)}
 label_key = {"type": "string", "pattern": "^$|^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}
-# A NetworkPolicyPeer the operator passes on (--sandbox-metrics-from): the
-# operator refuses unknown fields and empty peers at start-up, so refuse them
-# here already, at helm install, rather than in a crash-looping operator.
+# IPv4 and IPv6 addresses as Rust's and Go's parsers take them (no leading
+# zeros, no zone).
+_octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_ipv4 = f"({_octet}\\.){{3}}{_octet}"
+_h = "[0-9A-Fa-f]{1,4}"
+_ipv6 = "|".join([f"({_h}:){{7}}{_h}", f"({_h}:){{1,7}}:", f"({_h}:){{1,6}}:{_h}",
+                  f"({_h}:){{1,5}}(:{_h}){{1,2}}", f"({_h}:){{1,4}}(:{_h}){{1,3}}",
+                  f"({_h}:){{1,3}}(:{_h}){{1,4}}", f"({_h}:){{1,2}}(:{_h}){{1,5}}",
+                  f"{_h}:(:{_h}){{1,6}}", f":((:{_h}){{1,7}}|:)", f"::([Ff]{{4}}(:0{{1,4}})?:)?{_ipv4}",
+                  f"({_h}:){{1,4}}:{_ipv4}", f"({_h}:){{6}}{_ipv4}"])
+# What the operator's CIDR check takes: an address, a slash, and a prefix
+# length that fits it.
+cidr = s("An IPv4 or IPv6 CIDR such as 10.0.0.0/8 or fd00::/8",
+         pattern=f"^({_ipv4}/(3[0-2]|[12]?[0-9])|({_ipv6})/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))$")
 # A LabelSelectorRequirement: In/NotIn need values, Exists/DoesNotExist take
 # none (the API server's rule, checked on each task's NetworkPolicy).
 requirement = obj({"key": s(minLength=1), "operator": s(enum=["In", "NotIn", "Exists", "DoesNotExist"]),
@@ -79,18 +90,9 @@ requirement["allOf"] = [
     {"if": {"properties": {"operator": {"enum": ["Exists", "DoesNotExist"]}}},
      "then": {"properties": {"values": {"maxItems": 0}}}}]
 selector = obj({"matchLabels": strmap, "matchExpressions": arr(requirement)})
-# What the operator's CIDR check takes: an IPv4 or IPv6 address (no leading
-# zeros, no zone), a slash, and a prefix length that fits it.
-_octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
-_ipv4 = f"({_octet}\\.){{3}}{_octet}"
-_h = "[0-9A-Fa-f]{1,4}"
-_ipv6 = "|".join([f"({_h}:){{7}}{_h}", f"({_h}:){{1,7}}:", f"({_h}:){{1,6}}:{_h}",
-                  f"({_h}:){{1,5}}(:{_h}){{1,2}}", f"({_h}:){{1,4}}(:{_h}){{1,3}}",
-                  f"({_h}:){{1,3}}(:{_h}){{1,4}}", f"({_h}:){{1,2}}(:{_h}){{1,5}}",
-                  f"{_h}:(:{_h}){{1,6}}", f":((:{_h}){{1,7}}|:)", f"::([Ff]{{4}}(:0{{1,4}})?:)?{_ipv4}",
-                  f"({_h}:){{1,4}}:{_ipv4}", f"({_h}:){{6}}{_ipv4}"])
-cidr = s("An IPv4 or IPv6 CIDR such as 10.0.0.0/8 or fd00::/8",
-         pattern=f"^({_ipv4}/(3[0-2]|[12]?[0-9])|({_ipv6})/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))$")
+# A NetworkPolicyPeer the operator passes on (--sandbox-metrics-from): the
+# operator refuses unknown fields and empty peers at start-up, so refuse them
+# here already, at helm install, rather than in a crash-looping operator.
 # ipBlock excludes the selectors (the API server refuses the mix): a peer is
 # either an ipBlock alone or one or both selectors. `false` makes the error
 # name the selector that is too many.
@@ -119,6 +121,8 @@ schema = {
                     pattern="^[A-Za-z0-9_:=,.\\[\\]{}\"-]+$"),
       "logFormat": s("Log line format", enum=["json", "text"]),
       "metricsPort": i(minimum=1, maximum=65535),
+      "metricsBindAddress": s("Address of /metrics, /healthz and /readyz (--metrics-addr): 0.0.0.0, or :: "
+                              "on an IPv6-only cluster", pattern=f"^({_ipv4}|{_ipv6})$"),
       "extraArgs": arr({"type": "string"}),
       "extraEnv": arr(obj({"name": s(minLength=1)}, required=["name"], addl=True)),
       "extraEnvFrom": arr(anyobj),
@@ -138,7 +142,7 @@ schema = {
       "revisionHistoryLimit": i(minimum=0, maximum=INT32_MAX),
       "strategy": obj({"type": s(enum=["RollingUpdate", "Recreate"]), "rollingUpdate": anyobj}),
       "podDisruptionBudget": obj({"enabled": b(), "minAvailable": {"type": ["integer", "string"]}}),
-    }, required=["replicas", "logLevel", "logFormat", "metricsPort"]),
+    }, required=["replicas", "logLevel", "logFormat", "metricsPort", "metricsBindAddress"]),
     "networkPolicy": obj({"enabled": b("A NetworkPolicy for the operator pods"),
                           "metricsFrom": arr(anyobj, "NetworkPolicyPeers allowed to scrape; empty: any"),
                           "egress": arr(anyobj, "NetworkPolicyEgressRules; empty: all egress")}),
