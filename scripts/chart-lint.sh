@@ -36,8 +36,10 @@
 #   notes         templates/NOTES.txt renders with each values file, with no
 #                 "<no value>" and the next step (kubectl apply) in it
 #   readme        every value in values.yaml has a row in the chart README's table,
-#                 and every `helm install|upgrade` in README.md and the chart
-#                 README renders as `helm template` with the values it sets
+#                 every flag the all-on Deployment passes the operator is in its
+#                 command line there, and every `helm install|upgrade` in
+#                 README.md and the chart README renders as `helm template`
+#                 with the values it sets
 #   schema        every ci/invalid/*.yaml fails helm template (and one helm
 #                 lint) with the message its `# expect:` line names
 #
@@ -273,6 +275,7 @@ notes() {
 readme() {
   local ok=0
   checks readme "$CHART/values.yaml" "$CHART/README.md" || ok=1
+  checks readme-flags "$WORK/all-on.yaml" "$CHART/README.md" || ok=1
   checks doc-commands "$HELM" "$ROOT" "$ROOT/README.md" "$CHART/README.md" || ok=1
   return $ok
 }

@@ -10,6 +10,7 @@ Python (it has PyYAML and jsonschema):
     checks.py dashboards DIR OUT              dashboard structure; every query as a recording rule in OUT
     checks.py assert default|all-on|minimal RENDERED  what those values must render
     checks.py names RENDERED                  no two objects share a name; names and label values fit their limits
+    checks.py readme-flags RENDERED README    every operator flag the Deployment passes is in README's command line
     checks.py doc-commands HELM ROOT DOC...   every `helm install|upgrade` of DOC's sh blocks renders (helm template)
     checks.py crd-drift REPO_CRDS CHART_CRDS  the chart's crds/ equals the repository's
     checks.py readme VALUES README            every value has a row in README.md's table
@@ -543,6 +544,25 @@ def cmd_names(rendered):
     print(f"  {len(docs)} objects, {len(seen)} distinct names")
 
 
+# ---------------------------------------------------------------- documented flags
+
+def cmd_readme_flags(rendered, readme):
+    """Every flag of the rendered operator command line (ci/all-on-values.yaml
+    passes them all), but operator.extraArgs, appears in the README's
+    description of it."""
+    dep = one(load_docs(rendered), "Deployment")
+    if not dep:
+        return
+    with open(readme) as f:
+        text = f.read()
+    flags = {a.split("=", 1)[0] for a in container(dep).get("args", []) if a.startswith("--")}
+    flags -= {"--example-flag"}  # ci/all-on-values.yaml's operator.extraArgs
+    for flag in sorted(flags):
+        if f"{flag}=" not in text and f"{flag} " not in text:
+            problem(f"{readme}: the operator's command line does not mention {flag}, which the chart passes")
+    print(f"  {len(flags)} flags, each in the README")
+
+
 # ---------------------------------------------------------------- documented commands
 
 # Flags of helm install/upgrade that helm template has no use for; the value
@@ -839,7 +859,7 @@ def cmd_query(url, *paths):
 def main(argv):
     cmds = {"split": (cmd_split, 2), "monitoring": (cmd_monitoring, 1), "rules": (cmd_rules, 2),
             "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "names": (cmd_names, 1),
-            "doc-commands": (cmd_doc_commands, -3),            "crd-drift": (cmd_crd_drift, 2),
+            "doc-commands": (cmd_doc_commands, -3), "readme-flags": (cmd_readme_flags, 2),            "crd-drift": (cmd_crd_drift, 2),
             "readme": (cmd_readme, 2), "contract": (cmd_contract, -1), "synth": (cmd_synth, 1),
             "query": (cmd_query, -2)}
     nargs = cmds[argv[1]][1] if len(argv) >= 2 and argv[1] in cmds else None
