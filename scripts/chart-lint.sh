@@ -28,11 +28,18 @@
 #                 return data
 #   assertions    what each values file must render: RBAC rules exactly, PSS
 #                 restricted, probes, leader election, watch namespaces, S3
+#   names         with the longest release name Helm allows (53 characters)
+#                 and ci/all-on-values.yaml: no two objects share a name, and
+#                 names and label values fit the API server's limits
 #   package       helm package, then the packaged chart renders exactly what the
 #                 directory does (.helmignore leaves out nothing it needs)
 #   notes         templates/NOTES.txt renders with each values file, with no
 #                 "<no value>" and the next step (kubectl apply) in it
-#   readme        every value in values.yaml has a row in the chart README's table
+#   readme        every value in values.yaml has a row in the chart README's table,
+#                 every flag the all-on Deployment passes the operator is in its
+#                 command line there, and every `helm install|upgrade` in
+#                 README.md and the chart README renders as `helm template`
+#                 with the values it sets
 #   schema        every ci/invalid/*.yaml fails helm template (and one helm
 #                 lint) with the message its `# expect:` line names
 #
@@ -217,6 +224,15 @@ assertions() {
   return $ok
 }
 
+# Names are cut to fit 63 characters in places; with a long release name a
+# cut must not make two objects one.
+names() {
+  local release
+  release=$(printf 'r%.0s' {1..53})
+  "$HELM" template "$release" "$CHART" --namespace "$RELEASE_NS" -f "${VALUES[all-on]}" >"$WORK/long-name.yaml" || return 1
+  checks names "$WORK/long-name.yaml"
+}
+
 package() {
   "$HELM" package "$CHART" --destination "$WORK/package" >/dev/null || return 1
   local tgz
@@ -256,7 +272,13 @@ notes() {
   return $ok
 }
 
-readme() { checks readme "$CHART/values.yaml" "$CHART/README.md"; }
+readme() {
+  local ok=0
+  checks readme "$CHART/values.yaml" "$CHART/README.md" || ok=1
+  checks readme-flags "$WORK/all-on.yaml" "$CHART/README.md" || ok=1
+  checks doc-commands "$HELM" "$ROOT" "$ROOT/README.md" "$CHART/README.md" || ok=1
+  return $ok
+}
 
 # Each ci/invalid/*.yaml names the error it must produce on its first line:
 # `# expect: REGEX` (extended regex, matched against helm's stderr).
@@ -411,6 +433,7 @@ check rules rules
 check dashboards dashboards
 check prometheus prometheus_check
 check assertions assertions
+check names names
 check package package
 check notes notes
 check readme readme

@@ -1,6 +1,8 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease (`basecamp-operator`
-//! in the operator's namespace), so that of several replicas exactly one
-//! reconciles. The holder renews the Lease every `renew_every`; another
+//! Leader election on a `coordination.k8s.io/v1` Lease (`--lease-name`,
+//! default `basecamp-operator`, in the operator's namespace), so that of
+//! several replicas exactly one reconciles. Each installation needs its own
+//! name: two releases in one namespace sharing a Lease would each wait for
+//! the other. The holder renews the Lease every `renew_every`; another
 //! replica takes it over once `renewTime + leaseDurationSeconds` has passed.
 //! Every write carries the Lease's resourceVersion, so two replicas racing
 //! for an expired Lease cannot both win (the loser gets 409 and waits).
@@ -15,8 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-/// The Lease's name.
-pub const LEASE_NAME: &str = "basecamp-operator";
+/// The Lease's name without `--lease-name` (what every release used before
+/// the flag, so an operator upgraded in place keeps its Lease).
+pub const DEFAULT_LEASE_NAME: &str = "basecamp-operator";
 
 /// What a candidate should do with the Lease as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,12 +60,14 @@ pub fn decide(lease: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Deci
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
     /// The API call failed (other than losing a race).
-    #[error("failed to {action} Lease {namespace}/{LEASE_NAME}: {source}")]
+    #[error("failed to {action} Lease {namespace}/{name}: {source}")]
     Api {
         /// What was attempted.
         action: &'static str,
         /// The namespace.
         namespace: String,
+        /// The Lease's name.
+        name: String,
         /// The cause.
         source: kube::Error,
     },
@@ -82,6 +87,7 @@ impl LeaderError {
 pub struct LeaderElector {
     api: Api<Lease>,
     namespace: String,
+    name: String,
     identity: String,
     /// How long a Lease stays valid without renewal.
     pub lease_duration: Duration,
@@ -90,11 +96,12 @@ pub struct LeaderElector {
 }
 
 impl LeaderElector {
-    /// A candidate named `identity` (the pod's name) in `namespace`.
-    pub fn new(client: Client, namespace: &str, identity: &str) -> Self {
+    /// A candidate named `identity` (the pod's name) for Lease `name` in `namespace`.
+    pub fn new(client: Client, namespace: &str, name: &str, identity: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
+            name: name.to_string(),
             identity: identity.to_string(),
             lease_duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
@@ -102,20 +109,20 @@ impl LeaderElector {
     }
 
     fn err(&self, action: &'static str) -> impl FnOnce(kube::Error) -> LeaderError + '_ {
-        move |source| LeaderError::Api { action, namespace: self.namespace.clone(), source }
+        move |source| LeaderError::Api { action, namespace: self.namespace.clone(), name: self.name.clone(), source }
     }
 
     /// Tries to acquire or renew the Lease once; `true` when we hold it.
     pub async fn try_acquire_or_renew(&self) -> Result<bool, LeaderError> {
         let now = Timestamp::now();
-        let current = self.api.get_opt(LEASE_NAME).await.map_err(self.err("read"))?;
+        let current = self.api.get_opt(&self.name).await.map_err(self.err("read"))?;
         let decision = decide(current.as_ref().and_then(|l| l.spec.as_ref()), &self.identity, now);
         let seconds = i32::try_from(self.lease_duration.as_secs()).unwrap_or(15);
         let lost_race = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.is_conflict() || s.is_already_exists());
         match (decision, current) {
             (Decision::Create, _) => {
                 let lease = Lease {
-                    metadata: ObjectMeta { name: Some(LEASE_NAME.into()), ..Default::default() },
+                    metadata: ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
                     spec: Some(LeaseSpec {
                         holder_identity: Some(self.identity.clone()),
                         lease_duration_seconds: Some(seconds),
@@ -141,7 +148,7 @@ impl LeaderElector {
                 spec.holder_identity = Some(self.identity.clone());
                 spec.lease_duration_seconds = Some(seconds);
                 spec.renew_time = Some(MicroTime(now));
-                match self.api.replace(LEASE_NAME, &PostParams::default(), &lease).await {
+                match self.api.replace(&self.name, &PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
                     Err(e) if lost_race(&e) => Ok(false),
                     Err(e) => Err(self.err("update")(e)),
@@ -164,7 +171,7 @@ impl LeaderElector {
     /// Gives the Lease up (on graceful shutdown), so another replica takes
     /// over at once instead of after `leaseDurationSeconds`. Best effort.
     pub async fn release(&self) -> Result<(), LeaderError> {
-        let Some(mut lease) = self.api.get_opt(LEASE_NAME).await.map_err(self.err("read"))? else { return Ok(()) };
+        let Some(mut lease) = self.api.get_opt(&self.name).await.map_err(self.err("read"))? else { return Ok(()) };
         let Some(spec) = lease.spec.as_mut().filter(|s| s.holder_identity.as_deref() == Some(self.identity.as_str()))
         else {
             return Ok(());
@@ -172,7 +179,7 @@ impl LeaderElector {
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(MicroTime(Timestamp::now()));
-        self.api.replace(LEASE_NAME, &PostParams::default(), &lease).await.map(|_| ()).map_err(self.err("release"))
+        self.api.replace(&self.name, &PostParams::default(), &lease).await.map(|_| ()).map_err(self.err("release"))
     }
 
     /// Renews until a renewal fails or is lost; returns why leadership ended.
@@ -207,7 +214,7 @@ mod tests {
 
     async fn attempt(script: Vec<crate::testing::Call>) -> (Result<bool, LeaderError>, Vec<crate::testing::Seen>) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let elector = LeaderElector::new(Client::new(service, "default"), "ops", "me");
+        let elector = LeaderElector::new(Client::new(service, "default"), "ops", DEFAULT_LEASE_NAME, "me");
         let verifier = tokio::spawn(verify(handle, script));
         let result =
             tokio::time::timeout(Duration::from_secs(10), elector.try_acquire_or_renew()).await.expect("finished");
@@ -221,7 +228,7 @@ mod tests {
     fn lease(holder: &str, renewed: Timestamp) -> serde_json::Value {
         json!({
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": LEASE_NAME, "namespace": "ops", "resourceVersion": "41"},
+            "metadata": {"name": DEFAULT_LEASE_NAME, "namespace": "ops", "resourceVersion": "41"},
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": MicroTime(renewed), "leaseTransitions": 3},
         })
     }
@@ -263,7 +270,7 @@ mod tests {
     #[tokio::test]
     async fn release_gives_up_only_our_own_lease() {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let elector = LeaderElector::new(Client::new(service, "default"), "ops", "me");
+        let elector = LeaderElector::new(Client::new(service, "default"), "ops", DEFAULT_LEASE_NAME, "me");
         let script =
             vec![call("GET", LEASE, Reply::Json(200, lease("me", Timestamp::now()))), call("PUT", LEASE, Reply::Echo)];
         let verifier = tokio::spawn(verify(handle, script));
@@ -280,11 +287,32 @@ mod tests {
         );
 
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let elector = LeaderElector::new(Client::new(service, "default"), "ops", "me");
+        let elector = LeaderElector::new(Client::new(service, "default"), "ops", DEFAULT_LEASE_NAME, "me");
         let verifier =
             tokio::spawn(verify(handle, vec![call("GET", LEASE, Reply::Json(200, lease("other", Timestamp::now())))]));
         elector.release().await.expect("nothing to release");
         verifier.await.expect("no write to another replica's Lease");
+    }
+
+    /// Two releases in one namespace: each campaigns for its own Lease, so
+    /// one's live Lease does not keep the other waiting.
+    #[tokio::test]
+    async fn a_named_lease_is_the_only_one_read_and_written() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let elector = LeaderElector::new(Client::new(service, "default"), "ops", "second-basecamp-operator", "me");
+        let not_found =
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
+        let named = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/second-basecamp-operator";
+        let script = vec![
+            call("GET", named, Reply::Json(404, not_found)),
+            call("POST", "/apis/coordination.k8s.io/v1/namespaces/ops/leases", Reply::Echo),
+        ];
+        let verifier = tokio::spawn(verify(handle, script));
+        let acquired =
+            tokio::time::timeout(Duration::from_secs(10), elector.try_acquire_or_renew()).await.expect("finished");
+        assert!(acquired.expect("no error"), "no other release's Lease stands in the way");
+        let seen = verifier.await.expect("verifier");
+        assert_eq!(seen[1].body["metadata"]["name"], "second-basecamp-operator");
     }
 
     #[tokio::test]

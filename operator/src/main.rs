@@ -69,9 +69,13 @@ struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "BASECAMP_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// Run only while holding the Lease `basecamp-operator` (for several replicas).
+    /// Run only while holding the Lease --lease-name (for several replicas).
     #[arg(long, env = "BASECAMP_LEADER_ELECT")]
     leader_elect: bool,
+    /// The leader Lease's name: one per installation (two releases in one namespace sharing a name
+    /// would each wait for the other).
+    #[arg(long, env = "BASECAMP_LEASE_NAME", default_value = basecamp_operator::leader::DEFAULT_LEASE_NAME)]
+    lease_name: String,
     /// The namespace of the leader Lease (the operator's own).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
@@ -81,17 +85,27 @@ struct RunArgs {
     /// The Basecamp image: sandbox pods run it (and copy the sandbox binary from it into tools images).
     #[arg(long, env = "BASECAMP_SANDBOX_IMAGE", default_value = "basecamp:dev")]
     sandbox_image: String,
+    /// A Secret for pulling images, put in the imagePullSecrets of every pod the operator builds; it must
+    /// exist in each task's namespace. Repeat the flag (or separate with commas) for several.
+    #[arg(long = "sandbox-image-pull-secret", env = "BASECAMP_SANDBOX_IMAGE_PULL_SECRETS", value_name = "NAME", value_delimiter = ',', value_parser = parse_secret_name)]
+    sandbox_image_pull_secrets: Vec<String>,
+    /// imagePullPolicy of the containers in sandbox and trainer pods that run --sandbox-image (none: Kubernetes' default).
+    #[arg(long, env = "BASECAMP_SANDBOX_IMAGE_PULL_POLICY", value_parser = basecamp_operator::settings::IMAGE_PULL_POLICIES)]
+    sandbox_image_pull_policy: Option<String>,
     /// An S3-compatible endpoint for the operator and the sandbox pods (none: AWS S3).
     #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
     s3_endpoint: Option<String>,
+    /// The S3 region of the operator and the sandbox pods (AWS_REGION; none: each resolves its own).
+    #[arg(long, env = "AWS_REGION")]
+    s3_region: Option<String>,
     /// A Secret in each task's namespace with the pods' S3 credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
     #[arg(long, env = "BASECAMP_S3_SECRET")]
     s3_secret: Option<String>,
-    /// ttlSecondsAfterFinished of the sandbox Jobs.
-    #[arg(long, env = "BASECAMP_JOB_TTL_SECONDS", default_value_t = 604_800)]
+    /// ttlSecondsAfterFinished of the sandbox Jobs (0 to 2147483647, Kubernetes' int32).
+    #[arg(long, env = "BASECAMP_JOB_TTL_SECONDS", default_value_t = 604_800, value_parser = clap::value_parser!(i32).range(0..))]
     job_ttl_seconds: i32,
-    /// Retries of one shard (backoffLimitPerIndex).
-    #[arg(long, env = "BASECAMP_SHARD_RETRIES", default_value_t = 2)]
+    /// Retries of one shard (backoffLimitPerIndex, 0 or more).
+    #[arg(long, env = "BASECAMP_SHARD_RETRIES", default_value_t = 2, value_parser = clap::value_parser!(i32).range(0..))]
     shard_retries: i32,
     /// Where `basecamp serve` runs (e.g. https://basecamp.example.com); status.reportUrl links each task's page.
     #[arg(long, env = "BASECAMP_REPORT_BASE_URL")]
@@ -121,6 +135,21 @@ struct RunArgs {
 /// a flag given many times, and this is one JSON value.
 #[derive(Debug, Clone)]
 struct MetricsPeers(Vec<NetworkPolicyPeer>);
+
+/// A Secret's name (a DNS subdomain): a bad one would otherwise fail every
+/// Job the operator creates, not its start.
+fn parse_secret_name(s: &str) -> Result<String, String> {
+    let valid = !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a Secret name (lowercase letters, digits, '-' and '.', at most 253)"))
+    }
+}
 
 /// Parses `--sandbox-metrics-from`; clap puts the flag's name in front of the message.
 fn parse_metrics_from(s: &str) -> Result<MetricsPeers, String> {
@@ -321,10 +350,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .pod_name
         .clone()
         .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "basecamp-operator".into()));
-    let elector = args.leader_elect.then(|| LeaderElector::new(client.clone(), &args.lease_namespace, &identity));
+    let elector = args
+        .leader_elect
+        .then(|| LeaderElector::new(client.clone(), &args.lease_namespace, &args.lease_name, &identity));
     ready.store(true, Ordering::Relaxed);
     if let Some(elector) = &elector {
-        tracing::info!(namespace = %args.lease_namespace, %identity, "waiting for the leader Lease");
+        tracing::info!(namespace = %args.lease_namespace, lease = %args.lease_name, %identity, "waiting for the leader Lease");
         tokio::select! {
             acquired = elector.acquire() => acquired.map_err(|e| anyhow::anyhow!("{e}"))?,
             () = stopped(stop_rx.clone()) => return Ok(()),
@@ -333,6 +364,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings {
         sandbox_image: args.sandbox_image,
         s3_endpoint: args.s3_endpoint.clone(),
+        s3_region: args.s3_region.clone(),
+        image_pull_secrets: args.sandbox_image_pull_secrets,
+        image_pull_policy: args.sandbox_image_pull_policy,
         s3_secret: args.s3_secret,
         job_ttl_seconds: args.job_ttl_seconds,
         backoff_limit_per_index: args.shard_retries,
@@ -344,6 +378,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut storage_config = StorageConfig::from_env();
     if let Some(endpoint) = &args.s3_endpoint {
         storage_config = storage_config.with_endpoint(endpoint.clone());
+    }
+    if let Some(region) = &args.s3_region {
+        storage_config = storage_config.with_region(region.clone());
     }
     let mut context = Context::new(client.clone(), metrics, settings, Storage::new(storage_config), Some(identity));
     context.node_cache = Some(node_cache(client.clone(), stop_rx.clone()));
@@ -429,6 +466,66 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_name_defaults_to_the_one_every_release_used_and_can_be_set() {
+        assert_eq!(run_args(&[]).expect("no flags").lease_name, "basecamp-operator");
+        assert_eq!(run_args(&["--lease-name=team-a-basecamp"]).expect("named").lease_name, "team-a-basecamp");
+    }
+
+    /// The chart gives each release its own Lease, `<fullname>-operator`:
+    /// `basecamp-operator` for the release `basecamp`, the name before the flag.
+    #[test]
+    fn the_chart_passes_a_lease_name_per_release() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let template = std::fs::read_to_string(chart.join("templates/deployment.yaml")).expect("deployment template");
+        assert!(
+            template.contains(r#"- --lease-name={{ printf "%s-operator" (include "basecamp.fullname" .) }}"#),
+            "the Deployment passes --lease-name from the release's full name"
+        );
+    }
+
+    #[test]
+    fn image_pull_secrets_repeat_and_the_pull_policy_is_kubernetes_own() {
+        let args = run_args(&[]).expect("no flags");
+        assert!(args.sandbox_image_pull_secrets.is_empty() && args.sandbox_image_pull_policy.is_none());
+        let args = run_args(&[
+            "--sandbox-image-pull-secret=regcred",
+            "--sandbox-image-pull-secret",
+            "mirror.io,other",
+            "--sandbox-image-pull-policy=Always",
+        ])
+        .expect("flags");
+        assert_eq!(args.sandbox_image_pull_secrets, ["regcred", "mirror.io", "other"]);
+        assert_eq!(args.sandbox_image_pull_policy.as_deref(), Some("Always"));
+        for bad in ["--sandbox-image-pull-policy=always", "--sandbox-image-pull-secret=Reg_Cred"] {
+            let err = run_args(&[bad]).err().expect(bad).to_string();
+            assert!(err.contains(bad.split('=').next().unwrap_or(bad)), "{err}");
+        }
+    }
+
+    /// The chart passes `imagePullSecrets` and `image.pullPolicy` on to the pods the operator builds.
+    #[test]
+    fn the_chart_passes_pull_secrets_and_policy_to_the_sandbox_pods() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let template = std::fs::read_to_string(chart.join("templates/deployment.yaml")).expect("deployment template");
+        for passed in [
+            "- --sandbox-image-pull-secret={{ .name }}",
+            "- --sandbox-image-pull-policy={{ .Values.image.pullPolicy }}",
+        ] {
+            assert!(template.contains(passed), "the Deployment passes {passed}");
+        }
+    }
+
+    /// The chart's `operator.metricsBindAddress` "::" becomes `--metrics-addr=[::]:PORT`.
+    #[test]
+    fn the_metrics_address_takes_ipv6_in_brackets() {
+        let addr = run_args(&["--metrics-addr=[::]:9090"]).expect("IPv6").metrics_addr;
+        assert!(addr.is_ipv6() && addr.port() == 9090, "{addr}");
+        // A chart flag cannot be given again through extraArgs: the values set it.
+        let twice = run_args(&["--metrics-addr=0.0.0.0:8080", "--metrics-addr=[::]:8080"]).err().expect("twice");
+        assert!(twice.to_string().contains("--metrics-addr"), "{twice}");
+    }
+
+    #[test]
     fn reconciles_in_flight_are_bounded_and_at_least_one() {
         assert_eq!(run_args(&[]).expect("no flags").max_concurrent_reconciles, 16);
         assert_eq!(run_args(&["--max-concurrent-reconciles=4"]).expect("4").max_concurrent_reconciles, 4);
@@ -494,6 +591,49 @@ mod tests {
                 .is_some_and(|labels| labels.get("app.kubernetes.io/name").is_some_and(|v| v == "prometheus"))
         });
         assert!(prometheus, "the default admits the Prometheus Operator's Prometheus pods: {scrape_from}");
+    }
+
+    /// The chart's schema bounds each integer it passes as a flag to what
+    /// the flag takes: a value beyond would pass `helm install` and stop the
+    /// operator at start.
+    #[test]
+    fn the_chart_schema_bounds_integer_flags_as_the_operator_does() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let text = std::fs::read_to_string(chart.join("values.schema.json")).expect("values.schema.json");
+        let schema: serde_json::Value = serde_json::from_str(&text).expect("values.schema.json parses");
+        for (value, flag) in [("jobTtlSeconds", "--job-ttl-seconds"), ("shardRetries", "--shard-retries")] {
+            let bounds = &schema["properties"]["sandbox"]["properties"][value];
+            let bound = |key: &str| bounds[key].as_i64().unwrap_or_else(|| panic!("sandbox.{value} has a {key}"));
+            let (min, max) = (bound("minimum"), bound("maximum"));
+            for ok in [min, max] {
+                run_args(&[&format!("{flag}={ok}")]).unwrap_or_else(|e| panic!("sandbox.{value}={ok} is refused: {e}"));
+            }
+            // shardRetries' maximum (100) is the chart's choice, not the type's.
+            if max == i64::from(i32::MAX) {
+                let err = run_args(&[&format!("{flag}={}", max + 1)]).err().expect("past i32").to_string();
+                assert!(err.contains(flag), "{err}");
+            }
+            let err = run_args(&[&format!("{flag}={}", min - 1)]).err().expect("negative").to_string();
+            assert!(err.contains(flag), "{err}");
+        }
+    }
+
+    /// What the chart's schema takes for `scrapeFrom`, the operator takes:
+    /// ci/all-on-values.yaml holds every form of peer the schema allows
+    /// (chart-lint renders it), and each parses here.
+    #[test]
+    fn every_scrape_from_peer_the_chart_schema_takes_parses() {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/basecamp");
+        let text = std::fs::read_to_string(chart.join("ci/all-on-values.yaml")).expect("ci/all-on-values.yaml");
+        let values: serde_json::Value = serde_saphyr::from_str(&text).expect("ci/all-on-values.yaml parses");
+        let scrape_from = &values["metrics"]["sandboxPodMonitor"]["scrapeFrom"];
+        let json = serde_json::to_string(scrape_from).expect("json");
+        let peers = run_args(&["--sandbox-metrics-from", &json])
+            .unwrap_or_else(|e| panic!("the operator refuses what the chart's schema took: {e}"))
+            .sandbox_metrics_from
+            .0;
+        assert_eq!(peers.len(), scrape_from.as_array().map_or(0, Vec::len));
+        assert!(peers.iter().any(|p| p.ip_block.as_ref().is_some_and(|b| b.cidr.contains(':'))), "an IPv6 block");
     }
 
     /// The chart passes `metrics.sandboxPodMonitor.metricsLinger` (0s without

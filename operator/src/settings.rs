@@ -5,6 +5,7 @@
 
 use std::net::IpAddr;
 
+use k8s_openapi::api::core::v1::LocalObjectReference;
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 
 /// Where the `basecamp-sandbox` binary lives in the Basecamp image.
@@ -25,6 +26,21 @@ pub struct Settings {
     /// An S3-compatible endpoint passed to pods as `AWS_ENDPOINT_URL_S3`
     /// and allowed by the NetworkPolicy; `None` for AWS S3 (HTTPS, 443).
     pub s3_endpoint: Option<String>,
+    /// `imagePullSecrets` of every pod the operator builds (sandbox,
+    /// evaluation and trainer pods): Secrets that must exist in each task's
+    /// namespace. Empty: none (the namespace's ServiceAccount's, if any).
+    pub image_pull_secrets: Vec<String>,
+    /// `imagePullPolicy` of the containers that run the Basecamp image
+    /// ([`Self::sandbox_image`]: the sandbox container without a tools
+    /// image, the init containers that copy its binaries). `None`:
+    /// Kubernetes' default. Users' images (tools, trainer, policy server)
+    /// keep theirs.
+    pub image_pull_policy: Option<String>,
+    /// The S3 region passed to pods as `AWS_REGION` (the operator's own,
+    /// `--s3-region` or `AWS_REGION`); `None`: the pods resolve it themselves
+    /// (the SDK's chain, `us-east-1` without one), which a bucket elsewhere
+    /// refuses.
+    pub s3_region: Option<String>,
     /// A Secret in the task's namespace whose keys become the sandbox's
     /// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, ...).
     pub s3_secret: Option<String>,
@@ -59,6 +75,9 @@ impl Default for Settings {
         Self {
             sandbox_image: "basecamp:dev".into(),
             s3_endpoint: None,
+            s3_region: None,
+            image_pull_secrets: Vec::new(),
+            image_pull_policy: None,
             s3_secret: None,
             job_ttl_seconds: 7 * 24 * 3600,
             backoff_limit_per_index: 2,
@@ -69,6 +88,18 @@ impl Default for Settings {
         }
     }
 }
+
+impl Settings {
+    /// [`Self::image_pull_secrets`] as a pod's `imagePullSecrets`; `None`
+    /// when there are none, so a pod without them is built as before.
+    pub fn pod_image_pull_secrets(&self) -> Option<Vec<LocalObjectReference>> {
+        (!self.image_pull_secrets.is_empty())
+            .then(|| self.image_pull_secrets.iter().map(|name| LocalObjectReference { name: name.clone() }).collect())
+    }
+}
+
+/// The values `--sandbox-image-pull-policy` takes (Kubernetes' `imagePullPolicy`).
+pub const IMAGE_PULL_POLICIES: [&str; 3] = ["Always", "IfNotPresent", "Never"];
 
 /// An example of `--sandbox-metrics-from`, for error messages and docs.
 pub const SANDBOX_METRICS_FROM_EXAMPLE: &str =

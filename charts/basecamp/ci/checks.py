@@ -9,6 +9,9 @@ Python (it has PyYAML and jsonschema):
     checks.py rules RENDERED OUT              the PrometheusRule groups as a promtool rules file
     checks.py dashboards DIR OUT              dashboard structure; every query as a recording rule in OUT
     checks.py assert default|all-on|minimal RENDERED  what those values must render
+    checks.py names RENDERED                  no two objects share a name; names and label values fit their limits
+    checks.py readme-flags RENDERED README    every operator flag the Deployment passes is in README's command line
+    checks.py doc-commands HELM ROOT DOC...   every `helm install|upgrade` of DOC's sh blocks renders (helm template)
     checks.py crd-drift REPO_CRDS CHART_CRDS  the chart's crds/ equals the repository's
     checks.py readme VALUES README            every value has a row in README.md's table
     checks.py contract RULES...               every basecamp_* metric and label a query uses is in the contract
@@ -344,7 +347,8 @@ def assert_common(docs):
     if args[:1] != ["run"]:
         problem(f"operator args do not start with the run subcommand: {args}")
     metrics_port = c["ports"][0]["containerPort"]
-    if f"--metrics-addr=0.0.0.0:{metrics_port}" not in args:
+    # all-on binds to IPv6 (operator.metricsBindAddress: "::"), in brackets.
+    if not {f"--metrics-addr=0.0.0.0:{metrics_port}", f"--metrics-addr=[::]:{metrics_port}"} & set(args):
         problem(f"--metrics-addr does not match the metrics port {metrics_port}: {args}")
     env = env_of(c)
     if env.get("POD_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "metadata.namespace":
@@ -398,6 +402,9 @@ def cmd_assert(which, rendered):
             problem("default replicas is not 1")
         if "--leader-elect" not in args or "--lease-namespace=$(POD_NAMESPACE)" not in args:
             problem(f"leader election is not on by default: {args}")
+        # Each release its own Lease (two in one namespace would wait on each other).
+        if "--lease-name=release-name-basecamp-operator" not in args:
+            problem(f"the Lease is not named after the release: {args}")
         if any(a.startswith("--namespaces") for a in args):
             problem("--namespaces is set although watchNamespaces is empty")
         if c["image"] != "basecamp:0.1.0" or "--sandbox-image=basecamp:0.1.0" not in args:
@@ -424,8 +431,14 @@ def cmd_assert(which, rendered):
         for flag in ("--s3-secret=sandbox-s3", "--job-ttl-seconds=86400", "--shard-retries=4"):
             if flag not in args:
                 problem(f"{flag} not passed: {args}")
+        if f"--metrics-addr=[::]:{c['ports'][0]['containerPort']}" not in args:
+            problem(f"--metrics-addr is not operator.metricsBindAddress :: in brackets: {args}")
         if "--sandbox-image=registry.example.com/ml/basecamp-tools:2026.11" not in args:
             problem(f"--sandbox-image is not sandbox.image: {args}")
+        # Sandbox pods pull the same images from the same registry.
+        for flag in ("--sandbox-image-pull-secret=regcred", "--sandbox-image-pull-policy=Always"):
+            if flag not in args:
+                problem(f"{flag} not passed (imagePullSecrets, image.pullPolicy): {args}")
         if "--log-format=text" not in args or env["RUST_LOG"]["value"] != "info,basecamp_operator=debug,kube=warn":
             problem("log format/level not passed")
         if env.get("AWS_ENDPOINT_URL_S3", {}).get("value") != "http://minio.storage.svc:9000" or \
@@ -498,6 +511,116 @@ def cmd_assert(which, rendered):
     if nodes and rules_of(nodes) != EXPECTED_NODE_RULES:
         problem("the nodes ClusterRole grants more or less than nodes get/list/watch")
     print(f"  {which}: {len(docs)} objects, {len(problems)} problems")
+
+
+# ---------------------------------------------------------------- names
+
+# A Service's name is a DNS label (63); other objects' names DNS subdomains (253).
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def cmd_names(rendered):
+    """What the API server would refuse or silently merge with a long release
+    name: two objects of one kind and namespace with one name (the second
+    overwrites the first), names and label values over their limits."""
+    docs = load_docs(rendered)
+    seen = {}
+    for doc in docs:
+        meta = doc.get("metadata", {})
+        name = meta.get("name", "")
+        group = doc.get("apiVersion", "").rpartition("/")[0]
+        key = (group, doc.get("kind"), meta.get("namespace"), name)
+        if key in seen:
+            problem(f"{name_of(doc)}: rendered twice (the second overwrites the first)")
+        seen[key] = doc
+        if doc.get("kind") == "Service" and (len(name) > 63 or not DNS_LABEL.match(name)):
+            problem(f"{name_of(doc)}: a Service name must be a DNS label of at most 63 characters ({len(name)})")
+        elif len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+            problem(f"{name_of(doc)}: not a DNS subdomain of at most 253 characters ({len(name)})")
+        for key, value in (meta.get("labels") or {}).items():
+            if len(str(value)) > 63:
+                problem(f"{name_of(doc)}: label {key} is {len(str(value))} characters, over 63")
+    print(f"  {len(docs)} objects, {len(seen)} distinct names")
+
+
+# ---------------------------------------------------------------- documented flags
+
+def cmd_readme_flags(rendered, readme):
+    """Every flag of the rendered operator command line (ci/all-on-values.yaml
+    passes them all), but operator.extraArgs, appears in the README's
+    description of it."""
+    dep = one(load_docs(rendered), "Deployment")
+    if not dep:
+        return
+    with open(readme) as f:
+        text = f.read()
+    flags = {a.split("=", 1)[0] for a in container(dep).get("args", []) if a.startswith("--")}
+    flags -= {"--example-flag"}  # ci/all-on-values.yaml's operator.extraArgs
+    for flag in sorted(flags):
+        if f"{flag}=" not in text and f"{flag} " not in text:
+            problem(f"{readme}: the operator's command line does not mention {flag}, which the chart passes")
+    print(f"  {len(flags)} flags, each in the README")
+
+
+# ---------------------------------------------------------------- documented commands
+
+# Flags of helm install/upgrade that helm template has no use for; the value
+# says whether one takes an argument.
+HELM_ONLY_FLAGS = {"--create-namespace": False, "--reuse-values": False, "--wait": False, "--atomic": False,
+                   "--install": False, "--timeout": True}
+
+
+def doc_commands(path):
+    """(line, argv) of each `helm install` / `helm upgrade` in the ```sh
+    blocks of a Markdown file, continuation lines joined."""
+    import shlex
+    commands, in_sh, pending, start = [], False, "", 0
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            stripped = line.strip()
+            if stripped.startswith("```"):
+                in_sh = not in_sh and stripped in ("```sh", "```bash", "```shell")
+                continue
+            if not in_sh:
+                continue
+            if not pending:
+                start = number
+            pending += stripped[:-1] + " " if stripped.endswith("\\") else stripped
+            if stripped.endswith("\\"):
+                continue
+            command, pending = pending, ""
+            if re.match(r"helm (install|upgrade) ", command):
+                commands.append((start, shlex.split(command, comments=True)))
+    return commands
+
+
+def cmd_doc_commands(helm, root, *docs):
+    """Renders each documented install/upgrade command as `helm template`
+    with the same values, from the repository root (the commands name
+    charts/basecamp): a value the chart does not take fails here, not for
+    the user who copies it."""
+    import subprocess
+    n = 0
+    for doc in docs:
+        for line, argv in doc_commands(doc):
+            n += 1
+            args, rest = ["template"], iter(argv[2:])
+            for arg in rest:
+                flag = arg.split("=", 1)[0]
+                if flag in HELM_ONLY_FLAGS:
+                    if HELM_ONLY_FLAGS[flag] and "=" not in arg:
+                        next(rest, None)
+                    continue
+                args.append(arg)
+            where = f"{os.path.relpath(doc, root)}:{line}"
+            result = subprocess.run([helm, *args], cwd=root, capture_output=True, text=True)
+            if result.returncode != 0:
+                problem(f"{where}: `{' '.join(argv)}` does not render: {result.stderr.strip()}")
+            else:
+                print(f"  ok {where}: {' '.join(argv)[:120]}")
+    if n == 0:
+        problem(f"no helm install/upgrade command found in {', '.join(docs)}")
 
 
 # ---------------------------------------------------------------- CRD drift
@@ -735,7 +858,8 @@ def cmd_query(url, *paths):
 
 def main(argv):
     cmds = {"split": (cmd_split, 2), "monitoring": (cmd_monitoring, 1), "rules": (cmd_rules, 2),
-            "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "crd-drift": (cmd_crd_drift, 2),
+            "dashboards": (cmd_dashboards, 2), "assert": (cmd_assert, 2), "names": (cmd_names, 1),
+            "doc-commands": (cmd_doc_commands, -3), "readme-flags": (cmd_readme_flags, 2),            "crd-drift": (cmd_crd_drift, 2),
             "readme": (cmd_readme, 2), "contract": (cmd_contract, -1), "synth": (cmd_synth, 1),
             "query": (cmd_query, -2)}
     nargs = cmds[argv[1]][1] if len(argv) >= 2 and argv[1] in cmds else None

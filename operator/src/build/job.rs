@@ -51,7 +51,7 @@ use super::names::{
 use super::policy_server::{self, CHECKPOINT_ENV, STEP_ENV, Served};
 use super::security::{container_security_context, pod_security_context};
 use super::{BuildError, BuildInput, ResolvedVariant};
-use crate::settings::{OPERATOR_BINARY_IN_IMAGE, SANDBOX_BINARY_IN_IMAGE};
+use crate::settings::{OPERATOR_BINARY_IN_IMAGE, SANDBOX_BINARY_IN_IMAGE, Settings};
 
 /// The sandbox container's name (the pod failure policy matches on it).
 pub const SANDBOX_CONTAINER: &str = "sandbox";
@@ -161,12 +161,14 @@ pub fn sandbox_args(
     args
 }
 
-/// An init container that copies a binary of the Basecamp image (`from`)
-/// into the `basecamp-bin` emptyDir (`to`), so that another image can run it.
-pub fn inject_container(name: &str, basecamp_image: &str, from: &str, to: &str) -> Container {
+/// An init container that copies a binary of the Basecamp image
+/// (`settings.sandbox_image`, pulled with its pull policy) from `from` into
+/// the `basecamp-bin` emptyDir (`to`), so that another image can run it.
+pub fn inject_container(name: &str, settings: &Settings, from: &str, to: &str) -> Container {
     Container {
         name: name.into(),
-        image: Some(basecamp_image.into()),
+        image: Some(settings.sandbox_image.clone()),
+        image_pull_policy: settings.image_pull_policy.clone(),
         command: Some(vec![OPERATOR_BINARY_IN_IMAGE.into()]),
         args: Some(vec!["inject-sandbox".into(), "--from".into(), from.into(), "--to".into(), to.into()]),
         volume_mounts: Some(vec![mount("basecamp-bin", INJECTED_BIN_DIR, false)]),
@@ -215,6 +217,12 @@ fn sandbox_env(input: &BuildInput<'_>, checkpoint: Option<&CheckpointUnderTest>)
     }
     if let Some(endpoint) = &input.settings.s3_endpoint {
         vars.push(env("AWS_ENDPOINT_URL_S3", endpoint));
+    }
+    // Without it the pods' SDK falls back to us-east-1, and a bucket in
+    // another region (or a store that checks the signing region) refuses
+    // the uploads the operator's own reads succeed with.
+    if let Some(region) = &input.settings.s3_region {
+        vars.push(env("AWS_REGION", region));
     }
     if let Some(secret) = &input.task.spec.policy.api_key_secret {
         vars.push(EnvVar {
@@ -277,7 +285,7 @@ pub fn pod_template(
             let injected = format!("{INJECTED_BIN_DIR}/basecamp-sandbox");
             init_containers.push(inject_container(
                 INJECT_CONTAINER,
-                &input.settings.sandbox_image,
+                input.settings,
                 SANDBOX_BINARY_IN_IMAGE,
                 &injected,
             ));
@@ -285,9 +293,12 @@ pub fn pod_template(
         }
         None => (input.settings.sandbox_image.clone(), SANDBOX_BINARY_IN_IMAGE.to_string()),
     };
+    // The pull policy is the Basecamp image's: a tools image keeps its own.
+    let image_pull_policy = tools_image.is_none().then(|| input.settings.image_pull_policy.clone()).flatten();
     let sandbox = Container {
         name: SANDBOX_CONTAINER.into(),
         image: Some(image),
+        image_pull_policy,
         command: Some(vec![command]),
         args: Some(sandbox_args(
             input.name,
@@ -337,6 +348,9 @@ pub fn pod_template(
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             runtime_class_name: variant.spec.runtime_class_name.clone(),
+            // By default the pods run the operator's image: from a private
+            // registry they need its pull secrets too.
+            image_pull_secrets: input.settings.pod_image_pull_secrets(),
             security_context: Some(pod_security_context()),
             affinity: gpu_affinity(&gpu, min_cc),
             tolerations: needs_gpu.then(gpu_tolerations),

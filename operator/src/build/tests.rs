@@ -232,6 +232,36 @@ fn a_tools_image_gets_the_sandbox_binary_from_an_init_container() {
     );
 }
 
+/// The pods run the operator's image by default: from a private registry
+/// they need its pull secrets (pod-wide) and policy (containers of that
+/// image only: a tools image keeps Kubernetes' default).
+#[test]
+fn the_pods_get_the_image_pull_secrets_and_the_basecamp_images_pull_policy() {
+    let task = task(base_spec());
+    let settings = Settings {
+        image_pull_secrets: vec!["regcred".into(), "mirror".into()],
+        image_pull_policy: Some("Always".into()),
+        ..Default::default()
+    };
+    let desired = built(&task, vec![variant("default", gpu_sandbox(None))], &settings);
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}, {"name": "mirror"}]));
+    assert_eq!(pod["containers"][0]["imagePullPolicy"], "Always", "the sandbox runs the Basecamp image");
+
+    let mut tools = gpu_sandbox(None);
+    tools.image = Some("registry.example.com/shop-tools:1.2".into());
+    let desired = built(&task, vec![variant("default", tools)], &settings);
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}, {"name": "mirror"}]));
+    assert_eq!(pod["initContainers"][0]["imagePullPolicy"], "Always", "inject-sandbox pulls the Basecamp image");
+    assert!(pod["containers"][0].get("imagePullPolicy").is_none(), "the tools image keeps its default");
+
+    // None set: the pods are built as before (and keep their template hash).
+    let desired = built(&task, vec![variant("default", gpu_sandbox(None))], &Settings::default());
+    let pod = &to_json(&desired.jobs[0])["spec"]["template"]["spec"];
+    assert!(pod.get("imagePullSecrets").is_none() && pod["containers"][0].get("imagePullPolicy").is_none());
+}
+
 #[test]
 fn the_template_hash_changes_with_the_pod_but_not_with_parallelism_or_suspend() {
     let settings = Settings::default();
@@ -335,6 +365,26 @@ fn the_manifests_in_the_config_map_load_and_validate_as_the_pod_reads_them() {
     assert_eq!(desired.jobs.len(), 2);
     assert_eq!(desired.jobs[1].metadata.name.as_deref(), Some("eval-candidate"));
     assert_eq!(desired.config_map.metadata.owner_references.as_ref().map(Vec::len), Some(1));
+}
+
+/// The region travels as the endpoint does: the operator's (`AWS_REGION`)
+/// to every sandbox pod; none set, none passed (the pod's own chain).
+#[test]
+fn the_s3_region_reaches_the_sandbox_pods() {
+    let task = task(base_spec());
+    let env_of = |settings: &Settings| {
+        let desired = built(&task, vec![variant("default", gpu_sandbox(None))], settings);
+        let job = to_json(&desired.jobs[0]);
+        job["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("env").clone()
+    };
+    let region = |env: &[Value]| env.iter().find(|e| e["name"] == "AWS_REGION").map(|e| e["value"].clone());
+    let settings = Settings {
+        s3_endpoint: Some("http://minio.storage:9000".into()),
+        s3_region: Some("eu-central-1".into()),
+        ..Default::default()
+    };
+    assert_eq!(region(&env_of(&settings)), Some(json!("eu-central-1")));
+    assert_eq!(region(&env_of(&Settings::default())), None);
 }
 
 #[test]

@@ -112,6 +112,40 @@ fn the_checkpoint_root_defaults_under_the_trace_destination() {
 
 // --- the trainer Job ---------------------------------------------------------------------------
 
+/// The trainer pod pulls the Basecamp image (inject-basecamp) with the
+/// operator's pull secrets and policy; the trainer image keeps its policy.
+#[test]
+fn the_trainer_job_gets_the_image_pull_secrets_and_policy() {
+    let task = task_with(training_spec("bkt"));
+    let settings =
+        Settings { image_pull_secrets: vec!["regcred".into()], image_pull_policy: Some("Never".into()), ..settings() };
+    let input = BuildInput::new(&task, vec![variant("default", None)], &settings).expect("input");
+    let locations = Locations::of(&task, "team-a", "eval").expect("locations");
+    let job = to_json(&trainer::trainer_job(&input, &locations).expect("build").expect("a trainer"));
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert_eq!(pod["initContainers"][0]["name"], "inject-basecamp");
+    assert_eq!(pod["initContainers"][0]["imagePullPolicy"], "Never");
+    assert!(pod["containers"][0].get("imagePullPolicy").is_none(), "the trainer image keeps its default");
+    // Evaluation Jobs are the variants' Jobs: the same pod template.
+    let under_test = CheckpointUnderTest { step: 20, location: "s3://bkt/c/step-20/".into() };
+    let eval = to_json(&evaluation::evaluation_jobs(&input, &under_test).expect("jobs")[0]);
+    assert_eq!(eval["spec"]["template"]["spec"]["imagePullSecrets"], json!([{"name": "regcred"}]));
+}
+
+/// The operator's S3 region reaches the trainer's containers as the endpoint does.
+#[test]
+fn the_trainer_job_gets_the_s3_region() {
+    let task = task_with(training_spec("bkt"));
+    let settings = Settings { s3_region: Some("eu-central-1".into()), ..settings() };
+    let input = BuildInput::new(&task, vec![variant("default", None)], &settings).expect("input");
+    let locations = Locations::of(&task, "team-a", "eval").expect("locations");
+    let job = to_json(&trainer::trainer_job(&input, &locations).expect("build").expect("a trainer"));
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(env_of(&pod["containers"][0])["AWS_REGION"], "eu-central-1", "the trainer");
+    assert_eq!(env_of(&pod["initContainers"][1])["AWS_REGION"], "eu-central-1", "the dataset preprocessor");
+}
+
 #[test]
 fn the_trainer_job_injects_basecamp_preprocesses_and_trains_on_gpus() {
     let task = task_with(training_spec("bkt"));
@@ -181,6 +215,7 @@ fn the_trainer_job_injects_basecamp_preprocesses_and_trains_on_gpus() {
     assert_eq!(env["BASECAMP_MODEL_ID"], "shop-base");
     assert_eq!(env["BASECAMP_BATCH_SIZE"], "16");
     assert_eq!(env["AWS_ENDPOINT_URL_S3"], "http://10.1.2.3:9000");
+    assert!(!env.contains_key("AWS_REGION"), "no region set, none passed");
     let config: Value = serde_json::from_str(&env["BASECAMP_TRAINING_CONFIG"]).expect("JSON");
     assert_eq!(config["modelId"], "shop-base");
     assert_eq!(config["gpus"], 2);

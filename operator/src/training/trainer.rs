@@ -92,6 +92,9 @@ pub fn trainer_env(input: &BuildInput<'_>, locations: &Locations) -> Result<Vec<
     if let Some(endpoint) = &input.settings.s3_endpoint {
         vars.push(env("AWS_ENDPOINT_URL_S3", endpoint));
     }
+    if let Some(region) = &input.settings.s3_region {
+        vars.push(env("AWS_REGION", region));
+    }
     vars.push(env("HOME", "/tmp"));
     Ok(vars)
 }
@@ -138,8 +141,7 @@ pub fn trainer_job(input: &BuildInput<'_>, locations: &Locations) -> Result<Opti
             mount("tmp", "/tmp", false),
         ]
     };
-    let mut init_containers =
-        vec![inject_container(INJECT_CONTAINER, &input.settings.sandbox_image, CLI_BINARY_IN_IMAGE, &injected)];
+    let mut init_containers = vec![inject_container(INJECT_CONTAINER, input.settings, CLI_BINARY_IN_IMAGE, &injected)];
     if let (Some(pipeline), Some(dataset)) = (&spec.data_pipeline, &locations.dataset) {
         init_containers.push(Container {
             name: DATASET_CONTAINER.into(),
@@ -198,6 +200,9 @@ pub fn trainer_job(input: &BuildInput<'_>, locations: &Locations) -> Result<Opti
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             security_context: Some(pod_security_context()),
+            // inject-basecamp pulls the Basecamp image (and the trainer
+            // image may be in the same private registry).
+            image_pull_secrets: input.settings.pod_image_pull_secrets(),
             affinity,
             tolerations,
             init_containers: Some(init_containers),

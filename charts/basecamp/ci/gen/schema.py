@@ -29,6 +29,10 @@ def arr(items=None, desc=None, **kw):
     if desc: d["description"] = desc
     return d
 strmap = {"type": "object", "additionalProperties": {"type": "string"}}
+# Kubernetes' int32 fields, and the operator's i32 flags: a larger value
+# passes Helm and is refused later, by the API server or by the operator at
+# start (a crash loop).
+INT32_MAX = 2147483647
 anyobj = {"type": "object"}
 k8s_name = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 duration = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$",
@@ -36,12 +40,15 @@ duration = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$",
 severity = {"type": "string", "enum": ["critical", "warning", "info", "none"]}
 probe = obj({
     "enabled": b("Whether the probe is set"),
-    "initialDelaySeconds": i(minimum=0), "periodSeconds": i(minimum=1),
-    "timeoutSeconds": i(minimum=1), "failureThreshold": i(minimum=1)})
+    "initialDelaySeconds": i(minimum=0, maximum=INT32_MAX), "periodSeconds": i(minimum=1, maximum=INT32_MAX),
+    "timeoutSeconds": i(minimum=1, maximum=INT32_MAX), "failureThreshold": i(minimum=1, maximum=INT32_MAX)})
 image_ref = lambda desc: obj({
     "repository": s(desc, pattern="^$|^[a-z0-9]+([._/:-][a-z0-9]+)*$"),
-    "tag": {"type": ["string", "number"], "description": "Image tag; empty: the default",
-            "pattern": "^$|^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"},
+    # A string only: YAML reads `tag: 1.10` as the number 1.1 and `tag:
+    # 20240101` as one Helm prints 2.0240101e+07, so a number would render
+    # another image's tag. Quoted ("1.10") it is kept as written.
+    "tag": s('Image tag, quoted when it looks like a number ("1.10"); empty: the default',
+             pattern="^$|^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"),
     "digest": s("Image digest, wins over the tag", pattern="^$|^sha256:[a-f0-9]{64}$")})
 op_image = image_ref("Image repository, e.g. ghcr.io/org/basecamp")
 op_image["properties"]["repository"]["minLength"] = 1
@@ -59,13 +66,42 @@ monitor_common = {
     "labels": strmap, "annotations": strmap, "interval": duration, "scrapeTimeout": duration,
     "relabelings": arr(anyobj), "metricRelabelings": arr(anyobj)}
 label_key = {"type": "string", "pattern": "^$|^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}
+# IPv4 and IPv6 addresses as Rust's and Go's parsers take them (no leading
+# zeros, no zone).
+_octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_ipv4 = f"({_octet}\\.){{3}}{_octet}"
+_h = "[0-9A-Fa-f]{1,4}"
+_ipv6 = "|".join([f"({_h}:){{7}}{_h}", f"({_h}:){{1,7}}:", f"({_h}:){{1,6}}:{_h}",
+                  f"({_h}:){{1,5}}(:{_h}){{1,2}}", f"({_h}:){{1,4}}(:{_h}){{1,3}}",
+                  f"({_h}:){{1,3}}(:{_h}){{1,4}}", f"({_h}:){{1,2}}(:{_h}){{1,5}}",
+                  f"{_h}:(:{_h}){{1,6}}", f":((:{_h}){{1,7}}|:)", f"::([Ff]{{4}}(:0{{1,4}})?:)?{_ipv4}",
+                  f"({_h}:){{1,4}}:{_ipv4}", f"({_h}:){{6}}{_ipv4}"])
+# What the operator's CIDR check takes: an address, a slash, and a prefix
+# length that fits it.
+cidr = s("An IPv4 or IPv6 CIDR such as 10.0.0.0/8 or fd00::/8",
+         pattern=f"^({_ipv4}/(3[0-2]|[12]?[0-9])|({_ipv6})/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))$")
+# A LabelSelectorRequirement: In/NotIn need values, Exists/DoesNotExist take
+# none (the API server's rule, checked on each task's NetworkPolicy).
+requirement = obj({"key": s(minLength=1), "operator": s(enum=["In", "NotIn", "Exists", "DoesNotExist"]),
+                   "values": arr({"type": "string"})}, required=["key", "operator"])
+requirement["allOf"] = [
+    {"if": {"properties": {"operator": {"enum": ["In", "NotIn"]}}},
+     "then": {"required": ["values"], "properties": {"values": {"minItems": 1}}}},
+    {"if": {"properties": {"operator": {"enum": ["Exists", "DoesNotExist"]}}},
+     "then": {"properties": {"values": {"maxItems": 0}}}}]
+selector = obj({"matchLabels": strmap, "matchExpressions": arr(requirement)})
 # A NetworkPolicyPeer the operator passes on (--sandbox-metrics-from): the
 # operator refuses unknown fields and empty peers at start-up, so refuse them
 # here already, at helm install, rather than in a crash-looping operator.
-selector = obj({"matchLabels": strmap, "matchExpressions": arr(anyobj)})
+# ipBlock excludes the selectors (the API server refuses the mix): a peer is
+# either an ipBlock alone or one or both selectors. `false` makes the error
+# name the selector that is too many.
 peer = obj({"podSelector": selector, "namespaceSelector": selector,
-            "ipBlock": obj({"cidr": s(minLength=1), "except": arr({"type": "string"})}, required=["cidr"])})
+            "ipBlock": obj({"cidr": cidr, "except": arr(cidr)}, required=["cidr"])})
 peer["minProperties"] = 1
+peer["if"] = {"required": ["ipBlock"]}
+peer["then"] = {"description": "ipBlock cannot be combined with podSelector or namespaceSelector: make them two peers",
+                "properties": {"podSelector": False, "namespaceSelector": False}}
 
 schema = {
   "$schema": "http://json-schema.org/draft-07/schema#",
@@ -80,11 +116,13 @@ schema = {
     "image": op_image,
     "imagePullSecrets": arr(obj({"name": s(minLength=1)}, required=["name"])),
     "operator": obj({
-      "replicas": i("Operator pods; more than 1 needs leaderElection.enabled", minimum=0),
+      "replicas": i("Operator pods; more than 1 needs leaderElection.enabled", minimum=0, maximum=INT32_MAX),
       "logLevel": s("RUST_LOG filter, e.g. info or info,basecamp_operator=debug", minLength=1,
                     pattern="^[A-Za-z0-9_:=,.\\[\\]{}\"-]+$"),
       "logFormat": s("Log line format", enum=["json", "text"]),
       "metricsPort": i(minimum=1, maximum=65535),
+      "metricsBindAddress": s("Address of /metrics, /healthz and /readyz (--metrics-addr): 0.0.0.0, or :: "
+                              "on an IPv6-only cluster", pattern=f"^({_ipv4}|{_ipv6})$"),
       "extraArgs": arr({"type": "string"}),
       "extraEnv": arr(obj({"name": s(minLength=1)}, required=["name"], addl=True)),
       "extraEnvFrom": arr(anyobj),
@@ -101,10 +139,10 @@ schema = {
       "topologySpreadConstraints": arr(anyobj),
       "podAnnotations": strmap, "podLabels": strmap, "annotations": strmap,
       "terminationGracePeriodSeconds": i(minimum=0),
-      "revisionHistoryLimit": i(minimum=0),
+      "revisionHistoryLimit": i(minimum=0, maximum=INT32_MAX),
       "strategy": obj({"type": s(enum=["RollingUpdate", "Recreate"]), "rollingUpdate": anyobj}),
       "podDisruptionBudget": obj({"enabled": b(), "minAvailable": {"type": ["integer", "string"]}}),
-    }, required=["replicas", "logLevel", "logFormat", "metricsPort"]),
+    }, required=["replicas", "logLevel", "logFormat", "metricsPort", "metricsBindAddress"]),
     "networkPolicy": obj({"enabled": b("A NetworkPolicy for the operator pods"),
                           "metricsFrom": arr(anyobj, "NetworkPolicyPeers allowed to scrape; empty: any"),
                           "egress": arr(anyobj, "NetworkPolicyEgressRules; empty: all egress")}),
@@ -113,7 +151,8 @@ schema = {
     "sandbox": obj({"image": image_ref("Sandbox image repository; empty: image.repository"),
                     "s3Secret": {"type": "string", "pattern": "^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                                  "description": "Secret in each task namespace with the pods' S3 credentials"},
-                    "jobTtlSeconds": i("ttlSecondsAfterFinished of sandbox Jobs", minimum=0),
+                    "jobTtlSeconds": i("ttlSecondsAfterFinished of sandbox Jobs (--job-ttl-seconds, an i32)",
+                                       minimum=0, maximum=INT32_MAX),
                     "shardRetries": i("backoffLimitPerIndex of sandbox Jobs", minimum=0, maximum=100)},
                    required=["jobTtlSeconds", "shardRetries"]),
     "s3": obj({
@@ -164,7 +203,10 @@ schema = {
                           pattern="^https?://[^\\s\"'<>\\\\]+$"),
       "dashboards": obj({
         "enabled": b(), "namespace": s(), "label": label_key | {"minLength": 1},
-        "labelValue": s(), "folder": s(), "folderAnnotation": label_key,
+        "labelValue": s(), "folder": s("Grafana folder; empty: no folder annotation"),
+        # An annotation needs a key: empty would render `: Basecamp`. No
+        # folder is `folder: ""`.
+        "folderAnnotation": label_key | {"minLength": 1},
         "labels": strmap, "annotations": strmap}),
     }, required=["traceViewerUrl"]),
   },
