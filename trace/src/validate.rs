@@ -151,6 +151,8 @@ struct Validator {
     last_step: u32,
     /// Steps holding a plan step or an error context.
     steps_with_outcome: std::collections::BTreeSet<u32>,
+    /// The steps that hold a policy turn: one step is one turn.
+    steps_with_turn: std::collections::BTreeSet<u32>,
     end: Option<(u32, pb::EpisodeEnd)>,
     records_after_end: bool,
     memory: Memory,
@@ -174,6 +176,7 @@ impl Validator {
             findings: Vec::new(),
             last_step: 0,
             steps_with_outcome: Default::default(),
+            steps_with_turn: Default::default(),
             end: None,
             records_after_end: false,
             memory: Memory::new(),
@@ -288,7 +291,14 @@ impl Validator {
                 self.end = Some((step, e));
             }
             Some(Body::Header(_)) => self.finding(step, "schema", "a second header".into()),
-            Some(Body::PolicyTurn(_)) | Some(Body::Injection(_)) => {}
+            Some(Body::PolicyTurn(_)) => {
+                // Two turns in one step: a step played again over a half-played one
+                // (a server-mode step its client left, before that was fixed).
+                if !self.steps_with_turn.insert(step) {
+                    self.finding(step, "steps", format!("a second policy turn in step {step}: a step is one turn"));
+                }
+            }
+            Some(Body::Injection(_)) => {}
             None => self.finding(step, "schema", "a record without a body (from a newer writer?)".into()),
         }
     }
@@ -462,6 +472,17 @@ mod tests {
             .unwrap();
         let findings = validate_reader(TraceReader::new(bytes.as_slice(), "ok.trace").unwrap());
         assert!(findings.is_empty(), "{findings:#?}");
+    }
+
+    #[test]
+    fn a_second_policy_turn_in_a_step_is_a_finding() {
+        let mut episode = generate(&EpisodeShape { steps: 3, tokens_per_step: 1, ..Default::default() });
+        let turn = episode.steps[1].iter().find(|r| matches!(r.body, Some(Body::PolicyTurn(_)))).unwrap().clone();
+        episode.steps[1].push(turn);
+        let bytes = episode.write_to(Vec::new(), 3).unwrap();
+        let findings = validate_reader(TraceReader::new(bytes.as_slice(), "twice.trace").unwrap());
+        let said: Vec<String> = findings.iter().map(|f| format!("{} {:?} {}", f.check, f.step, f.message)).collect();
+        assert_eq!(said, ["steps Some(1) a second policy turn in step 1: a step is one turn"]);
     }
 
     /// The footer index of `bytes`: its frame's offset and its entries.
