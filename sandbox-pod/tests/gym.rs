@@ -622,6 +622,13 @@ async fn every_error_has_its_status_category_and_a_message_naming_the_problem() 
         "InvalidInjection",
         "`observation` is null",
     );
+    // Past the last step the episode may take (maxSteps 4): it was accepted and never delivered.
+    assert_error(
+        &server.post("/v1/episodes/a/inject", r#"{"observation": "late", "at_step": 99}"#).await,
+        400,
+        "InvalidInjection",
+        "`at_step` is 99, but episode \"a\" ends by step 4 (its sandbox's maxSteps)",
+    );
     let (_, state) = server.get("/v1/episodes/a").await;
     assert_eq!(state["step"], 1, "a refused action plays nothing: {state}");
 

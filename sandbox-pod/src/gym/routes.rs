@@ -507,6 +507,17 @@ async fn inject(
         ));
     };
     let (injection_id, at_step) = (injection.id.clone(), injection.at_step);
+    // A step past the last the episode may take is never reached: accepted,
+    // it was dropped without a word.
+    if let Some(at) = at_step.filter(|at| *at > gym.runner.max_steps) {
+        return Err(ApiError::bad_request(
+            "InvalidInjection",
+            format!(
+                "`at_step` is {at}, but episode {id:?} ends by step {} (its sandbox's maxSteps); leave it out for the next turn",
+                gym.runner.max_steps
+            ),
+        ));
+    }
     gym.runner.live.push(&id, injection);
     let before = episode.messages().len();
     let delivered = episode.deliver_live(&gym.runner).map_err(|e| trace_io(&id, &e))?;
