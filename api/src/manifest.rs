@@ -501,7 +501,9 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 /// One YAML document: its text, padded with blank lines so that line numbers
 /// from the parser are line numbers in the file.
 struct Document {
-    start_line: u64,
+    /// The line a problem with the document as a whole is reported at: its
+    /// first line of content (not the `---` before it, nor a comment).
+    first_line: u64,
     padded: String,
     lines: Vec<(u64, String)>,
 }
@@ -520,7 +522,12 @@ fn split_documents(text: &str) -> Vec<Document> {
                 padded.push_str(line);
                 padded.push('\n');
             }
-            documents.push(Document { start_line, padded, lines: std::mem::take(current) });
+            let content = |l: &str| {
+                let l = l.trim();
+                !l.is_empty() && !l.starts_with('#') && l != "---"
+            };
+            let first_line = current.iter().find(|(_, l)| content(l)).map_or(start_line, |(n, _)| *n);
+            documents.push(Document { first_line, padded, lines: std::mem::take(current) });
         }
         current.clear();
     };
@@ -548,20 +555,20 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
     let value: serde_json::Value = match serde_saphyr::from_str(&document.padded) {
         Ok(value) => value,
         Err(error) => {
-            let (line, column) = location_of(&error, document.start_line);
+            let (line, column) = location_of(&error, document.first_line);
             report.push(
                 ManifestError::Yaml { file: file.into(), line, column, message: message_of(&error, None) }.to_problem(),
             );
             // A task naming it hears that it could not be read, not that there is none.
             if let Some(named) = sandbox_named_in(document) {
-                let source = Source { file: file.to_string(), line: document.start_line };
+                let source = Source { file: file.to_string(), line: document.first_line };
                 manifests.unreadable_sandboxes.push(Loaded { object: named, source });
             }
             return;
         }
     };
     let invalid = |path: &str, message: String| {
-        ManifestError::Invalid { file: file.into(), line: document.start_line, path: path.into(), message }.to_problem()
+        ManifestError::Invalid { file: file.into(), line: document.first_line, path: path.into(), message }.to_problem()
     };
     let serde_json::Value::Object(object) = &value else {
         if !value.is_null() {
@@ -577,7 +584,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
     };
     let api_version = object.get("apiVersion").filter(|v| !v.is_null());
     let at_api_version =
-        || file_location(file, Some(line_of_key(document, "apiVersion").unwrap_or(document.start_line)));
+        || file_location(file, Some(line_of_key(document, "apiVersion").unwrap_or(document.first_line)));
     match api_version {
         Some(value) if !value.is_string() => report.push(Problem::error_at(
             Rule::InvalidManifest,
@@ -621,7 +628,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
             let line = line_of_key(document, &field.key);
             report.push(Problem::error_at(
                 Rule::UnknownField,
-                file_location(file, Some(line.unwrap_or(document.start_line))),
+                file_location(file, Some(line.unwrap_or(document.first_line))),
                 format!("{}: unknown field {:?} in {kind}; remove it or fix its name.{hint}", field.path, field.key),
             ));
         }
@@ -629,7 +636,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
     // Said after the typed read, which stops at its first error: that one is said once, in the typed read's
     // words where they know more (a number's range), else in the schema walk's.
     let line_of = |field: &WrongType| {
-        line_of_key(document, &field.key).or_else(|| line_of_path(document, &field.path)).unwrap_or(document.start_line)
+        line_of_key(document, &field.key).or_else(|| line_of_path(document, &field.path)).unwrap_or(document.first_line)
     };
     wrong_types_found.sort_by_key(line_of);
     // The typed read's words win for a number it could not take (they give its range); for a
@@ -656,7 +663,7 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
                 .push(ManifestError::Invalid { file: file.into(), line, path: path.to_string(), message }.to_problem());
         }
     };
-    let source = Source { file: file.to_string(), line: document.start_line };
+    let source = Source { file: file.to_string(), line: document.first_line };
     let result = match kind {
         "HarnessTask" => deserialize_yaml::<HarnessTask>(&document.padded)
             .map(|object| manifests.tasks.push(Loaded { object, source })),
@@ -676,11 +683,11 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
                 .and_then(|m| m.get("namespace"))
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_string);
-            let source = Source { file: file.to_string(), line: document.start_line };
+            let source = Source { file: file.to_string(), line: document.first_line };
             manifests.unreadable_sandboxes.push(Loaded { object: (namespace, name.to_string()), source });
         }
         let (path, error) = *boxed;
-        let (line, _) = location_of(&error, document.start_line);
+        let (line, _) = location_of(&error, document.first_line);
         let message = message_of(&error, value_at(&value, &path));
         say_wrong_types(Some((&path, line, message)));
     }
@@ -724,7 +731,7 @@ fn basecamp_kind(
     report: &mut Report,
 ) -> Option<&'static str> {
     const KINDS: [&str; 2] = ["HarnessTask", "SandboxConfig"];
-    let at_kind = || file_location(file, Some(line_of_key(document, "kind").unwrap_or(document.start_line)));
+    let at_kind = || file_location(file, Some(line_of_key(document, "kind").unwrap_or(document.first_line)));
     if let Some(value) = kind.filter(|v| !v.is_string() && !v.is_null()) {
         // `[SandboxConfig]`: the kind it holds is plain.
         let meant = match value.as_array().map(Vec::as_slice) {
@@ -771,7 +778,7 @@ fn basecamp_kind(
     if kind.is_empty() && api_version.split('/').next() == Some(crate::GROUP) {
         report.push(Problem::error_at(
             Rule::InvalidManifest,
-            file_location(file, Some(document.start_line)),
+            file_location(file, Some(document.first_line)),
             format!(
                 "a document of apiVersion {api_version} without `kind`, so Kubernetes refuses it; write {}",
                 KINDS.map(|known| format!("kind: {known}")).join(" or ")
@@ -784,7 +791,7 @@ fn basecamp_kind(
         severity: Severity::Warning,
         rule: Rule::UnknownKind,
         object: None,
-        location: file_location(file, Some(document.start_line)),
+        location: file_location(file, Some(document.first_line)),
         message: format!("{what} is not a Basecamp kind ({}); skipped", KINDS.join(", ")),
     });
     None
@@ -1131,6 +1138,17 @@ mod tests {
 
     fn examples() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/manifests")
+    }
+
+    #[test]
+    fn a_problem_with_a_whole_document_is_at_its_first_line_not_the_separator() {
+        // Before: lines 2 and 5, the `---` before each document.
+        let text = "kind: SandboxConfig\n---\n# a note\nhello\n---\n\nmetadata: {name: x}\n";
+        let (_, report) = Manifests::parse("m.yaml", text);
+        let at: Vec<(Location, &str)> =
+            report.problems().iter().map(|p| (p.location.clone(), p.message.split(':').next().unwrap())).collect();
+        assert!(at.iter().any(|(l, _)| *l == Location::line("m.yaml", 4)), "{report}");
+        assert!(at.iter().any(|(l, _)| *l == Location::line("m.yaml", 7)), "{report}");
     }
 
     #[test]
@@ -1648,7 +1666,8 @@ mod tests {
         let found = duplicates(&[None, Some("default")]);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].rule, Rule::DuplicateObject);
-        assert_eq!(found[0].location, Location::line("m.yaml", 5));
+        // Line 6, the second object's first line (5 is the `---` before it).
+        assert_eq!(found[0].location, Location::line("m.yaml", 6));
         assert_eq!(found[0].message, "SandboxConfig \"s\" is defined twice (first at m.yaml:1); rename one");
         assert_eq!(duplicates(&[Some("team-a"), None]).len(), 1);
         assert_eq!(duplicates(&[Some("team-a"), Some("team-a")]).len(), 1);

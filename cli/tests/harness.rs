@@ -138,8 +138,9 @@ fn a_task_defined_again_by_a_json_harness_is_an_error_at_the_json_file() {
     let (code, out) = validate(&[&again, &task, &sandbox]);
     assert_eq!(code, Some(1), "{out}");
     let expected = format!(
-        "error: {again} (HarnessTask/e-commerce-support-v4): task_definition.name: HarnessTask \"e-commerce-support-v4\" is defined twice (first at {task}:1); rename one"
+        "error: {again} (HarnessTask/e-commerce-support-v4): task_definition.name: HarnessTask \"e-commerce-support-v4\" is defined twice (first at {task}:2); rename one"
     );
+    // :2, the object's first line, under convert's heading comment.
     assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
     assert!(out.contains("1 error(s)"), "{out}");
 }
@@ -169,7 +170,7 @@ fn a_yaml_task_and_a_json_harness_of_one_name_each_have_their_problems_at_their_
     let object = "(HarnessTask/e-commerce-support-v4)";
     // Before: both were reported at the JSON file, the YAML task's in the JSON spelling.
     let yaml_problem = format!(
-        "error: {task}:1 {object}: spec.taskDefinition.successCriteria[0]: success criterion \"tool_call_accuracy >= lots\" does not parse"
+        "error: {task}:2 {object}: spec.taskDefinition.successCriteria[0]: success criterion \"tool_call_accuracy >= lots\" does not parse"
     );
     let json_problem = format!(
         "error: {harness} {object}: data_pipeline.source: \"s3://ds-logs/ecommerce-v3/?versionId=abc\" has a query string"

@@ -24,7 +24,7 @@ pub(super) fn check(file: &str, document: &Document, kind: &str, metadata: Optio
     // The line of the first of `keys` found once in the document.
     let at = |keys: &[&str]| {
         let line = keys.iter().find_map(|key| line_of_key(document, key));
-        file_location(file, Some(line.unwrap_or(document.start_line)))
+        file_location(file, Some(line.unwrap_or(document.first_line)))
     };
     check_name(file, document, kind, metadata, report);
     if let Some(namespace) = metadata.and_then(|m| m.get("namespace")).and_then(Value::as_str)
@@ -120,14 +120,14 @@ fn check_name(file: &str, document: &Document, kind: &str, metadata: Option<&Val
     let name_value = metadata.and_then(|m| m.get("name")).filter(|v| !v.is_null());
     let name = name_value.and_then(Value::as_str);
     let name_problem = |message: String| {
-        let line = line_of_key(document, "name").unwrap_or(document.start_line);
+        let line = line_of_key(document, "name").unwrap_or(document.first_line);
         Problem::error_at(Rule::InvalidName, file_location(file, Some(line)), message)
     };
     match (name_value, name) {
         (None, _) => report.push(
             ManifestError::Invalid {
                 file: file.into(),
-                line: document.start_line,
+                line: document.first_line,
                 path: "metadata.name".into(),
                 message: format!("every {kind} needs metadata.name"),
             }
