@@ -946,7 +946,16 @@ async fn a_client_gone_mid_step_leaves_the_step_played_whole() {
     assert_eq!(state["step"], 2, "{state}");
     let answered = state["messages"].as_array().unwrap().iter().any(|m| m["tool_call_id"] == "call_0_0");
     assert!(answered, "{state}");
-    let (status, done) = server.post("/v1/episodes/gone/step", r#"{"content": "Status unknown."}"#).await;
+    // The client's retry says which step it answers: refused, not played again as step 2.
+    let (status, refused) =
+        server.post("/v1/episodes/gone/step", &body.replace("{\"tool_calls\"", "{\"step\": 1, \"tool_calls\"")).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["category"], "StepMismatch", "{refused}");
+    assert!(
+        refused["error"]["message"].as_str().unwrap().starts_with("step: is 1, but the episode is at step 2"),
+        "{refused}"
+    );
+    let (status, done) = server.post("/v1/episodes/gone/step", r#"{"step": 2, "content": "Status unknown."}"#).await;
     assert_eq!((status, &done["done"]), (200, &json!(true)), "{done}");
     let trace = server.trace("gone").await;
     assert!(matches!(trace.tail, Tail::Complete));

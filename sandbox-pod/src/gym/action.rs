@@ -5,6 +5,12 @@
 //! `finish_reason` and `model` — turned into the
 //! [`PolicyResponse`] the driver loop would have received.
 //!
+//! An optional `step` says which step the action answers: a client that
+//! retries a step whose answer it never got (its timeout, a dropped
+//! connection: the step was played all the same) is told the episode has
+//! moved on ([`ActionError::step_mismatch`]) instead of having the action
+//! played again as the next step.
+//!
 //! A structural problem (a missing name, a field of the wrong type, an
 //! unknown field) is refused with the field's path. Arguments that are not
 //! valid JSON, or not an object, are what a model can produce: they are
@@ -20,7 +26,7 @@ use crate::policy::{FinishReason, PolicyResponse, RawLogits, TokenLogprob, ToolA
 pub const EXTERNAL_MODEL: &str = "external";
 
 /// What a well-formed action looks like, for error messages.
-pub const ACTION_SHAPE: &str = r#"an action is {"tool_calls": [{"name": <string>, "arguments": <object or JSON text>, "id": <string, optional>}]} or {"content": <string>}, optionally with "logprobs", "raw_logits", "finish_reason" and "model""#;
+pub const ACTION_SHAPE: &str = r#"an action is {"tool_calls": [{"name": <string>, "arguments": <object or JSON text>, "id": <string, optional>}]} or {"content": <string>}, optionally with "step", "logprobs", "raw_logits", "finish_reason" and "model""#;
 
 /// A refused action: the field path and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,10 +34,13 @@ pub const ACTION_SHAPE: &str = r#"an action is {"tool_calls": [{"name": <string>
 pub struct ActionError {
     pub field: String,
     pub message: String,
+    /// The action is well formed but names a step other than the
+    /// episode's current one (a conflict with its state, not a bad body).
+    pub step_mismatch: bool,
 }
 
 fn refuse(field: impl Into<String>, message: impl Into<String>) -> ActionError {
-    ActionError { field: field.into(), message: message.into() }
+    ActionError { field: field.into(), message: message.into(), step_mismatch: false }
 }
 
 /// Reads an action for plan step `step` (1-based). Tool calls without an
@@ -42,9 +51,25 @@ pub fn parse_action(body: &[u8], step: u32) -> Result<PolicyResponse, ActionErro
     let Value::Object(fields) = value else {
         return Err(refuse("body", format!("is {}, not an object", crate::tools::json_type(&value))));
     };
-    const FIELDS: [&str; 6] = ["tool_calls", "content", "logprobs", "raw_logits", "finish_reason", "model"];
+    const FIELDS: [&str; 7] = ["tool_calls", "content", "logprobs", "raw_logits", "finish_reason", "model", "step"];
     if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(refuse(unknown.as_str(), "unknown field"));
+    }
+    match fields.get("step") {
+        None | Some(Value::Null) => {}
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n >= 1) => {
+            let named = n.as_u64().unwrap_or_default();
+            if named != u64::from(step) {
+                return Err(ActionError {
+                    field: "step".into(),
+                    message: format!(
+                        "is {named}, but the episode is at step {step}: the action was not played (GET the episode for where it stands)"
+                    ),
+                    step_mismatch: true,
+                });
+            }
+        }
+        Some(other) => return Err(refuse("step", format!("is {other}, not a step number (1 or more)"))),
     }
     let content = optional_string(&fields, "content")?;
     let tool_calls = match fields.get("tool_calls") {
@@ -212,6 +237,14 @@ mod tests {
     }
 
     #[test]
+    fn a_step_other_than_the_current_one_is_a_mismatch_not_a_bad_body() {
+        assert!(parse_action(br#"{"content": "x", "step": 3}"#, 3).is_ok());
+        let err = parse_action(br#"{"content": "x", "step": 2}"#, 3).unwrap_err();
+        assert!(err.step_mismatch, "{err}");
+        assert!(err.message.starts_with("is 2, but the episode is at step 3"), "{err}");
+    }
+
+    #[test]
     fn structural_problems_name_the_field() {
         for (body, field) in [
             (r#"{"tool_calls": [{"arguments": {}}]}"#, "tool_calls[0].name: missing"),
@@ -229,6 +262,8 @@ mod tests {
             ),
             (r#"{"content": "x", "raw_logits": {"path": "/a", "tensr": "l"}}"#, "raw_logits: unknown field `tensr`"),
             ("{\"content\": ", "body: not valid JSON at line 1 column 12"),
+            (r#"{"content": "x", "step": "1"}"#, "step: is \"1\", not a step number"),
+            (r#"{"content": "x", "step": 0}"#, "step: is 0, not a step number"),
             (
                 r#"{"tool_calls": [{"name": "a", "id": "c"}, {"name": "b", "id": "c"}]}"#,
                 "tool_calls[1].id: \"c\" is the id of tool_calls[0] too",

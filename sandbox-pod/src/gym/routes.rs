@@ -434,8 +434,10 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
     let entry = gym.entry(&id)?;
     let mut slot = entry.slot.lock().await;
     let Some(episode) = slot.episode.as_mut() else { return Err(done_conflict(&id, &entry, &slot)) };
-    let action =
-        parse_action(&body, episode.step()).map_err(|e| ApiError::bad_request("InvalidAction", e.to_string()))?;
+    let action = parse_action(&body, episode.step()).map_err(|e| match e.step_mismatch {
+        true => ApiError::new(StatusCode::CONFLICT, "StepMismatch", format!("{}: {}", e.field, e.message)),
+        false => ApiError::bad_request("InvalidAction", e.to_string()),
+    })?;
     let assistant_at = episode.messages().len();
     let deadline = tokio::time::Instant::now() + gym.runner.plan_step_timeout;
     let played: Option<std::io::Result<(StepReport, bool)>> = tokio::select! {
