@@ -46,7 +46,7 @@ use super::affinity::{GPU_RESOURCE, gpu_affinity, gpu_tolerations};
 use super::configmap::MANIFESTS_KEY;
 use super::names::{
     CHECKPOINT_ANNOTATION, KUEUE_QUEUE_LABEL, ROLE_EVALUATION, ROLE_LABEL, STEP_LABEL, TEMPLATE_HASH_ANNOTATION,
-    config_map_name, job_name, labels, stable_hash,
+    config_map_name, indexed_job_name, labels, stable_hash,
 };
 use super::policy_server::{self, CHECKPOINT_ENV, STEP_ENV, Served};
 use super::security::{container_security_context, pod_security_context};
@@ -90,9 +90,9 @@ pub struct CheckpointUnderTest {
 
 impl CheckpointUnderTest {
     /// The Job of `variant`'s evaluation of this checkpoint:
-    /// `<task>-s<N>-<variant>` (at most 63 characters).
-    pub fn job_name(&self, task: &str, variant: &str) -> String {
-        job_name(task, &format!("s{}-{variant}", self.step))
+    /// `<task>-s<N>-<variant>` ([`indexed_job_name`]).
+    pub fn job_name(&self, task: &str, variant: &str, completions: i32) -> String {
+        indexed_job_name(&format!("{task}-s{}-{variant}", self.step), completions)
     }
 
     fn labels(&self) -> [(String, String); 2] {
@@ -450,8 +450,8 @@ pub fn job_for(
         annotations.insert(CHECKPOINT_ANNOTATION.to_string(), checkpoint.location.clone());
     }
     let name = match checkpoint {
-        Some(checkpoint) => checkpoint.job_name(input.name, &variant.name),
-        None => job_name(input.name, &variant.name),
+        Some(checkpoint) => checkpoint.job_name(input.name, &variant.name, completions),
+        None => indexed_job_name(&format!("{}-{}", input.name, variant.name), completions),
     };
     Ok(Job {
         metadata: ObjectMeta {

@@ -62,9 +62,21 @@ pub fn network_policy_name(task: &str) -> String {
     fit(&format!("{task}-sandbox"), 253)
 }
 
-/// The Job of one variant: `<task>-<variant>`, at most 63 characters.
-pub fn job_name(task: &str, variant: &str) -> String {
-    fit(&format!("{task}-{variant}"), 63)
+/// A Job of the task: `<task>-<suffix>`, at most 63 characters (the
+/// trainer's; an Indexed Job's name is [`indexed_job_name`]).
+pub fn job_name(task: &str, suffix: &str) -> String {
+    fit(&format!("{task}-{suffix}"), 63)
+}
+
+/// An Indexed Job of `completions` pods named after `base` (`<task>-<variant>`,
+/// `<task>-s<N>-<variant>`): short enough that each pod's hostname,
+/// `<job>-<index>`, is a DNS label of at most 63 characters, which
+/// Kubernetes requires of the Job (a 63-character name was refused, "will
+/// not able to create pod with invalid DNS label", and its task never ran).
+/// A name that fits with its highest index is kept as it is.
+pub fn indexed_job_name(base: &str, completions: i32) -> String {
+    let highest_index = completions.max(1) - 1;
+    fit(base, 63 - 1 - highest_index.to_string().len())
 }
 
 /// Labels on everything a task owns (and on its pods).
@@ -86,6 +98,20 @@ pub fn labels(task: &str, variant: Option<&str>) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_indexed_job_leaves_room_for_its_highest_pod_index() {
+        assert_eq!(indexed_job_name("eval-a", 2), "eval-a");
+        // 61 characters + "-9" is 63: kept as it is.
+        let kept = "k".repeat(61);
+        assert_eq!(indexed_job_name(&kept, 10), kept);
+        for completions in [1, 10, 11, 100_000] {
+            let name = indexed_job_name(&"x".repeat(70), completions);
+            let hostname = format!("{name}-{}", completions - 1);
+            assert_eq!(hostname.len(), 63, "{hostname}");
+        }
+        assert_ne!(indexed_job_name(&"x".repeat(70), 2), indexed_job_name(&format!("{}y", "x".repeat(69)), 2));
+    }
 
     #[test]
     fn long_names_keep_a_prefix_and_a_hash() {
