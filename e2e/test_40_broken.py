@@ -60,6 +60,21 @@ CEL_CASES = {
             {"name": n, "sandboxRef": {"name": "sb-one"}} for n in ("a", "b", "c")])),
         "spec.variants: Too many: 3: must have at most 2 items",
     ),
+    # Stored before, then unreadable as the u32 it is: the operator's watch of every task failed.
+    "a count beyond its type": (
+        lambda t: t["spec"].update(parallelism=5_000_000_000),
+        "spec.parallelism in body should be less than or equal to",
+    ),
+    # Refused by the Job API (maxFailedIndexes) after it was stored: the task had no status.
+    "more shards than an Indexed Job takes": (
+        lambda t: t["spec"].update(shards=100_001),
+        "spec.shards in body should be less than or equal to 100000",
+    ),
+    # Read by the operator as the API unreachable.
+    "an empty sandbox name": (
+        lambda t: t["spec"]["sandboxRef"].update(name=""),
+        "spec.sandboxRef.name in body should be at least 1 chars long",
+    ),
 }
 
 

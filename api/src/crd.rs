@@ -20,7 +20,10 @@ pub fn all() -> Vec<CustomResourceDefinition> {
 /// The CRD with schemars' unsigned integer formats (`uint32`, ...), which the
 /// apiserver does not know and warns about on every apply, replaced by the
 /// OpenAPI ones (`int32` for 8/16 bits, `int64` for 32/64 bits; the
-/// `minimum: 0` schemars adds keeps them unsigned).
+/// `minimum: 0` schemars adds keeps them unsigned), and a `maximum` where
+/// none is set: the type's own. Without it the apiserver stored
+/// `shards: 5000000000`, and the operator's watch, which reads every task
+/// of the cluster, failed to read that one and stopped for all of them.
 pub fn with_kubernetes_formats(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
     for version in &mut crd.spec.versions {
         let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) else { continue };
@@ -37,12 +40,19 @@ fn replace_formats(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(map) => {
             let replacement = match map.get("format").and_then(serde_json::Value::as_str) {
-                Some("uint8" | "uint16") => Some("int32"),
-                Some("uint32" | "uint64" | "uint") => Some("int64"),
+                Some("uint8") => Some(("int32", Some(u64::from(u8::MAX)))),
+                Some("uint16") => Some(("int32", Some(u64::from(u16::MAX)))),
+                Some("uint32") => Some(("int64", Some(u64::from(u32::MAX)))),
+                // Bounded by the apiserver's int64 already.
+                Some("uint64" | "uint") => Some(("int64", None)),
                 _ => None,
-            };
-            if let Some(format) = replacement {
+            }
+            .map(|(format, maximum)| (format, maximum.map(serde_json::Value::from)));
+            if let Some((format, maximum)) = replacement {
                 map.insert("format".into(), format.into());
+                if let Some(maximum) = maximum {
+                    map.entry("maximum").or_insert(maximum);
+                }
             }
             map.values_mut().for_each(replace_formats);
         }
@@ -197,6 +207,19 @@ mod tests {
         }
         let task = schema_of("HarnessTask").expect("schema");
         assert_eq!(task["properties"]["spec"]["properties"]["shards"]["format"], "int64");
+    }
+
+    #[test]
+    fn unsigned_integers_are_bounded_by_their_type_or_tighter() {
+        // Before: no maximum, so the apiserver stored `shards: 5000000000`, which no
+        // reader of u32 could read: the operator's watch failed for every task.
+        let spec = |kind: &str| schema_of(kind).expect("schema")["properties"]["spec"]["properties"].clone();
+        let (task, sandbox) = (spec("HarnessTask"), spec("SandboxConfig"));
+        assert_eq!(task["parallelism"]["maximum"], f64::from(u32::MAX));
+        assert_eq!(task["shards"]["maximum"], 100_000.0, "the tighter bound stays");
+        assert_eq!(sandbox["maxSteps"]["maximum"], f64::from(u32::MAX));
+        // An empty sandbox name is refused by the schema, not read as an API error.
+        assert_eq!(task["sandboxRef"]["properties"]["name"]["minLength"], 1);
     }
 
     #[test]

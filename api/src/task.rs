@@ -62,10 +62,10 @@ pub struct HarnessTaskSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_ref: Option<SandboxRef>,
     /// Shards per variant: the test set is split into this many contiguous
-    /// parts, one pod each (an Indexed Job's completions). At least 1.
-    /// Default: 1.
+    /// parts, one pod each (an Indexed Job's completions). 1 to 100000
+    /// (Kubernetes asks more of an Indexed Job above that). Default: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 100000))]
     pub shards: Option<u32>,
     /// Shards of one variant running at once, at least 1. Default: all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -445,7 +445,9 @@ pub struct SecretKeyRef {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRef {
-    /// The SandboxConfig's name.
+    /// The SandboxConfig's name (not empty: the operator cannot read a
+    /// SandboxConfig of no name, and reported it as the API unreachable).
+    #[schemars(length(min = 1))]
     pub name: String,
     /// One of its `profiles` (e.g. `dev`, `prod`). Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]

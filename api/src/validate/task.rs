@@ -17,6 +17,10 @@ use super::names::{dns_subdomain_violation, is_dns_label};
 use super::sandbox::key_path;
 use super::{ValidationContext, check_not_too_long, list, suggestion};
 
+/// The most shards a variant may have: an Indexed Job of more completions
+/// must set `maxFailedIndexes`, which Basecamp does not.
+pub const MAX_SHARDS: u32 = 100_000;
+
 pub(super) fn validate(
     task: &HarnessTaskSpec,
     sandboxes: &[(&str, &SandboxConfigSpec)],
@@ -130,6 +134,15 @@ pub(super) fn validate(
             Rule::InvalidShards,
             "spec.shards",
             "shards is 0; a variant needs at least 1 shard (remove it for the default of 1)",
+        ));
+    }
+    if let Some(shards) = task.shards.filter(|s| *s > MAX_SHARDS) {
+        problems.push(Problem::error(
+            Rule::InvalidShards,
+            "spec.shards",
+            format!(
+                "shards is {shards}, more than {MAX_SHARDS}: an Indexed Job of more completions needs settings Basecamp does not make; split the test set into tasks"
+            ),
         ));
     }
     if task.parallelism == Some(0) {

@@ -76,7 +76,15 @@ pub fn job_name(task: &str, suffix: &str) -> String {
 /// A name that fits with its highest index is kept as it is.
 pub fn indexed_job_name(base: &str, completions: i32) -> String {
     let highest_index = completions.max(1) - 1;
-    fit(base, 63 - 1 - highest_index.to_string().len())
+    let max = 63 - 1 - highest_index.to_string().len();
+    if base.contains('.') {
+        // A task name may have dots; a DNS label may not. The hash keeps
+        // `a.b`'s Job apart from `a-b`'s.
+        let hash = &stable_hash(base.as_bytes())[..8];
+        let prefix: String = base.replace('.', "-").chars().take(max - 9).collect();
+        return format!("{}-{hash}", prefix.trim_end_matches('-'));
+    }
+    fit(base, max)
 }
 
 /// Labels on everything a task owns (and on its pods).
@@ -111,6 +119,10 @@ mod tests {
             assert_eq!(hostname.len(), 63, "{hostname}");
         }
         assert_ne!(indexed_job_name(&"x".repeat(70), 2), indexed_job_name(&format!("{}y", "x".repeat(69)), 2));
+        // A dot is valid in a task name, not in a hostname: `dot.task-a-0` was refused.
+        let dotted = indexed_job_name("dot.task-a", 2);
+        assert!(dotted.starts_with("dot-task-a-") && !dotted.contains('.'), "{dotted}");
+        assert_ne!(dotted, indexed_job_name("dot-task-a", 2));
     }
 
     #[test]

@@ -385,7 +385,10 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     for replaced in applied.iter().filter(|a| a.replaced) {
         let note =
             format!("the spec changed; the Job of variant {} was replaced and its shards run again", replaced.variant);
-        ctx.publish(task, false, "JobReplaced", &note, "Apply");
+        // One series per variant: the recorder folds Events of one (type,
+        // reason, action) and keeps the first note, so a second variant's
+        // replacement read as the first's.
+        ctx.publish(task, false, "JobReplaced", &note, &format!("ReplaceJob {}", replaced.variant));
     }
     let shards = shard_states(task, &applied);
     let aggregated = aggregate_step(task, ctx, &applied, &shards).await;
