@@ -22,7 +22,8 @@
 //! an Event (reason = category), a metric label, and a requeue with backoff.
 //! An invalid spec is not an error of the operator: it becomes a Ready=False
 //! condition and an Event saying what to fix, and the task waits for a change.
-//! So does a Job name that another owner's Job holds (`JobNameTaken`). A task
+//! So does a Job name that another owner's Job holds (`JobNameTaken`), and an
+//! object of the task that the API server refuses as invalid (`ApplyInvalid`). A task
 //! that finished keeps its results when a SandboxConfig it names is deleted.
 
 pub mod aggregate;
@@ -309,6 +310,17 @@ pub fn backoff(failures: u32) -> Duration {
 }
 
 impl Error {
+    /// An object the task's spec makes that the API server refuses as
+    /// invalid (a name, a label value, a size it will not take): a problem
+    /// of the spec, which retrying cannot fix.
+    fn refused_as_invalid(&self) -> bool {
+        let apply = match self {
+            Error::Apply(apply) | Error::Training(crate::training::TrainingError::Apply(apply)) => apply,
+            _ => return false,
+        };
+        apply.category() == "ApplyInvalid"
+    }
+
     /// The Job name held by another owner, if that is what stopped the reconcile.
     fn job_name_taken(&self) -> Option<&apply::ApplyError> {
         match self {
@@ -329,8 +341,20 @@ async fn pipeline(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     let task = freshest.as_ref().unwrap_or(task);
     match run(task, ctx).await {
         Err(error) if error.job_name_taken().is_some() => name_taken(task, ctx, &error).await,
+        Err(error) if error.refused_as_invalid() => refused(task, ctx, &error).await,
         result => result,
     }
+}
+
+/// An object of the task that the API server refuses as invalid: a Ready=False
+/// condition with the server's message (and its Event), looked at again every
+/// 5 minutes; an edit of the spec wakes it at once. It was an error retried
+/// with backoff, the task with no status at all.
+async fn refused(task: &HarnessTask, ctx: &Context, error: &Error) -> Result<Action, Error> {
+    let consequence = "the API server refuses an object this spec makes; change the spec so it takes it";
+    let status = status::blocked(task, error.category(), &error.to_string(), consequence, &now());
+    update_status(task, ctx, &status).await?;
+    Ok(Action::requeue(Duration::from_secs(300)))
 }
 
 /// A Job name held by another owner: a condition and an Event saying which

@@ -941,6 +941,34 @@ async fn a_job_name_held_by_another_task_is_left_alone_and_reported() {
     assert!(note.as_str().is_some_and(|n| n.contains("HarnessTask eval-v2")), "{note}");
 }
 
+/// A Job the API server refuses (a name or a label it will not take): the
+/// task says so on its status, with the server's message, and waits for an
+/// edit. Before: an error retried with backoff forever, and no status at all.
+#[tokio::test]
+async fn a_job_the_api_server_refuses_is_a_condition_not_an_endless_retry() {
+    let current = task(spec(), true);
+    let invalid = json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+        "message": "Job.batch \"eval-default\" is invalid: metadata.name: Invalid value: \"eval-default\": will not able to create pod with invalid DNS label",
+    });
+    let mut script = apply_calls(not_found(), json!({}));
+    script.pop();
+    script.extend([
+        call("PATCH", JOB, Reply::Json(422, invalid)),
+        // The status, and its Event.
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+        event(),
+    ]);
+    let out = scenario(&current, storage_down(), script).await;
+    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))), "looked at again later");
+    let status = status_patch(&out.seen);
+    let ready = condition(&status, "Ready");
+    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("ApplyInvalid")));
+    assert!(ready["message"].as_str().is_some_and(|m| m.contains("invalid DNS label")), "{ready}");
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(event_reasons(&out.seen), [("Warning".into(), "ApplyInvalid".into())]);
+}
+
 /// A Job whose name another owner took after this task's own Job finished
 /// and was removed: nothing to apply, nothing to report.
 #[tokio::test]
