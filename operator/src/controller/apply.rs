@@ -22,7 +22,7 @@ use kube::{Client, ResourceExt};
 use super::cache::{self, CachedJob, Caches};
 use crate::FIELD_MANAGER;
 use crate::build::Desired;
-use crate::build::names::{KUEUE_QUEUE_LABEL, TEMPLATE_HASH_ANNOTATION, VARIANT_LABEL};
+use crate::build::names::{KUEUE_QUEUE_LABEL, ROLE_LABEL, TEMPLATE_HASH_ANNOTATION, VARIANT_LABEL};
 use crate::metrics::Metrics;
 
 /// Why applying failed.
@@ -215,6 +215,47 @@ pub async fn apply(
     }));
     let ((), (), applied) = futures::try_join!(config_map, network_policy, applied_jobs)?;
     Ok(applied)
+}
+
+/// Deletes the Jobs this task controls that its spec no longer makes: a
+/// variant removed or renamed (its pods ran on, refused by the sandbox as a
+/// variant the task does not have). The trainer's and the evaluations'
+/// Jobs (with a role label) are the training loop's. Returns the variants
+/// whose Jobs were deleted; nothing before the cache's first listing.
+pub async fn delete_dropped_variants(
+    client: &Client,
+    caches: &Caches,
+    namespace: &str,
+    task_uid: &str,
+    desired: &Desired,
+) -> Result<Vec<String>, ApplyError> {
+    let wanted: Vec<String> = desired.jobs.iter().map(ResourceExt::name_any).collect();
+    let dropped = caches.jobs_where(namespace, |job| {
+        !wanted.contains(&job.name_any())
+            && !job.labels().contains_key(ROLE_LABEL)
+            && job.owner_references().iter().any(|o| o.controller == Some(true) && o.uid == task_uid)
+    });
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let background = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    let mut variants = Vec::new();
+    for job in dropped.unwrap_or_default() {
+        let name = job.name_any();
+        match jobs.delete(&name, &background).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(ApplyError::Api {
+                    action: "delete",
+                    kind: "Job",
+                    namespace: namespace.into(),
+                    name,
+                    source,
+                });
+            }
+        }
+        variants.push(job.labels().get(VARIANT_LABEL).cloned().unwrap_or(name));
+    }
+    Ok(variants)
 }
 
 /// Applies one Job: an outdated one (its template hash differs) is deleted

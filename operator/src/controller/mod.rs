@@ -406,6 +406,11 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         ctx.remember_finalizer(task);
     }
     let applied = applied?;
+    let task_uid = task.uid().unwrap_or_default();
+    for variant in apply::delete_dropped_variants(&ctx.client, &ctx.caches, &namespace, &task_uid, &desired).await? {
+        let note = format!("variant {variant} is no longer in the spec; its Job was deleted");
+        ctx.publish(task, false, "JobDeleted", &note, &format!("DeleteJob {variant}"));
+    }
     for replaced in applied.iter().filter(|a| a.replaced) {
         let note =
             format!("the spec changed; the Job of variant {} was replaced and its shards run again", replaced.variant);

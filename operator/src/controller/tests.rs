@@ -249,6 +249,25 @@ async fn a_reconcile_whose_caches_are_up_to_date_makes_no_api_call_and_a_drifted
         ]
     );
 
+    // A variant removed from the spec: its Job (here `eval-b`) is deleted, and
+    // no other. Before: it ran on, its pods refused by the sandbox.
+    let mut dropped = job.clone();
+    dropped.metadata.name = Some("eval-b".into());
+    dropped.metadata.labels.get_or_insert_default().insert("basecamp.dev/variant".into(), "b".into());
+    let mut foreign = dropped.clone();
+    foreign.metadata.name = Some("other-b".into());
+    foreign.metadata.owner_references.get_or_insert_default().iter_mut().for_each(|o| o.uid = "uid-2".into());
+    let with_dropped = cache::Caches::holding(
+        vec![job.clone(), dropped, foreign],
+        vec![config_map.clone()],
+        vec![policy.clone()],
+        vec![sandbox.clone()],
+    );
+    let script = vec![call("DELETE", "/apis/batch/v1/namespaces/team-a/jobs/eval-b", Reply::Echo), event()];
+    let cleaned = scenario_with_caches(&settled, storage_down(), with_dropped, script).await;
+    assert!(cleaned.result.is_ok(), "{:?}", cleaned.result.err());
+    assert_eq!(event_reasons(&cleaned.seen), [("Normal".into(), "JobDeleted".into())]);
+
     // The ConfigMap edited by hand and the Job gone from the listed cache:
     // those two are applied (the Job without a read: it was not there), the
     // NetworkPolicy is not.
