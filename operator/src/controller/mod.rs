@@ -549,6 +549,15 @@ async fn aggregate_step(
         return AggregatedStatus::default();
     }
     if counted == previous.aggregated_shards && (!all_finished || previous.complete) {
+        let mut previous = previous;
+        if all_finished {
+            // Judged again on the same metrics: an edit of successCriteria
+            // reruns no shard, and the status it claims to have observed
+            // kept the criteria of the generation before.
+            let variants: Vec<String> = shards.iter().map(|(v, _)| v.clone()).collect();
+            previous.criteria =
+                aggregate::evaluate_criteria(&task.spec.task_definition.success_criteria, &previous.metrics, &variants);
+        }
         return previous;
     }
     let Some(destination) =

@@ -584,6 +584,23 @@ async fn finished_shards_are_aggregated_into_status_and_the_task_succeeds() {
         .await
         .expect("index.json written");
     assert!(String::from_utf8_lossy(&index).contains("e1.trace"));
+
+    // The criteria edited after the end (generation 2): judged again on the
+    // same metrics, no shard run again. Before: the old criteria's results
+    // under the new observedGeneration.
+    let mut edited = merge(current.clone(), &json!({"status": status}));
+    edited["metadata"]["generation"] = json!(2);
+    edited["spec"]["taskDefinition"]["successCriteria"] = json!(["tool_call_accuracy > 1.5"]);
+    let job = merge(built_job(&edited), &json!({"status": finished_job_status()}));
+    let mut script = apply_calls(Reply::Json(200, job), finished_job_status());
+    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, edited.clone())), event()]);
+    let again = scenario(&edited, storage.clone(), script).await;
+    assert!(again.result.is_ok(), "{:?}", again.result.err());
+    let status = status_patch(&again.seen);
+    assert_eq!(status["observedGeneration"], 2);
+    assert_eq!(status["criteria"][0]["criterion"], "tool_call_accuracy > 1.5", "{status}");
+    assert_eq!(status["criteria"][0]["met"], false, "{status}");
+    assert_eq!(status["phase"], "Failed", "{status}");
 }
 
 #[tokio::test]
