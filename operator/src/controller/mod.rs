@@ -592,7 +592,11 @@ async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatu
     }
     ctx.metrics.count_apply("HarnessTaskStatus", changed);
     for transition in status::transitions(&old.conditions, &new.conditions) {
-        ctx.publish(task, transition.warning, &transition.reason, &transition.note, "UpdateStatus");
+        // The recorder folds Events of one (type, reason, action) into a
+        // series keeping the first note: a generation's own action keeps a
+        // later spec's `ShardsRunning 0/6` from reading as the earlier `0/4`.
+        let action = format!("UpdateStatus generation {}", task.metadata.generation.unwrap_or_default());
+        ctx.publish(task, transition.warning, &transition.reason, &transition.note, &action);
     }
     ctx.metrics.record_task(&task.namespace().unwrap_or_default(), &task.name_any(), new);
     Ok(())

@@ -449,6 +449,12 @@ async fn a_spec_change_replaces_the_job_and_keeps_transition_times() {
         event_reasons(seen),
         [("Normal".into(), "JobReplaced".into()), ("Normal".into(), "ShardsPending".into())]
     );
+    // One Event series per variant's replacement and per generation's
+    // transitions: the recorder keeps a series' first note.
+    let actions: Vec<&str> =
+        seen.iter().filter(|s| s.uri.starts_with(EVENTS)).filter_map(|s| s.body["action"].as_str()).collect();
+    assert_eq!(actions.len(), 2, "{actions:?}");
+    assert!(actions.contains(&"ReplaceJob default") && actions.contains(&"UpdateStatus generation 2"), "{actions:?}");
 }
 
 #[tokio::test]
