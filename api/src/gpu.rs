@@ -26,7 +26,9 @@ pub struct GpuRequirement {
     /// quoted string such as `"8.0"` (A100), `"8.6"` (RTX 3090/A10), `"8.9"`
     /// (FP8), `"9.0"` (H100). FlashAttention needs >= 8.0; V100 is 7.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+$"))]
+    // At most 3 digits a part, as the parser takes them: a pattern of `+`
+    // stored "99999999999.0", which the operator then refused.
+    #[schemars(regex(pattern = r"^[0-9]{1,3}\.[0-9]{1,3}$"))]
     pub min_compute_capability: Option<String>,
     /// GPUs per sandbox pod (`nvidia.com/gpu` request). Default: 1 when
     /// `required` or `minComputeCapability` is set, else 0.
@@ -66,8 +68,8 @@ pub struct ComputeCapability {
 /// A compute capability that is not `major.minor`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "minComputeCapability {input:?} is not a compute capability: write it as a quoted \"major.minor\" string, \
-     e.g. \"8.0\" (A100) or \"8.6\" (RTX 3090)"
+    "minComputeCapability {input:?} is not a compute capability: write it as a quoted \"major.minor\" string \
+     of at most 3 digits a part, e.g. \"8.0\" (A100) or \"8.6\" (RTX 3090)"
 )]
 pub struct ComputeCapabilityError {
     /// What the user wrote.
@@ -127,6 +129,18 @@ mod tests {
             let err = bad.parse::<ComputeCapability>().expect_err(bad);
             assert_eq!(err.category(), "InvalidComputeCapability");
             assert!(err.to_string().contains("\"8.0\""), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_crd_pattern_takes_what_the_parser_takes() {
+        // The schema's pattern, as the apiserver applies it: digits{1,3} '.' digits{1,3}.
+        let schema = crate::crd::schema_of("SandboxConfig").expect("schema");
+        let pattern =
+            &schema["properties"]["spec"]["properties"]["gpu"]["properties"]["minComputeCapability"]["pattern"];
+        assert_eq!(pattern, r"^[0-9]{1,3}\.[0-9]{1,3}$");
+        for (input, parses) in [("8.0", true), ("123.456", true), ("1234.0", false), ("99999999999.0", false)] {
+            assert_eq!(input.parse::<ComputeCapability>().is_ok(), parses, "{input}");
         }
     }
 
