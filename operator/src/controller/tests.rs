@@ -936,6 +936,16 @@ fn the_operators_status_writes_do_not_wake_the_task_but_other_changes_do() {
     }
 }
 
+/// The status a blocked task wrote (and its Ready condition): Ready=False
+/// for `reason`, looked at again in 5 minutes.
+fn blocked(out: &Outcome, reason: &str) -> (Value, Value) {
+    assert_eq!(out.result.as_ref().ok(), Some(&Action::requeue(Duration::from_secs(300))), "looked at again later");
+    let status = status_patch(&out.seen);
+    let ready = condition(&status, "Ready");
+    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some(reason)));
+    (status, ready)
+}
+
 /// Task `eval` variant `v2-baseline` and task `eval-v2` variant `baseline`
 /// both want the Job `eval-v2-baseline`: the one that does not hold it
 /// leaves the holder's Job alone (no DELETE, no apply over it) and says on
@@ -967,10 +977,7 @@ async fn a_job_name_held_by_another_task_is_left_alone_and_reported() {
         event(),
     ];
     let out = scenario(&current, storage_down(), script).await;
-    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))), "looked at again later");
-    let status = status_patch(&out.seen);
-    let ready = condition(&status, "Ready");
-    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("JobNameTaken")));
+    let (_, ready) = blocked(&out, "JobNameTaken");
     let message = ready["message"].as_str().unwrap_or("");
     assert!(
         message.contains("team-a/eval-v2-baseline")
@@ -1002,10 +1009,7 @@ async fn a_job_the_api_server_refuses_is_a_condition_not_an_endless_retry() {
         event(),
     ]);
     let out = scenario(&current, storage_down(), script).await;
-    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(300))), "looked at again later");
-    let status = status_patch(&out.seen);
-    let ready = condition(&status, "Ready");
-    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("ApplyInvalid")));
+    let (status, ready) = blocked(&out, "ApplyInvalid");
     assert!(ready["message"].as_str().is_some_and(|m| m.contains("invalid DNS label")), "{ready}");
     assert_eq!(status["phase"], "Failed");
     assert_eq!(event_reasons(&out.seen), [("Warning".into(), "ApplyInvalid".into())]);
