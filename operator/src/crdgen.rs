@@ -219,6 +219,6 @@ mod tests {
         assert_eq!(variants["items"]["properties"]["name"]["maxLength"].as_u64(), Some(63));
         let sandbox = basecamp_api::crd::schema_of("SandboxConfig").expect("schema");
         let cc = &sandbox["properties"]["spec"]["properties"]["gpu"]["properties"]["minComputeCapability"];
-        assert_eq!(cc["pattern"], r"^[0-9]+\.[0-9]+$");
+        assert_eq!(cc["pattern"], r"^[0-9]{1,3}\.[0-9]{1,3}$");
     }
 }
