@@ -56,7 +56,9 @@ fn describe(gpu: &GpuRequirement, min: Option<ComputeCapability>) -> String {
     if let Some(min) = min {
         parts.push(format!("compute capability >= {min}"));
     }
-    if let Some(product) = &gpu.product {
+    // An empty product constrains nothing (as in the pods' affinity): not
+    // named, or the message read "satisfy product , GPU memory ...".
+    if let Some(product) = gpu.product.as_deref().filter(|p| !p.is_empty()) {
         parts.push(format!("product {product}"));
     }
     if let Some(gib) = gpu.min_memory_gib {
@@ -151,5 +153,9 @@ mod tests {
         assert!(assess(&[], &GpuRequirement::default(), None).is_none(), "no constraint: nothing to check");
         let empty = assess(&[], &gpu, min).expect("assessed");
         assert_eq!(empty.message(), "0 of 0 GPU nodes satisfy compute capability >= 8.6; found no GPU nodes");
+        // An empty product constrains nothing and is not named (it read "satisfy product , ...").
+        let no_product = GpuRequirement { product: Some(String::new()), ..gpu };
+        let assessed = assess(&[], &no_product, min).expect("assessed");
+        assert_eq!(assessed.message(), "0 of 0 GPU nodes satisfy compute capability >= 8.6; found no GPU nodes");
     }
 }
