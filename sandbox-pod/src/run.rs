@@ -425,16 +425,10 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let upload_to = task.spec.traces.as_ref().and_then(|t| t.destination.clone()).filter(|_| request.upload);
     let upload = match upload_to.as_deref() {
         Some(dest) => {
-            let destination = Destination::parse(dest).map_err(|e| RunError::Selection(e.to_string()))?;
-            let partition = shard_partition(&summary).map_err(|e| RunError::Selection(e.to_string()))?;
-            // This run's files only: --out may hold an earlier run's traces,
-            // which the summary does not count and which are not this shard's.
-            let mut files = summary.files_written();
-            files.extend(variant.sandbox.services.keys().map(|name| format!("services/{name}.log")));
-            let storage = Storage::new(StorageConfig::from_env());
-            Some(upload_summary_last(&storage, &out_dir, files, &destination.for_shard(&partition)).await)
+            let logs = variant.sandbox.services.keys().map(|name| format!("services/{name}.log")).collect();
+            Some(upload_shard(&summary, &out_dir, dest, logs).await?)
         }
-        _ => None,
+        None => None,
     };
     // Every episode and the upload are recorded: a scrape from now on sees it all.
     metrics.scrapes().mark_final();
@@ -556,20 +550,32 @@ pub async fn upload_again(out_dir: &Path, destination: &str) -> Result<UploadRep
     })?;
     let summary: ShardSummary = serde_json::from_slice(&text)
         .map_err(|e| RunError::Selection(format!("{} is not a shard summary: {e}", summary_path.display())))?;
+    // The services' logs the directory holds (the manifests are not read here).
+    let mut logs: Vec<String> = std::fs::read_dir(out_dir.join("services"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".log"))
+        .map(|name| format!("services/{name}"))
+        .collect();
+    logs.sort();
+    upload_shard(&summary, out_dir, destination, logs).await
+}
+
+/// Uploads a shard's files to `destination` under its partition: those its
+/// summary lists (this run's only: `--out` may hold an earlier run's traces,
+/// which the summary does not count) and `service_logs`, the summary last.
+async fn upload_shard(
+    summary: &ShardSummary,
+    out_dir: &Path,
+    destination: &str,
+    service_logs: Vec<String>,
+) -> Result<UploadReport, RunError> {
     let destination = Destination::parse(destination).map_err(|e| RunError::Selection(e.to_string()))?;
-    let partition =
-        shard_partition(&summary).map_err(|e| RunError::Selection(format!("{}: {e}", summary_path.display())))?;
+    let partition = shard_partition(summary).map_err(|e| RunError::Selection(e.to_string()))?;
     let mut files = summary.files_written();
-    if let Ok(logs) = std::fs::read_dir(out_dir.join("services")) {
-        let mut names: Vec<String> = logs
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|name| name.ends_with(".log"))
-            .map(|name| format!("services/{name}"))
-            .collect();
-        names.sort();
-        files.extend(names);
-    }
+    files.extend(service_logs);
     let storage = Storage::new(StorageConfig::from_env());
     Ok(upload_summary_last(&storage, out_dir, files, &destination.for_shard(&partition)).await)
 }
