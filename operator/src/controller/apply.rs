@@ -231,7 +231,9 @@ pub async fn delete_dropped_variants(
 ) -> Result<Vec<String>, ApplyError> {
     let wanted: Vec<String> = desired.jobs.iter().map(ResourceExt::name_any).collect();
     let dropped = caches.jobs_where(namespace, |job| {
-        !wanted.contains(&job.name_any())
+        // One already being deleted is not deleted (nor announced) again.
+        job.metadata.deletion_timestamp.is_none()
+            && !wanted.contains(&job.name_any())
             && !job.labels().contains_key(ROLE_LABEL)
             && job.owner_references().iter().any(|o| o.controller == Some(true) && o.uid == task_uid)
     });
