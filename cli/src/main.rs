@@ -119,7 +119,7 @@ fn report(error: &anyhow::Error) -> String {
 /// A count of at least 1 (`--jobs`, `--concurrency`, `--batch-size`, ...).
 /// clap's ranged parser would answer `0 is not in 1..18446744073709551615`.
 pub(crate) fn at_least_one<T: TryFrom<u64>>(arg: &str) -> Result<T, String> {
-    let n: u64 = count(arg)?;
+    let n: u64 = arg.trim().parse().map_err(|_| "not a whole number".to_string())?;
     if n == 0 {
         return Err("must be at least 1".into());
     }
