@@ -252,3 +252,39 @@ def test_a_settled_task_is_reconciled_from_the_caches_without_a_write(kube: Kube
     for kind in ("ConfigMap", "NetworkPolicy", "Job"):
         assert after.get((kind, "unchanged"), 0) >= before.get((kind, "unchanged"), 0) + pokes, kind
         assert after.get((kind, "applied"), 0) == before.get((kind, "applied"), 0), f"{kind} applied again"
+
+
+def test_a_finished_job_removed_by_its_ttl_reruns_only_for_a_changed_template(kube: Kube, applied):
+    """A finished Job is removed by its TTL (deleted here by hand, as the TTL
+    controller does) and the task's status keeps its result. An edit that
+    leaves the variant's pod template as it was (the success criteria) runs
+    no shard again; one that changes it (the shard count) does. Last in this
+    file: it leaves strict80 running, and deletes it."""
+    ns = applied["ns"]
+    sel = SEL.format("strict80")
+    wait_until("strict80 Failed", lambda: task(kube, ns, "strict80").get("status", {}).get("phase") == "Failed",
+               timeout=120)
+    try:
+        kube.run("delete", "jobs", "-n", ns, "-l", sel, "--wait=true", "--timeout=60s", timeout=70)
+
+        def caught_up(generation: int):
+            t = task(kube, ns, "strict80")
+            return t if t.get("status", {}).get("observedGeneration") == generation else None
+
+        patch = {"spec": {"taskDefinition": {"successCriteria": ["tool_call_accuracy >= 0.5"]}}}
+        kube.run("patch", "harnesstask", "strict80", "-n", ns, "--type=merge", "-p", json.dumps(patch))
+        generation = task(kube, ns, "strict80")["metadata"]["generation"]
+        t = wait_until("strict80's status for the criteria edit", lambda: caught_up(generation), timeout=60)
+        time.sleep(2.0)  # a Job created by that reconcile is in the API by now
+        assert kube.items("jobs", "-n", ns, "-l", sel) == [], "a criteria edit ran the finished shards again"
+        st = t["status"]
+        assert st["phase"] == "Failed" and st["shards"]["b"]["failed"] == 1, st
+        assert st["jobTemplates"].get("b"), st
+
+        kube.run("patch", "harnesstask", "strict80", "-n", ns, "--type=merge", "-p", '{"spec": {"shards": 2}}')
+        jobs = wait_until("strict80's Job for 2 shards",
+                          lambda: [j for j in kube.items("jobs", "-n", ns, "-l", sel)
+                                   if j["spec"].get("completions") == 2], timeout=60)
+        assert jobs[0]["metadata"]["annotations"]["basecamp.dev/template-hash"] != st["jobTemplates"]["b"]
+    finally:
+        delete_tasks(kube, ns, ["strict80"])

@@ -521,6 +521,11 @@ pub struct HarnessTaskStatus {
     /// Shard counts by variant.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shards: BTreeMap<String, ShardCounts>,
+    /// The pod-template hash of the Job that `shards` counts, by variant. A
+    /// finished Job that its TTL removed is run again only when an edit
+    /// changes its variant's template (not on any edit of the task).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub job_templates: BTreeMap<String, String>,
     /// Finished (succeeded + failed) shards / total, over all variants, e.g. "3/4".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards_summary: Option<String>,

@@ -11,6 +11,8 @@
 //! over: that is [`ApplyError::JobNameTaken`], which the controller reports
 //! on the task's status (the holder keeps its Job).
 
+use std::collections::BTreeMap;
+
 use basecamp_api::HarnessTaskStatus;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -110,12 +112,36 @@ fn variant_of(job: &Job) -> String {
     job.labels().get(VARIANT_LABEL).cloned().unwrap_or_default()
 }
 
-/// Whether a variant's Job finished for the current generation (so its absence is expected).
-fn finished_before(status: Option<&HarnessTaskStatus>, generation: Option<i64>, variant: &str) -> bool {
+/// Whether a variant's Job finished with the template `want` has (so its
+/// absence is expected: its TTL removed it, and the status holds its
+/// result). An edit that leaves this variant's template as it was (success
+/// criteria, another variant) reruns nothing; one that changes it reruns the
+/// variant. A status written before template hashes were kept falls back to
+/// the generation.
+pub fn finished_before(status: Option<&HarnessTaskStatus>, generation: Option<i64>, want: &Job) -> bool {
+    let variant = variant_of(want);
     status.is_some_and(|s| {
-        s.observed_generation == generation
-            && s.shards.get(variant).is_some_and(|c| c.total > 0 && c.finished() >= c.total)
+        let same_template = match s.job_templates.get(&variant) {
+            Some(hash) => want.annotations().get(TEMPLATE_HASH_ANNOTATION) == Some(hash),
+            None => s.observed_generation == generation,
+        };
+        same_template && s.shards.get(&variant).is_some_and(|c| c.total > 0 && c.finished() >= c.total)
     })
+}
+
+/// The template hash of each variant's Job: from the Job, or, for one that
+/// finished and is gone, from the status that counted it.
+pub fn job_templates(applied: &[AppliedJob], status: Option<&HarnessTaskStatus>) -> BTreeMap<String, String> {
+    applied
+        .iter()
+        .filter_map(|a| {
+            let hash = match &a.job {
+                Some(job) => job.annotations().get(TEMPLATE_HASH_ANNOTATION).cloned(),
+                None => status.and_then(|s| s.job_templates.get(&a.variant).cloned()),
+            };
+            Some((a.variant.clone(), hash?))
+        })
+        .collect()
 }
 
 /// The Job to apply, given the one that exists. With a Kueue queue, Kueue
@@ -205,7 +231,7 @@ pub async fn apply(
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
     let applied_jobs = futures::future::try_join_all(desired.jobs.iter().map(|want| {
         let variant = variant_of(want);
-        let finished = finished_before(status, generation, &variant);
+        let finished = finished_before(status, generation, want);
         let cached = caches.job_state(namespace, &want.name_any());
         let jobs = &jobs;
         async move {
@@ -344,6 +370,62 @@ mod tests {
 
     fn suspend(job: &Job) -> Option<bool> {
         job.spec.as_ref().and_then(|s| s.suspend)
+    }
+
+    fn variant_job(variant: &str, hash: &str) -> Job {
+        Job {
+            metadata: ObjectMeta {
+                labels: Some([(VARIANT_LABEL.to_string(), variant.to_string())].into()),
+                annotations: Some([(TEMPLATE_HASH_ANNOTATION.to_string(), hash.to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn finished_status(generation: i64, templates: &[(&str, &str)]) -> HarnessTaskStatus {
+        let done = basecamp_api::task::ShardCounts { total: 2, succeeded: 1, failed: 1, running: 0 };
+        HarnessTaskStatus {
+            observed_generation: Some(generation),
+            shards: [("a".to_string(), done), ("b".to_string(), done)].into(),
+            job_templates: templates.iter().map(|(v, h)| (v.to_string(), h.to_string())).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_gone_finished_job_reruns_only_when_its_template_changed() {
+        let status = finished_status(3, &[("a", "h1"), ("b", "h2")]);
+        // Generation 4: criteria edited (a's template is the same), b's template changed.
+        assert!(finished_before(Some(&status), Some(4), &variant_job("a", "h1")), "same template: not rerun");
+        assert!(!finished_before(Some(&status), Some(4), &variant_job("b", "h3")), "changed template: rerun");
+        assert!(!finished_before(Some(&status), Some(4), &variant_job("c", "h1")), "a new variant runs");
+        let running = HarnessTaskStatus {
+            shards: [(
+                "a".to_string(),
+                basecamp_api::task::ShardCounts { total: 2, succeeded: 1, ..Default::default() },
+            )]
+            .into(),
+            ..status.clone()
+        };
+        assert!(!finished_before(Some(&running), Some(3), &variant_job("a", "h1")), "unfinished: its Job is wanted");
+        // A status from before the hashes were kept: the generation decides.
+        let old = finished_status(3, &[]);
+        assert!(finished_before(Some(&old), Some(3), &variant_job("a", "h9")));
+        assert!(!finished_before(Some(&old), Some(4), &variant_job("a", "h1")));
+        assert!(!finished_before(None, Some(1), &variant_job("a", "h1")));
+    }
+
+    #[test]
+    fn job_templates_keep_the_hash_of_a_gone_job() {
+        let status = finished_status(3, &[("a", "h1"), ("b", "h2")]);
+        let applied = [
+            AppliedJob { variant: "a".into(), job: None, replaced: false },
+            AppliedJob { variant: "b".into(), job: Some(variant_job("b", "h3")), replaced: true },
+            AppliedJob { variant: "c".into(), job: None, replaced: false },
+        ];
+        let templates = job_templates(&applied, Some(&status));
+        assert_eq!(templates, BTreeMap::from([("a".into(), "h1".into()), ("b".into(), "h3".into())]));
     }
 
     #[test]

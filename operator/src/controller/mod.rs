@@ -433,6 +433,7 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     let observed = Observed {
         task,
         shards,
+        job_templates: apply::job_templates(&applied, task.status.as_ref()),
         capacity_problem,
         suspended: applied
             .iter()

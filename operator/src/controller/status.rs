@@ -204,6 +204,8 @@ pub struct Observed<'a> {
     pub task: &'a HarnessTask,
     /// Shard counts by variant, in variant order.
     pub shards: Vec<(String, ShardCounts)>,
+    /// The template hash of each variant's Job that `shards` counts.
+    pub job_templates: BTreeMap<String, String>,
     /// `Some(message)` when no node satisfies a GPU requirement.
     pub capacity_problem: Option<String>,
     /// Whether the Jobs are suspended now (spec.suspend, or waiting for Kueue admission).
@@ -369,6 +371,7 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         conditions: conditions(&previous.conditions, &decided, generation, &observed.now),
         observed_generation: generation,
         shards: observed.shards.iter().cloned().collect(),
+        job_templates: observed.job_templates.clone(),
         shards_summary: Some(format!("{finished}/{total}")),
         variants_summary: Some(variants.join(",")),
         accuracy: accuracy_text(&aggregated.metrics, &variants),

@@ -544,6 +544,7 @@ fn observed_status(task: &HarnessTask, shards_done: bool, training: TrainingStat
     status::compute(&Observed {
         task,
         shards: vec![("default".into(), counts)],
+        job_templates: Default::default(),
         capacity_problem: None,
         suspended: false,
         warnings: vec![],
