@@ -16,6 +16,8 @@ S3), applied at once:
   sandbox's reason: the "node lied" path, end to end.
 * `need95`: `required: true`, >= 9.5. No node qualifies: the task's Degraded
   condition says so, naming what exists, and its pods stay Pending.
+* `need16`: >= 8.0 but 16 GPUs a pod, on nodes of 8: Degraded the same way
+  (the count is checked against each node's allocatable GPUs).
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ def gpu(required: bool, cc: str) -> dict:
 
 @pytest.fixture(scope="module")
 def applied(kube: Kube, operator, task_ns: str, bucket: str) -> dict:
-    delete_tasks(kube, task_ns, ["ab80", "strict80", "need95"])
+    delete_tasks(kube, task_ns, ["ab80", "strict80", "need95", "need16"])
     docs = (
         ecommerce_manifests("ab80", bucket, gpu=gpu(False, "8.0"), criteria=CRITERIA)
         + ecommerce_manifests("strict80", bucket, gpu=gpu(True, "8.0"), shards=1, variants=("b",))
         + ecommerce_manifests("need95", bucket, gpu=gpu(True, "9.5"), shards=1, variants=("b",))
+        + ecommerce_manifests("need16", bucket, gpu={**gpu(True, "8.0"), "count": 16}, shards=1, variants=("b",))
     )
     kube.apply(docs, "-n", task_ns)
     return {"ns": task_ns}
@@ -102,6 +105,19 @@ def test_task_asking_9_5_gets_the_no_capacity_condition(kube: Kube, applied):
     assert all(p["status"].get("phase") == "Pending" and not p["spec"].get("nodeName") for p in pods)
     events = kube.events(ns, "need95")
     assert any(e["reason"] == "InsufficientGpuCapacity" for e in events), [e["reason"] for e in events]
+
+
+def test_task_asking_16_gpus_a_pod_gets_the_no_capacity_condition(kube: Kube, applied):
+    ns = applied["ns"]
+
+    def degraded():
+        c = condition(task(kube, ns, "need16"), "Degraded")
+        return c if c and c["status"] == "True" and c["reason"] == "InsufficientGpuCapacity" else None
+
+    c = wait_until("need16 Degraded=True InsufficientGpuCapacity", degraded, timeout=60)
+    print("need16 Degraded:", c["message"])
+    assert "0 of 8 GPU nodes satisfy compute capability >= 8.0, 16 GPUs per pod" in c["message"], c["message"]
+    assert "8 GPUs allocatable" in c["message"], c["message"]
 
 
 def test_play_ab80_and_strict80(kube: Kube, applied, player):

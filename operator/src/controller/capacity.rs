@@ -3,6 +3,10 @@
 //! When none does, the task's Degraded condition says what was found, e.g.
 //! `0 of 6 GPU nodes satisfy compute capability >= 8.0; found Tesla-V100 (7.0) x4, T4 (7.5) x2`,
 //! instead of pods pending with a bare `didn't match Pod's node affinity`.
+//! A node satisfies a requirement when its labels match (the pods' node
+//! affinity) and it can hold the pod's `gpu.count` GPUs (its allocatable
+//! `nvidia.com/gpu`): `count: 16` on 8-GPU nodes is as unschedulable as a
+//! wrong compute capability.
 //! The Jobs are still created: a node pool may grow.
 
 use std::collections::BTreeMap;
@@ -40,15 +44,20 @@ impl Assessment {
     }
 }
 
-fn is_gpu_node(node: &Node) -> bool {
-    let labelled = node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(PRODUCT_LABEL));
-    let allocatable = node
-        .status
+/// The node's allocatable GPUs (its capacity when it reports no
+/// allocatable; 0 when neither is reported or the quantity is not a count).
+fn gpus_of(node: &Node) -> u64 {
+    node.status
         .as_ref()
         .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()))
         .and_then(|r| r.get(GPU_RESOURCE))
-        .is_some_and(|q| q.0.trim() != "0");
-    labelled || allocatable
+        .and_then(|q| q.0.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn is_gpu_node(node: &Node) -> bool {
+    let labelled = node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(PRODUCT_LABEL));
+    labelled || gpus_of(node) > 0
 }
 
 fn describe(gpu: &GpuRequirement, min: Option<ComputeCapability>) -> String {
@@ -64,17 +73,34 @@ fn describe(gpu: &GpuRequirement, min: Option<ComputeCapability>) -> String {
     if let Some(gib) = gpu.min_memory_gib {
         parts.push(format!("GPU memory >= {gib} GiB"));
     }
+    match gpu.gpu_count() {
+        0 => {}
+        1 if !parts.is_empty() => {}
+        1 => parts.push("1 GPU per pod".to_string()),
+        count => parts.push(format!("{count} GPUs per pod")),
+    }
     if parts.is_empty() { "the GPU requirement".to_string() } else { parts.join(", ") }
 }
 
-/// Checks `nodes` against a GPU requirement (the same rule as the pods'
-/// node affinity). `None` when the requirement constrains no node label.
+/// Checks `nodes` against a GPU requirement: the labels by the same rule as
+/// the pods' node affinity, and the pod's GPU count against each node's
+/// allocatable GPUs. `None` when the requirement asks for nothing a node
+/// could lack (no label constraint and no GPU).
 pub fn assess(nodes: &[Node], gpu: &GpuRequirement, min: Option<ComputeCapability>) -> Option<Assessment> {
-    let affinity = gpu_affinity(gpu, min)?;
+    let affinity = gpu_affinity(gpu, min);
+    let count = u64::from(gpu.gpu_count());
+    if affinity.is_none() && count == 0 {
+        return None;
+    }
     let empty = BTreeMap::new();
     let gpu_nodes: Vec<&Node> = nodes.iter().filter(|n| is_gpu_node(n)).collect();
-    let satisfying =
-        gpu_nodes.iter().filter(|n| node_matches(n.metadata.labels.as_ref().unwrap_or(&empty), &affinity)).count();
+    let satisfying = gpu_nodes
+        .iter()
+        .filter(|n| {
+            let labels = n.metadata.labels.as_ref().unwrap_or(&empty);
+            affinity.as_ref().is_none_or(|a| node_matches(labels, a)) && gpus_of(n) >= count
+        })
+        .count();
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for node in &gpu_nodes {
         let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
@@ -83,7 +109,15 @@ pub fn assess(nodes: &[Node], gpu: &GpuRequirement, min: Option<ComputeCapabilit
             (Some(major), Some(minor)) => format!("{major}.{minor}"),
             _ => "compute capability unlabelled".to_string(),
         };
-        *kinds.entry(format!("{product} ({cc})")).or_default() += 1;
+        // The node's GPU count is named where it matters: a pod asking for
+        // more than one, or a node that cannot hold even the one asked for.
+        let gpus = gpus_of(node);
+        let kind = if count > 1 || gpus < count {
+            format!("{product} ({cc}, {gpus} GPUs allocatable)")
+        } else {
+            format!("{product} ({cc})")
+        };
+        *kinds.entry(kind).or_default() += 1;
     }
     let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
     kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -134,6 +168,37 @@ mod tests {
         assert_eq!(
             assessment.message(),
             "0 of 6 GPU nodes satisfy compute capability >= 8.0; found Tesla-V100 (7.0) x4, T4 (7.5) x2"
+        );
+    }
+
+    #[test]
+    fn a_gpu_count_above_every_node_is_unsatisfiable() {
+        let nodes: Vec<Node> = (0..3).map(|_| node(Some("NVIDIA-A100-SXM4-80GB"), Some((8, 0)), Some("8"))).collect();
+        let (gpu, min) = need("8.0");
+        let sixteen = GpuRequirement { count: Some(16), ..gpu.clone() };
+        let assessment = assess(&nodes, &sixteen, min).expect("assessed");
+        assert_eq!(
+            assessment.message(),
+            "0 of 3 GPU nodes satisfy compute capability >= 8.0, 16 GPUs per pod; \
+             found NVIDIA-A100-SXM4-80GB (8.0, 8 GPUs allocatable) x3"
+        );
+        let eight = GpuRequirement { count: Some(8), ..gpu };
+        assert_eq!(assess(&nodes, &eight, min).expect("assessed").satisfying, 3);
+        // A count with no label constraint is still checked.
+        let count_only = GpuRequirement { count: Some(9), ..Default::default() };
+        let assessment = assess(&nodes, &count_only, None).expect("a GPU count is a requirement");
+        assert_eq!(
+            assessment.message(),
+            "0 of 3 GPU nodes satisfy 9 GPUs per pod; \
+             found NVIDIA-A100-SXM4-80GB (8.0, 8 GPUs allocatable) x3"
+        );
+        // A labelled node without allocatable GPUs (no device plugin) cannot take one.
+        let unplugged = [node(Some("T4"), Some((7, 5)), None)];
+        let assessment = assess(&unplugged, &GpuRequirement { required: true, ..Default::default() }, None)
+            .expect("one GPU asked for");
+        assert_eq!(
+            assessment.message(),
+            "0 of 1 GPU nodes satisfy 1 GPU per pod; found T4 (7.5, 0 GPUs allocatable) x1"
         );
     }
 

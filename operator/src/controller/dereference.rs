@@ -51,7 +51,9 @@ impl DereferenceError {
 
 fn constrains_gpus(sandbox: &SandboxConfig) -> bool {
     let constrains = |gpu: Option<&basecamp_api::GpuRequirement>| {
-        gpu.is_some_and(|g| g.min_compute_capability.is_some() || g.product.is_some() || g.min_memory_gib.is_some())
+        gpu.is_some_and(|g| {
+            g.gpu_count() > 0 || g.min_compute_capability.is_some() || g.product.is_some() || g.min_memory_gib.is_some()
+        })
     };
     constrains(sandbox.spec.gpu.as_ref())
         || sandbox.spec.profiles.values().any(|p| p.0.get("gpu").is_some_and(|g| g.is_object()))

@@ -744,7 +744,8 @@ async fn no_node_satisfying_the_gpu_requirement_is_a_degraded_condition_naming_w
     gpu_sandbox["spec"]["gpu"] = json!({"required": true, "minComputeCapability": "9.0"});
     let node = |name: &str, product: &str, major: &str, minor: &str| {
         json!({"metadata": {"name": name, "labels": {
-            "nvidia.com/gpu.product": product, "nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor}}})
+            "nvidia.com/gpu.product": product, "nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
     };
     let nodes = json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": [
         node("v100-0", "Tesla-V100", "7", "0"), node("a100-0", "A100", "8", "0"), node("a100-1", "A100", "8", "0"),
