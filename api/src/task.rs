@@ -552,6 +552,11 @@ pub struct HarnessTaskStatus {
     /// variants have data.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub deltas: BTreeMap<String, f64>,
+    /// Every S3 trace destination this task's Jobs were given (an edit of
+    /// `traces.destination` adds one): retention `Delete` removes the
+    /// task's objects under each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trace_destinations: Vec<String>,
     /// Where the traces are (`s3://...` or a directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_location: Option<String>,

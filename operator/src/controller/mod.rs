@@ -635,6 +635,10 @@ async fn finalize(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     if let Some(outcome) = finalizer::cleanup(&ctx.client, &ctx.storage, &ctx.metrics, task, today()).await? {
         let (reason, note) = match outcome {
             finalizer::Cleanup::Retained(note) => ("TracesRetained", note),
+            finalizer::Cleanup::Waiting(note) => {
+                ctx.publish(task, false, "WaitingForPods", &note, "Finalize");
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            }
             finalizer::Cleanup::Deleted(_, note) => ("TracesDeleted", note),
         };
         ctx.publish(task, false, reason, &note, "Finalize");

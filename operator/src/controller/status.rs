@@ -240,6 +240,19 @@ fn accuracy_text(metrics: &BTreeMap<String, BTreeMap<String, f64>>, variants: &[
     }
 }
 
+/// The S3 trace destinations the task's Jobs were given: the earlier ones
+/// and the spec's (a directory is not kept: retention deletes only in S3).
+fn trace_destinations(previous: &[String], task: &HarnessTask) -> Vec<String> {
+    let mut destinations = previous.to_vec();
+    let spec = task.spec.traces.as_ref().and_then(|t| t.destination.as_deref());
+    if let Some(destination) = spec.filter(|d| d.starts_with("s3://"))
+        && !destinations.iter().any(|d| d == destination)
+    {
+        destinations.push(destination.to_string());
+    }
+    destinations
+}
+
 /// The status of a runnable task.
 pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
     use condition_types::*;
@@ -379,6 +392,7 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         criteria: aggregated.criteria.clone(),
         aggregated_shards: aggregated.aggregated_shards.clone(),
         deltas: aggregated.deltas.clone(),
+        trace_destinations: trace_destinations(&previous.trace_destinations, task),
         trace_location: aggregated.trace_location.clone(),
         report_url: observed.report_url.clone(),
         training: match training {
@@ -552,6 +566,23 @@ mod tests {
         assert_eq!(same[0].observed_generation, Some(2));
         let flipped = conditions(&same, &[Decided::new("Ready", false, "UnknownSandbox", "x")], Some(2), &time(300));
         assert_eq!(flipped[0].last_transition_time, time(300));
+    }
+
+    #[test]
+    fn trace_destinations_keep_every_s3_destination_the_task_had() {
+        let mut task: HarnessTask = serde_json::from_value(serde_json::json!({
+            "apiVersion": "basecamp.dev/v1alpha1", "kind": "HarnessTask", "metadata": {"name": "t"},
+            "spec": {"traces": {"destination": "s3://b/new"}, "taskDefinition": {"successCriteria": []},
+                     "evaluation": {"testSet": "s3://b/tests.jsonl"}, "sandboxRef": {"name": "s"},
+                     "policy": {"endpoint": "http://p:8000/v1", "model": "m"}},
+        }))
+        .expect("task");
+        let old = vec!["s3://b/old".to_string()];
+        assert_eq!(trace_destinations(&old, &task), ["s3://b/old", "s3://b/new"]);
+        let both = vec!["s3://b/old".to_string(), "s3://b/new".to_string()];
+        assert_eq!(trace_destinations(&both, &task), both, "each once");
+        task.spec.traces.as_mut().expect("traces").destination = Some("/var/traces".into());
+        assert_eq!(trace_destinations(&old, &task), old, "a directory is not deleted by retention");
     }
 
     #[test]

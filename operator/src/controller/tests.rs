@@ -677,6 +677,117 @@ async fn deletion_with_retain_keeps_the_traces_and_releases_the_finalizer() {
     assert_eq!(event_reasons(&out.seen), [("Normal".into(), "TracesRetained".into())]);
 }
 
+const JOBS: &str = "/apis/batch/v1/namespaces/team-a/jobs";
+const PODS: &str = "/api/v1/namespaces/team-a/pods";
+
+fn list(kind: &str, items: Vec<Value>) -> Reply {
+    Reply::Json(200, json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": items}))
+}
+
+/// The calls with which retention Delete finds the task's Jobs (none) and
+/// pods (`pods`) before it deletes anything in S3.
+fn stop_calls(pods: Vec<Value>) -> Vec<Call> {
+    vec![call("GET", JOBS, list("JobList", vec![])), call("GET", PODS, list("PodList", pods))]
+}
+
+fn pod(name: &str, phase: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "team-a", "labels": {"basecamp.dev/task": "eval"}},
+           "spec": {"containers": [], "terminationGracePeriodSeconds": 30}, "status": {"phase": phase}})
+}
+
+async fn upload(storage: &Storage, keys: &[String]) {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("f"), b"x").expect("write");
+    for key in keys {
+        let to = basecamp_sandbox::storage::Destination::parse(&format!("s3://{BUCKET}/{key}")).expect("dest");
+        storage.upload_file(&dir.path().join("f"), &to).await.into_result().expect("upload");
+    }
+}
+
+async fn keys_under(storage: &Storage, prefix: &str) -> Vec<String> {
+    let left = storage
+        .list(&basecamp_sandbox::storage::Destination::parse(&format!("s3://{BUCKET}/{prefix}")).expect("d"))
+        .await
+        .expect("list");
+    left.iter().map(|o| format!("{prefix}/{}", o.relative)).collect()
+}
+
+fn today_path() -> String {
+    let today = UtcDate::from_system_time(std::time::SystemTime::now()).expect("today");
+    format!("{:04}/{:02}/{:02}", today.year(), today.month(), today.day())
+}
+
+#[tokio::test]
+async fn deletion_with_delete_stops_the_running_pods_and_waits_for_them() {
+    let server = S3Server::start();
+    let storage = storage(&server);
+    let day = today_path();
+    upload(&storage, &[format!("traces/{day}/team-a/eval/default/0/e1.trace")]).await;
+    let current = deleting("Delete");
+    let job = merge(
+        built_job(&current),
+        &json!({"metadata": {"ownerReferences": [{"apiVersion": "basecamp.dev/v1alpha1", "kind": "HarnessTask",
+            "name": "eval", "uid": "uid-1", "controller": true}]}}),
+    );
+    let script = vec![
+        call("GET", JOBS, list("JobList", vec![job])),
+        call("DELETE", JOB, Reply::Json(200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))),
+        call("GET", PODS, list("PodList", vec![pod("eval-default-0", "Running"), pod("eval-default-1", "Succeeded")])),
+        event(),
+    ];
+    let out = scenario(&current, storage.clone(), script).await;
+    assert_eq!(out.result.ok(), Some(Action::requeue(Duration::from_secs(5))), "checked again soon");
+    assert_eq!(out.seen[1].body["propagationPolicy"], "Background");
+    assert_eq!(event_reasons(&out.seen), [("Normal".into(), "WaitingForPods".into())]);
+    let note = out.seen[3].body["note"].as_str().unwrap_or("").to_string();
+    assert!(note.contains("waiting for 1 pods of the task to stop (eval-default-0)"), "{note}");
+    assert_eq!(keys_under(&storage, "traces").await.len(), 1, "nothing deleted while a pod may still upload");
+}
+
+#[tokio::test]
+async fn deletion_with_delete_does_not_wait_past_the_grace_period() {
+    let server = S3Server::start();
+    let storage = storage(&server);
+    let day = today_path();
+    upload(&storage, &[format!("traces/{day}/team-a/eval/default/0/e1.trace")]).await;
+    let mut current = deleting("Delete");
+    let long_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(600);
+    current["metadata"]["deletionTimestamp"] = json!(long_ago.to_string());
+    let mut script = stop_calls(vec![pod("eval-default-0", "Running")]);
+    script.extend([call("PATCH", TASK, Reply::Json(200, current.clone())), event()]);
+    let out = scenario(&current, storage.clone(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    assert_eq!(event_reasons(&out.seen), [("Normal".into(), "TracesDeleted".into())]);
+    let note = out.seen[3].body["note"].as_str().unwrap_or("").to_string();
+    assert!(note.contains("deleted 1 objects") && note.contains("1 pods had still not stopped"), "{note}");
+}
+
+#[tokio::test]
+async fn deletion_with_delete_removes_the_traces_under_every_destination_the_task_had() {
+    let server = S3Server::start();
+    let storage = storage(&server);
+    let day = today_path();
+    upload(
+        &storage,
+        &[
+            format!("old/{day}/team-a/eval/default/0/e1.trace"),
+            format!("traces/{day}/team-a/eval/default/0/e1.trace"),
+            format!("old/{day}/team-a/other/default/0/e1.trace"),
+        ],
+    )
+    .await;
+    let mut current = deleting("Delete");
+    current["status"] = json!({"traceDestinations": [format!("s3://{BUCKET}/old"), format!("s3://{BUCKET}/traces")]});
+    let mut script = stop_calls(vec![]);
+    script.extend([call("PATCH", TASK, Reply::Json(200, current.clone())), event()]);
+    let out = scenario(&current, storage.clone(), script).await;
+    assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let note = out.seen[3].body["note"].as_str().unwrap_or("").to_string();
+    assert!(note.contains("deleted 2 objects"), "{note}");
+    assert_eq!(keys_under(&storage, "old").await, [format!("old/{day}/team-a/other/default/0/e1.trace")]);
+    assert_eq!(keys_under(&storage, "traces").await, Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn deletion_with_delete_removes_the_task_prefix_only() {
     let server = S3Server::start();
@@ -695,12 +806,12 @@ async fn deletion_with_delete_removes_the_task_prefix_only() {
         storage.upload_file(&dir.path().join("f"), &to).await.into_result().expect("upload");
     }
     let current = deleting("Delete");
-    let out =
-        scenario(&current, storage.clone(), vec![call("PATCH", TASK, Reply::Json(200, current.clone())), event()])
-            .await;
+    let mut script = stop_calls(vec![pod("eval-default-0", "Succeeded")]);
+    script.extend([call("PATCH", TASK, Reply::Json(200, current.clone())), event()]);
+    let out = scenario(&current, storage.clone(), script).await;
     assert!(out.result.is_ok(), "{:?}", out.result.err());
     assert_eq!(event_reasons(&out.seen), [("Normal".into(), "TracesDeleted".into())]);
-    let note = out.seen[1].body["note"].as_str().unwrap_or("").to_string();
+    let note = out.seen[3].body["note"].as_str().unwrap_or("").to_string();
     assert!(note.contains("deleted 3 objects"), "{note}");
     let left = storage
         .list(&basecamp_sandbox::storage::Destination::parse(&format!("s3://{BUCKET}/traces")).expect("d"))
@@ -713,7 +824,9 @@ async fn deletion_with_delete_removes_the_task_prefix_only() {
 #[tokio::test]
 async fn deletion_with_delete_and_s3_down_keeps_the_finalizer_and_retries() {
     let current = deleting("Delete");
-    let out = scenario(&current, storage_down(), vec![event()]).await;
+    let mut script = stop_calls(vec![]);
+    script.push(event());
+    let out = scenario(&current, storage_down(), script).await;
     let error = out.result.expect_err("the deletion must be retried");
     assert_eq!(error.category(), "S3Unavailable");
     assert!(error.to_string().contains("the task is kept until they are deleted"), "{error}");
