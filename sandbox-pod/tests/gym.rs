@@ -993,6 +993,22 @@ async fn shutting_down_cuts_off_a_step_under_way_as_driver_mode_does() {
 }
 
 #[tokio::test]
+async fn only_a_create_that_succeeds_takes_a_generated_id() {
+    let server = TestServer::start(1, Duration::from_secs(60)).await;
+    // Before: each of these refused creates took a number, and the first episode was ok-3.
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "missing"}"#).await.0, 400);
+    assert_eq!(server.post("/v1/episodes", r#"{"instruction": "hi", "expected_tool_calls": [{}]}"#).await.0, 400);
+    let (status, created) = server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!((status, created["episode_id"].as_str()), (201, Some("ok-1")), "{created}");
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await.0, 429);
+    assert_eq!(server.post("/v1/episodes", r#"{"instruction": "hi"}"#).await.0, 429);
+    assert_eq!(server.post("/v1/episodes/ok-1/close", "").await.0, 200);
+    let (status, created) = server.post("/v1/episodes", r#"{"instruction": "hi"}"#).await;
+    assert_eq!((status, created["episode_id"].as_str()), (201, Some("episode-2")), "{created}");
+    server.shut_down().await;
+}
+
+#[tokio::test]
 async fn the_trace_complete_header_says_what_the_file_holds() {
     let first = TestServer::start(4, Duration::from_secs(60)).await;
     assert_eq!(first.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "whole"}"#).await.0, 201);

@@ -14,6 +14,8 @@
 //! - `GET /v1/episodes/{id}/trace` -> the `.trace` bytes;
 //! - `GET /v1/episodes`, `GET /v1/episodes/{id}`, `/metrics`, `/healthz`.
 //!
+//! A generated episode id is taken only by a create that succeeds.
+//!
 //! `openapi/sandbox.yaml` documents them; a test holds the router and the
 //! document to each other. Errors are [`ApiError`](crate::server::ApiError)s.
 //! At most `max_episodes` are open at once (429 beyond), and an episode idle

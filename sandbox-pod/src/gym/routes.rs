@@ -95,6 +95,19 @@ impl Gym {
         }
     }
 
+    /// The refusal of an id whose trace is in the output directory already.
+    fn trace_on_disk(&self, id: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "EpisodeExists",
+            format!(
+                "episode {id:?} has a trace in {} already (an earlier episode of that id, of this server or \
+                 one before it: kept, never overwritten); choose another episode_id, or leave it out for a generated one",
+                self.out_dir.display()
+            ),
+        )
+    }
+
     fn entry(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
         self.registry.get(id).ok_or_else(|| self.unknown(id))
     }
@@ -191,6 +204,14 @@ fn result_json(episode_id: &str, result: &EpisodeResult) -> Value {
     value
 }
 
+fn episode_exists(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "EpisodeExists",
+        format!("episode {id:?} exists already; choose another episode_id, or leave it out for a generated one"),
+    )
+}
+
 fn done_conflict(id: &str, entry: &Entry, slot: &Slot) -> ApiError {
     let status = entry.status();
     let how = match &slot.result {
@@ -215,70 +236,44 @@ async fn list(State(gym): State<GymState>) -> Response {
 async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = readable(body)?;
     let request = parse_create(&body).map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?;
-    let (row_id, episode_id) = match (&request.source, request.episode_id) {
-        (_, Some(id)) => {
-            crate::server::check_id("episode_id", &id).map_err(|m| {
-                ApiError::bad_request("InvalidEpisodeRequest", format!("{m} (at most {MAX_ID_LEN} bytes)"))
-            })?;
-            (
-                match &request.source {
-                    Source::Row(row) => Some(row.clone()),
-                    Source::Inline(_) => None,
-                },
-                id,
-            )
-        }
-        (Source::Row(row), None) => (Some(row.clone()), gym.fresh_id(|n| format!("{row}-{n}"))),
-        (Source::Inline(_), None) => (None, gym.fresh_id(|n| format!("episode-{n}"))),
+    let chosen_id = request.episode_id;
+    if let Some(id) = &chosen_id {
+        crate::server::check_id("episode_id", id)
+            .map_err(|m| ApiError::bad_request("InvalidEpisodeRequest", format!("{m} (at most {MAX_ID_LEN} bytes)")))?;
+    }
+    let row_id = match &request.source {
+        Source::Row(row) => Some(row.clone()),
+        Source::Inline(_) => None,
     };
-    let input = match request.source {
-        Source::Row(row) => {
-            let mut input = gym.rows.get(&row).cloned().ok_or_else(|| {
-                let mut examples: Vec<&str> = gym.rows.keys().take(5).map(String::as_str).collect();
-                if gym.rows.len() > examples.len() {
-                    examples.push("…");
-                }
-                ApiError::bad_request(
-                    "UnknownTestSetRow",
-                    format!(
-                        "row_id: no row {row:?} in the test set {} ({} rows: {})",
-                        gym.test_set_name,
-                        gym.rows.len(),
-                        examples.join(", ")
-                    ),
-                )
-            })?;
-            input.id = episode_id.clone();
-            input
-        }
-        Source::Inline(fields) => inline_input(&episode_id, fields, &gym.compare_args)
+    // The episode and its place are settled before an id is generated:
+    // only a create that succeeds takes one (a refused one left a gap).
+    let mut input = match request.source {
+        Source::Row(row) => gym.rows.get(&row).cloned().ok_or_else(|| {
+            let mut examples: Vec<&str> = gym.rows.keys().take(5).map(String::as_str).collect();
+            if gym.rows.len() > examples.len() {
+                examples.push("…");
+            }
+            ApiError::bad_request(
+                "UnknownTestSetRow",
+                format!(
+                    "row_id: no row {row:?} in the test set {} ({} rows: {})",
+                    gym.test_set_name,
+                    gym.rows.len(),
+                    examples.join(", ")
+                ),
+            )
+        })?,
+        // The id is the row's only in name: the checks do not depend on it.
+        Source::Inline(fields) => inline_input(chosen_id.as_deref().unwrap_or("episode"), fields, &gym.compare_args)
             .map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?,
     };
-    let exists = || {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "EpisodeExists",
-            format!(
-                "episode {episode_id:?} exists already; choose another episode_id, or leave it out for a generated one"
-            ),
-        )
-    };
-    if gym.registry.contains(&episode_id) {
-        return Err(exists());
-    }
-    let on_disk = || {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "EpisodeExists",
-            format!(
-                "episode {episode_id:?} has a trace in {} already (an earlier episode of that id, of this server or \
-                 one before it: kept, never overwritten); choose another episode_id, or leave it out for a generated one",
-                gym.out_dir.display()
-            ),
-        )
-    };
-    if gym.trace_exists(&episode_id) {
-        return Err(on_disk());
+    if let Some(id) = &chosen_id {
+        if gym.registry.contains(id) {
+            return Err(episode_exists(id));
+        }
+        if gym.trace_exists(id) {
+            return Err(gym.trace_on_disk(id));
+        }
     }
     let reservation = gym.registry.reserve(gym.max_episodes).map_err(|e| match e {
         RegisterError::Full { open, max } => ApiError::new(
@@ -288,8 +283,14 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
                 "{open} episodes are open, the limit is {max}; close one (POST /v1/episodes/{{id}}/close) and retry"
             ),
         ),
-        RegisterError::Exists(_) => exists(),
+        RegisterError::Exists(id) => episode_exists(&id),
     })?;
+    let episode_id = match (chosen_id, &row_id) {
+        (Some(id), _) => id,
+        (None, Some(row)) => gym.fresh_id(|n| format!("{row}-{n}")),
+        (None, None) => gym.fresh_id(|n| format!("episode-{n}")),
+    };
+    input.id = episode_id.clone();
     let trace_file = crate::episode::trace_file_name(&episode_id);
     let entry = Arc::new(Entry {
         slot: tokio::sync::Mutex::new(Slot { episode: None, result: None }),
@@ -306,7 +307,7 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
         }),
     });
     let mut slot = entry.slot.try_lock().expect("a slot nobody else has seen yet is unlocked");
-    gym.registry.insert(reservation, &episode_id, entry.clone()).map_err(|_| exists())?;
+    gym.registry.insert(reservation, &episode_id, entry.clone()).map_err(|_| episode_exists(&episode_id))?;
 
     let started: std::io::Result<(Episode, bool)> =
         gym.runner.start_new(input, &gym.out_dir).and_then(|mut episode| {
@@ -319,7 +320,7 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             gym.registry.release();
             gym.registry.remove(&episode_id);
-            return Err(on_disk());
+            return Err(gym.trace_on_disk(&episode_id));
         }
         Err(e) => {
             gym.registry.release();
