@@ -1009,6 +1009,57 @@ async fn only_a_create_that_succeeds_takes_a_generated_id() {
 }
 
 #[tokio::test]
+async fn an_injection_id_is_taken_once_per_episode() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    for episode in ["a", "b"] {
+        let body = json!({"row_id": "ok", "episode_id": episode}).to_string();
+        assert_eq!(server.post("/v1/episodes", &body).await.0, 201);
+    }
+    let first = r#"{"observation": {"notice": "carrier strike"}, "id": "ops-1"}"#;
+    let (status, injected) = server.post("/v1/episodes/a/inject", first).await;
+    assert_eq!((status, &injected["delivered_at_step"]), (202, &json!(1)), "{injected}");
+    // Before: both re-sends were accepted and injected again, under the same id.
+    for again in [first, r#"{"observation": "something else", "id": "ops-1"}"#] {
+        assert_error(
+            &server.post("/v1/episodes/a/inject", again).await,
+            409,
+            "InjectionExists",
+            "injection \"ops-1\" was accepted by episode \"a\" already",
+        );
+    }
+    let queued = r#"{"observation": "later", "at_step": 2, "id": "ops-2"}"#;
+    assert_eq!(server.post("/v1/episodes/a/inject", queued).await.0, 202);
+    assert_error(&server.post("/v1/episodes/a/inject", queued).await, 409, "InjectionExists", "\"ops-2\"");
+    // Another episode has ids of its own.
+    assert_eq!(server.post("/v1/episodes/b/inject", first).await.0, 202);
+    // A generated id skips one a client chose.
+    assert_eq!(server.post("/v1/episodes/a/inject", r#"{"observation": 1, "id": "live-1"}"#).await.0, 202);
+    let (status, generated) = server.post("/v1/episodes/a/inject", r#"{"observation": 2}"#).await;
+    assert_eq!((status, generated["id"].as_str()), (202, Some("live-2")), "{generated}");
+
+    let (_, state) = server.get("/v1/episodes/a").await;
+    let told = state["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["content"].as_str().is_some_and(|c| c.starts_with("[injected observation ops-1]")));
+    assert_eq!(told.count(), 1, "{state}");
+    assert_eq!(server.post("/v1/episodes/a/close", "").await.0, 200);
+    let live: Vec<String> = server
+        .trace("a")
+        .await
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::Injection(i)) => Some(i.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(live, ["ops-1", "live-1", "live-2"]);
+    server.shut_down().await;
+}
+
+#[tokio::test]
 async fn the_trace_complete_header_says_what_the_file_holds() {
     let first = TestServer::start(4, Duration::from_secs(60)).await;
     assert_eq!(first.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "whole"}"#).await.0, 201);

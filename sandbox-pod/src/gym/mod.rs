@@ -14,7 +14,9 @@
 //! - `GET /v1/episodes/{id}/trace` -> the `.trace` bytes;
 //! - `GET /v1/episodes`, `GET /v1/episodes/{id}`, `/metrics`, `/healthz`.
 //!
-//! A generated episode id is taken only by a create that succeeds.
+//! An injection `id` is taken once per episode: a second of the same id is
+//! refused (409 `InjectionExists`), never injected twice. A generated
+//! episode id is taken only by a create that succeeds.
 //!
 //! `openapi/sandbox.yaml` documents them; a test holds the router and the
 //! document to each other. Errors are [`ApiError`](crate::server::ApiError)s.

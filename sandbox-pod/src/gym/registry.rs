@@ -2,7 +2,7 @@
 //! step awaits tool calls), with a status readable without that lock for
 //! listings and the idle reaper, and a bound on how many run at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -12,10 +12,12 @@ use serde::Serialize;
 use crate::episode::{Episode, EpisodeResult};
 
 /// One episode's slot: the running episode, or its result once finished.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Slot {
     pub episode: Option<Episode>,
     pub result: Option<EpisodeResult>,
+    /// The ids of the live injections accepted so far: each is given once.
+    pub injection_ids: BTreeSet<String>,
 }
 
 /// What listings show; updated after every operation on the slot.

@@ -18,10 +18,11 @@ use super::action::parse_action;
 use super::create::{Source, inline_input, parse_create};
 use super::registry::{Entry, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
-use crate::episode::{Episode, EpisodeResult, StepReport};
+use crate::episode::{Episode, EpisodeResult, LiveInjection, StepReport};
 use crate::metrics::status_label;
 use crate::server::{
-    ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, observability, parse_injection, readable, with_fallbacks,
+    ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, generated_injection_id, observability, read_injection,
+    readable, with_fallbacks,
 };
 
 /// Every route server mode serves, as `(method, path)`: the API's own
@@ -293,7 +294,7 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
     input.id = episode_id.clone();
     let trace_file = crate::episode::trace_file_name(&episode_id);
     let entry = Arc::new(Entry {
-        slot: tokio::sync::Mutex::new(Slot { episode: None, result: None }),
+        slot: tokio::sync::Mutex::new(Slot::default()),
         status: std::sync::Mutex::new(SlotStatus {
             episode_id: episode_id.clone(),
             row_id: row_id.clone(),
@@ -493,6 +494,7 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
     Ok(axum::Json(body).into_response())
 }
 
+/// Delivers an injection due now at once; one for a later step is queued for it.
 async fn inject(
     State(gym): State<GymState>,
     EpisodeIdPath(id): EpisodeIdPath,
@@ -500,16 +502,16 @@ async fn inject(
 ) -> Result<Response, ApiError> {
     let body = readable(body)?;
     let entry = gym.entry(&id)?;
-    let injection = parse_injection(&id, &body, &gym.next_injection)?;
+    let request = read_injection(&id, &body)?;
     let mut slot = entry.slot.lock().await;
-    let Some(episode) = slot.episode.as_mut() else {
+    if slot.episode.is_none() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "EpisodeFinished",
             format!("episode {id:?} has already finished; an injection can no longer reach it"),
         ));
-    };
-    let (injection_id, at_step) = (injection.id.clone(), injection.at_step);
+    }
+    let at_step = request.at_step;
     // A step past the last the episode may take is never reached: accepted,
     // it was dropped without a word.
     if let Some(at) = at_step.filter(|at| *at > gym.runner.max_steps) {
@@ -521,7 +523,30 @@ async fn inject(
             ),
         ));
     }
+    let injection_id = match request.id {
+        Some(given) if slot.injection_ids.contains(&given) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "InjectionExists",
+                format!(
+                    "injection {given:?} was accepted by episode {id:?} already; it is not injected twice: give a new \
+                     injection its own `id`, or leave `id` out for a generated one"
+                ),
+            ));
+        }
+        Some(given) => given,
+        // A generated id skips those a client chose (`live-3`, say) in this episode.
+        None => loop {
+            let generated = generated_injection_id(&gym.next_injection);
+            if !slot.injection_ids.contains(&generated) {
+                break generated;
+            }
+        },
+    };
+    slot.injection_ids.insert(injection_id.clone());
+    let injection = LiveInjection { id: injection_id.clone(), observation: request.observation, at_step };
     gym.runner.live.push(&id, injection);
+    let episode = slot.episode.as_mut().expect("checked above");
     let before = episode.messages().len();
     let delivered = episode.deliver_live(&gym.runner).map_err(|e| trace_io(&id, &e))?;
     episode.take_delivered();
