@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::action::parse_action;
 use super::create::{Source, inline_input, parse_create};
-use super::registry::{Entry, RegisterError, Slot, SlotStatus, unix_ms};
+use super::registry::{Entry, Playing, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
 use crate::episode::{Episode, EpisodeResult, LiveInjection, StepReport};
 use crate::metrics::status_label;
@@ -162,9 +162,27 @@ impl Gym {
         }
     }
 
-    /// Closes every open episode (the server is shutting down).
+    /// Marks the episode whose step task failed (a panic) as ended in
+    /// error: its episode was out of the slot, and is gone with the task.
+    async fn lose_step(&self, id: &str) {
+        let Some(entry) = self.registry.get(id) else { return };
+        let mut slot = entry.slot.lock().await;
+        if slot.playing.take().is_some() && slot.episode.is_none() && slot.result.is_none() {
+            self.registry.release();
+            entry.update(|s| {
+                s.step_in_progress = None;
+                s.done = true;
+                s.closed = true;
+                s.state = "error".into();
+            });
+        }
+    }
+
+    /// Closes every open episode (the server is shutting down; the stop
+    /// has cut off the steps under way, each of which ends its episode).
     pub async fn close_all(&self, reason: &str) {
         for entry in self.registry.all() {
+            let _turn = entry.turn.lock().await;
             let mut slot = entry.slot.lock().await;
             if slot.episode.is_some()
                 && let Err(e) = self.finish(&entry, &mut slot, Some(reason.to_string()))
@@ -179,6 +197,7 @@ impl Gym {
     pub async fn close_idle(&self) {
         self.registry.forget_closed(self.keep_closed);
         for entry in self.registry.idle(self.idle_timeout) {
+            let Ok(_turn) = entry.turn.try_lock() else { continue };
             let Ok(mut slot) = entry.slot.try_lock() else { continue };
             let reason =
                 format!("closed after {} ms without a request (the idle timeout)", self.idle_timeout.as_millis());
@@ -293,20 +312,18 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
     };
     input.id = episode_id.clone();
     let trace_file = crate::episode::trace_file_name(&episode_id);
-    let entry = Arc::new(Entry {
-        slot: tokio::sync::Mutex::new(Slot::default()),
-        status: std::sync::Mutex::new(SlotStatus {
-            episode_id: episode_id.clone(),
-            row_id: row_id.clone(),
-            step: 0,
-            done: false,
-            state: "running".into(),
-            closed: false,
-            created_unix_ms: unix_ms(SystemTime::now()),
-            trace_file,
-            last_used: std::time::Instant::now(),
-        }),
-    });
+    let entry = Arc::new(Entry::new(SlotStatus {
+        episode_id: episode_id.clone(),
+        row_id: row_id.clone(),
+        step: 0,
+        step_in_progress: None,
+        done: false,
+        state: "running".into(),
+        closed: false,
+        created_unix_ms: unix_ms(SystemTime::now()),
+        trace_file,
+        last_used: std::time::Instant::now(),
+    }));
     let mut slot = entry.slot.try_lock().expect("a slot nobody else has seen yet is unlocked");
     gym.registry.insert(reservation, &episode_id, entry.clone()).map_err(|_| episode_exists(&episode_id))?;
 
@@ -361,6 +378,8 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
 
+/// The episode's state, at once: while a step is played (`step_in_progress`)
+/// the conversation and memory are those the step began from.
 async fn describe(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
     let slot = entry.slot.lock().await;
@@ -368,6 +387,9 @@ async fn describe(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath)
     if let Some(episode) = &slot.episode {
         body["messages"] = json!(episode.messages());
         body["memory"] = episode.memory();
+    } else if let Some(playing) = &slot.playing {
+        body["messages"] = json!(playing.messages);
+        body["memory"] = playing.memory.clone();
     }
     if let Some(result) = &slot.result {
         body["result"] = result_json(&id, result);
@@ -421,40 +443,63 @@ async fn step(
     // timeout, a dropped connection) drops this future, and a step cut
     // where it stood left the episode half played (its turn recorded, its
     // calls not, the next action played as the same step). Only the
-    // server's stop cuts a step off, and then the episode ends there.
+    // server's stop or the episode's close cuts a step off, and then the
+    // episode ends there.
     let episode_id = id.clone();
-    tokio::spawn(play_step(gym, id, body)).await.unwrap_or_else(|e| {
-        Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "TraceIo",
-            format!("the step of episode {episode_id:?} failed: {e}; its trace may end early"),
-        ))
-    })
+    match tokio::spawn(play_step(gym.clone(), id, body)).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            gym.lose_step(&episode_id).await;
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "TraceIo",
+                format!("the step of episode {episode_id:?} failed: {e}; its trace may end early"),
+            ))
+        }
+    }
 }
 
+/// Plays one step. The episode leaves its slot for the step (its tool calls
+/// may run for their whole timeout), so that reads, injections and a close
+/// are not held up; a close cuts the step off, as the server's stop does.
 async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
-    let mut slot = entry.slot.lock().await;
-    let Some(episode) = slot.episode.as_mut() else { return Err(done_conflict(&id, &entry, &slot)) };
-    let action = parse_action(&body, episode.step()).map_err(|e| match e.step_mismatch {
-        true => ApiError::new(StatusCode::CONFLICT, "StepMismatch", format!("{}: {}", e.field, e.message)),
-        false => ApiError::bad_request("InvalidAction", e.to_string()),
-    })?;
+    // One step at a time: a second waits for the first, then finds the episode moved on.
+    let _turn = entry.turn.lock().await;
+    let (mut episode, action) = {
+        let mut slot = entry.slot.lock().await;
+        let Some(episode) = slot.episode.as_ref() else { return Err(done_conflict(&id, &entry, &slot)) };
+        let step = episode.step();
+        let action = parse_action(&body, step).map_err(|e| match e.step_mismatch {
+            true => ApiError::new(StatusCode::CONFLICT, "StepMismatch", format!("{}: {}", e.field, e.message)),
+            false => ApiError::bad_request("InvalidAction", e.to_string()),
+        })?;
+        let playing = Playing { step, messages: episode.messages().to_vec(), memory: episode.memory() };
+        let episode = slot.episode.take().expect("checked just above");
+        slot.playing = Some(playing);
+        entry.update(|s| s.step_in_progress = Some(step));
+        (episode, action)
+    };
     let assistant_at = episode.messages().len();
     let deadline = tokio::time::Instant::now() + gym.runner.plan_step_timeout;
     let played: Option<std::io::Result<(StepReport, bool)>> = tokio::select! {
         biased;
         () = gym.stop.cancelled() => None,
+        () = entry.closing.cancelled() => None,
         played = async {
             let report = episode.act(&gym.runner, &action, deadline).await?;
             let running = episode.advance(&gym.runner)?;
             Ok((report, running))
         } => Some(played),
     };
+    let mut slot = entry.slot.lock().await;
+    slot.playing = None;
     let (report, running, stopped) = match played {
         Some(Ok((report, running))) => (report, running, None),
         Some(Err(e)) => {
             let error = trace_io(&id, &e);
+            slot.episode = Some(episode);
+            entry.update(|s| s.step_in_progress = None);
             let _ = gym.finish(&entry, &mut slot, Some(format!("the trace could not be written: {e}")));
             return Err(error);
         }
@@ -462,22 +507,22 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
         // error context that says why) and the episode as `cancelled`.
         None => {
             let step = episode.step();
-            (
-                StepReport { step, ..StepReport::default() },
-                false,
-                Some(format!("stopped at step {step}: the server shut down")),
-            )
+            let why = if gym.stop.is_cancelled() { "the server shut down" } else { "closed by the client" };
+            (StepReport { step, ..StepReport::default() }, false, Some(format!("stopped at step {step}: {why}")))
         }
     };
     let messages = episode.messages().get(assistant_at + 1..).unwrap_or_default().to_vec();
     let injections = episode.take_delivered();
     let memory = episode.memory();
     let step_now = episode.step();
+    slot.episode = Some(episode);
+    entry.update(|s| {
+        s.step_in_progress = None;
+        s.step = step_now;
+    });
     let mut info = step_info(&report, &injections);
     let mut reward = 0.0;
-    if running {
-        entry.update(|s| s.step = step_now);
-    } else {
+    if !running {
         gym.finish(&entry, &mut slot, stopped)?;
         if let Some(result) = &slot.result {
             reward = result.metrics.reward.unwrap_or(0.0);
@@ -494,7 +539,8 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
     Ok(axum::Json(body).into_response())
 }
 
-/// Delivers an injection due now at once; one for a later step is queued for it.
+/// Delivers an injection due now at once; one for a later step, or any
+/// while a step is played, is queued for the step it names (or the next).
 async fn inject(
     State(gym): State<GymState>,
     EpisodeIdPath(id): EpisodeIdPath,
@@ -504,7 +550,8 @@ async fn inject(
     let entry = gym.entry(&id)?;
     let request = read_injection(&id, &body)?;
     let mut slot = entry.slot.lock().await;
-    if slot.episode.is_none() {
+    let playing = slot.playing.as_ref().map(|p| p.step);
+    if slot.episode.is_none() && playing.is_none() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "EpisodeFinished",
@@ -520,6 +567,20 @@ async fn inject(
             format!(
                 "`at_step` is {at}, but episode {id:?} ends by step {} (its sandbox's maxSteps); leave it out for the next turn",
                 gym.runner.max_steps
+            ),
+        ));
+    }
+    // The step under way had its turn when it began: queued, this would reach the next one instead.
+    if let Some(running) = playing
+        && let Some(at) = at_step.filter(|at| *at <= running)
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "StepInProgress",
+            format!(
+                "`at_step` is {at}, but episode {id:?} is playing step {running}, whose turn was taken when it began: \
+                 the injection was not queued; name step {} or later, or leave `at_step` out for the next turn",
+                running + 1
             ),
         ));
     }
@@ -546,12 +607,17 @@ async fn inject(
     slot.injection_ids.insert(injection_id.clone());
     let injection = LiveInjection { id: injection_id.clone(), observation: request.observation, at_step };
     gym.runner.live.push(&id, injection);
-    let episode = slot.episode.as_mut().expect("checked above");
-    let before = episode.messages().len();
-    let delivered = episode.deliver_live(&gym.runner).map_err(|e| trace_io(&id, &e))?;
-    episode.take_delivered();
-    let delivered_at_step = delivered.contains(&injection_id).then(|| episode.step());
-    let messages = episode.messages().get(before..).unwrap_or_default().to_vec();
+    let (delivered_at_step, messages) = match slot.episode.as_mut() {
+        Some(episode) => {
+            let before = episode.messages().len();
+            let delivered = episode.deliver_live(&gym.runner).map_err(|e| trace_io(&id, &e))?;
+            episode.take_delivered();
+            let delivered_at_step = delivered.contains(&injection_id).then(|| episode.step());
+            (delivered_at_step, episode.messages().get(before..).unwrap_or_default().to_vec())
+        }
+        // Delivered by the step's end when it is due at the next step.
+        None => (None, Vec::new()),
+    };
     entry.update(|_| {});
     let body = json!({
         "id": injection_id,
@@ -563,8 +629,15 @@ async fn inject(
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
+/// Ends the episode and answers its result. A step under way is cut off
+/// where it stands (it ends the episode, `stopped at step N: closed by the
+/// client`, and its own client hears so), as the server's stop does.
 async fn close(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
+    entry.closing.cancel();
+    // Free once the cut step has ended; a step that begins after the close
+    // is cut before its action is played.
+    let _turn = entry.turn.lock().await;
     let mut slot = entry.slot.lock().await;
     if let Some(episode) = &slot.episode {
         let reason = format!("closed by the client at step {}", episode.step());
