@@ -17,7 +17,7 @@
 //!
 //! Every error is JSON `{"error": {"category": <PascalCase>, "message": …}}`
 //! ([`ApiError`]), the shape server mode ([`crate::gym`]) answers with too;
-//! its routes reuse [`observability`], [`parse_injection`] and [`readable`].
+//! its routes reuse [`observability`], [`read_injection`] and [`readable`].
 //! Both modes read bodies of up to [`MAX_BODY_BYTES`]; a larger one is a
 //! 413 `RequestTooLarge`.
 //!
@@ -302,9 +302,17 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Reads an injection body for `episode`; an injection without an `id`
-/// gets `live-<n>` from `next_id`. Every refusal is a 400 that says what to fix.
-pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Result<LiveInjection, ApiError> {
+/// An injection body as read: `id` is `None` when the body named none.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InjectionBody {
+    pub observation: Value,
+    pub at_step: Option<u32>,
+    pub id: Option<String>,
+}
+
+/// Reads an injection body for `episode`, its id as given (if any). Every
+/// refusal is a 400 that says what to fix.
+pub fn read_injection(episode: &str, body: &[u8]) -> Result<InjectionBody, ApiError> {
     let invalid = |message: String| ApiError::bad_request("InvalidInjection", message);
     check_id("episode id", episode).map_err(invalid)?;
     // Through `Value` first: serde would also read a struct from a JSON array.
@@ -328,14 +336,23 @@ pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Resul
             "`at_step` is 0: steps are numbered from 1; leave it out for the next turn; {INJECT_BODY_SHAPE}"
         )));
     }
-    let id = match request.id {
-        Some(id) => {
-            check_id("`id`", &id).map_err(invalid)?;
-            id
-        }
-        None => format!("live-{}", next_id.fetch_add(1, Ordering::Relaxed)),
-    };
-    Ok(LiveInjection { id, observation: request.observation, at_step: request.at_step })
+    if let Some(id) = &request.id {
+        check_id("`id`", id).map_err(invalid)?;
+    }
+    Ok(InjectionBody { observation: request.observation, at_step: request.at_step, id: request.id })
+}
+
+/// The next generated injection id, `live-<n>`.
+pub fn generated_injection_id(next_id: &AtomicU64) -> String {
+    format!("live-{}", next_id.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Reads an injection body for `episode`; an injection without an `id`
+/// gets `live-<n>` from `next_id`. Every refusal is a 400 that says what to fix.
+pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Result<LiveInjection, ApiError> {
+    let read = read_injection(episode, body)?;
+    let id = read.id.unwrap_or_else(|| generated_injection_id(next_id));
+    Ok(LiveInjection { id, observation: read.observation, at_step: read.at_step })
 }
 
 async fn inject(

@@ -128,8 +128,21 @@ impl TestServer {
         idle_timeout: Duration,
         keep_closed: Duration,
     ) -> Self {
+        Self::start_with(dir, max_episodes, idle_timeout, keep_closed, |_| {}).await
+    }
+
+    /// As [`TestServer::start_in`], the runner changed by `adjust` first.
+    async fn start_with(
+        dir: tempfile::TempDir,
+        max_episodes: usize,
+        idle_timeout: Duration,
+        keep_closed: Duration,
+        adjust: impl FnOnce(&mut EpisodeRunner),
+    ) -> Self {
+        let mut runner = runner(dir.path());
+        adjust(&mut runner);
         let gym = Gym::new(GymConfig {
-            runner: runner(dir.path()),
+            runner,
             rows: vec![row("ok")],
             test_set_name: "tests.jsonl".into(),
             compare_args: Default::default(),
@@ -926,6 +939,20 @@ async fn the_serve_command_resolves_relative_paths_against_base_dir() {
     assert_eq!(status, 201, "the test set was found under --base-dir: {body}");
 }
 
+/// The episode once no step is under way (a read answers at once, with the
+/// state the step began from, while one is).
+async fn settled(server: &TestServer, episode: &str) -> Value {
+    for _ in 0..200 {
+        let (status, state) = server.get(&format!("/v1/episodes/{episode}")).await;
+        assert_eq!(status, 200, "{state}");
+        if state["step_in_progress"].is_null() {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("a step of episode {episode} is still under way after 5 s")
+}
+
 /// The records of `trace` at `step`, by kind.
 fn kinds_at(trace: &TraceContents, step: u32) -> Vec<String> {
     trace.records.iter().filter(|r| r.step == step).filter_map(|r| r.body.as_ref()).map(kind).collect()
@@ -940,9 +967,9 @@ async fn a_client_gone_mid_step_leaves_the_step_played_whole() {
     let body = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "SLOW"}}]}"#;
     let sent = impatient.post(server.url("/v1/episodes/gone/step")).body(body).send().await;
     assert!(sent.is_err_and(|e| e.is_timeout()), "the client gives up before the step ends");
-    // The step still ends: describe waits for it, then shows step 2 with the call answered.
+    // The step still ends, then the episode is at step 2 with the call answered.
     // Before: step 1 again, its turn recorded without its call, and the next action played as step 1.
-    let (_, state) = server.get("/v1/episodes/gone").await;
+    let state = settled(&server, "gone").await;
     assert_eq!(state["step"], 2, "{state}");
     let answered = state["messages"].as_array().unwrap().iter().any(|m| m["tool_call_id"] == "call_0_0");
     assert!(answered, "{state}");
@@ -990,6 +1017,185 @@ async fn shutting_down_cuts_off_a_step_under_way_as_driver_mode_does() {
         _ => None,
     });
     assert_eq!(cut, Some((1, "stopped at step 1: the server shut down".to_string())));
+}
+
+/// A client that gives up long before a step under way could end: what it
+/// asks must be answered without waiting for the step.
+fn prompt_client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap()
+}
+
+/// `GET` with [`prompt_client`]; a timeout fails the test, saying where.
+async fn get_promptly(server: &TestServer, path: &str, what: &str) -> (u16, Value) {
+    let sent = prompt_client().get(server.url(path)).send().await;
+    json_answer(sent.unwrap_or_else(|e| panic!("{what} waited behind the step under way: {e}"))).await
+}
+
+/// `POST` with [`prompt_client`]; a timeout fails the test, saying where.
+async fn post_promptly(server: &TestServer, path: &str, body: &str, what: &str) -> (u16, Value) {
+    let sent = prompt_client().post(server.url(path)).body(body.to_string()).send().await;
+    json_answer(sent.unwrap_or_else(|e| panic!("{what} waited behind the step under way: {e}"))).await
+}
+
+/// Starts a step of `episode` that calls `hang` (it runs to the plan-step
+/// deadline), and returns once a read says the step is under way.
+async fn hang_a_step(server: &TestServer, episode: &str, step: u32) -> JoinHandle<(u16, Value)> {
+    let url = server.url(&format!("/v1/episodes/{episode}/step"));
+    let played = tokio::spawn(async move {
+        let body = r#"{"tool_calls": [{"name": "hang", "arguments": {}}]}"#;
+        json_answer(client().post(url).body(body).send().await.unwrap()).await
+    });
+    for _ in 0..100 {
+        let (_, state) = get_promptly(server, &format!("/v1/episodes/{episode}"), "a read").await;
+        if state["step_in_progress"] == step {
+            return played;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("step {step} of {episode} never showed as under way")
+}
+
+#[tokio::test]
+async fn a_step_under_way_holds_up_no_read_injection_or_close() {
+    // Each `hang` step runs 4 s (the plan-step deadline), twice the prompt client's patience.
+    let server = TestServer::start_with(
+        tempfile::tempdir().unwrap(),
+        4,
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+        |r| r.plan_step_timeout = Duration::from_secs(4),
+    )
+    .await;
+    let (status, created) = server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "busy"}"#).await;
+    assert_eq!(status, 201, "{created}");
+    let first = hang_a_step(&server, "busy", 1).await;
+
+    // Before: each of these waited for the step to end.
+    let (status, state) = get_promptly(&server, "/v1/episodes/busy", "describe").await;
+    assert_eq!(status, 200, "{state}");
+    assert_eq!((&state["step"], &state["step_in_progress"], &state["done"]), (&json!(1), &json!(1), &json!(false)));
+    assert_eq!(state["messages"], created["observation"]["messages"], "the state the step began from");
+    assert_eq!(state["memory"], json!({"order_id": "A-1"}));
+    let (_, listed) = get_promptly(&server, "/v1/episodes", "the listing").await;
+    assert_eq!(listed["episodes"][0]["step_in_progress"], 1, "{listed}");
+    let inject = |body: &'static str| post_promptly(&server, "/v1/episodes/busy/inject", body, "an injection");
+    assert_error(
+        &inject(r#"{"observation": "too late", "at_step": 1}"#).await,
+        409,
+        "StepInProgress",
+        "`at_step` is 1, but episode \"busy\" is playing step 1",
+    );
+    let (status, queued) = inject(r#"{"observation": "hold on", "id": "next-turn"}"#).await;
+    assert_eq!((status, &queued["delivered_at_step"]), (202, &Value::Null), "{queued}");
+    let (status, queued) = inject(r#"{"observation": "step two", "at_step": 2, "id": "at-2"}"#).await;
+    assert_eq!((status, &queued["delivered_at_step"]), (202, &Value::Null), "{queued}");
+
+    // The step ends at its deadline; the injections queued meanwhile are delivered at step 2.
+    let (status, stepped) = first.await.unwrap();
+    assert_eq!(status, 200, "{stepped}");
+    assert_eq!((&stepped["done"], &stepped["info"]["error_type"]), (&json!(false), &json!("plan_step_timeout")));
+    assert_eq!(stepped["info"]["injections"], json!(["next-turn", "at-2"]), "{stepped}");
+    let state = settled(&server, "busy").await;
+    assert_eq!(state["step"], 2, "{state}");
+
+    // A close cuts the step under way off where it stands, as the server's stop does.
+    let second = hang_a_step(&server, "busy", 2).await;
+    let (status, closed) = post_promptly(&server, "/v1/episodes/busy/close", "", "the close").await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["outcome"], "cancelled", "{closed}");
+    assert_eq!(closed["error"], "stopped at step 2: closed by the client", "{closed}");
+    let (status, cut) = second.await.unwrap();
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!((&cut["done"], &cut["info"]["outcome"]), (&json!(true), &json!("cancelled")), "{cut}");
+    let (_, state) = server.get("/v1/episodes/busy").await;
+    assert_eq!((&state["closed"], &state["step_in_progress"]), (&json!(true), &Value::Null), "{state}");
+
+    let trace = server.trace("busy").await;
+    assert!(matches!(trace.tail, Tail::Complete), "{:?}", trace.tail);
+    let live: Vec<(u32, String)> = trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::Injection(i)) if i.trigger == InjectionTrigger::Live as i32 => Some((r.step, i.id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(live, vec![(2, "next-turn".to_string()), (2, "at-2".to_string())]);
+    let cut_at = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::ErrorContext(e)) if e.error_type == "cancelled" => Some((r.step, e.message.clone())),
+        _ => None,
+    });
+    assert_eq!(cut_at, Some((2, "stopped at step 2: closed by the client".to_string())));
+    let path = server.dir.path().join("traces").join("busy.trace");
+    assert_eq!(basecamp_trace::validate::validate_file(&path), vec![], "{}", path.display());
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn only_a_create_that_succeeds_takes_a_generated_id() {
+    let server = TestServer::start(1, Duration::from_secs(60)).await;
+    // Before: each of these refused creates took a number, and the first episode was ok-3.
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "missing"}"#).await.0, 400);
+    assert_eq!(server.post("/v1/episodes", r#"{"instruction": "hi", "expected_tool_calls": [{}]}"#).await.0, 400);
+    let (status, created) = server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await;
+    assert_eq!((status, created["episode_id"].as_str()), (201, Some("ok-1")), "{created}");
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await.0, 429);
+    assert_eq!(server.post("/v1/episodes", r#"{"instruction": "hi"}"#).await.0, 429);
+    assert_eq!(server.post("/v1/episodes/ok-1/close", "").await.0, 200);
+    let (status, created) = server.post("/v1/episodes", r#"{"instruction": "hi"}"#).await;
+    assert_eq!((status, created["episode_id"].as_str()), (201, Some("episode-2")), "{created}");
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn an_injection_id_is_taken_once_per_episode() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    for episode in ["a", "b"] {
+        let body = json!({"row_id": "ok", "episode_id": episode}).to_string();
+        assert_eq!(server.post("/v1/episodes", &body).await.0, 201);
+    }
+    let first = r#"{"observation": {"notice": "carrier strike"}, "id": "ops-1"}"#;
+    let (status, injected) = server.post("/v1/episodes/a/inject", first).await;
+    assert_eq!((status, &injected["delivered_at_step"]), (202, &json!(1)), "{injected}");
+    // Before: both re-sends were accepted and injected again, under the same id.
+    for again in [first, r#"{"observation": "something else", "id": "ops-1"}"#] {
+        assert_error(
+            &server.post("/v1/episodes/a/inject", again).await,
+            409,
+            "InjectionExists",
+            "injection \"ops-1\" was accepted by episode \"a\" already",
+        );
+    }
+    let queued = r#"{"observation": "later", "at_step": 2, "id": "ops-2"}"#;
+    assert_eq!(server.post("/v1/episodes/a/inject", queued).await.0, 202);
+    assert_error(&server.post("/v1/episodes/a/inject", queued).await, 409, "InjectionExists", "\"ops-2\"");
+    // Another episode has ids of its own.
+    assert_eq!(server.post("/v1/episodes/b/inject", first).await.0, 202);
+    // A generated id skips one a client chose.
+    assert_eq!(server.post("/v1/episodes/a/inject", r#"{"observation": 1, "id": "live-1"}"#).await.0, 202);
+    let (status, generated) = server.post("/v1/episodes/a/inject", r#"{"observation": 2}"#).await;
+    assert_eq!((status, generated["id"].as_str()), (202, Some("live-2")), "{generated}");
+
+    let (_, state) = server.get("/v1/episodes/a").await;
+    let told = state["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["content"].as_str().is_some_and(|c| c.starts_with("[injected observation ops-1]")));
+    assert_eq!(told.count(), 1, "{state}");
+    assert_eq!(server.post("/v1/episodes/a/close", "").await.0, 200);
+    let live: Vec<String> = server
+        .trace("a")
+        .await
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::Injection(i)) => Some(i.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(live, ["ops-1", "live-1", "live-2"]);
+    server.shut_down().await;
 }
 
 #[tokio::test]

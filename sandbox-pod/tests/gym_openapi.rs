@@ -338,6 +338,9 @@ async fn the_answers_of_a_real_episode_match_the_documented_schemas() {
     let later = r#"{"observation": "later", "at_step": 3}"#;
     assert_eq!(check("POST", "/v1/episodes/{episode_id}/inject", at("/inject"), later).await.0, 202);
     assert_eq!(check("POST", "/v1/episodes/{episode_id}/inject", at("/inject"), "[]").await.0, 400);
+    let once = r#"{"observation": "once", "id": "ops-1"}"#;
+    assert_eq!(check("POST", "/v1/episodes/{episode_id}/inject", at("/inject"), once).await.0, 202);
+    assert_eq!(check("POST", "/v1/episodes/{episode_id}/inject", at("/inject"), once).await.0, 409);
     let action = r#"{"tool_calls": [{"name": "track", "arguments": {"order_id": "1"}}, {"name": "nope"}]}"#;
     let (status, stepped) = check("POST", "/v1/episodes/{episode_id}/step", at("/step"), action).await;
     assert_eq!((status, stepped["info"]["status"].as_str()), (200, Some("refused")));

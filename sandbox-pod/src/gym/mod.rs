@@ -14,6 +14,17 @@
 //! - `GET /v1/episodes/{id}/trace` -> the `.trace` bytes;
 //! - `GET /v1/episodes`, `GET /v1/episodes/{id}`, `/metrics`, `/healthz`.
 //!
+//! A step may run for a tool's whole timeout, and holds up nothing else:
+//! meanwhile `GET /v1/episodes/{id}` answers at once with the state the
+//! step began from (`step_in_progress: N`), an injection is queued for the
+//! step it names (409 `StepInProgress` when that is the step under way or
+//! an earlier one), and a close cuts the step off where it stands (the
+//! episode ends `cancelled`, "stopped at step N: closed by the client", and
+//! the step's client is answered so), as the server's stop does. An
+//! injection `id` is taken once per episode: a second of the same id is
+//! refused (409 `InjectionExists`), never injected twice. A generated
+//! episode id is taken only by a create that succeeds.
+//!
 //! `openapi/sandbox.yaml` documents them; a test holds the router and the
 //! document to each other. Errors are [`ApiError`](crate::server::ApiError)s.
 //! At most `max_episodes` are open at once (429 beyond), and an episode idle

@@ -1,21 +1,42 @@
-//! The episodes a server-mode sandbox holds: each behind its own lock (a
-//! step awaits tool calls), with a status readable without that lock for
-//! listings and the idle reaper, and a bound on how many run at once.
+//! The episodes a server-mode sandbox holds, and a bound on how many run at
+//! once. Each episode has a slot behind a lock that is only ever held
+//! briefly: a step takes the episode out of its slot while its tool calls
+//! run (leaving what it began from, [`Playing`]), so a read, an injection
+//! or a close is answered at once, not after the step. Steps take turns on
+//! a lock of their own. A status readable without either lock serves
+//! listings and the idle reaper.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
+use serde_json::Value;
 
+use crate::driver::StopSignal;
 use crate::episode::{Episode, EpisodeResult};
+use crate::policy::ChatMessage;
 
 /// One episode's slot: the running episode, or its result once finished.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Slot {
+    /// `None` while a step is played ([`Slot::playing`]) and once finished.
     pub episode: Option<Episode>,
     pub result: Option<EpisodeResult>,
+    /// The step under way, if one is.
+    pub playing: Option<Playing>,
+    /// The ids of the live injections accepted so far: each is given once.
+    pub injection_ids: BTreeSet<String>,
+}
+
+/// A step being played, and the episode as it stood when the step began
+/// (as of the last finished step), which a read answers with meanwhile.
+#[derive(Debug)]
+pub struct Playing {
+    pub step: u32,
+    pub messages: Vec<ChatMessage>,
+    pub memory: Value,
 }
 
 /// What listings show; updated after every operation on the slot.
@@ -26,6 +47,8 @@ pub struct SlotStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub row_id: Option<String>,
     pub step: u32,
+    /// The step being played right now (its action's tool calls running), if any.
+    pub step_in_progress: Option<u32>,
     pub done: bool,
     /// `running`, or the outcome once done (`completed`, `max_steps`, `error`, `cancelled`).
     pub state: String,
@@ -42,9 +65,23 @@ pub struct SlotStatus {
 pub struct Entry {
     pub slot: tokio::sync::Mutex<Slot>,
     pub status: Mutex<SlotStatus>,
+    /// Held by a step for as long as it is played (and by a close or the
+    /// shutdown until the step has ended): steps are played one at a time.
+    pub turn: tokio::sync::Mutex<()>,
+    /// Fired by a close: the step under way is cut off where it stands.
+    pub closing: StopSignal,
 }
 
 impl Entry {
+    pub fn new(status: SlotStatus) -> Self {
+        Self {
+            slot: tokio::sync::Mutex::new(Slot::default()),
+            status: Mutex::new(status),
+            turn: tokio::sync::Mutex::new(()),
+            closing: StopSignal::new(),
+        }
+    }
+
     pub fn status(&self) -> SlotStatus {
         self.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -16,12 +16,13 @@ use serde_json::{Value, json};
 
 use super::action::parse_action;
 use super::create::{Source, inline_input, parse_create};
-use super::registry::{Entry, RegisterError, Slot, SlotStatus, unix_ms};
+use super::registry::{Entry, Playing, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
-use crate::episode::{Episode, EpisodeResult, StepReport};
+use crate::episode::{Episode, EpisodeResult, LiveInjection, StepReport};
 use crate::metrics::status_label;
 use crate::server::{
-    ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, observability, parse_injection, readable, with_fallbacks,
+    ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, generated_injection_id, observability, read_injection,
+    readable, with_fallbacks,
 };
 
 /// Every route server mode serves, as `(method, path)`: the API's own
@@ -95,6 +96,19 @@ impl Gym {
         }
     }
 
+    /// The refusal of an id whose trace is in the output directory already.
+    fn trace_on_disk(&self, id: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "EpisodeExists",
+            format!(
+                "episode {id:?} has a trace in {} already (an earlier episode of that id, of this server or \
+                 one before it: kept, never overwritten); choose another episode_id, or leave it out for a generated one",
+                self.out_dir.display()
+            ),
+        )
+    }
+
     fn entry(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
         self.registry.get(id).ok_or_else(|| self.unknown(id))
     }
@@ -148,9 +162,27 @@ impl Gym {
         }
     }
 
-    /// Closes every open episode (the server is shutting down).
+    /// Marks the episode whose step task failed (a panic) as ended in
+    /// error: its episode was out of the slot, and is gone with the task.
+    async fn lose_step(&self, id: &str) {
+        let Some(entry) = self.registry.get(id) else { return };
+        let mut slot = entry.slot.lock().await;
+        if slot.playing.take().is_some() && slot.episode.is_none() && slot.result.is_none() {
+            self.registry.release();
+            entry.update(|s| {
+                s.step_in_progress = None;
+                s.done = true;
+                s.closed = true;
+                s.state = "error".into();
+            });
+        }
+    }
+
+    /// Closes every open episode (the server is shutting down; the stop
+    /// has cut off the steps under way, each of which ends its episode).
     pub async fn close_all(&self, reason: &str) {
         for entry in self.registry.all() {
+            let _turn = entry.turn.lock().await;
             let mut slot = entry.slot.lock().await;
             if slot.episode.is_some()
                 && let Err(e) = self.finish(&entry, &mut slot, Some(reason.to_string()))
@@ -165,6 +197,7 @@ impl Gym {
     pub async fn close_idle(&self) {
         self.registry.forget_closed(self.keep_closed);
         for entry in self.registry.idle(self.idle_timeout) {
+            let Ok(_turn) = entry.turn.try_lock() else { continue };
             let Ok(mut slot) = entry.slot.try_lock() else { continue };
             let reason =
                 format!("closed after {} ms without a request (the idle timeout)", self.idle_timeout.as_millis());
@@ -191,6 +224,14 @@ fn result_json(episode_id: &str, result: &EpisodeResult) -> Value {
     value
 }
 
+fn episode_exists(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "EpisodeExists",
+        format!("episode {id:?} exists already; choose another episode_id, or leave it out for a generated one"),
+    )
+}
+
 fn done_conflict(id: &str, entry: &Entry, slot: &Slot) -> ApiError {
     let status = entry.status();
     let how = match &slot.result {
@@ -215,70 +256,44 @@ async fn list(State(gym): State<GymState>) -> Response {
 async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = readable(body)?;
     let request = parse_create(&body).map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?;
-    let (row_id, episode_id) = match (&request.source, request.episode_id) {
-        (_, Some(id)) => {
-            crate::server::check_id("episode_id", &id).map_err(|m| {
-                ApiError::bad_request("InvalidEpisodeRequest", format!("{m} (at most {MAX_ID_LEN} bytes)"))
-            })?;
-            (
-                match &request.source {
-                    Source::Row(row) => Some(row.clone()),
-                    Source::Inline(_) => None,
-                },
-                id,
-            )
-        }
-        (Source::Row(row), None) => (Some(row.clone()), gym.fresh_id(|n| format!("{row}-{n}"))),
-        (Source::Inline(_), None) => (None, gym.fresh_id(|n| format!("episode-{n}"))),
+    let chosen_id = request.episode_id;
+    if let Some(id) = &chosen_id {
+        crate::server::check_id("episode_id", id)
+            .map_err(|m| ApiError::bad_request("InvalidEpisodeRequest", format!("{m} (at most {MAX_ID_LEN} bytes)")))?;
+    }
+    let row_id = match &request.source {
+        Source::Row(row) => Some(row.clone()),
+        Source::Inline(_) => None,
     };
-    let input = match request.source {
-        Source::Row(row) => {
-            let mut input = gym.rows.get(&row).cloned().ok_or_else(|| {
-                let mut examples: Vec<&str> = gym.rows.keys().take(5).map(String::as_str).collect();
-                if gym.rows.len() > examples.len() {
-                    examples.push("…");
-                }
-                ApiError::bad_request(
-                    "UnknownTestSetRow",
-                    format!(
-                        "row_id: no row {row:?} in the test set {} ({} rows: {})",
-                        gym.test_set_name,
-                        gym.rows.len(),
-                        examples.join(", ")
-                    ),
-                )
-            })?;
-            input.id = episode_id.clone();
-            input
-        }
-        Source::Inline(fields) => inline_input(&episode_id, fields, &gym.compare_args)
+    // The episode and its place are settled before an id is generated:
+    // only a create that succeeds takes one (a refused one left a gap).
+    let mut input = match request.source {
+        Source::Row(row) => gym.rows.get(&row).cloned().ok_or_else(|| {
+            let mut examples: Vec<&str> = gym.rows.keys().take(5).map(String::as_str).collect();
+            if gym.rows.len() > examples.len() {
+                examples.push("…");
+            }
+            ApiError::bad_request(
+                "UnknownTestSetRow",
+                format!(
+                    "row_id: no row {row:?} in the test set {} ({} rows: {})",
+                    gym.test_set_name,
+                    gym.rows.len(),
+                    examples.join(", ")
+                ),
+            )
+        })?,
+        // The id is the row's only in name: the checks do not depend on it.
+        Source::Inline(fields) => inline_input(chosen_id.as_deref().unwrap_or("episode"), fields, &gym.compare_args)
             .map_err(|e| ApiError::bad_request("InvalidEpisodeRequest", e.to_string()))?,
     };
-    let exists = || {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "EpisodeExists",
-            format!(
-                "episode {episode_id:?} exists already; choose another episode_id, or leave it out for a generated one"
-            ),
-        )
-    };
-    if gym.registry.contains(&episode_id) {
-        return Err(exists());
-    }
-    let on_disk = || {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "EpisodeExists",
-            format!(
-                "episode {episode_id:?} has a trace in {} already (an earlier episode of that id, of this server or \
-                 one before it: kept, never overwritten); choose another episode_id, or leave it out for a generated one",
-                gym.out_dir.display()
-            ),
-        )
-    };
-    if gym.trace_exists(&episode_id) {
-        return Err(on_disk());
+    if let Some(id) = &chosen_id {
+        if gym.registry.contains(id) {
+            return Err(episode_exists(id));
+        }
+        if gym.trace_exists(id) {
+            return Err(gym.trace_on_disk(id));
+        }
     }
     let reservation = gym.registry.reserve(gym.max_episodes).map_err(|e| match e {
         RegisterError::Full { open, max } => ApiError::new(
@@ -288,25 +303,29 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
                 "{open} episodes are open, the limit is {max}; close one (POST /v1/episodes/{{id}}/close) and retry"
             ),
         ),
-        RegisterError::Exists(_) => exists(),
+        RegisterError::Exists(id) => episode_exists(&id),
     })?;
+    let episode_id = match (chosen_id, &row_id) {
+        (Some(id), _) => id,
+        (None, Some(row)) => gym.fresh_id(|n| format!("{row}-{n}")),
+        (None, None) => gym.fresh_id(|n| format!("episode-{n}")),
+    };
+    input.id = episode_id.clone();
     let trace_file = crate::episode::trace_file_name(&episode_id);
-    let entry = Arc::new(Entry {
-        slot: tokio::sync::Mutex::new(Slot { episode: None, result: None }),
-        status: std::sync::Mutex::new(SlotStatus {
-            episode_id: episode_id.clone(),
-            row_id: row_id.clone(),
-            step: 0,
-            done: false,
-            state: "running".into(),
-            closed: false,
-            created_unix_ms: unix_ms(SystemTime::now()),
-            trace_file,
-            last_used: std::time::Instant::now(),
-        }),
-    });
+    let entry = Arc::new(Entry::new(SlotStatus {
+        episode_id: episode_id.clone(),
+        row_id: row_id.clone(),
+        step: 0,
+        step_in_progress: None,
+        done: false,
+        state: "running".into(),
+        closed: false,
+        created_unix_ms: unix_ms(SystemTime::now()),
+        trace_file,
+        last_used: std::time::Instant::now(),
+    }));
     let mut slot = entry.slot.try_lock().expect("a slot nobody else has seen yet is unlocked");
-    gym.registry.insert(reservation, &episode_id, entry.clone()).map_err(|_| exists())?;
+    gym.registry.insert(reservation, &episode_id, entry.clone()).map_err(|_| episode_exists(&episode_id))?;
 
     let started: std::io::Result<(Episode, bool)> =
         gym.runner.start_new(input, &gym.out_dir).and_then(|mut episode| {
@@ -319,7 +338,7 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             gym.registry.release();
             gym.registry.remove(&episode_id);
-            return Err(on_disk());
+            return Err(gym.trace_on_disk(&episode_id));
         }
         Err(e) => {
             gym.registry.release();
@@ -359,6 +378,8 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
 
+/// The episode's state, at once: while a step is played (`step_in_progress`)
+/// the conversation and memory are those the step began from.
 async fn describe(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
     let slot = entry.slot.lock().await;
@@ -366,6 +387,9 @@ async fn describe(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath)
     if let Some(episode) = &slot.episode {
         body["messages"] = json!(episode.messages());
         body["memory"] = episode.memory();
+    } else if let Some(playing) = &slot.playing {
+        body["messages"] = json!(playing.messages);
+        body["memory"] = playing.memory.clone();
     }
     if let Some(result) = &slot.result {
         body["result"] = result_json(&id, result);
@@ -419,40 +443,63 @@ async fn step(
     // timeout, a dropped connection) drops this future, and a step cut
     // where it stood left the episode half played (its turn recorded, its
     // calls not, the next action played as the same step). Only the
-    // server's stop cuts a step off, and then the episode ends there.
+    // server's stop or the episode's close cuts a step off, and then the
+    // episode ends there.
     let episode_id = id.clone();
-    tokio::spawn(play_step(gym, id, body)).await.unwrap_or_else(|e| {
-        Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "TraceIo",
-            format!("the step of episode {episode_id:?} failed: {e}; its trace may end early"),
-        ))
-    })
+    match tokio::spawn(play_step(gym.clone(), id, body)).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            gym.lose_step(&episode_id).await;
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "TraceIo",
+                format!("the step of episode {episode_id:?} failed: {e}; its trace may end early"),
+            ))
+        }
+    }
 }
 
+/// Plays one step. The episode leaves its slot for the step (its tool calls
+/// may run for their whole timeout), so that reads, injections and a close
+/// are not held up; a close cuts the step off, as the server's stop does.
 async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
-    let mut slot = entry.slot.lock().await;
-    let Some(episode) = slot.episode.as_mut() else { return Err(done_conflict(&id, &entry, &slot)) };
-    let action = parse_action(&body, episode.step()).map_err(|e| match e.step_mismatch {
-        true => ApiError::new(StatusCode::CONFLICT, "StepMismatch", format!("{}: {}", e.field, e.message)),
-        false => ApiError::bad_request("InvalidAction", e.to_string()),
-    })?;
+    // One step at a time: a second waits for the first, then finds the episode moved on.
+    let _turn = entry.turn.lock().await;
+    let (mut episode, action) = {
+        let mut slot = entry.slot.lock().await;
+        let Some(episode) = slot.episode.as_ref() else { return Err(done_conflict(&id, &entry, &slot)) };
+        let step = episode.step();
+        let action = parse_action(&body, step).map_err(|e| match e.step_mismatch {
+            true => ApiError::new(StatusCode::CONFLICT, "StepMismatch", format!("{}: {}", e.field, e.message)),
+            false => ApiError::bad_request("InvalidAction", e.to_string()),
+        })?;
+        let playing = Playing { step, messages: episode.messages().to_vec(), memory: episode.memory() };
+        let episode = slot.episode.take().expect("checked just above");
+        slot.playing = Some(playing);
+        entry.update(|s| s.step_in_progress = Some(step));
+        (episode, action)
+    };
     let assistant_at = episode.messages().len();
     let deadline = tokio::time::Instant::now() + gym.runner.plan_step_timeout;
     let played: Option<std::io::Result<(StepReport, bool)>> = tokio::select! {
         biased;
         () = gym.stop.cancelled() => None,
+        () = entry.closing.cancelled() => None,
         played = async {
             let report = episode.act(&gym.runner, &action, deadline).await?;
             let running = episode.advance(&gym.runner)?;
             Ok((report, running))
         } => Some(played),
     };
+    let mut slot = entry.slot.lock().await;
+    slot.playing = None;
     let (report, running, stopped) = match played {
         Some(Ok((report, running))) => (report, running, None),
         Some(Err(e)) => {
             let error = trace_io(&id, &e);
+            slot.episode = Some(episode);
+            entry.update(|s| s.step_in_progress = None);
             let _ = gym.finish(&entry, &mut slot, Some(format!("the trace could not be written: {e}")));
             return Err(error);
         }
@@ -460,22 +507,22 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
         // error context that says why) and the episode as `cancelled`.
         None => {
             let step = episode.step();
-            (
-                StepReport { step, ..StepReport::default() },
-                false,
-                Some(format!("stopped at step {step}: the server shut down")),
-            )
+            let why = if gym.stop.is_cancelled() { "the server shut down" } else { "closed by the client" };
+            (StepReport { step, ..StepReport::default() }, false, Some(format!("stopped at step {step}: {why}")))
         }
     };
     let messages = episode.messages().get(assistant_at + 1..).unwrap_or_default().to_vec();
     let injections = episode.take_delivered();
     let memory = episode.memory();
     let step_now = episode.step();
+    slot.episode = Some(episode);
+    entry.update(|s| {
+        s.step_in_progress = None;
+        s.step = step_now;
+    });
     let mut info = step_info(&report, &injections);
     let mut reward = 0.0;
-    if running {
-        entry.update(|s| s.step = step_now);
-    } else {
+    if !running {
         gym.finish(&entry, &mut slot, stopped)?;
         if let Some(result) = &slot.result {
             reward = result.metrics.reward.unwrap_or(0.0);
@@ -492,6 +539,8 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
     Ok(axum::Json(body).into_response())
 }
 
+/// Delivers an injection due now at once; one for a later step, or any
+/// while a step is played, is queued for the step it names (or the next).
 async fn inject(
     State(gym): State<GymState>,
     EpisodeIdPath(id): EpisodeIdPath,
@@ -499,16 +548,17 @@ async fn inject(
 ) -> Result<Response, ApiError> {
     let body = readable(body)?;
     let entry = gym.entry(&id)?;
-    let injection = parse_injection(&id, &body, &gym.next_injection)?;
+    let request = read_injection(&id, &body)?;
     let mut slot = entry.slot.lock().await;
-    let Some(episode) = slot.episode.as_mut() else {
+    let playing = slot.playing.as_ref().map(|p| p.step);
+    if slot.episode.is_none() && playing.is_none() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "EpisodeFinished",
             format!("episode {id:?} has already finished; an injection can no longer reach it"),
         ));
-    };
-    let (injection_id, at_step) = (injection.id.clone(), injection.at_step);
+    }
+    let at_step = request.at_step;
     // A step past the last the episode may take is never reached: accepted,
     // it was dropped without a word.
     if let Some(at) = at_step.filter(|at| *at > gym.runner.max_steps) {
@@ -520,12 +570,54 @@ async fn inject(
             ),
         ));
     }
+    // The step under way had its turn when it began: queued, this would reach the next one instead.
+    if let Some(running) = playing
+        && let Some(at) = at_step.filter(|at| *at <= running)
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "StepInProgress",
+            format!(
+                "`at_step` is {at}, but episode {id:?} is playing step {running}, whose turn was taken when it began: \
+                 the injection was not queued; name step {} or later, or leave `at_step` out for the next turn",
+                running + 1
+            ),
+        ));
+    }
+    let injection_id = match request.id {
+        Some(given) if slot.injection_ids.contains(&given) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "InjectionExists",
+                format!(
+                    "injection {given:?} was accepted by episode {id:?} already; it is not injected twice: give a new \
+                     injection its own `id`, or leave `id` out for a generated one"
+                ),
+            ));
+        }
+        Some(given) => given,
+        // A generated id skips those a client chose (`live-3`, say) in this episode.
+        None => loop {
+            let generated = generated_injection_id(&gym.next_injection);
+            if !slot.injection_ids.contains(&generated) {
+                break generated;
+            }
+        },
+    };
+    slot.injection_ids.insert(injection_id.clone());
+    let injection = LiveInjection { id: injection_id.clone(), observation: request.observation, at_step };
     gym.runner.live.push(&id, injection);
-    let before = episode.messages().len();
-    let delivered = episode.deliver_live(&gym.runner).map_err(|e| trace_io(&id, &e))?;
-    episode.take_delivered();
-    let delivered_at_step = delivered.contains(&injection_id).then(|| episode.step());
-    let messages = episode.messages().get(before..).unwrap_or_default().to_vec();
+    let (delivered_at_step, messages) = match slot.episode.as_mut() {
+        Some(episode) => {
+            let before = episode.messages().len();
+            let delivered = episode.deliver_live(&gym.runner).map_err(|e| trace_io(&id, &e))?;
+            episode.take_delivered();
+            let delivered_at_step = delivered.contains(&injection_id).then(|| episode.step());
+            (delivered_at_step, episode.messages().get(before..).unwrap_or_default().to_vec())
+        }
+        // Delivered by the step's end when it is due at the next step.
+        None => (None, Vec::new()),
+    };
     entry.update(|_| {});
     let body = json!({
         "id": injection_id,
@@ -537,8 +629,15 @@ async fn inject(
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
+/// Ends the episode and answers its result. A step under way is cut off
+/// where it stands (it ends the episode, `stopped at step N: closed by the
+/// client`, and its own client hears so), as the server's stop does.
 async fn close(State(gym): State<GymState>, EpisodeIdPath(id): EpisodeIdPath) -> Result<Response, ApiError> {
     let entry = gym.entry(&id)?;
+    entry.closing.cancel();
+    // Free once the cut step has ended; a step that begins after the close
+    // is cut before its action is played.
+    let _turn = entry.turn.lock().await;
     let mut slot = entry.slot.lock().await;
     if let Some(episode) = &slot.episode {
         let reason = format!("closed by the client at step {}", episode.step());
