@@ -87,6 +87,8 @@ rules! {
     InvalidUrl,
     /// A success criterion that does not parse.
     InvalidCriterion,
+    /// An `evaluation.metrics` entry that no run reports, or one named twice.
+    UnknownMetric,
     /// A `minComputeCapability` that is not `major.minor`.
     InvalidComputeCapability,
     /// A GPU requirement that cannot be satisfied as written.

@@ -29,8 +29,18 @@ pub(super) fn validate(
     let label = ctx.task_label();
     let mut problems: Vec<Problem> = Vec::new();
 
-    for (index, criterion) in task.task_definition.success_criteria.iter().enumerate() {
+    let criteria = &task.task_definition.success_criteria;
+    for (index, criterion) in criteria.iter().enumerate() {
         let path = format!("spec.taskDefinition.successCriteria[{index}]");
+        // The same condition twice is judged, reported and counted twice.
+        if let Some(first) = criteria[..index].iter().position(|c| c.trim() == criterion.trim()) {
+            problems.push(Problem::warning(
+                Rule::InvalidCriterion,
+                path,
+                format!("success criterion {criterion:?} repeats successCriteria[{first}]; give each condition once"),
+            ));
+            continue;
+        }
         match criterion.parse::<Criterion>() {
             Err(error) => problems.push(Problem::error(Rule::InvalidCriterion, path, error.to_string())),
             // A warning, not an error: the task still runs and reports every
@@ -52,6 +62,31 @@ pub(super) fn validate(
                     ));
                 }
             }
+        }
+    }
+
+    // Every run computes all of its metrics: a name here that no run
+    // reports (a typo) would never show, and the run would not say so.
+    let metrics = &task.evaluation.metrics;
+    for (index, metric) in metrics.iter().enumerate() {
+        let path = format!("spec.evaluation.metrics[{index}]");
+        let known = CRITERION_METRICS.iter().map(|(m, _)| *m);
+        if let Some(first) = metrics[..index].iter().position(|m| m == metric) {
+            problems.push(Problem::warning(
+                Rule::UnknownMetric,
+                path,
+                format!("metric {metric:?} repeats evaluation.metrics[{first}]; name each metric once"),
+            ));
+        } else if metric_kind(metric).is_none() {
+            problems.push(Problem::warning(
+                Rule::UnknownMetric,
+                path,
+                format!(
+                    "{metric:?} is not a metric any run reports, so it never shows; use one of: {}.{}",
+                    list(known.clone(), 8),
+                    suggestion(metric, known)
+                ),
+            ));
         }
     }
 

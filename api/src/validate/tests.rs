@@ -780,6 +780,27 @@ fn success_criteria_that_can_never_be_met_are_warned_about() {
 }
 
 #[test]
+fn unknown_or_repeated_metrics_and_repeated_criteria_are_warnings() {
+    let spec = json!({
+        "taskDefinition": {"successCriteria": ["tool_call_accuracy >= 0.9", "tool_call_accuracy >= 0.9 "]},
+        "evaluation": {"metrics": ["tool_call_accuracy", "bogus", "plan_step_f2", "tool_call_accuracy"]}
+    });
+    let report = check_task(with(good_task(), spec), good_sandbox());
+    let metrics: Vec<&Problem> = report.by_rule(Rule::UnknownMetric).collect();
+    let paths: Vec<&str> = metrics.iter().map(|p| field(p)).collect();
+    assert_eq!(paths, ["spec.evaluation.metrics[1]", "spec.evaluation.metrics[2]", "spec.evaluation.metrics[3]"]);
+    assert!(metrics.iter().all(|p| p.severity == Severity::Warning), "{report}");
+    assert!(metrics[0].message.contains("\"bogus\" is not a metric any run reports"), "{}", metrics[0]);
+    assert!(metrics[1].message.contains("Did you mean \"plan_step_f1\"?"), "{}", metrics[1]);
+    assert!(metrics[2].message.contains("repeats evaluation.metrics[0]"), "{}", metrics[2]);
+    let criteria: Vec<&Problem> = report.by_rule(Rule::InvalidCriterion).collect();
+    assert_eq!(criteria.len(), 1, "{report}");
+    assert_eq!(field(criteria[0]), "spec.taskDefinition.successCriteria[1]");
+    assert!(criteria[0].message.contains("repeats successCriteria[0]"), "{}", criteria[0]);
+    assert!(!report.has_errors(), "warnings only: {report}");
+}
+
+#[test]
 fn checks_sharing_a_fixture_memo_read_the_file_once() {
     let dir = std::env::temp_dir().join(format!("basecamp-api-fixture-memo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp");
