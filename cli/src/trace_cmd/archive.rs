@@ -109,7 +109,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         Ok(member) => {
             // The damage names the file: "X: truncated at byte N: …", "X: corrupt frame at byte N: …".
             if let Some(damage) = member.damage() {
-                eprintln!("warning: {damage}; archived as it is");
+                basecamp_sandbox::stderr_line!("warning: {damage}; archived as it is");
             }
             input_bytes += member.member().bytes;
             if let Err(e) = writer.append(member) {
@@ -121,7 +121,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => {
             failed += 1;
-            eprintln!("error: {e:#}");
+            basecamp_sandbox::stderr_line!("error: {e:#}");
             ControlFlow::Continue(())
         }
     });
@@ -152,7 +152,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         _ => format!("archived {count} traces ({input_bytes} bytes) into {}", out.display()),
     };
     if to_stdout {
-        eprintln!("{message}");
+        basecamp_sandbox::stderr_line!("{message}");
     } else {
         writeln!(std::io::stdout(), "{message}")?;
     }

@@ -197,7 +197,7 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
             }
             Err(message) => {
                 failed += 1;
-                eprintln!("error: {message}");
+                basecamp_sandbox::stderr_line!("error: {message}");
             }
         }
     }
@@ -245,7 +245,7 @@ fn find_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> a
     let objects: Vec<ObjectInfo> =
         runtime.block_on(storage.list(&location))?.into_iter().filter(|o| o.relative.ends_with(TRACE_SUFFIX)).collect();
     if objects.is_empty() {
-        eprintln!("note: {arg}: no .trace objects under this prefix");
+        basecamp_sandbox::stderr_line!("note: {arg}: no .trace objects under this prefix");
     }
     Ok(objects)
 }

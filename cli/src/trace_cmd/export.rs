@@ -63,7 +63,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         let written = line.map_or(Ok(()), |line| writeln!(out, "{line}"));
         if let Some(e) = damage {
             failed = true;
-            eprintln!("error: {e}");
+            basecamp_sandbox::stderr_line!("error: {e}");
         }
         match written {
             Ok(()) => ControlFlow::Continue(()),

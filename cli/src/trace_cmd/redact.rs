@@ -98,7 +98,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                     total.fields_found.extend(stats.fields_found);
                     if let Some(cut) = &stats.truncated {
                         let end = if stats.kept_end { "its episode end kept, no index" } else { "no episode end" };
-                        eprintln!(
+                        basecamp_sandbox::stderr_line!(
                             "warning: {cut}; {} holds them redacted and is cut off after them too ({end})",
                             output.display()
                         );
@@ -128,7 +128,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                         (true, true) => " (cut before its header ended: there is nothing to redact)",
                         _ => "",
                     };
-                    eprintln!("error: {e:#}{hint}");
+                    basecamp_sandbox::stderr_line!("error: {e:#}{hint}");
                 }
             }
         },
@@ -141,7 +141,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     // values it meant are in the copies as they were.
     for field in &args.pii_fields {
         if redacted > 0 && !total.fields_found.contains(field) {
-            eprintln!(
+            basecamp_sandbox::stderr_line!(
                 "warning: --pii-fields {field}: no JSON field or memory key of this name in any of the {redacted} \
                  traces redacted (misspelt?); nothing was replaced for it"
             );

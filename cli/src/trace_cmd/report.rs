@@ -161,7 +161,7 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
         None => match ["tool_call_accuracy", "reward"].into_iter().find(|m| known.contains(*m)) {
             Some("tool_call_accuracy") => "tool_call_accuracy".to_string(),
             Some(other) => {
-                eprintln!(
+                basecamp_sandbox::stderr_line!(
                     "note: no episode has tool_call_accuracy (it comes from the summary.json beside the traces); \
                      the report is about {other} (choose with --metric)"
                 );
@@ -206,11 +206,14 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
         }
     }
     for problem in &catalog.problems {
-        eprintln!("warning: {problem}");
+        basecamp_sandbox::stderr_line!("warning: {problem}");
     }
     // As every trace tool does: a trace that could not be read fails the command (the report is written without it).
     if catalog.unreadable > 0 {
-        eprintln!("error: {} trace(s) could not be read and are not in the report", catalog.unreadable);
+        basecamp_sandbox::stderr_line!(
+            "error: {} trace(s) could not be read and are not in the report",
+            catalog.unreadable
+        );
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)

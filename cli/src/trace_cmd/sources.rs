@@ -24,8 +24,27 @@ pub struct Output {
     pub path: PathBuf,
     /// The temporary file written, renamed to `path` by [`Output::commit`];
     /// `None` when `path` is written in place.
-    partial: Option<PathBuf>,
+    partial: Option<PartialFile>,
     sink: Sink,
+}
+
+/// A temporary output file, removed when dropped unless it was renamed into
+/// place: an error returned early or a panic leaves no `FILE.partial` behind.
+struct PartialFile(PathBuf);
+
+impl PartialFile {
+    /// The path, no longer removed on drop.
+    fn keep(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
 }
 
 enum Sink {
@@ -51,19 +70,18 @@ impl Output {
 
     /// Makes the complete output visible under its name.
     pub fn commit(self) -> anyhow::Result<()> {
-        let Some(tmp) = self.partial else { return Ok(()) };
+        let Some(partial) = self.partial else { return Ok(()) };
         drop(self.sink);
-        std::fs::rename(&tmp, &self.path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            anyhow::Error::new(e).context(format!("cannot rename {} to {}", tmp.display(), self.path.display()))
-        })
+        // Removed by `partial`'s drop if the rename fails.
+        std::fs::rename(&partial.0, &self.path)
+            .with_context(|| format!("cannot rename {} to {}", partial.0.display(), self.path.display()))?;
+        partial.keep();
+        Ok(())
     }
 
     /// Drops an output that failed: its temporary file is removed.
     pub fn discard(self) {
-        if let Some(tmp) = &self.partial {
-            let _ = std::fs::remove_file(tmp);
-        }
+        drop(self);
     }
 }
 
@@ -224,7 +242,7 @@ impl Sources {
         }
         let tmp = super::partial_path(out);
         let file = File::create(&tmp).with_context(|| format!("cannot create {}", out.display()))?;
-        Ok(Output { path: out.to_path_buf(), partial: Some(tmp), sink: Sink::File(file) })
+        Ok(Output { path: out.to_path_buf(), partial: Some(PartialFile(tmp)), sink: Sink::File(file) })
     }
 
     /// Refuses an output file that is one of the local inputs: writing it
