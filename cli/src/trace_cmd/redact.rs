@@ -2,7 +2,9 @@
 //! copies of traces with personal data replaced by salted hashes
 //! (`basecamp_trace::redact`), each still a valid trace. Inputs are never
 //! modified; each output is written to a temporary name and renamed when
-//! complete, so a failure leaves no half-redacted file.
+//! complete, so a failure leaves no half-redacted file. A trace named after
+//! its episode id (as the sandbox names them) is written under the name of
+//! its redacted id.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -11,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
+use basecamp_sandbox::episode::trace_file_name;
 use basecamp_trace::TraceError;
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use basecamp_trace::redact::{Pattern, RedactError, RedactStats, Redactor};
@@ -90,9 +93,9 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
         args.jobs.unwrap_or_else(default_jobs),
         |(input, output)| redact_one(&redactor, &sources, input, output),
         |i, result| {
-            let (input, output) = jobs[i];
+            let input = jobs[i].0;
             match result {
-                Ok(stats) => {
+                Ok((stats, output)) => {
                     total.records += stats.records;
                     total.replaced += stats.replaced;
                     total.fields_found.extend(stats.fields_found);
@@ -225,7 +228,16 @@ fn resolved(path: &Path) -> PathBuf {
     absolute
 }
 
-fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &Path) -> anyhow::Result<RedactStats> {
+/// Redacts `input` into `output`, or into the file named after the
+/// redacted episode id when `output` is named after the original one
+/// (`dave~40example.com.trace`, as the sandbox names traces): the copy and
+/// the path it was written to.
+fn redact_one(
+    redactor: &Redactor,
+    sources: &Sources,
+    input: &Source,
+    output: &Path,
+) -> anyhow::Result<(RedactStats, PathBuf)> {
     let open = sources.reopener(input)?;
     if let Some(parent) = output.parent() {
         fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
@@ -235,13 +247,28 @@ fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &P
     let result = redactor.redact(open, BufWriter::new(file), &output.display().to_string());
     match result {
         Ok(stats) => {
-            fs::rename(&tmp, output)
-                .with_context(|| format!("cannot rename {} to {}", tmp.display(), output.display()))?;
-            Ok(stats)
+            let output = named_after_redacted_id(output, &stats.episode_id);
+            fs::rename(&tmp, &output).with_context(|| {
+                let _ = fs::remove_file(&tmp);
+                format!("cannot rename {} to {}", tmp.display(), output.display())
+            })?;
+            Ok((stats, output))
         }
         Err(e) => {
             let _ = fs::remove_file(&tmp);
             Err(e.into())
         }
+    }
+}
+
+/// `output` renamed after the copy's episode id when its name is the
+/// sandbox's file name of the original id and redaction changed the id:
+/// otherwise the name would keep what the header no longer holds.
+fn named_after_redacted_id(output: &Path, (original, redacted): &(String, String)) -> PathBuf {
+    let named_after_id = output.file_name().is_some_and(|name| *name == *trace_file_name(original));
+    if original != redacted && named_after_id {
+        output.with_file_name(trace_file_name(redacted))
+    } else {
+        output.to_path_buf()
     }
 }
