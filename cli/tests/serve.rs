@@ -611,3 +611,30 @@ fn walk_traces(dir: &Path) -> Vec<std::path::PathBuf> {
     found.sort();
     found
 }
+
+#[test]
+fn a_report_never_overwrites_a_shard_summary_it_reads() {
+    // `trace report DIR -o DIR/.../summary.json` replaced the summary the
+    // report had just read with the page, exit 0.
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let summary = shard_dir(dir.path(), TASK, "a").join(SUMMARY_FILE);
+    let before = std::fs::read(&summary).expect("the run has a shard summary");
+    let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "report"])
+        .arg(dir.path())
+        .arg("-o")
+        .arg(&summary)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: {}: the report would overwrite this shard summary, which it reads; choose another -o file\n",
+            summary.display()
+        )
+    );
+    assert_eq!(std::fs::read(&summary).unwrap(), before);
+}

@@ -11,8 +11,8 @@
 //! Episode metrics come from the shard `summary.json` next to the traces
 //! when there is one, else from what each trace holds (no
 //! `tool_call_accuracy` then: without `--metric` the report is about
-//! `reward`, and says so). An `-o` that is one of the input traces is
-//! refused.
+//! `reward`, and says so). An `-o` that is one of the input traces or
+//! their shard summaries is refused.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -22,8 +22,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
+use basecamp_sandbox::driver::SUMMARY_FILE;
 use basecamp_trace::RecordKind;
-use basecamp_trace::inputs::default_jobs;
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs};
 
 use super::html::{Group, write};
 use crate::serve::catalog::Catalog;
@@ -73,6 +74,25 @@ fn write_whole(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::
     written
 }
 
+/// Refuses an `-o` that is a file the report reads: one of the traces, or
+/// a shard's `summary.json` beside them (replaced by the page, it would be
+/// gone for the next report, `serve` and `ab`).
+fn refuse_output_that_is_read(inputs: &[String], output: &Path) -> Result<()> {
+    let Ok(output) = std::fs::canonicalize(output) else {
+        // Not there yet: nothing reads it.
+        return Ok(());
+    };
+    let traces = expand_inputs(inputs, TRACE_SUFFIX)?;
+    let summaries = traces.iter().filter_map(|trace| Some(trace.parent()?.join(SUMMARY_FILE)));
+    for read in traces.iter().cloned().chain(summaries) {
+        if std::fs::canonicalize(&read).is_ok_and(|real| real == output) {
+            let what = if read.ends_with(SUMMARY_FILE) { "shard summary, which it reads" } else { "input trace" };
+            bail!("{}: the report would overwrite this {what}; choose another -o file", read.display());
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: &ReportArgs) -> Result<ExitCode> {
     // The temporary copies are removed when `fetched` is dropped.
     let mut fetched = Vec::new();
@@ -119,6 +139,7 @@ fn local_input(input: &str, fetched: &mut Vec<Fetched>) -> Result<String> {
 
 fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     let inputs = args.paths.iter().map(|p| local_input(p, fetched)).collect::<Result<Vec<_>>>()?;
+    refuse_output_that_is_read(&inputs, &args.output)?;
     let mut catalog = Catalog::from_inputs(&inputs)?;
     for entry in &mut catalog.episodes {
         if let Some(url) = fetched.iter().find_map(|copy| copy.url_of(&entry.trace)) {
@@ -132,12 +153,6 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
         let why =
             if catalog.problems.is_empty() { String::new() } else { format!(": {}", catalog.problems.join("; ")) };
         bail!("no readable traces in {}{why}", args.paths.join(" "));
-    }
-    if let Ok(output) = std::fs::canonicalize(&args.output)
-        && let Some(input) =
-            catalog.episodes.iter().find(|e| std::fs::canonicalize(&e.trace).is_ok_and(|t| t == output))
-    {
-        bail!("{}: the report would overwrite this input trace; choose another -o file", input.trace.display());
     }
     // Groups: one per task and variant, in order.
     let mut groups: BTreeMap<(String, String, String), Vec<&_>> = BTreeMap::new();
