@@ -256,3 +256,43 @@ fn a_trace_without_an_episode_end_is_not_complete() {
         assert_eq!(stderr_line(&out), line);
     }
 }
+
+/// `basecamp ARGS` with `bytes` written to its stdin through a pipe.
+fn with_piped_stdin(args: &[&str], bytes: &[u8]) -> Output {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the basecamp binary runs");
+    let mut stdin = child.stdin.take().expect("piped");
+    let bytes = bytes.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&bytes);
+    });
+    let out = child.wait_with_output().expect("it ends");
+    writer.join().unwrap();
+    out
+}
+
+#[test]
+fn a_trace_piped_to_dev_stdin_is_parsed_and_redacted() {
+    // `cat X.trace | basecamp trace parse /dev/stdin` said "empty file,
+    // nothing at byte 0, not a trace": the pipe was read twice.
+    let bytes = std::fs::read(golden("episode-v1.trace")).unwrap();
+    let out = with_piped_stdin(&["trace", "parse", "/dev/stdin"], &bytes);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let expected = committed_json("episode-v1.trace", Path::new("/dev/stdin"));
+    assert_eq!(doc, expected);
+
+    let dir = tempfile::tempdir().unwrap();
+    let o = dir.path().join("out").display().to_string();
+    let out =
+        with_piped_stdin(&["trace", "redact", "/dev/stdin", "--patterns", "email", "--salt", "s", "-o", &o], &bytes);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let copy = basecamp_trace::read_trace(dir.path().join("out/stdin")).unwrap();
+    assert!(copy.damage().is_none());
+}

@@ -306,20 +306,28 @@ impl Sources {
     }
 
     /// Opens `source` as often as the caller needs (commands that read a
-    /// trace twice): a local file is opened again each time, an S3 object
-    /// is fetched once and read from memory.
+    /// trace twice): a local file is opened again each time; a pipe
+    /// (`/dev/stdin`, `<(...)`), which can be read only once, and an S3
+    /// object are read whole once and then from memory. A device other
+    /// than a pipe (a terminal) is refused: it holds no trace.
     pub fn reopener(&self, source: &Source) -> Result<Reopener, TraceError> {
+        use std::os::unix::fs::FileTypeExt as _;
         let name = source.name.clone();
-        Ok(match &source.location {
+        let bytes: Arc<[u8]> = match &source.location {
             Location::Local(path) => {
-                let path = path.clone();
-                Box::new(move || open_local(&path, name.clone()))
+                let kind = std::fs::metadata(path).map_err(|e| TraceError::io(name.clone(), e))?.file_type();
+                if kind.is_file() {
+                    let path = path.clone();
+                    return Ok(Box::new(move || open_local(&path, name.clone())));
+                }
+                if !(kind.is_fifo() || kind.is_socket()) {
+                    return Err(TraceError::io(name, io::Error::other("neither a regular file nor a pipe")));
+                }
+                self.read_bytes(source)?.into()
             }
-            Location::S3(_) => {
-                let bytes: Arc<[u8]> = self.read_bytes(source)?.into();
-                Box::new(move || TraceReader::new(Box::new(Cursor::new(Arc::clone(&bytes))), name.clone()))
-            }
-        })
+            Location::S3(_) => self.read_bytes(source)?.into(),
+        };
+        Ok(Box::new(move || TraceReader::new(Box::new(Cursor::new(Arc::clone(&bytes))), name.clone())))
     }
 
     /// A reader positioned after the header: a local file is streamed, an
