@@ -165,12 +165,24 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
         let loaded: Vec<Loaded<'_>> = entries.iter().map(|e| Loaded::load(e)).collect();
         loaded_groups.push((namespace, task, variant, entries, loaded));
     }
+    // A damaged trace is in the report as far as it reads: said on stderr
+    // and in the page, with the file and byte offset, since its metrics
+    // (no reward, fewer steps) are those of the part read.
+    let damaged: Vec<String> = loaded_groups
+        .iter()
+        .flat_map(|(_, _, _, _, loaded)| loaded.iter())
+        .filter_map(|l| l.digest.as_ref().ok()?.damage.as_ref())
+        .map(|damage| format!("{}; the report holds what was read before it", s3_names(fetched, damage)))
+        .collect();
+    // Why a metric may be missing: the damaged traces, each named.
+    let damage_note = || if damaged.is_empty() { String::new() } else { format!(" (damaged: {})", damaged.join("; ")) };
     let known: std::collections::BTreeSet<String> =
         loaded_groups.iter().flat_map(|(_, _, _, _, loaded)| metric_names(loaded)).collect();
     let metric = match &args.metric {
         Some(metric) if !known.contains(metric) => bail!(
-            "--metric {metric}: no episode has this metric; these do: {}",
-            known.into_iter().collect::<Vec<_>>().join(", ")
+            "--metric {metric}: no episode has this metric; these do: {}{}",
+            known.into_iter().collect::<Vec<_>>().join(", "),
+            damage_note()
         ),
         Some(metric) => metric.clone(),
         None => match ["tool_call_accuracy", "reward"].into_iter().find(|m| known.contains(*m)) {
@@ -183,11 +195,13 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
                 other.to_string()
             }
             None => bail!(
-                "no episode has tool_call_accuracy or reward; give --metric, one of: {}",
-                known.into_iter().collect::<Vec<_>>().join(", ")
+                "no episode has tool_call_accuracy or reward; give --metric, one of: {}{}",
+                known.into_iter().collect::<Vec<_>>().join(", "),
+                damage_note()
             ),
         },
     };
+    catalog.problems.extend(damaged.iter().cloned());
     let mut rendered = Vec::new();
     for (namespace, task, variant, entries, loaded) in &loaded_groups {
         let mut insights = compute(loaded, &metric, args.cluster_by);
@@ -223,13 +237,20 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     for problem in &catalog.problems {
         basecamp_sandbox::stderr_line!("warning: {problem}");
     }
-    // As every trace tool does: a trace that could not be read fails the command (the report is written without it).
+    // As every trace tool does: a trace that could not be read, or only in
+    // part, fails the command (the report is written without it, or with
+    // what was read).
     if catalog.unreadable > 0 {
         basecamp_sandbox::stderr_line!(
             "error: {} trace(s) could not be read and are not in the report",
             catalog.unreadable
         );
-        return Ok(ExitCode::FAILURE);
     }
-    Ok(ExitCode::SUCCESS)
+    if !damaged.is_empty() {
+        basecamp_sandbox::stderr_line!(
+            "error: {} trace(s) are damaged; the report holds what was read of them",
+            damaged.len()
+        );
+    }
+    Ok(if catalog.unreadable > 0 || !damaged.is_empty() { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
