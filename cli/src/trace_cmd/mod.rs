@@ -92,6 +92,11 @@ pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     if text.chars().any(char::is_control) { format!("{text:?}").into() } else { text.into() }
 }
 
+/// [`one_line`] of a path as it is displayed.
+pub(crate) fn shown_path(path: &std::path::Path) -> String {
+    one_line(&path.display().to_string()).into_owned()
+}
+
 /// How plain output names a source: [`one_line`] of its name, or, for a
 /// local file whose name is not UTF-8, the path quoted with its bytes
 /// escaped (`"ep-\xFF.trace"`), so two such files are told apart and the

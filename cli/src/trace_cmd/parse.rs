@@ -109,7 +109,7 @@ fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
             TraceEnding { damage: trace.damage().cloned(), ended }
         }
     };
-    let failed = report_ending(&name, &ending, args.allow_truncated);
+    let failed = report_ending(&super::one_line(&name), &ending, args.allow_truncated);
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
@@ -161,7 +161,7 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
     for_each_ordered(&sources.items, args.jobs.unwrap_or_else(default_jobs), parse, |i, parsed| {
         let written = match parsed {
             Ok((doc, ending)) => {
-                failed |= report_ending(&sources.items[i].name, &ending, args.allow_truncated);
+                failed |= report_ending(&sources.items[i].shown(), &ending, args.allow_truncated);
                 out.write_all(&doc).and_then(|()| out.write_all(b"\n"))
             }
             Err(unreadable) => {

@@ -19,6 +19,7 @@ use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use basecamp_trace::redact::{Pattern, RedactError, RedactStats, Redactor};
 use clap::Args;
 
+use super::shown_path;
 use super::sources::{Source, Sources};
 
 #[derive(Args)]
@@ -103,15 +104,15 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                         let end = if stats.kept_end { "its episode end kept, no index" } else { "no episode end" };
                         basecamp_sandbox::stderr_line!(
                             "warning: {cut}; {} holds them redacted and is cut off after them too ({end})",
-                            output.display()
+                            shown_path(&output)
                         );
                     }
                     if write_error.is_none()
                         && let Err(e) = writeln!(
                             stdout,
                             "{} -> {}: {} values replaced in {} records",
-                            input.name,
-                            output.display(),
+                            input.shown(),
+                            shown_path(&output),
                             stats.replaced,
                             stats.records
                         )
@@ -172,19 +173,20 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let output = out.join(&file.relative_path);
         if let Some(other) = seen.insert(output.clone(), &file.name) {
             bail!(
-                "{other} and {} would both be written to {}; redact them into different directories",
-                file.name,
-                output.display()
+                "{} and {} would both be written to {}; redact them into different directories",
+                super::one_line(other),
+                file.shown(),
+                shown_path(&output)
             );
         }
         if let Some(input) = fs::canonicalize(&output).ok().and_then(|path| inputs.get(&path)) {
             if std::ptr::eq(*input, file) {
-                bail!("{}: the output would overwrite the input; choose another -o directory", file.name);
+                bail!("{}: the output would overwrite the input; choose another -o directory", file.shown());
             }
             bail!(
                 "{}: the redacted copy of {} would overwrite this input; choose an -o directory that holds no input",
-                input.name,
-                file.name
+                input.shown(),
+                file.shown()
             );
         }
         outputs.push(output);
@@ -244,7 +246,7 @@ fn redact_one(
     }
     let tmp = super::partial_path(output);
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = redactor.redact(open, BufWriter::new(file), &output.display().to_string());
+    let result = redactor.redact(open, BufWriter::new(file), &shown_path(output));
     match result {
         Ok(stats) => {
             let output = named_after_redacted_id(output, &stats.episode_id);

@@ -225,17 +225,19 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     writeln!(
         out,
         "wrote {}: {episodes} episodes ({failed} failed) in {} task variant(s), metric {metric}, failures clustered by {}",
-        args.output.display(),
+        super::shown_path(&args.output),
         rendered.len(),
         args.cluster_by.name()
     )?;
     for g in &rendered {
         for hint in g.insights.hints.iter().take(3) {
-            writeln!(out, "  {}/{}: {}", g.task, g.variant, hint)?;
+            let line = format!("{}/{}: {}", g.task, g.variant, hint);
+            writeln!(out, "  {}", super::one_line(&line))?;
         }
     }
     for problem in &catalog.problems {
-        basecamp_sandbox::stderr_line!("warning: {problem}");
+        // The problems name files: one whose name holds a newline is quoted.
+        basecamp_sandbox::stderr_line!("warning: {}", super::one_line(problem));
     }
     // As every trace tool does: a trace that could not be read, or only in
     // part, fails the command (the report is written without it, or with

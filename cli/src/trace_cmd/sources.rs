@@ -121,6 +121,12 @@ enum Location {
 }
 
 impl Source {
+    /// How errors name it: [`super::one_line`] of its name, so a file name
+    /// holding a newline cannot forge another line of output.
+    pub fn shown(&self) -> String {
+        super::one_line(&self.name).into_owned()
+    }
+
     /// The file, when the source is local.
     pub fn local_path(&self) -> Option<&Path> {
         match &self.location {
@@ -256,7 +262,7 @@ impl Sources {
             if let Location::Local(path) = &source.location
                 && std::fs::canonicalize(path).is_ok_and(|p| p == out)
             {
-                bail!("{}: the output would overwrite this input; choose another -o file", source.name);
+                bail!("{}: the output would overwrite this input; choose another -o file", source.shown());
             }
         }
         Ok(())
@@ -265,12 +271,12 @@ impl Sources {
     /// The whole trace file.
     pub fn read_bytes(&self, source: &Source) -> Result<Vec<u8>, TraceError> {
         match &source.location {
-            Location::Local(path) => std::fs::read(path).map_err(|e| TraceError::io(source.name.clone(), e)),
+            Location::Local(path) => std::fs::read(path).map_err(|e| TraceError::io(source.shown(), e)),
             Location::S3(destination) => {
                 let (runtime, storage) = self.s3.as_ref().expect("an s3 source comes with the client that listed it");
                 runtime
                     .block_on(storage.fetch(destination))
-                    .map_err(|e| TraceError::io(source.name.clone(), io::Error::other(e.to_string())))
+                    .map_err(|e| TraceError::io(source.shown(), io::Error::other(e.to_string())))
             }
         }
     }
@@ -312,7 +318,7 @@ impl Sources {
     /// than a pipe (a terminal) is refused: it holds no trace.
     pub fn reopener(&self, source: &Source) -> Result<Reopener, TraceError> {
         use std::os::unix::fs::FileTypeExt as _;
-        let name = source.name.clone();
+        let name = source.shown();
         let bytes: Arc<[u8]> = match &source.location {
             Location::Local(path) => {
                 let kind = std::fs::metadata(path).map_err(|e| TraceError::io(name.clone(), e))?.file_type();
@@ -334,8 +340,8 @@ impl Sources {
     /// S3 object is fetched whole first.
     pub fn open(&self, source: &Source) -> Result<SourceReader, TraceError> {
         match &source.location {
-            Location::Local(path) => open_local(path, source.name.clone()),
-            Location::S3(_) => TraceReader::new(Box::new(Cursor::new(self.read_bytes(source)?)), source.name.clone()),
+            Location::Local(path) => open_local(path, source.shown()),
+            Location::S3(_) => TraceReader::new(Box::new(Cursor::new(self.read_bytes(source)?)), source.shown()),
         }
     }
 }
