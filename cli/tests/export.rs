@@ -100,3 +100,26 @@ fn a_failed_write_stops_the_export() {
     assert_eq!(stderr.lines().count(), 1, "only the write error, no later trace read: {stderr}");
     assert!(stderr.starts_with("error: cannot write the export:"), "{stderr}");
 }
+
+#[test]
+fn an_export_that_read_no_trace_leaves_an_existing_output_as_it_was() {
+    // `export --otlp garbage.trace -o k.jsonl` replaced k.jsonl with an
+    // empty file before exiting 1.
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.trace");
+    std::fs::write(&garbage, b"not a trace at all").unwrap();
+    let out_file = dir.path().join("k.jsonl");
+    std::fs::write(&out_file, "{\"earlier\": true}\n").unwrap();
+    let (g, o) = (garbage.display().to_string(), out_file.display().to_string());
+    let out = basecamp(&["trace", "export", "--otlp", &g, "-o", &o]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "error: {g}: not a basecamp trace (bad magic at byte 0)\n\
+             error: no trace could be exported (each is named above); {o} was not written\n"
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "{\"earlier\": true}\n");
+    assert!(!dir.path().join("k.jsonl.partial").exists());
+}

@@ -194,3 +194,105 @@ fn several_traces_print_json_lines_in_order_and_every_problem_once() {
     assert!(stderr_line(&out).contains("--output html draws one trace; give one FILE, or use `basecamp trace report"));
     assert!(out.stdout.is_empty());
 }
+
+/// A trace that reads to its trailer but never ended its episode: the frame
+/// of the end record (written on its own after `end_step`) taken out, the
+/// trailer's index offset moved to match. `steps` tool steps before it.
+fn unended_trace(steps: u32) -> Vec<u8> {
+    use basecamp_trace::format::{FRAME_HEADER_LEN, FrameHeader, PREAMBLE_LEN, TRAILER_LEN};
+    use basecamp_trace::pb::{EpisodeEnd, Header, PlanStep, record::Body};
+    let header = Header { episode_id: "ep".into(), ..Default::default() };
+    let mut w = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
+    for step in 1..=steps {
+        w.append(step, Body::PlanStep(Box::new(PlanStep { index: step, ..Default::default() }))).unwrap();
+    }
+    w.end_step().unwrap();
+    let bytes = w.finish(EpisodeEnd { outcome: 1, ..Default::default() }).unwrap();
+    let mut frames = Vec::new();
+    let mut at = PREAMBLE_LEN;
+    while at + TRAILER_LEN < bytes.len() {
+        let h = FrameHeader::decode(bytes[at..at + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        frames.push(at..at + FRAME_HEADER_LEN + h.compressed_len as usize);
+        at = frames.last().unwrap().end;
+    }
+    let end_frame = frames[frames.len() - 2].clone();
+    let index_at = (frames[frames.len() - 1].start - end_frame.len()) as u64;
+    let mut out = [&bytes[..end_frame.start], &bytes[end_frame.end..bytes.len() - TRAILER_LEN]].concat();
+    out.extend_from_slice(&index_at.to_le_bytes());
+    out.extend_from_slice(&bytes[bytes.len() - 8..]);
+    out
+}
+
+#[test]
+fn a_trace_without_an_episode_end_is_not_complete() {
+    // It printed "complete": true, "damage": null and exited 0, while
+    // `trace validate` reports "no episode end".
+    let dir = tempfile::tempdir().unwrap();
+    for (name, steps) in [("no_end.trace", 3), ("only_header.trace", 0)] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, unended_trace(steps)).unwrap();
+        let out = parse(&[], &file);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["complete"], false, "{name}");
+        assert_eq!(doc["damage"], Value::Null, "{name}: the file itself is not damaged");
+        assert_eq!(doc["records"].as_array().unwrap().len(), steps as usize, "{name}");
+        let line = stderr_line(&out);
+        assert_eq!(
+            line,
+            format!(
+                "error: {}: no episode end: the file reads to its trailer but holds no episode end record \
+                 (`basecamp trace validate` checks the rest)",
+                file.display()
+            )
+        );
+        // Several traces: the same line, the same status.
+        let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["trace", "parse"])
+            .args([&file, &golden("episode-v1.trace")])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        assert_eq!(stderr_line(&out), line);
+    }
+}
+
+/// `basecamp ARGS` with `bytes` written to its stdin through a pipe.
+fn with_piped_stdin(args: &[&str], bytes: &[u8]) -> Output {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the basecamp binary runs");
+    let mut stdin = child.stdin.take().expect("piped");
+    let bytes = bytes.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&bytes);
+    });
+    let out = child.wait_with_output().expect("it ends");
+    writer.join().unwrap();
+    out
+}
+
+#[test]
+fn a_trace_piped_to_dev_stdin_is_parsed_and_redacted() {
+    // `cat X.trace | basecamp trace parse /dev/stdin` said "empty file,
+    // nothing at byte 0, not a trace": the pipe was read twice.
+    let bytes = std::fs::read(golden("episode-v1.trace")).unwrap();
+    let out = with_piped_stdin(&["trace", "parse", "/dev/stdin"], &bytes);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let expected = committed_json("episode-v1.trace", Path::new("/dev/stdin"));
+    assert_eq!(doc, expected);
+
+    let dir = tempfile::tempdir().unwrap();
+    let o = dir.path().join("out").display().to_string();
+    let out =
+        with_piped_stdin(&["trace", "redact", "/dev/stdin", "--patterns", "email", "--salt", "s", "-o", &o], &bytes);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let copy = basecamp_trace::read_trace(dir.path().join("out/stdin")).unwrap();
+    assert!(copy.damage().is_none());
+}

@@ -379,3 +379,84 @@ fn an_s3_output_is_refused_not_written_to_a_local_directory_named_s3() {
         assert!(!dir.path().join("s3:").exists(), "{args:?}");
     }
 }
+
+/// A trace named after its episode id, as the sandbox names them: the id
+/// is an email address, and so is the row id.
+#[test]
+fn the_row_id_and_the_file_name_are_redacted_with_the_episode_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in/shard-0"), dir.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    let mut ep = generate(&EpisodeShape { seed: 3, steps: 6, tokens_per_step: 1, ..Default::default() });
+    ep.header.episode_id = "dave@example.com".into();
+    ep.header.row_id = "dave@example.com".into();
+    std::fs::write(input.join("dave~40example.com.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let (i, o) = (dir.path().join("in").display().to_string(), output.display().to_string());
+    let out = basecamp(&["trace", "redact", &i, "--patterns", "email", "--salt", "s", "-o", &o]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Before: out/shard-0/dave~40example.com.trace, its header's rowId "dave@example.com".
+    let names: Vec<String> = std::fs::read_dir(output.join("shard-0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(!names[0].contains("dave"), "{names:?}");
+    let copy = read_trace(output.join("shard-0").join(&names[0])).unwrap();
+    assert!(copy.header.episode_id.starts_with("redacted:"), "{}", copy.header.episode_id);
+    assert_eq!(copy.header.row_id, copy.header.episode_id);
+    assert_eq!(names[0], basecamp_sandbox::episode::trace_file_name(&copy.header.episode_id));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let written = stdout.lines().next().and_then(|line| line.split(" -> ").nth(1)).unwrap();
+    assert!(written.contains(&names[0]), "the line names the file written: {stdout}");
+}
+
+/// `--pii-fields shipping_status` made `shipping_status == null` find
+/// nothing in the copies: null became a "redacted:…" string.
+#[test]
+fn a_null_pii_field_stays_null_for_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("ep.trace"), null_status_episode()).unwrap();
+    let (i, o) = (input.display().to_string(), output.display().to_string());
+    let out = basecamp(&["trace", "redact", &i, "--pii-fields", "shipping_status", "--salt", "s", "-o", &o]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let matches = |dir: &str| {
+        let out = basecamp(&["trace", "search", "memory_state.shipping_status == null", dir]);
+        String::from_utf8(out.stdout).unwrap().lines().count()
+    };
+    let before = matches(&i);
+    assert!(before > 0, "the input has steps with shipping_status null");
+    assert_eq!(matches(&o), before);
+}
+
+/// Three tool steps while memory's shipping_status is null.
+fn null_status_episode() -> Vec<u8> {
+    use basecamp_trace::pb::{EpisodeEnd, Header, MemorySource, PlanStep, StepKind, StepStatus, record::Body};
+    use basecamp_trace::{Memory, MemoryPatch, TraceWriter};
+    let header = Header { episode_id: "ep".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let mut memory = Memory::new();
+    let initial = serde_json::json!({"shipping_status": null, "order_id": "A-1"});
+    for d in memory.apply(&MemoryPatch::from_object(initial.as_object().unwrap()), MemorySource::Initial, "test_set") {
+        w.append(0, Body::MemoryDelta(d.to_record())).unwrap();
+    }
+    w.end_step().unwrap();
+    for step in 1..=3 {
+        let plan = PlanStep {
+            index: step,
+            kind: StepKind::ToolCall as i32,
+            tool: "tracking_api".into(),
+            arguments_json: "{}".into(),
+            observation_json: "{}".into(),
+            status: StepStatus::Ok as i32,
+            memory_hash_before: memory.hash().0.to_vec(),
+            memory_hash_after: memory.hash().0.to_vec(),
+            ..Default::default()
+        };
+        w.append(step, Body::PlanStep(Box::new(plan))).unwrap();
+        w.end_step().unwrap();
+    }
+    let end = EpisodeEnd { outcome: 1, steps: 3, final_memory_hash: memory.hash().0.to_vec(), ..Default::default() };
+    w.finish(end).unwrap()
+}

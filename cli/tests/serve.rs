@@ -611,3 +611,66 @@ fn walk_traces(dir: &Path) -> Vec<std::path::PathBuf> {
     found.sort();
     found
 }
+
+#[test]
+fn a_report_never_overwrites_a_shard_summary_it_reads() {
+    // `trace report DIR -o DIR/.../summary.json` replaced the summary the
+    // report had just read with the page, exit 0.
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let summary = shard_dir(dir.path(), TASK, "a").join(SUMMARY_FILE);
+    let before = std::fs::read(&summary).expect("the run has a shard summary");
+    let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "report"])
+        .arg(dir.path())
+        .arg("-o")
+        .arg(&summary)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: {}: the report would overwrite this shard summary, which it reads; choose another -o file\n",
+            summary.display()
+        )
+    );
+    assert_eq!(std::fs::read(&summary).unwrap(), before);
+}
+
+#[test]
+fn a_report_of_a_damaged_trace_names_the_damage() {
+    // A payload checksum mismatch early in the trace: the report said only
+    // "no episode has tool_call_accuracy or reward; give --metric", and with
+    // --metric steps it exited 0 without a word about the damage.
+    use basecamp_trace::format::{FRAME_HEADER_LEN, FrameHeader, PREAMBLE_LEN};
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("ep.trace");
+    let mut bytes = generate(&EpisodeShape { seed: 2, steps: 6, tokens_per_step: 2, ..Default::default() })
+        .write_to(Vec::new(), 3)
+        .unwrap();
+    // The second frame (the first step's), one byte of its payload.
+    let first = FrameHeader::decode(bytes[PREAMBLE_LEN..PREAMBLE_LEN + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+    let second = PREAMBLE_LEN + FRAME_HEADER_LEN + first.compressed_len as usize;
+    bytes[second + FRAME_HEADER_LEN + 4] ^= 0x5a;
+    std::fs::write(&trace, &bytes).unwrap();
+    let damage = format!("{}: corrupt frame at byte {second}: payload checksum mismatch", trace.display());
+    let report = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "report"]).arg(&trace).args(args).output().unwrap()
+    };
+    let html = dir.path().join("r.html");
+    let out = report(&["-o", html.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no episode has tool_call_accuracy or reward"), "{stderr}");
+    assert!(stderr.contains(&damage), "{stderr}");
+
+    let out = report(&["--metric", "steps", "-o", html.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("warning: {damage}")), "{stderr}");
+    assert!(stderr.contains("error: 1 trace(s) are damaged"), "{stderr}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains(&format!("<p class=\"warn\">{damage}")), "the page says so too");
+}

@@ -16,7 +16,7 @@ use std::io;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, mpsc};
+use std::sync::{Condvar, Mutex, PoisonError, mpsc};
 
 /// The file name suffix of traces found in directories.
 pub const TRACE_SUFFIX: &str = ".trace";
@@ -280,7 +280,8 @@ impl EmitFlow for () {
 ///
 /// When `emit` breaks, no worker starts another item and `emit` is not
 /// called again; the items already being worked on (at most one a worker)
-/// are finished and dropped.
+/// are finished and dropped. If `emit` panics, the workers stop the same
+/// way and the panic reaches the caller once they have.
 pub fn for_each_ordered<T, R, W, E, F>(items: &[T], jobs: usize, work: W, mut emit: E)
 where
     T: Sync,
@@ -317,9 +318,9 @@ where
                     }
                     {
                         let (lock, ready) = emitted;
-                        let mut done = lock.lock().expect("no thread panics while holding this lock");
+                        let mut done = lock_ignoring_poison(lock);
                         while i >= *done + window && !stopped.load(Ordering::Relaxed) {
-                            done = ready.wait(done).expect("no thread panics while holding this lock");
+                            done = ready.wait(done).unwrap_or_else(PoisonError::into_inner);
                         }
                     }
                     if stopped.load(Ordering::Relaxed) || tx.send((i, work(&items[i]))).is_err() {
@@ -329,6 +330,11 @@ where
             });
         }
         drop(tx);
+        // However this loop ends (a break, the last result, or `emit`
+        // panicking), workers waiting for the window to move are told to
+        // stop: `thread::scope` waits for them before it lets a panic reach
+        // the caller, so one left waiting would hang the process instead.
+        let _stop_workers = StopOnDrop { stopped: &stopped, emitted: &emitted };
         let mut pending = BTreeMap::new();
         let mut want = 0;
         for (i, result) in rx {
@@ -336,21 +342,39 @@ where
             while let Some(result) = pending.remove(&want) {
                 let flow = emit(want, result).into_control_flow();
                 want += 1;
-                let (lock, ready) = &emitted;
-                let mut done = lock.lock().expect("no thread panics while holding this lock");
-                *done = want;
                 if flow.is_break() {
-                    stopped.store(true, Ordering::Relaxed);
-                }
-                drop(done);
-                ready.notify_all();
-                if flow.is_break() {
-                    // Dropping `rx` fails the sends of the items in flight.
+                    // Dropping `rx` fails the sends of the items in flight;
+                    // `_stop_workers` wakes those waiting for the window.
                     return;
                 }
+                let (lock, ready) = &emitted;
+                *lock_ignoring_poison(lock) = want;
+                ready.notify_all();
             }
         }
     });
+}
+
+/// Tells [`for_each_ordered`]'s workers to stop when dropped: sets
+/// `stopped` under the lock they wait on, so none misses the wake-up.
+struct StopOnDrop<'a> {
+    stopped: &'a AtomicBool,
+    emitted: &'a (Mutex<usize>, Condvar),
+}
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        let (lock, ready) = self.emitted;
+        let done = lock_ignoring_poison(lock);
+        self.stopped.store(true, Ordering::Relaxed);
+        drop(done);
+        ready.notify_all();
+    }
+}
+
+/// The lock holds a plain count that no panic can leave half-written.
+fn lock_ignoring_poison<T>(lock: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    lock.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -460,5 +484,24 @@ mod tests {
             },
         );
         assert_eq!(got, (0..100).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn a_panicking_emit_stops_the_workers_and_reaches_the_caller() {
+        // Many more items than the window, so workers are waiting for it to
+        // move when `emit` panics on the first result. Run on a thread of
+        // its own: a hang fails the test instead of stalling it.
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let items: Vec<u64> = (0..1000).collect();
+            let outcome = std::panic::catch_unwind(|| {
+                for_each_ordered(&items, 4, |&i| i, |_, _| -> ControlFlow<()> { panic!("emit failed") });
+            });
+            let _ = done_tx.send(outcome.is_err());
+        });
+        let panicked = done_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("for_each_ordered returned within 20 s of its emit panicking");
+        assert!(panicked, "the panic reaches the caller");
     }
 }

@@ -9,7 +9,8 @@
 //!   snapshots, error-context memory) and object keys of that name at any
 //!   depth of any JSON the trace holds (tool arguments, observations, the
 //!   policy's tool calls — including JSON nested in JSON strings —, payloads,
-//!   injections, memory values);
+//!   injections, memory values), except `null` and booleans, which hold no
+//!   personal data;
 //! - **pattern** matches (`email`, `phone`) inside every string: free-text
 //!   fields (policy content, error messages and causes, final answer, token
 //!   strings, ...) and string values inside JSON. Numbers in JSON are not
@@ -29,7 +30,8 @@
 //! the original and the redacted deltas side by side, and each recorded
 //! hash is mapped to the hash of the same state redacted), snapshots, the
 //! final memory hash, and the index (the output is written by the writer,
-//! with the same step frames).
+//! with the same step frames). The header's episode and row ids are free
+//! text: their pattern matches and known PII values are replaced.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{Read, Write};
@@ -131,6 +133,10 @@ pub struct RedactStats {
     /// Whether the copy holds an episode end (a truncated input's cut came
     /// after its end record, in the index or trailer).
     pub kept_end: bool,
+    /// The input's episode id, and the copy's ([`Redactor::redact`] redacts
+    /// it as free text): outputs named after the id are named after the
+    /// copy's, so the file name does not give away what the header hides.
+    pub episode_id: (String, String),
 }
 
 /// What the first pass over a trace finds: PII values and the fields holding them.
@@ -200,6 +206,8 @@ impl Redactor {
         format!("redacted:{}", &hex::encode(h.finalize())[..16])
     }
 
+    /// The token of a PII field's whole value (see [`keeps_as_is`] for
+    /// those kept).
     fn token_of_value(&self, value: &Value) -> Value {
         match value {
             Value::String(s) => Value::String(self.token(s)),
@@ -239,7 +247,7 @@ impl Redactor {
         match v {
             Value::Object(map) => {
                 for (k, val) in map.iter_mut() {
-                    if self.pii_fields.contains(k) && !matches!(val, Value::String(s) if is_token(s)) {
+                    if self.pii_fields.contains(k) && !keeps_as_is(val) {
                         *val = self.token_of_value(val);
                         *n += 1;
                     } else {
@@ -333,8 +341,7 @@ impl Redactor {
     /// A memory value (canonical JSON) of `key`: all of it when the key is a PII field.
     fn memory_value(&self, key: &str, text: &mut String, n: &mut u64) {
         if self.pii_fields.contains(key) {
-            if matches!(serde_json::from_str::<Value>(text), Ok(Value::String(s)) if is_token(&s)) {
-                // Already redacted (a redacted trace redacted again): kept, as in JSON fields.
+            if serde_json::from_str::<Value>(text).is_ok_and(|value| keeps_as_is(&value)) {
                 return;
             }
             if let Ok(value) = serde_json::from_str::<Value>(text) {
@@ -392,10 +399,15 @@ impl Redactor {
 
         let mut reader = open()?;
         let mut header = reader.header().clone();
+        let original_id = header.episode_id.clone();
+        // The row id is often the episode id, or the id a user was given
+        // (an email address): redacted by the same rules.
         this.text(&mut header.episode_id, &mut 0);
+        this.text(&mut header.row_id, &mut 0);
+        let episode_id = (original_id, header.episode_id.clone());
         let mut writer = TraceWriter::new(out, header, crate::writer::DEFAULT_ZSTD_LEVEL).map_err(write_err)?;
         let mut state = MemoryMap::new();
-        let mut stats = RedactStats { fields_found: found.fields, ..RedactStats::default() };
+        let mut stats = RedactStats { fields_found: found.fields, episode_id, ..RedactStats::default() };
         let mut step_records: Vec<Record> = Vec::new();
         let mut end: Option<pb::EpisodeEnd> = None;
         let mut end_step = 0;
@@ -644,6 +656,18 @@ impl Redactor {
             rehash(&p.observation_json, &mut p.result_hash);
             p.response_bytes = p.observation_json.len() as u64;
         }
+    }
+}
+
+/// A PII field's value that is kept as it is: `null` and booleans, which
+/// can hold no personal data (a search for `shipping_status == null` finds
+/// the same steps in the copy), and a token already (a redacted trace
+/// redacted again).
+fn keeps_as_is(value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Bool(_) => true,
+        Value::String(s) => is_token(s),
+        _ => false,
     }
 }
 

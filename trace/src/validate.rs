@@ -155,6 +155,10 @@ struct Validator {
     steps_with_turn: std::collections::BTreeSet<u32>,
     end: Option<(u32, pb::EpisodeEnd)>,
     records_after_end: bool,
+    /// (step, the later step it came after) -> its finding's index in
+    /// `findings` and how many records it counts: a step's records that
+    /// come after a later step are one finding, not one per record.
+    backwards: std::collections::HashMap<(u32, u32), (usize, u32)>,
     memory: Memory,
     /// The previous plan step's (step, memory_hash_after), while only tool deltas followed it.
     chain: Option<(u32, Vec<u8>)>,
@@ -179,6 +183,7 @@ impl Validator {
             steps_with_turn: Default::default(),
             end: None,
             records_after_end: false,
+            backwards: Default::default(),
             memory: Memory::new(),
             chain: None,
         };
@@ -196,10 +201,25 @@ impl Validator {
         self.findings.push(Finding { file: self.file.clone(), step: None, check, message });
     }
 
+    /// A record of `step` after a record of the later `self.last_step`.
+    fn record_backwards(&mut self, step: u32) {
+        let after = self.last_step;
+        match self.backwards.get_mut(&(step, after)) {
+            Some((at, count)) => {
+                *count += 1;
+                self.findings[*at].message = format!("{count} records of step {step} come after step {after}");
+            }
+            None => {
+                self.backwards.insert((step, after), (self.findings.len(), 1));
+                self.finding(step, "steps", format!("record of step {step} comes after step {after}"));
+            }
+        }
+    }
+
     fn record(&mut self, record: pb::Record) {
         let step = record.step;
         if step < self.last_step {
-            self.finding(step, "steps", format!("record of step {step} comes after step {}", self.last_step));
+            self.record_backwards(step);
         }
         self.last_step = self.last_step.max(step);
         if self.end.is_some() && !self.records_after_end {

@@ -21,8 +21,8 @@ fn held(bytes: &[u8], pretty: bool) -> String {
 
 fn streamed(bytes: &[u8], pretty: bool) -> (String, Option<String>) {
     let mut out = Vec::new();
-    let damage = write_trace_json(|| TraceReader::new(bytes, "t.trace"), "t.trace", &mut out, pretty).unwrap();
-    (String::from_utf8(out).unwrap(), damage.map(|e| e.to_string()))
+    let ending = write_trace_json(|| TraceReader::new(bytes, "t.trace"), "t.trace", &mut out, pretty).unwrap();
+    (String::from_utf8(out).unwrap(), ending.damage.map(|e| e.to_string()))
 }
 
 #[test]
@@ -55,9 +55,9 @@ fn a_trace_that_grows_between_the_reads_is_shown_as_the_first_read_found_it() {
     let cut = &whole[..whole.len() / 2];
     let mut reads = [cut, whole.as_slice()].into_iter();
     let mut out = Vec::new();
-    let damage =
+    let ending =
         write_trace_json(|| TraceReader::new(reads.next().unwrap(), "t.trace"), "t.trace", &mut out, true).unwrap();
-    assert!(damage.unwrap().to_string().contains("truncated"));
+    assert!(ending.damage.unwrap().to_string().contains("truncated"));
     assert_eq!(String::from_utf8(out).unwrap(), held(cut, true));
 }
 
@@ -85,4 +85,49 @@ fn a_file_that_is_not_a_trace_is_the_readers_error() {
     let err = write_trace_json(|| TraceReader::new(&b"not a trace at all"[..], "x.trace"), "x.trace", Vec::new(), true)
         .unwrap_err();
     assert_eq!(err.to_string(), "x.trace: not a basecamp trace (bad magic at byte 0)");
+}
+
+/// `bytes` with the frame before the index (the episode end's, which
+/// `finish` writes on its own after `end_step`) taken out, and the
+/// trailer's index offset moved to match: a trace that reads to its
+/// trailer but never ended its episode.
+fn without_end_frame(bytes: &[u8]) -> Vec<u8> {
+    use basecamp_trace::format::{FRAME_HEADER_LEN, FrameHeader, PREAMBLE_LEN, TRAILER_LEN};
+    let mut frames = Vec::new();
+    let mut at = PREAMBLE_LEN;
+    while at + TRAILER_LEN < bytes.len() {
+        let h = FrameHeader::decode(bytes[at..at + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        let end = at + FRAME_HEADER_LEN + h.compressed_len as usize;
+        frames.push(at..end);
+        at = end;
+    }
+    let end_frame = frames[frames.len() - 2].clone();
+    let index_at = (frames[frames.len() - 1].start - end_frame.len()) as u64;
+    let mut out = [&bytes[..end_frame.start], &bytes[end_frame.end..bytes.len() - TRAILER_LEN]].concat();
+    out.extend_from_slice(&index_at.to_le_bytes());
+    out.extend_from_slice(&bytes[bytes.len() - 8..]);
+    out
+}
+
+#[test]
+fn a_trace_without_an_episode_end_is_not_complete() {
+    // `trace parse` said "complete": true, "damage": null for a trace that
+    // reads to its trailer but holds no episode end, which validate reports.
+    let header = basecamp_trace::pb::Header { episode_id: "ep".into(), ..Default::default() };
+    let mut w = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
+    w.append(1, basecamp_trace::pb::record::Body::PlanStep(Box::default())).unwrap();
+    w.end_step().unwrap();
+    let whole = w.finish(basecamp_trace::pb::EpisodeEnd { outcome: 1, ..Default::default() }).unwrap();
+    let unended = without_end_frame(&whole);
+    let trace = read_trace_from(unended.as_slice(), "t.trace").unwrap();
+    assert!(trace.damage().is_none(), "the file itself reads to its trailer");
+    assert_eq!(trace.records.len(), 1);
+    for (bytes, complete) in [(&whole, true), (&unended, false)] {
+        let mut out = Vec::new();
+        let ending = write_trace_json(|| TraceReader::new(&bytes[..], "t.trace"), "t.trace", &mut out, false).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(doc["complete"], complete);
+        assert_eq!(ending.is_complete(), complete);
+        assert_eq!(String::from_utf8(out).unwrap(), held(bytes, false));
+    }
 }

@@ -390,3 +390,81 @@ fn an_all_digit_pii_value_is_redacted_in_free_text_where_it_stands_alone() {
     // A second pass with the same salt changes nothing: no digit run inside a token is taken for the value.
     assert_eq!(redact(&output, &r), output);
 }
+
+#[test]
+fn the_row_id_is_redacted_like_the_episode_id() {
+    // The row id kept "dave@example.com" while the episode id of the same
+    // value became a token.
+    let header =
+        Header { episode_id: "dave@example.com".into(), row_id: "dave@example.com".into(), ..Default::default() };
+    let w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let input = w.finish(EpisodeEnd { outcome: 1, ..Default::default() }).unwrap();
+    let r = Redactor::new([], vec![Pattern::Email], b"s".to_vec());
+    let mut output = Vec::new();
+    let stats = r.redact(|| TraceReader::new(&input[..], "in.trace"), &mut output, "out.trace").unwrap();
+    let trace = read_trace_from(output.as_slice(), "out.trace").unwrap();
+    let token = r.token("dave@example.com");
+    assert_eq!((trace.header.episode_id.as_str(), trace.header.row_id.as_str()), (token.as_str(), token.as_str()));
+    assert_eq!(stats.episode_id, ("dave@example.com".to_string(), token));
+    assert!(!contains(&output, "dave@") && !contains(&decompressed(&output), "dave@"));
+}
+
+#[test]
+fn null_and_booleans_of_a_pii_field_are_kept() {
+    // `memory_state.shipping_status == null` found 19 steps before redaction
+    // and none after: null became "redacted:…".
+    let header = Header { episode_id: "ep".into(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let mut memory = Memory::new();
+    let initial = json!({"shipping_status": null, "vip": true, "user_phone": PHONE});
+    for d in memory.apply(&MemoryPatch::from_object(initial.as_object().unwrap()), MemorySource::Initial, "test_set") {
+        w.append(0, Body::MemoryDelta(d.to_record())).unwrap();
+    }
+    let args = json!({"shipping_status": null, "vip": false, "user_phone": 4155550134u64});
+    w.append(
+        0,
+        Body::PlanStep(Box::new(PlanStep {
+            index: 0,
+            kind: StepKind::ToolCall as i32,
+            tool: "crm".into(),
+            arguments_json: canonical_json(&args),
+            input_hash: hash_json(&args).0.to_vec(),
+            observation_json: "{}".into(),
+            status: StepStatus::Ok as i32,
+            memory_hash_before: memory.hash().0.to_vec(),
+            memory_hash_after: memory.hash().0.to_vec(),
+            ..Default::default()
+        })),
+    )
+    .unwrap();
+    w.end_step().unwrap();
+    let end = EpisodeEnd { outcome: 1, final_memory_hash: memory.hash().0.to_vec(), ..Default::default() };
+    let input = w.finish(end).unwrap();
+    let r = Redactor::new(
+        ["shipping_status".to_string(), "vip".to_string(), "user_phone".to_string()],
+        vec![],
+        b"s".to_vec(),
+    );
+    let output = redact(&input, &r);
+    let findings = validate_reader(TraceReader::new(output.as_slice(), "out.trace").unwrap());
+    assert!(findings.is_empty(), "{findings:#?}");
+    let trace = read_trace_from(output.as_slice(), "out.trace").unwrap();
+    let mut memory_after = std::collections::BTreeMap::new();
+    let mut arguments = None;
+    for record in &trace.records {
+        match &record.body {
+            Some(Body::MemoryDelta(d)) => {
+                memory_after.insert(d.key.clone(), d.after_json.clone().unwrap());
+            }
+            Some(Body::PlanStep(p)) => {
+                arguments = Some(serde_json::from_str::<serde_json::Value>(&p.arguments_json).unwrap())
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(memory_after["shipping_status"], "null");
+    assert_eq!(memory_after["vip"], "true");
+    assert_eq!(memory_after["user_phone"], canonical_json(&json!(r.token(PHONE))));
+    // A number may be a phone number: still replaced.
+    assert_eq!(arguments.unwrap(), json!({"shipping_status": null, "vip": false, "user_phone": r.token("4155550134")}));
+}

@@ -39,8 +39,8 @@ proptest! {
         // trace parse's streamed JSON is the text of the trace held whole.
         if let Ok(trace) = basecamp_trace::read_trace_from(bytes.as_slice(), "d.trace") {
             let mut streamed = Vec::new();
-            let damage = write_trace_json(open, "d.trace", &mut streamed, false).unwrap();
-            prop_assert_eq!(damage.map(|e| e.to_string()), trace.damage().map(|e| e.to_string()));
+            let ending = write_trace_json(open, "d.trace", &mut streamed, false).unwrap();
+            prop_assert_eq!(ending.damage.map(|e| e.to_string()), trace.damage().map(|e| e.to_string()));
             let held = serde_json::to_vec(&TraceJson { file: "d.trace", trace: &trace }).unwrap();
             prop_assert_eq!(streamed, held);
         }

@@ -177,3 +177,17 @@ fn an_episode_end_claiming_more_steps_than_recorded_is_one_finding() {
     assert_eq!(summary(&found), [(Some(12), "steps")], "{found:#?}");
     assert_eq!(found[0].message, format!("the episode end says {} steps, but records stop at step 12", u32::MAX));
 }
+
+#[test]
+fn a_step_whose_records_all_come_after_a_later_step_is_one_finding() {
+    // Steps 1 and 2 swapped: "record of step 1 comes after step 2" was
+    // said once for each of step 1's records.
+    let mut ep = episode();
+    ep.steps.swap(1, 2);
+    let records_of_step_1 = ep.steps[2].len();
+    assert!(records_of_step_1 > 1);
+    let found = findings(&ep);
+    let backwards: Vec<&str> =
+        found.iter().filter(|f| f.message.contains("come")).map(|f| f.message.as_str()).collect();
+    assert_eq!(backwards, [format!("{records_of_step_1} records of step 1 come after step 2")], "{found:#?}");
+}

@@ -98,7 +98,7 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     let mut result = analyzer.analyze(p_view, q_view, args.top_k);
     // `auto` promises an answer: a GPU that fails mid-run (not bad input) hands over to the CPU.
     if let (DeviceArg::Auto, Err(BackendError::Gpu(gpu_error))) = (args.device, &result) {
-        eprintln!("warning: the GPU run failed, analysing on the CPU instead: {gpu_error}");
+        basecamp_sandbox::stderr_line!("warning: the GPU run failed, analysing on the CPU instead: {gpu_error}");
         analyzer = Analyzer::new(DeviceChoice::Cpu)?;
         result = analyzer.analyze(p_view, q_view, args.top_k);
     }

@@ -16,6 +16,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::sources::{Source, Sources};
+use super::{one_line, shown_path};
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -78,7 +79,12 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
             );
         }
         if let Some(other) = names.insert(file.relative.as_str(), &file.name) {
-            bail!("{other} and {} would both be archived as {}; archive them separately", file.name, file.relative);
+            bail!(
+                "{} and {} would both be archived as {}; archive them separately",
+                one_line(other),
+                file.shown(),
+                one_line(&file.relative)
+            );
         }
     }
     // A member that is another's directory (`x.trace` and `x.trace/y.trace`)
@@ -87,8 +93,9 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         let dirs = file.relative.match_indices('/').map(|(at, _)| &file.relative[..at]);
         if let Some(other) = dirs.filter_map(|dir| names.get(dir)).next() {
             bail!(
-                "{other} would be archived as a file where {} needs a directory of that name; archive them separately",
-                file.name
+                "{} would be archived as a file where {} needs a directory of that name; archive them separately",
+                one_line(other),
+                file.shown()
             );
         }
     }
@@ -103,13 +110,13 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
     let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {
         let data = sources.read_bytes(source)?;
-        Ok(prepare_member(&source.name, &source.relative, &data)?)
+        Ok(prepare_member(&source.shown(), &source.relative, &data)?)
     };
     for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), prepare, |_, prepared| match prepared {
         Ok(member) => {
             // The damage names the file: "X: truncated at byte N: …", "X: corrupt frame at byte N: …".
             if let Some(damage) = member.damage() {
-                eprintln!("warning: {damage}; archived as it is");
+                basecamp_sandbox::stderr_line!("warning: {damage}; archived as it is");
             }
             input_bytes += member.member().bytes;
             if let Err(e) = writer.append(member) {
@@ -121,7 +128,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => {
             failed += 1;
-            eprintln!("error: {e:#}");
+            basecamp_sandbox::stderr_line!("error: {e:#}");
             ControlFlow::Continue(())
         }
     });
@@ -152,7 +159,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         _ => format!("archived {count} traces ({input_bytes} bytes) into {}", out.display()),
     };
     if to_stdout {
-        eprintln!("{message}");
+        basecamp_sandbox::stderr_line!("{message}");
     } else {
         writeln!(std::io::stdout(), "{message}")?;
     }
@@ -176,10 +183,10 @@ fn list(file: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
             writeln!(
                 out,
                 "{:<32} {:<24} {:<20} {:<8} {:>6} {:>9} {:>12}",
-                m.name,
-                m.episode,
-                m.task,
-                m.variant,
+                one_line(&m.name),
+                one_line(&m.episode),
+                one_line(&m.task),
+                one_line(&m.variant),
                 m.steps,
                 if m.complete { "yes" } else { "no" },
                 m.bytes
@@ -220,12 +227,12 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
             bail!(
                 "{}: {} (of episode {}) and {} (of episode {}) would both be extracted to {}; nothing was \
                  extracted: extract them one at a time into different directories",
-                file.display(),
-                other.name,
-                other.episode,
-                member.name,
-                member.episode,
-                path.display()
+                shown_path(file),
+                one_line(&other.name),
+                one_line(&other.episode),
+                one_line(&member.name),
+                one_line(&member.episode),
+                shown_path(&path)
             );
         }
         let already_there = match fs::symlink_metadata(&path) {
@@ -235,9 +242,9 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
             Ok(_) => bail!(
                 "{}: already exists and is not the archived {} (of episode {}); nothing was extracted: \
                  extract into another directory or move the file away",
-                path.display(),
-                member.name,
-                member.episode
+                shown_path(&path),
+                one_line(&member.name),
+                one_line(&member.episode)
             ),
         };
         plan.push((member, path, already_there));
@@ -261,9 +268,19 @@ fn extract(file: &Path, keys: &[String], dir: &Path) -> anyhow::Result<ExitCode>
             }
         }
         let line = if already_there {
-            format!("{} (episode {}) is already at {}", member.name, member.episode, path.display())
+            format!(
+                "{} (episode {}) is already at {}",
+                one_line(&member.name),
+                one_line(&member.episode),
+                shown_path(&path)
+            )
         } else {
-            format!("extracted {} (episode {}) -> {}", member.name, member.episode, path.display())
+            format!(
+                "extracted {} (episode {}) -> {}",
+                one_line(&member.name),
+                one_line(&member.episode),
+                shown_path(&path)
+            )
         };
         if write_error.is_none()
             && let Err(e) = writeln!(stdout, "{line}")

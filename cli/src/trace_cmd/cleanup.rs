@@ -93,7 +93,9 @@ impl Plan {
             self.kept_other += 1;
             return Ok(());
         }
-        let Some(modified) = object.last_modified else { bail!("{name}: no modification time, so its age is unknown") };
+        let Some(modified) = object.last_modified else {
+            bail!("{}: no modification time, so its age is unknown", super::one_line(&name))
+        };
         if now.duration_since(modified).is_ok_and(|age| age > older_than) {
             self.old.push(OldTrace { name, location: object.location, size: object.size });
         } else {
@@ -126,7 +128,10 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
                 let meta = fs::metadata(&file).with_context(|| format!("{}: cannot read its age", file.display()))?;
                 // A FIFO or a device named *.trace is no trace (and reading one could block).
                 if !meta.is_file() || !starts_like_a_trace(&file)? {
-                    writeln!(std::io::stderr(), "{}: not a basecamp trace (bad magic); left alone", file.display())?;
+                    basecamp_sandbox::stderr_line!(
+                        "{}: not a basecamp trace (bad magic); left alone",
+                        super::shown_path(&file)
+                    );
                     plan.kept_other += 1;
                     continue;
                 }
@@ -152,7 +157,7 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
         if kept_other > 0 { format!("; {kept_other} files that are not traces left alone") } else { String::new() };
     if !args.delete {
         for trace in &old {
-            writeln!(std::io::stdout(), "would delete {} ({} bytes)", trace.name, trace.size)?;
+            writeln!(std::io::stdout(), "would delete {} ({} bytes)", super::one_line(&trace.name), trace.size)?;
         }
         let bytes: u64 = old.iter().map(|t| t.size).sum();
         writeln!(
@@ -178,11 +183,13 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
     for trace in &old {
         let result = match &trace.location {
             Destination::Local(path) => {
-                fs::remove_file(path).map_err(|e| format!("{}: cannot delete: {e}", path.display()))
+                fs::remove_file(path).map_err(|e| format!("{}: cannot delete: {e}", super::shown_path(path)))
             }
             Destination::S3(_) => match s3_results.next() {
                 Some(deletion) => deletion.result.map_err(|e| e.to_string()),
-                None => Err(format!("{}: cannot delete: the storage client gave no result", trace.name)),
+                None => {
+                    Err(format!("{}: cannot delete: the storage client gave no result", super::one_line(&trace.name)))
+                }
             },
         };
         match result {
@@ -190,14 +197,14 @@ pub fn run(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
                 deleted += 1;
                 bytes += trace.size;
                 if write_error.is_none()
-                    && let Err(e) = writeln!(stdout, "deleted {} ({} bytes)", trace.name, trace.size)
+                    && let Err(e) = writeln!(stdout, "deleted {} ({} bytes)", super::one_line(&trace.name), trace.size)
                 {
                     write_error = Some(e);
                 }
             }
             Err(message) => {
                 failed += 1;
-                eprintln!("error: {message}");
+                basecamp_sandbox::stderr_line!("error: {message}");
             }
         }
     }
@@ -245,7 +252,7 @@ fn find_s3(runtime: &tokio::runtime::Runtime, storage: &Storage, arg: &str) -> a
     let objects: Vec<ObjectInfo> =
         runtime.block_on(storage.list(&location))?.into_iter().filter(|o| o.relative.ends_with(TRACE_SUFFIX)).collect();
     if objects.is_empty() {
-        eprintln!("note: {arg}: no .trace objects under this prefix");
+        basecamp_sandbox::stderr_line!("note: {arg}: no .trace objects under this prefix");
     }
     Ok(objects)
 }

@@ -4,7 +4,8 @@
 //! exporter's format, which collectors (`otlpjsonfile` receiver) read.
 //! A damaged trace is exported as far as it reads, with one error line.
 //! `-o FILE` is written as `FILE.partial` and renamed when every trace is
-//! exported; it may not be one of the inputs.
+//! exported; it may not be one of the inputs, and when no trace could be
+//! read at all it is not written.
 
 use std::io::{self, BufWriter, Write};
 use std::ops::ControlFlow;
@@ -50,7 +51,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         Some(output) => Box::new(BufWriter::new(output)),
         None => Box::new(BufWriter::new(io::stdout().lock())),
     };
-    let mut failed = false;
+    let (mut failed, mut exported) = (false, 0usize);
     let mut write_error = None;
     let convert = |source: &Source| match sources.open(source) {
         Ok(reader) => {
@@ -60,10 +61,11 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         Err(e) => (None, Some(e)),
     };
     for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), convert, |_, (line, damage)| {
+        exported += usize::from(line.is_some());
         let written = line.map_or(Ok(()), |line| writeln!(out, "{line}"));
         if let Some(e) = damage {
             failed = true;
-            eprintln!("error: {e}");
+            basecamp_sandbox::stderr_line!("error: {e}");
         }
         match written {
             Ok(()) => ControlFlow::Continue(()),
@@ -87,6 +89,12 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         return Err(e).with_context(|| format!("cannot write {name}"));
     }
     if let Some(output) = target {
+        // Not one trace could be read (each is named above): an existing
+        // FILE is left as it was rather than replaced by an empty one.
+        if exported == 0 && failed {
+            output.discard();
+            bail!("no trace could be exported (each is named above); {name} was not written");
+        }
         output.commit()?;
     }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })

@@ -11,7 +11,8 @@
 //! A damaged file still prints what could be recovered (a crashed pod's
 //! trace is still evidence), then one line naming the file and byte offset
 //! on stderr, and exits 1 unless `--allow-truncated` accepts a clean
-//! truncation.
+//! truncation. A trace that reads to its trailer without an episode end
+//! is not `"complete"` either, and exits 1 with one line.
 
 use std::io::{self, Write};
 use std::ops::ControlFlow;
@@ -21,7 +22,8 @@ use std::process::ExitCode;
 use anyhow::bail;
 use basecamp_sandbox::driver::SUMMARY_FILE;
 use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
-use basecamp_trace::json::{WriteJsonError, write_trace_json};
+use basecamp_trace::json::{TraceEnding, WriteJsonError, write_trace_json};
+use basecamp_trace::pb::record::Body;
 use basecamp_trace::{RecordKind, TraceContents, TraceError};
 use clap::{Args, ValueEnum};
 
@@ -76,16 +78,16 @@ fn is_one_trace(path: &std::ffi::OsStr) -> bool {
 
 fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
     let sources = Sources::one(file)?;
-    let damage = match args.output {
+    let name = file.display().to_string();
+    let ending = match args.output {
         OutputFormat::Json => {
             // Buffered: stdout alone is line-buffered, one write(2) per
             // line of the pretty JSON (12 million for a 2,000-step trace).
             let mut out = io::BufWriter::new(io::stdout().lock());
-            let damage =
-                write_trace_json(sources.reopener(&sources.items[0])?, &file.display().to_string(), &mut out, true)?;
+            let ending = write_trace_json(sources.reopener(&sources.items[0])?, &name, &mut out, true)?;
             writeln!(out)?;
             out.flush()?;
-            damage
+            ending
         }
         OutputFormat::Html => {
             let reader = sources.open(&sources.items[0])?;
@@ -97,29 +99,40 @@ fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
                 Err(e) => Err(format!("{e:#}; metrics read from the trace")),
             };
             let summary = summary.unwrap_or_else(|problem| {
-                eprintln!("warning: {problem}");
+                basecamp_sandbox::stderr_line!("warning: {problem}");
                 None
             });
             let entry = catalog::lone_entry(file, &trace, summary.as_ref());
             let view = episode::render(&entry, &trace, &undrawn, cap, None);
             io::stdout().lock().write_all(episode::page(&entry, "", &view).as_bytes())?;
-            trace.damage().cloned()
+            let ended = trace.records.iter().any(|r| matches!(r.body, Some(Body::EpisodeEnd(_))));
+            TraceEnding { damage: trace.damage().cloned(), ended }
         }
     };
-    Ok(if report_damage(damage.as_ref(), args.allow_truncated) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    let failed = report_ending(&super::one_line(&name), &ending, args.allow_truncated);
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// Says on stderr how a damaged trace ended; true when that is a failure
-/// (not a clean truncation that `--allow-truncated` accepts).
-fn report_damage(damage: Option<&TraceError>, allow_truncated: bool) -> bool {
-    match damage {
-        None => false,
+/// Says on stderr how a damaged or unended trace ended; true when that is
+/// a failure (not a clean truncation that `--allow-truncated` accepts).
+fn report_ending(name: &str, ending: &TraceEnding, allow_truncated: bool) -> bool {
+    match &ending.damage {
+        None if ending.ended => false,
+        // No writer leaves this (a killed one leaves no index either): the
+        // file was cut together or written by something else.
+        None => {
+            basecamp_sandbox::stderr_line!(
+                "error: {name}: no episode end: the file reads to its trailer but holds no episode end record \
+                 (`basecamp trace validate` checks the rest)"
+            );
+            true
+        }
         Some(damage @ TraceError::Truncated { .. }) if allow_truncated => {
-            eprintln!("warning: {damage}");
+            basecamp_sandbox::stderr_line!("warning: {damage}");
             false
         }
         Some(damage) => {
-            eprintln!("error: {damage}");
+            basecamp_sandbox::stderr_line!("error: {damage}");
             true
         }
     }
@@ -138,22 +151,22 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
     let sources = Sources::resolve(&args.paths)?;
     // A trace's line and how it ended; Err: it could not be read (or changed
     // while it was read).
-    let parse = |source: &Source| -> Result<(Vec<u8>, Option<TraceError>), WriteJsonError> {
+    let parse = |source: &Source| -> Result<(Vec<u8>, TraceEnding), WriteJsonError> {
         let mut doc = Vec::new();
-        let damage = write_trace_json(sources.reopener(source)?, &source.name, &mut doc, false)?;
-        Ok((doc, damage))
+        let ending = write_trace_json(sources.reopener(source)?, &source.name, &mut doc, false)?;
+        Ok((doc, ending))
     };
     let mut out = io::BufWriter::new(io::stdout().lock());
     let (mut failed, mut write_error) = (false, None);
-    for_each_ordered(&sources.items, args.jobs.unwrap_or_else(default_jobs), parse, |_, parsed| {
+    for_each_ordered(&sources.items, args.jobs.unwrap_or_else(default_jobs), parse, |i, parsed| {
         let written = match parsed {
-            Ok((doc, damage)) => {
-                failed |= report_damage(damage.as_ref(), args.allow_truncated);
+            Ok((doc, ending)) => {
+                failed |= report_ending(&sources.items[i].shown(), &ending, args.allow_truncated);
                 out.write_all(&doc).and_then(|()| out.write_all(b"\n"))
             }
             Err(unreadable) => {
                 // Nothing read is a failure even when --allow-truncated accepts a cut.
-                eprintln!("error: {unreadable}");
+                basecamp_sandbox::stderr_line!("error: {unreadable}");
                 failed = true;
                 Ok(())
             }

@@ -2,7 +2,9 @@
 //! copies of traces with personal data replaced by salted hashes
 //! (`basecamp_trace::redact`), each still a valid trace. Inputs are never
 //! modified; each output is written to a temporary name and renamed when
-//! complete, so a failure leaves no half-redacted file.
+//! complete, so a failure leaves no half-redacted file. A trace named after
+//! its episode id (as the sandbox names them) is written under the name of
+//! its redacted id.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -11,11 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
+use basecamp_sandbox::episode::trace_file_name;
 use basecamp_trace::TraceError;
 use basecamp_trace::inputs::{default_jobs, for_each_ordered};
 use basecamp_trace::redact::{Pattern, RedactError, RedactStats, Redactor};
 use clap::Args;
 
+use super::shown_path;
 use super::sources::{Source, Sources};
 
 #[derive(Args)]
@@ -90,25 +94,25 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
         args.jobs.unwrap_or_else(default_jobs),
         |(input, output)| redact_one(&redactor, &sources, input, output),
         |i, result| {
-            let (input, output) = jobs[i];
+            let input = jobs[i].0;
             match result {
-                Ok(stats) => {
+                Ok((stats, output)) => {
                     total.records += stats.records;
                     total.replaced += stats.replaced;
                     total.fields_found.extend(stats.fields_found);
                     if let Some(cut) = &stats.truncated {
                         let end = if stats.kept_end { "its episode end kept, no index" } else { "no episode end" };
-                        eprintln!(
+                        basecamp_sandbox::stderr_line!(
                             "warning: {cut}; {} holds them redacted and is cut off after them too ({end})",
-                            output.display()
+                            shown_path(&output)
                         );
                     }
                     if write_error.is_none()
                         && let Err(e) = writeln!(
                             stdout,
                             "{} -> {}: {} values replaced in {} records",
-                            input.name,
-                            output.display(),
+                            input.shown(),
+                            shown_path(&output),
                             stats.replaced,
                             stats.records
                         )
@@ -128,7 +132,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
                         (true, true) => " (cut before its header ended: there is nothing to redact)",
                         _ => "",
                     };
-                    eprintln!("error: {e:#}{hint}");
+                    basecamp_sandbox::stderr_line!("error: {e:#}{hint}");
                 }
             }
         },
@@ -141,7 +145,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     // values it meant are in the copies as they were.
     for field in &args.pii_fields {
         if redacted > 0 && !total.fields_found.contains(field) {
-            eprintln!(
+            basecamp_sandbox::stderr_line!(
                 "warning: --pii-fields {field}: no JSON field or memory key of this name in any of the {redacted} \
                  traces redacted (misspelt?); nothing was replaced for it"
             );
@@ -169,19 +173,20 @@ fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let output = out.join(&file.relative_path);
         if let Some(other) = seen.insert(output.clone(), &file.name) {
             bail!(
-                "{other} and {} would both be written to {}; redact them into different directories",
-                file.name,
-                output.display()
+                "{} and {} would both be written to {}; redact them into different directories",
+                super::one_line(other),
+                file.shown(),
+                shown_path(&output)
             );
         }
         if let Some(input) = fs::canonicalize(&output).ok().and_then(|path| inputs.get(&path)) {
             if std::ptr::eq(*input, file) {
-                bail!("{}: the output would overwrite the input; choose another -o directory", file.name);
+                bail!("{}: the output would overwrite the input; choose another -o directory", file.shown());
             }
             bail!(
                 "{}: the redacted copy of {} would overwrite this input; choose an -o directory that holds no input",
-                input.name,
-                file.name
+                input.shown(),
+                file.shown()
             );
         }
         outputs.push(output);
@@ -225,23 +230,47 @@ fn resolved(path: &Path) -> PathBuf {
     absolute
 }
 
-fn redact_one(redactor: &Redactor, sources: &Sources, input: &Source, output: &Path) -> anyhow::Result<RedactStats> {
+/// Redacts `input` into `output`, or into the file named after the
+/// redacted episode id when `output` is named after the original one
+/// (`dave~40example.com.trace`, as the sandbox names traces): the copy and
+/// the path it was written to.
+fn redact_one(
+    redactor: &Redactor,
+    sources: &Sources,
+    input: &Source,
+    output: &Path,
+) -> anyhow::Result<(RedactStats, PathBuf)> {
     let open = sources.reopener(input)?;
     if let Some(parent) = output.parent() {
         fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let tmp = super::partial_path(output);
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = redactor.redact(open, BufWriter::new(file), &output.display().to_string());
+    let result = redactor.redact(open, BufWriter::new(file), &shown_path(output));
     match result {
         Ok(stats) => {
-            fs::rename(&tmp, output)
-                .with_context(|| format!("cannot rename {} to {}", tmp.display(), output.display()))?;
-            Ok(stats)
+            let output = named_after_redacted_id(output, &stats.episode_id);
+            fs::rename(&tmp, &output).with_context(|| {
+                let _ = fs::remove_file(&tmp);
+                format!("cannot rename {} to {}", tmp.display(), output.display())
+            })?;
+            Ok((stats, output))
         }
         Err(e) => {
             let _ = fs::remove_file(&tmp);
             Err(e.into())
         }
+    }
+}
+
+/// `output` renamed after the copy's episode id when its name is the
+/// sandbox's file name of the original id and redaction changed the id:
+/// otherwise the name would keep what the header no longer holds.
+fn named_after_redacted_id(output: &Path, (original, redacted): &(String, String)) -> PathBuf {
+    let named_after_id = output.file_name().is_some_and(|name| *name == *trace_file_name(original));
+    if original != redacted && named_after_id {
+        output.with_file_name(trace_file_name(redacted))
+    } else {
+        output.to_path_buf()
     }
 }

@@ -11,8 +11,8 @@
 //! Episode metrics come from the shard `summary.json` next to the traces
 //! when there is one, else from what each trace holds (no
 //! `tool_call_accuracy` then: without `--metric` the report is about
-//! `reward`, and says so). An `-o` that is one of the input traces is
-//! refused.
+//! `reward`, and says so). An `-o` that is one of the input traces or
+//! their shard summaries is refused.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -22,8 +22,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
+use basecamp_sandbox::driver::SUMMARY_FILE;
 use basecamp_trace::RecordKind;
-use basecamp_trace::inputs::default_jobs;
+use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, expand_inputs};
 
 use super::html::{Group, write};
 use crate::serve::catalog::Catalog;
@@ -73,6 +74,25 @@ fn write_whole(path: &Path, fill: impl FnOnce(&mut BufWriter<File>) -> std::io::
     written
 }
 
+/// Refuses an `-o` that is a file the report reads: one of the traces, or
+/// a shard's `summary.json` beside them (replaced by the page, it would be
+/// gone for the next report, `serve` and `ab`).
+fn refuse_output_that_is_read(inputs: &[String], output: &Path) -> Result<()> {
+    let Ok(output) = std::fs::canonicalize(output) else {
+        // Not there yet: nothing reads it.
+        return Ok(());
+    };
+    let traces = expand_inputs(inputs, TRACE_SUFFIX)?;
+    let summaries = traces.iter().filter_map(|trace| Some(trace.parent()?.join(SUMMARY_FILE)));
+    for read in traces.iter().cloned().chain(summaries) {
+        if std::fs::canonicalize(&read).is_ok_and(|real| real == output) {
+            let what = if read.ends_with(SUMMARY_FILE) { "shard summary, which it reads" } else { "input trace" };
+            bail!("{}: the report would overwrite this {what}; choose another -o file", read.display());
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: &ReportArgs) -> Result<ExitCode> {
     // The temporary copies are removed when `fetched` is dropped.
     let mut fetched = Vec::new();
@@ -119,6 +139,7 @@ fn local_input(input: &str, fetched: &mut Vec<Fetched>) -> Result<String> {
 
 fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     let inputs = args.paths.iter().map(|p| local_input(p, fetched)).collect::<Result<Vec<_>>>()?;
+    refuse_output_that_is_read(&inputs, &args.output)?;
     let mut catalog = Catalog::from_inputs(&inputs)?;
     for entry in &mut catalog.episodes {
         if let Some(url) = fetched.iter().find_map(|copy| copy.url_of(&entry.trace)) {
@@ -133,12 +154,6 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
             if catalog.problems.is_empty() { String::new() } else { format!(": {}", catalog.problems.join("; ")) };
         bail!("no readable traces in {}{why}", args.paths.join(" "));
     }
-    if let Ok(output) = std::fs::canonicalize(&args.output)
-        && let Some(input) =
-            catalog.episodes.iter().find(|e| std::fs::canonicalize(&e.trace).is_ok_and(|t| t == output))
-    {
-        bail!("{}: the report would overwrite this input trace; choose another -o file", input.trace.display());
-    }
     // Groups: one per task and variant, in order.
     let mut groups: BTreeMap<(String, String, String), Vec<&_>> = BTreeMap::new();
     for e in &catalog.episodes {
@@ -150,29 +165,43 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
         let loaded: Vec<Loaded<'_>> = entries.iter().map(|e| Loaded::load(e)).collect();
         loaded_groups.push((namespace, task, variant, entries, loaded));
     }
+    // A damaged trace is in the report as far as it reads: said on stderr
+    // and in the page, with the file and byte offset, since its metrics
+    // (no reward, fewer steps) are those of the part read.
+    let damaged: Vec<String> = loaded_groups
+        .iter()
+        .flat_map(|(_, _, _, _, loaded)| loaded.iter())
+        .filter_map(|l| l.digest.as_ref().ok()?.damage.as_ref())
+        .map(|damage| format!("{}; the report holds what was read before it", s3_names(fetched, damage)))
+        .collect();
+    // Why a metric may be missing: the damaged traces, each named.
+    let damage_note = || if damaged.is_empty() { String::new() } else { format!(" (damaged: {})", damaged.join("; ")) };
     let known: std::collections::BTreeSet<String> =
         loaded_groups.iter().flat_map(|(_, _, _, _, loaded)| metric_names(loaded)).collect();
     let metric = match &args.metric {
         Some(metric) if !known.contains(metric) => bail!(
-            "--metric {metric}: no episode has this metric; these do: {}",
-            known.into_iter().collect::<Vec<_>>().join(", ")
+            "--metric {metric}: no episode has this metric; these do: {}{}",
+            known.into_iter().collect::<Vec<_>>().join(", "),
+            damage_note()
         ),
         Some(metric) => metric.clone(),
         None => match ["tool_call_accuracy", "reward"].into_iter().find(|m| known.contains(*m)) {
             Some("tool_call_accuracy") => "tool_call_accuracy".to_string(),
             Some(other) => {
-                eprintln!(
+                basecamp_sandbox::stderr_line!(
                     "note: no episode has tool_call_accuracy (it comes from the summary.json beside the traces); \
                      the report is about {other} (choose with --metric)"
                 );
                 other.to_string()
             }
             None => bail!(
-                "no episode has tool_call_accuracy or reward; give --metric, one of: {}",
-                known.into_iter().collect::<Vec<_>>().join(", ")
+                "no episode has tool_call_accuracy or reward; give --metric, one of: {}{}",
+                known.into_iter().collect::<Vec<_>>().join(", "),
+                damage_note()
             ),
         },
     };
+    catalog.problems.extend(damaged.iter().cloned());
     let mut rendered = Vec::new();
     for (namespace, task, variant, entries, loaded) in &loaded_groups {
         let mut insights = compute(loaded, &metric, args.cluster_by);
@@ -196,22 +225,34 @@ fn report(args: &ReportArgs, fetched: &mut Vec<Fetched>) -> Result<ExitCode> {
     writeln!(
         out,
         "wrote {}: {episodes} episodes ({failed} failed) in {} task variant(s), metric {metric}, failures clustered by {}",
-        args.output.display(),
+        super::shown_path(&args.output),
         rendered.len(),
         args.cluster_by.name()
     )?;
     for g in &rendered {
         for hint in g.insights.hints.iter().take(3) {
-            writeln!(out, "  {}/{}: {}", g.task, g.variant, hint)?;
+            let line = format!("{}/{}: {}", g.task, g.variant, hint);
+            writeln!(out, "  {}", super::one_line(&line))?;
         }
     }
     for problem in &catalog.problems {
-        eprintln!("warning: {problem}");
+        // The problems name files: one whose name holds a newline is quoted.
+        basecamp_sandbox::stderr_line!("warning: {}", super::one_line(problem));
     }
-    // As every trace tool does: a trace that could not be read fails the command (the report is written without it).
+    // As every trace tool does: a trace that could not be read, or only in
+    // part, fails the command (the report is written without it, or with
+    // what was read).
     if catalog.unreadable > 0 {
-        eprintln!("error: {} trace(s) could not be read and are not in the report", catalog.unreadable);
-        return Ok(ExitCode::FAILURE);
+        basecamp_sandbox::stderr_line!(
+            "error: {} trace(s) could not be read and are not in the report",
+            catalog.unreadable
+        );
     }
-    Ok(ExitCode::SUCCESS)
+    if !damaged.is_empty() {
+        basecamp_sandbox::stderr_line!(
+            "error: {} trace(s) are damaged; the report holds what was read of them",
+            damaged.len()
+        );
+    }
+    Ok(if catalog.unreadable > 0 || !damaged.is_empty() { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

@@ -126,7 +126,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
             }
             if let Some(e) = found.error {
                 let _ = out.flush();
-                eprintln!("error: {e}");
+                basecamp_sandbox::stderr_line!("error: {e}");
                 failed += 1;
             }
             ControlFlow::Continue(())
@@ -142,7 +142,7 @@ pub fn run(args: &SearchArgs) -> anyhow::Result<ExitCode> {
             n => format!(" (in what could be read: {n} traces were read only up to their damage, or not at all)"),
         };
         for line in query.unseen_names(&seen) {
-            eprintln!("warning: {line}{unread}");
+            basecamp_sandbox::stderr_line!("warning: {line}{unread}");
         }
     }
     match flushed {

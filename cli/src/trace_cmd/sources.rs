@@ -24,8 +24,27 @@ pub struct Output {
     pub path: PathBuf,
     /// The temporary file written, renamed to `path` by [`Output::commit`];
     /// `None` when `path` is written in place.
-    partial: Option<PathBuf>,
+    partial: Option<PartialFile>,
     sink: Sink,
+}
+
+/// A temporary output file, removed when dropped unless it was renamed into
+/// place: an error returned early or a panic leaves no `FILE.partial` behind.
+struct PartialFile(PathBuf);
+
+impl PartialFile {
+    /// The path, no longer removed on drop.
+    fn keep(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
 }
 
 enum Sink {
@@ -51,19 +70,18 @@ impl Output {
 
     /// Makes the complete output visible under its name.
     pub fn commit(self) -> anyhow::Result<()> {
-        let Some(tmp) = self.partial else { return Ok(()) };
+        let Some(partial) = self.partial else { return Ok(()) };
         drop(self.sink);
-        std::fs::rename(&tmp, &self.path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            anyhow::Error::new(e).context(format!("cannot rename {} to {}", tmp.display(), self.path.display()))
-        })
+        // Removed by `partial`'s drop if the rename fails.
+        std::fs::rename(&partial.0, &self.path)
+            .with_context(|| format!("cannot rename {} to {}", partial.0.display(), self.path.display()))?;
+        partial.keep();
+        Ok(())
     }
 
     /// Drops an output that failed: its temporary file is removed.
     pub fn discard(self) {
-        if let Some(tmp) = &self.partial {
-            let _ = std::fs::remove_file(tmp);
-        }
+        drop(self);
     }
 }
 
@@ -103,6 +121,12 @@ enum Location {
 }
 
 impl Source {
+    /// How errors name it: [`super::one_line`] of its name, so a file name
+    /// holding a newline cannot forge another line of output.
+    pub fn shown(&self) -> String {
+        super::one_line(&self.name).into_owned()
+    }
+
     /// The file, when the source is local.
     pub fn local_path(&self) -> Option<&Path> {
         match &self.location {
@@ -224,7 +248,7 @@ impl Sources {
         }
         let tmp = super::partial_path(out);
         let file = File::create(&tmp).with_context(|| format!("cannot create {}", out.display()))?;
-        Ok(Output { path: out.to_path_buf(), partial: Some(tmp), sink: Sink::File(file) })
+        Ok(Output { path: out.to_path_buf(), partial: Some(PartialFile(tmp)), sink: Sink::File(file) })
     }
 
     /// Refuses an output file that is one of the local inputs: writing it
@@ -238,7 +262,7 @@ impl Sources {
             if let Location::Local(path) = &source.location
                 && std::fs::canonicalize(path).is_ok_and(|p| p == out)
             {
-                bail!("{}: the output would overwrite this input; choose another -o file", source.name);
+                bail!("{}: the output would overwrite this input; choose another -o file", source.shown());
             }
         }
         Ok(())
@@ -247,12 +271,12 @@ impl Sources {
     /// The whole trace file.
     pub fn read_bytes(&self, source: &Source) -> Result<Vec<u8>, TraceError> {
         match &source.location {
-            Location::Local(path) => std::fs::read(path).map_err(|e| TraceError::io(source.name.clone(), e)),
+            Location::Local(path) => std::fs::read(path).map_err(|e| TraceError::io(source.shown(), e)),
             Location::S3(destination) => {
                 let (runtime, storage) = self.s3.as_ref().expect("an s3 source comes with the client that listed it");
                 runtime
                     .block_on(storage.fetch(destination))
-                    .map_err(|e| TraceError::io(source.name.clone(), io::Error::other(e.to_string())))
+                    .map_err(|e| TraceError::io(source.shown(), io::Error::other(e.to_string())))
             }
         }
     }
@@ -288,28 +312,36 @@ impl Sources {
     }
 
     /// Opens `source` as often as the caller needs (commands that read a
-    /// trace twice): a local file is opened again each time, an S3 object
-    /// is fetched once and read from memory.
+    /// trace twice): a local file is opened again each time; a pipe
+    /// (`/dev/stdin`, `<(...)`), which can be read only once, and an S3
+    /// object are read whole once and then from memory. A device other
+    /// than a pipe (a terminal) is refused: it holds no trace.
     pub fn reopener(&self, source: &Source) -> Result<Reopener, TraceError> {
-        let name = source.name.clone();
-        Ok(match &source.location {
+        use std::os::unix::fs::FileTypeExt as _;
+        let name = source.shown();
+        let bytes: Arc<[u8]> = match &source.location {
             Location::Local(path) => {
-                let path = path.clone();
-                Box::new(move || open_local(&path, name.clone()))
+                let kind = std::fs::metadata(path).map_err(|e| TraceError::io(name.clone(), e))?.file_type();
+                if kind.is_file() {
+                    let path = path.clone();
+                    return Ok(Box::new(move || open_local(&path, name.clone())));
+                }
+                if !(kind.is_fifo() || kind.is_socket()) {
+                    return Err(TraceError::io(name, io::Error::other("neither a regular file nor a pipe")));
+                }
+                self.read_bytes(source)?.into()
             }
-            Location::S3(_) => {
-                let bytes: Arc<[u8]> = self.read_bytes(source)?.into();
-                Box::new(move || TraceReader::new(Box::new(Cursor::new(Arc::clone(&bytes))), name.clone()))
-            }
-        })
+            Location::S3(_) => self.read_bytes(source)?.into(),
+        };
+        Ok(Box::new(move || TraceReader::new(Box::new(Cursor::new(Arc::clone(&bytes))), name.clone())))
     }
 
     /// A reader positioned after the header: a local file is streamed, an
     /// S3 object is fetched whole first.
     pub fn open(&self, source: &Source) -> Result<SourceReader, TraceError> {
         match &source.location {
-            Location::Local(path) => open_local(path, source.name.clone()),
-            Location::S3(_) => TraceReader::new(Box::new(Cursor::new(self.read_bytes(source)?)), source.name.clone()),
+            Location::Local(path) => open_local(path, source.shown()),
+            Location::S3(_) => TraceReader::new(Box::new(Cursor::new(self.read_bytes(source)?)), source.shown()),
         }
     }
 }

@@ -63,10 +63,10 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     result?;
     out.flush()?;
     if findings == 0 {
-        eprintln!("{} traces checked: all valid", files.len());
+        basecamp_sandbox::stderr_line!("{} traces checked: all valid", files.len());
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("{} traces checked: {findings} findings in {bad_files} traces", files.len());
+        basecamp_sandbox::stderr_line!("{} traces checked: {findings} findings in {bad_files} traces", files.len());
         Ok(ExitCode::FAILURE)
     }
 }
