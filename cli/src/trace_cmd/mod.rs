@@ -42,12 +42,6 @@ pub enum TraceCommand {
 }
 
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
-    if stdout_closed_at_start() {
-        anyhow::bail!(
-            "stdout is closed (`>&-`): what this command prints (or writes to `-o -`) would be lost; redirect it \
-             to a file, or to /dev/null to discard it"
-        );
-    }
     match cmd {
         TraceCommand::Parse(args) => parse::run(&args),
         TraceCommand::Analyze(args) => analyze::run(&args),
@@ -60,28 +54,6 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
         TraceCommand::Cleanup(args) => cleanup::run(&args),
         TraceCommand::Export(args) => export::run(&args),
     }
-}
-
-/// Whether this process was started with stdout closed (`cmd >&-`). Rust's
-/// runtime then opens /dev/null, read-write, on fd 1 (so that no file the
-/// command opens becomes its stdout): every write "succeeds" into nothing,
-/// and `trace archive -o - >&-` said "archived 4 traces ... into -" and
-/// exited 0. A shell's `> /dev/null` opens it write-only, so the two are
-/// told apart; a descriptor that is not open at all is closed too.
-fn stdout_closed_at_start() -> bool {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let stdout = std::io::stdout();
-    let Ok(flags) = fcntl(stdout.as_fd(), FcntlArg::F_GETFL) else { return true };
-    if OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE != OFlag::O_RDWR {
-        return false;
-    }
-    let Ok(fd) = stdout.as_fd().try_clone_to_owned() else { return false };
-    let (Ok(ours), Ok(null)) = (std::fs::File::from(fd).metadata(), std::fs::metadata("/dev/null")) else {
-        return false;
-    };
-    ours.file_type().is_char_device() && ours.rdev() == null.rdev()
 }
 
 /// `text` as it goes on one line of plain output: as it is, or, when it
