@@ -644,10 +644,18 @@ pub fn checkpoint_run_name(task: &str, step: u64) -> String {
     format!("{task}@step-{step}")
 }
 
-/// The step of a checkpoint prefix's last segment `step-N` (`step-000100` too).
+/// The largest training step: status fields are int64 in the CRD, so a
+/// larger step could never be written (the API server reads it as a float
+/// and refuses every status update of the task).
+pub const MAX_CHECKPOINT_STEP: u64 = i64::MAX as u64;
+
+/// The step of a checkpoint prefix's last segment `step-N` (`step-000100`
+/// too); `None` for anything else, a step above [`MAX_CHECKPOINT_STEP`] included.
 pub fn parse_checkpoint_step(segment: &str) -> Option<u64> {
     let digits = segment.trim_end_matches('/').rsplit('/').next()?.strip_prefix("step-")?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
+    let step: u64 =
+        (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())??;
+    (step <= MAX_CHECKPOINT_STEP).then_some(step)
 }
 
 /// Task phase.

@@ -420,6 +420,15 @@ fn check_training(task: &HarnessTaskSpec, problems: &mut Vec<Problem>) {
             "gpus: 0 requests no GPU; omit it for a CPU trainer",
         ));
     }
+    if training.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
+        problems.push(Problem::error(
+            Rule::InvalidManifest,
+            "spec.trainingConfig.image",
+            "the trainer image is empty; give the image the trainer runs in, or leave trainingConfig out to evaluate \
+             without training",
+        ));
+        return;
+    }
     if training.image.is_none() {
         if !training.command.is_empty() {
             problems.push(Problem::error(

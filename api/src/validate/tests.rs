@@ -726,6 +726,15 @@ fn a_trainer_command_without_an_image_is_refused() {
 }
 
 #[test]
+fn a_blank_trainer_image_is_refused_not_ignored() {
+    let training = json!({"trainingConfig": {"image": " ", "command": ["python3", "train.py"]}});
+    let report = check_task(with(good_task(), training), good_sandbox());
+    let problem = only(&report, Rule::InvalidManifest);
+    assert_eq!(field(&problem), "spec.trainingConfig.image");
+    assert!(problem.message.contains("the trainer image is empty"), "{problem}");
+}
+
+#[test]
 fn reward_components_must_name_a_source_the_sandbox_scores() {
     // An unknown source is scored 0 on every episode: the component silently does nothing.
     let report = check_sandbox(with(

@@ -428,7 +428,12 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         // series keeping the first note: the step in the action keeps each
         // step's Event (and its accuracy) visible.
         let action = format!("EvaluateStep{}", evaluation.step);
-        ctx.publish(task, false, "CheckpointEvaluated", &note, &action);
+        // An evaluation whose shards failed is a Warning of its own reason:
+        // it says nothing about the checkpoint, and the task's phase does
+        // not show it.
+        let failed = evaluation.phase == basecamp_api::task::TaskPhase::Failed;
+        let reason = if failed { "CheckpointEvaluationFailed" } else { "CheckpointEvaluated" };
+        ctx.publish(task, failed, reason, &note, &action);
     }
     let observed = Observed {
         task,

@@ -68,6 +68,25 @@ fn cluster_rules(task: &HarnessTask) -> Vec<Problem> {
             ),
         ));
     }
+    if let Some(training) = &task.spec.training_config {
+        // The trainer writes checkpoints where the operator and the
+        // evaluation pods read them: a local path is none of their disks.
+        for (path, value) in [
+            ("spec.trainingConfig.checkpoints", training.checkpoints.as_deref()),
+            ("spec.trainingConfig.resumeFrom", training.resume_from.as_deref()),
+        ] {
+            if let Some(value) = value.filter(|v| !v.trim().starts_with("s3://")) {
+                problems.push(Problem::error(
+                    Rule::InvalidS3Uri,
+                    path,
+                    format!(
+                        "{value:?} is a local path, but the trainer, the operator and the evaluation pods each have \
+                         their own disk; in a cluster checkpoints live under an s3:// URI (e.g. s3://BUCKET/checkpoints/)"
+                    ),
+                ));
+            }
+        }
+    }
     problems.extend(training_job_names(task));
     problems
 }
@@ -241,6 +260,19 @@ mod tests {
         training.as_object_mut().expect("spec").remove("trainingConfig");
         training["variants"][0]["name"] = json!("train");
         assert!(matches!(check(&task(training), &world_with_shop()), Verdict::Valid { .. }), "no trainer, no clash");
+    }
+
+    #[test]
+    fn local_checkpoint_paths_are_refused_in_a_cluster() {
+        let mut training = spec();
+        training["trainingConfig"] =
+            json!({"image": "trainer:1", "checkpoints": "/data/ckpt/", "resumeFrom": "s3://ckpt/step-10/"});
+        let Verdict::Invalid(report) = check(&task(training.clone()), &world_with_shop()) else { panic!("invalid") };
+        let text = summarize(&report, 4000);
+        assert!(text.contains("spec.trainingConfig.checkpoints") && text.contains("is a local path"), "{text}");
+        assert!(!text.contains("spec.trainingConfig.resumeFrom"), "{text}");
+        training["trainingConfig"]["checkpoints"] = json!("s3://ckpt/");
+        assert!(matches!(check(&task(training), &world_with_shop()), Verdict::Valid { .. }));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use basecamp_api::task::{CheckpointEvaluation, TRAINING_HISTORY_LIMIT, parse_checkpoint_step};
+use basecamp_api::task::{CheckpointEvaluation, MAX_CHECKPOINT_STEP, TRAINING_HISTORY_LIMIT, parse_checkpoint_step};
 
 /// Marker checks allowed per poll beyond the free evaluation slots: enough
 /// to keep a few complete steps queued (and counted) ahead of the slots, so
@@ -128,9 +128,13 @@ pub fn newest(all: &[CheckpointEvaluation]) -> Vec<CheckpointEvaluation> {
 }
 
 /// `steps.json` as read: a JSON array of evaluations (an empty file is an empty list).
+/// A step above [`MAX_CHECKPOINT_STEP`] (recorded by an operator that took
+/// one) is left out: status could not hold it.
 pub fn parse_steps(bytes: &[u8]) -> Result<Vec<CheckpointEvaluation>, serde_json::Error> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Vec::new());
     }
-    serde_json::from_slice(bytes)
+    let mut steps: Vec<CheckpointEvaluation> = serde_json::from_slice(bytes)?;
+    steps.retain(|e| e.step <= MAX_CHECKPOINT_STEP);
+    Ok(steps)
 }

@@ -368,7 +368,22 @@ fn without_resume_from_the_sidecar_serves_the_model_id_and_gpus_tolerate_gpu_nod
 
 #[test]
 fn step_directories_are_the_step_n_children_of_the_root() {
-    let names = ["dataset", "step-10", "step-20", "step-000030", "step-30", "step-x", "step-", "COMPLETE", "steps"];
+    let names = [
+        "dataset",
+        "step-10",
+        "step-20",
+        "step-000030",
+        "step-30",
+        "step-x",
+        "step-",
+        "COMPLETE",
+        "steps",
+        // Above int64 (status could never hold it) and above u64.
+        "step-9223372036854775808",
+        "step-18446744073709551615",
+        "step-99999999999999999999999",
+        "step-9223372036854775807",
+    ];
     let dirs = step_dirs(names);
     assert_eq!(
         dirs,
@@ -376,6 +391,7 @@ fn step_directories_are_the_step_n_children_of_the_root() {
             (10, vec!["step-10".to_string()]),
             (20, vec!["step-20".to_string()]),
             (30, vec!["step-000030".to_string(), "step-30".to_string()]),
+            (i64::MAX as u64, vec!["step-9223372036854775807".to_string()]),
         ]),
         "every spelling of a step, in name order; nothing else is a checkpoint"
     );
@@ -457,6 +473,15 @@ fn history_keeps_one_evaluation_per_step_and_the_newest_twenty() {
     assert_eq!((kept[0].step, kept[19].step), (6, 25));
     assert_eq!(parse_steps(b"  \n").expect("empty"), vec![]);
     assert!(parse_steps(b"{").is_err());
+    let too_big = format!(
+        r#"[{{"step": 18446744073709551615, "checkpoint": "s3://c/step-18446744073709551615/", "phase": "Succeeded"}}, {}]"#,
+        serde_json::to_string(&merged[0]).expect("json")
+    );
+    assert_eq!(
+        parse_steps(too_big.as_bytes()).expect("parse"),
+        [merged[0].clone()],
+        "a step status cannot hold is left out"
+    );
     let round_trip = parse_steps(&serde_json::to_vec(&merged).expect("json")).expect("parse");
     assert_eq!(round_trip, merged);
     // Values read back from steps.json are the values written, to the last
