@@ -422,6 +422,11 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     let shards = shard_states(task, &applied);
     let aggregated = aggregate_step(task, ctx, &applied, &shards).await;
     let training = crate::training::reconcile(&ctx.client, &ctx.caches, &ctx.storage, &ctx.metrics, &input).await?;
+    if training.as_ref().is_some_and(|t| t.trainer_replaced) {
+        let note = "the spec changed the trainer's pod (trainingConfig or what it is given); its Job was replaced and \
+                    the trainer starts over (from resumeFrom, if set)";
+        ctx.publish(task, true, "TrainerReplaced", note, "ReplaceJob trainer");
+    }
     for evaluation in training.iter().flat_map(|t| t.evaluated.iter()) {
         let note = crate::training::evaluation::evaluated_note(evaluation);
         // The recorder folds Events of one (type, reason, action) into a

@@ -91,6 +91,9 @@ pub struct Observation {
     /// Steps evaluated by this reconcile, and steps recorded in `steps.json`
     /// that status did not show yet (one `CheckpointEvaluated` Event each).
     pub evaluated: Vec<CheckpointEvaluation>,
+    /// Whether this reconcile replaced the trainer's Job (its pod template
+    /// changed with the spec): the trainer starts over.
+    pub trainer_replaced: bool,
 }
 
 /// Whether the task trains: `trainingConfig.image` is set.
@@ -231,7 +234,7 @@ pub async fn reconcile(
                 status: TrainingStatus { message: Some(error.to_string()), ..previous },
                 problem: Some(("InvalidCheckpointLocation", error.to_string())),
             };
-            return Ok(Some(Observation { observed, evaluated: Vec::new() }));
+            return Ok(Some(Observation { observed, evaluated: Vec::new(), trainer_replaced: false }));
         }
     };
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
@@ -247,14 +250,14 @@ pub async fn reconcile(
     // The trainer.
     let trainer_name = trainer::trainer_job_name(input.name);
     let mut trainer_job = None;
+    let mut trainer_replaced = false;
     let generation_seen = task.status.as_ref().and_then(|s| s.observed_generation) == task.metadata.generation;
     if let Some(want) = trainer::trainer_job(input, &locations)? {
         let finished_before =
             generation_seen && matches!(previous.phase, Some(TaskPhase::Succeeded | TaskPhase::Failed));
-        trainer_job =
+        (trainer_job, trainer_replaced) =
             apply_job(&jobs, metrics, namespace, &want, caches.job_state(namespace, &trainer_name), finished_before)
-                .await?
-                .0;
+                .await?;
     }
     let trainer_done = trainer_job.as_ref().is_some_and(|job| {
         job.status
@@ -448,7 +451,7 @@ pub async fn reconcile(
         queued: next.queued,
         history,
     };
-    Ok(Some(Observation { observed: TrainingObserved { status, problem }, evaluated: announced }))
+    Ok(Some(Observation { observed: TrainingObserved { status, problem }, evaluated: announced, trainer_replaced }))
 }
 
 #[cfg(test)]
