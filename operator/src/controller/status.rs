@@ -308,7 +308,9 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         TaskPhase::Suspended => {
             Decided::new(PROGRESSING, false, "Suspended", "the Jobs are suspended (spec.suspend or Kueue admission)")
         }
-        TaskPhase::Pending | TaskPhase::Running if training_text.is_some() => Decided::new(
+        // A failed trainer fails the task at once, but the checkpoints it
+        // left are still evaluated: that is progress, not "Finished".
+        TaskPhase::Pending | TaskPhase::Running | TaskPhase::Failed if training_text.is_some() => Decided::new(
             PROGRESSING,
             true,
             "Training",

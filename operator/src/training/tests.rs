@@ -635,6 +635,25 @@ fn a_failed_trainer_fails_the_task_with_its_message() {
 }
 
 #[test]
+fn a_failed_trainer_whose_checkpoints_are_still_evaluated_is_still_progressing() {
+    let task = task_with(training_spec("bkt"));
+    let failed = TrainingStatus {
+        phase: Some(TaskPhase::Failed),
+        message: Some("container trainer exited with code 3: CUDA out of memory".into()),
+        evaluating: vec![20],
+        queued: vec![30],
+        ..Default::default()
+    };
+    let st = observed_status(&task, false, failed);
+    assert_eq!(st.phase, Some(TaskPhase::Failed), "a failed trainer fails the task at once");
+    let progressing = condition(&st, "Progressing");
+    assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("True", "Training"), "{progressing:?}");
+    assert!(progressing.message.contains("trainer Failed"), "{}", progressing.message);
+    let poll = std::time::Duration::from_secs(10);
+    assert_eq!(crate::controller::next_action(&st, poll), kube::runtime::controller::Action::requeue(poll));
+}
+
+#[test]
 fn a_busy_loop_is_polled_every_checkpoint_poll() {
     use kube::runtime::controller::Action;
     let poll = std::time::Duration::from_secs(10);
