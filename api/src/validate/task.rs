@@ -395,6 +395,17 @@ fn check_training(task: &HarnessTaskSpec, problems: &mut Vec<Problem>) {
     let Some(training) = &task.training_config else { return };
     if let Some(resume_from) = &training.resume_from {
         check_s3(problems, "spec.trainingConfig.resumeFrom", resume_from, false);
+        if crate::task::parse_checkpoint_step(resume_from).is_none() {
+            problems.push(Problem::warning(
+                Rule::InvalidManifest,
+                "spec.trainingConfig.resumeFrom",
+                format!(
+                    "{resume_from:?} does not end in step-N/, so no step is known to be done: every checkpoint \
+                     the trainer writes is evaluated, earlier ones included; name the checkpoint directory \
+                     (e.g. s3://BUCKET/checkpoints/step-1000/)"
+                ),
+            ));
+        }
     }
     if let Some(checkpoints) = &training.checkpoints {
         check_s3(problems, "spec.trainingConfig.checkpoints", checkpoints, false);

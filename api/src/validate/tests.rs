@@ -726,6 +726,17 @@ fn a_trainer_command_without_an_image_is_refused() {
 }
 
 #[test]
+fn a_resume_from_without_a_step_is_a_warning() {
+    let training = json!({"trainingConfig": {"image": "trainer:1", "resumeFrom": "s3://ckpt/run/latest/"}});
+    let report = check_task(with(good_task(), training), good_sandbox());
+    let problem = only(&report, Rule::InvalidManifest);
+    assert_eq!((field(&problem), problem.severity), ("spec.trainingConfig.resumeFrom", Severity::Warning));
+    assert!(problem.message.contains("does not end in step-N/"), "{problem}");
+    let named = json!({"trainingConfig": {"image": "trainer:1", "resumeFrom": "s3://ckpt/run/step-40/"}});
+    assert_eq!(check_task(with(good_task(), named), good_sandbox()).by_rule(Rule::InvalidManifest).count(), 0);
+}
+
+#[test]
 fn a_blank_trainer_image_is_refused_not_ignored() {
     let training = json!({"trainingConfig": {"image": " ", "command": ["python3", "train.py"]}});
     let report = check_task(with(good_task(), training), good_sandbox());
