@@ -88,15 +88,20 @@ def test_pods_land_only_on_nodes_with_compute_capability_8_0(kube: Kube, applied
         print(f"{name}:", *placed, sep="\n  ")
 
 
-def test_task_asking_9_5_gets_the_no_capacity_condition(kube: Kube, applied):
-    ns = applied["ns"]
-
+def no_capacity(kube: Kube, ns: str, name: str) -> dict:
+    """The task's Degraded=True InsufficientGpuCapacity condition, once it has one."""
     def degraded():
-        c = condition(task(kube, ns, "need95"), "Degraded")
+        c = condition(task(kube, ns, name), "Degraded")
         return c if c and c["status"] == "True" and c["reason"] == "InsufficientGpuCapacity" else None
 
-    c = wait_until("need95 Degraded=True InsufficientGpuCapacity", degraded, timeout=60)
-    print("need95 Degraded:", c["message"])
+    c = wait_until(f"{name} Degraded=True InsufficientGpuCapacity", degraded, timeout=60)
+    print(f"{name} Degraded:", c["message"])
+    return c
+
+
+def test_task_asking_9_5_gets_the_no_capacity_condition(kube: Kube, applied):
+    ns = applied["ns"]
+    c = no_capacity(kube, ns, "need95")
     assert "0 of 8 GPU nodes satisfy compute capability >= 9.5" in c["message"], c["message"]
     for product in ("A100", "H100", "V100", "T4"):
         assert product in c["message"], f"the message should name what exists ({product}): {c['message']}"
@@ -108,14 +113,7 @@ def test_task_asking_9_5_gets_the_no_capacity_condition(kube: Kube, applied):
 
 
 def test_task_asking_16_gpus_a_pod_gets_the_no_capacity_condition(kube: Kube, applied):
-    ns = applied["ns"]
-
-    def degraded():
-        c = condition(task(kube, ns, "need16"), "Degraded")
-        return c if c and c["status"] == "True" and c["reason"] == "InsufficientGpuCapacity" else None
-
-    c = wait_until("need16 Degraded=True InsufficientGpuCapacity", degraded, timeout=60)
-    print("need16 Degraded:", c["message"])
+    c = no_capacity(kube, applied["ns"], "need16")
     assert "0 of 8 GPU nodes satisfy compute capability >= 8.0, 16 GPUs per pod" in c["message"], c["message"]
     assert "8 GPUs allocatable" in c["message"], c["message"]
 
