@@ -857,3 +857,63 @@ fn a_run_refused_before_it_starts_creates_no_output_directory() {
     assert!(!out.exists());
 }
 
+/// A run whose scripted policy is refused leaves no output directory (it
+/// used to hold the services' logs alone), and in the directory of an
+/// earlier run the earlier services' logs stay as they were; the error
+/// names the file and the line.
+#[test]
+fn a_run_whose_policy_is_refused_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let mut policy = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let bad_line = policy.lines().count() + 1;
+    policy.push_str("{\"episode\": \"ship-999\", \"turns\": 5}\n");
+    std::fs::write(project.join("policy.jsonl"), policy).unwrap();
+    let outs = tempfile::tempdir().unwrap();
+    let run = |out: &Path| {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+
+    let out = outs.path().join("never");
+    let stderr = run(&out);
+    assert!(stderr.contains(&format!("policy.jsonl:{bad_line}: ")), "{stderr}");
+    // Before: never/a/services/tracking.log.
+    assert!(!out.exists());
+
+    let earlier = outs.path().join("earlier");
+    std::fs::create_dir_all(earlier.join("a/services")).unwrap();
+    std::fs::write(earlier.join("a/services/tracking.log"), "the earlier run's log\n").unwrap();
+    run(&earlier);
+    assert_eq!(std::fs::read_to_string(earlier.join("a/services/tracking.log")).unwrap(), "the earlier run's log\n");
+    let entries: Vec<_> = std::fs::read_dir(&earlier).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(entries, ["a"]);
+}
+
+/// Refused once its services are up (a tool's program is checked with the
+/// services' addresses in place), a run removes the directories it made.
+#[test]
+fn a_run_refused_after_its_services_started_removes_what_it_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let sandbox = std::fs::read_to_string(project.join("sandbox-b.yaml")).unwrap();
+    let missing = sandbox.replace("command: [python3, tools/issue_credit.py]", "command: [tools/no-such-tool]");
+    assert_ne!(missing, sandbox, "the example's exec tool");
+    std::fs::write(project.join("sandbox-b.yaml"), missing).unwrap();
+    let outs = tempfile::tempdir().unwrap();
+    let out = outs.path().join("runs/never");
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("variant b: spec.tools.issue_credit.exec.command[0]"), "{stderr}");
+    // Variant a's services started and wrote their log before b's tool was found missing.
+    assert!(!outs.path().join("runs").exists());
+    wait_for_no_services(&project, Duration::from_secs(5));
+}
