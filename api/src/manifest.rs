@@ -16,7 +16,9 @@
 //!    given only when the key occurs once). `metadata` is checked against
 //!    ObjectMeta's keys, with its name and namespace (the `metadata` module);
 //! 3. types, by deserializing the document straight from YAML, so a type
-//!    error has both its field path and its line.
+//!    error has both its field path and its line. A duration that does not
+//!    parse is said, and the document read again without it, so it hides
+//!    neither the object's other problems nor what validation finds.
 //!
 //! A task uses the SandboxConfigs of its own namespace, as the operator
 //! resolves `sandboxRef`. A document without `metadata.namespace` lands in
@@ -633,10 +635,19 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
             ));
         }
     }
+    // The typed read goes on past durations that do not parse (each joins the wrong types, at its line),
+    // and stops at its first other error.
+    let source = Source { file: file.to_string(), line: document.first_line };
+    let result = match kind {
+        "HarnessTask" => read_typed::<HarnessTask>(document, &value, kind, &mut wrong_types_found)
+            .map(|object| manifests.tasks.push(Loaded { object, source })),
+        _ => read_typed::<SandboxConfig>(document, &value, kind, &mut wrong_types_found)
+            .map(|object| manifests.sandboxes.push(Loaded { object, source })),
+    };
     // Said after the typed read, which stops at its first error: that one is said once, in the typed read's
     // words where they know more (a number's range), else in the schema walk's.
     let line_of = |field: &WrongType| {
-        line_of_key(document, &field.key).or_else(|| line_of_path(document, &field.path)).unwrap_or(document.first_line)
+        field.line.or_else(|| line_of_field(document, &field.key, &field.path)).unwrap_or(document.first_line)
     };
     wrong_types_found.sort_by_key(line_of);
     // The typed read's words win for a number it could not take (they give its range); for a
@@ -663,34 +674,132 @@ fn parse_document(file: &str, document: &Document, manifests: &mut Manifests, re
                 .push(ManifestError::Invalid { file: file.into(), line, path: path.to_string(), message }.to_problem());
         }
     };
-    let source = Source { file: file.to_string(), line: document.first_line };
-    let result = match kind {
-        "HarnessTask" => deserialize_yaml::<HarnessTask>(&document.padded)
-            .map(|object| manifests.tasks.push(Loaded { object, source })),
-        _ => deserialize_yaml::<SandboxConfig>(&document.padded)
-            .map(|object| manifests.sandboxes.push(Loaded { object, source })),
-    };
-    let Err(boxed) = result else {
+    let Err(refused) = result else {
         say_wrong_types(None);
         return;
     };
+    if kind == "SandboxConfig"
+        && let Some(name) = name
     {
-        if kind == "SandboxConfig"
-            && let Some(name) = name
-        {
-            let namespace = object
-                .get("metadata")
-                .and_then(|m| m.get("namespace"))
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_string);
-            let source = Source { file: file.to_string(), line: document.first_line };
-            manifests.unreadable_sandboxes.push(Loaded { object: (namespace, name.to_string()), source });
-        }
-        let (path, error) = *boxed;
-        let (line, _) = location_of(&error, document.first_line);
-        let message = message_of(&error, value_at(&value, &path));
-        say_wrong_types(Some((&path, line, message)));
+        let namespace = object
+            .get("metadata")
+            .and_then(|m| m.get("namespace"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string);
+        let source = Source { file: file.to_string(), line: document.first_line };
+        manifests.unreadable_sandboxes.push(Loaded { object: (namespace, name.to_string()), source });
     }
+    say_wrong_types(Some((&refused.path, refused.line, refused.message)));
+}
+
+/// The typed read's first error that is not a duration's.
+struct Refused {
+    path: String,
+    line: u64,
+    message: String,
+}
+
+/// Reads a document as `T`. Serde stops at the first value it refuses, so
+/// a duration that does not parse (`timeout: 5 parsecs`) hid every other
+/// problem of the object: the durations and types after it, and all that
+/// validation finds. So each such duration is added to `wrong` (with its
+/// field path and line) and the document read again without it; the object
+/// read is then checked with that field's default. Any other error ends
+/// the read, as before.
+fn read_typed<T: serde::de::DeserializeOwned>(
+    document: &Document,
+    value: &serde_json::Value,
+    kind: &str,
+    wrong: &mut Vec<WrongType>,
+) -> Result<T, Refused> {
+    // The document without the durations found so far, once there is one.
+    let mut rest: Option<serde_json::Value> = None;
+    let mut text = std::borrow::Cow::Borrowed(document.padded.as_str());
+    loop {
+        let (path, error) = match deserialize_yaml::<T>(&text) {
+            Ok(object) => return Ok(object),
+            Err(boxed) => *boxed,
+        };
+        let key = last_key(&path).to_string();
+        let read = rest.as_ref().unwrap_or(value);
+        // A read again is of text written here: its lines are not the file's.
+        let line = match rest {
+            None => location_of(&error, document.first_line).0,
+            Some(_) => line_of_field(document, &key, &path).unwrap_or(document.first_line),
+        };
+        let refused = Refused { message: message_of(&error, value_at(read, &path)), path, line };
+        if !is_bad_duration(kind, read, &refused.path) {
+            return Err(refused);
+        }
+        let without = rest.get_or_insert_with(|| value.clone());
+        let Some(again) = remove_at(without, &refused.path).then(|| serde_saphyr::to_string(without).ok()).flatten()
+        else {
+            return Err(refused);
+        };
+        text = std::borrow::Cow::Owned(again);
+        let Refused { path, line, message } = refused;
+        wrong.push(WrongType { path, key, expected: "duration".into(), message, line: Some(line) });
+    }
+}
+
+/// Whether the typed read refused the value at `path` as a duration that
+/// does not parse: a single value the duration parser refuses, where the
+/// kind's schema has a duration.
+fn is_bad_duration(kind: &str, document: &serde_json::Value, path: &str) -> bool {
+    use serde::Deserialize as _;
+    let Some(found) = value_at(document, path).filter(|v| !v.is_null() && collection_kind(v).is_none()) else {
+        return false;
+    };
+    takes_a_duration(kind, path) && crate::duration::Duration::deserialize(found).is_err()
+}
+
+/// Whether the kind's schema has a duration at `path`: an int-or-string
+/// (a resource quantity is one too, but takes any single value, so the
+/// typed read never refuses one that is not a duration), or `toolTimeouts`
+/// (a duration, or a map of them) or one of its entries.
+fn takes_a_duration(kind: &str, path: &str) -> bool {
+    let Some(mut schema) = crate::crd::schema_of(kind) else { return false };
+    for segment in path.split('.') {
+        let (key, indexes) = segment.split_once('[').unwrap_or((segment, ""));
+        if !key.is_empty() {
+            if key == "toolTimeouts" && schema.pointer("/properties/toolTimeouts").is_some() {
+                return true;
+            }
+            let child =
+                schema.get("properties").and_then(|p| p.get(key)).or_else(|| schema.get("additionalProperties"));
+            let Some(child) = child else { return false };
+            schema = child;
+        }
+        for _ in indexes.split('[').filter(|i| !i.is_empty()) {
+            let Some(items) = schema.get("items") else { return false };
+            schema = items;
+        }
+    }
+    schema.get("x-kubernetes-int-or-string").and_then(serde_json::Value::as_bool) == Some(true)
+}
+
+/// Removes the mapping entry at `path`; false when `path` does not end in one.
+fn remove_at(document: &mut serde_json::Value, path: &str) -> bool {
+    let (parent, key) = match path.rsplit_once('.') {
+        Some((parent, key)) => (value_at_mut(document, parent), key),
+        None => (Some(document), path),
+    };
+    if key.contains('[') {
+        return false;
+    }
+    parent.and_then(serde_json::Value::as_object_mut).is_some_and(|map| map.remove(key).is_some())
+}
+
+/// The last key of a field path (`backoff` of `spec.tools.t.http.retry.backoff`).
+fn last_key(path: &str) -> &str {
+    let last = path.rsplit('.').next().unwrap_or(path);
+    last.split('[').next().unwrap_or(last)
+}
+
+/// The line of a field: of its key when the document has it once, else
+/// found along its path.
+fn line_of_field(document: &Document, key: &str, path: &str) -> Option<u64> {
+    line_of_key(document, key).or_else(|| line_of_path(document, path))
 }
 
 /// The namespace and name of the SandboxConfig a document that is not
@@ -838,6 +947,8 @@ fn known_keys(schema: &serde_json::Value) -> Vec<String> {
 /// A value of another type than the CRD's schema gives its field: the API
 /// server refuses the object. Found for every field at once; the typed
 /// read stops at its first error, which is then not said a second time.
+/// Also a duration that does not parse (`expected` is `duration`), which
+/// the typed read says and goes on past.
 struct WrongType {
     path: String,
     /// The last key on the way, for the line.
@@ -845,6 +956,8 @@ struct WrongType {
     /// The schema's type for the field.
     expected: String,
     message: String,
+    /// Its line, when the typed read said it (else found by its key or path).
+    line: Option<u64>,
 }
 
 /// The type the schema gives a field, when it gives exactly one (a field
@@ -937,7 +1050,7 @@ fn against_schema(
         && let Some(message) = wrong_type_message(value, expected)
     {
         let (path, key, expected) = (path.to_string(), key.to_string(), expected.to_string());
-        found.wrong.push(WrongType { path, key, expected, message });
+        found.wrong.push(WrongType { path, key, expected, message, line: None });
         return;
     }
     match value {
@@ -1105,6 +1218,21 @@ fn budget_message(breach: &serde_saphyr::budget::BudgetBreach) -> String {
         ),
         other => format!("the document is too large or too complex to be a manifest (parser limit: {other:?})"),
     }
+}
+
+/// [`value_at`], to change it.
+fn value_at_mut<'v>(document: &'v mut serde_json::Value, path: &str) -> Option<&'v mut serde_json::Value> {
+    let mut value = document;
+    for segment in path.split('.') {
+        let (key, indexes) = segment.split_once('[').map_or((segment, ""), |(k, rest)| (k, rest));
+        if !key.is_empty() {
+            value = value.get_mut(key)?;
+        }
+        for index in indexes.split('[').filter(|i| !i.is_empty()) {
+            value = value.get_mut(index.strip_suffix(']')?.parse::<usize>().ok()?)?;
+        }
+    }
+    Some(value)
 }
 
 /// The value at a field path as serde_path_to_error writes it
@@ -1510,6 +1638,77 @@ mod tests {
         assert!(paths[1].starts_with("spec.trace.levle") && paths[1].contains("Did you mean \"level\"?"), "{paths:?}");
         // Unknown fields do not stop the typed parse: other checks still run.
         assert_eq!(manifests.sandboxes.len(), 1);
+    }
+
+    #[test]
+    fn a_bad_duration_is_one_problem_among_the_objects_others() {
+        let text = "apiVersion: basecamp.dev/v1alpha1
+kind: SandboxConfig
+metadata: {name: sb}
+spec:
+  tools:
+    track:
+      http: {url: 'http://localhost:1/x', retry: {attempts: 2, backoff: 2 fortnights}}
+  toolTimeouts: {default: 800ms, track: 5 parsecs}
+  planStepTimeout: 0s
+  fallbacks:
+    nosuch: {observation: {}}
+  profiles:
+    slow: {toolTimeouts: soon}
+---
+apiVersion: basecamp.dev/v1alpha1
+kind: HarnessTask
+metadata: {name: t}
+spec:
+  shards: 0
+  taskDefinition: {}
+  evaluation: {testSet: s3://bucket/tests.jsonl}
+  policy: {endpoint: 'http://localhost:8000/v1', model: m, requestTimeout: 5 parsecs}
+  sandboxRef: {name: sb}
+";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        let said: Vec<(Location, &str)> =
+            report.problems().iter().map(|p| (p.location.clone(), p.message.as_str())).collect();
+        // Before: only the first, the backoff; the object was not read, so nothing else was checked.
+        let bad = |line: u64, path: &str, input: &str| {
+            (Location::line("m.yaml", line), format!("{path}: invalid duration {input:?}: "))
+        };
+        let expected = [
+            bad(7, "spec.tools.track.http.retry.backoff", "2 fortnights"),
+            bad(8, "spec.toolTimeouts.track", "5 parsecs"),
+            bad(22, "spec.policy.requestTimeout", "5 parsecs"),
+        ];
+        assert_eq!(said.len(), expected.len(), "{report}");
+        for ((location, message), (expected_location, start)) in said.iter().zip(&expected) {
+            assert_eq!(location, expected_location, "{message}");
+            assert!(message.starts_with(start.as_str()), "{message}");
+        }
+        assert!(report.problems().iter().all(|p| p.rule == Rule::InvalidManifest && p.is_error()));
+        // Both objects are read, so validation finds the rest of what is wrong.
+        assert_eq!((manifests.sandboxes.len(), manifests.tasks.len()), (1, 1));
+        let validation = manifests.validate();
+        let problem_at = |rule: Rule| validation.by_rule(rule).map(|p| p.location.to_string()).collect::<Vec<_>>();
+        assert_eq!(problem_at(Rule::NonPositiveDuration), ["spec.planStepTimeout"], "{validation}");
+        assert_eq!(problem_at(Rule::UndefinedTool), ["spec.fallbacks.nosuch"], "{validation}");
+        assert_eq!(problem_at(Rule::InvalidShards), ["spec.shards"], "{validation}");
+        // A profile is read when validation applies it, as before.
+        let profile = validation.problems().iter().find(|p| p.location == Location::field("spec.profiles.slow"));
+        assert!(profile.is_some_and(|p| p.message.contains("invalid duration \"soon\"")), "{validation}");
+        assert_eq!(validation.errors().count(), 4, "{validation}");
+    }
+
+    #[test]
+    fn a_duration_is_still_read_past_only_when_its_field_takes_one() {
+        // A quantity is an int-or-string too, but takes any single value; a
+        // string where a number belongs is a type error that ends the read.
+        let text = "apiVersion: basecamp.dev/v1alpha1\nkind: SandboxConfig\nmetadata: {name: sb}\nspec:\n  planStepTimeout: soon\n  resources: {limits: {memory: 1Gi}}\n  trace: {topK: lots}\n";
+        let (manifests, report) = Manifests::parse("m.yaml", text);
+        let messages: Vec<&str> = report.problems().iter().map(|p| p.message.as_str()).collect();
+        assert_eq!(messages.len(), 2, "{report}");
+        assert!(messages[0].starts_with("spec.planStepTimeout: invalid duration \"soon\""), "{messages:?}");
+        assert!(messages[1].starts_with("spec.trace.topK: "), "{messages:?}");
+        assert!(manifests.sandboxes.is_empty(), "a type error other than a duration's still ends the read");
+        assert_eq!(manifests.unreadable_sandboxes.len(), 1);
     }
 
     #[test]

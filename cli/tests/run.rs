@@ -626,10 +626,13 @@ fn sigkill_of_a_run_takes_its_services_with_it() {
     wait_for_no_services(&project, Duration::from_secs(5));
 }
 
-#[test]
-fn sigkill_of_a_run_takes_a_running_exec_tool_with_it() {
+/// Runs one episode whose first step calls an exec tool, `sh -c SCRIPT`
+/// with `PIDS` in it replaced by a file, waits for the script to write
+/// `count` process ids there, SIGKILLs the run and returns the ids.
+fn sigkill_a_run_during_a_tool_call(script: &str, count: usize) -> Vec<u32> {
     let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("tool.pid");
+    let pid_file = dir.path().join("tool.pids");
+    let script = script.replace("PIDS", &pid_file.display().to_string());
     let manifests = format!(
         r#"apiVersion: basecamp.dev/v1alpha1
 kind: SandboxConfig
@@ -638,7 +641,7 @@ spec:
   tools:
     slow:
       parameters: {{type: object}}
-      exec: {{command: [sh, -c, 'echo $$ > {}; exec sleep 60']}}
+      exec: {{command: [sh, -c, '{script}']}}
   toolTimeouts: {{default: 90s}}
   planStepTimeout: 100s
 ---
@@ -650,8 +653,7 @@ spec:
   evaluation: {{testSet: tests.jsonl}}
   policy: {{scripted: policy.jsonl}}
   sandboxRef: {{name: sb}}
-"#,
-        pid_file.display()
+"#
     );
     std::fs::write(dir.path().join("task.yaml"), manifests).unwrap();
     std::fs::write(dir.path().join("tests.jsonl"), "{\"id\": \"s1\", \"instruction\": \"x\"}\n").unwrap();
@@ -668,25 +670,45 @@ spec:
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let pid = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<u32>().ok()) {
-            break pid;
+    let pids = loop {
+        let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+        let pids: Vec<u32> = text.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        if pids.len() == count {
+            break pids;
         }
         assert!(Instant::now() < deadline, "the tool never started");
         std::thread::sleep(Duration::from_millis(20));
     };
     child.kill().unwrap();
     child.wait().unwrap();
-    // Before: the tool slept on for its minute, reparented to init.
+    pids
+}
+
+fn assert_gone_soon(pids: &[u32], what: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    let alive = || {
+    let alive = |pid: &u32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|stat| !stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
     };
-    while alive() {
-        assert!(Instant::now() < deadline, "the tool (pid {pid}) still runs after its run was killed");
+    while let Some(pid) = pids.iter().find(|pid| alive(pid)) {
+        assert!(Instant::now() < deadline, "{what} (pid {pid}) still runs after its run was killed");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn sigkill_of_a_run_takes_a_running_exec_tool_with_it() {
+    let pids = sigkill_a_run_during_a_tool_call("echo $$ > PIDS; exec sleep 60", 1);
+    // Before: the tool slept on for its minute, reparented to init.
+    assert_gone_soon(&pids, "the tool");
+}
+
+#[test]
+fn sigkill_of_a_run_takes_what_its_exec_tool_started_with_it() {
+    let pids = sigkill_a_run_during_a_tool_call("sleep 60 & echo $$ $! > PIDS; wait", 2);
+    // Before: the tool died (its parent-death signal) and its `sleep` slept
+    // on, reparented to init: that signal is not inherited.
+    assert_gone_soon(&pids, "the tool or what it started");
 }
 
 #[test]
@@ -833,4 +855,65 @@ fn a_run_refused_before_it_starts_creates_no_output_directory() {
     assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--shards 61"));
     assert!(!out.exists());
+}
+
+/// A run whose scripted policy is refused leaves no output directory (it
+/// used to hold the services' logs alone), and in the directory of an
+/// earlier run the earlier services' logs stay as they were; the error
+/// names the file and the line.
+#[test]
+fn a_run_whose_policy_is_refused_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let mut policy = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let bad_line = policy.lines().count() + 1;
+    policy.push_str("{\"episode\": \"ship-999\", \"turns\": 5}\n");
+    std::fs::write(project.join("policy.jsonl"), policy).unwrap();
+    let outs = tempfile::tempdir().unwrap();
+    let run = |out: &Path| {
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+
+    let out = outs.path().join("never");
+    let stderr = run(&out);
+    assert!(stderr.contains(&format!("policy.jsonl:{bad_line}: ")), "{stderr}");
+    // Before: never/a/services/tracking.log.
+    assert!(!out.exists());
+
+    let earlier = outs.path().join("earlier");
+    std::fs::create_dir_all(earlier.join("a/services")).unwrap();
+    std::fs::write(earlier.join("a/services/tracking.log"), "the earlier run's log\n").unwrap();
+    run(&earlier);
+    assert_eq!(std::fs::read_to_string(earlier.join("a/services/tracking.log")).unwrap(), "the earlier run's log\n");
+    let entries: Vec<_> = std::fs::read_dir(&earlier).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(entries, ["a"]);
+}
+
+/// Refused once its services are up (a tool's program is checked with the
+/// services' addresses in place), a run removes the directories it made.
+#[test]
+fn a_run_refused_after_its_services_started_removes_what_it_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let sandbox = std::fs::read_to_string(project.join("sandbox-b.yaml")).unwrap();
+    let missing = sandbox.replace("command: [python3, tools/issue_credit.py]", "command: [tools/no-such-tool]");
+    assert_ne!(missing, sandbox, "the example's exec tool");
+    std::fs::write(project.join("sandbox-b.yaml"), missing).unwrap();
+    let outs = tempfile::tempdir().unwrap();
+    let out = outs.path().join("runs/never");
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("variant b: spec.tools.issue_credit.exec.command[0]"), "{stderr}");
+    // Variant a's services started and wrote their log before b's tool was found missing.
+    assert!(!outs.path().join("runs").exists());
+    wait_for_no_services(&project, Duration::from_secs(5));
 }

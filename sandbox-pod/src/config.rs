@@ -114,6 +114,41 @@ pub fn build_runner(
     ctx: &RunContext,
 ) -> Result<EpisodeRunner, ConfigError> {
     let executor = build_executor(sandbox, &ctx.base_dir)?;
+    let policy = build_policy(task, sandbox, &ctx.base_dir)?;
+    assemble_runner(task, sandbox, ctx, executor, policy)
+}
+
+/// [`build_runner`] with the policy built already, by [`build_policy`].
+pub fn build_runner_with_policy(
+    task: &HarnessTaskSpec,
+    sandbox: &SandboxConfigSpec,
+    ctx: &RunContext,
+    policy: Policy,
+) -> Result<EpisodeRunner, ConfigError> {
+    let executor = build_executor(sandbox, &ctx.base_dir)?;
+    assemble_runner(task, sandbox, ctx, executor, policy)
+}
+
+/// The policy of a variant's episodes: a scripted policy's file read and
+/// checked, an API key read. It needs neither the sandbox's services nor
+/// an output directory, so a caller can build it before either, and a
+/// policy refused then leaves nothing behind.
+pub fn build_policy(
+    task: &HarnessTaskSpec,
+    sandbox: &SandboxConfigSpec,
+    base_dir: &Path,
+) -> Result<Policy, ConfigError> {
+    Policy::from_config(&policy_config(&task.policy, base_dir, sandbox.trace.top_k())?)
+        .map_err(|e| ConfigError::Policy(e.to_string()))
+}
+
+fn assemble_runner(
+    task: &HarnessTaskSpec,
+    sandbox: &SandboxConfigSpec,
+    ctx: &RunContext,
+    executor: ToolExecutor,
+    policy: Policy,
+) -> Result<EpisodeRunner, ConfigError> {
     let tools = sandbox
         .tools
         .iter()
@@ -126,8 +161,6 @@ pub fn build_runner(
         })
         .collect();
     let top_k = sandbox.trace.top_k();
-    let policy = Policy::from_config(&policy_config(&task.policy, &ctx.base_dir, top_k)?)
-        .map_err(|e| ConfigError::Policy(e.to_string()))?;
     let (rewards, reward_sources) = match reward_calculator(sandbox)? {
         Some((calculator, sources)) => (Some(calculator), sources),
         None => (None, BTreeMap::new()),

@@ -161,6 +161,25 @@ async fn a_tool_that_exits_answers_even_when_processes_it_started_hold_its_pipes
     assert!(out.plan_step.latency_micros < 2_000_000, "waited for the helper: {} us", out.plan_step.latency_micros);
 }
 
+/// On Linux the process spawned is the tool's keeper (group_keeper), which
+/// ends as the tool did and stays when the tool signals its own group.
+#[tokio::test]
+async fn a_tool_ended_by_a_signal_is_reported_with_it_and_may_signal_its_own_group() {
+    let sh = |script: &str| Tool::Exec(ExecTool::new(vec!["sh".into(), "-c".into(), script.into()]));
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("killed", def(sh("kill -TERM $$"), 5000));
+    ex.add_tool("kills_its_group", def(sh("trap '' TERM; kill -TERM 0; echo '{\"status\": \"ok\"}'"), 5000));
+    let mut memory = Memory::new();
+
+    let out = call(&ex, "killed", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "exit_status");
+    assert!(out.plan_step.error_message.contains("signal: 15"), "{}", out.plan_step.error_message);
+
+    let out = call(&ex, "kills_its_group", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.observation, json!({"status": "ok"}));
+}
+
 #[tokio::test]
 async fn broken_tools_are_explained_not_fatal() {
     let mut ex = ToolExecutor::new(NullWrites::Warn);

@@ -1,8 +1,12 @@
 //! `basecamp run PATH`: a HarnessTask run on this machine, no cluster.
 //!
 //! load and validate the manifests (the same checks as the operator) ->
-//! resolve every variant's SandboxConfig -> load the test set -> per
-//! variant, start its services -> wait for the policy server
+//! resolve every variant's SandboxConfig -> load the test set -> check each
+//! variant's GPU, build its policy (a scripted policy's file is read) and
+//! read the episodes, all before anything is written -> create the run
+//! directory -> per variant, start its services and build its runner (a run
+//! refused here removes the directories it created, unless a service's log
+//! that the error names is in them) -> wait for the policy server
 //! (`spec.policy.server`, when it names one) -> run every shard of every variant at once
 //! (the driver the sandbox pod runs) with a progress bar -> summarise:
 //! aggregates, success criteria, A/B deltas and root-cause hints read back
@@ -24,6 +28,7 @@
 //! exit status is 2, as for a lost episode's trace.
 
 pub(crate) mod analysis;
+mod created_dirs;
 mod report;
 pub mod summary;
 
@@ -34,12 +39,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use basecamp_sandbox::config::{RunContext, build_runner};
+use basecamp_sandbox::config::{RunContext, build_policy, build_runner_with_policy};
 use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
 use basecamp_sandbox::run::{
     check_gpu, episode_inputs, load_manifests, load_test_set, resolve_variants, run_namespace, select_task,
 };
 use basecamp_sandbox::services::RunningServices;
+use created_dirs::CreatedDirs;
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use summary::RunSummary;
@@ -132,6 +138,72 @@ struct ShardJob {
     inputs: Vec<basecamp_sandbox::episode::EpisodeInput>,
 }
 
+/// What every variant's setup shares.
+struct VariantSetup<'a> {
+    task: &'a basecamp_api::HarnessTaskSpec,
+    task_name: &'a str,
+    namespace: &'a str,
+    base_dir: &'a Path,
+}
+
+impl VariantSetup<'_> {
+    /// Starts each variant's services (their logs under its directory,
+    /// noted in `created` when new) and builds its runner, with the policy
+    /// built for it: the running services, and one job per shard.
+    fn start(
+        &self,
+        variants: &[basecamp_sandbox::run::ResolvedVariant],
+        policies: Vec<basecamp_sandbox::policy::Policy>,
+        shard_inputs: &[Vec<basecamp_sandbox::episode::EpisodeInput>],
+        out_root: &Path,
+        created: &mut CreatedDirs,
+        stop: &StopSignal,
+    ) -> Result<(Vec<RunningServices>, Vec<ShardJob>)> {
+        let shard_count = shard_inputs.len() as u32;
+        let mut services = Vec::new();
+        let mut jobs = Vec::new();
+        for (v, (variant, policy)) in variants.iter().zip(policies).enumerate() {
+            let variant_dir = out_root.join(&variant.name);
+            let log_dir = variant_dir.join("services");
+            created.note(&log_dir);
+            let running = RunningServices::start(&variant.sandbox.services, self.base_dir, &log_dir, stop)
+                .with_context(|| format!("variant {}", variant.name))?;
+            let sandbox = running.expand(&variant.sandbox)?;
+            services.push(running);
+            // Built once per variant (a recorded fixture is read and parsed
+            // once), then given to each shard with its own rate limits.
+            let ctx = RunContext {
+                base_dir: self.base_dir.to_path_buf(),
+                namespace: self.namespace.to_string(),
+                task: self.task_name.to_string(),
+                variant: variant.name.clone(),
+                shard: 0,
+                shard_count,
+                training_step: 0,
+            };
+            let first = build_runner_with_policy(self.task, &sandbox, &ctx, policy)
+                .with_context(|| format!("variant {}", variant.name))?;
+            for (shard, inputs) in (0..shard_count).zip(shard_inputs) {
+                jobs.push(ShardJob {
+                    variant: v,
+                    shard,
+                    out_dir: variant_dir.join(format!("shard-{shard}")),
+                    runner: Arc::new(first.for_shard(shard)),
+                    inputs: inputs.clone(),
+                });
+            }
+        }
+        Ok((services, jobs))
+    }
+}
+
+/// Whether `error` is a service's that names its log (it exited or never
+/// got ready): the log explains it, so it stays.
+fn names_a_service_log(error: &anyhow::Error) -> bool {
+    use basecamp_sandbox::services::ServiceError;
+    matches!(error.downcast_ref::<ServiceError>(), Some(ServiceError::Exited { .. } | ServiceError::NotReady { .. }))
+}
+
 /// Runs the task and writes `run.json` and `report.html`; the summary is
 /// returned for the table (and for tests).
 pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
@@ -155,45 +227,37 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let test_set =
         load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     check_shard_count(shard_count, args.shards.is_some(), test_set.episodes.len(), &task.spec.evaluation.test_set)?;
-    // Only once the run is known to start: a refused one leaves no directory behind.
-    crate::create_out_dir(&out_root)?;
+    // What can be refused without starting or writing anything is checked
+    // first: a refused run leaves no directory behind (nor, in one that holds
+    // an earlier run, services' logs in place of that run's).
     let probe = basecamp_gpu::probe::probe_gpus();
-    let mut services = Vec::new();
-    let mut jobs = Vec::new();
-    for (v, variant) in variants.iter().enumerate() {
+    let mut policies = Vec::new();
+    for variant in &variants {
         if let Some(warning) = check_gpu(&variant.sandbox, &probe).map_err(|e| anyhow::anyhow!("{e}"))? {
             basecamp_sandbox::stderr_line!("warning: variant {}: {warning}", variant.name);
         }
-        let variant_dir = out_root.join(&variant.name);
-        let running =
-            RunningServices::start(&variant.sandbox.services, &base_dir, &variant_dir.join("services"), &stop)
-                .with_context(|| format!("variant {}", variant.name))?;
-        let sandbox = running.expand(&variant.sandbox)?;
-        services.push(running);
-        // Built once per variant (a recorded fixture or a script is read and
-        // parsed once), then given to each shard with its own rate limits.
-        let ctx = RunContext {
-            base_dir: base_dir.clone(),
-            namespace: namespace.clone(),
-            task: task_name.clone(),
-            variant: variant.name.clone(),
-            shard: 0,
-            shard_count,
-            training_step: 0,
-        };
-        let first = build_runner(&task.spec, &sandbox, &ctx).with_context(|| format!("variant {}", variant.name))?;
-        for shard in 0..shard_count {
-            let rows = test_set.shard(shard, shard_count).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let runner = first.for_shard(shard);
-            jobs.push(ShardJob {
-                variant: v,
-                shard,
-                out_dir: variant_dir.join(format!("shard-{shard}")),
-                runner: Arc::new(runner),
-                inputs: episode_inputs(rows, &task.spec.evaluation.compare_args, &task.spec.evaluation.test_set)?,
-            });
-        }
+        let policy = build_policy(&task.spec, &variant.sandbox, &base_dir)
+            .with_context(|| format!("variant {}", variant.name))?;
+        policies.push(policy);
     }
+    let shard_inputs = (0..shard_count)
+        .map(|shard| {
+            let rows = test_set.shard(shard, shard_count).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(episode_inputs(rows, &task.spec.evaluation.compare_args, &task.spec.evaluation.test_set)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut created = CreatedDirs::create(&out_root)?;
+    let setup = VariantSetup { task: &task.spec, task_name: &task_name, namespace: &namespace, base_dir: &base_dir };
+    let (services, jobs) = match setup.start(&variants, policies, &shard_inputs, &out_root, &mut created, &stop) {
+        Ok(started) => started,
+        Err(error) => {
+            // A service that did not get ready is explained by its log, which the error names.
+            if !names_a_service_log(&error) {
+                created.remove();
+            }
+            return Err(error);
+        }
+    };
 
     // Everything is set up: only now replace what an earlier run left in
     // these variants' directories, so its traces and shard summaries are not

@@ -5,9 +5,11 @@
 //! any way, including a timeout that drops this future — the whole group is
 //! killed, so a tool's grandchildren (a shell pipeline, a helper server)
 //! never outlive the call. When this process dies without a chance to end
-//! the call (SIGKILL), the kernel kills the tool's own process (its parent
-//! death signal, as the services'); what that process started itself is
-//! orphaned and stops when its work does.
+//! the call (SIGKILL), the tool's keeper kills the group instead: on Linux
+//! the process spawned is not the tool itself but its [`group_keeper`],
+//! which forks the tool and ends as the tool does.
+//!
+//! [`group_keeper`]: super::group_keeper
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -112,16 +114,19 @@ impl ExecTool {
         }
         #[cfg(target_os = "linux")]
         {
-            let starter = nix::unistd::getpid();
-            // SAFETY: as for services: between fork and exec the closure makes
-            // only async-signal-safe calls (prctl, getppid) and allocates
-            // nothing. The signal follows the forking thread: a tokio worker,
-            // which lives as long as the runtime the call runs on.
+            let runner = nix::unistd::getpid();
+            // SAFETY: between fork and exec the closure makes only
+            // async-signal-safe calls and allocates nothing (see
+            // group_keeper). The keeper's parent-death signal follows the
+            // forking thread: a tokio worker, which lives as long as the
+            // runtime the call runs on.
             unsafe {
-                cmd.pre_exec(move || crate::services::die_with_parent(starter));
+                cmd.pre_exec(move || super::group_keeper::split_off_the_tool(runner));
             }
         }
         let mut child = cmd.spawn().map_err(|e| ToolError::Spawn(format!("{program}: {e}")))?;
+        // The keeper on Linux, the tool elsewhere: the group's leader, whose
+        // status is the tool's.
         let group = child.id().map(ProcessGroup);
 
         let input = serde_json::to_vec(arguments).expect("serializing a Value cannot fail");

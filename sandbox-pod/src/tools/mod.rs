@@ -4,11 +4,14 @@
 //!
 //! - [`http`]: a templated HTTP request, with a per-tool rate limit;
 //! - [`exec`]: a subprocess, JSON on stdin and JSON on stdout, its whole
-//!   process group killed when the call is abandoned;
+//!   process group killed when the call is abandoned or the runner is
+//!   killed (`group_keeper`);
 //! - [`recorded`]: answers from a fixture, for replay and tests;
 //! - [`Tool::Function`]: an in-process function (tests, benchmarks, embedding).
 
 pub mod exec;
+#[cfg(target_os = "linux")]
+mod group_keeper;
 pub mod http;
 pub mod recorded;
 
