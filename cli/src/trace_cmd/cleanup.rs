@@ -38,28 +38,44 @@ pub struct CleanupArgs {
     /// s3://BUCKET/PREFIX (every *.trace object under it) or s3://BUCKET/KEY.trace.
     #[arg(required = true)]
     paths: Vec<String>,
-    /// Age above which a trace goes, by modification time (S3: LastModified): 90s, 30m, 12h, 7d, 2w.
-    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    /// Age above which a trace goes, by modification time (S3: LastModified): 90s, 30m, 12h, 7d, 2w, 1.5d, 7d12h.
+    #[arg(long, value_name = "AGE", value_parser = parse_age, allow_hyphen_values = true)]
     older_than: Duration,
     /// Delete (without it, only report what would be deleted).
     #[arg(long)]
     delete: bool,
 }
 
-/// `7d` -> 7 days. Units: s, m, h, d, w.
+/// `7d` -> 7 days; parts add up (`7d12h`) and may have a fraction
+/// (`1.5d`). Units: s, m, h, d, w.
 pub fn parse_age(text: &str) -> Result<Duration, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not an age such as 7d (units s, m, h, d, w)"))?;
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use s, m, h, d or w (e.g. 7d)")),
-    };
-    Ok(Duration::from_secs(n.saturating_mul(seconds)))
+    const USAGE: &str = "an age such as 7d, 36h, 1.5d or 7d12h (units s, m, h, d, w)";
+    if text.starts_with('-') {
+        return Err(format!("{text:?} is negative; give {USAGE}"));
+    }
+    let mut rest = text;
+    let mut seconds = 0f64;
+    if rest.is_empty() {
+        return Err(format!("no age given; give {USAGE}"));
+    }
+    while !rest.is_empty() {
+        let split = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let (number, after) = rest.split_at(split);
+        let n: f64 = number.parse().map_err(|_| format!("{text:?} is not {USAGE}"))?;
+        let unit_end = after.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_end);
+        let per = match unit {
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "d" => 86_400.0,
+            "w" => 7.0 * 86_400.0,
+            _ => return Err(format!("{text:?}: unknown unit {unit:?}; use s, m, h, d or w (e.g. 7d)")),
+        };
+        seconds += n * per;
+        rest = after;
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is too long an age"))
 }
 
 /// A trace old enough to go.
@@ -269,6 +285,11 @@ mod tests {
         assert!(parse_age("7").unwrap_err().contains("unknown unit"));
         assert!(parse_age("d").unwrap_err().contains("not an age"));
         assert!(parse_age("7 days").is_err());
+        assert_eq!(parse_age("7d12h"), Ok(Duration::from_secs(7 * 86_400 + 12 * 3600)));
+        assert_eq!(parse_age("1.5d"), Ok(Duration::from_secs(36 * 3600)));
+        assert!(parse_age("-1d").unwrap_err().contains("negative"), "{:?}", parse_age("-1d"));
+        assert!(parse_age("1.2.3d").unwrap_err().contains("not an age"));
+        assert!(parse_age("").unwrap_err().contains("no age"));
     }
 
     fn found(name: &str, size: u64, days_old: u64) -> ObjectInfo {
