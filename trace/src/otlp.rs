@@ -13,7 +13,9 @@
 //! - `gen_ai.evaluation.result` events on the episode span for every reward
 //!   component (`gen_ai.evaluation.name`, `gen_ai.evaluation.score.value`,
 //!   the weight), the weighted sum, and the metrics a trace alone gives
-//!   (`error_rate`, `resolution_time_s`); `exception` events for error contexts.
+//!   (`error_rate`, `resolution_time_s`), each dated no earlier than the
+//!   step it is of; `exception` events for error contexts, on the failed
+//!   tool call of their step (at its end), else on the episode span.
 //!
 //! Trace and span ids are derived from the episode (sha256), so exporting
 //! the same trace twice gives the same ids.
@@ -189,6 +191,9 @@ pub fn export_request<R: Read>(reader: TraceReader<R>) -> (Request, Option<Trace
     let (mut model, mut input_tokens, mut output_tokens) = (String::new(), 0u64, 0u64);
     let (mut calls, mut failed_calls) = (0u64, 0u64);
     let mut last_time = start;
+    // The newest tool span: its step and whether it failed (an error
+    // context of that step is recorded on it, where the error happened).
+    let mut last_tool: Option<(u32, bool)> = None;
     let mut end: Option<crate::pb::EpisodeEnd> = None;
     let mut damage = None;
     for record in reader.by_ref() {
@@ -251,6 +256,7 @@ pub fn export_request<R: Read>(reader: TraceReader<R>) -> (Request, Option<Trace
                     ],
                     8,
                 );
+                last_tool = Some((step, error_type.is_some()));
                 tool_spans.push(Span {
                     attributes,
                     end_time_unix_nano: span_end.to_string(),
@@ -264,6 +270,12 @@ pub fn export_request<R: Read>(reader: TraceReader<R>) -> (Request, Option<Trace
                     trace_id: trace_id.clone(),
                 });
             }
+            // A final answer (or another step that calls no tool) moves the
+            // clock on too: a reward of that step is not dated before it.
+            Some(Body::PlanStep(p)) if p.start_unix_nanos > 0 => {
+                let span_start = p.start_unix_nanos as u64;
+                last_time = last_time.max(span_start.saturating_add(p.latency_micros.saturating_mul(1000)));
+            }
             Some(Body::RewardSignal(r)) => {
                 for c in &r.components {
                     let extra = [double("basecamp.reward.weight", c.weight), int("basecamp.step", step)];
@@ -273,7 +285,7 @@ pub fn export_request<R: Read>(reader: TraceReader<R>) -> (Request, Option<Trace
             }
             Some(Body::ErrorContext(e)) => {
                 let stack = if e.stack.is_empty() { e.cause_chain.join("\ncaused by: ") } else { e.stack };
-                events.push(Event {
+                let mut exception = Event {
                     attributes: vec![
                         text("exception.type", e.error_type),
                         text("exception.message", e.message),
@@ -282,7 +294,16 @@ pub fn export_request<R: Read>(reader: TraceReader<R>) -> (Request, Option<Trace
                     ],
                     name: "exception",
                     time_unix_nano: last_time.to_string(),
-                });
+                };
+                // On the failed tool call of its step, at the call's end;
+                // an error no tool call shows (a policy's) on the root.
+                match tool_spans.last_mut().filter(|_| last_tool == Some((step, true))) {
+                    Some(span) => {
+                        exception.time_unix_nano.clone_from(&span.end_time_unix_nano);
+                        span.events.get_or_insert_with(Vec::new).push(exception);
+                    }
+                    None => events.push(exception),
+                }
             }
             Some(Body::EpisodeEnd(e)) => end = Some(e),
             _ => {}

@@ -45,13 +45,21 @@ fn an_episode_becomes_an_agent_span_with_tool_spans_and_evaluations() {
         let start: u64 = span["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
         let end: u64 = span["endTimeUnixNano"].as_str().unwrap().parse().unwrap();
         assert_eq!(end - start, p.latency_micros * 1000);
+        let exceptions: Vec<&Value> = span["events"]
+            .as_array()
+            .map(|e| e.iter().filter(|e| e["name"] == "exception").collect())
+            .unwrap_or_default();
         if p.status == StepStatus::Fallback as i32 {
             timeouts += 1;
             assert_eq!(attr(span, "error.type").unwrap()["stringValue"], "timeout");
             assert_eq!(span["status"]["code"], 2);
+            // The step's error context is on the call that failed, at its end.
+            assert_eq!(exceptions.len(), 1, "{span}");
+            assert_eq!(exceptions[0]["timeUnixNano"], span["endTimeUnixNano"]);
         } else {
             assert!(attr(span, "error.type").is_none());
             assert_eq!(span["status"]["code"], 1);
+            assert!(exceptions.is_empty(), "{span}");
         }
     }
     assert!(timeouts > 0, "seed 4 should hold a timeout");
@@ -67,7 +75,14 @@ fn an_episode_becomes_an_agent_span_with_tool_spans_and_evaluations() {
         evaluations.iter().find(|e| attr(e, "gen_ai.evaluation.name").unwrap()["stringValue"] == "error_rate").unwrap();
     let rate = attr(error_rate, "gen_ai.evaluation.score.value").unwrap()["doubleValue"].as_f64().unwrap();
     assert!((rate - timeouts as f64 / 40.0).abs() < 1e-12);
-    assert_eq!(events.iter().filter(|e| e["name"] == "exception").count(), timeouts);
+    assert_eq!(events.iter().filter(|e| e["name"] == "exception").count(), 0, "none left on the root");
+    // Events are dated inside the episode, never before the step they are of.
+    let root_start: u64 = root["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
+    let root_end: u64 = root["endTimeUnixNano"].as_str().unwrap().parse().unwrap();
+    for e in events {
+        let t: u64 = e["timeUnixNano"].as_str().unwrap().parse().unwrap();
+        assert!((root_start..=root_end).contains(&t), "{e}");
+    }
 
     // Same trace, same ids.
     let (again, _) = export(TraceReader::new(bytes.as_slice(), "ep.trace").unwrap());
