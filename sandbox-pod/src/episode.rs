@@ -78,6 +78,9 @@ struct LiveState {
     /// The episodes that will run here; `None`: any id is accepted.
     expected: Option<BTreeSet<String>>,
     finished: BTreeSet<String>,
+    /// The ids of the injections offered to each episode not finished yet:
+    /// an id is taken once an episode.
+    ids: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// Why [`LiveInjections::offer`] refused an injection.
@@ -87,6 +90,11 @@ pub enum InjectionRefused {
     UnknownEpisode { episode: String, count: usize, examples: String },
     #[error("episode {episode:?} has already finished; an injection can no longer reach it")]
     Finished { episode: String },
+    #[error(
+        "episode {episode:?} has taken an injection with id {id:?} already; give each injection its own id \
+         (or none, for a generated one)"
+    )]
+    Exists { episode: String, id: String },
 }
 
 impl LiveInjections {
@@ -124,6 +132,9 @@ impl LiveInjections {
                 examples: examples.join(", "),
             });
         }
+        if !state.ids.entry(episode.to_string()).or_default().insert(injection.id.clone()) {
+            return Err(InjectionRefused::Exists { episode: episode.to_string(), id: injection.id });
+        }
         state.queues.entry(episode.to_string()).or_default().push_back(injection);
         Ok(())
     }
@@ -146,6 +157,7 @@ impl LiveInjections {
         if state.expected.is_some() {
             state.finished.insert(episode.to_string());
         }
+        state.ids.remove(episode);
         state.queues.remove(episode).map(Vec::from).unwrap_or_default()
     }
 }

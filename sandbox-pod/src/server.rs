@@ -347,14 +347,6 @@ pub fn generated_injection_id(next_id: &AtomicU64) -> String {
     format!("live-{}", next_id.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Reads an injection body for `episode`; an injection without an `id`
-/// gets `live-<n>` from `next_id`. Every refusal is a 400 that says what to fix.
-pub fn parse_injection(episode: &str, body: &[u8], next_id: &AtomicU64) -> Result<LiveInjection, ApiError> {
-    let read = read_injection(episode, body)?;
-    let id = read.id.unwrap_or_else(|| generated_injection_id(next_id));
-    Ok(LiveInjection { id, observation: read.observation, at_step: read.at_step })
-}
-
 async fn inject(
     State(state): State<ServerState>,
     EpisodeIdPath(episode): EpisodeIdPath,
@@ -364,15 +356,28 @@ async fn inject(
         Ok(body) => body,
         Err(e) => return e.into_response(),
     };
-    let injection = match parse_injection(&episode, &body, &state.next_injection) {
-        Ok(injection) => injection,
+    let read = match read_injection(&episode, &body) {
+        Ok(read) => read,
         Err(e) => return e.into_response(),
     };
-    let (id, at_step) = (injection.id.clone(), injection.at_step);
-    if let Err(refused) = state.live.offer(&episode, injection) {
+    let chosen = read.id.is_some();
+    let at_step = read.at_step;
+    let mut id = read.id.unwrap_or_else(|| generated_injection_id(&state.next_injection));
+    loop {
+        let injection = LiveInjection { id: id.clone(), observation: read.observation.clone(), at_step };
+        let refused = match state.live.offer(&episode, injection) {
+            Ok(()) => break,
+            // A generated id a client chose before: the next one.
+            Err(InjectionRefused::Exists { .. }) if !chosen => {
+                id = generated_injection_id(&state.next_injection);
+                continue;
+            }
+            Err(refused) => refused,
+        };
         let (status, category) = match &refused {
             InjectionRefused::UnknownEpisode { .. } => (StatusCode::NOT_FOUND, "UnknownEpisode"),
             InjectionRefused::Finished { .. } => (StatusCode::CONFLICT, "EpisodeFinished"),
+            InjectionRefused::Exists { .. } => (StatusCode::CONFLICT, "InjectionExists"),
         };
         return ApiError::new(status, category, refused.to_string()).into_response();
     }

@@ -458,6 +458,31 @@ async fn a_posted_injection_lands_in_the_episode_trace_as_live() {
 }
 
 #[tokio::test]
+async fn an_injection_id_is_taken_once_an_episode() {
+    let server = TestServer::start().await;
+    let url = server.url("/v1/episodes/order-7/inject");
+    let (status, _) = post(&url, r#"{"observation": "first", "id": "live-1"}"#).await;
+    assert_eq!(status, 202);
+    let (status, body) = post(&url, r#"{"observation": "again", "id": "live-1"}"#).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["category"], "InjectionExists", "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("\"live-1\"") && m.contains("order-7")));
+    // A generated id skips the one a client chose.
+    let (status, body) = post(&url, r#"{"observation": "generated"}"#).await;
+    assert_eq!((status, body["id"].as_str()), (202, Some("live-2")), "{body}");
+    // Ids are per episode.
+    let (status, _) = post(&server.url("/v1/episodes/order-8/inject"), r#"{"observation": "x", "id": "live-1"}"#).await;
+    assert_eq!(status, 202);
+
+    let dir = tempfile::tempdir().unwrap();
+    let result = runner(dir.path(), server.state.live.clone(), None).run(&episode_input(), dir.path()).await.unwrap();
+    assert_eq!(result.outcome, "completed", "{result:?}");
+    let delivered: Vec<String> = live_injections_in_trace(dir.path()).into_iter().map(|(_, id, _)| id).collect();
+    assert_eq!(delivered, ["live-1", "live-2"], "the refused one was never queued");
+    server.shut_down().await;
+}
+
+#[tokio::test]
 async fn bad_injection_bodies_get_400_with_a_reason_and_queue_nothing() {
     let server = TestServer::start().await;
     let url = server.url("/v1/episodes/order-7/inject");
