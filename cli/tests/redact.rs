@@ -460,3 +460,19 @@ fn null_status_episode() -> Vec<u8> {
     let end = EpisodeEnd { outcome: 1, steps: 3, final_memory_hash: memory.hash().0.to_vec(), ..Default::default() };
     w.finish(end).unwrap()
 }
+
+#[test]
+fn an_empty_salt_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let ep = generate(&EpisodeShape { seed: 4, steps: 2, tokens_per_step: 1, ..Default::default() });
+    std::fs::write(input.join("ep.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let (i, o) = (input.display().to_string(), dir.path().join("out").display().to_string());
+    for salt in ["", "  "] {
+        let out = basecamp(&["trace", "redact", &i, "--patterns", "email", "--salt", salt, "-o", &o]);
+        assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("the salt is empty"));
+        assert!(!dir.path().join("out").exists(), "nothing written");
+    }
+}

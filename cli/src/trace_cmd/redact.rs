@@ -34,7 +34,8 @@ pub struct RedactArgs {
     #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
     patterns: Vec<String>,
     /// Salt of the hashes (same salt, same tokens across runs); default: random, so tokens join only within this run.
-    #[arg(long)]
+    /// Not empty: unsalted tokens of phone numbers or emails can be found by trying every value.
+    #[arg(long, value_parser = salt)]
     salt: Option<String>,
     /// Directory for the redacted traces (created if missing); each keeps its path below the directory,
     /// glob prefix or S3 prefix given.
@@ -273,4 +274,14 @@ fn named_after_redacted_id(output: &Path, (original, redacted): &(String, String
     } else {
         output.to_path_buf()
     }
+}
+
+/// A `--salt` that is not empty (nor only spaces).
+fn salt(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the salt is empty: tokens of an unsalted hash can be reversed by trying every phone number or \
+                    common email; give a secret salt, or leave --salt out for a random one"
+            .into());
+    }
+    Ok(text.to_string())
 }
