@@ -62,7 +62,7 @@ pub fn run(command: AbCommand) -> Result<ExitCode> {
         None => two_variants(&a)?,
     };
     for line in episode_set_warnings(&baseline, &candidate) {
-        eprintln!("warning: {line}");
+        basecamp_sandbox::stderr_line!("warning: {line}");
     }
     let comparison = compare(&baseline, &candidate);
     // Written, not print!ed: a closed stdout (`| head`) is an error to return, not a panic.
@@ -285,7 +285,7 @@ fn warn_of_missing_shards(side: &Side, shards: &[Shard]) {
     let missing: Vec<String> =
         (0..count).filter(|i| !shards.iter().any(|s| s.summary.shard == *i)).map(|i| i.to_string()).collect();
     if !missing.is_empty() {
-        eprintln!(
+        basecamp_sandbox::stderr_line!(
             "warning: {}: {} has {count} shards, but no {SUMMARY_FILE} of shard(s) {} here; their episodes are not compared",
             side.shown,
             variant_name(shards[0].variant()),

@@ -395,7 +395,10 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     if let Output::Local(dir) = &output {
         let removed = remove_stale_batches(dir, &batches.names())?;
         if removed > 0 {
-            eprintln!("note: removed {removed} batch file(s) of an earlier run from {}", dir.display());
+            basecamp_sandbox::stderr_line!(
+                "note: removed {removed} batch file(s) of an earlier run from {}",
+                dir.display()
+            );
         }
     }
     let traces = sources.items.len() - skipped.len();
@@ -421,7 +424,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         let _ = std::fs::remove_dir_all(staging);
     }
     for line in &skipped {
-        eprintln!("skipped {line}");
+        basecamp_sandbox::stderr_line!("skipped {line}");
     }
     writeln!(
         std::io::stdout(),
@@ -544,7 +547,10 @@ fn upload(batches: &Batches, staging: &Path, destination: &Destination) -> Resul
                 failed.len()
             );
         }
-        eprintln!("note: removed {} batch object(s) of an earlier run from {destination}/", stale.len());
+        basecamp_sandbox::stderr_line!(
+            "note: removed {} batch object(s) of an earlier run from {destination}/",
+            stale.len()
+        );
     }
     runtime.block_on(storage.upload_file(&staging.join(DATASET_FILE), &target)).into_result().map_err(|e| {
         anyhow!(

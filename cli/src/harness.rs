@@ -173,7 +173,7 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     let summary =
         format!("{errors} error(s), {warnings} warning(s) in {objects} object(s) from {} path(s)", paths.len());
     if errors > 0 {
-        eprintln!("{summary}");
+        basecamp_sandbox::stderr_line!("{summary}");
         Ok(ExitCode::FAILURE)
     } else {
         writeln!(stdout, "ok: {summary}")?;
@@ -326,12 +326,12 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
     }
     if report.has_errors() || converted.manifest.is_null() {
         for problem in report.problems() {
-            eprintln!("{problem}");
+            basecamp_sandbox::stderr_line!("{problem}");
         }
         bail!("{name} cannot be converted");
     }
     for problem in report.problems() {
-        eprintln!("{problem}");
+        basecamp_sandbox::stderr_line!("{problem}");
     }
     let yaml = serde_saphyr::to_string(&converted.manifest).context("cannot write YAML")?;
     let yaml = format!("# Converted from {name} by `basecamp harness convert`.\n{yaml}");
@@ -340,13 +340,15 @@ fn convert(file: &Path, sandbox: Option<&str>, out: Option<&Path>) -> Result<Exi
         None => std::io::stdout().lock().write_all(yaml.as_bytes())?,
     }
     for note in &converted.notes {
-        eprintln!("note: {name}: {note}");
+        basecamp_sandbox::stderr_line!("note: {name}: {note}");
     }
     if sandbox.is_none() && converted.manifest["spec"].get("sandboxRef").is_none() {
-        eprintln!("note: the task names no SandboxConfig yet; add spec.sandboxRef (or convert with --sandbox NAME)");
+        basecamp_sandbox::stderr_line!(
+            "note: the task names no SandboxConfig yet; add spec.sandboxRef (or convert with --sandbox NAME)"
+        );
     }
     if converted.manifest["spec"]["policy"].as_object().is_some_and(|p| p.is_empty()) {
-        eprintln!(
+        basecamp_sandbox::stderr_line!(
             "note: the task has no policy yet; set spec.policy.endpoint (OpenAI-compatible) or spec.policy.scripted"
         );
     }

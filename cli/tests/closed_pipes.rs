@@ -1,7 +1,7 @@
-//! The trace commands when a reader goes away: stderr's closed early (the
-//! commands used to panic in `eprintln!`, or hang with their workers waiting
-//! forever), or stdout closed outright (`>&-`), which is an error, unlike a
-//! reader of a pipe that stopped reading.
+//! The commands when stderr's reader goes away early: they used to panic in
+//! `eprintln!`, and the trace commands could hang with their workers waiting
+//! forever. Now what stderr would have said is lost and the command ends as
+//! it would have.
 
 use std::io::Read;
 use std::path::Path;
@@ -97,4 +97,20 @@ fn a_closed_stderr_neither_hangs_nor_panics_nor_leaves_partial_files() {
     assert_eq!(String::from_utf8(stdout).unwrap().lines().count(), 40, "every trace has a step 1");
     assert!(root.join("a.tar.zst").is_file());
     assert!(root.join("spans.jsonl").is_file());
+}
+
+#[test]
+fn the_other_commands_outlive_a_closed_stderr_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let harness = r#"{
+      "task_definition": {"name": "shop", "success_criteria": ["bogus_metric >= 0.9"]},
+      "evaluation": {"test_set": "s3://data/tests.jsonl", "metrics": ["bogus"]},
+      "policy": {"endpoint": "http://127.0.0.1:8000/v1", "model": "m"}
+    }"#;
+    std::fs::write(dir.path().join("harness.json"), harness).unwrap();
+    // convert says its warnings on stderr, the manifest on stdout.
+    let (status, stdout) =
+        run_with_stderr_closed(&["harness", "convert", "harness.json", "--sandbox", "shop"], dir.path());
+    assert_eq!(status.code(), Some(0), "harness convert: {status}");
+    assert!(String::from_utf8(stdout).unwrap().contains("kind: HarnessTask"));
 }

@@ -217,7 +217,7 @@ impl TempMirror {
             tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
         let synced = runtime.block_on(fetched.mirror.sync())?;
         for refused in &synced.refused {
-            eprintln!("warning: not fetched: {refused}");
+            basecamp_sandbox::stderr_line!("warning: not fetched: {refused}");
         }
         if synced.fetched == 0 {
             bail!("{url}: no .trace or .json objects under this prefix");

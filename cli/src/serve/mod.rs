@@ -104,7 +104,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
                 () = basecamp_sandbox::driver::ctrl_c_or_sigterm() => bail!("stopped while mirroring {}", args.dir),
             }
         })?;
-        eprintln!(
+        basecamp_sandbox::stderr_line!(
             "mirrored {} into {}: {} file(s) fetched, {} unchanged, {} removed (their objects are gone)",
             args.dir,
             mirror.dir.display(),
@@ -113,7 +113,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
             first.removed
         );
         for refused in &first.refused {
-            eprintln!("warning: not mirrored: {refused}");
+            basecamp_sandbox::stderr_line!("warning: not mirrored: {refused}");
         }
         warn_not_removed(&first);
         let dir = mirror.dir.clone();
@@ -123,7 +123,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
                 tokio::time::sleep(every).await;
                 match mirror.sync().await {
                     Ok(synced) => warn_not_removed(&synced),
-                    Err(e) => eprintln!("warning: refreshing the mirror failed (serving what is there): {e:#}"),
+                    Err(e) => basecamp_sandbox::stderr_line!(
+                        "warning: refreshing the mirror failed (serving what is there): {e:#}"
+                    ),
                 }
             }
         });
@@ -185,7 +187,9 @@ fn bad_request(what: &str) -> Response {
 /// A deleted object still served is worth a warning at every refresh.
 fn warn_not_removed(synced: &mirror::Synced) {
     for kept in &synced.not_removed {
-        eprintln!("warning: its object is gone but the mirrored file stays (still served): {kept}");
+        basecamp_sandbox::stderr_line!(
+            "warning: its object is gone but the mirrored file stays (still served): {kept}"
+        );
     }
 }
 
