@@ -1220,35 +1220,33 @@ fn budget_message(breach: &serde_saphyr::budget::BudgetBreach) -> String {
     }
 }
 
-/// [`value_at`], to change it.
-fn value_at_mut<'v>(document: &'v mut serde_json::Value, path: &str) -> Option<&'v mut serde_json::Value> {
-    let mut value = document;
-    for segment in path.split('.') {
-        let (key, indexes) = segment.split_once('[').map_or((segment, ""), |(k, rest)| (k, rest));
-        if !key.is_empty() {
-            value = value.get_mut(key)?;
-        }
-        for index in indexes.split('[').filter(|i| !i.is_empty()) {
-            value = value.get_mut(index.strip_suffix(']')?.parse::<usize>().ok()?)?;
-        }
-    }
-    Some(value)
-}
-
 /// The value at a field path as serde_path_to_error writes it
 /// (`spec.tools.t.exec.command[0]`), when the path can be followed.
 fn value_at<'v>(document: &'v serde_json::Value, path: &str) -> Option<&'v serde_json::Value> {
-    let mut value = document;
+    document.pointer(&json_pointer(path)?)
+}
+
+/// [`value_at`], to change it.
+fn value_at_mut<'v>(document: &'v mut serde_json::Value, path: &str) -> Option<&'v mut serde_json::Value> {
+    document.pointer_mut(&json_pointer(path)?)
+}
+
+/// A field path (`spec.tools.t.exec.command[0]`) as a JSON pointer
+/// (`/spec/tools/t/exec/command/0`); `None` for an index that is not a number.
+fn json_pointer(path: &str) -> Option<String> {
+    let mut pointer = String::new();
     for segment in path.split('.') {
-        let (key, indexes) = segment.split_once('[').map_or((segment, ""), |(k, rest)| (k, rest));
+        let (key, indexes) = segment.split_once('[').unwrap_or((segment, ""));
         if !key.is_empty() {
-            value = value.get(key)?;
+            pointer.push('/');
+            pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
         }
         for index in indexes.split('[').filter(|i| !i.is_empty()) {
-            value = value.get(index.strip_suffix(']')?.parse::<usize>().ok()?)?;
+            pointer.push('/');
+            pointer.push_str(&index.strip_suffix(']')?.parse::<usize>().ok()?.to_string());
         }
     }
-    Some(value)
+    Some(pointer)
 }
 
 #[cfg(test)]

@@ -113,20 +113,7 @@ pub fn build_runner(
     sandbox: &SandboxConfigSpec,
     ctx: &RunContext,
 ) -> Result<EpisodeRunner, ConfigError> {
-    let executor = build_executor(sandbox, &ctx.base_dir)?;
-    let policy = build_policy(task, sandbox, &ctx.base_dir)?;
-    assemble_runner(task, sandbox, ctx, executor, policy)
-}
-
-/// [`build_runner`] with the policy built already, by [`build_policy`].
-pub fn build_runner_with_policy(
-    task: &HarnessTaskSpec,
-    sandbox: &SandboxConfigSpec,
-    ctx: &RunContext,
-    policy: Policy,
-) -> Result<EpisodeRunner, ConfigError> {
-    let executor = build_executor(sandbox, &ctx.base_dir)?;
-    assemble_runner(task, sandbox, ctx, executor, policy)
+    build_runner_with_policy(task, sandbox, ctx, build_policy(task, sandbox, &ctx.base_dir)?)
 }
 
 /// The policy of a variant's episodes: a scripted policy's file read and
@@ -142,13 +129,14 @@ pub fn build_policy(
         .map_err(|e| ConfigError::Policy(e.to_string()))
 }
 
-fn assemble_runner(
+/// [`build_runner`] with the policy built already, by [`build_policy`].
+pub fn build_runner_with_policy(
     task: &HarnessTaskSpec,
     sandbox: &SandboxConfigSpec,
     ctx: &RunContext,
-    executor: ToolExecutor,
     policy: Policy,
 ) -> Result<EpisodeRunner, ConfigError> {
+    let executor = build_executor(sandbox, &ctx.base_dir)?;
     let tools = sandbox
         .tools
         .iter()
