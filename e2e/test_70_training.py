@@ -59,6 +59,7 @@ SHARDS = 2
 VARIANTS = ("default",)  # sandboxRef: one variant, named "default"
 RESUMED = 10
 STEPS = (20, 30, 40)
+MISNAMED = "step_25"
 SEED_PREFIX = "seed/ecommerce-traces/"  # the dataset's source
 TASK_LABEL = "basecamp.dev/task"
 STEP_LABEL = "basecamp.dev/step"
@@ -132,6 +133,10 @@ def seed(s3, bucket: str, ns: str) -> None:
     step = key_of(checkpoint_root(bucket, ns, NAME), bucket) + f"step-{RESUMED}/"
     s3.put_object(Bucket=bucket, Key=step + "model.json", Body=json.dumps({"step": RESUMED, "loss": 1.5}).encode())
     s3.put_object(Bucket=bucket, Key=step + "COMPLETE", Body=b"{}")
+    # A complete checkpoint whose name is not step-<N>: named in status and a Warning, never evaluated.
+    misnamed = key_of(checkpoint_root(bucket, ns, NAME), bucket) + f"{MISNAMED}/"
+    s3.put_object(Bucket=bucket, Key=misnamed + "model.json", Body=b"{}")
+    s3.put_object(Bucket=bucket, Key=misnamed + "COMPLETE", Body=b"{}")
 
 
 def task(kube: Kube, ns: str, name: str) -> dict:
@@ -151,7 +156,7 @@ def loop(kube: Kube, operator, task_ns: str, bucket: str, s3, player: Player) ->
     """Runs the scenario once; the tests below check what it left."""
     ns = task_ns
     delete_tasks(kube, ns, [NAME, *BROKEN])
-    clean_s3(s3, bucket, ns, [NAME, *BROKEN])
+    clean_s3(s3, bucket, ns, [NAME, f"{NAME}-run2", *BROKEN])
     with timed("seeding traces and step-10"):
         seed(s3, bucket, ns)
     docs = training_manifests(NAME, bucket, ns)
@@ -313,6 +318,15 @@ def test_an_event_per_evaluated_checkpoint(kube: Kube, loop):
         assert count >= 1 if step == STEPS[0] else count == 1, (step, notes)
 
 
+def test_a_misnamed_checkpoint_directory_is_named_and_not_evaluated(kube: Kube, loop, bucket: str):
+    assert loop["training"].get("ignoredDirectories") == [MISNAMED], loop["training"]
+    notes = [e.get("note") or e.get("message") or "" for e in task_events(kube, loop["task"])
+             if e["reason"] == "CheckpointDirectoryIgnored" and e.get("type") == "Warning"]
+    where = f"{checkpoint_root(bucket, loop['ns'], NAME)}{MISNAMED}/"
+    assert notes and all(n.startswith(f"{where} is not evaluated: ") and "step-<N>" in n for n in notes), notes
+    assert not [h for h in loop["training"]["history"] if MISNAMED in h["checkpoint"]], loop["training"]["history"]
+
+
 def test_history_and_steps_json(loop, s3, bucket: str):
     ns = loop["ns"]
     tr = loop["training"]
@@ -425,3 +439,30 @@ def test_broken_preprocessor_fails_the_trainer_with_its_message(kube: Kube, loop
     assert not tr.get("history") and not tr.get("evaluating"), tr
     assert not [k for k in s3_keys(s3, bucket, key_of(checkpoint_root(bucket, ns, name), bucket))
                 if "/step-" in k], "the broken trainer wrote checkpoints"
+
+
+def test_a_changed_checkpoint_root_is_a_warning_naming_the_steps_kept(kube: Kube, loop, bucket: str):
+    """Last in this file: it restarts trainloop's trainer under another root (and deletes the task after)."""
+    ns = loop["ns"]
+    before = checkpoint_root(bucket, ns, NAME)
+    after = checkpoint_root(bucket, ns, f"{NAME}-run2")
+    try:
+        changed_root_warned(kube, ns, before, after)
+    finally:
+        delete_tasks(kube, ns, [NAME])
+
+
+def changed_root_warned(kube: Kube, ns: str, before: str, after: str) -> None:
+    kube.run("patch", "harnesstask", NAME, "-n", ns, "--type=merge", "-p",
+             json.dumps({"spec": {"trainingConfig": {"checkpoints": after}}}))
+    wait_until("status.training.checkpoints is the new root",
+               lambda: training(kube, ns, NAME).get("checkpoints") == after, timeout=60)
+
+    def warned():
+        return [e.get("note") or e.get("message") or "" for e in task_events(kube, task(kube, ns, NAME))
+                if e["reason"] == "CheckpointRootChanged" and e.get("type") == "Warning"] or None
+
+    [note] = wait_until("a CheckpointRootChanged Warning", warned, timeout=30)
+    steps = ", ".join(map(str, STEPS))
+    assert note.startswith(f"the checkpoint root changed from {before} to {after}; steps {steps} were evaluated"), note
+    assert history_steps(kube, ns, NAME) == list(STEPS), "the history is kept"

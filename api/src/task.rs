@@ -611,7 +611,16 @@ pub struct TrainingStatus {
     /// [`TRAINING_HISTORY_LIMIT`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<CheckpointEvaluation>,
+    /// Directories of `checkpoints` named like a step that are not one
+    /// (`step_100`, `Step-100`, `step-1e3`, a step above
+    /// 9223372036854775807), so never evaluated: a checkpoint directory is
+    /// `step-<N>`. In name order, at most [`IGNORED_DIRECTORIES_LIMIT`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored_directories: Vec<String>,
 }
+
+/// How many names `status.training.ignoredDirectories` keeps.
+pub const IGNORED_DIRECTORIES_LIMIT: usize = 10;
 
 /// One evaluated checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -427,6 +427,17 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
                     the trainer starts over (from resumeFrom, if set)";
         ctx.publish(task, true, "TrainerReplaced", note, "ReplaceJob trainer");
     }
+    if let Some(training) = &training {
+        let root = training.observed.status.checkpoints.as_deref().unwrap_or_default();
+        if let Some(note) = &training.root_changed {
+            ctx.publish(task, true, "CheckpointRootChanged", note, &event_action("ChangeCheckpointRoot", root));
+        }
+        for name in &training.newly_ignored {
+            let note = crate::training::checkpoints::ignored_note(root, name);
+            // One series per name (see EvaluateStep below).
+            ctx.publish(task, true, "CheckpointDirectoryIgnored", &note, &event_action("ListCheckpoints", name));
+        }
+    }
     for evaluation in training.iter().flat_map(|t| t.evaluated.iter()) {
         let note = crate::training::evaluation::evaluated_note(evaluation);
         // The recorder folds Events of one (type, reason, action) into a
@@ -458,6 +469,17 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     let status = status::compute(&observed);
     update_status(task, ctx, &status).await?;
     Ok(next_action(&status, Duration::from_secs(ctx.settings.checkpoint_poll_seconds.max(1))))
+}
+
+/// An Event's action: `verb object`, cut to the 128 bytes the API allows.
+fn event_action(verb: &str, object: &str) -> String {
+    let mut action = format!("{verb} {object}");
+    let mut cut = action.len().min(128);
+    while !action.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    action.truncate(cut);
+    action
 }
 
 /// An invalid spec: a condition and an Event saying what to fix; no objects.

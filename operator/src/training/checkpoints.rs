@@ -36,6 +36,55 @@ pub fn step_dirs<'a>(names: impl IntoIterator<Item = &'a str>) -> BTreeMap<u64, 
     dirs
 }
 
+/// The names of `C`'s sub-directories that look meant as checkpoints but
+/// are not `step-<N>` ([`step_dirs`] leaves them out): `step` in any case
+/// followed by anything but a letter (`step_100`, `Step-100`, `step100`,
+/// `step-1e3`, `step-` with a step above [`MAX_CHECKPOINT_STEP`]), sorted,
+/// at most `limit`. `steps`, `stepwise` and `dataset` are other things.
+pub fn misnamed_dirs<'a>(names: impl IntoIterator<Item = &'a str>, limit: usize) -> Vec<String> {
+    let mut misnamed: Vec<String> = names
+        .into_iter()
+        .filter(|name| !name.contains('/') && parse_checkpoint_step(name).is_none())
+        .filter(|name| {
+            let lower = name.to_ascii_lowercase();
+            lower.strip_prefix("step").is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphabetic()))
+        })
+        .map(str::to_string)
+        .collect();
+    misnamed.sort();
+    misnamed.dedup();
+    misnamed.truncate(limit);
+    misnamed
+}
+
+/// The Warning that a misnamed directory (see [`misnamed_dirs`]) of `root`
+/// (`C`, ending in `/`) is not evaluated.
+pub fn ignored_note(root: &str, name: &str) -> String {
+    format!(
+        "{root}{name}/ is not evaluated: a checkpoint directory is named step-<N>, N a whole number up to \
+         {MAX_CHECKPOINT_STEP} (step-100, step-000100); rename it if it is a checkpoint"
+    )
+}
+
+/// The Warning that `C` changed from `before` to `now` after the steps of
+/// `evaluated` were evaluated: history is keyed by step (and so are the
+/// evaluation Jobs, run names and reports), so those steps are not
+/// evaluated again under the new root.
+pub fn root_changed_note(before: &str, now: &str, evaluated: &BTreeSet<u64>) -> String {
+    let steps: Vec<String> = evaluated.iter().take(5).map(u64::to_string).collect();
+    let more = if evaluated.len() > steps.len() {
+        format!(" and {} more", evaluated.len() - steps.len())
+    } else {
+        String::new()
+    };
+    format!(
+        "the checkpoint root changed from {before} to {now}; steps {}{more} were evaluated under the old root and are \
+         not evaluated again under the new one (a task's history is keyed by step): to evaluate another training \
+         run from step 0, create a new HarnessTask",
+        steps.join(", ")
+    )
+}
+
 /// The step directories whose completeness is known without a request,
 /// and the ones to check for their marker (oldest first).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

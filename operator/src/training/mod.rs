@@ -26,7 +26,9 @@ pub mod trainer;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use basecamp_api::task::{CheckpointEvaluation, TaskPhase, TrainingStatus, checkpoint_run_name};
+use basecamp_api::task::{
+    CheckpointEvaluation, IGNORED_DIRECTORIES_LIMIT, TaskPhase, TrainingStatus, checkpoint_run_name,
+};
 use basecamp_sandbox::storage::{Destination, FailureKind, Storage, UtcDate};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -94,6 +96,12 @@ pub struct Observation {
     /// Whether this reconcile replaced the trainer's Job (its pod template
     /// changed with the spec): the trainer starts over.
     pub trainer_replaced: bool,
+    /// Directories of `C` named like a step that are not one, which status
+    /// did not list yet (one `CheckpointDirectoryIgnored` Warning each).
+    pub newly_ignored: Vec<String>,
+    /// The Warning that the checkpoint root `C` changed while steps were
+    /// evaluated (`CheckpointRootChanged`), once: status then holds the new `C`.
+    pub root_changed: Option<String>,
 }
 
 /// Whether the task trains: `trainingConfig.image` is set.
@@ -159,7 +167,16 @@ async fn aggregate_step(
 /// Complete checkpoints found before something went wrong, and what did.
 struct Unfinished {
     complete: BTreeMap<u64, String>,
+    /// The misnamed directories, when `C` was listed.
+    ignored: Option<Vec<String>>,
     problem: (&'static str, String),
+}
+
+/// The complete checkpoints of `C`, and its directories named like a step
+/// that are not one ([`checkpoints::misnamed_dirs`]).
+struct Found {
+    complete: BTreeMap<u64, String>,
+    ignored: Vec<String>,
 }
 
 /// The complete checkpoints of `C`: its step directories (one listing with
@@ -173,12 +190,14 @@ async fn find_checkpoints(
     marker: &str,
     known: KnownSteps<'_>,
     budget: usize,
-) -> Result<BTreeMap<u64, String>, Unfinished> {
+) -> Result<Found, Unfinished> {
     let root = &locations.checkpoints_destination;
     let names = timed(metrics, "list", storage.list_dirs(root)).await.map_err(|error| Unfinished {
         complete: BTreeMap::new(),
+        ignored: None,
         problem: storage_problem(&format!("list the checkpoints under {}", locations.checkpoints), &error),
     })?;
+    let ignored = checkpoints::misnamed_dirs(names.iter().map(String::as_str), IGNORED_DIRECTORIES_LIMIT);
     let dirs = checkpoints::step_dirs(names.iter().map(String::as_str));
     let found = checkpoints::discover(&dirs, locations.resumed_from_step, known);
     let mut complete = found.complete;
@@ -186,11 +205,12 @@ async fn find_checkpoints(
     for step in found.unknown {
         for segment in dirs.get(&step).into_iter().flatten() {
             if budget == 0 {
-                return Ok(complete);
+                return Ok(Found { complete, ignored });
             }
             budget -= 1;
             let file = root.join(&format!("{segment}/{marker}")).map_err(|error| Unfinished {
                 complete: complete.clone(),
+                ignored: Some(ignored.clone()),
                 problem: (
                     "InvalidCompletionMarker",
                     format!("spec.trainingConfig.completionMarker {marker:?} cannot name an object: {error}"),
@@ -205,12 +225,12 @@ async fn find_checkpoints(
                 Ok(false) => {}
                 Err(error) => {
                     let problem = storage_problem(&format!("check the checkpoint marker {file}"), &error);
-                    return Err(Unfinished { complete, problem });
+                    return Err(Unfinished { complete, ignored: Some(ignored), problem });
                 }
             }
         }
     }
-    Ok(complete)
+    Ok(Found { complete, ignored })
 }
 
 /// The training step (see the module docs). `None` for a task that does not train.
@@ -234,7 +254,13 @@ pub async fn reconcile(
                 status: TrainingStatus { message: Some(error.to_string()), ..previous },
                 problem: Some(("InvalidCheckpointLocation", error.to_string())),
             };
-            return Ok(Some(Observation { observed, evaluated: Vec::new(), trainer_replaced: false }));
+            return Ok(Some(Observation {
+                observed,
+                evaluated: Vec::new(),
+                trainer_replaced: false,
+                newly_ignored: Vec::new(),
+                root_changed: None,
+            }));
         }
     };
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
@@ -322,6 +348,12 @@ pub async fn reconcile(
     };
     let mut evaluated: BTreeSet<u64> = previous.history.iter().map(|e| e.step).collect();
     evaluated.extend(recorded.iter().flatten().map(|e| e.step));
+    // Steps are the history's key, whatever checkpoint root they came from.
+    let root_changed = previous
+        .checkpoints
+        .as_deref()
+        .filter(|before| *before != locations.checkpoints && !evaluated.is_empty())
+        .map(|before| checkpoints::root_changed_note(before, &locations.checkpoints, &evaluated));
 
     // Steps whose every shard finished: aggregate, then record.
     let mut new = Vec::new();
@@ -385,13 +417,16 @@ pub async fn reconcile(
         checkpoints::marker_check_budget(max, running.len()),
     )
     .await;
-    let (complete, counted) = match known {
-        Ok(complete) => (complete, true),
-        Err(Unfinished { complete, problem: found }) => {
+    let (complete, counted, ignored) = match known {
+        Ok(Found { complete, ignored }) => (complete, true, Some(ignored)),
+        Err(Unfinished { complete, ignored, problem: found }) => {
             problem = Some(found);
-            (complete, false)
+            (complete, false, ignored)
         }
     };
+    let ignored = ignored.unwrap_or_else(|| previous.ignored_directories.clone());
+    let newly_ignored: Vec<String> =
+        ignored.iter().filter(|name| !previous.ignored_directories.contains(name)).cloned().collect();
     let mut next: Plan = plan(&complete, locations.resumed_from_step, &evaluated, &running, max);
     if recorded.is_none() {
         // Without steps.json nothing may start: it could be evaluated already.
@@ -450,8 +485,15 @@ pub async fn reconcile(
         evaluating,
         queued: next.queued,
         history,
+        ignored_directories: ignored,
     };
-    Ok(Some(Observation { observed: TrainingObserved { status, problem }, evaluated: announced, trainer_replaced }))
+    Ok(Some(Observation {
+        observed: TrainingObserved { status, problem },
+        evaluated: announced,
+        trainer_replaced,
+        newly_ignored,
+        root_changed,
+    }))
 }
 
 #[cfg(test)]

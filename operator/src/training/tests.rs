@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use super::checkpoints::{
-    Discovery, KnownSteps, MARKER_LOOKAHEAD, discover, marker_check_budget, merge, newest, parse_steps, plan, step_dirs,
+    Discovery, KnownSteps, MARKER_LOOKAHEAD, discover, ignored_note, marker_check_budget, merge, misnamed_dirs, newest,
+    parse_steps, plan, root_changed_note, step_dirs,
 };
 use super::locations::Locations;
 use super::*;
@@ -395,6 +396,42 @@ fn step_directories_are_the_step_n_children_of_the_root() {
         ]),
         "every spelling of a step, in name order; nothing else is a checkpoint"
     );
+}
+
+#[test]
+fn directories_named_like_a_step_that_are_not_one_are_named() {
+    let names = [
+        "dataset",
+        "steps",
+        "stepwise",
+        "step-10",
+        "step-000030",
+        "step_25",
+        "Step-40",
+        "STEP-50",
+        "step50",
+        "step-1e3",
+        "step-",
+        "step",
+        "step-9223372036854775808",
+        "step_25",
+    ];
+    assert_eq!(
+        misnamed_dirs(names, 10),
+        ["STEP-50", "Step-40", "step", "step-", "step-1e3", "step-9223372036854775808", "step50", "step_25"],
+        "sorted, once each; checkpoints, steps, stepwise and dataset are not named"
+    );
+    assert_eq!(misnamed_dirs(names, 2), ["STEP-50", "Step-40"], "at most the limit");
+    let note = ignored_note("s3://b/c/", "step_25");
+    assert!(note.starts_with("s3://b/c/step_25/ is not evaluated: ") && note.contains("step-<N>"), "{note}");
+}
+
+#[test]
+fn a_changed_checkpoint_root_names_the_steps_not_evaluated_again() {
+    let note = root_changed_note("s3://b/run1/", "s3://b/run2/", &steps(&[10, 20, 30, 40, 50, 60, 70]));
+    assert!(note.starts_with("the checkpoint root changed from s3://b/run1/ to s3://b/run2/; "), "{note}");
+    assert!(note.contains("steps 10, 20, 30, 40, 50 and 2 more were evaluated under the old root"), "{note}");
+    assert!(note.ends_with("create a new HarnessTask"), "{note}");
 }
 
 #[test]
