@@ -560,6 +560,33 @@ fn validate_reads_the_scripted_policy_as_a_run_does() {
     assert!(text(&output).contains(&said), "{}", text(&output));
 }
 
+/// A script written for another test set: one warning naming the first
+/// strays, not one line each (before: 20,000 stray scripts printed 20,000
+/// warnings, and the check scanned every script for every row).
+#[test]
+fn scripts_for_no_row_beyond_five_are_one_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = basecamp_sandbox::testing::example_copy(dir.path());
+    let p = project.display().to_string();
+    let script = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let strays: Vec<String> =
+        (0..30).map(|i| format!(r#"{{"episode": "other-{i:02}", "turns": [{{"content": "x"}}]}}"#)).collect();
+    std::fs::write(project.join("policy.jsonl"), format!("{script}{}\n", strays.join("\n"))).unwrap();
+    let output = basecamp(&["harness", "validate", &p]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(0), "warnings only: {out}");
+    let first = (0..5).map(|i| format!("\"other-{i:02}\" (line {})", 61 + i)).collect::<Vec<_>>().join(", ");
+    assert!(
+        out.contains(&format!(
+            "warning: HarnessTask/shipping-delay-ab: spec.policy.scripted: 30 of the 90 episodes scripted in \
+             {p}/policy.jsonl are no row of tests.jsonl and are never played: {first}, …"
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("scripts episode"), "no warning a stray line: {out}");
+    assert!(out.contains("0 error(s), 2 warning(s)"), "the null fallback's and this one: {out}");
+}
+
 /// Every bad line of the scripted policy at once, as the test set's are
 /// (before: only the first).
 #[test]
