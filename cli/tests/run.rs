@@ -917,3 +917,42 @@ fn a_run_refused_after_its_services_started_removes_what_it_created() {
     assert!(!outs.path().join("runs").exists());
     wait_for_no_services(&project, Duration::from_secs(5));
 }
+
+/// A null the test set starts an episode with is given, not a cause: the
+/// hints name what failed (before: every failed episode was "`shipping_status`
+/// was set to null by initial memory `test_set`", hiding the timeouts and
+/// rate limits behind it).
+#[test]
+fn a_null_in_the_initial_memory_is_not_the_root_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let tests = project.join("tests.jsonl");
+    let rows: Vec<String> = std::fs::read_to_string(&tests)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut row: Value = serde_json::from_str(line).unwrap();
+            row["initial_memory"]["shipping_status"] = Value::Null;
+            row.to_string()
+        })
+        .collect();
+    std::fs::write(&tests, rows.join("\n") + "\n").unwrap();
+    let out = dir.path().join("out");
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "a", "--no-progress", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let run: Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    let a = variant(&run, "a");
+    let causes = a["root_causes"].as_array().unwrap();
+    assert!(a["failed"].as_u64().unwrap() > 0 && !causes.is_empty(), "{stdout}");
+    // The fallback writes null over a null: memory does not change, so the
+    // failures are told by their class, with the errors before the fallback.
+    let keys: Vec<&str> = causes.iter().map(|c| c["key"].as_str().unwrap()).collect();
+    assert!(keys.iter().all(|k| k.starts_with("class:")), "{keys:?}");
+    let hints: Vec<&str> = causes.iter().map(|c| c["hint"].as_str().unwrap()).collect();
+    assert!(hints.iter().any(|h| h.contains("(after timeout x")), "{hints:?}");
+    assert!(!stdout.contains("initial memory"), "{stdout}");
+}

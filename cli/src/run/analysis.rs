@@ -1,9 +1,11 @@
 //! Root-cause hints for a variant's failed episodes, read back from their
 //! traces: what a person would grep for, counted. The strongest signal is a
-//! memory key set to `null` — by which source (a tool, a fallback, an
-//! injection) and after which error — because a null in memory silently
-//! derails everything after it. Failures without one are grouped by their
-//! failure class.
+//! memory key set to `null` during the episode — by which source (a
+//! fallback first, then a tool, the policy, an injection) and after which
+//! error — because a null in memory silently derails everything after it.
+//! A null the episode started with (the test set's initial memory) or got
+//! back from a rollback is given, not a cause. Failures without one are
+//! grouped by their failure class.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,7 +32,8 @@ pub struct RootCause {
 /// What one failed trace says about why.
 #[derive(Debug, Default)]
 struct Evidence {
-    /// The first null write: key, source, origin.
+    /// The first null a fallback wrote, else the first written by anything
+    /// else during the episode: key, source, origin.
     null_write: Option<(String, String, String)>,
     /// Error types of the steps whose fallback was used, by tool.
     fallback_errors: BTreeMap<String, Vec<String>>,
@@ -47,13 +50,18 @@ fn evidence(path: &PathBuf) -> Evidence {
             return found;
         }
     };
+    let mut other_null = None;
     for record in &contents.records {
         match &record.body {
-            Some(Body::MemoryDelta(delta))
-                if found.null_write.is_none() && delta.after_json.as_deref() == Some("null") =>
-            {
+            Some(Body::MemoryDelta(delta)) if delta.after_json.as_deref() == Some("null") => {
                 let source = pb::MemorySource::try_from(delta.source).unwrap_or(pb::MemorySource::Unspecified);
-                found.null_write = Some((delta.key.clone(), source_name(source).to_string(), delta.origin.clone()));
+                let write = || (delta.key.clone(), source_name(source).to_string(), delta.origin.clone());
+                match source {
+                    pb::MemorySource::Fallback if found.null_write.is_none() => found.null_write = Some(write()),
+                    pb::MemorySource::Initial | pb::MemorySource::Rollback | pb::MemorySource::Fallback => {}
+                    _ if other_null.is_none() => other_null = Some(write()),
+                    _ => {}
+                }
             }
             Some(Body::PlanStep(step)) if step.fallback_used => {
                 let error = if step.error_type.is_empty() { "error".to_string() } else { step.error_type.clone() };
@@ -62,6 +70,7 @@ fn evidence(path: &PathBuf) -> Evidence {
             _ => {}
         }
     }
+    found.null_write = found.null_write.or(other_null);
     found
 }
 
