@@ -10,7 +10,11 @@
 //! [`Sources`]) -> preflight the preprocessor on the first record -> rows
 //! into `batch-00000.jsonl` (or `.parquet`, see [`parquet_file`]), ... ->
 //! `dataset.json`, written last: it marks the dataset complete
-//! (operator/TRAINING.md, "Locations"). The format only decides how a batch
+//! (operator/TRAINING.md, "Locations"). A damaged trace (cut off by a
+//! crash, corrupt, or read to its end without an episode end) gives the
+//! rows of the steps that finished before the damage; it is named on
+//! stderr and under `partial` in `dataset.json`, and one with no finished
+//! step under `skipped`, as a file that is not a trace is. The format only decides how a batch
 //! file is encoded ([`BatchFile`]); the rest is the same. An `s3://`
 //! output is staged in a temporary directory and uploaded with the
 //! sandbox's storage client (retries): an earlier run's `dataset.json`
@@ -30,7 +34,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow, bail};
 use basecamp_api::task::{DEFAULT_RECORD_TIMEOUT, DataFormat};
 use basecamp_sandbox::config::reward_calculator;
-use basecamp_sandbox::preprocess::{Preprocessor, Row, Subprocess, parse_preprocessor, raw_records, trajectory_row};
+use basecamp_sandbox::preprocess::{
+    Preprocessor, Row, Subprocess, parse_preprocessor, raw_records, trajectory_row, unfinished_step,
+};
 use basecamp_sandbox::rewards::RewardCalculator;
 use basecamp_sandbox::run::{absolute_dir, load_manifests_in, resolve_variants, select_task};
 use basecamp_sandbox::storage::{Destination, UtcDate};
@@ -350,7 +356,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     crate::create_out_dir(&batch_dir)?;
     let mut batches = Batches::new(batch_dir, output.dataset_file(), &settings, args.training_step);
     let mut process: Option<Subprocess> = None;
-    let mut skipped = Vec::new();
+    let (mut skipped, mut partial) = (Vec::new(), Vec::new());
     for source in &sources.items {
         let contents = match read_for_rows(&sources, source)? {
             Ok(contents) => contents,
@@ -360,6 +366,15 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
             }
         };
         let records = raw_records(&contents, settings.calculator.as_ref(), args.training_step)?;
+        if let Some(damage) = contents.damage() {
+            // Nothing finished before the damage: skipped, as one that is not a trace.
+            let said = incomplete(source, damage);
+            if records.is_empty() {
+                skipped.push(said);
+                continue;
+            }
+            partial.push(format!("{said}; {}", rows_kept(&records, unfinished_step(&contents))));
+        }
         for record in &records {
             let row = match &settings.preprocessor {
                 Preprocessor::Trajectory => trajectory_row(record),
@@ -412,6 +427,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         "traces": traces,
         "batches": batches.names(),
         "skipped": skipped,
+        "partial": partial,
         "trainingStep": args.training_step,
         "createdAt": utc_now_rfc3339()?,
     });
@@ -425,6 +441,9 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     }
     for line in &skipped {
         basecamp_sandbox::stderr_line!("skipped {line}");
+    }
+    for line in &partial {
+        basecamp_sandbox::stderr_line!("partial {line}");
     }
     writeln!(
         std::io::stdout(),
@@ -442,24 +461,43 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
 /// logits are neither decoded nor, in their own frames, decompressed), read
 /// through the trace commands' one reader ([`Sources::open`]). A trace that
 /// cannot be read (a file's or an object's I/O, however far in) is an error:
-/// the dataset would silently lack it. One that is not a trace or is
-/// damaged is `Ok(Err(why))`, skipped and listed by the caller.
+/// the dataset would silently lack it. One that is not a trace is
+/// `Ok(Err(why))`, skipped and listed by the caller; a damaged one is its
+/// records before the damage (the caller keeps the rows of its finished
+/// steps, [`unfinished_step`], and lists it).
 fn read_for_rows(sources: &Sources, source: &Source) -> Result<Result<TraceContents, String>, TraceError> {
     let contents = match sources.open(source) {
         Ok(reader) => reader.without(&[RecordKind::TokenLogit]).into_contents(),
         Err(e @ TraceError::Io { .. }) => return Err(e),
         Err(e) => return Ok(Err(e.to_string())),
     };
-    Ok(match contents.damage() {
-        None => Ok(contents),
-        Some(e @ TraceError::Io { .. }) => return Err(e.clone()),
-        Some(damage) => {
-            // The damage names the trace itself: "F: truncated at byte N: ...".
-            let damage = damage.to_string();
-            let why = damage.strip_prefix(&format!("{}: ", source.name)).unwrap_or(&damage);
-            Err(format!("{}: incomplete ({why})", source.name))
-        }
-    })
+    match contents.damage() {
+        Some(e @ TraceError::Io { .. }) => Err(e.clone()),
+        _ => Ok(Ok(contents)),
+    }
+}
+
+/// "F: incomplete (truncated at byte N: ...)": the damage names the trace
+/// itself, which is said once.
+fn incomplete(source: &Source, damage: &TraceError) -> String {
+    let damage = damage.to_string();
+    let why = damage.strip_prefix(&format!("{}: ", source.name)).unwrap_or(&damage);
+    format!("{}: incomplete ({why})", source.name)
+}
+
+/// Which rows of a damaged trace were kept and which step was left out.
+fn rows_kept(records: &[serde_json::Value], unfinished: Option<u32>) -> String {
+    let steps: std::collections::BTreeSet<u64> = records.iter().filter_map(|r| r["step"].as_u64()).collect();
+    let range = match (steps.first(), steps.last()) {
+        (Some(first), Some(last)) if first != last => format!("steps {first}-{last}"),
+        (Some(first), _) => format!("step {first}"),
+        _ => "no step".to_string(),
+    };
+    let left_out = match unfinished {
+        Some(step) => format!("; step {step}, cut off before it finished, is left out"),
+        None => String::new(),
+    };
+    format!("the {} rows of its finished {range} are kept{left_out}", records.len())
 }
 
 /// The first [`FAILURES_SHOWN`] skipped traces, the rest counted: the

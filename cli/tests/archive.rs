@@ -4,6 +4,9 @@ use std::process::Command;
 
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 
+#[path = "support/unended.rs"]
+mod unended;
+
 fn basecamp(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_basecamp")).args(args).output().expect("the basecamp binary runs")
 }
@@ -266,4 +269,49 @@ fn a_member_that_is_another_members_directory_is_refused_and_an_empty_archive_is
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no trace could be archived (each is named above)"), "{stderr}");
     assert!(!archive.exists());
+}
+
+/// A file whose name is not UTF-8 cannot be a member (the index is JSON).
+/// Before, it made the whole archive fail: nothing was archived. Now the
+/// others are, and it is named in an error with exit 1, so nothing is lost
+/// silently. A trace that reads to its footer without an episode end is
+/// archived as it is, listed as not complete (before: `COMPLETE yes`).
+#[test]
+fn a_file_name_that_is_not_utf8_is_left_out_and_named_and_the_others_are_archived() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    let ep = generate(&EpisodeShape { seed: 1, steps: 2, tokens_per_step: 1, ..Default::default() });
+    std::fs::write(input.join("good.trace"), ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    std::fs::write(input.join(std::ffi::OsStr::from_bytes(b"odd-\xff.trace")), ep.write_to(Vec::new(), 3).unwrap())
+        .unwrap();
+    std::fs::write(input.join("unended.trace"), unended::unended_trace(2)).unwrap();
+    let archive = dir.path().join("a.tar.zst");
+    let (i, a) = (input.display().to_string(), archive.display().to_string());
+
+    let out = basecamp(&["trace", "archive", &i, "-o", &a]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: \"{i}/odd-\\xFF.trace\": the file name is not UTF-8, which archive member names must be (the \
+             archive's index is JSON), so it was not archived; rename it and archive it on its own"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("error: 1 of 3 traces could not be archived (each is named above)"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("warning: {i}/unended.trace: no episode end: the file reads to its footer index")),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("archived 2 traces ("), "{stderr}");
+
+    let out = basecamp(&["trace", "archive", "list", &a, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let members: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let listed: Vec<(&str, bool)> =
+        members.iter().map(|m| (m["name"].as_str().unwrap(), m["complete"].as_bool().unwrap())).collect();
+    assert_eq!(listed, [("good.trace", true), ("unended.trace", false)]);
 }

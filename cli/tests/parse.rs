@@ -6,6 +6,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "support/unended.rs"]
+mod unended;
+use unended::unended_trace;
+
 fn golden(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/golden").join(name)
 }
@@ -195,34 +199,6 @@ fn several_traces_print_json_lines_in_order_and_every_problem_once() {
     assert!(out.stdout.is_empty());
 }
 
-/// A trace that reads to its trailer but never ended its episode: the frame
-/// of the end record (written on its own after `end_step`) taken out, the
-/// trailer's index offset moved to match. `steps` tool steps before it.
-fn unended_trace(steps: u32) -> Vec<u8> {
-    use basecamp_trace::format::{FRAME_HEADER_LEN, FrameHeader, PREAMBLE_LEN, TRAILER_LEN};
-    use basecamp_trace::pb::{EpisodeEnd, Header, PlanStep, record::Body};
-    let header = Header { episode_id: "ep".into(), ..Default::default() };
-    let mut w = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
-    for step in 1..=steps {
-        w.append(step, Body::PlanStep(Box::new(PlanStep { index: step, ..Default::default() }))).unwrap();
-    }
-    w.end_step().unwrap();
-    let bytes = w.finish(EpisodeEnd { outcome: 1, ..Default::default() }).unwrap();
-    let mut frames = Vec::new();
-    let mut at = PREAMBLE_LEN;
-    while at + TRAILER_LEN < bytes.len() {
-        let h = FrameHeader::decode(bytes[at..at + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
-        frames.push(at..at + FRAME_HEADER_LEN + h.compressed_len as usize);
-        at = frames.last().unwrap().end;
-    }
-    let end_frame = frames[frames.len() - 2].clone();
-    let index_at = (frames[frames.len() - 1].start - end_frame.len()) as u64;
-    let mut out = [&bytes[..end_frame.start], &bytes[end_frame.end..bytes.len() - TRAILER_LEN]].concat();
-    out.extend_from_slice(&index_at.to_le_bytes());
-    out.extend_from_slice(&bytes[bytes.len() - 8..]);
-    out
-}
-
 #[test]
 fn a_trace_without_an_episode_end_is_not_complete() {
     // It printed "complete": true, "damage": null and exited 0, while
@@ -235,17 +211,15 @@ fn a_trace_without_an_episode_end_is_not_complete() {
         assert_eq!(out.status.code(), Some(1), "{name}");
         let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(doc["complete"], false, "{name}");
-        assert_eq!(doc["damage"], Value::Null, "{name}: the file itself is not damaged");
+        assert_eq!(doc["damage"]["category"], "TraceNoEpisodeEnd", "{name}: the reader says why");
         assert_eq!(doc["records"].as_array().unwrap().len(), steps as usize, "{name}");
         let line = stderr_line(&out);
-        assert_eq!(
-            line,
-            format!(
-                "error: {}: no episode end: the file reads to its trailer but holds no episode end record \
-                 (`basecamp trace validate` checks the rest)",
-                file.display()
-            )
-        );
+        let prefix = format!("error: {}: no episode end: the file reads to its footer index (byte ", file.display());
+        assert!(line.starts_with(&prefix), "{line}");
+        assert!(line.ends_with("`basecamp trace validate` checks the rest"), "{line}");
+        assert_eq!(doc["damage"]["message"].as_str().map(|m| format!("error: {m}")), Some(line.clone()));
+        // --allow-truncated accepts a writer killed mid-episode, not this.
+        assert_eq!(parse(&["--allow-truncated"], &file).status.code(), Some(1), "{name}");
         // Several traces: the same line, the same status.
         let out = Command::new(env!("CARGO_BIN_EXE_basecamp"))
             .args(["trace", "parse"])

@@ -14,6 +14,8 @@
 mod pyarrow;
 #[path = "support/s3.rs"]
 mod s3;
+#[path = "support/unended.rs"]
+mod unended;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -951,4 +953,69 @@ fn an_output_url_of_another_scheme_is_refused() {
         assert!(text(&output).contains(out), "{out}: {}", text(&output));
         assert!(std::fs::read_dir(tmp.path()).unwrap().count() == 1, "{out}: nothing written");
     }
+}
+
+/// A damaged trace was skipped whole ("incomplete"), losing the steps it
+/// holds before the damage. Now the rows of its finished steps are kept (a
+/// step has finished once the next one starts), the step the damage cut is
+/// left out even where its plan step was read, and the damage is named on
+/// stderr and under `partial` in dataset.json. A trace that reads to its
+/// footer without an episode end lost nothing but the end: all its steps.
+#[test]
+fn a_damaged_trace_gives_the_rows_of_the_steps_that_finished_before_the_damage() {
+    use basecamp_trace::pb::{EpisodeEnd, Header, MemoryDelta, PlanStep, StepKind, StepStatus, record::Body};
+    let tmp = tempfile::tempdir().unwrap();
+    let header = Header { episode_id: "cut".into(), task: "t".into(), variant: "a".into(), ..Default::default() };
+    let mut w = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
+    let plan = |step: u32| PlanStep {
+        index: step,
+        kind: StepKind::ToolCall as i32,
+        tool: "lookup".into(),
+        arguments_json: format!("{{\"n\":{step}}}"),
+        status: StepStatus::Ok as i32,
+        ..Default::default()
+    };
+    for step in 1..=4 {
+        w.append(step, Body::PlanStep(Box::new(plan(step)))).unwrap();
+        w.end_step().unwrap();
+    }
+    // Step 4 goes on in a frame of its own (the writer closes frames within a step too).
+    let before_cut = w.bytes_written() as usize;
+    let delta = MemoryDelta { key: "k".into(), after_json: Some("\"x\"".repeat(50)), ..Default::default() };
+    w.append(4, Body::MemoryDelta(delta)).unwrap();
+    w.end_step().unwrap();
+    let whole = w.finish(EpisodeEnd { steps: 4, ..Default::default() }).unwrap();
+    std::fs::create_dir(tmp.path().join("runs")).unwrap();
+    // Cut inside that frame: its header whole, one byte of its payload.
+    std::fs::write(tmp.path().join("runs/cut.trace"), &whole[..before_cut + 21]).unwrap();
+    std::fs::write(tmp.path().join("runs/unended.trace"), unended::unended_trace(2)).unwrap();
+
+    let output = basecamp(&["data", "preprocess", "runs", "--out", "ds"], tmp.path());
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    let steps: Vec<(String, u64)> = rows(&tmp.path().join("ds"))
+        .iter()
+        .map(|r| (r["episode"].as_str().unwrap().to_string(), r["step"].as_u64().unwrap()))
+        .collect();
+    let expected: Vec<(String, u64)> =
+        [("cut", 1), ("cut", 2), ("cut", 3), ("ep", 1), ("ep", 2)].map(|(e, s)| (e.to_string(), s)).to_vec();
+    assert_eq!(steps, expected, "{said}");
+    let cut = format!(
+        "runs/cut.trace: incomplete (truncated at byte {before_cut}: records of 4 steps recovered); the 3 rows of its \
+         finished steps 1-3 are kept; step 4, cut off before it finished, is left out"
+    );
+    let unended_prefix = "runs/unended.trace: incomplete (no episode end: the file reads to its footer index (byte ";
+    let unended_suffix = "; the 2 rows of its finished steps 1-2 are kept";
+    assert!(said.contains(&format!("partial {cut}\n")), "{said}");
+    assert!(
+        said.contains(&format!("partial {unended_prefix}")) && said.contains(&format!("{unended_suffix}\n")),
+        "{said}"
+    );
+    assert!(said.contains("5 rows from 2 traces"), "{said}");
+    let dataset: Value = serde_json::from_slice(&std::fs::read(tmp.path().join("ds/dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["skipped"], serde_json::json!([]));
+    let partial: Vec<&str> = dataset["partial"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    assert_eq!(partial.len(), 2, "{partial:?}");
+    assert_eq!(partial[0], cut);
+    assert!(partial[1].starts_with(unended_prefix) && partial[1].ends_with(unended_suffix), "{partial:?}");
 }

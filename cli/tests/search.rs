@@ -9,6 +9,9 @@ use basecamp_trace::read_trace;
 use basecamp_trace::synthetic::{EpisodeShape, generate};
 use serde_json::Value;
 
+#[path = "support/unended.rs"]
+mod unended;
+
 const QUERY: &str = r#"plan_execution.tool == "tracking_api" and latency_ms >= 800"#;
 
 fn basecamp(args: &[&str]) -> Output {
@@ -355,4 +358,65 @@ fn a_file_name_that_is_not_utf8_is_searched_named_directly_or_by_a_glob() {
         Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["trace", "search", "step == 1"]).arg(&odd).output().unwrap();
     assert!(text(&out.stdout).starts_with(&format!("{odd:?}:")), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("\\xFF"), "{}", text(&out.stdout));
+}
+
+/// A trace that reads to its footer without an episode end: search printed
+/// its matches and exited 0, as for a finished episode. Its matches are
+/// still printed; then one line says the episode did not end, and the exit
+/// status is 1, as for a trace cut short.
+#[test]
+fn a_trace_without_an_episode_end_is_searched_and_said_to_be_unended() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("unended.trace");
+    std::fs::write(&file, unended::unended_trace(3)).unwrap();
+    let f = file.display().to_string();
+    let out = basecamp(&["trace", "search", "step >= 2", &f]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).lines().map(|l| l.rsplit_once(": ").unwrap().1.to_string()).collect::<Vec<_>>(),
+        ["episode ep step 2 (step)", "episode ep step 3 (step)"]
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("error: {f}: no episode end: the file reads to its footer index (byte ")),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+/// `trace validate` names a hash by its first 12 hex digits; search
+/// refused those ("a hash is a sha256, 32 bytes ... 64 digits"), so the
+/// step a finding names could not be found by the hash it prints. The
+/// prefix, copied from the finding, now finds that step.
+#[test]
+fn a_hash_as_validate_prints_it_finds_its_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ep = generate(&EpisodeShape { seed: 5, steps: 6, tokens_per_step: 1, ..Default::default() });
+    for r in &mut ep.steps[2] {
+        if let Some(Body::PlanStep(p)) = &mut r.body {
+            p.memory_hash_after = vec![7; 32];
+        }
+    }
+    let file = dir.path().join("ep.trace");
+    std::fs::write(&file, ep.write_to(Vec::new(), 3).unwrap()).unwrap();
+    let f = file.display().to_string();
+    let out = basecamp(&["trace", "validate", &f]);
+    assert_eq!(out.status.code(), Some(1));
+    let finding = text(&out.stdout);
+    // "F: step N: memory: hash chain broken: memory_hash_before X is not memory_hash_after Y of the call at step M"
+    let words: Vec<&str> = finding.split_whitespace().collect();
+    let after = |word: &str| words[words.iter().position(|w| *w == word).unwrap() + 1].to_string();
+    let step = after("step").trim_end_matches(':').to_string();
+    let (before, broken_after) = (after("memory_hash_before"), after("memory_hash_after"));
+    assert_eq!((before.len(), broken_after.len()), (12, 12), "{finding}");
+    assert_eq!(broken_after, "07".repeat(6), "{finding}");
+    let search = |query: String| -> Vec<String> {
+        let out = basecamp(&["trace", "search", &query, &f, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{query}: {}", text(&out.stderr));
+        text(&out.stdout).lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["step"].to_string()).collect()
+    };
+    assert_eq!(step, "3", "the step after the broken call: {finding}");
+    assert_eq!(search(format!("memory_hash_after == \"{broken_after}\"")), ["2"], "the call that broke the chain");
+    // Memory a step does not change gives the next step the same hash.
+    assert!(search(format!("memory_hash_before == \"{before}\"")).contains(&step), "{finding}");
 }

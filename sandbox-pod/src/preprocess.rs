@@ -1,7 +1,8 @@
 //! Preprocessors (`dataPipeline.preprocessor`): traces into training rows
 //! of `(state, action, reward)`.
 //!
-//! Each finished step of a trace becomes one *raw record* — the step's
+//! Each finished step of a trace becomes one *raw record* (a damaged
+//! trace's steps before the one its damage cut: [`unfinished_step`]) — the step's
 //! action (tool call or final answer), its observation and status, memory
 //! before and after, the deltas and their sources, and on the last step the
 //! episode's reward components — and a preprocessor turns each raw record
@@ -33,8 +34,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use basecamp_trace::TraceContents;
 use basecamp_trace::pb::{self, record::Body};
+use basecamp_trace::{TraceContents, TraceError};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -131,7 +132,26 @@ pub fn episode_reward(
     Ok(rescored.weighted_sum)
 }
 
-/// The raw records of one trace: one per finished plan step, in order.
+/// The step of a damaged trace that may not have finished: the last one
+/// read, when the records stopped at damage (a crash, a cut, a corrupt
+/// frame) before the episode's end. The damage may have taken the rest of
+/// its records (the writer closes a frame within a step too: the policy
+/// turn, the token logits, and the tool calls are frames of their own), so
+/// only the steps before it are known to be whole; a step is finished
+/// once the next one starts. `None` when every step read finished: the
+/// trace is undamaged, holds its episode end, or reads to its trailer
+/// without one ([`TraceError::NoEpisodeEnd`]: nothing is missing but the end).
+pub fn unfinished_step(trace: &TraceContents) -> Option<u32> {
+    let damage = trace.damage()?;
+    let ended = trace.records.iter().any(|r| matches!(r.body, Some(Body::EpisodeEnd(_))));
+    if ended || matches!(damage, TraceError::NoEpisodeEnd { .. }) {
+        return None;
+    }
+    trace.records.last().map(|r| r.step).filter(|&step| step > 0)
+}
+
+/// The raw records of one trace: one per finished plan step, in order (the
+/// [`unfinished_step`] of a damaged trace is left out).
 pub fn raw_records(
     trace: &TraceContents,
     calculator: Option<&RewardCalculator>,
@@ -141,7 +161,10 @@ pub fn raw_records(
     let mut memory: Map<String, Value> = Map::new();
     let mut records: Vec<Value> = Vec::new();
     let mut last_observation = Value::Null;
-    for record in &trace.records {
+    // The unfinished step's records are the last ones read.
+    let unfinished = unfinished_step(trace);
+    let finished = trace.records.len() - trace.records.iter().rev().take_while(|r| Some(r.step) == unfinished).count();
+    for record in &trace.records[..finished] {
         match &record.body {
             Some(Body::PlanStep(step)) => {
                 let kind = pb::StepKind::try_from(step.kind).unwrap_or(pb::StepKind::Unspecified);

@@ -32,6 +32,16 @@ pub enum TraceError {
     MissingHeader { file: String, offset: u64 },
     #[error("{file}: step {step} is not in this trace")]
     StepNotFound { file: String, step: u32 },
+    /// The file reads to its footer index and trailer, but no episode end
+    /// record came before them: the episode's end was never written (the
+    /// trace's own writer always writes it before the index), so its
+    /// outcome is unknown. The records read are all there is.
+    #[error(
+        "{file}: no episode end: the file reads to its footer index (byte {offset}) but holds no episode end \
+         record, so the episode's outcome is unknown (no basecamp writer leaves this: the file was written by \
+         another tool or edited); `basecamp trace validate` checks the rest"
+    )]
+    NoEpisodeEnd { file: String, offset: u64 },
 }
 
 impl TraceError {
@@ -51,12 +61,14 @@ impl TraceError {
             Self::Corrupt { .. } => "TraceCorrupt",
             Self::MissingHeader { .. } => "TraceMissingHeader",
             Self::StepNotFound { .. } => "TraceStepNotFound",
+            Self::NoEpisodeEnd { .. } => "TraceNoEpisodeEnd",
         }
     }
 
     /// True when the records before this error are trustworthy (a crashed
-    /// writer, a damaged tail), as opposed to a file that could not be read at all.
+    /// writer, a damaged tail, an episode end never written), as opposed to
+    /// a file that could not be read at all.
     pub fn keeps_prefix(&self) -> bool {
-        matches!(self, Self::Truncated { .. } | Self::Corrupt { .. })
+        matches!(self, Self::Truncated { .. } | Self::Corrupt { .. } | Self::NoEpisodeEnd { .. })
     }
 }

@@ -28,31 +28,26 @@ pub struct TraceJson<'a> {
 impl Serialize for TraceJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let records = Records(&self.trace.records);
-        let ended = self.trace.records.iter().any(is_episode_end);
-        document(serializer, self.file, &self.trace.header, self.trace.damage(), ended, &records)
+        document(serializer, self.file, &self.trace.header, self.trace.damage(), &records)
     }
 }
 
-fn is_episode_end(record: &Record) -> bool {
-    matches!(record.body, Some(Body::EpisodeEnd(_)))
-}
-
 /// The document's five keys, in sorted order, around `records`.
-/// `"complete"` is true only for an undamaged trace that holds its
-/// episode's end: an index and trailer after the last step do not make an
-/// episode that never ended complete.
+/// `"complete"` is true only for a trace read to its end with nothing
+/// wrong: an index and trailer after the last step do not make an episode
+/// that never ended complete (the reader reports
+/// [`TraceError::NoEpisodeEnd`] as its damage).
 fn document<S: Serializer>(
     serializer: S,
     file: &str,
     header: &Header,
     damage: Option<&TraceError>,
-    ended: bool,
     records: &impl Serialize,
 ) -> Result<S::Ok, S::Error> {
     let damage_value = damage.map_or(Value::Null, |e| json!({ "category": e.category(), "message": e.to_string() }));
     let header = serde_json::to_value(header).unwrap_or_else(|e| json!({ "unshowable": e.to_string() }));
     let mut map = serializer.serialize_map(Some(5))?;
-    map.serialize_entry("complete", &(damage.is_none() && ended))?;
+    map.serialize_entry("complete", &damage.is_none())?;
     map.serialize_entry("damage", &damage_value)?;
     map.serialize_entry("file", file)?;
     map.serialize_entry("header", &header)?;
@@ -102,11 +97,7 @@ pub fn write_trace_json<R: Read>(
     pretty: bool,
 ) -> Result<TraceEnding, WriteJsonError> {
     let mut first = open()?;
-    let (mut counted, mut ended) = (0u64, false);
-    for record in first.by_ref().map_while(Result::ok) {
-        counted += 1;
-        ended |= is_episode_end(&record);
-    }
+    let counted = first.by_ref().map_while(Result::ok).count() as u64;
     let damage = match first.tail() {
         Some(Tail::Damaged(e)) => Some(e.clone()),
         Some(Tail::Complete) | None => None,
@@ -114,29 +105,28 @@ pub fn write_trace_json<R: Read>(
     let second = open()?;
     let header = second.header().clone();
     let records = Streamed { reader: RefCell::new(second), counted, stopped: RefCell::new(None) };
-    let doc = StreamedDocument { file, header: &header, damage: damage.as_ref(), ended, records: &records };
+    let doc = StreamedDocument { file, header: &header, damage: damage.as_ref(), records: &records };
     let written = if pretty { serde_json::to_writer_pretty(out, &doc) } else { serde_json::to_writer(out, &doc) };
     if let Some((read, cause)) = records.stopped.into_inner() {
         return Err(WriteJsonError::Changed { file: file.to_string(), counted, read, cause });
     }
     written.map_err(WriteJsonError::Write)?;
-    Ok(TraceEnding { damage, ended })
+    Ok(TraceEnding { damage })
 }
 
 /// How a trace written by [`write_trace_json`] ended.
 #[derive(Debug, Clone)]
 pub struct TraceEnding {
-    /// What cut the file short or broke it; `None` when it reads to its trailer.
+    /// What cut the file short or broke it, or that it reads to its trailer
+    /// without an episode end ([`TraceError::NoEpisodeEnd`]); `None` when
+    /// the trace is complete.
     pub damage: Option<TraceError>,
-    /// Whether an episode end record was read: a file undamaged to its
-    /// trailer may still hold an episode that never ended.
-    pub ended: bool,
 }
 
 impl TraceEnding {
-    /// Undamaged and ended: the document's `"complete"`.
+    /// Nothing wrong: the document's `"complete"`.
     pub fn is_complete(&self) -> bool {
-        self.damage.is_none() && self.ended
+        self.damage.is_none()
     }
 }
 
@@ -144,13 +134,12 @@ struct StreamedDocument<'a, R> {
     file: &'a str,
     header: &'a Header,
     damage: Option<&'a TraceError>,
-    ended: bool,
     records: &'a Streamed<R>,
 }
 
 impl<R: Read> Serialize for StreamedDocument<'_, R> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        document(serializer, self.file, self.header, self.damage, self.ended, self.records)
+        document(serializer, self.file, self.header, self.damage, self.records)
     }
 }
 

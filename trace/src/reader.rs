@@ -6,7 +6,11 @@
 //! protobuf decoding happens only on verified bytes. A file that ends early
 //! yields its complete frames and then [`TraceError::Truncated`]; damage
 //! yields the frames before it and then [`TraceError::Corrupt`] with the
-//! byte offset of the bad frame.
+//! byte offset of the bad frame. A file that reads to its footer index and
+//! trailer without an episode end record (which the writer always writes
+//! before them) yields its records and then [`TraceError::NoEpisodeEnd`]:
+//! only a trace whose episode ended is [`Tail::Complete`], so every reader
+//! of a trace says when its episode did not end.
 //!
 //! A reader told which record kinds it needs
 //! ([`TraceReader::skip_frames_without`]), or which it does not
@@ -39,6 +43,8 @@ struct Frame {
     offset: u64,
     record_kinds: u16,
     continues_step: bool,
+    /// Checksummed but not decompressed ([`FrameHeader::skippable_for`]).
+    skipped: bool,
 }
 
 /// Reads frames one by one from a position known to start a frame.
@@ -114,12 +120,13 @@ impl<R: Read> FrameReader<R> {
             offset: start,
             record_kinds: header.record_kinds,
             continues_step: header.flags & format::FLAG_CONTINUES_STEP != 0,
+            skipped: false,
         };
         self.raw.clear();
         if wanted.is_some_and(|w| header.skippable_for(w)) {
             self.skipped += 1;
             self.offset += (FRAME_HEADER_LEN + self.compressed.len()) as u64;
-            return Ok(FrameRead::Frame(frame));
+            return Ok(FrameRead::Frame(Frame { skipped: true, ..frame }));
         }
         self.raw.reserve(header.raw_len as usize);
         let n = self
@@ -207,7 +214,9 @@ fn check_header(header: &Header, file: &str) -> Result<(), TraceError> {
 pub enum Tail {
     /// The writer finished: episode end, index and trailer are present.
     Complete,
-    /// The records read are a trustworthy prefix; the rest is missing or damaged.
+    /// The records read are a trustworthy prefix; the rest is missing or
+    /// damaged, or ([`TraceError::NoEpisodeEnd`]) the file reads to its
+    /// trailer without the episode end that makes a trace complete.
     Damaged(TraceError),
 }
 
@@ -223,6 +232,10 @@ pub struct TraceReader<R> {
     last_kind: RecordKind,
     /// Distinct steps (other than 0) seen in verified frames.
     steps_seen: u32,
+    /// Whether an episode end record was read, or sits in a frame skipped
+    /// undecompressed (its header's record-kinds mask says so): a trace
+    /// that reaches its trailer without one is not complete.
+    ended: bool,
     tail: Option<Tail>,
     /// Record-kinds mask and continues-step flag of the current frame.
     frame_kinds: u16,
@@ -285,6 +298,7 @@ impl<R: Read> TraceReader<R> {
             last_step: None,
             last_kind: RecordKind::Header,
             steps_seen: 0,
+            ended: false,
             tail: None,
             frame_kinds: frame.record_kinds,
             frame_continues: frame.continues_step,
@@ -473,6 +487,7 @@ impl<R: Read> TraceReader<R> {
                         }
                         self.last_step = Some(step);
                         self.last_kind = kind;
+                        self.ended |= kind == RecordKind::EpisodeEnd;
                         Some(Ok(start..start + len))
                     }
                     Err(reason) => {
@@ -493,13 +508,21 @@ impl<R: Read> TraceReader<R> {
                     self.frame_kinds = frame.record_kinds;
                     self.frame_continues = frame.continues_step;
                     self.pos = 0;
+                    // A skipped frame's records are never split: its mask says what it held.
+                    self.ended |= frame.skipped && frame.record_kinds & RecordKind::EpisodeEnd.bit() != 0;
                     match frame.kind {
                         FrameKind::Records => self.in_records_frame = true,
                         FrameKind::Index => {
                             self.in_records_frame = false;
                             let index = TraceIndex::decode(self.frames.raw.as_slice()).map_err(|e| e.to_string());
                             self.footer = Some((frame.offset, index));
-                            let tail = self.check_trailer(frame.offset);
+                            let tail = match self.check_trailer(frame.offset) {
+                                Tail::Complete if !self.ended => Tail::Damaged(TraceError::NoEpisodeEnd {
+                                    file: self.frames.file.clone(),
+                                    offset: frame.offset,
+                                }),
+                                tail => tail,
+                            };
                             return self.stop(tail).map(Err);
                         }
                     }

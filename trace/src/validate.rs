@@ -98,14 +98,16 @@ pub fn validate_reader<R: Read>(mut reader: TraceReader<R>) -> Vec<Finding> {
         }
     }
     match reader.tail() {
-        Some(Tail::Damaged(e)) => v.file_finding("schema", unreadable(e)),
-        Some(Tail::Complete) => {
+        // Read to the footer: the index is checked, and the missing end is
+        // the `steps` finding `finish` makes.
+        Some(Tail::Complete | Tail::Damaged(TraceError::NoEpisodeEnd { .. })) => {
             if let Some(problem) =
                 reader.footer_index().and_then(|(at, index)| index_problem(at, index, &steps, records))
             {
                 v.file_finding("index", problem);
             }
         }
+        Some(Tail::Damaged(e)) => v.file_finding("schema", unreadable(e)),
         None => {}
     }
     v.finish()

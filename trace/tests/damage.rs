@@ -450,3 +450,54 @@ fn a_frame_whose_mask_lies_is_corrupt() {
         "{message}"
     );
 }
+
+/// `bytes` with the episode end's frame (the records frame before the index)
+/// taken out and the trailer's index offset moved to match: the file reads
+/// to its footer, but the episode never ended.
+fn without_the_end_frame(bytes: &[u8]) -> (Vec<u8>, u64) {
+    let frames = frames(bytes);
+    let end = &frames[frames.len() - 2];
+    let index = &frames[frames.len() - 1];
+    let index_at = (index.offset - (end.end() - end.offset)) as u64;
+    let mut out = [&bytes[..end.offset], &bytes[end.end()..bytes.len() - TRAILER_LEN]].concat();
+    out.extend_from_slice(&format::trailer(index_at));
+    (out, index_at)
+}
+
+/// The reader called a file that reads to its footer index without an
+/// episode end complete, so report, search, archive and preprocess took an
+/// episode that never ended for a finished one. Every reader now ends it
+/// with `NoEpisodeEnd`, also one that skips the frames holding the end
+/// (search), and every record read is kept.
+#[test]
+fn a_trace_read_to_its_footer_without_an_episode_end_is_not_complete() {
+    for (layout, bytes) in sweep_inputs() {
+        let full = full_trace(&bytes);
+        // The end frame holds the episode end only (the golden shape has no reward).
+        let end_frame = &frames(&bytes)[frames(&bytes).len() - 2];
+        assert_eq!(
+            end_frame.header.record_kinds & !basecamp_trace::RecordKind::EpisodeEnd.bit(),
+            0,
+            "{layout}: the frame before the index holds only the episode end"
+        );
+        let (unended, index_at) = without_the_end_frame(&bytes);
+        let expected = format!(
+            "{NAME}: no episode end: the file reads to its footer index (byte {index_at}) but holds no episode end \
+             record, so the episode's outcome is unknown (no basecamp writer leaves this: the file was written by \
+             another tool or edited); `basecamp trace validate` checks the rest"
+        );
+        let trace = read_trace_from(unended.as_slice(), NAME).unwrap();
+        assert_eq!(trace.damage().map(ToString::to_string), Some(expected.clone()), "{layout}");
+        assert_eq!(trace.damage().map(TraceError::category), Some("TraceNoEpisodeEnd"));
+        assert_eq!(trace.records, full.records[..full.records.len() - 1], "{layout}: every other record is read");
+        let without_tokens =
+            TraceReader::new(unended.as_slice(), NAME).unwrap().without(&[basecamp_trace::RecordKind::TokenLogit]);
+        assert_eq!(without_tokens.into_contents().damage().map(ToString::to_string), Some(expected.clone()));
+        let (_, err) = check_search(&unended, layout);
+        assert_eq!(err.map(|e| e.to_string()), Some(expected), "{layout}: search");
+        // The whole file, read by the same readers, is complete: an end in
+        // a frame that search skips undecompressed still counts.
+        assert!(matches!(full.tail, Tail::Complete));
+        assert_eq!(check_search(&bytes, layout).1.map(|e| e.to_string()), None, "{layout}: search of the whole file");
+    }
+}

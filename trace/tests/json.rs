@@ -4,7 +4,7 @@
 
 use basecamp_trace::json::{TraceJson, WriteJsonError, write_trace_json};
 use basecamp_trace::synthetic::{EpisodeShape, generate};
-use basecamp_trace::{TraceReader, read_trace_from};
+use basecamp_trace::{TraceError, TraceReader, read_trace_from};
 
 fn trace() -> Vec<u8> {
     generate(&EpisodeShape { seed: 4, steps: 8, tokens_per_step: 4, ..Default::default() })
@@ -120,14 +120,16 @@ fn a_trace_without_an_episode_end_is_not_complete() {
     let whole = w.finish(basecamp_trace::pb::EpisodeEnd { outcome: 1, ..Default::default() }).unwrap();
     let unended = without_end_frame(&whole);
     let trace = read_trace_from(unended.as_slice(), "t.trace").unwrap();
-    assert!(trace.damage().is_none(), "the file itself reads to its trailer");
-    assert_eq!(trace.records.len(), 1);
+    assert!(matches!(trace.damage(), Some(TraceError::NoEpisodeEnd { .. })), "{:?}", trace.tail);
+    assert_eq!(trace.records.len(), 1, "the file reads to its trailer: every record is there");
     for (bytes, complete) in [(&whole, true), (&unended, false)] {
         let mut out = Vec::new();
         let ending = write_trace_json(|| TraceReader::new(&bytes[..], "t.trace"), "t.trace", &mut out, false).unwrap();
         let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(doc["complete"], complete);
         assert_eq!(ending.is_complete(), complete);
+        let category = if complete { serde_json::Value::Null } else { "TraceNoEpisodeEnd".into() };
+        assert_eq!(doc["damage"]["category"], category);
         assert_eq!(String::from_utf8(out).unwrap(), held(bytes, false));
     }
 }

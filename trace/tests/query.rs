@@ -564,8 +564,9 @@ fn hashes_match_in_hex_or_base64_and_unicode_escapes_spell_any_character() {
     }
     assert_eq!(
         error_of("input_hash == \"not a hash!\""),
-        "invalid query: a hash is a sha256, 32 bytes written in hex (64 digits) or in base64 (as `trace parse` \
-         prints it); \"not a hash!\" is neither\n  input_hash == \"not a hash!\"\n                ^"
+        "invalid query: a hash is a sha256, 32 bytes written in hex (64 digits, or its first 8 or more as `trace \
+         validate` and the reports print them) or in base64 (as `trace parse` prints it); \"not a hash!\" is none \
+         of these\n  input_hash == \"not a hash!\"\n                ^"
     );
 
     assert_eq!(steps_matching(&bytes, r#"tool == "\ud83d\ude00 lookup""#), [1]);
@@ -583,4 +584,46 @@ fn hashes_match_in_hex_or_base64_and_unicode_escapes_spell_any_character() {
     }
     // The closing quote after a short escape is still the string's end: not "never closed".
     assert!(!error_of(r#"tool == "\u12""#).contains("never closed"));
+}
+
+/// `trace validate` and the reports print a hash's first 12 hex digits;
+/// search refused them ("a hash is a sha256, 32 bytes"), so a hash a
+/// finding names could not be looked for. A hex prefix of 8 digits or more
+/// now matches every hash that starts with it (`==`, `!=`; ordering is
+/// refused), for the plan step's hashes and the header's config hash.
+#[test]
+fn a_hash_prefix_as_validate_prints_it_matches_the_hashes_starting_with_it() {
+    let hash = |seed: u8| -> Vec<u8> { (0u8..32).map(|i| i.wrapping_mul(seed).wrapping_add(seed)).collect() };
+    let (a, b, config) = (hash(37), hash(91), hash(13));
+    let header = Header { episode_id: "ep-p".into(), config_hash: config.clone(), ..Default::default() };
+    let mut w = TraceWriter::new(Vec::new(), header, 3).unwrap();
+    for (step, h) in [(1, &a), (2, &b)] {
+        let plan = PlanStep { index: step, memory_hash_before: h.clone(), ..Default::default() };
+        w.append(step, Body::PlanStep(Box::new(plan))).unwrap();
+        w.end_step().unwrap();
+    }
+    let bytes = w.finish(EpisodeEnd { steps: 2, ..Default::default() }).unwrap();
+    let short = |h: &[u8]| basecamp_trace::Digest::from_slice(h).unwrap().short();
+    assert_eq!(short(&a).len(), 12, "what validate prints");
+    for prefix in
+        [short(&a), short(&a).to_ascii_uppercase(), hex::encode(&a)[..8].to_string(), hex::encode(&a)[..63].to_string()]
+    {
+        assert_eq!(steps_matching(&bytes, &format!("memory_hash_before == \"{prefix}\"")), [1], "{prefix}");
+        assert_eq!(steps_matching(&bytes, &format!("memory_hash_before != \"{prefix}\"")), [2], "{prefix}");
+    }
+    assert_eq!(steps_matching(&bytes, &format!("memory_hash_before == \"{}\"", short(&b))), [2]);
+    assert_eq!(steps_matching(&bytes, &format!("episode.config_hash == \"{}\"", short(&config))), [1, 2]);
+    assert_eq!(steps_matching(&bytes, &format!("episode.config_hash == \"{}\"", hex::encode(&config))), [1, 2]);
+    assert_eq!(steps_matching(&bytes, &format!("episode.config_hash == \"{}\"", short(&a))), [0u32; 0]);
+    // Too short to pick out a hash: refused, as before.
+    let said = error_of(&format!("memory_hash_before == \"{}\"", &short(&a)[..7]));
+    assert!(said.starts_with("invalid query: a hash is a sha256, 32 bytes"), "{said}");
+    assert_eq!(
+        error_of(&format!("memory_hash_before < \"{}\"", short(&a))),
+        format!(
+            "invalid query: a hash prefix can only be compared with == and != (it matches the hashes starting \
+             with it), not '<'\n  memory_hash_before < \"{}\"\n                     ^",
+            short(&a)
+        )
+    );
 }

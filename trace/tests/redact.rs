@@ -468,3 +468,34 @@ fn null_and_booleans_of_a_pii_field_are_kept() {
     // A number may be a phone number: still replaced.
     assert_eq!(arguments.unwrap(), json!({"shipping_status": null, "vip": false, "user_phone": r.token("4155550134")}));
 }
+
+/// A trace that reads to its footer without an episode end was redacted
+/// into a copy with an end record made up (`EpisodeEnd::default()`, outcome
+/// unspecified), which then read as a finished episode. It is refused, with
+/// or without `allowing_truncated` (nothing was cut off), naming why.
+#[test]
+fn a_trace_without_an_episode_end_is_refused_not_given_a_made_up_end() {
+    let mut w = TraceWriter::new(Vec::new(), Header { episode_id: "ep".into(), ..Default::default() }, 3).unwrap();
+    w.append(1, Body::PlanStep(Box::default())).unwrap();
+    w.end_step().unwrap();
+    let whole = w.finish(EpisodeEnd { outcome: 1, steps: 1, ..Default::default() }).unwrap();
+    // Take out the end's frame (the one before the index) and move the trailer's offset.
+    let mut frames = Vec::new();
+    let mut at = PREAMBLE_LEN;
+    while at + basecamp_trace::format::TRAILER_LEN < whole.len() {
+        let h = FrameHeader::decode(whole[at..at + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        frames.push(at..at + FRAME_HEADER_LEN + h.compressed_len as usize);
+        at = frames.last().unwrap().end;
+    }
+    let (end, index) = (frames[frames.len() - 2].clone(), frames[frames.len() - 1].clone());
+    let mut unended = [&whole[..end.start], &whole[index.clone()]].concat();
+    unended.extend_from_slice(&basecamp_trace::format::trailer((index.start - end.len()) as u64));
+    for allow in [false, true] {
+        let mut out = Vec::new();
+        let err = redactor(b"salt")
+            .allowing_truncated(allow)
+            .redact(|| TraceReader::new(unended.as_slice(), "in.trace"), &mut out, "out.trace")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("in.trace: no episode end: the file reads to its footer index"), "{err}");
+    }
+}

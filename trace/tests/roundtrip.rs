@@ -477,15 +477,18 @@ fn unknown_fields_are_ignored_at_every_level() {
     prost::encoding::encode_key(98, prost::encoding::WireType::Varint, &mut memory_record);
     prost::encoding::encode_varint(123_456_789, &mut memory_record);
 
+    // The episode end, without which no trace is complete.
+    let end = Record { step: 1, body: Some(Body::EpisodeEnd(EpisodeEnd { steps: 1, ..Default::default() })) };
     let mut step_one = length_delimited(&plan_record);
     step_one.extend(length_delimited(&memory_record));
+    step_one.extend(end.encode_length_delimited_to_vec());
     let header_frame = frame(FrameKind::Records, &length_delimited(&header_record));
     let step_frame = frame(FrameKind::Records, &step_one);
     let step_offset = (format::PREAMBLE_LEN + header_frame.len()) as u64;
     let file = hand_made_file(
         &[header_frame, step_frame],
         vec![IndexEntry { step: 0, offset: format::PREAMBLE_LEN as u64 }, IndexEntry { step: 1, offset: step_offset }],
-        3,
+        4,
     );
 
     let trace = read_trace_from(file.as_slice(), "unknown.trace").unwrap();
@@ -494,6 +497,7 @@ fn unknown_fields_are_ignored_at_every_level() {
     let expected = vec![
         Record { step: 1, body: Some(Body::PlanStep(Box::new(plan))) },
         Record { step: 1, body: Some(Body::MemoryDelta(memory)) },
+        end,
     ];
     assert_eq!(trace.records, expected);
 

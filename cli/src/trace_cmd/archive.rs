@@ -24,6 +24,8 @@ pub struct ArchiveArgs {
     #[command(subcommand)]
     action: Option<ArchiveAction>,
     /// Trace files, directories (searched recursively for *.trace), glob patterns or s3://BUCKET/PREFIX to archive.
+    /// A file whose name is not UTF-8 cannot be a member (the archive's index is JSON): it is named in an error
+    /// and left out, the others are archived, and the exit status is 1; rename it and archive it on its own.
     #[arg(required = true)]
     paths: Vec<std::ffi::OsString>,
     /// The archive to write (conventionally FILE.tar.zst; `-` for stdout). Members are named by their path below
@@ -67,17 +69,20 @@ pub fn run(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
 fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     let out = args.out.as_ref().expect("clap requires -o when archiving");
     let sources = Sources::resolve(&args.paths)?;
-    let files = &sources.items;
+    // Member names are UTF-8 (the index is JSON): a file name that is not
+    // would be archived under another name. Such a file is left out and
+    // named; the others are archived, and the exit status says one was not.
+    let (files, unnamed): (Vec<&Source>, Vec<&Source>) =
+        sources.items.iter().partition(|file| file.relative_path.to_str() == Some(file.relative.as_str()));
+    for file in &unnamed {
+        basecamp_sandbox::stderr_line!(
+            "error: {:?}: the file name is not UTF-8, which archive member names must be (the archive's index is \
+             JSON), so it was not archived; rename it and archive it on its own",
+            file.local_path().unwrap_or(&file.relative_path)
+        );
+    }
     let mut names = std::collections::HashMap::new();
-    for file in files {
-        // Member names are UTF-8 (the index is JSON): a file name that is not
-        // would be archived under another name.
-        if file.relative_path.to_str() != Some(file.relative.as_str()) {
-            bail!(
-                "{:?}: the file name is not UTF-8, which archive member names must be; rename it first",
-                file.local_path().unwrap_or(&file.relative_path)
-            );
-        }
+    for file in &files {
         if let Some(other) = names.insert(file.relative.as_str(), &file.name) {
             bail!(
                 "{} and {} would both be archived as {}; archive them separately",
@@ -89,7 +94,7 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
     }
     // A member that is another's directory (`x.trace` and `x.trace/y.trace`)
     // cannot be extracted (or untarred) next to it.
-    for file in files {
+    for file in &files {
         let dirs = file.relative.match_indices('/').map(|(at, _)| &file.relative[..at]);
         if let Some(other) = dirs.filter_map(|dir| names.get(dir)).next() {
             bail!(
@@ -107,12 +112,12 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let mut writer = ArchiveWriter::new(BufWriter::new(&output));
-    let (mut failed, mut write_error, mut input_bytes) = (0usize, None, 0u64);
-    let prepare = |source: &Source| -> anyhow::Result<PreparedMember> {
+    let (mut failed, mut write_error, mut input_bytes) = (unnamed.len(), None, 0u64);
+    let prepare = |source: &&Source| -> anyhow::Result<PreparedMember> {
         let data = sources.read_bytes(source)?;
         Ok(prepare_member(&source.shown(), &source.relative, &data)?)
     };
-    for_each_ordered(files, args.jobs.unwrap_or_else(default_jobs), prepare, |_, prepared| match prepared {
+    for_each_ordered(&files, args.jobs.unwrap_or_else(default_jobs), prepare, |_, prepared| match prepared {
         Ok(member) => {
             // The damage names the file: "X: truncated at byte N: …", "X: corrupt frame at byte N: …".
             if let Some(damage) = member.damage() {
@@ -162,6 +167,12 @@ fn create(args: &ArchiveArgs) -> anyhow::Result<ExitCode> {
         basecamp_sandbox::stderr_line!("{message}");
     } else {
         writeln!(std::io::stdout(), "{message}")?;
+    }
+    if failed > 0 {
+        basecamp_sandbox::stderr_line!(
+            "error: {failed} of {} traces could not be archived (each is named above); the archive holds the others",
+            sources.items.len()
+        );
     }
     Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

@@ -12,7 +12,8 @@
 //! trace is still evidence), then one line naming the file and byte offset
 //! on stderr, and exits 1 unless `--allow-truncated` accepts a clean
 //! truncation. A trace that reads to its trailer without an episode end
-//! is not `"complete"` either, and exits 1 with one line.
+//! is not `"complete"` either (the reader's `NoEpisodeEnd` damage), and
+//! exits 1 with one line.
 
 use std::io::{self, Write};
 use std::ops::ControlFlow;
@@ -23,7 +24,6 @@ use anyhow::bail;
 use basecamp_sandbox::driver::SUMMARY_FILE;
 use basecamp_trace::inputs::{TRACE_SUFFIX, default_jobs, for_each_ordered};
 use basecamp_trace::json::{TraceEnding, WriteJsonError, write_trace_json};
-use basecamp_trace::pb::record::Body;
 use basecamp_trace::{RecordKind, TraceContents, TraceError};
 use clap::{Args, ValueEnum};
 
@@ -105,28 +105,18 @@ fn parse_one(args: &ParseArgs, file: &Path) -> anyhow::Result<ExitCode> {
             let entry = catalog::lone_entry(file, &trace, summary.as_ref());
             let view = episode::render(&entry, &trace, &undrawn, cap, None);
             io::stdout().lock().write_all(episode::page(&entry, "", &view).as_bytes())?;
-            let ended = trace.records.iter().any(|r| matches!(r.body, Some(Body::EpisodeEnd(_))));
-            TraceEnding { damage: trace.damage().cloned(), ended }
+            TraceEnding { damage: trace.damage().cloned() }
         }
     };
-    let failed = report_ending(&super::one_line(&name), &ending, args.allow_truncated);
+    let failed = report_ending(&ending, args.allow_truncated);
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// Says on stderr how a damaged or unended trace ended; true when that is
 /// a failure (not a clean truncation that `--allow-truncated` accepts).
-fn report_ending(name: &str, ending: &TraceEnding, allow_truncated: bool) -> bool {
+fn report_ending(ending: &TraceEnding, allow_truncated: bool) -> bool {
     match &ending.damage {
-        None if ending.ended => false,
-        // No writer leaves this (a killed one leaves no index either): the
-        // file was cut together or written by something else.
-        None => {
-            basecamp_sandbox::stderr_line!(
-                "error: {name}: no episode end: the file reads to its trailer but holds no episode end record \
-                 (`basecamp trace validate` checks the rest)"
-            );
-            true
-        }
+        None => false,
         Some(damage @ TraceError::Truncated { .. }) if allow_truncated => {
             basecamp_sandbox::stderr_line!("warning: {damage}");
             false
@@ -158,10 +148,10 @@ fn parse_many(args: &ParseArgs) -> anyhow::Result<ExitCode> {
     };
     let mut out = io::BufWriter::new(io::stdout().lock());
     let (mut failed, mut write_error) = (false, None);
-    for_each_ordered(&sources.items, args.jobs.unwrap_or_else(default_jobs), parse, |i, parsed| {
+    for_each_ordered(&sources.items, args.jobs.unwrap_or_else(default_jobs), parse, |_, parsed| {
         let written = match parsed {
             Ok((doc, ending)) => {
-                failed |= report_ending(&sources.items[i].shown(), &ending, args.allow_truncated);
+                failed |= report_ending(&ending, args.allow_truncated);
                 out.write_all(&doc).and_then(|()| out.write_all(b"\n"))
             }
             Err(unreadable) => {

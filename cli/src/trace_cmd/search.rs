@@ -59,13 +59,15 @@ Paths:
   policy_turn.FIELD        model, content, tool_calls[.path], finish_reason, latency_ms,
                            prompt_tokens, completion_tokens, logprobs_missing
   injection.FIELD          id, trigger, observation[.path], description
-  episode.FIELD            id, task, variant, namespace, shard, shard_count, training_step
+  episode.FIELD            id, task, variant, namespace, shard, shard_count, training_step,
+                           config_hash (a hash)
   step                     the step number
 
 Quote a path segment with other characters: memory_state.\"user.phone\".
 Strings take the escapes \\\" \\' \\\\ \\n \\t \\r and \\u with four hex digits (\\u00e9; a
 character beyond U+FFFF as a surrogate pair, as in JSON, or typed as itself). Hashes compare as hex, or as
-the base64 `basecamp trace parse` prints.
+the base64 `basecamp trace parse` prints; a hex prefix of 8 or more digits (the 12 that `trace validate` and
+the reports print) matches every hash that starts with it, with == and != only.
 
 A memory_state.KEY or reward_signal.NAME that no searched trace has is
 reported on stderr as a warning listing the names they do have (a misspelt

@@ -171,6 +171,7 @@ fn eval_step(expr: &StepExpr, hits: &[bool], step: u32, header: &Header) -> bool
                     "shard" => Val::Num(header.shard as f64),
                     "shard_count" => Val::Num(header.shard_count as f64),
                     "training_step" => Val::Num(header.training_step as f64),
+                    "config_hash" => Val::Str(hex::encode(&header.config_hash).into()),
                     other => unreachable!("resolve admits only known episode fields, not {other}"),
                 },
                 Target::Record { .. } => unreachable!("record comparisons are groups"),

@@ -216,7 +216,12 @@ const INJECTION_FIELDS: &[FieldDef] = &[
 ];
 
 /// Header fields usable as `episode.NAME`.
-const EPISODE_FIELDS: &[&str] = &["id", "task", "variant", "namespace", "shard", "shard_count", "training_step"];
+const EPISODE_FIELDS: &[&str] =
+    &["id", "task", "variant", "namespace", "shard", "shard_count", "training_step", "config_hash"];
+
+/// The fewest hex digits a hash prefix may have: 8 digits tell apart the
+/// hashes of millions of steps, and fewer would match steps by chance.
+pub const MIN_HASH_PREFIX: usize = 8;
 
 /// How to read values of a path from one record of its section.
 #[derive(Debug, Clone, PartialEq)]
@@ -453,19 +458,33 @@ pub fn check_literal(
             format!("'{}' orders numbers and strings, not {}", op.symbol(), literal.type_name()),
         ));
     }
-    if let (Target::Record { getter: Getter::Scalar { scalar: Scalar::Hex, .. }, .. }, Literal::Str(text)) =
-        (target, &literal)
-    {
-        return hash_literal(text).map(Literal::Str).ok_or_else(|| {
+    let is_hash = matches!(
+        target,
+        Target::Record { getter: Getter::Scalar { scalar: Scalar::Hex, .. }, .. } | Target::Episode("config_hash")
+    );
+    if let (true, Literal::Str(text)) = (is_hash, &literal) {
+        let hash = hash_literal(text).ok_or_else(|| {
             QueryError::new(
                 query,
                 literal_at,
                 format!(
-                    "a hash is a sha256, 32 bytes written in hex (64 digits) or in base64 (as `trace parse` \
-                     prints it); {text:?} is neither"
+                    "a hash is a sha256, 32 bytes written in hex (64 digits, or its first {MIN_HASH_PREFIX} or more \
+                     as `trace validate` and the reports print them) or in base64 (as `trace parse` prints it); \
+                     {text:?} is none of these"
                 ),
             )
-        });
+        })?;
+        if matches!(hash, Literal::HashPrefix(_)) && op.is_ordering() {
+            return Err(QueryError::new(
+                query,
+                op_at,
+                format!(
+                    "a hash prefix can only be compared with == and != (it matches the hashes starting with it), not '{}'",
+                    op.symbol()
+                ),
+            ));
+        }
+        return Ok(hash);
     }
     match (ty, &literal) {
         (Ty::Nothing, _) => {
@@ -490,19 +509,26 @@ pub fn check_literal(
 /// A hash literal as the lower-case hex a hash field is compared as: 32
 /// bytes (a sha256) in hex of any case, or in the base64 of proto3 JSON
 /// (`trace parse`: standard alphabet, padded) or its URL-safe and unpadded
-/// forms; or "" (no hash).
-fn hash_literal(text: &str) -> Option<String> {
+/// forms; or "" (no hash). Or the first [`MIN_HASH_PREFIX`] to 63 hex
+/// digits of one ([`Literal::HashPrefix`]): `trace validate` and the
+/// reports print the first 12.
+fn hash_literal(text: &str) -> Option<Literal> {
     use base64::Engine as _;
     use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-    // A sha256, or "" (no hash): a literal of another length matches nothing.
-    if text.is_empty() || (text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())) {
-        return Some(text.to_ascii_lowercase());
+    let hex_digits = text.bytes().all(|b| b.is_ascii_hexdigit());
+    if text.is_empty() || (text.len() == 64 && hex_digits) {
+        return Some(Literal::Str(text.to_ascii_lowercase()));
     }
-    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+    // Before a prefix: 43 hex digits may also be a sha256 in unpadded base64.
+    let base64 = [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
         .iter()
         .find_map(|engine| engine.decode(text).ok())
         .filter(|bytes| bytes.len() == 32)
-        .map(hex::encode)
+        .map(|bytes| Literal::Str(hex::encode(bytes)));
+    base64.or_else(|| {
+        (hex_digits && (MIN_HASH_PREFIX..64).contains(&text.len()))
+            .then(|| Literal::HashPrefix(text.to_ascii_lowercase()))
+    })
 }
 
 /// A value read from a record.
@@ -542,6 +568,15 @@ impl Val<'_> {
 /// ordering holds only between two numbers or two strings.
 pub fn compare(value: &Val<'_>, op: Op, literal: &Literal) -> bool {
     use std::cmp::Ordering;
+    if let Literal::HashPrefix(prefix) = literal {
+        let starts = matches!(value, Val::Str(hash) if hash.starts_with(prefix.as_str()));
+        return match op {
+            Op::Eq => starts,
+            Op::Ne => !starts,
+            // Refused when the query is compiled.
+            _ => false,
+        };
+    }
     let ordering: Option<Ordering> = match (value, literal) {
         (Val::Num(a), Literal::Num(b)) => a.partial_cmp(b),
         (Val::Str(a), Literal::Str(b)) => Some(a.as_ref().cmp(b.as_str())),

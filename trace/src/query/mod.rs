@@ -46,13 +46,13 @@
 //! | path | value |
 //! | --- | --- |
 //! | `memory_state.KEY` | the JSON value a `MemoryDelta` of KEY wrote (`after_json`); a delta that removed KEY has no value; `memory_state.KEY.a.0` navigates into it |
-//! | `plan_execution.F` (or bare `F`) | a `PlanStep` field: `index`, `kind` (`tool_call`, `final_answer`, `policy_error`), `plan_label`, `tool`, `call_id`, `arguments[.path]` and `observation[.path]` (JSON), `input_hash`, `result_hash`, `memory_hash_before`, `memory_hash_after` (hex, or the base64 `trace parse` prints), `response_bytes`, `status` (`ok`, `error`, `timeout`, `fallback`, `rolled_back`, `refused`), `error_type`, `error_message`, `fallback_used`, `start_unix_nanos`, `latency_ms` (latency_micros / 1000), `latency_us`, `timeout_ms` |
+//! | `plan_execution.F` (or bare `F`) | a `PlanStep` field: `index`, `kind` (`tool_call`, `final_answer`, `policy_error`), `plan_label`, `tool`, `call_id`, `arguments[.path]` and `observation[.path]` (JSON), `input_hash`, `result_hash`, `memory_hash_before`, `memory_hash_after` (hex: all 64 digits, or a prefix of 8 or more, such as the 12 `trace validate` and the reports print, which matches every hash starting with it (`==` and `!=` only); or the base64 `trace parse` prints), `response_bytes`, `status` (`ok`, `error`, `timeout`, `fallback`, `rolled_back`, `refused`), `error_type`, `error_message`, `fallback_used`, `start_unix_nanos`, `latency_ms` (latency_micros / 1000), `latency_us`, `timeout_ms` |
 //! | `reward_signal.NAME` | the raw `score` of component NAME (`.score`, `.weight` explicitly); `reward_signal.weighted_sum` the weighted sum |
 //! | `error_context.F` | `error_type`, `message`, `stack`, `cause` (any entry of the cause chain), `tool` (any of the last tool payloads), `memory.KEY[.path]` (the snapshot's JSON value) |
 //! | `token_logit.F` | `position`, `token_id`, `token`, `logprob` of the generated token; `entropy` and `kl` (nats) where the record was derived from raw logits (absent otherwise) |
 //! | `policy_turn.F` | `model`, `content`, `tool_calls[.path]` (JSON), `finish_reason`, `latency_ms`, `prompt_tokens`, `completion_tokens`, `logprobs_missing` |
 //! | `injection.F` | `id`, `trigger` (`at_step`, `after_tool`, `memory_match`, `live`), `observation[.path]`, `description` |
-//! | `episode.F` | header facts: `id`, `task`, `variant`, `namespace`, `shard`, `shard_count`, `training_step` |
+//! | `episode.F` | header facts: `id`, `task`, `variant`, `namespace`, `shard`, `shard_count`, `training_step`, `config_hash` (a hash, as the plan step's) |
 //! | `step` | the step number |
 //!
 //! Names may contain letters, digits, `_` and `-`; quote any other segment

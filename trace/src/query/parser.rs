@@ -56,12 +56,17 @@ pub enum Literal {
     Num(f64),
     Bool(bool),
     Null,
+    /// The first hex digits (lower case) of a hash, as `trace validate` and
+    /// the reports print it: made by the type check from a string compared
+    /// with a hash field, never by the parser.
+    HashPrefix(String),
 }
 
 impl Literal {
     pub fn type_name(&self) -> &'static str {
         match self {
             Literal::Str(_) => "a string",
+            Literal::HashPrefix(_) => "a hash prefix",
             Literal::Num(_) => "a number",
             Literal::Bool(_) => "a boolean",
             Literal::Null => "null",
