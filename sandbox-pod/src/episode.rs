@@ -889,7 +889,18 @@ impl Episode {
         }
         self.last_step_memory = self.memory.clone();
         if runner.snapshot_interval > 0 && step.is_multiple_of(runner.snapshot_interval) {
-            self.writer.append(step, Body::MemorySnapshot(self.memory.to_snapshot()))?;
+            let record = pb::Record { step, body: Some(Body::MemorySnapshot(self.memory.to_snapshot())) };
+            // Too long for a frame, the writer would refuse it, and the episode would end there.
+            let len = basecamp_trace::writer::framed_len(&record);
+            if len <= basecamp_trace::writer::FRAME_RAW_LIMIT {
+                self.writer.write_record(&record)?;
+            } else {
+                self.state.warnings.push(format!(
+                    "step {step}: the memory snapshot was not written: memory is {len} bytes encoded, over a trace \
+                     frame's {} bytes (readers rebuild memory from the deltas)",
+                    basecamp_trace::writer::FRAME_RAW_LIMIT
+                ));
+            }
         }
         self.writer.end_step()?;
         self.phase = Phase::BetweenSteps;
@@ -1070,6 +1081,7 @@ fn record_error<W: std::io::Write>(
     memory: &mut Memory,
     state: &StepState,
 ) -> std::io::Result<()> {
+    let (memory_snapshot_json, omitted_memory_keys) = error_snapshot(memory);
     writer.append(
         step,
         Body::ErrorContext(Box::new(ErrorContext {
@@ -1077,11 +1089,36 @@ fn record_error<W: std::io::Write>(
             message: message.to_string(),
             cause_chain,
             stack: String::new(),
-            memory_snapshot_json: memory.entries().map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
+            memory_snapshot_json,
             last_tool_payloads: state.payloads.iter().cloned().collect(),
+            omitted_memory_keys,
         })),
     )?;
     writer.end_step()
+}
+
+/// Most JSON of one memory value an error context's snapshot holds.
+pub const ERROR_SNAPSHOT_VALUE_LIMIT: usize = 1 << 20;
+/// Most JSON of all values an error context's snapshot holds.
+pub const ERROR_SNAPSHOT_LIMIT: usize = 16 << 20;
+
+/// Memory as an error context holds it: every value's canonical JSON, in
+/// key order, except a value over [`ERROR_SNAPSHOT_VALUE_LIMIT`] and every
+/// value once [`ERROR_SNAPSHOT_LIMIT`] is reached, which are named instead.
+/// A diagnostic record must not grow past what a trace frame can hold (the
+/// episode's trace would be lost with it); the deltas hold every value.
+fn error_snapshot(memory: &Memory) -> (BTreeMap<String, String>, Vec<String>) {
+    let (mut kept, mut omitted, mut size) = (BTreeMap::new(), Vec::new(), 0usize);
+    for (key, value) in memory.entries() {
+        let json = canonical_json(value);
+        if json.len() > ERROR_SNAPSHOT_VALUE_LIMIT || size + json.len() > ERROR_SNAPSHOT_LIMIT {
+            omitted.push(key.clone());
+        } else {
+            size += json.len();
+            kept.insert(key.clone(), json);
+        }
+    }
+    (kept, omitted)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -175,6 +175,41 @@ async fn a_tool_timeout_takes_the_fallback_and_the_null_it_writes_is_traced() {
     assert!(trace.records.iter().any(|r| matches!(&r.body, Some(Body::ErrorContext(e)) if e.error_type == "timeout")));
 }
 
+/// Memory bigger than a trace frame (17 values of 4 MiB): the episode's
+/// error context names the values it leaves out and the memory snapshot is
+/// skipped with a warning (before: the writer refused the 71 MB record and
+/// the episode was lost, trace and all).
+#[tokio::test]
+async fn memory_over_a_frame_keeps_the_episode_and_its_error_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut input = input("slow", "tracking_api", json!({"order_id": "SLOW"}));
+    let big = "x".repeat(4 << 20);
+    for i in 0..17 {
+        input.initial_memory.insert(format!("notes_{i:02}"), Value::String(big.clone()));
+    }
+    let result = runner(dir.path()).run(&input, dir.path()).await.unwrap();
+    assert_eq!(result.failure_class, "timeout");
+    assert!(
+        result.warnings.iter().any(|w| w.starts_with("step 1: the memory snapshot was not written: memory is ")),
+        "{:?}",
+        result.warnings
+    );
+    let trace = read_trace(dir.path().join("slow.trace")).unwrap();
+    assert!(matches!(trace.tail, Tail::Complete), "{:?}", trace.tail);
+    let context = trace
+        .records
+        .iter()
+        .find_map(|r| match &r.body {
+            Some(Body::ErrorContext(e)) if e.error_type == "timeout" => Some(e.clone()),
+            _ => None,
+        })
+        .expect("the timeout's error context");
+    let omitted: Vec<String> = (0..17).map(|i| format!("notes_{i:02}")).collect();
+    assert_eq!(context.omitted_memory_keys, omitted, "each value is over the 1 MiB a value may take");
+    assert_eq!(context.memory_snapshot_json.get("order_id").map(String::as_str), Some("\"A-1\""));
+    assert!(!context.memory_snapshot_json.keys().any(|k| k.starts_with("notes_")));
+}
+
 #[tokio::test]
 async fn a_plan_step_timeout_rolls_memory_back_and_writes_rollback_trace() {
     let dir = tempfile::tempdir().unwrap();

@@ -46,7 +46,7 @@ pub const TRAILER_LEN: usize = 16;
 /// The schema major version this library writes and reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 /// The schema minor version this library writes (readers accept any minor).
-pub const SCHEMA_MINOR: u32 = 2;
+pub const SCHEMA_MINOR: u32 = 3;
 
 /// Largest accepted compressed payload of one frame.
 pub const MAX_COMPRESSED_FRAME: u32 = 64 << 20;

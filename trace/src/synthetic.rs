@@ -235,6 +235,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
                 stack: String::new(),
                 memory_snapshot_json: memory.entries().take(5).map(|(k, v)| (k.clone(), canonical_json(v))).collect(),
                 last_tool_payloads: last_payloads.clone(),
+                omitted_memory_keys: Vec::new(),
             })));
         }
         let accuracy = if timed_out { 0.0 } else { 1.0 };

@@ -34,6 +34,13 @@ pub const SMALL_FRAME_ZSTD_LEVEL: i32 = -1;
 /// [`format::MAX_RAW_FRAME`], and small enough that zstd's worst case
 /// (`compress_bound`: n + n/256 above 128 KiB) stays within
 /// [`format::MAX_COMPRESSED_FRAME`]. A record longer than this is refused.
+/// The bytes `record` takes in a frame (its length prefix included): the
+/// writer refuses a record over [`FRAME_RAW_LIMIT`].
+pub fn framed_len(record: &Record) -> usize {
+    let len = record.encoded_len();
+    prost::length_delimiter_len(len) + len
+}
+
 pub const FRAME_RAW_LIMIT: usize = {
     let limit = if format::MAX_RAW_FRAME < format::MAX_COMPRESSED_FRAME {
         format::MAX_RAW_FRAME
@@ -120,8 +127,7 @@ impl<W: Write> TraceWriter<W> {
     /// lost: the records before it are still written, and later ones may follow.
     pub fn write_record(&mut self, record: &Record) -> io::Result<()> {
         let kind = RecordKind::of_body(record.body.as_ref());
-        let len = record.encoded_len();
-        let framed_len = prost::length_delimiter_len(len) + len;
+        let framed_len = framed_len(record);
         if framed_len > FRAME_RAW_LIMIT {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

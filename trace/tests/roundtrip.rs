@@ -138,8 +138,11 @@ prop_compose! {
             }),
             0..4,
         ),
+        omitted_memory_keys in prop::collection::vec(text(), 0..3),
     ) -> ErrorContext {
-        ErrorContext { error_type, message, cause_chain, stack, memory_snapshot_json, last_tool_payloads }
+        ErrorContext {
+            error_type, message, cause_chain, stack, memory_snapshot_json, last_tool_payloads, omitted_memory_keys,
+        }
     }
 }
 

@@ -444,6 +444,15 @@ pub fn render_with(
             }
             h.push_str("</table>");
         }
+        if !e.omitted_memory_keys.is_empty() {
+            let keys: Vec<String> = e.omitted_memory_keys.iter().map(|k| format!("<code>{}</code>", esc(k))).collect();
+            let _ = write!(
+                h,
+                "<div class=\"kv\">left out of the memory at the error (too long; the memory changes above hold \
+                 them): {}</div>",
+                keys.join(", ")
+            );
+        }
         for p in &e.last_tool_payloads {
             let _ = write!(
                 h,
@@ -596,6 +605,7 @@ mod tests {
                         response_json: h("payload.response"),
                         status: 2,
                     }],
+                    omitted_memory_keys: vec![h("error.omitted_key")],
                 })),
             ),
             record(
@@ -650,6 +660,7 @@ mod tests {
             "error.stack",
             "error.memory_key",
             "error.memory_value",
+            "error.omitted_key",
             "payload.tool",
             "payload.arguments",
             "payload.response",
