@@ -394,6 +394,8 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let live = LiveInjections::default();
     // Live injection for an id this shard does not run is a 404, not a silent no-op.
     live.expect_episodes(inputs.iter().map(|i| i.id.clone()));
+    // An id in a trace names one injection: a live one may not take a scheduled one's.
+    live.reserve_scheduled(&runner.injections);
     runner.live = live.clone();
     let runner = Arc::new(runner);
 

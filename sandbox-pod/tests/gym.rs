@@ -1292,3 +1292,38 @@ async fn a_step_that_panics_ends_its_episode_in_error_with_a_complete_trace_and_
     assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await.0, 201);
     server.shut_down().await;
 }
+
+#[tokio::test]
+async fn a_live_injection_may_not_take_the_id_of_a_scheduled_one() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "a"}"#).await.0, 201);
+    let reuse = r#"{"observation": "live words", "id": "policy-note"}"#;
+    let refused = |answer: &(u16, Value)| {
+        assert_error(
+            answer,
+            409,
+            "InjectionExists",
+            "injection \"policy-note\" is scheduled for episode \"a\" (the sandbox's spec.injections)",
+        )
+    };
+    // Before: 202, and the trace held two injections "policy-note", the live one first.
+    refused(&server.post("/v1/episodes/a/inject", reuse).await);
+    let step = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}"#;
+    let (status, stepped) = server.post("/v1/episodes/a/step", step).await;
+    assert_eq!((status, &stepped["info"]["injections"]), (200, &json!(["policy-note"])), "{stepped}");
+    // Fired, it is refused the same.
+    refused(&server.post("/v1/episodes/a/inject", reuse).await);
+    assert_eq!(server.post("/v1/episodes/a/close", "").await.0, 200);
+    let ids: Vec<(String, i32)> = server
+        .trace("a")
+        .await
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::Injection(i)) => Some((i.id.clone(), i.trigger)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, [("policy-note".to_string(), InjectionTrigger::AfterTool as i32)]);
+    server.shut_down().await;
+}

@@ -1246,3 +1246,53 @@ fn a_test_set_on_an_unreachable_s3_is_exit_4_not_a_configuration_error() {
     assert!(stderr.contains("error [TestSetUnavailable]: test set s3://testsets/tests.jsonl: "), "{stderr}");
     assert!(stderr.contains("(unavailable for now: exit 4, a later attempt can succeed)"), "{stderr}");
 }
+
+/// Driver mode takes an injection id once an episode, the ids of the
+/// scheduled injections (`injection-<n>`, spec.injections[n]) included, as
+/// server mode does: a live injection may not reuse one.
+#[test]
+fn a_live_injection_may_not_take_the_id_of_a_scheduled_one() {
+    let (project, out, dest) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let args = linger_project(project.path(), dest.path(), out.path());
+    let manifest = project.path().join("task.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let scheduled = text.replace(
+        "  maxSteps: 4\n",
+        "  maxSteps: 4\n  injections:\n    - afterTool: track_order\n      observation: Check the carrier too.\n",
+    );
+    assert_ne!(scheduled, text);
+    std::fs::write(&manifest, scheduled).unwrap();
+    // A lingering run starts no episode before its first scrape: the injections reach ep-1 at its start.
+    let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
+    let addr = address_in(&run.line_with("serving /metrics", Duration::from_secs(60)));
+    let inject = |body: &str| {
+        let (status, answer) = post_repeated(&addr, "/v1/episodes/ep-1/inject", body.as_bytes(), 1);
+        (status, serde_json::from_str::<Value>(&answer).unwrap_or_else(|e| panic!("{e}: {answer}")))
+    };
+    // Before: 202, and ep-1's trace held two injections "injection-0", the live one first.
+    let (status, refused) = inject(r#"{"observation": "live words", "id": "injection-0"}"#);
+    assert_eq!((status, refused["error"]["category"].as_str()), (409, Some("InjectionExists")), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("injection \"injection-0\" is scheduled for episode \"ep-1\" (the sandbox's spec.injections)"),
+        "{message}"
+    );
+    let (status, taken) = inject(r#"{"observation": "live words", "id": "ops-1"}"#);
+    assert_eq!(status, 202, "{taken}");
+    get(&addr, "/metrics");
+    let waiting = run.line_with(WAITING, Duration::from_secs(60));
+    get(&address_in(&waiting), "/metrics");
+    let ended = run.exit_within(Duration::from_secs(20));
+    assert_eq!(ended.status.code(), Some(0), "{}", ended.stderr);
+    let trace = read_trace(out.path().join("ep-1.trace")).unwrap();
+    let ids: Vec<String> = trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(basecamp_trace::pb::record::Body::Injection(i)) => Some(i.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["ops-1", "injection-0"]);
+}

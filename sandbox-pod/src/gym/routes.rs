@@ -21,7 +21,7 @@ use super::create::{Source, inline_input, parse_create};
 use super::registry::{Entry, Playing, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
 use crate::driver::panic_message;
-use crate::episode::{Episode, EpisodeResult, LiveInjection, StepReport};
+use crate::episode::{Episode, EpisodeResult, InjectionRefused, LiveInjection, StepReport};
 use crate::metrics::status_label;
 use crate::server::{
     ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, generated_injection_id, observability, read_injection,
@@ -628,6 +628,10 @@ async fn inject(
         ));
     }
     let injection_id = match request.id {
+        Some(given) if gym.runner.is_scheduled_injection(&given) => {
+            let refused = InjectionRefused::Scheduled { episode: id.clone(), id: given };
+            return Err(ApiError::new(StatusCode::CONFLICT, "InjectionExists", refused.to_string()));
+        }
         Some(given) if slot.injection_ids.contains(&given) => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -639,10 +643,10 @@ async fn inject(
             ));
         }
         Some(given) => given,
-        // A generated id skips those a client chose (`live-3`, say) in this episode.
+        // A generated id skips those a client chose (`live-3`, say) in this episode, and the scheduled ones'.
         None => loop {
             let generated = generated_injection_id(&gym.next_injection);
-            if !slot.injection_ids.contains(&generated) {
+            if !slot.injection_ids.contains(&generated) && !gym.runner.is_scheduled_injection(&generated) {
                 break generated;
             }
         },
