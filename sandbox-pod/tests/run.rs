@@ -1247,6 +1247,36 @@ fn a_test_set_on_an_unreachable_s3_is_exit_4_not_a_configuration_error() {
     assert!(stderr.contains("(unavailable for now: exit 4, a later attempt can succeed)"), "{stderr}");
 }
 
+/// A policy that cannot be built is refused before any service starts, in
+/// both modes: no service runs, and the output directory holds no logs.
+#[test]
+fn a_refused_policy_starts_no_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let marker = project.join("service-started");
+    let service = project.join("services/tracking.py");
+    let code = std::fs::read_to_string(&service).unwrap();
+    std::fs::write(&service, format!("import pathlib; pathlib.Path({:?}).touch()\n{code}", marker.display())).unwrap();
+    let mut policy = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let bad_line = policy.lines().count() + 1;
+    policy.push_str("{\"episode\": \"ship-999\", \"turns\": 5}\n");
+    std::fs::write(project.join("policy.jsonl"), policy).unwrap();
+    for (command, flag) in [("run", "--no-upload"), ("serve", "--listen=127.0.0.1:0")] {
+        let out = tempfile::tempdir().unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+            .args([command, "--config", project.to_str().unwrap(), "--out", out.path().to_str().unwrap()])
+            .arg(flag)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{command}: {stderr}");
+        assert!(stderr.contains(&format!("policy.jsonl:{bad_line}: ")), "{command}: {stderr}");
+        // Before: the tracking service was started, and waited for, before the policy was read.
+        assert!(!marker.exists(), "{command}: a service started before the policy was refused");
+        assert!(!out.path().join("services").exists(), "{command}: services' logs were written");
+    }
+}
+
 /// Driver mode takes an injection id once an episode, the ids of the
 /// scheduled injections (`injection-<n>`, spec.injections[n]) included, as
 /// server mode does: a live injection may not reuse one.
