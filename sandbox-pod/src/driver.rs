@@ -276,16 +276,18 @@ async fn run_episode(
 /// bug, but one episode's, recorded as that episode's error).
 fn task_failure(failed: tokio::task::JoinError) -> String {
     match failed.try_into_panic() {
-        Ok(payload) => {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|m| m.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_string());
-            format!("the episode panicked: {message}")
-        }
+        Ok(payload) => format!("the episode panicked: {}", panic_message(payload.as_ref())),
         Err(failed) => format!("the episode's task ended without a result: {failed}"),
     }
+}
+
+/// What a panic said: its message, when it has one.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|m| m.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// Writes `summary.json` atomically (temp file, then rename). The error

@@ -81,6 +81,8 @@ struct LiveState {
     /// The ids of the injections offered to each episode not finished yet:
     /// an id is taken once an episode.
     ids: BTreeMap<String, BTreeSet<String>>,
+    /// The ids of the scheduled injections, taken in every episode from its start.
+    scheduled: BTreeSet<String>,
 }
 
 /// Why [`LiveInjections::offer`] refused an injection.
@@ -95,6 +97,11 @@ pub enum InjectionRefused {
          (or none, for a generated one)"
     )]
     Exists { episode: String, id: String },
+    #[error(
+        "injection {id:?} is scheduled for episode {episode:?} (the sandbox's spec.injections), so a live \
+         injection may not take its id; give another id (or none, for a generated one)"
+    )]
+    Scheduled { episode: String, id: String },
 }
 
 impl LiveInjections {
@@ -111,6 +118,13 @@ impl LiveInjections {
     /// refuses any other id.
     pub fn expect_episodes(&self, ids: impl IntoIterator<Item = String>) {
         self.lock().expected.get_or_insert_with(BTreeSet::new).extend(ids);
+    }
+
+    /// Takes the ids of `scheduled` in every episode: a live injection
+    /// offered under one of them is refused ([`InjectionRefused::Scheduled`]),
+    /// so that an id in a trace names one injection.
+    pub fn reserve_scheduled(&self, scheduled: &[ScheduledInjection]) {
+        self.lock().scheduled.extend(scheduled.iter().map(|s| s.id.clone()));
     }
 
     /// Queues `injection` when `episode` can still receive it.
@@ -131,6 +145,9 @@ impl LiveInjections {
                 count: expected.len(),
                 examples: examples.join(", "),
             });
+        }
+        if state.scheduled.contains(&injection.id) {
+            return Err(InjectionRefused::Scheduled { episode: episode.to_string(), id: injection.id });
         }
         if !state.ids.entry(episode.to_string()).or_default().insert(injection.id.clone()) {
             return Err(InjectionRefused::Exists { episode: episode.to_string(), id: injection.id });
@@ -361,6 +378,12 @@ impl EpisodeRunner {
             metrics: None,
             logits: Arc::default(),
         }
+    }
+
+    /// Whether `id` is the id of one of the scheduled injections, which every
+    /// episode takes from its start: a live injection may not reuse it.
+    pub fn is_scheduled_injection(&self, id: &str) -> bool {
+        self.injections.iter().any(|i| i.id == id)
     }
 
     /// Alternatives per token for records derived from raw logits: the

@@ -3,7 +3,8 @@
 //! load and validate the manifests (the same checks as the operator and
 //! `basecamp harness validate`) -> resolve the variant's SandboxConfig and
 //! profile -> load the test set (local or `s3://`) and take this shard ->
-//! start the sandbox's services -> build the runner -> wait for the policy
+//! build the policy -> start the sandbox's services (a refused policy has
+//! started none) -> build the runner -> wait for the policy
 //! server (`spec.policy.server`) -> run the episodes (optionally serving
 //! `/metrics` and live injection) -> write `summary.json` -> upload what
 //! this run wrote (the traces and summary, the services' logs; not what an
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use basecamp_api::{HarnessTask, Loaded, Manifests, Report, SandboxConfigSpec, TestSet, resolve_profile};
 
-use crate::config::{RunContext, build_runner, episode_input};
+use crate::config::{RunContext, build_policy, build_runner_with_policy, episode_input};
 use crate::driver::StopSignal;
 use crate::driver::{SUMMARY_FILE, ShardSummary, run_shard};
 use crate::episode::LiveInjections;
@@ -367,6 +368,15 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         Path::new("basecamp-runs").join(&run_name).join(&variant.name).join(format!("shard-{}", request.shard))
     });
     create_out_dir(&out_dir)?;
+    // In a cluster the operator requires `policy.scripted` on S3 (pods have
+    // no local copy): fetch it next to the shard's output, outside what is uploaded.
+    let mut spec = task.spec.clone();
+    if let Some(location) = spec.policy.scripted.clone().filter(|s| s.starts_with("s3://")) {
+        spec.policy.scripted = Some(fetch_scripted_policy(&location, &out_dir).await?.display().to_string());
+    }
+    // Before any service starts (as `basecamp run` does): a policy refused
+    // then has started nothing and written no service's log.
+    let policy = build_policy(&spec, &variant.sandbox, &base_dir)?;
     let services =
         RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"), &request.stop)?;
     let sandbox = services.expand(&variant.sandbox)?;
@@ -380,13 +390,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         shard_count: request.shard_count,
         training_step: request.checkpoint_step.unwrap_or(0),
     };
-    // In a cluster the operator requires `policy.scripted` on S3 (pods have
-    // no local copy): fetch it next to the shard's output, outside what is uploaded.
-    let mut spec = task.spec.clone();
-    if let Some(location) = spec.policy.scripted.clone().filter(|s| s.starts_with("s3://")) {
-        spec.policy.scripted = Some(fetch_scripted_policy(&location, &out_dir).await?.display().to_string());
-    }
-    let mut runner = build_runner(&spec, &sandbox, &ctx)?;
+    let mut runner = build_runner_with_policy(&spec, &sandbox, &ctx, policy)?;
     let metrics = Arc::new(SandboxMetrics::new());
     metrics.declare_tools(sandbox.tools.keys().map(String::as_str));
     metrics.declare_policy_errors(runner.policy.turn_error_categories());
@@ -394,6 +398,8 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     let live = LiveInjections::default();
     // Live injection for an id this shard does not run is a 404, not a silent no-op.
     live.expect_episodes(inputs.iter().map(|i| i.id.clone()));
+    // An id in a trace names one injection: a live one may not take a scheduled one's.
+    live.reserve_scheduled(&runner.injections);
     runner.live = live.clone();
     let runner = Arc::new(runner);
 

@@ -13,7 +13,9 @@
 //!   delivered, not when it is accepted here). Answers 202 with the
 //!   injection's id. When the runner declared its episodes
 //!   ([`LiveInjections::expect_episodes`]), an unknown episode is a 404 and
-//!   a finished one a 409.
+//!   a finished one a 409; an `id` the episode took already, or one of a
+//!   scheduled injection's ([`LiveInjections::reserve_scheduled`]), is a 409
+//!   `InjectionExists`.
 //!
 //! Every error is JSON `{"error": {"category": <PascalCase>, "message": …}}`
 //! ([`ApiError`]), the shape server mode ([`crate::gym`]) answers with too;
@@ -368,7 +370,7 @@ async fn inject(
         let refused = match state.live.offer(&episode, injection) {
             Ok(()) => break,
             // A generated id a client chose before: the next one.
-            Err(InjectionRefused::Exists { .. }) if !chosen => {
+            Err(InjectionRefused::Exists { .. } | InjectionRefused::Scheduled { .. }) if !chosen => {
                 id = generated_injection_id(&state.next_injection);
                 continue;
             }
@@ -377,7 +379,9 @@ async fn inject(
         let (status, category) = match &refused {
             InjectionRefused::UnknownEpisode { .. } => (StatusCode::NOT_FOUND, "UnknownEpisode"),
             InjectionRefused::Finished { .. } => (StatusCode::CONFLICT, "EpisodeFinished"),
-            InjectionRefused::Exists { .. } => (StatusCode::CONFLICT, "InjectionExists"),
+            InjectionRefused::Exists { .. } | InjectionRefused::Scheduled { .. } => {
+                (StatusCode::CONFLICT, "InjectionExists")
+            }
         };
         return ApiError::new(status, category, refused.to_string()).into_response();
     }

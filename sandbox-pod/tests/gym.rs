@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner, InjectionWhen, LiveInjections, ScheduledInjection};
@@ -12,9 +13,9 @@ use basecamp_sandbox::executor::{Fallback, NullWrites, ToolDef, ToolExecutor};
 use basecamp_sandbox::gym::{Gym, GymConfig, GymState, serve};
 use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
 use basecamp_sandbox::rewards::{ComponentSpec, RewardCalculator, RewardSpec};
-use basecamp_sandbox::tools::Tool;
 use basecamp_sandbox::tools::exec::ExecTool;
 use basecamp_sandbox::tools::recorded::{RecordedTool, parse_fixture};
+use basecamp_sandbox::tools::{Tool, ToolError, ToolOutput};
 use basecamp_trace::pb::{Header, InjectionTrigger, Outcome, StepStatus, record::Body};
 use basecamp_trace::{MemoryPatch, Tail, TraceContents, read_trace, read_trace_from};
 use serde_json::{Value, json};
@@ -1237,5 +1238,92 @@ async fn an_inline_message_the_policy_cannot_take_is_refused_naming_it() {
     }
     let (_, listed) = server.get("/v1/episodes").await;
     assert_eq!(listed["open"], 0, "{listed}");
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_step_that_panics_ends_its_episode_in_error_with_a_complete_trace_and_the_server_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(dir, 2, Duration::from_secs(60), Duration::from_secs(60), |runner| {
+        let boom = |_: &Value| -> Result<ToolOutput, ToolError> { panic!("the tool broke") };
+        runner.executor.add_tool("boom", ToolDef::new(Tool::Function(Arc::new(boom)), Duration::from_secs(5)));
+    })
+    .await;
+    for episode in ["broken", "other"] {
+        let body = json!({"row_id": "ok", "episode_id": episode}).to_string();
+        assert_eq!(server.post("/v1/episodes", &body).await.0, 201);
+    }
+    let body = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}, {"name": "boom", "arguments": {}}]}"#;
+    let answer = server.post("/v1/episodes/broken/step", body).await;
+
+    // Before: the trace ended at step 0's frame, no end, no index.
+    let trace = server.trace("broken").await;
+    assert!(matches!(trace.tail, Tail::Complete), "{:?}", trace.tail);
+    let panicked = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::ErrorContext(e)) if e.error_type == "panic" => Some((r.step, e.message.clone())),
+        _ => None,
+    });
+    assert_eq!(panicked, Some((1, "the step panicked: the tool broke".to_string())));
+    let step_1 = kinds_at(&trace, 1);
+    assert!(step_1.iter().any(|k| k == "PlanStep"), "the call before the panic is kept: {step_1:?}");
+    let Some(Body::EpisodeEnd(end)) = trace.records.last().and_then(|r| r.body.as_ref()) else { panic!("no end") };
+    assert_eq!((end.outcome, end.steps), (Outcome::Error as i32, 1));
+
+    // Before: 500 TraceIo, "the step of episode \"broken\" failed: task 7 panicked …; its trace may end early".
+    assert_error(
+        &answer,
+        500,
+        "StepPanicked",
+        "the step of episode \"broken\" panicked: the tool broke; the episode ended in error at step 1",
+    );
+    let (_, state) = server.get("/v1/episodes/broken").await;
+    assert_eq!((&state["state"], &state["done"], &state["closed"]), (&json!("error"), &json!(true), &json!(true)));
+    // Before: 500 TraceIo, "ended without a result: its trace could not be written".
+    let (status, closed) = server.post("/v1/episodes/broken/close", "").await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!((&closed["outcome"], &closed["failure_class"]), (&json!("error"), &json!("panic")), "{closed}");
+    assert_eq!(closed["error"], "the step panicked: the tool broke", "{closed}");
+    let metrics = server.gym.metrics().encode_prometheus_text();
+    assert!(metrics.contains(r#"basecamp_sandbox_episodes_total{outcome="error"} 1"#), "{metrics}");
+
+    // The other episode plays on, and the broken one's place is free again.
+    let (status, stepped) = server.post("/v1/episodes/other/step", r#"{"content": "It ships tomorrow."}"#).await;
+    assert_eq!((status, &stepped["done"]), (200, &json!(true)), "{stepped}");
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok"}"#).await.0, 201);
+    server.shut_down().await;
+}
+
+#[tokio::test]
+async fn a_live_injection_may_not_take_the_id_of_a_scheduled_one() {
+    let server = TestServer::start(4, Duration::from_secs(60)).await;
+    assert_eq!(server.post("/v1/episodes", r#"{"row_id": "ok", "episode_id": "a"}"#).await.0, 201);
+    let reuse = r#"{"observation": "live words", "id": "policy-note"}"#;
+    let refused = |answer: &(u16, Value)| {
+        assert_error(
+            answer,
+            409,
+            "InjectionExists",
+            "injection \"policy-note\" is scheduled for episode \"a\" (the sandbox's spec.injections)",
+        )
+    };
+    // Before: 202, and the trace held two injections "policy-note", the live one first.
+    refused(&server.post("/v1/episodes/a/inject", reuse).await);
+    let step = r#"{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "A-1"}}]}"#;
+    let (status, stepped) = server.post("/v1/episodes/a/step", step).await;
+    assert_eq!((status, &stepped["info"]["injections"]), (200, &json!(["policy-note"])), "{stepped}");
+    // Fired, it is refused the same.
+    refused(&server.post("/v1/episodes/a/inject", reuse).await);
+    assert_eq!(server.post("/v1/episodes/a/close", "").await.0, 200);
+    let ids: Vec<(String, i32)> = server
+        .trace("a")
+        .await
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(Body::Injection(i)) => Some((i.id.clone(), i.trigger)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, [("policy-note".to_string(), InjectionTrigger::AfterTool as i32)]);
     server.shut_down().await;
 }

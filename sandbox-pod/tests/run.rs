@@ -1246,3 +1246,83 @@ fn a_test_set_on_an_unreachable_s3_is_exit_4_not_a_configuration_error() {
     assert!(stderr.contains("error [TestSetUnavailable]: test set s3://testsets/tests.jsonl: "), "{stderr}");
     assert!(stderr.contains("(unavailable for now: exit 4, a later attempt can succeed)"), "{stderr}");
 }
+
+/// A policy that cannot be built is refused before any service starts, in
+/// both modes: no service runs, and the output directory holds no logs.
+#[test]
+fn a_refused_policy_starts_no_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let marker = project.join("service-started");
+    let service = project.join("services/tracking.py");
+    let code = std::fs::read_to_string(&service).unwrap();
+    std::fs::write(&service, format!("import pathlib; pathlib.Path({:?}).touch()\n{code}", marker.display())).unwrap();
+    let mut policy = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let bad_line = policy.lines().count() + 1;
+    policy.push_str("{\"episode\": \"ship-999\", \"turns\": 5}\n");
+    std::fs::write(project.join("policy.jsonl"), policy).unwrap();
+    for (command, flag) in [("run", "--no-upload"), ("serve", "--listen=127.0.0.1:0")] {
+        let out = tempfile::tempdir().unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+            .args([command, "--config", project.to_str().unwrap(), "--out", out.path().to_str().unwrap()])
+            .arg(flag)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{command}: {stderr}");
+        assert!(stderr.contains(&format!("policy.jsonl:{bad_line}: ")), "{command}: {stderr}");
+        // Before: the tracking service was started, and waited for, before the policy was read.
+        assert!(!marker.exists(), "{command}: a service started before the policy was refused");
+        assert!(!out.path().join("services").exists(), "{command}: services' logs were written");
+    }
+}
+
+/// Driver mode takes an injection id once an episode, the ids of the
+/// scheduled injections (`injection-<n>`, spec.injections[n]) included, as
+/// server mode does: a live injection may not reuse one.
+#[test]
+fn a_live_injection_may_not_take_the_id_of_a_scheduled_one() {
+    let (project, out, dest) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let args = linger_project(project.path(), dest.path(), out.path());
+    let manifest = project.path().join("task.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let scheduled = text.replace(
+        "  maxSteps: 4\n",
+        "  maxSteps: 4\n  injections:\n    - afterTool: track_order\n      observation: Check the carrier too.\n",
+    );
+    assert_ne!(scheduled, text);
+    std::fs::write(&manifest, scheduled).unwrap();
+    // A lingering run starts no episode before its first scrape: the injections reach ep-1 at its start.
+    let mut run = Background::start(&with(&args, &["--metrics-linger", "60s"]));
+    let addr = address_in(&run.line_with("serving /metrics", Duration::from_secs(60)));
+    let inject = |body: &str| {
+        let (status, answer) = post_repeated(&addr, "/v1/episodes/ep-1/inject", body.as_bytes(), 1);
+        (status, serde_json::from_str::<Value>(&answer).unwrap_or_else(|e| panic!("{e}: {answer}")))
+    };
+    // Before: 202, and ep-1's trace held two injections "injection-0", the live one first.
+    let (status, refused) = inject(r#"{"observation": "live words", "id": "injection-0"}"#);
+    assert_eq!((status, refused["error"]["category"].as_str()), (409, Some("InjectionExists")), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("injection \"injection-0\" is scheduled for episode \"ep-1\" (the sandbox's spec.injections)"),
+        "{message}"
+    );
+    let (status, taken) = inject(r#"{"observation": "live words", "id": "ops-1"}"#);
+    assert_eq!(status, 202, "{taken}");
+    get(&addr, "/metrics");
+    let waiting = run.line_with(WAITING, Duration::from_secs(60));
+    get(&address_in(&waiting), "/metrics");
+    let ended = run.exit_within(Duration::from_secs(20));
+    assert_eq!(ended.status.code(), Some(0), "{}", ended.stderr);
+    let trace = read_trace(out.path().join("ep-1.trace")).unwrap();
+    let ids: Vec<String> = trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Some(basecamp_trace::pb::record::Body::Injection(i)) => Some(i.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["ops-1", "injection-0"]);
+}

@@ -21,7 +21,8 @@
 //! an earlier one), and a close cuts the step off where it stands (the
 //! episode ends `cancelled`, "stopped at step N: closed by the client", and
 //! the step's client is answered so), as the server's stop does. An
-//! injection `id` is taken once per episode: a second of the same id is
+//! injection `id` is taken once per episode: a second of the same id, or
+//! one of a scheduled injection's (the sandbox's `spec.injections`), is
 //! refused (409 `InjectionExists`), never injected twice. A generated
 //! episode id is taken only by a create that succeeds.
 //!

@@ -1,6 +1,7 @@
 //! The handlers of server mode and the table they are routed from.
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,13 +13,15 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use basecamp_trace::pb::StepStatus;
+use futures_util::FutureExt;
 use serde_json::{Value, json};
 
 use super::action::parse_action;
 use super::create::{Source, inline_input, parse_create};
 use super::registry::{Entry, Playing, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
-use crate::episode::{Episode, EpisodeResult, LiveInjection, StepReport};
+use crate::driver::panic_message;
+use crate::episode::{Episode, EpisodeResult, InjectionRefused, LiveInjection, StepReport};
 use crate::metrics::status_label;
 use crate::server::{
     ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, generated_injection_id, observability, read_injection,
@@ -162,8 +165,11 @@ impl Gym {
         }
     }
 
-    /// Marks the episode whose step task failed (a panic) as ended in
-    /// error: its episode was out of the slot, and is gone with the task.
+    /// Marks the episode whose step task failed as ended in error: its
+    /// episode was out of the slot, and is gone with the task. A panic
+    /// while the step is played is caught and ends the episode with its
+    /// trace complete; this is for one the step could not catch (in the
+    /// end of its episode).
     async fn lose_step(&self, id: &str) {
         let Some(entry) = self.registry.get(id) else { return };
         let mut slot = entry.slot.lock().await;
@@ -448,12 +454,17 @@ async fn step(
     let episode_id = id.clone();
     match tokio::spawn(play_step(gym.clone(), id, body)).await {
         Ok(answer) => answer,
-        Err(e) => {
+        // A panic the step could not catch (while ending its episode).
+        Err(failed) => {
             gym.lose_step(&episode_id).await;
+            let (category, what) = match failed.try_into_panic() {
+                Ok(payload) => ("StepPanicked", format!("panicked: {}", panic_message(payload.as_ref()))),
+                Err(failed) => ("TraceIo", format!("failed: {failed}")),
+            };
             Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "TraceIo",
-                format!("the step of episode {episode_id:?} failed: {e}; its trace may end early"),
+                category,
+                format!("the step of episode {episode_id:?} {what}; its trace may end early"),
             ))
         }
     }
@@ -482,21 +493,40 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
     };
     let assistant_at = episode.messages().len();
     let deadline = tokio::time::Instant::now() + gym.runner.plan_step_timeout;
-    let played: Option<std::io::Result<(StepReport, bool)>> = tokio::select! {
+    // A panic in the step (a tool's, the sandbox's own bug) is caught here,
+    // with the episode still in hand: it ends the episode in error and its
+    // trace is completed. Uncaught, the episode was lost with the task and
+    // its trace left without an end or an index, as if cut off by a crash.
+    let played: Option<std::thread::Result<std::io::Result<(StepReport, bool)>>> = tokio::select! {
         biased;
         () = gym.stop.cancelled() => None,
         () = entry.closing.cancelled() => None,
-        played = async {
+        played = AssertUnwindSafe(async {
             let report = episode.act(&gym.runner, &action, deadline).await?;
             let running = episode.advance(&gym.runner)?;
             Ok((report, running))
-        } => Some(played),
+        }).catch_unwind() => Some(played),
     };
     let mut slot = entry.slot.lock().await;
     slot.playing = None;
     let (report, running, stopped) = match played {
-        Some(Ok((report, running))) => (report, running, None),
-        Some(Err(e)) => {
+        Some(Ok(Ok((report, running)))) => (report, running, None),
+        Some(Err(panic)) => {
+            let step = episode.step();
+            let message = panic_message(panic.as_ref());
+            tracing::error!(episode = %id, step, "the step panicked: {message}");
+            let recorded = episode.stop("panic", "panic", format!("the step panicked: {message}"));
+            slot.episode = Some(episode);
+            entry.update(|s| s.step_in_progress = None);
+            if let Err(e) = recorded {
+                let error = trace_io(&id, &e);
+                let _ = gym.finish(&entry, &mut slot, Some(format!("the trace could not be written: {e}")));
+                return Err(error);
+            }
+            gym.finish(&entry, &mut slot, None)?;
+            return Err(step_panicked(&id, step, &message));
+        }
+        Some(Ok(Err(e))) => {
             let error = trace_io(&id, &e);
             slot.episode = Some(episode);
             entry.update(|s| s.step_in_progress = None);
@@ -537,6 +567,19 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
         "info": info,
     });
     Ok(axum::Json(body).into_response())
+}
+
+/// The answer to a step that panicked: the episode ended in error there.
+fn step_panicked(id: &str, step: u32, message: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "StepPanicked",
+        format!(
+            "the step of episode {id:?} panicked: {message}; the episode ended in error at step {step} and its trace \
+             is complete: POST /v1/episodes/{id}/close for its result, GET /v1/episodes/{id}/trace for its trace. \
+             A panic is a bug (in a tool or the sandbox): please report it with the trace"
+        ),
+    )
 }
 
 /// Delivers an injection due now at once; one for a later step, or any
@@ -585,6 +628,10 @@ async fn inject(
         ));
     }
     let injection_id = match request.id {
+        Some(given) if gym.runner.is_scheduled_injection(&given) => {
+            let refused = InjectionRefused::Scheduled { episode: id.clone(), id: given };
+            return Err(ApiError::new(StatusCode::CONFLICT, "InjectionExists", refused.to_string()));
+        }
         Some(given) if slot.injection_ids.contains(&given) => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -596,10 +643,10 @@ async fn inject(
             ));
         }
         Some(given) => given,
-        // A generated id skips those a client chose (`live-3`, say) in this episode.
+        // A generated id skips those a client chose (`live-3`, say) in this episode, and the scheduled ones'.
         None => loop {
             let generated = generated_injection_id(&gym.next_injection);
-            if !slot.injection_ids.contains(&generated) {
+            if !slot.injection_ids.contains(&generated) && !gym.runner.is_scheduled_injection(&generated) {
                 break generated;
             }
         },

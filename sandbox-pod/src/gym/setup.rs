@@ -3,18 +3,19 @@
 //! The same steps as driver mode's `run` (and its functions): load and
 //! validate the manifests -> pick the task and variant -> resolve the
 //! SandboxConfig and profile -> check the GPU -> load the whole test set ->
-//! start the helper services -> build the runner -> wait for the policy
-//! server. The trainer is the policy here, so the task's policy is never
-//! called: its API key is not loaded (a trainer needs no credentials of the
-//! model under test). A `policy.server` sidecar is still waited for, as in
-//! driver mode, so the API is served only once the pod's model is loaded
-//! (a trainer may query it) and a server that never starts fails the pod.
+//! build the policy -> start the helper services -> build the runner ->
+//! wait for the policy server. The trainer is the policy here, so the
+//! task's policy is never called: its API key is not loaded (a trainer
+//! needs no credentials of the model under test). A `policy.server`
+//! sidecar is still waited for, as in driver mode, so the API is served
+//! only once the pod's model is loaded (a trainer may query it) and a
+//! server that never starts fails the pod.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::GymConfig;
-use crate::config::{RunContext, build_runner};
+use crate::config::{RunContext, build_policy, build_runner_with_policy};
 use crate::driver::StopSignal;
 use crate::run::{
     RunError, absolute_dir, check_gpu, create_out_dir, episode_inputs, load_manifests_in, load_test_set,
@@ -71,14 +72,16 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         .clone()
         .unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name).join(&variant.name).join("serve"));
     create_out_dir(&out_dir)?;
-    let services =
-        RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"), &request.stop)?;
-    let sandbox = services.expand(&variant.sandbox)?;
-
     let mut spec = task.spec.clone();
     spec.policy.api_key_env = None;
     spec.policy.api_key_file = None;
     spec.policy.api_key_secret = None;
+    // Before any service starts, as in driver mode: a policy refused then
+    // has started nothing and written no service's log.
+    let policy = build_policy(&spec, &variant.sandbox, &base_dir)?;
+    let services =
+        RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"), &request.stop)?;
+    let sandbox = services.expand(&variant.sandbox)?;
     let ctx = RunContext {
         base_dir,
         namespace: run_namespace(&manifests, task)?,
@@ -88,7 +91,7 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         shard_count: 1,
         training_step: 0,
     };
-    let runner = build_runner(&spec, &sandbox, &ctx)?;
+    let runner = build_runner_with_policy(&spec, &sandbox, &ctx, policy)?;
     // A stop while waiting: the caller sees it and serves nothing.
     tokio::select! {
         ready = crate::readiness::wait_for_policy_server(&spec.policy) => { ready?; }
