@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -29,6 +30,7 @@ use basecamp_trace::pb::{
     record::Body,
 };
 use basecamp_trace::{Memory, MemoryPatch, TraceWriter, canonical_json, hash_json};
+use futures_util::FutureExt;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -407,6 +409,11 @@ impl EpisodeRunner {
     /// where it is ([`Episode::cancel`]) and the trace closed with outcome
     /// `cancelled`, so a stopped run leaves whole traces. What
     /// [`EpisodeRunner::run`] does after the start.
+    ///
+    /// A panic while a step is played (a tool's, or a bug of the sandbox's)
+    /// ends the episode in error there, failure class `panic`, its trace
+    /// complete: uncaught, the episode was lost with its task and its trace
+    /// cut off without an end or an index.
     pub async fn run_started(&self, mut episode: Episode, stop: &StopSignal) -> std::io::Result<EpisodeResult> {
         loop {
             let going_on = tokio::select! {
@@ -415,7 +422,15 @@ impl EpisodeRunner {
                     episode.cancel(format!("stopped at step {}: the run was interrupted", episode.step))?;
                     false
                 }
-                going_on = self.play_step(&mut episode) => going_on?,
+                played = AssertUnwindSafe(self.play_step(&mut episode)).catch_unwind() => match played {
+                    Ok(going_on) => going_on?,
+                    Err(panic) => {
+                        let message = crate::driver::panic_message(panic.as_ref());
+                        tracing::error!(episode = %episode.id(), step = episode.step, "the step panicked: {message}");
+                        episode.stop(PANIC, PANIC, format!("the step panicked: {message}"))?;
+                        false
+                    }
+                },
             };
             if !going_on {
                 return episode.finish(self);
@@ -1094,6 +1109,8 @@ fn record_policy_turn<W: std::io::Write>(
 
 /// The error type, and failure class, of an episode ended before it finished.
 const CANCELLED: &str = "cancelled";
+/// The error type, and failure class, of an episode whose step panicked.
+pub const PANIC: &str = "panic";
 
 fn record_error<W: std::io::Write>(
     writer: &mut TraceWriter<W>,

@@ -119,7 +119,11 @@ async fn a_stopped_shard_records_the_trace_of_each_episode_it_cut_off() {
 }
 
 #[tokio::test]
-async fn an_episode_whose_task_panicked_is_lost_under_its_own_id_with_its_trace_and_the_panic_message() {
+/// A tool that panics ends its episode in error there, its trace complete;
+/// the shard plays on. Before: the episode was lost with its task
+/// (`"the episode panicked: the tool broke"`) and its trace cut off with no
+/// episode end and no index.
+async fn an_episode_whose_step_panicked_ends_in_error_with_a_complete_trace() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("policy.jsonl");
     let calls =
@@ -145,13 +149,17 @@ async fn an_episode_whose_task_panicked_is_lost_under_its_own_id_with_its_trace_
     let out = dir.path().join("out");
     let summary =
         run_shard(runner, vec![input("ok"), input("broken")], &out, 2, StopSignal::new(), |_| {}).await.unwrap();
-    assert_eq!(summary.episodes.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["ok"]);
-    // Before: {"id": "?", "error": "episode task failed: task 12 panicked ...", no trace_file}.
-    assert_eq!(summary.lost.len(), 1, "{:?}", summary.lost);
-    let lost = &summary.lost[0];
-    assert_eq!((lost.id.as_str(), lost.trace_file.as_deref()), ("broken", Some("broken.trace")));
-    assert_eq!(lost.error, "the episode panicked: the tool broke");
-    assert!(out.join("broken.trace").is_file());
+    let ids: Vec<&str> = summary.episodes.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["ok", "broken"], "{:?}", summary.lost);
+    assert!(summary.lost.is_empty(), "{:?}", summary.lost);
+    let broken = &summary.episodes[1];
+    assert_eq!((broken.outcome.as_str(), broken.failure_class.as_str()), ("error", "panic"));
+    assert_eq!(broken.error.as_deref(), Some("the step panicked: the tool broke"));
+    let trace = basecamp_trace::read_trace(out.join("broken.trace")).unwrap();
+    assert!(matches!(trace.tail, basecamp_trace::Tail::Complete), "{:?}", trace.tail);
+    assert!(trace.records.iter().any(|r| matches!(&r.body,
+        Some(basecamp_trace::pb::record::Body::ErrorContext(e))
+            if e.error_type == "panic" && e.message == "the step panicked: the tool broke")));
     assert_eq!(summary.files_written(), ["summary.json", "ok.trace", "broken.trace"]);
 }
 

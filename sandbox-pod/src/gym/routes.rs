@@ -21,7 +21,7 @@ use super::create::{Source, inline_input, parse_create};
 use super::registry::{Entry, Playing, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
 use crate::driver::panic_message;
-use crate::episode::{Episode, EpisodeResult, InjectionRefused, LiveInjection, StepReport};
+use crate::episode::{Episode, EpisodeResult, InjectionRefused, LiveInjection, PANIC, StepReport};
 use crate::metrics::status_label;
 use crate::server::{
     ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, generated_injection_id, observability, read_injection,
@@ -515,7 +515,7 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
             let step = episode.step();
             let message = panic_message(panic.as_ref());
             tracing::error!(episode = %id, step, "the step panicked: {message}");
-            let recorded = episode.stop("panic", "panic", format!("the step panicked: {message}"));
+            let recorded = episode.stop(PANIC, PANIC, format!("the step panicked: {message}"));
             slot.episode = Some(episode);
             entry.update(|s| s.step_in_progress = None);
             if let Err(e) = recorded {
