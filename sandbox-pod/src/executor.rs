@@ -248,6 +248,7 @@ impl ToolExecutor {
         };
         let latency = started.elapsed();
 
+        let retries = result.as_ref().map_or(0, |out| out.retries);
         let (mut status, observation, patch, source, response_bytes, mut error) = match result {
             Ok(out) => {
                 (StepStatus::Ok, out.observation, out.memory_patch, MemorySource::Tool, out.response_bytes, None)
@@ -323,6 +324,7 @@ impl ToolExecutor {
             latency_micros: latency.as_micros() as u64,
             timeout_ms: timeout.as_millis() as u64,
             refused_memory_json: refused.into_iter().map(|(key, value)| (key, canonical_json(&value))).collect(),
+            retries,
         };
         CallOutcome { observation, status, error, deltas, warnings, plan_step }
     }

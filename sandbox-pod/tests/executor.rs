@@ -455,6 +455,7 @@ async fn a_retry_that_could_not_start_before_the_timeout_fails_with_the_server_s
     assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
     assert_eq!(out.observation, json!("fine"));
     assert_eq!(flaky_hits.load(Ordering::SeqCst), 2);
+    assert_eq!(out.plan_step.retries, 1);
     assert!(out.plan_step.latency_micros >= 200_000, "Retry-After: 0.2 not honoured");
 }
 
@@ -555,9 +556,12 @@ async fn a_5xx_with_a_body_past_the_response_limit_is_retried_and_quoted_by_its_
     assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
     assert_eq!(out.observation, json!({"status": "shipped"}));
     assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // The trace says the answer came on the second request (before: a plain OK step).
+    assert_eq!(out.plan_step.retries, 1);
 
     let out = call(&ex, "down", &json!({}), &mut memory).await;
     assert_eq!(out.plan_step.error_type, "http_status");
     let quoted = format!("maintenance {}…", "x".repeat(200 - "maintenance ".len()));
-    assert_eq!(out.plan_step.error_message, format!("tool down HTTP 502: {quoted}"));
+    assert_eq!(out.plan_step.error_message, format!("tool down HTTP 502: {quoted} (gave up after 2 attempts)"));
+    assert_eq!(out.plan_step.retries, 0, "a failed call's attempts are in its message");
 }

@@ -208,6 +208,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
             latency_micros: latency,
             timeout_ms: 800,
             refused_memory_json: Default::default(),
+            retries: 0,
         })));
         t += latency as i64 * 1000 + 50_000_000;
         match shape.memory_mode {

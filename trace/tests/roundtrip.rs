@@ -72,11 +72,12 @@ prop_compose! {
         (fallback_used, memory_hash_before, memory_hash_after, start_unix_nanos, latency_micros, timeout_ms) in
             (any::<bool>(), bytes(), bytes(), any::<i64>(), any::<u64>(), any::<u64>()),
         refused_memory_json in string_map(),
+        retries in any::<u32>(),
     ) -> PlanStep {
         PlanStep {
             index, kind, plan_label, tool, call_id, arguments_json, input_hash, observation_json, result_hash,
             response_bytes, status, error_type, error_message, fallback_used, memory_hash_before,
-            memory_hash_after, start_unix_nanos, latency_micros, timeout_ms, refused_memory_json,
+            memory_hash_after, start_unix_nanos, latency_micros, timeout_ms, refused_memory_json, retries,
         }
     }
 }

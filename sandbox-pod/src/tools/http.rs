@@ -124,10 +124,17 @@ impl HttpTool {
         let mut attempt = 1;
         loop {
             match self.attempt(arguments).await? {
-                Answer::Done(output) => return Ok(output),
+                Answer::Done(output) => return Ok(ToolOutput { retries: attempt - 1, ..output }),
                 Answer::Failed { error, status, retry_after } => {
                     let retried = self.retry.as_ref().filter(|r| attempt < attempts && r.retries_status(status));
-                    let Some(retry) = retried else { return Err(error) };
+                    let Some(retry) = retried else {
+                        // The trace's error message is where a failed call's retries show.
+                        return Err(if attempt > 1 {
+                            error.with_note(&format!("gave up after {attempt} attempts"))
+                        } else {
+                            error
+                        });
+                    };
                     let wait =
                         retry_after.as_ref().map_or_else(|| retry.backoff_before(attempt + 1), |(wait, _)| *wait);
                     if deadline.is_some_and(|deadline| Instant::now() + wait >= deadline) {

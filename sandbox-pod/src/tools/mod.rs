@@ -28,11 +28,14 @@ pub struct ToolOutput {
     pub memory_patch: MemoryPatch,
     /// Size of the raw response (stdout, HTTP body), before parsing.
     pub response_bytes: u64,
+    /// Requests sent again before this answer (an HTTP tool's retry
+    /// policy, after a 429 or 5xx); 0 for an answer to the first.
+    pub retries: u32,
 }
 
 impl ToolOutput {
     pub fn observation(observation: Value) -> Self {
-        Self { observation, memory_patch: MemoryPatch::default(), response_bytes: 0 }
+        Self { observation, memory_patch: MemoryPatch::default(), response_bytes: 0, retries: 0 }
     }
 
     /// Reads a tool's JSON answer. An object with an `observation` key may
@@ -40,10 +43,15 @@ impl ToolOutput {
     /// `memory_remove` (keys to delete); any other value is the observation.
     pub fn from_json(value: Value, response_bytes: u64) -> Result<Self, ToolError> {
         let Value::Object(mut map) = value else {
-            return Ok(Self { observation: value, memory_patch: MemoryPatch::default(), response_bytes });
+            return Ok(Self { observation: value, memory_patch: MemoryPatch::default(), response_bytes, retries: 0 });
         };
         let Some(observation) = map.remove("observation") else {
-            return Ok(Self { observation: Value::Object(map), memory_patch: MemoryPatch::default(), response_bytes });
+            return Ok(Self {
+                observation: Value::Object(map),
+                memory_patch: MemoryPatch::default(),
+                response_bytes,
+                retries: 0,
+            });
         };
         let mut patch = MemoryPatch::default();
         match map.remove("memory") {
@@ -73,7 +81,7 @@ impl ToolOutput {
                 )));
             }
         }
-        Ok(Self { observation, memory_patch: patch, response_bytes })
+        Ok(Self { observation, memory_patch: patch, response_bytes, retries: 0 })
     }
 }
 
