@@ -106,7 +106,8 @@ pub enum ToolError {
     /// as its JSON answer), each shortened, empty when there was none.
     #[error("exited with {status}{}{}", suffix("stderr", .stderr), suffix("stdout", .stdout))]
     ExitStatus { status: String, stderr: String, stdout: String },
-    #[error("printed output that is not JSON: {0}")]
+    /// What an exec tool printed, or an HTTP tool answered as `application/json`.
+    #[error("answered with output that is not JSON: {0}")]
     InvalidJson(String),
     #[error("returned an invalid answer: {0}")]
     InvalidOutput(String),
