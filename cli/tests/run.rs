@@ -956,3 +956,19 @@ fn a_null_in_the_initial_memory_is_not_the_root_cause() {
     assert!(hints.iter().any(|h| h.contains("(after timeout x")), "{hints:?}");
     assert!(!stdout.contains("initial memory"), "{stdout}");
 }
+
+/// `--shards 0` is a usage error like `--concurrency 0` (exit 2, before
+/// anything is read); before, it exited 1 after reading the manifests.
+#[test]
+fn zero_shards_is_a_usage_error() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", example().to_str().unwrap(), "--shards", "0", "--out", out.path().join("o").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid value '0' for '--shards <SHARDS>': must be at least 1"), "{stderr}");
+    assert!(!stderr.contains("warning:"), "refused before the manifests are read: {stderr}");
+    assert!(!out.path().join("o").exists());
+}

@@ -65,8 +65,8 @@ pub struct RunArgs {
     /// Where traces, summaries and the report go (default: ./basecamp-runs/<task>/).
     #[arg(long, short)]
     pub out: Option<PathBuf>,
-    /// Shards per variant (default: the task's `shards`).
-    #[arg(long)]
+    /// Shards per variant, at least 1 (default: the task's `shards`).
+    #[arg(long, value_parser = crate::at_least_one::<u32>)]
     pub shards: Option<u32>,
     /// Episodes at once in each shard (at least 1).
     #[arg(long, default_value_t = 8, value_parser = crate::at_least_one::<usize>)]
@@ -219,7 +219,8 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let variants = resolve_variants(&manifests, task, args.variant.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let shard_count = args.shards.or(task.spec.shards).unwrap_or(1);
     if shard_count == 0 {
-        bail!("--shards must be at least 1");
+        // --shards is at least 1 by its parser; spec.shards by validation.
+        bail!("spec.shards must be at least 1");
     }
     let out_root = args.out.clone().unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name));
     check_no_other_task_in(&out_root, &task_name)?;
