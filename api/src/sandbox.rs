@@ -234,11 +234,17 @@ pub enum TraceLevel {
 #[serde(rename_all = "camelCase")]
 pub struct MemoryPolicy {
     /// What happens when a patch writes `null` into a key: `allow`, `warn`
-    /// (recorded and flagged in the trace) or `error` (the patch is refused
-    /// and the step fails). Default: warn.
+    /// (written, and flagged in the trace) or `error` (the null writes are
+    /// refused: those keys keep their values, the patch's other writes are
+    /// applied, and the call is marked `refused` with error type
+    /// `null_write_refused`: a failed call, whose error the agent sees; the
+    /// episode goes on). Default: warn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub null_writes: Option<NullWrites>,
-    /// Refuse writes whose JSON type differs from `schema`. Default: false.
+    /// Refuse writes whose JSON type differs from `schema`: those keys keep
+    /// their values, the patch's other writes are applied, and the call is
+    /// marked `refused` with error type `memory_type` (a failed call; the
+    /// episode goes on). Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub strict_types: bool,
     /// Expected JSON type of memory keys: key -> `string`, `number`,
@@ -258,7 +264,11 @@ impl MemoryPolicy {
     }
 }
 
-/// What to do with a `null` written into memory.
+/// What to do with a `null` written into memory: `allow` writes it, `warn`
+/// writes it and flags it in the trace, `error` refuses the null writes —
+/// those keys keep their values, the patch's other writes are applied, and
+/// the call is marked `refused` (error type `null_write_refused`; a failed
+/// call whose error the agent sees, the episode goes on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum NullWrites {
@@ -267,11 +277,14 @@ pub enum NullWrites {
     /// Write it and flag it in the trace.
     #[default]
     Warn,
-    /// Refuse the patch; the step fails.
+    /// Refuse the null writes (the patch's other writes are applied); the
+    /// call is marked refused.
     Error,
 }
 
-/// A JSON type, for the memory schema.
+/// A JSON type, for the memory schema. `integer` also takes a float
+/// without a fraction below 2^53 in magnitude (`3.0`, as Python writes a
+/// float), kept as `3`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum JsonType {
@@ -279,7 +292,10 @@ pub enum JsonType {
     String,
     /// Any number.
     Number,
-    /// A whole number.
+    /// A whole number: `3`, or a float without a fraction below 2^53 in
+    /// magnitude (`3.0`, as Python's json writes a float), kept as `3` — as
+    /// JSON Schema counts it and the trace's canonical JSON writes it.
+    /// `3.5` and `1e300` are not.
     Integer,
     /// true or false.
     Boolean,
@@ -291,8 +307,13 @@ pub enum JsonType {
     Null,
 }
 
+/// 2^53: below it every integral float is exactly an integer (the bound
+/// canonical JSON prints such a float as an integer under).
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
+
 impl JsonType {
-    /// Whether `value` has this type (`null` only matches `Null`).
+    /// Whether `value` has this type (`null` only matches `Null`; an
+    /// integral float below 2^53 is an `Integer`).
     pub fn matches(self, value: &serde_json::Value) -> bool {
         use serde_json::Value;
         match (self, value) {
@@ -302,7 +323,9 @@ impl JsonType {
             | (JsonType::Object, Value::Object(_))
             | (JsonType::Array, Value::Array(_))
             | (JsonType::Null, Value::Null) => true,
-            (JsonType::Integer, Value::Number(n)) => n.is_i64() || n.is_u64(),
+            (JsonType::Integer, Value::Number(n)) => {
+                n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() < MAX_SAFE_INTEGER)
+            }
             _ => false,
         }
     }
@@ -510,6 +533,11 @@ mod tests {
         use serde_json::json;
         assert!(JsonType::Integer.matches(&json!(3)));
         assert!(!JsonType::Integer.matches(&json!(3.5)));
+        // Before: 3.0 was refused, though JSON Schema and canonical JSON take it as 3.
+        assert!(JsonType::Integer.matches(&json!(3.0)));
+        assert!(JsonType::Integer.matches(&json!(-3.0)));
+        assert!(!JsonType::Integer.matches(&json!(1e300)));
+        assert!(!JsonType::Integer.matches(&json!(9_007_199_254_740_992.0)));
         assert!(JsonType::Number.matches(&json!(3.5)));
         assert!(!JsonType::String.matches(&json!(null)));
         assert!(JsonType::Null.matches(&json!(null)));

@@ -26,13 +26,16 @@ pub struct ServiceSpec {
     /// `["python3", "services/tracking.py"]`. Relative paths resolve against
     /// the manifest's directory for `basecamp run`, the working directory in
     /// a pod. The process gets `HOST=127.0.0.1` and `PORT` in its
-    /// environment and must listen there.
+    /// environment and must listen there. A program that is not there, not
+    /// on `PATH` or not executable is refused before any service starts.
     pub command: Vec<String>,
     /// Extra environment variables.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// The port on 127.0.0.1. Absent or 0: a free port chosen at start, so
-    /// several sandboxes can run side by side.
+    /// several sandboxes can run side by side. A fixed port another process
+    /// already holds is refused before the service starts (that process
+    /// would answer the readiness probe).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// An HTTP path polled until it answers 2xx, e.g. `/healthz`. Default:

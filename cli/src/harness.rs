@@ -151,6 +151,7 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
         }
     }
     report.extend(check_scripts(&manifests));
+    report.extend(check_programs(&manifests));
     let objects = manifests.tasks.len() + manifests.sandboxes.len();
     if objects == 0 && !report.has_errors() {
         // Nothing was checked (an empty file, `kind` misspelt, another kind
@@ -286,6 +287,21 @@ fn check_scripts(manifests: &Manifests) -> Vec<Problem> {
                 )
                 .in_object(&label),
             );
+        }
+    }
+    problems
+}
+
+/// The exec tools' and services' programs, judged as a run on this
+/// machine judges them before its first episode (not on `PATH`, not there,
+/// not executable): a run refuses each, so validation does too.
+fn check_programs(manifests: &Manifests) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for sandbox in &manifests.sandboxes {
+        let label = format!("SandboxConfig/{}", sandbox.object.metadata.name.as_deref().unwrap_or_default());
+        for (field, message) in basecamp_sandbox::config::program_problems(&sandbox.object.spec, &sandbox.base_dir()) {
+            let rule = if field.starts_with("spec.services.") { Rule::InvalidService } else { Rule::InvalidTool };
+            problems.push(Problem::error(rule, field, message).in_object(&label));
         }
     }
     problems

@@ -320,7 +320,7 @@ const REFUSED_UNCALLED: [&str; 2] = ["invalid_arguments", "unknown_tool"];
 
 /// Refusals of a tool's memory write, made after it answered: its answer
 /// goes in the fixture, and the memory policy refuses the write again.
-const REFUSED_AFTER_ANSWER: [&str; 2] = ["null_write_refused", "memory_type"];
+const REFUSED_AFTER_ANSWER: [&str; 3] = ["null_write_refused", "memory_type", "memory_key"];
 
 /// A recorded latency in milliseconds, taken again by the replay; longer
 /// than any spec duration (168h) it is damage, said where it is (the replay

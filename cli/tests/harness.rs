@@ -747,3 +747,49 @@ fn a_manifest_preprocessor_a_run_would_refuse_fails_validation_at_its_field() {
         "{out}"
     );
 }
+
+/// A service's or an exec tool's program that is not there is refused by
+/// `validate` and by `run` alike, at its field, saying what to do.
+#[test]
+fn a_program_that_cannot_start_is_refused_by_validate_and_by_run_at_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = basecamp_sandbox::testing::example_copy(dir.path());
+    let sandbox = project.join("sandbox-a.yaml");
+    let original = std::fs::read_to_string(&sandbox).unwrap();
+    let edited = original.replace("command: [python3, services/tracking.py]", "command: [nosuchbinary-xyz]");
+    assert_ne!(edited, original, "the example's service");
+    std::fs::write(&sandbox, edited).unwrap();
+    let field = "spec.services.tracking.command[0]: \"nosuchbinary-xyz\" is not an executable on PATH";
+    let path = project.to_str().unwrap();
+
+    // Before: exit 0, "ok".
+    let output = basecamp(&["harness", "validate", path]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(&format!("error: SandboxConfig/shipping-a: {field}")), "{out}");
+    assert!(out.contains("install it, or give its path"), "{out}");
+
+    // Before: `service tracking: cannot start "nosuchbinary-xyz": No such file or directory`, no field.
+    let runs = tempfile::tempdir().unwrap();
+    let out_dir = runs.path().join("out");
+    let output = basecamp(&["run", path, "--no-progress", "--out", out_dir.to_str().unwrap()]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains(&format!("variant a: {field}")), "{out}");
+    assert!(!out_dir.exists(), "nothing ran, nothing is left: {out}");
+
+    // An exec tool's missing program: validate says it as the run does.
+    let tool = original.replace("command: [python3, tools/issue_credit.py]", "command: [tools/no-such-tool]");
+    std::fs::write(&sandbox, tool).unwrap();
+    let output = basecamp(&["harness", "validate", path]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    let missing = project.join("tools/no-such-tool");
+    assert!(
+        out.contains(&format!(
+            "SandboxConfig/shipping-a: spec.tools.issue_credit.exec.command[0]: \"tools/no-such-tool\" ({}) does not exist",
+            missing.display()
+        )),
+        "{out}"
+    );
+}

@@ -894,3 +894,38 @@ fn tool_call_statuses(path: &Path) -> Vec<(StepStatus, String)> {
         })
         .collect()
 }
+
+/// REFUSALS_TASK's sandbox and task, answered by a fixture whose tool
+/// writes `count` itself as 2.0 (a Python float), 2.5, and a key "".
+#[test]
+fn integral_floats_in_an_integer_key_and_the_empty_key_replay_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    write_refusals(dir.path());
+    let line = |id: &str, patch: &str| {
+        format!(
+            r#"{{"tool": "lookup", "arguments": {{"id": "{id}"}}, "observation": {{"status": "late"}}, "memoryPatch": {patch}}}"#
+        )
+    };
+    let fixture =
+        [line("1", r#"{"count": 2.0}"#), line("2", r#"{"count": 2.5}"#), line("3", r#"{"": "x", "eta": "friday"}"#)];
+    std::fs::write(dir.path().join("fixture.jsonl"), fixture.join("\n") + "\n").unwrap();
+    let out = dir.path().join("out");
+    let (ok, text) = basecamp(&["run", dir.path().to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let config = dir.path().to_str().unwrap();
+    // bad-args calls lookup {"id": "1"} last; bad-memory {"id": "2"}; bad-own-memory {"id": "3"}.
+    for (episode, last, error_type) in [
+        // Before: refused "must hold integer, the patch from lookup wrote a number", and replay
+        // reported "status recorded refused vs replayed ok" (the trace holds 2.0 as 2).
+        ("bad-args", StepStatus::Ok, ""),
+        ("bad-memory", StepStatus::Refused, "memory_type"),
+        // Before: ok, a key named "" in memory.
+        ("bad-own-memory", StepStatus::Refused, "memory_key"),
+    ] {
+        let trace = out.join("default/shard-0").join(format!("{episode}.trace"));
+        let statuses = tool_call_statuses(&trace);
+        assert_eq!(statuses.last(), Some(&(last, error_type.to_string())), "{episode}: {statuses:?}");
+        let (ok, text) = basecamp(&["trace", "replay", trace.to_str().unwrap(), "--config", config]);
+        assert!(ok && text.starts_with("identical:"), "{episode}: {text}");
+    }
+}

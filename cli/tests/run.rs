@@ -971,4 +971,89 @@ fn zero_shards_is_a_usage_error() {
     assert!(stderr.contains("invalid value '0' for '--shards <SHARDS>': must be at least 1"), "{stderr}");
     assert!(!stderr.contains("warning:"), "refused before the manifests are read: {stderr}");
     assert!(!out.path().join("o").exists());
+
+/// The example's tracking service, replaced by one that answers its
+/// readiness probe and exits with status 3 on the first order asked for.
+const CRASHING_TRACKER: &str = r#"import os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path != "/healthz":
+            print("tracking crashed on", self.path, flush=True)
+            os._exit(3)
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever()
+"#;
+
+/// A service that dies during the run is named with its exit status and its
+/// log in the table, run.json and on stderr: the calls to it failed
+/// ("connection refused") and were counted against the agent, unexplained.
+#[test]
+fn a_service_that_dies_during_the_run_is_reported_with_its_status_and_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    std::fs::write(project.join("services/tracking.py"), CRASHING_TRACKER).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "b", "--no-progress", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let log = out.path().join("b/services/tracking.log");
+    assert!(std::fs::read_to_string(&log).unwrap().contains("tracking crashed on /orders/"), "the service died");
+
+    // Before: none of these.
+    let said = "b: service tracking EXITED during the run (exit status: 3)";
+    assert!(stdout.contains(said) && stdout.contains(&log.display().to_string()), "{stdout}");
+    assert!(
+        stderr.contains("error: variant b: service tracking exited with exit status: 3 during the run"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("tracking crashed on /orders/"), "the end of its log: {stderr}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let exits = run["service_exits"].as_array().unwrap_or_else(|| panic!("no service_exits in {run}"));
+    assert_eq!(exits.len(), 1, "{run}");
+    assert_eq!(exits[0]["variant"], "b");
+    assert_eq!(exits[0]["service"], "tracking");
+    assert_eq!(exits[0]["status"], "exit status: 3");
+    assert_eq!(exits[0]["log"], log.display().to_string());
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(report.contains("service-exit") && report.contains("service tracking EXITED"), "the report says it too");
+}
+
+/// Another process on a service's fixed port would answer its readiness
+/// probe while the service dies of EADDRINUSE: the run is refused before
+/// any episode, naming the port and the field.
+#[test]
+fn a_fixed_service_port_held_by_another_process_refuses_the_run() {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in squatter.incoming().flatten() {
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let sandbox = project.join("sandbox-b.yaml");
+    let text = std::fs::read_to_string(&sandbox).unwrap();
+    let fixed = text.replace("readyPath: /healthz", &format!("readyPath: /healthz\n      port: {port}"));
+    assert_ne!(fixed, text);
+    std::fs::write(&sandbox, fixed).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "b", "--no-progress", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // Before: exit 0, every episode run against the squatter.
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("port {port} on 127.0.0.1 is already in use by another process")), "{stderr}");
+    assert!(stderr.contains("spec.services.tracking.port"), "{stderr}");
+    assert!(traces_under(out.path()).is_empty(), "no episode ran");
 }

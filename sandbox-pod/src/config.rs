@@ -208,6 +208,45 @@ pub fn build_runner_with_policy(
     })
 }
 
+fn exec_tool(exec: &basecamp_api::tool::ExecTool, base_dir: &Path) -> ExecTool {
+    let mut tool = ExecTool::new(exec.command.clone());
+    tool.env = exec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    tool.working_dir =
+        Some(exec.working_dir.as_deref().map_or_else(|| base_dir.to_path_buf(), |d| resolve(base_dir, d)));
+    tool
+}
+
+/// Why exec tool `name` cannot start: the field and what is wrong.
+fn exec_program_problem(name: &str, tool: &ExecTool) -> Option<(String, String)> {
+    Some(match tool.cannot_start()? {
+        ProgramProblem::Program(m) => (format!("spec.tools.{name}.exec.command[0]"), m),
+        ProgramProblem::WorkingDir(m) => (format!("spec.tools.{name}.exec.workingDir"), m),
+    })
+}
+
+/// The programs of a sandbox that cannot start on this machine, each exec
+/// tool's and each service's, as (field path, what is wrong): what a run
+/// from `base_dir` refuses before its first episode, for `harness
+/// validate` to say first. A program named through a `$(services.…)`
+/// reference is known only once the services run, and not judged here.
+pub fn program_problems(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    for (name, exec) in sandbox.tools.iter().filter_map(|(name, spec)| Some((name, spec.exec.as_ref()?))) {
+        // An empty command is validation's to say.
+        if exec.command.first().is_some_and(|program| !program.trim().is_empty() && !program.contains("$(services.")) {
+            problems.extend(exec_program_problem(name, &exec_tool(exec, base_dir)));
+        }
+    }
+    for (name, service) in
+        sandbox.services.iter().filter(|(_, s)| s.command.first().is_some_and(|p| !p.trim().is_empty()))
+    {
+        if let Some(message) = crate::services::program_problem(service, base_dir) {
+            problems.push((format!("spec.services.{name}.command[0]"), message));
+        }
+    }
+    problems
+}
+
 /// The tools of a sandbox with their timeouts, fallbacks and memory policy.
 pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<ToolExecutor, ConfigError> {
     let null_writes = match sandbox.memory.null_writes() {
@@ -255,16 +294,9 @@ pub fn build_executor(sandbox: &SandboxConfigSpec, base_dir: &Path) -> Result<To
             }
             Tool::Http(tool)
         } else if let Some(exec) = &spec.exec {
-            let mut tool = ExecTool::new(exec.command.clone());
-            tool.env = exec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            tool.working_dir =
-                Some(exec.working_dir.as_deref().map_or_else(|| base_dir.to_path_buf(), |d| resolve(base_dir, d)));
+            let tool = exec_tool(exec, base_dir);
             // Checked now: a program that cannot start failed every call with a spawn error, exit 0.
-            if let Some(problem) = tool.cannot_start() {
-                let (field, message) = match problem {
-                    ProgramProblem::Program(m) => (format!("spec.tools.{name}.exec.command[0]"), m),
-                    ProgramProblem::WorkingDir(m) => (format!("spec.tools.{name}.exec.workingDir"), m),
-                };
+            if let Some((field, message)) = exec_program_problem(name, &tool) {
                 return Err(ConfigError::ExecProgram { field, message });
             }
             Tool::Exec(tool)

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use basecamp_api::sandbox::JsonType;
 use basecamp_trace::pb::{self, MemorySource, StepKind, StepStatus, record::Body};
 use basecamp_trace::{
     Digest, Memory, MemoryDelta, MemoryPatch, PatchOp, canonical_json, hash_canonical_text, hash_json,
@@ -109,6 +110,10 @@ pub enum CallError {
     NullWriteRefused { keys: String },
     #[error("memory key `{key}` must hold {expected}, the patch from {origin} wrote {found}")]
     MemoryType { key: String, expected: String, found: &'static str, origin: String },
+    #[error(
+        "refused to write the empty memory key \"\" (the patch from {origin}); a memory key needs a name, e.g. \"eta\""
+    )]
+    EmptyMemoryKey { origin: String },
 }
 
 impl CallError {
@@ -120,6 +125,7 @@ impl CallError {
             Self::InvalidArguments { .. } => "invalid_arguments",
             Self::NullWriteRefused { .. } => "null_write_refused",
             Self::MemoryType { .. } => "memory_type",
+            Self::EmptyMemoryKey { .. } => "memory_key",
         }
     }
 }
@@ -342,6 +348,20 @@ impl ToolExecutor {
         status: &mut StepStatus,
     ) -> (MemoryPatch, BTreeMap<String, Value>) {
         let mut refused = BTreeMap::new();
+        // A key "" is no key: nothing could read it back by name, and its delta names no key.
+        let who = || if source == MemorySource::Fallback { format!("the fallback of {origin}") } else { origin.into() };
+        let before = patch.ops.len();
+        patch.ops.retain(|op| match op {
+            PatchOp::Set { key, value } if key.is_empty() => {
+                refused.insert(String::new(), value.clone());
+                false
+            }
+            _ => true,
+        });
+        if patch.ops.len() < before {
+            error.get_or_insert(CallError::EmptyMemoryKey { origin: who() });
+            *status = StepStatus::Refused;
+        }
         let null_keys: Vec<&str> = patch
             .ops
             .iter()
@@ -351,12 +371,10 @@ impl ToolExecutor {
             })
             .collect();
         if !null_keys.is_empty() {
-            let who =
-                if source == MemorySource::Fallback { format!("the fallback of {origin}") } else { origin.into() };
             match self.null_writes {
                 NullWrites::Allow => {}
                 NullWrites::Warn => {
-                    warnings.push(format!("{who} wrote null into memory key(s) {}", null_keys.join(", ")))
+                    warnings.push(format!("{} wrote null into memory key(s) {}", who(), null_keys.join(", ")))
                 }
                 NullWrites::Error => {
                     let keys = null_keys.join(", ");
@@ -374,10 +392,16 @@ impl ToolExecutor {
         }
         if !self.memory_types.is_empty() {
             let mut type_error = None;
-            patch.ops.retain(|op| {
+            patch.ops.retain_mut(|op| {
                 let PatchOp::Set { key, value } = op else { return true };
                 let Some(expected) = self.memory_types.get(key) else { return true };
                 if value_has_type(value, expected) || (value.is_null() && self.null_writes != NullWrites::Error) {
+                    // 2.0 in an integer key is kept as 2: what the schema says, and what the trace records.
+                    if expected == "integer"
+                        && let Some(whole) = value.as_f64().filter(|_| value.is_f64())
+                    {
+                        *value = Value::from(whole as i64);
+                    }
                     return true;
                 }
                 type_error.get_or_insert(CallError::MemoryType {
@@ -433,7 +457,7 @@ fn value_has_type(value: &Value, type_name: &str) -> bool {
     match type_name {
         "string" => value.is_string(),
         "number" => value.is_number(),
-        "integer" => value.is_i64() || value.is_u64(),
+        "integer" => JsonType::Integer.matches(value),
         "boolean" => value.is_boolean(),
         "object" => value.is_object(),
         "array" => value.is_array(),

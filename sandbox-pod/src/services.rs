@@ -7,6 +7,13 @@
 //! signal), though not what a service started in turn. Its output goes to `services/<name>.log` in the run directory,
 //! so a service that dies is explained, not just missing.
 //!
+//! A service is refused before it starts when its program cannot start
+//! (field `spec.services.NAME.command[0]`, judged as an exec tool's) or when
+//! another process holds its fixed `port` (that process would answer the
+//! readiness probe); it is not ready when it has exited by the time its
+//! probe passes. One that exits later, while the episodes use it, is
+//! returned by [`RunningServices::exited`] for the run to report.
+//!
 //! [`RunningServices::expand`] turns the spec's `$(services.NAME.url)`
 //! references into the addresses the services actually got. A process that
 //! must exit at once, skipping destructors (a second Ctrl-C), calls
@@ -54,6 +61,14 @@ pub enum ServiceError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "service {name}: port {port} on 127.0.0.1 is already in use by another process, so its readiness probe \
+         would be answered by that process; stop it, or set spec.services.{name}.port to 0 (or remove it) for a free port"
+    )]
+    PortInUse { name: String, port: u16 },
+    /// Found before any service starts: every call to the service would fail.
+    #[error("{field}: {message}")]
+    Program { field: String, message: String },
     #[error("service {name}: cannot start {program:?}: {source}")]
     Spawn {
         name: String,
@@ -75,6 +90,8 @@ impl ServiceError {
     pub fn category(&self) -> &'static str {
         match self {
             Self::Port { .. } | Self::Spawn { .. } => "ServiceStart",
+            Self::PortInUse { .. } => "ServicePortInUse",
+            Self::Program { .. } => "ServiceProgramUnavailable",
             Self::Exited { .. } | Self::NotReady { .. } => "ServiceNotReady",
             Self::Reference(_) => "UnknownService",
         }
@@ -87,6 +104,36 @@ struct Running {
     name: String,
     addr: SocketAddr,
     child: Child,
+    log: PathBuf,
+    /// Its exit was returned by [`RunningServices::exited`].
+    exit_reported: bool,
+}
+
+/// A service that exited while the run was using it (not stopped by the
+/// run): every call to it failed from then on.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ServiceExit {
+    pub service: String,
+    /// As the OS says it: `exit status: 3`, `signal: 9 (SIGKILL)`.
+    pub status: String,
+    /// Its output: `services/<name>.log`.
+    pub log: PathBuf,
+    /// The last lines of that log.
+    pub tail: String,
+}
+
+impl std::fmt::Display for ServiceExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "service {} exited with {} during the run; the tool calls to it failed from then on (counted against \
+             the agent); its output ({}) ends:\n{}",
+            self.service,
+            self.status,
+            self.log.display(),
+            self.tail
+        )
+    }
 }
 
 /// The started services of one sandbox; stopped on drop.
@@ -107,14 +154,37 @@ impl RunningServices {
         log_dir: &Path,
         stop: &StopSignal,
     ) -> Result<Self, ServiceError> {
+        for (name, spec) in services {
+            if let Some(message) = program_problem(spec, base_dir) {
+                return Err(ServiceError::Program { field: format!("spec.services.{name}.command[0]"), message });
+            }
+        }
         let mut started = Self::default();
         for (name, spec) in services {
             let running = start_one(name, spec, base_dir, log_dir)?;
             started.running.push(running);
             let running = started.running.last_mut().expect("just pushed");
-            wait_ready(running, spec, log_dir, stop)?;
+            wait_ready(running, spec, stop)?;
         }
         Ok(started)
+    }
+
+    /// The services that have exited since they got ready, each returned
+    /// once. A service the run stopped is not among them.
+    pub fn exited(&mut self) -> Vec<ServiceExit> {
+        let mut exits = Vec::new();
+        for running in self.running.iter_mut().filter(|r| !r.exit_reported) {
+            if let Ok(Some(status)) = running.child.try_wait() {
+                running.exit_reported = true;
+                exits.push(ServiceExit {
+                    service: running.name.clone(),
+                    status: status.to_string(),
+                    tail: log_tail(&running.log),
+                    log: running.log.clone(),
+                });
+            }
+        }
+        exits
     }
 
     /// The address a service listens on.
@@ -181,9 +251,42 @@ fn log_path(log_dir: &Path, name: &str) -> PathBuf {
     log_dir.join(format!("{name}.log"))
 }
 
+/// Whether another process holds `port` on 127.0.0.1: its answers would
+/// pass the service's readiness probe while the service itself dies of
+/// EADDRINUSE.
+fn port_in_use(port: u16) -> bool {
+    matches!(TcpListener::bind((Ipv4Addr::LOCALHOST, port)), Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
+}
+
+/// Where a service's program is: a relative path with a directory part is
+/// the manifest's file (`base_dir`'s), a bare name is looked up on `PATH`.
+fn program_path(program: &str, base_dir: &Path) -> PathBuf {
+    if program.contains('/') && Path::new(program).is_relative() { base_dir.join(program) } else { program.into() }
+}
+
+/// Why a service's program (`command[0]`) cannot be started from
+/// `base_dir`, as an exec tool's is judged: not on `PATH` (the service's
+/// own `env` `PATH` when it sets one), not there, not executable. `None`
+/// when it can start (or there is no command, which validation refuses).
+pub fn program_problem(spec: &ServiceSpec, base_dir: &Path) -> Option<String> {
+    let program = spec.command.first()?;
+    let search = spec.env.get("PATH").map(std::ffi::OsString::from);
+    crate::tools::exec::program_problem(
+        program,
+        &program_path(program, base_dir),
+        search,
+        "a relative path is taken from the manifest's directory (the working directory in a pod)",
+    )
+}
+
 fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) -> Result<Running, ServiceError> {
     let port = match spec.port {
-        Some(port) if port != 0 => port,
+        Some(port) if port != 0 => {
+            if port_in_use(port) {
+                return Err(ServiceError::PortInUse { name: name.into(), port });
+            }
+            port
+        }
         _ => free_port().map_err(|source| ServiceError::Port { name: name.into(), source })?,
     };
     let program = spec.command.first().cloned().unwrap_or_default();
@@ -191,14 +294,7 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
     std::fs::create_dir_all(log_dir).map_err(spawn_error)?;
     let log = std::fs::File::create(log_path(log_dir, name)).map_err(spawn_error)?;
     let log_err = log.try_clone().map_err(spawn_error)?;
-    // A program given as a relative path with a directory part is the
-    // manifest's file; a bare name is looked up on PATH.
-    let program_path = if program.contains('/') && Path::new(&program).is_relative() {
-        base_dir.join(&program)
-    } else {
-        program.clone().into()
-    };
-    let mut command = Command::new(program_path);
+    let mut command = Command::new(program_path(&program, base_dir));
     command
         .args(&spec.command[1.min(spec.command.len())..])
         .current_dir(base_dir)
@@ -220,7 +316,13 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
     }
     let child = command.spawn().map_err(spawn_error)?;
     live_groups().push(child.id() as i32);
-    Ok(Running { name: name.into(), addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)), child })
+    Ok(Running {
+        name: name.into(),
+        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        child,
+        log: log_path(log_dir, name),
+        exit_reported: false,
+    })
 }
 
 /// Runs in the service's process between fork and exec: the kernel
@@ -239,50 +341,50 @@ pub(crate) fn die_with_parent(starter: Pid) -> std::io::Result<()> {
     Ok(())
 }
 
-fn log_tail(log_dir: &Path, name: &str) -> String {
-    let text = std::fs::read_to_string(log_path(log_dir, name)).unwrap_or_default();
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(20)..].join("\n");
     if tail.is_empty() { "(nothing)".into() } else { tail }
 }
 
 /// Polls until the service answers its probe, exits, the timeout passes, or `stop` fires.
-fn wait_ready(
-    running: &mut Running,
-    spec: &ServiceSpec,
-    log_dir: &Path,
-    stop: &StopSignal,
-) -> Result<(), ServiceError> {
+fn wait_ready(running: &mut Running, spec: &ServiceSpec, stop: &StopSignal) -> Result<(), ServiceError> {
     let timeout = spec.ready_timeout();
     let deadline = Instant::now() + timeout;
     let probe = match &spec.ready_path {
         Some(path) => format!("GET http://{}{path} answering 2xx", running.addr),
         None => format!("a TCP connection to {}", running.addr),
     };
-    let log = || log_path(log_dir, &running.name).display().to_string();
+    let exited = |running: &mut Running| {
+        let status = running.child.try_wait().ok()??;
+        Some(ServiceError::Exited {
+            name: running.name.clone(),
+            status: status.to_string(),
+            log: running.log.display().to_string(),
+            tail: log_tail(&running.log),
+        })
+    };
     loop {
-        if let Ok(Some(status)) = running.child.try_wait() {
-            return Err(ServiceError::Exited {
-                name: running.name.clone(),
-                status: status.to_string(),
-                log: log(),
-                tail: log_tail(log_dir, &running.name),
-            });
+        if let Some(error) = exited(running) {
+            return Err(error);
         }
         let ready = match &spec.ready_path {
             Some(path) => http_ok(running.addr, path),
             None => std::net::TcpStream::connect_timeout(&running.addr, READY_POLL).is_ok(),
         };
         if ready || stop.is_cancelled() {
-            return Ok(());
+            // What answered may have been another process on the port: a
+            // service already gone is not ready.
+            return exited(running).map_or(Ok(()), Err);
         }
         if Instant::now() >= deadline {
             let error = ServiceError::NotReady {
                 name: running.name.clone(),
                 timeout,
                 probe,
-                log: log(),
-                tail: log_tail(log_dir, &running.name),
+                log: running.log.display().to_string(),
+                tail: log_tail(&running.log),
             };
             stop_one(running);
             return Err(error);
@@ -383,6 +485,27 @@ mod tests {
     }
 
     #[test]
+    fn a_service_whose_program_cannot_start_is_refused_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("plain.py"), "print('hi')\n").unwrap();
+        let field = "spec.services.svc.command[0]";
+        for (program, said) in [
+            ("nosuchbinary-xyz", "\"nosuchbinary-xyz\" is not an executable on PATH".to_string()),
+            ("services/missing.py", format!("({}) does not exist", dir.path().join("services/missing.py").display())),
+            ("./plain.py", "is not executable (mode".to_string()),
+        ] {
+            let spec = ServiceSpec { command: vec![program.into()], ..Default::default() };
+            let services = BTreeMap::from([("svc".to_string(), spec)]);
+            // Before: `service svc: cannot start "nosuchbinary-xyz": No such file or directory`, no field.
+            let err = RunningServices::start(&services, dir.path(), dir.path(), &StopSignal::new()).unwrap_err();
+            let text = err.to_string();
+            assert!(text.starts_with(&format!("{field}: ")), "{text}");
+            assert!(text.contains(&said), "{program}: {text}");
+            assert_eq!(err.category(), "ServiceProgramUnavailable");
+        }
+    }
+
+    #[test]
     fn a_service_that_never_listens_times_out_and_is_killed() {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = python_service("import time; time.sleep(30)");
@@ -410,5 +533,91 @@ mod tests {
         let mut running = RunningServices::start(&services, dir.path(), dir.path(), &stop).unwrap();
         assert!(started.elapsed() < Duration::from_secs(5), "the wait ended with the stop");
         running.stop();
+    }
+
+    /// Answers every connection on `listener` with `200 OK`, like a server
+    /// that happens to hold a service's port.
+    fn squat(listener: TcpListener) {
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            for mut stream in listener.incoming().flatten() {
+                let mut request = [0u8; 512];
+                let _ = stream.read(&mut request);
+                let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
+            }
+        });
+    }
+
+    #[test]
+    fn a_fixed_port_held_by_another_process_is_refused_before_the_service_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let squatter = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = squatter.local_addr().unwrap().port();
+        squat(squatter);
+        let script = "import http.server,os\n\
+            class H(http.server.BaseHTTPRequestHandler):\n  def do_GET(self):\n    self.send_response(200); self.end_headers()\n\
+            http.server.HTTPServer((os.environ['HOST'], int(os.environ['PORT'])), H).serve_forever()";
+        let mut spec = python_service(script);
+        spec.port = Some(port);
+        spec.ready_path = Some("/healthz".into());
+        let services = BTreeMap::from([("tracking".to_string(), spec)]);
+        // Before: ready at once (the squatter answered), the service dead of EADDRINUSE.
+        let err = RunningServices::start(&services, dir.path(), dir.path(), &StopSignal::new()).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&format!("port {port} on 127.0.0.1 is already in use")), "{text}");
+        assert!(text.contains("spec.services.tracking.port"), "{text}");
+        assert_eq!(err.category(), "ServicePortInUse");
+        assert!(!log_path(dir.path(), "tracking").exists(), "the service was not started");
+    }
+
+    /// The services' exits, polled until one is seen (a service that exits
+    /// at once); fails after 10 s.
+    fn wait_for_exits(running: &mut RunningServices) -> Vec<ServiceExit> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let exits = running.exited();
+            if !exits.is_empty() || Instant::now() > deadline {
+                return exits;
+            }
+            std::thread::sleep(READY_POLL);
+        }
+    }
+
+    #[test]
+    fn a_service_that_dies_during_the_run_is_named_with_its_status_and_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "import os,socket,sys\n\
+            s=socket.socket(); s.bind((os.environ['HOST'], int(os.environ['PORT']))); s.listen()\n\
+            c,_=s.accept(); c.close()\n\
+            c,_=s.accept(); print('crashed on the first real request', flush=True); os._exit(3)";
+        let services = BTreeMap::from([("tracking".to_string(), python_service(script))]);
+        let mut running = RunningServices::start(&services, dir.path(), dir.path(), &StopSignal::new()).unwrap();
+        assert!(running.exited().is_empty(), "alive after the probe");
+        let addr = running.addr("tracking").unwrap();
+        let _request = std::net::TcpStream::connect(addr).unwrap();
+        let exits = wait_for_exits(&mut running);
+        assert_eq!(exits.len(), 1, "{exits:?}");
+        assert_eq!(exits[0].service, "tracking");
+        assert_eq!(exits[0].status, "exit status: 3");
+        assert_eq!(exits[0].log, log_path(dir.path(), "tracking"));
+        assert!(exits[0].to_string().contains("crashed on the first real request"), "{}", exits[0]);
+        // Told once: a second look finds nothing new, and stopping counts for nothing.
+        assert!(running.exited().is_empty());
+        running.stop();
+    }
+
+    #[test]
+    fn a_service_stopped_by_the_run_is_no_exit_to_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = python_service(
+            "import os,socket,time\n\
+            s=socket.socket(); s.bind((os.environ['HOST'], int(os.environ['PORT']))); s.listen(); time.sleep(60)",
+        );
+        spec.ready_timeout = Some(std::time::Duration::from_secs(20).into());
+        let services = BTreeMap::from([("db".to_string(), spec)]);
+        let mut running = RunningServices::start(&services, dir.path(), dir.path(), &StopSignal::new()).unwrap();
+        assert!(running.exited().is_empty());
+        running.stop();
+        assert!(running.exited().is_empty());
     }
 }

@@ -313,6 +313,45 @@ async fn null_writes_can_be_refused_and_types_enforced() {
 }
 
 #[tokio::test]
+async fn an_integral_float_is_an_integer_and_a_fraction_is_not() {
+    // Python's json.dumps writes 2.0 for a float; JSON Schema counts it as an integer.
+    let patch = |n: &str| exec(&format!("print('{{\"observation\": 1, \"memory\": {{\"n\": {n}}}}}')"));
+    let mut ex = ToolExecutor::new(NullWrites::Error);
+    ex.add_tool("whole", def(patch("2.0"), 5000));
+    ex.add_tool("fraction", def(patch("2.5"), 5000));
+    ex.add_tool("huge", def(patch("1e300"), 5000));
+    ex.require_memory_type("n", "integer");
+    let mut memory = Memory::new();
+    // Before: refused, "must hold integer, the patch from whole wrote a number".
+    let out = call(&ex, "whole", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    let n = memory.to_value()["n"].clone();
+    assert!(n.is_i64() && n == json!(2), "kept as the integer 2: {n}");
+    for tool in ["fraction", "huge"] {
+        let out = call(&ex, tool, &json!({}), &mut memory).await;
+        assert_eq!(out.status, StepStatus::Refused, "{tool}");
+        assert_eq!(out.plan_step.error_type, "memory_type", "{tool}");
+    }
+    assert_eq!(memory.to_value()["n"], json!(2), "the refused writes changed nothing");
+}
+
+#[tokio::test]
+async fn a_patch_writing_the_empty_key_is_refused_and_its_other_writes_go_in() {
+    let patch = exec("import json; print(json.dumps({'observation': 1, 'memory': {'': 'x', 'eta': 'friday'}}))");
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("t", def(patch, 5000));
+    let mut memory = Memory::new();
+    // Before: ok, and memory held a key named "".
+    let out = call(&ex, "t", &json!({}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Refused);
+    assert_eq!(out.plan_step.error_type, "memory_key");
+    let message = out.error.as_ref().unwrap().to_string();
+    assert!(message.contains("empty memory key \"\" (the patch from t)"), "{message}");
+    assert_eq!(memory.to_value(), json!({"eta": "friday"}));
+    assert_eq!(out.plan_step.refused_memory_json, [(String::new(), "\"x\"".to_string())].into());
+}
+
+#[tokio::test]
 async fn the_guard_catches_changes_no_patch_explains() {
     let mut memory = Memory::from_object(json!({"a": 1}).as_object().unwrap());
     let mut guard = MemoryGuard::new(&mut memory);

@@ -57,6 +57,16 @@ pub(super) fn key_path(prefix: &str, key: &str) -> String {
     }
 }
 
+/// A memory key `""` in a `memoryPatch`: no key a reader could name (a run
+/// refuses such a write).
+fn empty_memory_key(field: &str) -> Problem {
+    Problem::error(
+        Rule::InvalidMemoryPolicy,
+        field,
+        "a memory key cannot be empty; name the key this value is written to, e.g. eta",
+    )
+}
+
 /// A reward component's score comes from the metric its `source` names (its
 /// own name without one); the runner scores anything else as 0 on every
 /// episode, so the component would silently do nothing.
@@ -210,6 +220,9 @@ fn rules(spec: &SandboxConfigSpec, ctx: &ValidationContext<'_>) -> Vec<Problem> 
         }
         for (key, value) in fallback.memory_patch.iter().flatten() {
             let key_field = key_path(&format!("{path}.memoryPatch"), key);
+            if key.is_empty() {
+                problems.push(empty_memory_key(&key_field));
+            }
             if value.is_null() {
                 let policy = spec.memory.null_writes();
                 let text = format!(
@@ -500,6 +513,9 @@ fn check_tool(name: &str, tool: &ToolSpec, spec: &SandboxConfigSpec, problems: &
         }
     }
     for (key, pointer) in &tool.memory_patch {
+        if key.is_empty() {
+            problems.push(empty_memory_key(&key_path(&format!("{path}.memoryPatch"), key)));
+        }
         if !(pointer.is_empty() || pointer.starts_with('/')) {
             problems.push(Problem::error(
                 Rule::InvalidTool,

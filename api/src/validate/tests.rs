@@ -567,6 +567,35 @@ fn strict_memory_types_check_fallback_patches() {
 }
 
 #[test]
+fn an_empty_memory_key_is_refused_in_a_tool_and_a_fallback_memory_patch() {
+    // Before: valid; the run wrote a key named "" and its delta named no key.
+    let report = check_sandbox(with(
+        good_sandbox(),
+        json!({
+            "tools": {"track_order": {"memoryPatch": {"": "/status", "eta": "/eta"}}},
+            "fallbacks": {"track_order": {"memoryPatch": {"": "pending"}}}
+        }),
+    ));
+    let fields: Vec<&str> = report.by_rule(Rule::InvalidMemoryPolicy).map(field).collect();
+    assert_eq!(
+        fields,
+        ["spec.tools.track_order.memoryPatch[\"\"]", "spec.fallbacks.track_order.memoryPatch[\"\"]"],
+        "{report}"
+    );
+    assert!(report.errors().all(|p| p.message.contains("a memory key cannot be empty")), "{report}");
+}
+
+#[test]
+fn an_integral_float_in_an_integer_fallback_key_is_an_integer() {
+    let strict = json!({"memory": {"strictTypes": true, "schema": {"n": "integer"}}});
+    let fallback = |n: serde_json::Value| json!({"fallbacks": {"track_order": {"memoryPatch": {"n": n}}}});
+    let whole = check_sandbox(with(with(good_sandbox(), strict.clone()), fallback(json!(2.0))));
+    assert!(!whole.contains(Rule::InvalidMemoryPolicy), "{whole}");
+    let fraction = check_sandbox(with(with(good_sandbox(), strict), fallback(json!(2.5))));
+    only(&fraction, Rule::InvalidMemoryPolicy);
+}
+
+#[test]
 fn injections_need_one_trigger_and_an_observation() {
     let report = check_sandbox(with(
         good_sandbox(),

@@ -26,6 +26,11 @@
 //! the run is summarised from the shards that finished, each failure is
 //! named in the table, `run.json` (`failed_shards`) and on stderr, and the
 //! exit status is 2, as for a lost episode's trace.
+//!
+//! A service that exits while the run uses it (not stopped by the run) is
+//! named with its exit status and log in the table, `run.json`
+//! (`service_exits`), the report and on stderr: the tool calls to it failed
+//! from then on, and those failures are not the agent's.
 
 pub(crate) mod analysis;
 mod created_dirs;
@@ -117,6 +122,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             failed.shard,
             failed.error
         );
+    }
+    for exited in &summary.service_exits {
+        basecamp_sandbox::stderr_line!("error: variant {}: {}", exited.variant, exited.exit);
     }
     Ok(if summary.stopped_early {
         ExitCode::from(EXIT_INTERRUPTED)
@@ -249,7 +257,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
         .collect::<Result<Vec<_>>>()?;
     let mut created = CreatedDirs::create(&out_root)?;
     let setup = VariantSetup { task: &task.spec, task_name: &task_name, namespace: &namespace, base_dir: &base_dir };
-    let (services, jobs) = match setup.start(&variants, policies, &shard_inputs, &out_root, &mut created, &stop) {
+    let (mut services, jobs) = match setup.start(&variants, policies, &shard_inputs, &out_root, &mut created, &stop) {
         Ok(started) => started,
         Err(error) => {
             // A service that did not get ready is explained by its log, which the error names.
@@ -321,6 +329,14 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     }
     failed_shards.sort_by(|a, b| (&a.variant, a.shard).cmp(&(&b.variant, b.shard)));
     progress.finish_and_clear();
+    // Before they are stopped: a service gone now died during the run.
+    let service_exits: Vec<summary::ServiceExited> = variants
+        .iter()
+        .zip(&mut services)
+        .flat_map(|(variant, running)| {
+            running.exited().into_iter().map(|exit| summary::ServiceExited { variant: variant.name.clone(), exit })
+        })
+        .collect();
     drop(services);
     let wall_seconds = started.elapsed().as_secs_f64();
 
@@ -333,6 +349,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     };
     let mut summary = RunSummary::new(&task_name, &out_root, &variants, shards, failed_shards, criteria, wall_seconds);
     summary.mark_kept(&kept);
+    summary.service_exits = service_exits;
     summary.manifests =
         args.paths.iter().map(|path| std::path::absolute(path).unwrap_or_else(|_| path.clone())).collect();
     summary.write(&out_root)?;

@@ -101,6 +101,14 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
             esc(&failed.consequence())
         );
     }
+    for exited in &s.service_exits {
+        let _ = write!(
+            h,
+            "<p class=\"bad service-exit\">variant {}, {}</p>",
+            esc(&exited.variant),
+            esc(&exited.consequence())
+        );
+    }
     for v in &s.variants {
         if v.kept_from_earlier_run {
             let _ = write!(

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use basecamp_api::criteria::parse_criterion;
 use basecamp_sandbox::driver::{LostEpisode, ShardSummary};
 use basecamp_sandbox::run::ResolvedVariant;
+use basecamp_sandbox::services::ServiceExit;
 use basecamp_trace::metrics::{Aggregate, EpisodeEnd, EpisodeMetrics, NO_FAILURE, aggregate, canonical_metric};
 use serde::Serialize;
 
@@ -40,6 +41,31 @@ pub struct RunSummary {
     /// could not be written): the rest of the run is summarised without them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_shards: Vec<FailedShard>,
+    /// Services that exited while the run used them (not stopped by it):
+    /// the calls to each failed from then on, counted against the agent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub service_exits: Vec<ServiceExited>,
+}
+
+/// A variant's service that exited during the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceExited {
+    pub variant: String,
+    #[serde(flatten)]
+    pub exit: ServiceExit,
+}
+
+impl ServiceExited {
+    /// What the table and the report say of it, after the variant's name.
+    pub fn consequence(&self) -> String {
+        format!(
+            "service {} EXITED during the run ({}): the tool calls to it failed from then on and count against the \
+             agent; see {}",
+            self.exit.service,
+            self.exit.status,
+            self.exit.log.display()
+        )
+    }
 }
 
 /// A shard that ended without a summary, and why.
@@ -262,6 +288,7 @@ impl RunSummary {
             variants: summaries,
             comparison,
             failed_shards,
+            service_exits: Vec::new(),
         }
     }
 
@@ -366,6 +393,9 @@ impl RunSummary {
             }
             for failed in self.failed_shards.iter().filter(|f| f.variant == v.name) {
                 out.push_str(&format!("\n{}: {}", v.name, failed.consequence()));
+            }
+            for exited in self.service_exits.iter().filter(|e| e.variant == v.name) {
+                out.push_str(&format!("\n{}: {}", v.name, exited.consequence()));
             }
             if !v.interrupted.is_empty() || !v.not_started.is_empty() {
                 out.push_str(&format!(
@@ -541,6 +571,7 @@ mod tests {
             comparison: (variants.len() == 2).then(|| compare(&variants[0], &variants[1])),
             variants,
             failed_shards: Vec::new(),
+            service_exits: Vec::new(),
         };
         let without = summary(vec![plain.clone()]).table();
         assert!(!without.contains(DIVERGENCE), "{without}");
@@ -596,6 +627,7 @@ mod tests {
             comparison: None,
             variants: vec![empty],
             failed_shards: Vec::new(),
+            service_exits: Vec::new(),
         };
         // Before: p50 and p95 `0.00s`, a latency nothing measured.
         let table = summary.table();

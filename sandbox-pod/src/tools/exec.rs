@@ -73,29 +73,14 @@ impl ExecTool {
             return Some(ProgramProblem::WorkingDir(format!("{} is not a directory", dir.display())));
         }
         let path = self.program_path()?;
-        if !program.contains('/') {
-            let search = self.env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone().into());
-            let search = search.or_else(|| std::env::var_os("PATH")).unwrap_or_default();
-            let found = std::env::split_paths(&search).map(|dir| dir.join(program)).find(|p| executable(p).is_ok());
-            return match found {
-                Some(_) => None,
-                None => Some(ProgramProblem::Program(format!(
-                    "{program:?} is not an executable on PATH ({}); install it, or give its path",
-                    search.to_string_lossy()
-                ))),
-            };
-        }
-        let shown = if Path::new(program).is_relative() {
-            format!("{program:?} ({})", path.display())
-        } else {
-            format!("{program:?}")
-        };
-        let hint = if path.exists() {
-            ""
-        } else {
-            "; a relative path is taken from the tool's workingDir (default: the manifest's directory, or --base-dir)"
-        };
-        executable(&path).err().map(|why| ProgramProblem::Program(format!("{shown} {why}{hint}")))
+        let search = self.env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| std::ffi::OsString::from(v));
+        program_problem(
+            program,
+            &path,
+            search,
+            "a relative path is taken from the tool's workingDir (default: the manifest's directory, or --base-dir)",
+        )
+        .map(ProgramProblem::Program)
     }
 
     pub async fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
@@ -204,6 +189,36 @@ pub enum ProgramProblem {
     Program(String),
     /// `workingDir`.
     WorkingDir(String),
+}
+
+/// Why `program` (argv[0] of a tool or a service) cannot be started, or
+/// `None`: a bare name must be an executable on `search` (the `PATH` the
+/// process gets; this process's when `None`), anything else must be an
+/// executable file at `path` (where `program` resolves). `relative_hint`
+/// says where a relative path that is not there was looked for.
+pub fn program_problem(
+    program: &str,
+    path: &Path,
+    search: Option<std::ffi::OsString>,
+    relative_hint: &str,
+) -> Option<String> {
+    if !program.contains('/') {
+        let search = search.or_else(|| std::env::var_os("PATH")).unwrap_or_default();
+        let found = std::env::split_paths(&search).map(|dir| dir.join(program)).any(|p| executable(&p).is_ok());
+        return (!found).then(|| {
+            format!(
+                "{program:?} is not an executable on PATH ({}); install it, or give its path",
+                search.to_string_lossy()
+            )
+        });
+    }
+    let shown = if Path::new(program).is_relative() {
+        format!("{program:?} ({})", path.display())
+    } else {
+        format!("{program:?}")
+    };
+    let hint = if path.exists() { String::new() } else { format!("; {relative_hint}") };
+    executable(path).err().map(|why| format!("{shown} {why}{hint}"))
 }
 
 /// Whether `path` is a file someone may execute, or what it is instead.
