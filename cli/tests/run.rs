@@ -971,6 +971,7 @@ fn zero_shards_is_a_usage_error() {
     assert!(stderr.contains("invalid value '0' for '--shards <SHARDS>': must be at least 1"), "{stderr}");
     assert!(!stderr.contains("warning:"), "refused before the manifests are read: {stderr}");
     assert!(!out.path().join("o").exists());
+}
 
 /// The example's tracking service, replaced by one that answers its
 /// readiness probe and exits with status 3 on the first order asked for.
