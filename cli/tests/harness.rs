@@ -748,10 +748,10 @@ fn a_manifest_preprocessor_a_run_would_refuse_fails_validation_at_its_field() {
     );
 }
 
-/// A service's or an exec tool's program that is not there is refused by
-/// `validate` and by `run` alike, at its field, saying what to do.
+/// A service's or an exec tool's program that is not there is named by
+/// `validate` (a warning) and refused by `run`, at its field, saying what to do.
 #[test]
-fn a_program_that_cannot_start_is_refused_by_validate_and_by_run_at_its_field() {
+fn a_program_that_cannot_start_is_warned_of_by_validate_and_refused_by_run_at_its_field() {
     let dir = tempfile::tempdir().unwrap();
     let project = basecamp_sandbox::testing::example_copy(dir.path());
     let sandbox = project.join("sandbox-a.yaml");
@@ -762,12 +762,14 @@ fn a_program_that_cannot_start_is_refused_by_validate_and_by_run_at_its_field() 
     let field = "spec.services.tracking.command[0]: \"nosuchbinary-xyz\" is not an executable on PATH";
     let path = project.to_str().unwrap();
 
-    // Before: exit 0, "ok".
+    // Before: "ok" and nothing said. A warning, not an error: a manifest for
+    // the cluster names programs of the sandbox image, which this machine need not have.
     let output = basecamp(&["harness", "validate", path]);
     let out = text(&output);
-    assert_eq!(output.status.code(), Some(1), "{out}");
-    assert!(out.contains(&format!("error: SandboxConfig/shipping-a: {field}")), "{out}");
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    assert!(out.contains(&format!("warning: SandboxConfig/shipping-a: {field}")), "{out}");
     assert!(out.contains("install it, or give its path"), "{out}");
+    assert!(out.contains("the image the sandbox pods run must have it"), "{out}");
 
     // Before: `service tracking: cannot start "nosuchbinary-xyz": No such file or directory`, no field.
     let runs = tempfile::tempdir().unwrap();
@@ -783,7 +785,7 @@ fn a_program_that_cannot_start_is_refused_by_validate_and_by_run_at_its_field() 
     std::fs::write(&sandbox, tool).unwrap();
     let output = basecamp(&["harness", "validate", path]);
     let out = text(&output);
-    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert_eq!(output.status.code(), Some(0), "{out}");
     let missing = project.join("tools/no-such-tool");
     assert!(
         out.contains(&format!(
