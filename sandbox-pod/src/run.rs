@@ -377,7 +377,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     // Before any service starts (as `basecamp run` does): a policy refused
     // then has started nothing and written no service's log.
     let policy = build_policy(&spec, &variant.sandbox, &base_dir)?;
-    let services =
+    let mut services =
         RunningServices::start(&variant.sandbox.services, &base_dir, &out_dir.join("services"), &request.stop)?;
     let sandbox = services.expand(&variant.sandbox)?;
 
@@ -426,6 +426,9 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         metrics_for_episodes.observe_episode(result)
     })
     .await?;
+    // Before they are stopped: a service gone now died while the episodes used
+    // it, and their calls to it failed as `transport` errors from then on.
+    warnings.extend(services.exited().iter().map(|exit| format!("warning: {exit}")));
     drop(services);
 
     let upload_to = task.spec.traces.as_ref().and_then(|t| t.destination.clone()).filter(|_| request.upload);

@@ -1326,3 +1326,39 @@ fn a_live_injection_may_not_take_the_id_of_a_scheduled_one() {
         .collect();
     assert_eq!(ids, ["ops-1", "injection-0"]);
 }
+
+/// A sandbox pod says when one of its services died while the episodes
+/// used it (their calls failed as `transport` errors from then on), with
+/// its exit status and the end of its log; before, nothing did.
+#[test]
+fn a_service_that_dies_during_the_run_is_named_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    // Answers its readiness probe, then exits with status 3 on the first order asked for.
+    let crashing = r#"import os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path != "/healthz":
+            print("tracking crashed on", self.path, flush=True)
+            os._exit(3)
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever()
+"#;
+    std::fs::write(project.join("services/tracking.py"), crashing).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["run", "--config", project.to_str().unwrap(), "--variant", "b", "--no-upload", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "the episodes ran, failing: {stderr}");
+    assert!(
+        stderr.contains(
+            "warning: service tracking exited with exit status: 3 during the run; the tool calls to it failed"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("tracking crashed on /"), "the end of its log: {stderr}");
+}
