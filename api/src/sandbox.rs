@@ -284,7 +284,7 @@ pub enum NullWrites {
 
 /// A JSON type, for the memory schema. `integer` also takes a float
 /// without a fraction below 2^53 in magnitude (`3.0`, as Python writes a
-/// float), kept as `3`.
+/// float), kept as `3` when `strictTypes` is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum JsonType {
@@ -293,8 +293,9 @@ pub enum JsonType {
     /// Any number.
     Number,
     /// A whole number: `3`, or a float without a fraction below 2^53 in
-    /// magnitude (`3.0`, as Python's json writes a float), kept as `3` — as
-    /// JSON Schema counts it and the trace's canonical JSON writes it.
+    /// magnitude (`3.0`, as Python's json writes a float), kept as `3` with
+    /// `strictTypes` — as JSON Schema counts it and the trace's canonical
+    /// JSON writes it.
     /// `3.5` and `1e300` are not.
     Integer,
     /// true or false.

@@ -182,17 +182,16 @@ fn validate(paths: &[PathBuf], sandbox: Option<&str>) -> Result<ExitCode> {
     }
 }
 
-/// A problem of a converted JSON harness, told in the JSON file's terms.
+/// Scripts for no row of the test set are named one warning each up to this
+/// many; more are one warning naming the first ones.
+const NAMED_UNPLAYED_SCRIPTS: usize = 5;
+
 /// The scripted policies the tasks name, read as a run reads them (their
 /// format is the sandbox's, which the shared validation does not know): a
 /// line a run would refuse is an error; rows of the test set with no script
 /// (each such episode ends with a policy error) and scripts for no row
 /// (never played) are warnings. A file that is not there is the shared
 /// validation's to say.
-/// Scripts for no row of the test set are named one warning each up to this
-/// many; more are one warning naming the first ones.
-const NAMED_UNPLAYED_SCRIPTS: usize = 5;
-
 fn check_scripts(manifests: &Manifests) -> Vec<Problem> {
     let mut problems = Vec::new();
     for task in &manifests.tasks {
@@ -312,6 +311,7 @@ fn check_programs(manifests: &Manifests) -> Vec<Problem> {
     problems
 }
 
+/// A problem of a converted JSON harness, told in the JSON file's terms.
 fn to_json_spelling(mut problem: Problem, file: &str, object: Option<&str>) -> Problem {
     problem.location = match problem.location {
         Location::Field(path) => Location::Field(harness_json::json_path(&path)),

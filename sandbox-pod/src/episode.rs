@@ -1143,8 +1143,9 @@ pub const ERROR_SNAPSHOT_VALUE_LIMIT: usize = 1 << 20;
 pub const ERROR_SNAPSHOT_LIMIT: usize = 16 << 20;
 
 /// Memory as an error context holds it: every value's canonical JSON, in
-/// key order, except a value over [`ERROR_SNAPSHOT_VALUE_LIMIT`] and every
-/// value once [`ERROR_SNAPSHOT_LIMIT`] is reached, which are named instead.
+/// key order, except a value over [`ERROR_SNAPSHOT_VALUE_LIMIT`] and any
+/// value that would take the total past [`ERROR_SNAPSHOT_LIMIT`] (a smaller
+/// one after it may still fit), which are named instead.
 /// A diagnostic record must not grow past what a trace frame can hold (the
 /// episode's trace would be lost with it); the deltas hold every value.
 fn error_snapshot(memory: &Memory) -> (BTreeMap<String, String>, Vec<String>) {

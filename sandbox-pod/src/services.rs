@@ -62,8 +62,10 @@ pub enum ServiceError {
         source: std::io::Error,
     },
     #[error(
-        "service {name}: port {port} on 127.0.0.1 is already in use by another process, so its readiness probe \
-         would be answered by that process; stop it, or set spec.services.{name}.port to 0 (or remove it) for a free port"
+        "service {name}: port {port} on 127.0.0.1 is already in use by another process (or by a service started \
+         before it with the same fixed port: another of this sandbox's, or another variant's in `basecamp run`), so \
+         its readiness probe would be answered by that process; stop it, or set spec.services.{name}.port to 0 (or \
+         remove it) for a free port"
     )]
     PortInUse { name: String, port: u16 },
     /// Found before any service starts: every call to the service would fail.

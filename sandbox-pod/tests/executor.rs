@@ -604,3 +604,35 @@ async fn a_5xx_with_a_body_past_the_response_limit_is_retried_and_quoted_by_its_
     assert_eq!(out.plan_step.error_message, format!("tool down HTTP 502: {quoted} (gave up after 2 attempts)"));
     assert_eq!(out.plan_step.retries, 0, "a failed call's attempts are in its message");
 }
+
+/// A call retried after a 503 whose next answer fails otherwise (here JSON
+/// that does not parse; a service gone would be a transport error) says it
+/// was retried: before, the message was that of a first attempt.
+#[tokio::test]
+async fn a_retried_call_that_then_fails_otherwise_says_which_attempt_failed() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = Router::new().route(
+        "/garbled",
+        get(move || {
+            let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                match first {
+                    true => (StatusCode::SERVICE_UNAVAILABLE, [("content-type", "text/plain")], "busy"),
+                    false => (StatusCode::OK, [("content-type", "application/json")], "{not json"),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}/garbled"));
+    tool.retry = Some(serde_json::from_value(json!({"attempts": 3, "backoff": "10ms"})).unwrap());
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("garbled", def(Tool::Http(tool), 5000));
+    let out = call(&ex, "garbled", &json!({}), &mut Memory::new()).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    assert_eq!(out.plan_step.error_type, "invalid_json");
+    assert!(out.plan_step.error_message.ends_with("(attempt 2 of 3)"), "{}", out.plan_step.error_message);
+}

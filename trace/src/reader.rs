@@ -916,7 +916,10 @@ impl<R: Read + Seek> IndexedTrace<R> {
     /// Damage found while rebuilding the index of a file without a footer.
     /// Whether the trace was finished: it ends with the footer index its
     /// writer adds last (a trace still being written, or cut off by a
-    /// crash or a full disk, does not).
+    /// crash or a full disk, does not). The writer adds the footer after
+    /// the episode end; a file made otherwise may have a footer without
+    /// one, which only a full read ([`TraceReader`]'s
+    /// [`TraceError::NoEpisodeEnd`]) tells.
     pub fn is_finished(&self) -> bool {
         self.finished
     }

@@ -30,10 +30,6 @@ pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 /// time than they save bytes (measured by `make bench-sandbox`).
 pub const SMALL_FRAME_BYTES: usize = 4 << 10;
 pub const SMALL_FRAME_ZSTD_LEVEL: i32 = -1;
-/// Most raw bytes the writer puts in one frame: within the reader's
-/// [`format::MAX_RAW_FRAME`], and small enough that zstd's worst case
-/// (`compress_bound`: n + n/256 above 128 KiB) stays within
-/// [`format::MAX_COMPRESSED_FRAME`]. A record longer than this is refused.
 /// The bytes `record` takes in a frame (its length prefix included): the
 /// writer refuses a record over [`FRAME_RAW_LIMIT`].
 pub fn framed_len(record: &Record) -> usize {
@@ -41,6 +37,10 @@ pub fn framed_len(record: &Record) -> usize {
     prost::length_delimiter_len(len) + len
 }
 
+/// Most raw bytes the writer puts in one frame: within the reader's
+/// [`format::MAX_RAW_FRAME`], and small enough that zstd's worst case
+/// (`compress_bound`: n + n/256 above 128 KiB) stays within
+/// [`format::MAX_COMPRESSED_FRAME`]. A record longer than this is refused.
 pub const FRAME_RAW_LIMIT: usize = {
     let limit = if format::MAX_RAW_FRAME < format::MAX_COMPRESSED_FRAME {
         format::MAX_RAW_FRAME

@@ -124,7 +124,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         );
     }
     for exited in &summary.service_exits {
-        basecamp_sandbox::stderr_line!("error: variant {}: {}", exited.variant, exited.exit);
+        // A warning: the run itself ended; its failed calls are in the table.
+        basecamp_sandbox::stderr_line!("warning: variant {}: {}", exited.variant, exited.exit);
     }
     Ok(if summary.stopped_early {
         ExitCode::from(EXIT_INTERRUPTED)

@@ -123,7 +123,13 @@ impl HttpTool {
         let attempts = self.retry.as_ref().map_or(1, |r| r.attempts.max(1));
         let mut attempt = 1;
         loop {
-            match self.attempt(arguments).await? {
+            let answer = match self.attempt(arguments).await {
+                Ok(answer) => answer,
+                // A retried call that then failed otherwise (the service went away): say it was retried.
+                Err(error) if attempt > 1 => return Err(error.with_note(&format!("attempt {attempt} of {attempts}"))),
+                Err(error) => return Err(error),
+            };
+            match answer {
                 Answer::Done(output) => return Ok(ToolOutput { retries: attempt - 1, ..output }),
                 Answer::Failed { error, status, retry_after } => {
                     let retried = self.retry.as_ref().filter(|r| attempt < attempts && r.retries_status(status));
@@ -279,11 +285,14 @@ enum Answer {
 }
 
 impl ToolError {
-    /// Adds `note` to an HTTP answer's error (its body excerpt), keeping its type.
+    /// Adds `note` to an HTTP call's error (after its body excerpt or reason), keeping its type.
     fn with_note(self, note: &str) -> Self {
         match self {
             Self::RateLimited(body) => Self::RateLimited(format!("{body} ({note})")),
             Self::HttpStatus { status, body } => Self::HttpStatus { status, body: format!("{body} ({note})") },
+            Self::Transport(why) => Self::Transport(format!("{why} ({note})")),
+            Self::InvalidJson(why) => Self::InvalidJson(format!("{why} ({note})")),
+            Self::InvalidOutput(why) => Self::InvalidOutput(format!("{why} ({note})")),
             other => other,
         }
     }

@@ -519,16 +519,16 @@ fn hash_literal(text: &str) -> Option<Literal> {
     if text.is_empty() || (text.len() == 64 && hex_digits) {
         return Some(Literal::Str(text.to_ascii_lowercase()));
     }
-    // Before a prefix: 43 hex digits may also be a sha256 in unpadded base64.
-    let base64 = [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+    // Hex digits only are a prefix, 43 of them too: a sha256's base64 (43
+    // characters unpadded) is all hex digits about once in 10^20.
+    if hex_digits && (MIN_HASH_PREFIX..64).contains(&text.len()) {
+        return Some(Literal::HashPrefix(text.to_ascii_lowercase()));
+    }
+    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
         .iter()
         .find_map(|engine| engine.decode(text).ok())
         .filter(|bytes| bytes.len() == 32)
-        .map(|bytes| Literal::Str(hex::encode(bytes)));
-    base64.or_else(|| {
-        (hex_digits && (MIN_HASH_PREFIX..64).contains(&text.len()))
-            .then(|| Literal::HashPrefix(text.to_ascii_lowercase()))
-    })
+        .map(|bytes| Literal::Str(hex::encode(bytes)))
 }
 
 /// A value read from a record.
