@@ -1058,3 +1058,44 @@ fn a_fixed_service_port_held_by_another_process_refuses_the_run() {
     assert!(stderr.contains("spec.services.tracking.port"), "{stderr}");
     assert!(traces_under(out.path()).is_empty(), "no episode ran");
 }
+
+/// Two variants whose services take one fixed port cannot run side by side
+/// here: said before anything starts, with the way out (one variant at a
+/// time). Before: the second variant's service found the port taken.
+#[test]
+fn variants_whose_services_share_a_fixed_port_are_refused_naming_the_way_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    for file in ["sandbox-a.yaml", "sandbox-b.yaml"] {
+        let path = project.join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let fixed = text.replace(
+            "      command: [python3, services/tracking.py]\n",
+            &format!("      command: [python3, services/tracking.py]\n      port: {port}\n"),
+        );
+        assert_ne!(fixed, text, "{file}: the tracking service");
+        std::fs::write(&path, fixed).unwrap();
+    }
+    let out = dir.path().join("out");
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_basecamp"))
+            .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let both = run(&[]);
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert_eq!(both.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("variants a and b both give a service the fixed port {port}")), "{stderr}");
+    assert!(stderr.contains("`--variant a`, then `--variant b`"), "{stderr}");
+    assert!(!out.exists(), "refused before anything started");
+    // The way out works: one at a time into the same directory.
+    for variant in ["a", "b"] {
+        let one = run(&["--variant", variant]);
+        assert!(one.status.success(), "{variant}: {}", String::from_utf8_lossy(&one.stderr));
+    }
+    let summary: Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(summary["variants"].as_array().unwrap().len(), 2, "both variants' results");
+}

@@ -37,6 +37,7 @@ mod created_dirs;
 mod report;
 pub mod summary;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -233,6 +234,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     }
     let out_root = args.out.clone().unwrap_or_else(|| Path::new("basecamp-runs").join(&task_name));
     check_no_other_task_in(&out_root, &task_name)?;
+    check_fixed_ports_apart(&variants)?;
 
     let test_set =
         load_test_set(&task.spec.evaluation.test_set, &base_dir).await.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -356,6 +358,35 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     summary.write(&out_root)?;
     report::write(&summary, &out_root)?;
     Ok(summary)
+}
+
+/// Two variants whose services take the same fixed port cannot run side by
+/// side on one machine (in a cluster each pod has its own): the second
+/// would find the port taken. Said before anything starts, with the way
+/// out: one variant at a time into the same directory, which keeps the
+/// other's results.
+fn check_fixed_ports_apart(variants: &[basecamp_sandbox::run::ResolvedVariant]) -> Result<()> {
+    let mut taken: BTreeMap<u16, (&str, &str)> = BTreeMap::new();
+    for variant in variants {
+        for (service, spec) in &variant.sandbox.services {
+            let Some(port) = spec.port.filter(|p| *p != 0) else { continue };
+            match taken.get(&port) {
+                Some((other, other_service)) if *other != variant.name => bail!(
+                    "variants {other} and {} both give a service the fixed port {port} (service {other_service} of \
+                     {other}, service {service} of {}), and `basecamp run` runs its variants side by side on this \
+                     machine: run them one at a time into the same --out (`--variant {other}`, then `--variant {}`; \
+                     the second run keeps the first's results), or set spec.services.{service}.port to 0 for a free port",
+                    variant.name,
+                    variant.name,
+                    variant.name
+                ),
+                _ => {
+                    taken.insert(port, (&variant.name, service));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A run of some variants (`--variant b`) into a directory holding an
