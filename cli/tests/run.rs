@@ -987,8 +987,10 @@ HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever
 "#;
 
 /// A service that dies during the run is named with its exit status and its
-/// log in the table, run.json and on stderr: the calls to it failed
-/// ("connection refused") and were counted against the agent, unexplained.
+/// log in the table, run.json and on stderr, the calls to it fail as
+/// `service_exited` naming it (they were bare `transport` errors, "connection
+/// refused", blamed on the agent and the fallback's null), the root-cause
+/// hint says the sandbox broke, and the exit status is 3 (it was 0).
 #[test]
 fn a_service_that_dies_during_the_run_is_reported_with_its_status_and_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -1003,6 +1005,11 @@ fn a_service_that_dies_during_the_run_is_reported_with_its_status_and_log() {
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     let log = out.path().join("b/services/tracking.log");
     assert!(std::fs::read_to_string(&log).unwrap().contains("tracking crashed on /orders/"), "the service died");
+    assert_eq!(output.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("failed because a service it calls had exited (`service_exited`: the sandbox broke"),
+        "the hint: {stdout}"
+    );
 
     // Before: none of these.
     let said = "b: service tracking EXITED during the run (exit status: 3)";
@@ -1021,6 +1028,25 @@ fn a_service_that_dies_during_the_run_is_reported_with_its_status_and_log() {
     assert_eq!(exits[0]["log"], log.display().to_string());
     let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
     assert!(report.contains("service-exit") && report.contains("service tracking EXITED"), "the report says it too");
+    // Every episode's first failed call says which service and why.
+    let episodes = run["variants"][0]["episodes"].as_array().unwrap_or_else(|| panic!("no episodes in {run}"));
+    assert!(!episodes.is_empty() && episodes.iter().all(|e| e["failure_class"] == "service_exited"), "{run}");
+    let trace = basecamp_trace::read_trace(&traces_under(&out.path().join("b"))[0]).unwrap();
+    let failed = trace
+        .records
+        .iter()
+        .find_map(|r| match &r.body {
+            Some(basecamp_trace::pb::record::Body::PlanStep(step)) if !step.error_type.is_empty() => Some(step.clone()),
+            _ => None,
+        })
+        .expect("a failed call");
+    assert_eq!(failed.error_type, "service_exited");
+    assert!(
+        failed.error_message.starts_with("tool track_order failed because service tracking exited with exit status: 3"),
+        "{}",
+        failed.error_message
+    );
+    assert!(failed.error_message.contains(&log.display().to_string()), "{}", failed.error_message);
 }
 
 /// Another process on a service's fixed port would answer its readiness

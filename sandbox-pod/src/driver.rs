@@ -51,6 +51,12 @@ pub struct ShardSummary {
     /// Episodes the stop kept from starting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_started: Vec<String>,
+    /// The sandbox's services that exited while the episodes used them:
+    /// the calls to each failed from then on (`service_exited`). Set by the
+    /// caller that ran the services (`basecamp-sandbox run`), after the
+    /// episodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_exits: Vec<crate::services::ServiceExit>,
 }
 
 impl ShardSummary {
@@ -228,6 +234,7 @@ pub async fn run_shard(
         interrupted_traces: interrupted.iter().filter_map(|(_, _, trace)| trace.clone()).collect(),
         interrupted: interrupted.into_iter().map(|(_, id, _)| id).collect(),
         not_started: not_started.into_iter().map(|(_, id)| id).collect(),
+        service_exits: Vec::new(),
     };
     write_summary(&summary, out_dir)?;
     Ok(summary)

@@ -24,10 +24,16 @@ use basecamp_trace::{
 use serde_json::{Value, json};
 
 use crate::deadline::Timer;
+use crate::services::ServiceWatch;
 use crate::tools::{Tool, ToolError, ToolOutput, json_type};
 
 /// The timeout used when a tool has none configured.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// How long a call whose connection to a service was refused or reset waits
+/// for that service's exit to show ([`ToolExecutor::blame`]). Spent only on
+/// such a failure of a tool that calls a service still running.
+pub const SERVICE_EXIT_GRACE: Duration = Duration::from_millis(50);
 
 /// What to do when a patch writes JSON `null` into a memory key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,6 +87,9 @@ pub struct ToolExecutor {
     memory_types: BTreeMap<String, String>,
     /// What ends a call at its tool's timeout.
     timer: Timer,
+    /// The services the tools call: a failed call to one that has exited
+    /// says so ([`ToolError::ServiceExited`]).
+    services: ServiceWatch,
 }
 
 /// A call the policy asked for. `arguments` is `Err(raw text)` when the
@@ -194,6 +203,13 @@ impl ToolExecutor {
         self
     }
 
+    /// Tells a failed call to a service that has exited by it (see
+    /// [`crate::services::RunningServices::watch`]).
+    pub fn watch_services(&mut self, services: ServiceWatch) -> &mut Self {
+        self.services = services;
+        self
+    }
+
     /// Requires memory `key` to hold JSON of type `type_name` (strict types).
     pub fn require_memory_type(&mut self, key: impl Into<String>, type_name: impl Into<String>) -> &mut Self {
         self.memory_types.insert(key.into(), type_name.into());
@@ -202,6 +218,27 @@ impl ToolExecutor {
 
     pub fn tool(&self, name: &str) -> Option<&ToolDef> {
         self.recorded.get(name).or_else(|| self.tools.get(name))
+    }
+
+    /// `error` of a call to `tool`, or [`ToolError::ServiceExited`] when a
+    /// service the tool calls has exited: the call failed because the
+    /// sandbox broke. A connection refused or reset waits a moment
+    /// ([`SERVICE_EXIT_GRACE`]) for the exit of a service that crashed on
+    /// this call.
+    async fn blame(&self, tool: &str, error: ToolError) -> ToolError {
+        if !self.services.calls_a_service(tool) || !error.may_be_a_dead_service() {
+            return error;
+        }
+        let grace = if matches!(error, ToolError::Transport(_)) { SERVICE_EXIT_GRACE } else { Duration::ZERO };
+        match self.services.exited_for(tool, grace).await {
+            Some(exit) => ToolError::ServiceExited {
+                service: exit.service,
+                status: exit.status,
+                log: exit.log.display().to_string(),
+                cause: Box::new(error),
+            },
+            None => error,
+        }
     }
 
     /// The tool names for a message: the first 20, then how many more.
@@ -253,6 +290,12 @@ impl ToolExecutor {
             }
         };
         let latency = started.elapsed();
+        let result = match result {
+            Err(CallError::Tool { tool, source }) => {
+                Err(CallError::Tool { source: self.blame(&tool, source).await, tool })
+            }
+            other => other,
+        };
 
         let retries = result.as_ref().map_or(0, |out| out.retries);
         let (mut status, observation, patch, source, response_bytes, mut error) = match result {

@@ -391,6 +391,7 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         training_step: request.checkpoint_step.unwrap_or(0),
     };
     let mut runner = build_runner_with_policy(&spec, &sandbox, &ctx, policy)?;
+    runner.executor.watch_services(services.watch(&variant.sandbox));
     let metrics = Arc::new(SandboxMetrics::new());
     metrics.declare_tools(sandbox.tools.keys().map(String::as_str));
     metrics.declare_policy_errors(runner.policy.turn_error_categories());
@@ -422,14 +423,20 @@ pub async fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     }
 
     let metrics_for_episodes = metrics.clone();
-    let summary = run_shard(runner, inputs, &out_dir, request.concurrency, request.stop.clone(), move |result| {
+    let mut summary = run_shard(runner, inputs, &out_dir, request.concurrency, request.stop.clone(), move |result| {
         metrics_for_episodes.observe_episode(result)
     })
     .await?;
     // Before they are stopped: a service gone now died while the episodes used
-    // it, and their calls to it failed as `transport` errors from then on.
-    warnings.extend(services.exited().iter().map(|exit| format!("warning: {exit}")));
+    // it, and their calls to it failed as `service_exited` errors from then on.
+    let service_exits = services.exited();
     drop(services);
+    if !service_exits.is_empty() {
+        warnings.extend(service_exits.iter().map(|exit| format!("warning: {exit}")));
+        // In the summary too (uploaded with the service's log), not only on the pod's stderr.
+        summary.service_exits = service_exits;
+        crate::driver::write_summary(&summary, &out_dir)?;
+    }
 
     let upload_to = task.spec.traces.as_ref().and_then(|t| t.destination.clone()).filter(|_| request.upload);
     let upload = match upload_to.as_deref() {

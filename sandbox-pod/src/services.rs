@@ -12,7 +12,11 @@
 //! another process holds its fixed `port` (that process would answer the
 //! readiness probe); it is not ready when it has exited by the time its
 //! probe passes. One that exits later, while the episodes use it, is
-//! returned by [`RunningServices::exited`] for the run to report.
+//! returned by [`RunningServices::exited`] for the run to report, and
+//! [`RunningServices::watch`] lets the tools that call it tell so: a failed
+//! call to a service that has exited is a `service_exited` error naming it,
+//! its exit status and its log (not a bare `transport` error counted as the
+//! agent's).
 //!
 //! [`RunningServices::expand`] turns the spec's `$(services.NAME.url)`
 //! references into the addresses the services actually got. A process that
@@ -25,11 +29,12 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use basecamp_api::SandboxConfigSpec;
-use basecamp_api::service::{ServiceRefError, ServiceSpec, expand_service_refs};
+use basecamp_api::service::{ServiceRefError, ServiceSpec, expand_service_refs, service_refs};
+use basecamp_api::{SandboxConfigSpec, ToolSpec};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
@@ -103,12 +108,52 @@ impl ServiceError {
 /// One started service.
 #[derive(Debug)]
 struct Running {
-    name: String,
     addr: SocketAddr,
-    child: Child,
-    log: PathBuf,
+    process: Arc<ServiceProcess>,
     /// Its exit was returned by [`RunningServices::exited`].
     exit_reported: bool,
+}
+
+/// A started service's process, shared with the tools that call it
+/// ([`ServiceWatch`]): a failed call asks it whether the service is gone.
+#[derive(Debug)]
+struct ServiceProcess {
+    name: String,
+    /// Its process id, which is also its process group's.
+    pid: i32,
+    child: Mutex<Child>,
+    log: PathBuf,
+    /// Set before the run stops it: a stopped service did not die.
+    stopping: AtomicBool,
+    /// Its exit, once seen (its log's tail is read once).
+    exit: OnceLock<ServiceExit>,
+}
+
+impl ServiceProcess {
+    /// How it exited, if it has and the run did not stop it.
+    fn exit(&self) -> Option<&ServiceExit> {
+        if let Some(exit) = self.exit.get() {
+            return Some(exit);
+        }
+        if self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        let status = self.try_wait()?;
+        // Stopped between the two looks: the status is the run's SIGTERM.
+        if self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(self.exit.get_or_init(|| ServiceExit {
+            service: self.name.clone(),
+            status: status.to_string(),
+            tail: log_tail(&self.log),
+            log: self.log.clone(),
+        }))
+    }
+
+    fn try_wait(&self) -> Option<std::process::ExitStatus> {
+        self.child.lock().unwrap_or_else(PoisonError::into_inner).try_wait().ok()?
+    }
 }
 
 /// A service that exited while the run was using it (not stopped by the
@@ -128,8 +173,8 @@ impl std::fmt::Display for ServiceExit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "service {} exited with {} during the run; the tool calls to it failed from then on (counted against \
-             the agent); its output ({}) ends:\n{}",
+            "service {} exited with {} during the run; the tool calls to it failed from then on (error type \
+             `service_exited`: not the agent's failures); its output ({}) ends:\n{}",
             self.service,
             self.status,
             self.log.display(),
@@ -176,14 +221,9 @@ impl RunningServices {
     pub fn exited(&mut self) -> Vec<ServiceExit> {
         let mut exits = Vec::new();
         for running in self.running.iter_mut().filter(|r| !r.exit_reported) {
-            if let Ok(Some(status)) = running.child.try_wait() {
+            if let Some(exit) = running.process.exit() {
                 running.exit_reported = true;
-                exits.push(ServiceExit {
-                    service: running.name.clone(),
-                    status: status.to_string(),
-                    tail: log_tail(&running.log),
-                    log: running.log.clone(),
-                });
+                exits.push(exit.clone());
             }
         }
         exits
@@ -191,7 +231,30 @@ impl RunningServices {
 
     /// The address a service listens on.
     pub fn addr(&self, name: &str) -> Option<SocketAddr> {
-        self.running.iter().find(|r| r.name == name).map(|r| r.addr)
+        self.running.iter().find(|r| r.process.name == name).map(|r| r.addr)
+    }
+
+    /// Which of these services each tool of `spec` (as written, before
+    /// [`Self::expand`]) calls, for the executor to ask on a failed call:
+    /// the services its texts reference (`$(services.NAME.url)`), and a
+    /// service with a fixed port whose address a text spells out
+    /// (`http://127.0.0.1:8080/...`, `localhost:8080`).
+    pub fn watch(&self, spec: &SandboxConfigSpec) -> ServiceWatch {
+        let mut tools = BTreeMap::new();
+        for (name, tool) in &spec.tools {
+            let mut tool = tool.clone();
+            let texts = tool_texts_mut(&mut tool);
+            let calls: Vec<Arc<ServiceProcess>> = self
+                .running
+                .iter()
+                .filter(|running| texts.iter().any(|text| names_service(text, &running.process.name, running.addr)))
+                .map(|running| running.process.clone())
+                .collect();
+            if !calls.is_empty() {
+                tools.insert(name.clone(), calls);
+            }
+        }
+        ServiceWatch { tools: Arc::new(tools) }
     }
 
     fn lookup(&self, service: &str, attribute: &str) -> Option<String> {
@@ -209,22 +272,8 @@ impl RunningServices {
         let lookup = |s: &str, a: &str| self.lookup(s, a);
         let mut spec = spec.clone();
         for tool in spec.tools.values_mut() {
-            if let Some(http) = &mut tool.http {
-                http.url = expand_service_refs(&http.url, lookup)?;
-                if let Some(body) = &mut http.body {
-                    *body = expand_service_refs(body, lookup)?;
-                }
-                for value in http.headers.values_mut() {
-                    *value = expand_service_refs(value, lookup)?;
-                }
-            }
-            if let Some(exec) = &mut tool.exec {
-                for arg in &mut exec.command {
-                    *arg = expand_service_refs(arg, lookup)?;
-                }
-                for value in exec.env.values_mut() {
-                    *value = expand_service_refs(value, lookup)?;
-                }
+            for text in tool_texts_mut(tool) {
+                *text = expand_service_refs(text, lookup)?;
             }
         }
         Ok(spec)
@@ -238,6 +287,68 @@ impl RunningServices {
         self.running.clear();
     }
 }
+
+/// The texts of a tool that may name a service: an HTTP tool's URL, body
+/// and header values, an exec tool's command and environment values.
+fn tool_texts_mut(tool: &mut ToolSpec) -> Vec<&mut String> {
+    let mut texts = Vec::new();
+    if let Some(http) = &mut tool.http {
+        texts.push(&mut http.url);
+        texts.extend(http.body.as_mut());
+        texts.extend(http.headers.values_mut());
+    }
+    if let Some(exec) = &mut tool.exec {
+        texts.extend(exec.command.iter_mut());
+        texts.extend(exec.env.values_mut());
+    }
+    texts
+}
+
+/// Whether `text` calls service `name`: a reference to it, or its fixed
+/// address written out.
+fn names_service(text: &str, name: &str, addr: SocketAddr) -> bool {
+    let referenced = service_refs(text).is_ok_and(|refs| refs.iter().any(|r| r.service == name));
+    referenced
+        || [format!("127.0.0.1:{}", addr.port()), format!("localhost:{}", addr.port())]
+            .iter()
+            .any(|spelled| text.contains(spelled.as_str()))
+}
+
+/// Which services each tool calls, and whether one has exited; built by
+/// [`RunningServices::watch`] and held by the executor. Cheap to clone;
+/// empty (nothing to ask) by default.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceWatch {
+    tools: Arc<BTreeMap<String, Vec<Arc<ServiceProcess>>>>,
+}
+
+impl ServiceWatch {
+    /// Whether `tool` calls any service.
+    pub fn calls_a_service(&self, tool: &str) -> bool {
+        self.tools.contains_key(tool)
+    }
+
+    /// The first service `tool` calls that has exited. With a `grace`,
+    /// one still running is looked at again until it passes: a service
+    /// that crashed on this very call has closed its sockets (the call saw
+    /// the connection reset) a moment before the kernel says it exited.
+    pub async fn exited_for(&self, tool: &str, grace: Duration) -> Option<ServiceExit> {
+        let services = self.tools.get(tool)?;
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Some(exit) = services.iter().find_map(|s| s.exit()) {
+                return Some(exit.clone());
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(EXIT_POLL).await;
+        }
+    }
+}
+
+/// How often [`ServiceWatch::exited_for`] looks during its grace.
+const EXIT_POLL: Duration = Duration::from_millis(5);
 
 impl Drop for RunningServices {
     fn drop(&mut self) {
@@ -317,12 +428,19 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
         }
     }
     let child = command.spawn().map_err(spawn_error)?;
-    live_groups().push(child.id() as i32);
-    Ok(Running {
+    let pid = child.id() as i32;
+    live_groups().push(pid);
+    let process = ServiceProcess {
         name: name.into(),
-        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-        child,
+        pid,
+        child: Mutex::new(child),
         log: log_path(log_dir, name),
+        stopping: AtomicBool::new(false),
+        exit: OnceLock::new(),
+    };
+    Ok(Running {
+        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        process: Arc::new(process),
         exit_reported: false,
     })
 }
@@ -359,12 +477,13 @@ fn wait_ready(running: &mut Running, spec: &ServiceSpec, stop: &StopSignal) -> R
         None => format!("a TCP connection to {}", running.addr),
     };
     let exited = |running: &mut Running| {
-        let status = running.child.try_wait().ok()??;
+        let process = &running.process;
+        let status = process.try_wait()?;
         Some(ServiceError::Exited {
-            name: running.name.clone(),
+            name: process.name.clone(),
             status: status.to_string(),
-            log: running.log.display().to_string(),
-            tail: log_tail(&running.log),
+            log: process.log.display().to_string(),
+            tail: log_tail(&process.log),
         })
     };
     loop {
@@ -382,11 +501,11 @@ fn wait_ready(running: &mut Running, spec: &ServiceSpec, stop: &StopSignal) -> R
         }
         if Instant::now() >= deadline {
             let error = ServiceError::NotReady {
-                name: running.name.clone(),
+                name: running.process.name.clone(),
                 timeout,
                 probe,
-                log: running.log.display().to_string(),
-                tail: log_tail(&running.log),
+                log: running.process.log.display().to_string(),
+                tail: log_tail(&running.process.log),
             };
             stop_one(running);
             return Err(error);
@@ -410,27 +529,27 @@ fn http_ok(addr: SocketAddr, path: &str) -> bool {
 }
 
 fn stop_one(running: &mut Running) {
-    terminate(running);
-    let id = running.child.id() as i32;
-    live_groups().retain(|group| *group != id);
+    running.process.stopping.store(true, Ordering::Release);
+    terminate(&running.process);
+    live_groups().retain(|group| *group != running.process.pid);
 }
 
 /// SIGTERM to the service's process group, SIGKILL after [`STOP_GRACE`].
-fn terminate(running: &mut Running) {
-    if let Ok(Some(_)) = running.child.try_wait() {
+fn terminate(process: &ServiceProcess) {
+    if process.try_wait().is_some() {
         return;
     }
-    let group = Pid::from_raw(running.child.id() as i32);
+    let group = Pid::from_raw(process.pid);
     let _ = killpg(group, Signal::SIGTERM);
     let deadline = Instant::now() + STOP_GRACE;
     while Instant::now() < deadline {
-        if let Ok(Some(_)) = running.child.try_wait() {
+        if process.try_wait().is_some() {
             return;
         }
         std::thread::sleep(READY_POLL);
     }
     let _ = killpg(group, Signal::SIGKILL);
-    let _ = running.child.wait();
+    let _ = process.child.lock().unwrap_or_else(PoisonError::into_inner).wait();
 }
 
 #[cfg(test)]

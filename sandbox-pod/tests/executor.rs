@@ -636,3 +636,130 @@ async fn a_retried_call_that_then_fails_otherwise_says_which_attempt_failed() {
     assert_eq!(out.plan_step.error_type, "invalid_json");
     assert!(out.plan_step.error_message.ends_with("(attempt 2 of 3)"), "{}", out.plan_step.error_message);
 }
+
+/// A service that answers `GET /ok` and exits with status 4 on `GET /crash`.
+const CRASHABLE_SERVICE: &str = r#"import os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        if self.path == "/crash":
+            print("asked to crash", flush=True); os._exit(4)
+        body = b'"up"'
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), H).serve_forever()
+"#;
+
+/// A call that fails after a service it calls has exited says so, naming
+/// the service, its exit status and its log (`service_exited`); before, it
+/// was a bare `transport` error ("connection refused"), blamed on the agent.
+/// A tool that calls no service, and a failure the live service answered,
+/// keep their own error types; a service the run stopped is no exit.
+#[tokio::test]
+async fn a_failed_call_to_a_service_that_exited_names_the_service() {
+    use basecamp_api::{SandboxConfigSpec, ToolSpec, service::ServiceSpec, tool};
+    use basecamp_sandbox::driver::StopSignal;
+    use basecamp_sandbox::services::RunningServices;
+
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let service = ServiceSpec {
+        command: vec!["python3".into(), "-c".into(), CRASHABLE_SERVICE.into()],
+        port: Some(port),
+        ready_path: Some("/ok".into()),
+        ready_timeout: Some(Duration::from_secs(10).into()),
+        ..Default::default()
+    };
+    let mut spec = SandboxConfigSpec::default();
+    spec.services.insert("tracking".into(), service);
+    let http = |url: &str| ToolSpec {
+        http: Some(tool::HttpTool { url: url.into(), ..Default::default() }),
+        ..Default::default()
+    };
+    // By reference, by its fixed address written out, and a tool of no service.
+    spec.tools.insert("by_ref".into(), http("$(services.tracking.url)/{{path}}"));
+    spec.tools.insert(
+        "by_address".into(),
+        ToolSpec {
+            exec: Some(tool::ExecTool {
+                command: vec![
+                    "python3".into(),
+                    "-c".into(),
+                    "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())".into(),
+                    format!("http://localhost:{port}/ok"),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let mut running = RunningServices::start(&spec.services, dir.path(), dir.path(), &StopSignal::new()).unwrap();
+    let expanded = running.expand(&spec).unwrap();
+    let url = expanded.tools["by_ref"].http.as_ref().unwrap().url.clone();
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("by_ref", def(Tool::Http(HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, url)), 3000));
+    let fetch = expanded.tools["by_address"].exec.as_ref().unwrap().command.clone();
+    ex.add_tool("by_address", def(Tool::Exec(ExecTool::new(fetch)), 3000));
+    ex.add_tool("elsewhere", def(exec("import sys; sys.exit(5)"), 3000));
+    ex.watch_services(running.watch(&spec));
+    let mut memory = Memory::new();
+
+    // Alive: a failure of its own is no service's death.
+    let out = call(&ex, "by_ref", &json!({"path": "ok"}), &mut memory).await;
+    assert_eq!(out.status, StepStatus::Ok, "{:?}", out.error);
+    let out = call(&ex, "elsewhere", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "exit_status");
+
+    // The call that kills it, then the calls after.
+    let log = dir.path().join("tracking.log").display().to_string();
+    for (tool, args) in
+        [("by_ref", json!({"path": "crash"})), ("by_ref", json!({"path": "ok"})), ("by_address", json!({}))]
+    {
+        let out = call(&ex, tool, &args, &mut memory).await;
+        let message = &out.plan_step.error_message;
+        assert_eq!(out.plan_step.error_type, "service_exited", "{tool} {args}: {message}");
+        assert!(
+            message.starts_with(&format!("tool {tool} failed because service tracking exited with exit status: 4")),
+            "{message}"
+        );
+        assert!(message.contains(&log), "{message}");
+    }
+    let out = call(&ex, "elsewhere", &json!({}), &mut memory).await;
+    assert_eq!(out.plan_step.error_type, "exit_status", "a tool of no service is not blamed on it");
+    assert_eq!(running.exited().len(), 1);
+    running.stop();
+}
+
+/// A service the run stopped did not die: calls after the stop keep their own error.
+#[tokio::test]
+async fn a_service_stopped_by_the_run_is_not_blamed_for_failed_calls() {
+    use basecamp_api::{SandboxConfigSpec, ToolSpec, service::ServiceSpec, tool};
+    use basecamp_sandbox::driver::StopSignal;
+    use basecamp_sandbox::services::RunningServices;
+
+    let dir = tempfile::tempdir().unwrap();
+    let service = ServiceSpec {
+        command: vec!["python3".into(), "-c".into(), CRASHABLE_SERVICE.into()],
+        ready_path: Some("/ok".into()),
+        ready_timeout: Some(Duration::from_secs(10).into()),
+        ..Default::default()
+    };
+    let mut spec = SandboxConfigSpec::default();
+    spec.services.insert("tracking".into(), service);
+    spec.tools.insert(
+        "track".into(),
+        ToolSpec {
+            http: Some(tool::HttpTool { url: "$(services.tracking.url)/ok".into(), ..Default::default() }),
+            ..Default::default()
+        },
+    );
+    let mut running = RunningServices::start(&spec.services, dir.path(), dir.path(), &StopSignal::new()).unwrap();
+    let url = running.expand(&spec).unwrap().tools["track"].http.as_ref().unwrap().url.clone();
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("track", def(Tool::Http(HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, url)), 3000));
+    ex.watch_services(running.watch(&spec));
+    running.stop();
+    let out = call(&ex, "track", &json!({}), &mut Memory::new()).await;
+    assert_eq!(out.plan_step.error_type, "transport", "{}", out.plan_step.error_message);
+}

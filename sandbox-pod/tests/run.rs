@@ -1328,8 +1328,10 @@ fn a_live_injection_may_not_take_the_id_of_a_scheduled_one() {
 }
 
 /// A sandbox pod says when one of its services died while the episodes
-/// used it (their calls failed as `transport` errors from then on), with
-/// its exit status and the end of its log; before, nothing did.
+/// used it, with its exit status and the end of its log, on stderr and in
+/// its `summary.json` (`service_exits`, uploaded with the log), and the
+/// calls to it failed as `service_exited` errors naming it (they were bare
+/// `transport` errors; before that, nothing said it at all).
 #[test]
 fn a_service_that_dies_during_the_run_is_named_on_stderr() {
     let dir = tempfile::tempdir().unwrap();
@@ -1361,4 +1363,11 @@ HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever
         "{stderr}"
     );
     assert!(stderr.contains("tracking crashed on /"), "the end of its log: {stderr}");
+    let summary: Value = serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    let exits = summary["service_exits"].as_array().unwrap_or_else(|| panic!("no service_exits: {summary}"));
+    assert_eq!(exits.len(), 1, "{summary}");
+    assert_eq!((exits[0]["service"].as_str(), exits[0]["status"].as_str()), (Some("tracking"), Some("exit status: 3")));
+    assert!(exits[0]["tail"].as_str().unwrap().contains("tracking crashed on /"), "{summary}");
+    let episodes = summary["episodes"].as_array().unwrap();
+    assert!(!episodes.is_empty() && episodes.iter().all(|e| e["failure_class"] == "service_exited"), "{summary}");
 }

@@ -4,8 +4,10 @@
 //! fallback first, then a tool, the policy, an injection) and after which
 //! error — because a null in memory silently derails everything after it.
 //! A null the episode started with (the test set's initial memory) or got
-//! back from a rollback is given, not a cause. Failures without one are
-//! grouped by their failure class.
+//! back from a rollback is given, not a cause. Stronger still is a call
+//! that failed because a service it calls had exited (`service_exited`):
+//! the sandbox broke, and what followed says nothing of the agent.
+//! Failures without either are grouped by their failure class.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,7 +25,7 @@ pub struct RootCause {
     pub hint: String,
     pub episodes: usize,
     pub of_failed: usize,
-    /// What clusters them: `null:<key>:<source>:<origin>` or `class:<failure_class>`.
+    /// What clusters them: `service_exited:<tool>`, `null:<key>:<source>:<origin>` or `class:<failure_class>`.
     pub key: String,
     /// Up to five episode ids, for a first look.
     pub examples: Vec<String>,
@@ -37,6 +39,8 @@ struct Evidence {
     null_write: Option<(String, String, String)>,
     /// Error types of the steps whose fallback was used, by tool.
     fallback_errors: BTreeMap<String, Vec<String>>,
+    /// The tool of the first call that failed because a service had exited.
+    service_exited: Option<String>,
     unreadable: Option<String>,
 }
 
@@ -63,9 +67,14 @@ fn evidence(path: &PathBuf) -> Evidence {
                     _ => {}
                 }
             }
-            Some(Body::PlanStep(step)) if step.fallback_used => {
-                let error = if step.error_type.is_empty() { "error".to_string() } else { step.error_type.clone() };
-                found.fallback_errors.entry(step.tool.clone()).or_default().push(error);
+            Some(Body::PlanStep(step)) => {
+                if step.error_type == SERVICE_EXITED && found.service_exited.is_none() {
+                    found.service_exited = Some(step.tool.clone());
+                }
+                if step.fallback_used {
+                    let error = if step.error_type.is_empty() { "error".to_string() } else { step.error_type.clone() };
+                    found.fallback_errors.entry(step.tool.clone()).or_default().push(error);
+                }
             }
             _ => {}
         }
@@ -73,6 +82,9 @@ fn evidence(path: &PathBuf) -> Evidence {
     found.null_write = found.null_write.or(other_null);
     found
 }
+
+/// The error type of a call that failed because a service it calls had exited.
+const SERVICE_EXITED: &str = "service_exited";
 
 fn source_name(source: pb::MemorySource) -> &'static str {
     match source {
@@ -100,6 +112,17 @@ pub fn root_causes(failed: &[(&EpisodeRow, PathBuf)]) -> Vec<RootCause> {
         let (key, describe, errors) = match (&found.unreadable, &found.null_write) {
             (Some(error), _) => {
                 ("unreadable".to_string(), format!("the trace could not be read ({error})"), Vec::new())
+            }
+            (None, _) if found.service_exited.is_some() => {
+                let tool = found.service_exited.as_deref().unwrap_or_default();
+                (
+                    format!("{SERVICE_EXITED}:{tool}"),
+                    format!(
+                        "a call to `{tool}` failed because a service it calls had exited (`{SERVICE_EXITED}`: the \
+                         sandbox broke, not the agent)"
+                    ),
+                    Vec::new(),
+                )
             }
             (None, Some((key, source, origin))) => {
                 let by = match source.as_str() {

@@ -28,9 +28,10 @@
 //! exit status is 2, as for a lost episode's trace.
 //!
 //! A service that exits while the run uses it (not stopped by the run) is
-//! named with its exit status and log in the table, `run.json`
-//! (`service_exits`), the report and on stderr: the tool calls to it failed
-//! from then on, and those failures are not the agent's.
+//! named on stderr as soon as it is seen, with its exit status and log, and
+//! then in the table, `run.json` (`service_exits`) and the report; the tool
+//! calls to it fail from then on as `service_exited` errors naming it (not
+//! the agent's failures), and the exit status is 3.
 
 pub(crate) mod analysis;
 mod created_dirs;
@@ -86,8 +87,10 @@ pub struct RunArgs {
 }
 
 /// Exit statuses beyond 0 and 1: a trace not written (a lost episode's, a
-/// failed shard's); stopped by a signal.
+/// failed shard's); a service exited during the run (the calls to it after
+/// that measure the broken sandbox, not the agent); stopped by a signal.
 const EXIT_TRACES_NOT_WRITTEN: u8 = 2;
+const EXIT_SERVICE_EXITED: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
@@ -124,14 +127,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             failed.error
         );
     }
-    for exited in &summary.service_exits {
-        // A warning: the run itself ended; its failed calls are in the table.
-        basecamp_sandbox::stderr_line!("warning: variant {}: {}", exited.variant, exited.exit);
-    }
+    // A service's exit was said on stderr when it was seen.
     Ok(if summary.stopped_early {
         ExitCode::from(EXIT_INTERRUPTED)
     } else if summary.lost_episodes() > 0 || !summary.failed_shards.is_empty() {
         ExitCode::from(EXIT_TRACES_NOT_WRITTEN)
+    } else if !summary.service_exits.is_empty() {
+        ExitCode::from(EXIT_SERVICE_EXITED)
     } else if args.fail_on_criteria && !summary.criteria_met() {
         ExitCode::FAILURE
     } else {
@@ -179,6 +181,7 @@ impl VariantSetup<'_> {
             let running = RunningServices::start(&variant.sandbox.services, self.base_dir, &log_dir, stop)
                 .with_context(|| format!("variant {}", variant.name))?;
             let sandbox = running.expand(&variant.sandbox)?;
+            let watch = running.watch(&variant.sandbox);
             services.push(running);
             // Built once per variant (a recorded fixture is read and parsed
             // once), then given to each shard with its own rate limits.
@@ -191,8 +194,9 @@ impl VariantSetup<'_> {
                 shard_count,
                 training_step: 0,
             };
-            let first = build_runner_with_policy(self.task, &sandbox, &ctx, policy)
+            let mut first = build_runner_with_policy(self.task, &sandbox, &ctx, policy)
                 .with_context(|| format!("variant {}", variant.name))?;
+            first.executor.watch_services(watch);
             for (shard, inputs) in (0..shard_count).zip(shard_inputs) {
                 jobs.push(ShardJob {
                     variant: v,
@@ -313,7 +317,19 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     // summarised from those that finished, and each failure is reported.
     let mut shards: Vec<Vec<ShardSummary>> = vec![Vec::new(); variants.len()];
     let mut failed_shards = Vec::new();
-    while let Some(joined) = running.join_next_with_id().await {
+    // A service that exits is said on stderr when it happens, not at the
+    // end of a long run: the calls to it fail from then on.
+    let mut service_exits = Vec::new();
+    let mut service_poll = tokio::time::interval(SERVICE_POLL);
+    loop {
+        let joined = tokio::select! {
+            joined = running.join_next_with_id() => joined,
+            _ = service_poll.tick() => {
+                note_service_exits(&variants, &mut services, &mut service_exits, &progress);
+                continue;
+            }
+        };
+        let Some(joined) = joined else { break };
         let task = match &joined {
             Ok((id, _)) => *id,
             Err(failed) => failed.id(),
@@ -331,15 +347,9 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
         failed_shards.push(summary::FailedShard { variant: variants[variant].name.clone(), shard, episodes, error });
     }
     failed_shards.sort_by(|a, b| (&a.variant, a.shard).cmp(&(&b.variant, b.shard)));
-    progress.finish_and_clear();
     // Before they are stopped: a service gone now died during the run.
-    let service_exits: Vec<summary::ServiceExited> = variants
-        .iter()
-        .zip(&mut services)
-        .flat_map(|(variant, running)| {
-            running.exited().into_iter().map(|exit| summary::ServiceExited { variant: variant.name.clone(), exit })
-        })
-        .collect();
+    note_service_exits(&variants, &mut services, &mut service_exits, &progress);
+    progress.finish_and_clear();
     drop(services);
     let wall_seconds = started.elapsed().as_secs_f64();
 
@@ -358,6 +368,25 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     summary.write(&out_root)?;
     report::write(&summary, &out_root)?;
     Ok(summary)
+}
+
+/// How often a run looks for services that exited.
+const SERVICE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Adds the services that exited since the last look to `exits`, each said
+/// on stderr as a warning (above the progress bar).
+fn note_service_exits(
+    variants: &[basecamp_sandbox::run::ResolvedVariant],
+    services: &mut [RunningServices],
+    exits: &mut Vec<summary::ServiceExited>,
+    progress: &ProgressBar,
+) {
+    for (variant, running) in variants.iter().zip(services) {
+        for exit in running.exited() {
+            progress.suspend(|| basecamp_sandbox::stderr_line!("warning: variant {}: {exit}", variant.name));
+            exits.push(summary::ServiceExited { variant: variant.name.clone(), exit });
+        }
+    }
 }
 
 /// Two variants whose services take the same fixed port cannot run side by

@@ -42,7 +42,7 @@ pub struct RunSummary {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_shards: Vec<FailedShard>,
     /// Services that exited while the run used them (not stopped by it):
-    /// the calls to each failed from then on, counted against the agent.
+    /// the calls to each failed from then on as `service_exited` errors.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub service_exits: Vec<ServiceExited>,
 }
@@ -59,8 +59,8 @@ impl ServiceExited {
     /// What the table and the report say of it, after the variant's name.
     pub fn consequence(&self) -> String {
         format!(
-            "service {} EXITED during the run ({}): the tool calls to it failed from then on and count against the \
-             agent; see {}",
+            "service {} EXITED during the run ({}): the tool calls to it failed from then on (`service_exited`, \
+             not the agent's failures); see {}",
             self.exit.service,
             self.exit.status,
             self.exit.log.display()

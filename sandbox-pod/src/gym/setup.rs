@@ -91,7 +91,8 @@ pub async fn load(request: &ServeRequest) -> Result<Prepared, RunError> {
         shard_count: 1,
         training_step: 0,
     };
-    let runner = build_runner_with_policy(&spec, &sandbox, &ctx, policy)?;
+    let mut runner = build_runner_with_policy(&spec, &sandbox, &ctx, policy)?;
+    runner.executor.watch_services(services.watch(&variant.sandbox));
     // A stop while waiting: the caller sees it and serves nothing.
     tokio::select! {
         ready = crate::readiness::wait_for_policy_server(&spec.policy) => { ready?; }

@@ -130,10 +130,14 @@ pub enum ToolError {
     /// A failure replayed from a fixture or trace, keeping its recorded type.
     #[error("{message}")]
     Recorded { error_type: &'static str, message: String },
+    /// The call failed (`cause`) after a service it calls had exited: the
+    /// sandbox broke, not the agent's call.
+    #[error("failed because service {service} exited with {status} during the run (its output: {log}): {cause}")]
+    ServiceExited { service: String, status: String, log: String, cause: Box<ToolError> },
 }
 
 /// Every `error_type` a tool call can have, for mapping recorded names back.
-pub const TOOL_ERROR_TYPES: [&str; 12] = [
+pub const TOOL_ERROR_TYPES: [&str; 13] = [
     "timeout",
     "exit_status",
     "invalid_json",
@@ -146,6 +150,7 @@ pub const TOOL_ERROR_TYPES: [&str; 12] = [
     "no_recording",
     "bad_arguments",
     "tool_error",
+    "service_exited",
 ];
 
 fn suffix(stream: &str, text: &str) -> String {
@@ -169,7 +174,24 @@ impl ToolError {
             Self::Arguments(_) => "bad_arguments",
             Self::Failed(_) => "tool_error",
             Self::Recorded { error_type, .. } => error_type,
+            Self::ServiceExited { .. } => "service_exited",
         }
+    }
+
+    /// Whether this failure may come of a service gone: not an answer the
+    /// service gave (an HTTP status, a 429, a body too large), nor the
+    /// call's own arguments, nor a replayed fixture.
+    pub fn may_be_a_dead_service(&self) -> bool {
+        matches!(
+            self,
+            Self::Transport(_)
+                | Self::Timeout(_)
+                | Self::ExitStatus { .. }
+                | Self::InvalidJson(_)
+                | Self::InvalidOutput(_)
+                | Self::Spawn(_)
+                | Self::Failed(_)
+        )
     }
 }
 
