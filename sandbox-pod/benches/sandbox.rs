@@ -275,7 +275,6 @@ fn lookup_tool() -> ToolFn {
                                 "carrier": "DHL", "last_scan": "Leipzig hub"}),
             memory_patch: MemoryPatch::default().set("shipping_status", json!(status)).set("last_lookup", json!(n)),
             response_bytes: 0,
-            retries: 0,
         })
     })
 }

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use basecamp_api::sandbox::JsonType;
@@ -270,6 +271,9 @@ impl ToolExecutor {
         let def = self.tool(call.name);
         let timeout = def.map_or(Duration::ZERO, |d| d.timeout);
 
+        // Requests an HTTP tool sent again, counted as they go out: a call its
+        // timeout cut off still says how many.
+        let sent_again = AtomicU32::new(0);
         let result: Result<ToolOutput, CallError> = match (def, call.arguments) {
             (None, _) => Err(CallError::UnknownTool { tool: call.name.to_string(), available: self.tool_list() }),
             (Some(_), Err(raw)) => Err(CallError::InvalidArguments {
@@ -279,7 +283,8 @@ impl ToolExecutor {
             }),
             (Some(def), Ok(args)) => {
                 let deadline = Instant::now() + def.timeout;
-                match self.timer.timeout(def.timeout, def.tool.call_until(call.name, args, Some(deadline))).await {
+                let call_until = def.tool.call_until(call.name, args, Some(deadline), &sent_again);
+                match self.timer.timeout(def.timeout, call_until).await {
                     Ok(Ok(output)) => Ok(output),
                     Ok(Err(source)) => Err(CallError::Tool { tool: call.name.to_string(), source }),
                     Err(_) => Err(CallError::Tool {
@@ -297,7 +302,7 @@ impl ToolExecutor {
             other => other,
         };
 
-        let retries = result.as_ref().map_or(0, |out| out.retries);
+        let retries = sent_again.load(Ordering::Relaxed);
         let (mut status, observation, patch, source, response_bytes, mut error) = match result {
             Ok(out) => {
                 (StepStatus::Ok, out.observation, out.memory_patch, MemorySource::Tool, out.response_bytes, None)
@@ -349,6 +354,10 @@ impl ToolExecutor {
         let memory_after = memory.hash();
         let observation_json = canonical_json(&observation);
         let (error_type, error_message) = match &error {
+            // A failed call's own message says why its retries stopped; a timeout cannot.
+            Some(e @ CallError::Tool { source: ToolError::Timeout(_), .. }) if retries > 0 => {
+                (e.error_type().to_string(), format!("{e} (after {retries} request(s) sent again)"))
+            }
             Some(e) => (e.error_type().to_string(), e.to_string()),
             None => (String::new(), warnings.join("; ")),
         };

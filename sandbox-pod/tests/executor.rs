@@ -602,7 +602,41 @@ async fn a_5xx_with_a_body_past_the_response_limit_is_retried_and_quoted_by_its_
     assert_eq!(out.plan_step.error_type, "http_status");
     let quoted = format!("maintenance {}…", "x".repeat(200 - "maintenance ".len()));
     assert_eq!(out.plan_step.error_message, format!("tool down HTTP 502: {quoted} (gave up after 2 attempts)"));
-    assert_eq!(out.plan_step.retries, 0, "a failed call's attempts are in its message");
+    // Before: 0, the second request only in the message.
+    assert_eq!(out.plan_step.retries, 1, "a failed call's requests sent again are counted too");
+}
+
+/// A call its timeout cuts off during its retries says how many requests it
+/// sent again, in `retries` and its message; before, both said nothing.
+#[tokio::test]
+async fn a_call_timed_out_mid_retries_counts_the_requests_sent_again() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    // Two quick 503s, then an answer that never comes in time.
+    let app = Router::new().route(
+        "/down",
+        get(move || {
+            let hit = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if hit >= 2 {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                }
+                (StatusCode::SERVICE_UNAVAILABLE, "maintenance")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}/down"));
+    tool.retry = Some(serde_json::from_value(json!({"attempts": 5, "backoff": "1ms"})).unwrap());
+    let mut ex = ToolExecutor::new(NullWrites::Warn);
+    ex.add_tool("down", def(Tool::Http(tool), 500));
+    let out = call(&ex, "down", &json!({}), &mut Memory::new()).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+    assert_eq!(out.plan_step.error_type, "timeout");
+    assert_eq!(out.plan_step.retries, 2);
+    assert_eq!(out.plan_step.error_message, "tool down timed out after 500 ms (after 2 request(s) sent again)");
 }
 
 /// A call retried after a 503 whose next answer fails otherwise (here JSON

@@ -20,6 +20,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -112,17 +113,27 @@ impl HttpTool {
     /// again" and the tool has a retry policy. The executor's timeout bounds
     /// the whole loop, waits included.
     pub async fn call(&self, arguments: &Value) -> Result<ToolOutput, ToolError> {
-        self.call_until(arguments, None).await
+        self.call_until(arguments, None, &AtomicU32::new(0)).await
     }
 
     /// [`Self::call`] for a caller that gives up at `deadline`: a retry whose
     /// wait (`Retry-After` or the backoff) would end at or past it is not
     /// made, and the call fails with the answer it got, saying why, instead
-    /// of sleeping into a timeout that hides the server's answer.
-    pub async fn call_until(&self, arguments: &Value, deadline: Option<Instant>) -> Result<ToolOutput, ToolError> {
+    /// of sleeping into a timeout that hides the server's answer. Each
+    /// request sent again is counted in `sent_again` as it goes out, so a
+    /// caller whose timeout drops this future still knows how many were.
+    pub async fn call_until(
+        &self,
+        arguments: &Value,
+        deadline: Option<Instant>,
+        sent_again: &AtomicU32,
+    ) -> Result<ToolOutput, ToolError> {
         let attempts = self.retry.as_ref().map_or(1, |r| r.attempts.max(1));
         let mut attempt = 1;
         loop {
+            if attempt > 1 {
+                sent_again.fetch_add(1, Ordering::Relaxed);
+            }
             let answer = match self.attempt(arguments).await {
                 Ok(answer) => answer,
                 // A retried call that then failed otherwise (the service went away): say it was retried.
@@ -130,11 +141,11 @@ impl HttpTool {
                 Err(error) => return Err(error),
             };
             match answer {
-                Answer::Done(output) => return Ok(ToolOutput { retries: attempt - 1, ..output }),
+                Answer::Done(output) => return Ok(output),
                 Answer::Failed { error, status, retry_after } => {
                     let retried = self.retry.as_ref().filter(|r| attempt < attempts && r.retries_status(status));
                     let Some(retry) = retried else {
-                        // The trace's error message is where a failed call's retries show.
+                        // The retries are counted in the trace's `retries` too; the message says why it stopped.
                         return Err(if attempt > 1 {
                             error.with_note(&format!("gave up after {attempt} attempts"))
                         } else {

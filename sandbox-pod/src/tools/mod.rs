@@ -28,14 +28,11 @@ pub struct ToolOutput {
     pub memory_patch: MemoryPatch,
     /// Size of the raw response (stdout, HTTP body), before parsing.
     pub response_bytes: u64,
-    /// Requests sent again before this answer (an HTTP tool's retry
-    /// policy, after a 429 or 5xx); 0 for an answer to the first.
-    pub retries: u32,
 }
 
 impl ToolOutput {
     pub fn observation(observation: Value) -> Self {
-        Self { observation, memory_patch: MemoryPatch::default(), response_bytes: 0, retries: 0 }
+        Self { observation, memory_patch: MemoryPatch::default(), response_bytes: 0 }
     }
 
     /// Reads a tool's JSON answer. An object with an `observation` key may
@@ -43,15 +40,10 @@ impl ToolOutput {
     /// `memory_remove` (keys to delete); any other value is the observation.
     pub fn from_json(value: Value, response_bytes: u64) -> Result<Self, ToolError> {
         let Value::Object(mut map) = value else {
-            return Ok(Self { observation: value, memory_patch: MemoryPatch::default(), response_bytes, retries: 0 });
+            return Ok(Self { observation: value, memory_patch: MemoryPatch::default(), response_bytes });
         };
         let Some(observation) = map.remove("observation") else {
-            return Ok(Self {
-                observation: Value::Object(map),
-                memory_patch: MemoryPatch::default(),
-                response_bytes,
-                retries: 0,
-            });
+            return Ok(Self { observation: Value::Object(map), memory_patch: MemoryPatch::default(), response_bytes });
         };
         let mut patch = MemoryPatch::default();
         match map.remove("memory") {
@@ -81,7 +73,7 @@ impl ToolOutput {
                 )));
             }
         }
-        Ok(Self { observation, memory_patch: patch, response_bytes, retries: 0 })
+        Ok(Self { observation, memory_patch: patch, response_bytes })
     }
 }
 
@@ -222,19 +214,21 @@ impl Tool {
     /// Runs the tool. The caller bounds it with a timeout; dropping the
     /// future abandons the call (and kills an exec tool's process group).
     pub async fn call(&self, name: &str, arguments: &Value) -> Result<ToolOutput, ToolError> {
-        self.call_until(name, arguments, None).await
+        self.call_until(name, arguments, None, &std::sync::atomic::AtomicU32::new(0)).await
     }
 
     /// [`Self::call`] for a caller that gives up at `deadline`: an HTTP tool
-    /// makes no retry that could not start before it.
+    /// makes no retry that could not start before it, and counts each
+    /// request it sends again in `sent_again` (the trace's `retries`).
     pub async fn call_until(
         &self,
         name: &str,
         arguments: &Value,
         deadline: Option<std::time::Instant>,
+        sent_again: &std::sync::atomic::AtomicU32,
     ) -> Result<ToolOutput, ToolError> {
         match self {
-            Self::Http(t) => t.call_until(arguments, deadline).await,
+            Self::Http(t) => t.call_until(arguments, deadline, sent_again).await,
             Self::Exec(t) => t.call(arguments).await,
             Self::Recorded(t) => t.call(name, arguments).await,
             Self::Function(f) => f(arguments),
