@@ -3,9 +3,13 @@
 //! last, on 127.0.0.1. Each runs in its own process group, so stopping it —
 //! or dropping [`RunningServices`] on Ctrl-C or a panic — takes its children
 //! down too. A starter killed outright (SIGKILL, the OOM killer) stops
-//! nothing itself: the kernel then SIGKILLs each service (Linux's parent-death
-//! signal), though not what a service started in turn. Its output goes to `services/<name>.log` in the run directory,
-//! so a service that dies is explained, not just missing.
+//! nothing itself: each service then runs under a keeper, as an exec tool
+//! does (`crate::tools::group_keeper`), which the kernel signals when the
+//! starter dies and which SIGKILLs the service's whole process group, what
+//! the service started included (a parent-death signal on the service
+//! alone left its children running). Its output goes to
+//! `services/<name>.log` in the run directory, so a service that dies is
+//! explained, not just missing.
 //!
 //! A service is refused before it starts when its program cannot start
 //! (field `spec.services.NAME.command[0]`, judged as an exec tool's) or when
@@ -119,8 +123,10 @@ struct Running {
 #[derive(Debug)]
 struct ServiceProcess {
     name: String,
-    /// Its process id, which is also its process group's.
+    /// Its keeper's process id (on Linux the service runs under a keeper,
+    /// see `crate::tools::group_keeper`), which is also the process group's.
     pid: i32,
+    /// The keeper, whose exit status is the service's.
     child: Mutex<Child>,
     log: PathBuf,
     /// Set before the run stops it: a stopped service did not die.
@@ -422,9 +428,11 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
     {
         let starter = nix::unistd::getpid();
         // SAFETY: between fork and exec the closure makes only async-signal-safe
-        // system calls (prctl, getppid) and allocates nothing.
+        // calls and allocates nothing (see group_keeper). The keeper's
+        // parent-death signal follows the forking thread: services are
+        // started from one that outlives them (the binaries' main thread).
         unsafe {
-            command.pre_exec(move || die_with_parent(starter));
+            command.pre_exec(move || crate::tools::group_keeper::split_off_the_tool(starter));
         }
     }
     let child = command.spawn().map_err(spawn_error)?;
@@ -445,12 +453,11 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
     })
 }
 
-/// Runs in the service's process between fork and exec: the kernel
-/// SIGKILLs the service when its starter dies, even by SIGKILL (no signal
-/// handler, no destructor runs then). The signal follows the thread that
-/// forked, so services are started from a thread that outlives them (the
-/// binaries' main thread). A starter that died before the request took
-/// effect is caught by asking for the parent again; the service then does
+/// Runs in a process between fork and exec (an exec tool's or a service's,
+/// under its keeper): the kernel SIGKILLs it when `starter` dies, even by
+/// SIGKILL (no signal handler, no destructor runs then). The signal follows
+/// the thread that forked. A starter that died before the request took
+/// effect is caught by asking for the parent again; the process then does
 /// not start.
 #[cfg(target_os = "linux")]
 pub(crate) fn die_with_parent(starter: Pid) -> std::io::Result<()> {

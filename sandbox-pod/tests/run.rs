@@ -8,7 +8,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use basecamp_sandbox::testing::{example_copy, never_ready, post_repeated, wait_for_no_services, wait_for_services};
+use basecamp_sandbox::testing::{
+    example_copy, never_ready, post_repeated, services_in, wait_for_no_services, wait_for_services,
+};
 use basecamp_trace::{Tail, read_trace};
 use serde_json::Value;
 
@@ -1027,6 +1029,41 @@ fn sigkill_of_the_sandbox_takes_its_services_with_it() {
     child.kill().unwrap();
     child.wait().unwrap();
     // Before: the service slept on, reparented to init.
+    wait_for_no_services(&project, Duration::from_secs(5));
+}
+
+/// What a service started goes with it too: the service runs under a keeper
+/// that the kernel signals when the sandbox dies and that kills the whole
+/// process group. Before, only the service itself got a parent-death signal,
+/// and its child slept on, reparented to init.
+#[test]
+fn sigkill_of_the_sandbox_takes_what_its_services_started_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    never_ready(&project);
+    // The service starts a second `services/tracking.py` (in its process group) and waits.
+    let forking = r#"import os, subprocess, sys, time
+if not os.environ.get("CHILD"):
+    subprocess.Popen([sys.executable, "services/tracking.py"], env={**os.environ, "CHILD": "1"})
+time.sleep(600)
+"#;
+    std::fs::write(project.join("services/tracking.py"), forking).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
+        .args(["run", "--config", project.to_str().unwrap(), "--no-upload"])
+        .args(["--out", out.path().to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while services_in(&project).len() < 2 {
+        let log = std::fs::read_to_string(out.path().join("services/tracking.log")).unwrap_or_default();
+        assert!(Instant::now() < deadline, "the service and its child: {:?}; its log: {log}", services_in(&project));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
     wait_for_no_services(&project, Duration::from_secs(5));
 }
 

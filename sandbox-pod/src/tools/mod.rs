@@ -11,7 +11,7 @@
 
 pub mod exec;
 #[cfg(target_os = "linux")]
-mod group_keeper;
+pub(crate) mod group_keeper;
 pub mod http;
 pub mod recorded;
 
