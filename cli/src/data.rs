@@ -14,11 +14,16 @@
 //! crash, corrupt, or read to its end without an episode end) gives the
 //! rows of the steps that finished before the damage; it is named on
 //! stderr and under `partial` in `dataset.json`, and one with no finished
-//! step under `skipped`, as a file that is not a trace is. The format only decides how a batch
-//! file is encoded ([`BatchFile`]); the rest is the same. An `s3://`
-//! output is staged in a temporary directory and uploaded with the
-//! sandbox's storage client (retries): an earlier run's `dataset.json`
-//! removed, the batches, and `dataset.json` only once they all arrived.
+//! step under `skipped`, as a file that is not a trace is. When its
+//! episode end is missing, its episode's reward is unknown: every row of it
+//! says `truncated` (a JSON Lines key, a Parquet column), so a trainer can
+//! tell its reward (0 from the built-in) from a real one, and `dataset.json`'s
+//! `truncatedRows` and the summary line count them. The format only
+//! decides how a batch file is encoded ([`BatchFile`]); the rest is the
+//! same. An `s3://` output is staged in a temporary directory and uploaded
+//! with the sandbox's storage client (retries): an earlier run's
+//! `dataset.json` removed, the batches, and `dataset.json` only once they
+//! all arrived.
 //!
 //! The trainer pod's `dataset` init container runs this with
 //! `FallbackToLogsOnError`, so a failure's message, the last thing on
@@ -204,6 +209,8 @@ struct Batches {
     files: Vec<PathBuf>,
     current: Option<BatchFile>,
     rows: usize,
+    /// Rows whose episode has no end, so no known reward ([`Row::truncated`]).
+    truncated_rows: usize,
 }
 
 /// The batch being written, as its format encodes it.
@@ -261,6 +268,7 @@ impl Batches {
             files: Vec::new(),
             current: None,
             rows: 0,
+            truncated_rows: 0,
         }
     }
 
@@ -283,6 +291,7 @@ impl Batches {
         self.current.as_mut().expect("opened above").push(row)?;
         self.in_current += 1;
         self.rows += 1;
+        self.truncated_rows += usize::from(row.truncated);
         Ok(())
     }
 
@@ -424,6 +433,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         "format": settings.format.name(),
         "batchSize": settings.batch_size,
         "rows": batches.rows,
+        "truncatedRows": batches.truncated_rows,
         "traces": traces,
         "batches": batches.names(),
         "skipped": skipped,
@@ -445,9 +455,13 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     for line in &partial {
         basecamp_sandbox::stderr_line!("partial {line}");
     }
+    let truncated = match batches.truncated_rows {
+        0 => String::new(),
+        n => format!(" ({n} truncated: no episode end, so no episode reward)"),
+    };
     writeln!(
         std::io::stdout(),
-        "{} rows from {traces} traces in {} {} batch(es) of up to {} -> {}",
+        "{} rows{truncated} from {traces} traces in {} {} batch(es) of up to {} -> {}",
         batches.rows,
         batches.files.len(),
         settings.format,

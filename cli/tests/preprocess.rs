@@ -102,6 +102,10 @@ fn traces_become_training_rows_with_the_sandboxes_rewards_and_user_preprocessors
     assert_eq!(dataset["preprocessor"], "builtin:trajectory");
     assert_eq!(dataset["batchSize"], 25);
     assert_eq!(dataset["rows"].as_u64(), Some(steps));
+    // Every episode ended: its reward is known.
+    assert_eq!(dataset["truncatedRows"], 0);
+    assert!(built.iter().all(|r| r["truncated"] == false), "{built:?}");
+    assert!(!text(&output).contains("truncated"), "{}", text(&output));
     assert_eq!(dataset["traces"].as_u64(), Some(episodes.len() as u64));
     assert_eq!(dataset["skipped"], serde_json::json!([]));
     assert_eq!(dataset["trainingStep"], 0);
@@ -306,9 +310,10 @@ fn jsonl_rows_and_reward_bits(dir: &Path) -> Vec<(Value, String)> {
         .iter()
         .flat_map(|p| std::fs::read_to_string(p).unwrap().lines().map(str::to_string).collect::<Vec<_>>())
         .map(|line| {
-            // A row serializes its fields in order: the reward is the last.
-            let (_, reward) = line.rsplit_once(",\"reward\":").expect("a reward");
-            let reward: f64 = reward.trim_end_matches('}').parse().expect("the reward is a number");
+            // A row serializes its fields in order: the reward is followed by `truncated`.
+            let (_, after) = line.rsplit_once(",\"reward\":").expect("a reward");
+            let reward = after.split([',', '}']).next().expect("split yields at least one piece");
+            let reward: f64 = reward.parse().expect("the reward is a number");
             (serde_json::from_str(&line).unwrap(), format!("{:016x}", reward.to_bits()))
         })
         .collect()
@@ -330,6 +335,7 @@ fn assert_parquet_holds_the_jsonl_rows(parquet_dir: &Path, jsonl_dir: &Path, bat
         {"name": "state", "physical": "BYTE_ARRAY", "logical": "JSON", "maxDefinitionLevel": 0, "arrow": "extension<arrow.json>"},
         {"name": "action", "physical": "BYTE_ARRAY", "logical": "JSON", "maxDefinitionLevel": 0, "arrow": "extension<arrow.json>"},
         {"name": "reward", "physical": "DOUBLE", "logical": "None", "maxDefinitionLevel": 0, "arrow": "double"},
+        {"name": "truncated", "physical": "BOOLEAN", "logical": "None", "maxDefinitionLevel": 0, "arrow": "bool"},
     ]);
     let mut read = Vec::new();
     for (index, file) in files.iter().enumerate() {
@@ -348,6 +354,8 @@ fn assert_parquet_holds_the_jsonl_rows(parquet_dir: &Path, jsonl_dir: &Path, bat
             assert_eq!(got[column], want[column], "row {index}: {column}");
         }
         assert_eq!(got["step"], want["step"], "row {index}");
+        assert_eq!(got["truncated"], want["truncated"], "row {index}");
+        assert!(want["truncated"].is_boolean(), "row {index}: {want}");
         for column in ["state", "action"] {
             let text = got[column].as_str().unwrap_or_else(|| panic!("row {index}: {column} is JSON text: {got}"));
             let value: Value = serde_json::from_str(text).unwrap();
@@ -1011,11 +1019,123 @@ fn a_damaged_trace_gives_the_rows_of_the_steps_that_finished_before_the_damage()
         said.contains(&format!("partial {unended_prefix}")) && said.contains(&format!("{unended_suffix}\n")),
         "{said}"
     );
-    assert!(said.contains("5 rows from 2 traces"), "{said}");
+    assert!(said.contains("5 rows (5 truncated: no episode end, so no episode reward) from 2 traces"), "{said}");
     let dataset: Value = serde_json::from_slice(&std::fs::read(tmp.path().join("ds/dataset.json")).unwrap()).unwrap();
     assert_eq!(dataset["skipped"], serde_json::json!([]));
     let partial: Vec<&str> = dataset["partial"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
     assert_eq!(partial.len(), 2, "{partial:?}");
     assert_eq!(partial[0], cut);
     assert!(partial[1].starts_with(unended_prefix) && partial[1].ends_with(unended_suffix), "{partial:?}");
+}
+
+/// Episode `id`'s trace: `steps` tool steps, then (with `reward`) the
+/// sandbox's reward signal and the episode end, or (without) nothing more,
+/// as a sandbox killed after those steps leaves it.
+fn tool_steps_trace(id: &str, steps: u32, reward: Option<f64>) -> Vec<u8> {
+    use basecamp_trace::pb::{EpisodeEnd, Header, PlanStep, RewardSignal, StepKind, StepStatus, record::Body};
+    let header = Header { episode_id: id.into(), task: "t".into(), variant: "a".into(), ..Default::default() };
+    let mut w = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
+    for step in 1..=steps {
+        let plan = PlanStep {
+            index: step,
+            kind: StepKind::ToolCall as i32,
+            tool: "lookup".into(),
+            status: StepStatus::Ok as i32,
+            ..Default::default()
+        };
+        w.append(step, Body::PlanStep(Box::new(plan))).unwrap();
+        w.end_step().unwrap();
+    }
+    match reward {
+        Some(weighted_sum) => {
+            w.append(steps, Body::RewardSignal(RewardSignal { weighted_sum, ..Default::default() })).unwrap();
+            w.finish(EpisodeEnd { outcome: 1, steps, ..Default::default() }).unwrap()
+        }
+        None => w.finish_truncated().unwrap(),
+    }
+}
+
+/// A damaged trace's rows carried reward 0 and nothing else told a trainer
+/// that the episode's reward is unknown (only dataset.json's `partial`
+/// text). Now every row says `truncated`: true for the rows of an episode
+/// whose trace has no episode end (cut off, or read to its footer without
+/// one), in JSON Lines and as a Parquet column; a user preprocessor finds
+/// it in the raw record (with no `episode_reward`), and its row carries the
+/// record's `truncated` whatever it answers; dataset.json and the summary
+/// line count those rows.
+#[test]
+fn rows_of_an_episode_without_an_end_say_truncated_in_every_format_and_to_user_preprocessors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    std::fs::create_dir(&runs).unwrap();
+    // Named so that the traces are read in this order: ended, unended, killed.
+    std::fs::write(runs.join("a-ended.trace"), tool_steps_trace("ended", 2, Some(0.75))).unwrap();
+    std::fs::write(runs.join("b-unended.trace"), unended::unended_trace(2)).unwrap();
+    // Killed during step 4: steps 1-3 finished.
+    std::fs::write(runs.join("c-killed.trace"), tool_steps_trace("killed", 4, None)).unwrap();
+    // Episode, step, truncated, the built-in's reward.
+    let expected = [
+        ("ended", 1, false, 0.0),
+        ("ended", 2, false, 0.75),
+        ("ep", 1, true, 0.0),
+        ("ep", 2, true, 0.0),
+        ("killed", 1, true, 0.0),
+        ("killed", 2, true, 0.0),
+        ("killed", 3, true, 0.0),
+    ]
+    .map(|(episode, step, truncated, reward)| serde_json::json!([episode, step, truncated, reward]))
+    .to_vec();
+
+    let output = basecamp(&["data", "preprocess", "runs", "--out", "jsonl", "--batch-size", "3"], tmp.path());
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    let got: Vec<Value> = rows(&tmp.path().join("jsonl"))
+        .iter()
+        .map(|r| serde_json::json!([r["episode"], r["step"], r["truncated"], r["reward"]]))
+        .collect();
+    assert_eq!(got, expected, "{said}");
+    assert!(said.contains("7 rows (5 truncated: no episode end, so no episode reward) from 3 traces"), "{said}");
+    let dataset: Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("jsonl/dataset.json")).unwrap()).unwrap();
+    assert_eq!((&dataset["rows"], &dataset["truncatedRows"]), (&serde_json::json!(7), &serde_json::json!(5)));
+
+    // Parquet: a required BOOLEAN column, the same values (checked against the JSON Lines).
+    let output = basecamp(
+        &["data", "preprocess", "runs", "--out", "parquet", "--batch-size", "3", "--format", "parquet"],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    assert_parquet_holds_the_jsonl_rows(&tmp.path().join("parquet"), &tmp.path().join("jsonl"), 3);
+    let dataset: Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("parquet/dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["truncatedRows"], 5);
+
+    // A user preprocessor sees `truncated` (and no episode_reward where the episode has no end);
+    // it answers a triple, and the row's `truncated` is the record's.
+    std::fs::write(
+        tmp.path().join("prep_seen.py"),
+        "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    \
+         seen = {'truncated': r['truncated'], 'episode_reward': r.get('episode_reward', 'absent')}\n    \
+         print(json.dumps([seen, r['action'], 1.0]), flush=True)\n",
+    )
+    .unwrap();
+    let output = basecamp(
+        &["data", "preprocess", "runs", "--out", "exec", "--preprocessor", "exec:python3 prep_seen.py"],
+        tmp.path(),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let got: Vec<Value> = rows(&tmp.path().join("exec"))
+        .iter()
+        .map(|r| serde_json::json!([r["episode"], r["step"], r["truncated"], r["reward"], r["state"]]))
+        .collect();
+    // The record's episode_reward is the reward of the built-in's row where that is not 0.
+    let expected: Vec<Value> = expected
+        .iter()
+        .map(|e| {
+            let episode_reward = if e[3] == 0.0 { serde_json::json!("absent") } else { e[3].clone() };
+            let seen = serde_json::json!({"truncated": e[2], "episode_reward": episode_reward});
+            serde_json::json!([e[0], e[1], e[2], 1.0, seen])
+        })
+        .collect();
+    assert_eq!(got, expected);
 }

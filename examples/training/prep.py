@@ -2,11 +2,16 @@
 
 `basecamp data preprocess` imports this module (from the trainer image: the
 `dataset` init container runs there) and calls the function once per plan
-step of every trace with one record, a dict with `episode`, `step`,
-`action`, `observation`, `previous_observation`, `status`, `error_type`,
-`fallback_used`, `latency_ms`, `memory_before`, `memory_after`,
-`memory_deltas` and `episode_reward` (scored by the sandbox's own reward
-calculator). It must return `[state, action, reward]`: two dicts and a number.
+step of every trace with one record, a dict with `task`, `variant`,
+`episode`, `step`, `action`, `observation`, `previous_observation`,
+`status`, `error_type`, `fallback_used`, `latency_ms`, `memory_before`,
+`memory_after`, `memory_deltas`, `truncated` and, on the last step of an
+episode that ended with a reward, `episode_reward` and `reward_components`
+(scored by the sandbox's own reward calculator). `truncated` is true when
+the episode's trace has no end (the sandbox was killed, the trace was cut
+off): its reward is unknown and its records have no `episode_reward`; the
+row keeps `truncated`, so a trainer can leave it out. It must return
+`[state, action, reward]`: two dicts and a number.
 """
 
 

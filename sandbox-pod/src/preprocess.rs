@@ -2,15 +2,20 @@
 //! of `(state, action, reward)`.
 //!
 //! Each finished step of a trace becomes one *raw record* (a damaged
-//! trace's steps before the one its damage cut: [`unfinished_step`]) — the step's
-//! action (tool call or final answer), its observation and status, memory
-//! before and after, the deltas and their sources, and on the last step the
-//! episode's reward components — and a preprocessor turns each raw record
-//! into a triple:
+//! trace's steps before the one its damage cut: [`unfinished_step`]) — the
+//! step's action (tool call or final answer), its observation and status,
+//! memory before and after, the deltas and their sources, `truncated`
+//! ([`is_truncated`]: the trace has no episode end, so the episode's reward
+//! is unknown), and on the last step of an episode that ended the episode's
+//! reward components — and a preprocessor turns each raw record into a
+//! triple, which becomes a [`Row`] with the record's identity and
+//! `truncated`:
 //!
 //! - `builtin:trajectory`: state = memory before the step (+ step index and
 //!   the previous observation), action = the tool call or the final answer,
-//!   reward = 0 until the last step, which carries the episode reward;
+//!   reward = 0 until the last step, which carries the episode reward (a
+//!   truncated episode has none: all its rows carry 0, which `truncated`
+//!   says is no score);
 //! - `exec:PROGRAM ARGS...`: a subprocess reading one raw record per line
 //!   on stdin and writing one `[state, action, reward]` JSON line per record;
 //! - `python:package.module.function`: a Python function `f(record) ->
@@ -20,7 +25,8 @@
 //! components' raw scores from the trace, the weights in force at the
 //! training step), never by a second implementation — the classic way a
 //! preprocessor's reward drifts from what the sandbox rewarded. A user
-//! preprocessor gets that reward in the raw record (`episode_reward`).
+//! preprocessor gets that reward in the raw record (`episode_reward`; a
+//! truncated record has none, its reward being unknown).
 //!
 //! Before a run, [`Subprocess::preflight`] imports/starts the preprocessor
 //! and checks its answer on one record: a wrong shape fails with the record,
@@ -90,7 +96,8 @@ pub fn parse_preprocessor(name: &str) -> Result<Preprocessor, PreprocessError> {
     Ok(name.parse::<Preprocessor>()?)
 }
 
-/// One training row.
+/// One training row. Its fields serialize in this order (a JSON Lines
+/// row's keys, the Parquet columns).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
     /// The run's task (`<task>@step-N` for a checkpoint's evaluation) and
@@ -103,9 +110,30 @@ pub struct Row {
     pub state: Value,
     pub action: Value,
     pub reward: f64,
+    /// The episode's trace has no episode end ([`is_truncated`]): how the
+    /// episode ended, and so its reward, is unknown; `reward` is what the
+    /// preprocessor made without it (0 from `builtin:trajectory`), not a
+    /// score. A trainer that learns from rewards leaves these rows out.
+    pub truncated: bool,
 }
 
-/// A string field of a raw record (always present: [`raw_records`] writes it).
+/// A record's row: its identity and `truncated` from the record, whatever
+/// the preprocessor answered.
+fn row_of(record: &Value, state: Value, action: Value, reward: f64) -> Row {
+    Row {
+        task: text_field(record, "task"),
+        variant: text_field(record, "variant"),
+        episode: text_field(record, "episode"),
+        step: record["step"].as_u64().unwrap_or(0) as u32,
+        state,
+        action,
+        reward,
+        truncated: record["truncated"].as_bool().unwrap_or(false),
+    }
+}
+
+/// A string field of a raw record (always present: [`raw_records`] writes it,
+/// as it writes `step` and `truncated`).
 fn text_field(record: &Value, key: &str) -> String {
     record[key].as_str().unwrap_or_default().to_string()
 }
@@ -150,8 +178,19 @@ pub fn unfinished_step(trace: &TraceContents) -> Option<u32> {
     trace.records.last().map(|r| r.step).filter(|&step| step > 0)
 }
 
+/// Whether `trace` has no episode end: it was cut off (the sandbox killed, a
+/// crash, a cut copy), is corrupt before its end, or reads to its trailer
+/// without one. How its episode ended, and so its reward, is unknown. A
+/// damage after the end (in the footer index) leaves the episode whole.
+pub fn is_truncated(trace: &TraceContents) -> bool {
+    !trace.records.iter().any(|r| matches!(r.body, Some(Body::EpisodeEnd(_))))
+}
+
 /// The raw records of one trace: one per finished plan step, in order (the
-/// [`unfinished_step`] of a damaged trace is left out).
+/// [`unfinished_step`] of a damaged trace is left out). Each says whether
+/// the episode [`is_truncated`]; the last one of an episode that ended with
+/// a reward signal carries `episode_reward` and `reward_components`, and a
+/// truncated episode's never do.
 pub fn raw_records(
     trace: &TraceContents,
     calculator: Option<&RewardCalculator>,
@@ -161,6 +200,7 @@ pub fn raw_records(
     let mut memory: Map<String, Value> = Map::new();
     let mut records: Vec<Value> = Vec::new();
     let mut last_observation = Value::Null;
+    let truncated = is_truncated(trace);
     // The unfinished step's records are the last ones read.
     let unfinished = unfinished_step(trace);
     let finished = trace.records.len() - trace.records.iter().rev().take_while(|r| Some(r.step) == unfinished).count();
@@ -194,6 +234,7 @@ pub fn raw_records(
                     "memory_before": Value::Object(memory.clone()),
                     "memory_after": Value::Null,
                     "memory_deltas": [],
+                    "truncated": truncated,
                 }));
                 last_observation = observation;
             }
@@ -215,7 +256,11 @@ pub fn raw_records(
                     }));
                 }
             }
-            Some(Body::RewardSignal(signal)) => {
+            // An episode's reward is known once it ended: a reward signal in a
+            // trace without its end (the sandbox writes its one signal right
+            // before the end; another writer may write one a step) is not
+            // used, so that `truncated` alone tells which rewards are unknown.
+            Some(Body::RewardSignal(signal)) if !truncated => {
                 if let Some(last) = records.last_mut() {
                     let components: Map<String, Value> = signal
                         .components
@@ -238,19 +283,12 @@ pub fn raw_records(
 
 /// `builtin:trajectory` on one raw record.
 pub fn trajectory_row(record: &Value) -> Row {
-    Row {
-        task: text_field(record, "task"),
-        variant: text_field(record, "variant"),
-        episode: text_field(record, "episode"),
-        step: record["step"].as_u64().unwrap_or(0) as u32,
-        state: json!({
-            "memory": record["memory_before"],
-            "step": record["step"],
-            "previous_observation": record["previous_observation"],
-        }),
-        action: record["action"].clone(),
-        reward: record["episode_reward"].as_f64().unwrap_or(0.0),
-    }
+    let state = json!({
+        "memory": record["memory_before"],
+        "step": record["step"],
+        "previous_observation": record["previous_observation"],
+    });
+    row_of(record, state, record["action"].clone(), record["episode_reward"].as_f64().unwrap_or(0.0))
 }
 
 /// A user's preprocessor as a subprocess: JSON lines in, JSON lines out.
@@ -459,15 +497,7 @@ impl Subprocess {
         let (true, true, Some(reward)) = (state.is_object(), action.is_object(), reward.as_f64()) else {
             return Err(shape_error());
         };
-        Ok(Row {
-            task: text_field(record, "task"),
-            variant: text_field(record, "variant"),
-            episode: text_field(record, "episode"),
-            step: record["step"].as_u64().unwrap_or(0) as u32,
-            state: state.clone(),
-            action: action.clone(),
-            reward,
-        })
+        Ok(row_of(record, state.clone(), action.clone(), reward))
     }
 
     /// Starts the preprocessor and checks its answer on the run's first
@@ -545,6 +575,7 @@ impl Drop for Subprocess {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use basecamp_trace::Tail;
 
     #[test]
     fn quoted_text_is_bounded_on_character_boundaries() {
@@ -555,6 +586,53 @@ mod tests {
         assert!(end.len() <= 1001 + "…".len() && end.ends_with("ModuleNotFoundError"), "{}", end.len());
         assert_eq!(head("short", 10), "short");
         assert_eq!(tail("short", 10), "short");
+    }
+
+    /// A trace of two tool steps whose last carries a reward signal, with
+    /// or without its episode end after it.
+    fn two_steps(ended: bool) -> TraceContents {
+        let header =
+            pb::Header { episode_id: "ep".into(), task: "t".into(), variant: "a".into(), ..Default::default() };
+        let plan = |step: u32| pb::Record {
+            step,
+            body: Some(Body::PlanStep(Box::new(pb::PlanStep {
+                index: step,
+                kind: pb::StepKind::ToolCall as i32,
+                status: pb::StepStatus::Ok as i32,
+                ..Default::default()
+            }))),
+        };
+        let signal = pb::RewardSignal { weighted_sum: 0.75, ..Default::default() };
+        let mut records = vec![plan(1), plan(2), pb::Record { step: 2, body: Some(Body::RewardSignal(signal)) }];
+        let tail = if ended {
+            records.push(pb::Record { step: 2, body: Some(Body::EpisodeEnd(pb::EpisodeEnd::default())) });
+            Tail::Complete
+        } else {
+            Tail::Damaged(TraceError::NoEpisodeEnd { file: "ep.trace".into(), offset: 0 })
+        };
+        TraceContents { header, records, tail }
+    }
+
+    /// `truncated` alone tells a trainer which rewards are unknown: an
+    /// episode without its end is truncated in every record and row, and
+    /// carries no episode reward even where a reward signal was read.
+    #[test]
+    fn records_and_rows_of_an_episode_without_its_end_are_truncated_and_carry_no_reward() {
+        let records = raw_records(&two_steps(true), None, 0).unwrap();
+        assert_eq!(records.iter().map(|r| r["truncated"].clone()).collect::<Vec<_>>(), [false, false]);
+        assert_eq!(records[1]["episode_reward"], 0.75);
+        let rows: Vec<Row> = records.iter().map(trajectory_row).collect();
+        assert_eq!(rows.iter().map(|r| (r.reward, r.truncated)).collect::<Vec<_>>(), [(0.0, false), (0.75, false)]);
+
+        let cut = two_steps(false);
+        assert!(is_truncated(&cut));
+        let records = raw_records(&cut, None, 0).unwrap();
+        assert_eq!(records.iter().map(|r| r["truncated"].clone()).collect::<Vec<_>>(), [true, true]);
+        assert!(records.iter().all(|r| r.get("episode_reward").is_none() && r.get("reward_components").is_none()));
+        let rows: Vec<Row> = records.iter().map(trajectory_row).collect();
+        assert_eq!(rows.iter().map(|r| (r.reward, r.truncated)).collect::<Vec<_>>(), [(0.0, true), (0.0, true)]);
+        let json = serde_json::to_value(&rows[0]).unwrap();
+        assert_eq!(json["truncated"], true, "{json}");
     }
 
     /// The syntax is the API's (tested there); a run keeps its own words

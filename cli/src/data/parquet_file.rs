@@ -6,8 +6,12 @@
 //! only within its task and variant), `step` (`u32`: INT32 with the unsigned
 //! 32-bit integer logical type, the row's own type, so every step a row
 //! holds is stored as is and a reader gets `uint32`), `state` and `action`
-//! (the values' JSON text, JSON logical type) and `reward` (DOUBLE, the
-//! same bits as the row's `f64`). Every column is required.
+//! (the values' JSON text, JSON logical type), `reward` (DOUBLE, the
+//! same bits as the row's `f64`) and `truncated` (BOOLEAN: the episode has
+//! no end, so its reward is unknown and `reward` is no score; a trainer
+//! filters on it). Every column is required: `reward` stays a number in
+//! every row, as in JSON Lines, rather than a null that would make it an
+//! optional column.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -15,7 +19,7 @@ use std::sync::Arc;
 
 use basecamp_sandbox::preprocess::Row;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int32Type};
+use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, Int32Type};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
@@ -32,6 +36,7 @@ message row {
   REQUIRED BYTE_ARRAY state (JSON);
   REQUIRED BYTE_ARRAY action (JSON);
   REQUIRED DOUBLE reward;
+  REQUIRED BOOLEAN truncated;
 }
 ";
 
@@ -46,6 +51,7 @@ pub struct ParquetBatch {
     state: Vec<ByteArray>,
     action: Vec<ByteArray>,
     reward: Vec<f64>,
+    truncated: Vec<bool>,
 }
 
 impl ParquetBatch {
@@ -61,6 +67,7 @@ impl ParquetBatch {
             state: Vec::new(),
             action: Vec::new(),
             reward: Vec::new(),
+            truncated: Vec::new(),
         }
     }
 
@@ -73,6 +80,7 @@ impl ParquetBatch {
         // The logical type says unsigned: the reader sees the u32 again.
         self.step.push(row.step as i32);
         self.reward.push(row.reward);
+        self.truncated.push(row.truncated);
         Ok(())
     }
 
@@ -99,7 +107,8 @@ impl ParquetBatch {
                 4 => column.typed::<ByteArrayType>().write_batch(&self.state, None, None)?,
                 5 => column.typed::<ByteArrayType>().write_batch(&self.action, None, None)?,
                 6 => column.typed::<DoubleType>().write_batch(&self.reward, None, None)?,
-                _ => unreachable!("SCHEMA has seven columns"),
+                7 => column.typed::<BoolType>().write_batch(&self.truncated, None, None)?,
+                _ => unreachable!("SCHEMA has eight columns"),
             };
             column.close()?;
             index += 1;
@@ -133,6 +142,7 @@ mod tests {
                 state: json!({"memory": {}}),
                 action: json!({"type": "x"}),
                 reward: 0.1,
+                truncated: false,
             },
             Row {
                 task: "eval".into(),
@@ -142,6 +152,7 @@ mod tests {
                 state: json!({"a": [1, 2]}),
                 action: json!(null),
                 reward: -1.5e-300,
+                truncated: true,
             },
         ];
         for row in &rows {
@@ -168,8 +179,10 @@ mod tests {
                 ("state".into(), PhysicalType::BYTE_ARRAY, Some(LogicalType::Json)),
                 ("action".into(), PhysicalType::BYTE_ARRAY, Some(LogicalType::Json)),
                 ("reward".into(), PhysicalType::DOUBLE, None),
+                ("truncated".into(), PhysicalType::BOOLEAN, None),
             ]
         );
+        assert!(schema.columns().iter().all(|c| c.max_def_level() == 0), "every column is required: no nulls");
         for column in metadata.row_group(0).columns() {
             assert!(matches!(column.compression(), Compression::ZSTD(_)), "{column:?}");
         }
@@ -186,6 +199,7 @@ mod tests {
         assert_eq!(read[1][1], Field::Str("b".into()));
         assert_eq!(read[0][3], Field::UInt(u32::MAX));
         assert_eq!(read[1][6], Field::Double(-1.5e-300));
+        assert_eq!((&read[0][7], &read[1][7]), (&Field::Bool(false), &Field::Bool(true)));
         assert_eq!(read[0][4], Field::Str(r#"{"memory":{}}"#.into()));
     }
 }
