@@ -1032,20 +1032,8 @@ fn a_damaged_trace_gives_the_rows_of_the_steps_that_finished_before_the_damage()
 /// sandbox's reward signal and the episode end, or (without) nothing more,
 /// as a sandbox killed after those steps leaves it.
 fn tool_steps_trace(id: &str, steps: u32, reward: Option<f64>) -> Vec<u8> {
-    use basecamp_trace::pb::{EpisodeEnd, Header, PlanStep, RewardSignal, StepKind, StepStatus, record::Body};
-    let header = Header { episode_id: id.into(), task: "t".into(), variant: "a".into(), ..Default::default() };
-    let mut w = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
-    for step in 1..=steps {
-        let plan = PlanStep {
-            index: step,
-            kind: StepKind::ToolCall as i32,
-            tool: "lookup".into(),
-            status: StepStatus::Ok as i32,
-            ..Default::default()
-        };
-        w.append(step, Body::PlanStep(Box::new(plan))).unwrap();
-        w.end_step().unwrap();
-    }
+    use basecamp_trace::pb::{EpisodeEnd, RewardSignal, record::Body};
+    let mut w = unended::tool_steps(id, steps);
     match reward {
         Some(weighted_sum) => {
             w.append(steps, Body::RewardSignal(RewardSignal { weighted_sum, ..Default::default() })).unwrap();

@@ -1016,20 +1016,8 @@ fn sigkill_of_the_sandbox_takes_its_services_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let project = example_copy(dir.path());
     never_ready(&project);
-    let out = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
-        .args(["run", "--config", project.to_str().unwrap(), "--no-upload"])
-        .args(["--out", out.path().to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_services(&project, Duration::from_secs(20));
-    // No handler and no destructor runs: only the kernel can stop the service now.
-    child.kill().unwrap();
-    child.wait().unwrap();
     // Before: the service slept on, reparented to init.
-    wait_for_no_services(&project, Duration::from_secs(5));
+    sigkill_the_sandbox_once_running(&project, 1);
 }
 
 /// What a service started goes with it too: the service runs under a keeper
@@ -1048,6 +1036,13 @@ if not os.environ.get("CHILD"):
 time.sleep(600)
 "#;
     std::fs::write(project.join("services/tracking.py"), forking).unwrap();
+    sigkill_the_sandbox_once_running(&project, 2);
+}
+
+/// Runs the sandbox on `project` until `count` tracking processes run in it,
+/// SIGKILLs it (no handler and no destructor runs: only the kernel can stop
+/// them now), and waits until none is left.
+fn sigkill_the_sandbox_once_running(project: &Path, count: usize) {
     let out = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_basecamp-sandbox"))
         .args(["run", "--config", project.to_str().unwrap(), "--no-upload"])
@@ -1057,14 +1052,14 @@ time.sleep(600)
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while services_in(&project).len() < 2 {
+    while services_in(project).len() < count {
         let log = std::fs::read_to_string(out.path().join("services/tracking.log")).unwrap_or_default();
-        assert!(Instant::now() < deadline, "the service and its child: {:?}; its log: {log}", services_in(&project));
+        assert!(Instant::now() < deadline, "{count} tracking process(es): {:?}; log: {log}", services_in(project));
         std::thread::sleep(Duration::from_millis(50));
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    wait_for_no_services(&project, Duration::from_secs(5));
+    wait_for_no_services(project, Duration::from_secs(5));
 }
 
 #[test]

@@ -11,7 +11,14 @@ use basecamp_trace::pb::{EpisodeEnd, Header, PlanStep, StepKind, StepStatus, rec
 /// `steps` tool steps of episode `ep` (one plan step each), then the
 /// footer with no episode end before it.
 pub fn unended_trace(steps: u32) -> Vec<u8> {
-    let header = Header { episode_id: "ep".into(), task: "t".into(), variant: "a".into(), ..Default::default() };
+    let bytes = tool_steps("ep", steps).finish(EpisodeEnd { outcome: 1, steps, ..Default::default() }).unwrap();
+    without_end_frame(&bytes)
+}
+
+/// A trace of episode `id` (task `t`, variant `a`) being written: `steps`
+/// tool steps, one plan step each, for the caller to end.
+pub fn tool_steps(id: &str, steps: u32) -> basecamp_trace::TraceWriter<Vec<u8>> {
+    let header = Header { episode_id: id.into(), task: "t".into(), variant: "a".into(), ..Default::default() };
     let mut w = basecamp_trace::TraceWriter::new(Vec::new(), header, 3).unwrap();
     for step in 1..=steps {
         let plan = PlanStep {
@@ -24,8 +31,7 @@ pub fn unended_trace(steps: u32) -> Vec<u8> {
         w.append(step, Body::PlanStep(Box::new(plan))).unwrap();
         w.end_step().unwrap();
     }
-    let bytes = w.finish(EpisodeEnd { outcome: 1, steps, ..Default::default() }).unwrap();
-    without_end_frame(&bytes)
+    w
 }
 
 /// `bytes` (a finished trace) with the frame before the index, which holds
