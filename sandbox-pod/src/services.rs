@@ -468,8 +468,28 @@ pub(crate) fn die_with_parent(starter: Pid) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The most of a service's log read for its tail.
+const TAIL_BYTES: u64 = 16 << 10;
+
+/// The last 20 lines of a service's log, from at most its last
+/// [`TAIL_BYTES`] (a chatty service's log may be gigabytes; bytes that are
+/// not UTF-8 shown as U+FFFD).
 fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
+    use std::io::{Read, Seek, SeekFrom};
+    let mut end = Vec::new();
+    if let Ok(mut file) = std::fs::File::open(log) {
+        let len = file.metadata().map_or(0, |m| m.len());
+        let start = len.saturating_sub(TAIL_BYTES);
+        if file.seek(SeekFrom::Start(start)).is_ok() {
+            let _ = file.take(TAIL_BYTES).read_to_end(&mut end);
+        }
+        // The first line read is likely a part of one, unless it is all there is.
+        let partial = end.iter().position(|&b| b == b'\n').filter(|&i| start > 0 && i + 1 < end.len());
+        if let Some(newline) = partial {
+            end.drain(..=newline);
+        }
+    }
+    let text = String::from_utf8_lossy(&end);
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(20)..].join("\n");
     if tail.is_empty() { "(nothing)".into() } else { tail }
@@ -732,6 +752,29 @@ mod tests {
         // Told once: a second look finds nothing new, and stopping counts for nothing.
         assert!(running.exited().is_empty());
         running.stop();
+    }
+
+    /// Before: the whole log was read into memory for its last lines, and
+    /// one byte that is not UTF-8 made it "(nothing)".
+    #[test]
+    fn a_log_s_tail_is_read_from_its_end_and_survives_bytes_that_are_not_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("svc.log");
+        let mut text = b"early line\n".repeat(100_000);
+        text.extend_from_slice(b"bad byte \xff here\n");
+        for i in 0..30 {
+            text.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        std::fs::write(&log, &text).unwrap();
+        let tail = log_tail(&log);
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(lines.len(), 20, "{tail}");
+        assert_eq!((lines[0], lines[19]), ("line 10", "line 29"));
+        // A short log is read whole, its first line included.
+        std::fs::write(&log, b"only \xff line\n").unwrap();
+        assert_eq!(log_tail(&log), "only \u{fffd} line");
+        std::fs::write(&log, b"").unwrap();
+        assert_eq!(log_tail(&log), "(nothing)");
     }
 
     #[test]
