@@ -161,12 +161,7 @@ impl Fixture {
     /// error naming it, and the other lines are still read.
     pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<Fixture, ErrorList<FixtureError>> {
         if let Some(lines) = parse_lines_as::<FixtureEntry>(bytes) {
-            let entries: Vec<FixtureEntry> =
-                lines.into_iter().map(|(line, entry)| FixtureEntry { line, ..entry }).collect();
-            let errors: Vec<FixtureError> = entries.iter().flat_map(|e| empty_memory_keys(name, e)).collect();
-            if !errors.is_empty() {
-                return Err(ErrorList(errors));
-            }
+            let entries = lines.into_iter().map(|(line, entry)| FixtureEntry { line, ..entry }).collect();
             return Ok(Fixture { name: name.to_string(), entries });
         }
         // Something is wrong: every line again, through a JSON value, to say what and where.
@@ -177,7 +172,6 @@ impl Fixture {
             match serde_path_to_error::deserialize::<_, FixtureEntry>(serde_json::Value::Object(row.value)) {
                 Ok(mut entry) => {
                     entry.line = row.line;
-                    errors.extend(empty_memory_keys(name, &entry));
                     entries.push(entry);
                 }
                 Err(e) => errors.push(FixtureError::InvalidEntry {
@@ -208,47 +202,9 @@ impl Fixture {
     }
 }
 
-/// The empty memory key `""` in an entry's `memoryPatch` or `memoryRemove`:
-/// refused as everywhere else a memory key is written (a replay would fail
-/// on it only when the entry is reached).
-fn empty_memory_keys(file: &str, entry: &FixtureEntry) -> Vec<FixtureError> {
-    let refused = |field: String| FixtureError::InvalidEntry {
-        file: file.to_string(),
-        line: entry.line,
-        field,
-        message: "the empty memory key \"\" is not a memory key; a memory key needs a name, e.g. \"eta\"".into(),
-    };
-    let patched = entry.memory_patch.iter().filter(|patch| patch.contains_key("")).map(|_| "memoryPatch".to_string());
-    let removed = entry
-        .memory_remove
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter(|(_, key)| key.is_empty())
-        .map(|(i, _)| format!("memoryRemove[{i}]"));
-    patched.chain(removed).map(refused).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Before: accepted, and refused by the run only when a call reached the
-    /// entry (`memoryPatch`), or a silent no-op (`memoryRemove`).
-    #[test]
-    fn an_empty_memory_key_is_refused_naming_the_line_and_field() {
-        let text = "{\"tool\": \"t\", \"observation\": 1}\n\
-            {\"tool\": \"t\", \"observation\": 1, \"memoryPatch\": {\"\": 1, \"eta\": 2}}\n\
-            {\"tool\": \"t\", \"observation\": 1, \"memoryRemove\": [\"eta\", \"\"]}\n";
-        let errors = Fixture::parse("f.jsonl", text).expect_err("empty keys").0;
-        let said: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        assert_eq!(said.len(), 2, "{said:?}");
-        assert!(said[0].starts_with("f.jsonl:2: memoryPatch: the empty memory key \"\""), "{said:?}");
-        assert!(said[1].starts_with("f.jsonl:3: memoryRemove[1]: the empty memory key"), "{said:?}");
-        // The slow path (another line is malformed) says it too.
-        let errors = Fixture::parse("f.jsonl", &format!("{text}{{\"tool\": 5}}\n")).expect_err("both").0;
-        assert_eq!(errors.len(), 3, "{errors:?}");
-    }
 
     #[test]
     fn parses_entries_with_lines() {
