@@ -61,21 +61,36 @@ pub struct FixtureMemo(Mutex<HashMap<PathBuf, Arc<FixtureFacts>>>);
 pub(crate) struct FixtureFacts {
     pub(crate) name: String,
     pub(crate) tools: Result<Vec<(String, u64)>, Report>,
+    /// Entries that write or remove the empty memory key `""`: line, field.
+    /// Warnings, not errors: a fixture records what a tool answered, a
+    /// buggy answer included, and a run replays it (refused there as the
+    /// tool's own write would be).
+    pub(crate) empty_memory_keys: Vec<(u64, String)>,
 }
 
 impl FixtureFacts {
     fn read(file: &Path) -> FixtureFacts {
         match crate::fixture::Fixture::load(file) {
-            Err(error) => FixtureFacts { name: file.display().to_string(), tools: Err(error.to_report()) },
+            Err(error) => FixtureFacts {
+                name: file.display().to_string(),
+                tools: Err(error.to_report()),
+                empty_memory_keys: Vec::new(),
+            },
             Ok(fixture) => {
                 let mut tools: Vec<(String, u64)> = Vec::new();
                 let mut seen = std::collections::HashSet::new();
+                let mut empty_memory_keys = Vec::new();
                 for entry in fixture.entries {
+                    if entry.memory_patch.as_ref().is_some_and(|patch| patch.contains_key("")) {
+                        empty_memory_keys.push((entry.line, "memoryPatch".to_string()));
+                    }
+                    let removed = entry.memory_remove.iter().flatten().enumerate().filter(|(_, key)| key.is_empty());
+                    empty_memory_keys.extend(removed.map(|(i, _)| (entry.line, format!("memoryRemove[{i}]"))));
                     if seen.insert(entry.tool.clone()) {
                         tools.push((entry.tool, entry.line));
                     }
                 }
-                FixtureFacts { name: fixture.name, tools: Ok(tools) }
+                FixtureFacts { name: fixture.name, tools: Ok(tools), empty_memory_keys }
             }
         }
     }

@@ -759,4 +759,19 @@ fn check_fixture(
             }
         }
     }
+    for (line, field) in &facts.empty_memory_keys {
+        let what = if field == "memoryPatch" {
+            "writes the empty memory key \"\": a call answered from this entry is refused (error type memory_key), \
+             as the tool's own write would be"
+        } else {
+            "removes the empty memory key \"\", which no write can make: it does nothing"
+        };
+        problems.push(Problem {
+            severity: Severity::Warning,
+            rule: Rule::InvalidFixture,
+            object: None,
+            location: Location::line(facts.name.clone(), *line),
+            message: format!("{field} {what}"),
+        });
+    }
 }

@@ -211,6 +211,35 @@ fn recorded_fixtures_naming_undefined_tools_are_errors_with_file_and_line() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A fixture entry that writes or removes the empty memory key is a warning
+/// at its line (before: nothing until a run reached it). Not an error: a
+/// fixture records what a tool answered, a buggy answer included, and a
+/// replay refuses that write as the run did.
+#[test]
+fn a_fixture_entry_with_the_empty_memory_key_is_a_warning_at_its_line() {
+    let dir = std::env::temp_dir().join(format!("basecamp-api-empty-key-fixture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    std::fs::write(
+        dir.join("faq.jsonl"),
+        "{\"tool\": \"faq\", \"observation\": 1, \"memoryPatch\": {\"eta\": 1}}\n\
+         {\"tool\": \"faq\", \"observation\": 1, \"memoryPatch\": {\"\": 1}}\n\
+         {\"tool\": \"faq\", \"observation\": 1, \"memoryRemove\": [\"eta\", \"\"]}\n",
+    )
+    .unwrap();
+    let spec = sandbox(json!({"tools": {"faq": {"recorded": {"fixture": "faq.jsonl"}}}}));
+    let ctx = ValidationContext { base_dir: Some(&dir), ..Default::default() };
+    let report = validate_sandbox("shop", &spec, &ctx);
+    std::fs::remove_dir_all(&dir).ok();
+    let found: Vec<String> = report.by_rule(Rule::InvalidFixture).map(ToString::to_string).collect();
+    assert_eq!(found.len(), 2, "{report}");
+    assert!(report.by_rule(Rule::InvalidFixture).all(|p| p.severity == Severity::Warning), "{report}");
+    assert!(
+        found[0].contains("faq.jsonl:2") && found[0].contains("memoryPatch writes the empty memory key"),
+        "{found:?}"
+    );
+    assert!(found[1].contains("faq.jsonl:3") && found[1].contains("memoryRemove[1] removes the empty"), "{found:?}");
+}
+
 #[test]
 fn a_fixture_several_tools_answer_from_is_read_once_and_its_problems_reported_once() {
     let dir = std::env::temp_dir().join(format!("basecamp-api-shared-fixture-{}", std::process::id()));
