@@ -159,7 +159,8 @@ fn input_errors_name_the_file_the_tensor_and_the_shapes() {
     assert_eq!(
         line,
         format!(
-            "error: tensor \"logits\" in {} has shape [24]: logits must be 2-D [tokens, vocab] with vocab >= 1",
+            "error: tensor \"logits\" in {} has shape [24]: logits must be [tokens, vocab] with vocab >= 1 \
+             (leading dimensions of 1, as in [1, tokens, vocab], are dropped)",
             flat.display()
         )
     );
@@ -374,4 +375,125 @@ fn a_log_probability_beyond_float_range_is_written_as_text_in_json() {
     let top = &doc["tokens"][0]["top"];
     assert_eq!((&top[2]["id"], &top[2]["logprob"]), (&serde_json::json!(1), &serde_json::json!("-inf")), "{doc}");
     assert_eq!(top[0]["logprob"], 0.0);
+}
+
+#[test]
+fn several_tensors_and_none_called_logits_point_at_the_flag() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let two = write(
+        dir.path(),
+        "two.safetensors",
+        &[RawTensor::f32("x", &[1, 2], &[0.0, 1.0]), RawTensor::f32("y", &[1, 2], &[1.0, 0.0])],
+    );
+    let line = failure(&analyze(&["--logits", path_str(&two), "--device", "cpu"]));
+    assert_eq!(
+        line,
+        format!(
+            "error: {} holds 2 tensors and none is called \"logits\" (it has: x, y): pick one with --tensor",
+            two.display()
+        )
+    );
+}
+
+#[test]
+fn a_file_cut_short_or_not_safetensors_is_said_with_its_sizes() {
+    // The crate's words were "incomplete metadata, file not fully covered"
+    // (cut short, or bytes appended), "header too large" (a text file) and
+    // "invalid header length" (a length the file is too short for).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let whole = write(dir.path(), "whole.safetensors", &[RawTensor::f32("logits", &[4, 6], &values)]);
+    let bytes = std::fs::read(&whole).expect("read back");
+    let said = |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).expect("write");
+        let line = failure(&analyze(&["--logits", path_str(&path), "--device", "cpu"]));
+        let prefix = format!("error: {} is not a valid safetensors file: ", path.display());
+        line.strip_prefix(&prefix).unwrap_or_else(|| panic!("{line}")).to_string()
+    };
+    assert_eq!(
+        said("cut.safetensors", &bytes[..bytes.len() - 10]),
+        "its tensors take 96 bytes of data after the header, but the file has only 86: it is cut short (10 bytes missing)"
+    );
+    let mut longer = bytes.clone();
+    longer.extend([0u8; 4]);
+    assert_eq!(
+        said("longer.safetensors", &longer),
+        "its tensors take 96 bytes of data after the header, but the file has 100: 4 bytes after the last tensor \
+         belong to none"
+    );
+    let text = b"this is a text file, not tensors\n";
+    let length = u64::from_le_bytes(text[..8].try_into().expect("8 bytes"));
+    assert_eq!(
+        said("text.safetensors", text),
+        format!(
+            "its first 8 bytes give a header length of {length} bytes, more than the 100000000 a safetensors header \
+             may have (is it a safetensors file?)"
+        )
+    );
+    assert_eq!(
+        said("header-cut.safetensors", &bytes[..20]),
+        format!(
+            "its first 8 bytes give a header length of {} bytes, but only 12 bytes follow them (cut short, or not a \
+             safetensors file)",
+            u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
+        )
+    );
+    assert_eq!(
+        said("tiny.safetensors", b"abc"),
+        "it is 3 bytes long, less than the 8-byte header length a safetensors file starts with"
+    );
+}
+
+#[test]
+fn tensors_whose_data_overlap_or_leave_a_gap_are_named() {
+    // Before: "invalid offset for tensor `b`", without the offsets.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let header = br#"{"a":{"dtype":"F32","shape":[1,4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[1,4],"data_offsets":[8,24]}}"#;
+    let path = raw_file(dir.path(), "overlap.safetensors", header, &[0.0; 6]);
+    let line = failure(&analyze(&["--logits", path_str(&path), "--tensor", "a"]));
+    assert_eq!(
+        line,
+        format!(
+            "error: {} is not a valid safetensors file: tensor \"b\" has data_offsets [8, 24] but the data before it \
+             ends at 16: it overlaps the data before it (tensors must follow each other, from offset 0)",
+            path.display()
+        )
+    );
+    let header = br#"{"logits":{"dtype":"F32","shape":[1,4],"data_offsets":[8,24]}}"#;
+    let path = raw_file(dir.path(), "gap.safetensors", header, &[0.0; 6]);
+    let line = failure(&analyze(&["--logits", path_str(&path)]));
+    assert!(
+        line.ends_with(
+            "ends at 0: it leaves a gap after the data before it (tensors must follow each other, from offset 0)"
+        ),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_tensor_not_aligned_in_its_file_is_analysed_and_its_copy_is_said() {
+    // A header of 62 bytes puts the f32 data at byte 70: it cannot be read in
+    // place, so the whole tensor was copied into memory (a 2 GB file took
+    // 4 GB of RSS) without a word.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let header = br#"{"logits":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#;
+    assert_eq!((8 + header.len()) % 4, 2, "the data starts off a 4-byte boundary");
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header);
+    bytes.extend([0.0f32, 1.0, 2.0, 2.0, 1.0, 0.0].iter().flat_map(|v| v.to_le_bytes()));
+    let path = dir.path().join("unaligned.safetensors");
+    std::fs::write(&path, bytes).expect("write");
+    let out = analyze(&["--logits", path_str(&path), "--device", "cpu", "--output", "json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let doc = json_of(&out);
+    assert_eq!((&doc["tokens"][0]["top"][0]["id"], &doc["tokens"][1]["top"][0]["id"]), (&2.into(), &0.into()));
+    assert_eq!(
+        stderr,
+        format!(
+            "note: {} tensor \"logits\": its data is not aligned to its element size in the file, so all 24 bytes are \
+             copied into memory rather than read in place (the safetensors library's writers align it)\n",
+            path.display()
+        )
+    );
 }

@@ -333,6 +333,48 @@ fn the_raw_logits_example_reduces_logits_to_top_k_records_and_a_divergence() {
 }
 
 #[test]
+fn raw_logits_a_run_could_not_use_are_said_under_the_table() {
+    // Episodes whose raw logits were refused (here: two token ids for three
+    // rows) got no divergence, and the run printed `met (2/2)` on the other
+    // episodes without a word; the warning was only in summary.json.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("raw-logits");
+    std::fs::create_dir_all(project.join("fixtures")).unwrap();
+    for file in ["task.yaml", "tests.jsonl", "fixtures/orders.jsonl"] {
+        std::fs::copy(example.join(file), project.join(file)).unwrap();
+    }
+    let policy = std::fs::read_to_string(example.join("policy.jsonl")).unwrap();
+    let mut lines: Vec<Value> = policy.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[1]["episode"], "order-2");
+    lines[1]["turns"][0]["raw_logits"]["token_ids"] = serde_json::json!([1, 2]);
+    let policy: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(project.join("policy.jsonl"), policy).unwrap();
+
+    let out = dir.path().join("out");
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--no-progress", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let said = stdout.lines().find(|l| l.starts_with("default: 1 of 5 episodes have warnings")).expect(&stdout);
+    let first = said.split_once(", the first: ").expect(said).1;
+    assert!(
+        first.starts_with("order-2: step 1: raw logits not used (RowCountMismatch): inline raw_logits ("),
+        "{said}"
+    );
+    assert!(
+        first.ends_with(
+            "tensor \"logits\": token_ids has 2 ids but the logits have 3 rows: give one emitted token per row"
+        ),
+        "{said}"
+    );
+    let run: Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(variant(&run, "default")["warned"]["episodes"], 1, "{run}");
+}
+
+#[test]
 fn a_rerun_into_the_same_directory_replaces_the_earlier_shards() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/raw-logits");
     let out = tempfile::tempdir().unwrap();

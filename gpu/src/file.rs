@@ -57,9 +57,10 @@ pub enum FileError {
         /// The file.
         path: PathBuf,
     },
-    /// No name given and no obvious choice.
+    /// No name given and no obvious choice. The message says what the file
+    /// holds; the caller adds how to name one (a flag, a field).
     #[error(
-        "{} holds {} tensors and none is called \"logits\": pick one with --tensor (it has: {})",
+        "{} holds {} tensors and none is called \"logits\" (it has: {})",
         path.display(), available.len(), list(available)
     )]
     AmbiguousTensor {
@@ -80,7 +81,8 @@ pub enum FileError {
     },
     /// Not `[tokens, vocab]`.
     #[error(
-        "tensor {name:?} in {} has shape {shape:?}: logits must be 2-D [tokens, vocab] with vocab >= 1",
+        "tensor {name:?} in {} has shape {shape:?}: logits must be [tokens, vocab] with vocab >= 1 \
+         (leading dimensions of 1, as in [1, tokens, vocab], are dropped)",
         path.display()
     )]
     Rank {
@@ -219,12 +221,17 @@ impl LogitsFile {
         if let Some(name) = named_twice(&self.bytes) {
             return Err(invalid(format!("the header names {name:?} twice")));
         }
-        SafeTensors::deserialize(&self.bytes).map_err(|e| match e {
-            // The crate's message names no tensor and no sizes.
-            safetensors::SafeTensorError::TensorInvalidInfo => {
-                invalid(size_mismatch(&self.bytes).unwrap_or_else(|| e.to_string()))
-            }
-            e => invalid(e.to_string()),
+        SafeTensors::deserialize(&self.bytes).map_err(|e| {
+            use safetensors::SafeTensorError as E;
+            // The crate's messages name no tensor and no sizes.
+            let said = match e {
+                E::TensorInvalidInfo => size_mismatch(&self.bytes),
+                E::HeaderTooSmall | E::HeaderTooLarge | E::InvalidHeaderLength => header_length_problem(&self.bytes),
+                E::MetadataIncompleteBuffer => data_length_problem(&self.bytes),
+                E::InvalidOffset(_) => offsets_problem(&self.bytes),
+                _ => None,
+            };
+            invalid(said.unwrap_or_else(|| e.to_string()))
         })
     }
 
@@ -334,6 +341,92 @@ fn size_mismatch(bytes: &[u8]) -> Option<String> {
             )
         })
     })
+}
+
+/// The largest header the `safetensors` crate reads.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The header length in the first 8 bytes, with the file's size: what the
+/// crate calls "header too small", "header too large" or "invalid header
+/// length" (a text file's first 8 bytes read as a length of exabytes).
+fn header_length_problem(bytes: &[u8]) -> Option<String> {
+    let Some(first) = bytes.get(..8) else {
+        return Some(format!(
+            "it is {} bytes long, less than the 8-byte header length a safetensors file starts with",
+            bytes.len()
+        ));
+    };
+    let header = u64::from_le_bytes(first.try_into().ok()?);
+    let after = bytes.len() - 8;
+    Some(if header > MAX_HEADER_BYTES {
+        format!(
+            "its first 8 bytes give a header length of {header} bytes, more than the {MAX_HEADER_BYTES} a safetensors \
+             header may have (is it a safetensors file?)"
+        )
+    } else {
+        format!(
+            "its first 8 bytes give a header length of {header} bytes, but only {after} bytes follow them \
+             (cut short, or not a safetensors file)"
+        )
+    })
+}
+
+/// The header's entries, without `__metadata__`, as the crate reads them.
+fn header_entries(bytes: &[u8]) -> Option<Vec<(String, safetensors::tensor::TensorInfo)>> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get(8..8usize.checked_add(len)?)?;
+    let entries: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    entries
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .map(|(name, entry)| Some((name, serde_json::from_value(entry).ok()?)))
+        .collect()
+}
+
+/// How much data the header's tensors take against what follows the header:
+/// the crate's "incomplete metadata, file not fully covered", which is what
+/// a file cut short (a copy that did not finish) or with bytes appended says.
+fn data_length_problem(bytes: &[u8]) -> Option<String> {
+    let header = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let present = bytes.len().checked_sub(8usize.checked_add(header)?)?;
+    let needed = header_entries(bytes)?.iter().map(|(_, info)| info.data_offsets.1).max().unwrap_or(0);
+    Some(if present < needed {
+        format!(
+            "its tensors take {needed} bytes of data after the header, but the file has only {present}: \
+             it is cut short ({} bytes missing)",
+            needed - present
+        )
+    } else {
+        format!(
+            "its tensors take {needed} bytes of data after the header, but the file has {present}: \
+             {} bytes after the last tensor belong to none",
+            present - needed
+        )
+    })
+}
+
+/// The first tensor whose data does not start where the one before it ends
+/// (the crate's "invalid offset for tensor `x`"): data overlapping another
+/// tensor's, a gap, or offsets that run backwards.
+fn offsets_problem(bytes: &[u8]) -> Option<String> {
+    let mut entries = header_entries(bytes)?;
+    entries.sort_by_key(|(_, info)| info.data_offsets);
+    let mut end = 0;
+    for (name, info) in &entries {
+        let (start, stop) = info.data_offsets;
+        if stop < start {
+            return Some(format!("tensor {name:?} has data_offsets [{start}, {stop}]: the end is before the start"));
+        }
+        if start != end {
+            let how = if start < end { "overlaps the data before it" } else { "leaves a gap after the data before it" };
+            return Some(format!(
+                "tensor {name:?} has data_offsets [{start}, {stop}] but the data before it ends at {end}: it {how} \
+                 (tensors must follow each other, from offset 0)"
+            ));
+        }
+        end = stop;
+    }
+    None
 }
 
 /// A pipe (`--logits <(...)`, a piped `/dev/stdin`): it cannot be mapped, and

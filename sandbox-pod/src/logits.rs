@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use basecamp_gpu::file::{FileError, LoadedLogits, LogitsFile};
-use basecamp_gpu::logits::{LogitStats, LogitsError, LogitsView};
+use basecamp_gpu::logits::{Input, LogitStats, LogitsError, LogitsView};
 use basecamp_gpu::{Analyzer, Backend, BackendError, DeviceChoice, MAX_TOP_K, token_logits};
 use basecamp_trace::pb;
 
@@ -29,7 +29,7 @@ use crate::policy::{RawLogits, RawLogitsSource};
 /// counts, and its OpenAI-style logprobs (if any) are used instead.
 #[derive(Debug, thiserror::Error)]
 pub enum RawLogitsError {
-    #[error(transparent)]
+    #[error("{error}{hint}", error = .0, hint = file_hint(.0))]
     File(#[from] FileError),
     #[error("{source_name} tensor {tensor:?}: {error}")]
     Logits { source_name: String, tensor: String, error: LogitsError },
@@ -39,6 +39,15 @@ pub enum RawLogitsError {
     Backend(String),
     #[error("the analysis task failed: {0}")]
     Join(String),
+}
+
+/// How to get past a file error from the policy's side: the file's words
+/// are shared with `basecamp trace analyze`, whose way out is a flag.
+fn file_hint(error: &FileError) -> &'static str {
+    match error {
+        FileError::AmbiguousTensor { .. } => ": name the policy's logits in raw_logits' `tensor` field",
+        _ => "",
+    }
 }
 
 impl RawLogitsError {
@@ -184,10 +193,13 @@ impl LogitAnalytics {
         let source_name = raw.source.to_string();
         let p = file.logits(raw.tensor.as_deref())?;
         let q = raw.reference.as_deref().map(|name| file.logits(Some(name))).transpose()?;
-        let tensor = p.name.clone();
+        // A bad value in the reference is named by the reference's tensor.
         let logits_error = |error: LogitsError| RawLogitsError::Logits {
             source_name: source_name.clone(),
-            tensor: tensor.clone(),
+            tensor: match (error.input(), &q) {
+                (Some(Input::Q), Some(q)) => q.name.clone(),
+                _ => p.name.clone(),
+            },
             error,
         };
         if let Some(q) = &q
@@ -375,6 +387,71 @@ mod tests {
         assert_eq!(backends.iter().filter(|b| *b == gpu_name).count(), 2, "{backends:?}");
         assert!(backends.iter().filter(|b| *b != gpu_name).all(|b| b.starts_with("cpu (")), "{backends:?}");
         assert_eq!(calls.load(Ordering::Relaxed), 6, "two failures, then a success, never three in a row");
+    }
+
+    #[test]
+    fn a_bad_value_in_the_reference_names_the_reference_tensor() {
+        // It named the policy's tensor: `tensor "p": logits q row 2 column 7 is NaN`.
+        let dir = tempfile::tempdir().unwrap();
+        let (rows, vocab) = (3, 16);
+        let p: Vec<f32> = (0..rows * vocab).map(|i| (i % 7) as f32 * 0.5).collect();
+        let mut q = p.clone();
+        q[2 * vocab + 7] = f32::NAN;
+        let mut empty_row = p.clone();
+        empty_row[vocab..2 * vocab].fill(f32::NEG_INFINITY);
+        let path = dir.path().join("turn.safetensors");
+        write_tensors(
+            &path,
+            &[
+                RawTensor::f32("p", &[rows, vocab], &p),
+                RawTensor::f32("q", &[rows, vocab], &q),
+                RawTensor::f32("masked", &[rows, vocab], &empty_row),
+            ],
+        )
+        .expect("write the turn");
+        let analytics = LogitAnalytics::new(DeviceChoice::Cpu);
+        let turn = |tensor: &str, reference: &str| RawLogits {
+            source: RawLogitsSource::File(path.clone()),
+            tensor: Some(tensor.into()),
+            reference: Some(reference.into()),
+            token_ids: None,
+        };
+        let error = analytics.analyze(&turn("p", "q"), 3).expect_err("NaN in the reference");
+        assert_eq!(error.category(), "NonFiniteLogit");
+        assert_eq!(
+            error.to_string(),
+            format!("{} tensor \"q\": logits q row 2 column 7 is NaN: logits must be finite or -inf", path.display())
+        );
+        let error = analytics.analyze(&turn("p", "masked"), 3).expect_err("a reference row without a finite logit");
+        assert_eq!(error.category(), "EmptyDistribution");
+        assert!(error.to_string().starts_with(&format!("{} tensor \"masked\": ", path.display())), "{error}");
+        // A bad value in the policy's logits still names the policy's tensor.
+        let error = analytics.analyze(&turn("masked", "p"), 3).expect_err("a policy row without a finite logit");
+        assert!(
+            error.to_string().starts_with(&format!("{} tensor \"masked\": logits p row 1", path.display())),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_file_of_several_tensors_without_a_name_says_which_field_names_one() {
+        // It said "pick one with --tensor", the CLI's flag, to a policy.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("turn.safetensors");
+        write_tensors(&path, &[RawTensor::f32("p", &[1, 2], &[0.0, 1.0]), RawTensor::f32("q", &[1, 2], &[1.0, 0.0])])
+            .expect("write the turn");
+        let raw =
+            RawLogits { source: RawLogitsSource::File(path.clone()), tensor: None, reference: None, token_ids: None };
+        let error = LogitAnalytics::new(DeviceChoice::Cpu).analyze(&raw, 3).expect_err("two tensors, no name");
+        assert_eq!(error.category(), "LogitsTensorAmbiguous");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "{} holds 2 tensors and none is called \"logits\" (it has: p, q): name the policy's logits in \
+                 raw_logits' `tensor` field",
+                path.display()
+            )
+        );
     }
 
     #[test]

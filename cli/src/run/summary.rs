@@ -107,6 +107,19 @@ pub struct VariantSummary {
     /// earlier run's, kept in the directory ([`RunSummary::mark_kept`]).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub kept_from_earlier_run: bool,
+    /// Episodes with warnings in their shard's `summary.json` (raw logits
+    /// that could not be used, a turn without logprobs, ...), and the first
+    /// of them as `episode: warning`: the table says so, since a metric such
+    /// as `logit_divergence` may rest on fewer episodes than ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warned: Option<Warned>,
+}
+
+/// See [`VariantSummary::warned`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Warned {
+    pub episodes: usize,
+    pub first: String,
 }
 
 /// One episode, with its trace path relative to the run directory.
@@ -197,8 +210,14 @@ impl VariantSummary {
         let mut episodes = Vec::new();
         let (mut lost, mut interrupted, mut not_started) = (Vec::new(), Vec::new(), Vec::new());
         let mut interrupted_traces = Vec::new();
+        let mut warned: Option<Warned> = None;
         for (shard, dir) in &shards {
             for e in &shard.episodes {
+                if let Some(warning) = e.warnings.first() {
+                    warned
+                        .get_or_insert_with(|| Warned { episodes: 0, first: format!("{}: {warning}", e.id) })
+                        .episodes += 1;
+                }
                 let trace = dir.join(&e.trace_file).to_string_lossy().into_owned();
                 episodes.push(EpisodeRow {
                     id: e.id.clone(),
@@ -236,6 +255,7 @@ impl VariantSummary {
             interrupted_traces,
             not_started,
             kept_from_earlier_run: false,
+            warned,
         }
     }
 }
@@ -390,6 +410,12 @@ impl RunSummary {
             }
             if !v.lost.is_empty() {
                 out.push_str(&format!("\n{}: {} episode(s) LOST (trace not written)", v.name, v.lost.len()));
+            }
+            if let Some(warned) = &v.warned {
+                out.push_str(&format!(
+                    "\n{}: {} of {} episodes have warnings (each shard's summary.json lists them), the first: {}",
+                    v.name, warned.episodes, v.aggregate.episodes, warned.first
+                ));
             }
             for failed in self.failed_shards.iter().filter(|f| f.variant == v.name) {
                 out.push_str(&format!("\n{}: {}", v.name, failed.consequence()));
@@ -553,6 +579,7 @@ mod tests {
             interrupted_traces: Vec::new(),
             not_started: Vec::new(),
             kept_from_earlier_run: false,
+            warned: None,
         }
     }
 

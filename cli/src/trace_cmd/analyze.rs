@@ -3,7 +3,9 @@
 //! with B, KL(A || B) per token with its mean and max — what the trace's
 //! `token_logit` section and the `logit_divergence` metric are made of.
 //!
-//! The tensors are memory-mapped (`basecamp_gpu::file`); the work runs on
+//! The tensors are memory-mapped (`basecamp_gpu::file`) and read in place,
+//! except one whose data is not aligned in the file, which is copied whole
+//! (said on stderr, since it costs the file's size in memory); the work runs on
 //! the GPU when one is usable (`--device auto`, the default), else on the
 //! CPU; under `auto` a GPU run that fails is done again on the CPU (with a
 //! warning). Every input error names the file and the tensor.
@@ -13,8 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use basecamp_gpu::file::{LoadedLogits, LogitsFile};
-use basecamp_gpu::logits::{Input, LogitsError};
+use basecamp_gpu::file::{FileError, LoadedLogits, LogitsFile};
+use basecamp_gpu::logits::Input;
 use basecamp_gpu::{Analyzer, BackendError, DeviceChoice, LogitStats};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
@@ -39,8 +41,8 @@ pub enum OutputFormat {
 
 #[derive(Args)]
 pub struct AnalyzeArgs {
-    /// The logits (2-D [tokens, vocab], F32 or BF16, safetensors); a second
-    /// file adds KL(first || second) per token.
+    /// The logits (2-D [tokens, vocab], or [1, tokens, vocab]; F32 or BF16,
+    /// safetensors); a second file adds KL(first || second) per token.
     #[arg(long = "logits", value_name = "FILE", required = true, num_args = 1..=2)]
     logits: Vec<PathBuf>,
     /// The tensor to read (default: the file's only tensor, or "logits").
@@ -72,8 +74,22 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     let files = args.logits.iter().map(|path| LogitsFile::open(path)).collect::<Result<Vec<_>, _>>()?;
     let sources = files
         .iter()
-        .map(|file| Ok(Source { file, logits: file.logits(args.tensor.as_deref())? }))
+        .map(|file| {
+            let logits = file.logits(args.tensor.as_deref()).map_err(|e| match e {
+                FileError::AmbiguousTensor { .. } => anyhow::anyhow!("{e}: pick one with --tensor"),
+                e => e.into(),
+            })?;
+            Ok(Source { file, logits })
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    for source in sources.iter().filter(|s| !s.logits.zero_copy()) {
+        let bytes = source.logits.view().map_or(0, |v| v.bytes());
+        basecamp_sandbox::stderr_line!(
+            "note: {}: its data is not aligned to its element size in the file, so all {bytes} bytes are copied into \
+             memory rather than read in place (the safetensors library's writers align it)",
+            source.label()
+        );
+    }
     let p = &sources[0];
     let q = sources.get(1);
     if let Some(q) = q
@@ -104,8 +120,8 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     }
     let stats = result.map_err(|e| match &e {
         // Name the file the bad value is in.
-        BackendError::Logits(LogitsError::NonFinite { input, .. } | LogitsError::NoFiniteLogit { input, .. }) => {
-            let source = if *input == Input::Q { q.unwrap_or(p) } else { p };
+        BackendError::Logits(error) if error.input().is_some() => {
+            let source = if error.input() == Some(Input::Q) { q.unwrap_or(p) } else { p };
             anyhow::anyhow!("{}: {e}", source.label())
         }
         _ => anyhow::Error::new(e),

@@ -303,6 +303,15 @@ pub enum LogitsError {
         /// The id given.
         token: u32,
     },
+    /// `token_ids` (the emitted token of each row) of another length than
+    /// the logits have rows.
+    #[error("token_ids has {got} ids but the logits have {rows} rows: give one emitted token per row")]
+    TokenCountMismatch {
+        /// Ids given.
+        got: usize,
+        /// Rows of the logits.
+        rows: usize,
+    },
     /// A trace record needs a token and none was given nor found.
     #[error("row {row} has no top-k entries and no chosen token: pass the emitted token or ask for k >= 1")]
     NoToken {
@@ -324,7 +333,17 @@ impl LogitsError {
             LogitsError::NoToken { .. } => "NoToken",
             LogitsError::TokenOutOfRange { .. } => "TokenOutOfRange",
             LogitsError::ImpossibleToken { .. } => "ImpossibleToken",
-            LogitsError::RowCountMismatch { .. } => "RowCountMismatch",
+            // The same label as before it had a variant of its own.
+            LogitsError::RowCountMismatch { .. } | LogitsError::TokenCountMismatch { .. } => "RowCountMismatch",
+        }
+    }
+
+    /// The input a bad value is in (`NonFinite`, `NoFiniteLogit`), so a
+    /// caller can name that input's file and tensor rather than the first's.
+    pub fn input(&self) -> Option<Input> {
+        match self {
+            LogitsError::NonFinite { input, .. } | LogitsError::NoFiniteLogit { input, .. } => Some(*input),
+            _ => None,
         }
     }
 }

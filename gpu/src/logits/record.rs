@@ -88,7 +88,7 @@ pub fn token_logits(
     if let Some(e) = emitted
         && e.len() != rows
     {
-        return Err(LogitsError::RowCountMismatch { what: "the emitted tokens", got: e.len(), expected: rows });
+        return Err(LogitsError::TokenCountMismatch { got: e.len(), rows });
     }
     stats
         .iter()
@@ -170,5 +170,21 @@ mod tests {
         // The same token where it is finite is a record with a finite log-probability.
         let records = token_logits(&view, &stats, Some(&[2, 1]), 10, None).expect("both finite");
         assert!(records.iter().all(|r| r.logprob.is_finite()), "{records:?}");
+    }
+
+    #[test]
+    fn token_ids_of_another_length_than_the_rows_say_which_field_and_both_counts() {
+        // It said "the emitted tokens has 2 rows but the logits have 3".
+        let x = [0.0f32, 1.0, 2.0, 0.0, 1.0, 2.0, 0.5, 0.5, 0.5];
+        let view = LogitsView::f32(&x, 3, 3).expect("3 x 3");
+        let stats = analyze(view, 1).expect("finite");
+        for ids in [&[0u32, 1][..], &[0, 1, 2, 0][..]] {
+            let error = token_logits(&view, &stats, Some(ids), 0, None).expect_err("one id per row");
+            assert_eq!(error.category(), "RowCountMismatch");
+            assert_eq!(
+                error.to_string(),
+                format!("token_ids has {} ids but the logits have 3 rows: give one emitted token per row", ids.len())
+            );
+        }
     }
 }
