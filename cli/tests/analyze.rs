@@ -215,9 +215,13 @@ fn device_gpu_without_a_gpu_is_a_clear_error_and_auto_falls_back() {
     let auto = json_of(&analyze(&["--logits", path_str(&a), "--output", "json"]));
     if !basecamp_gpu::probe::driver_present() {
         println!("skipping the GPU run: no NVIDIA driver");
-        assert!(auto["fallback_reason"].as_str().expect("a reason").contains("no NVIDIA driver"), "{auto}");
+        let reason = auto["fallback_reason"].as_str().expect("a reason");
+        assert!(reason.contains("no NVIDIA driver"), "{auto}");
+        // Before: "... (run on a GPU node, or use --device cpu)", under auto, which had done just that.
+        assert!(!reason.contains("--device"), "{reason}");
         let line = failure(&analyze(&["--logits", path_str(&a), "--device", "gpu"]));
         assert!(line.starts_with("error: --device gpu: no NVIDIA driver"), "{line}");
+        assert!(line.ends_with("(run on a GPU node, or use --device auto or cpu)"), "{line}");
     }
     assert_eq!(auto["tokens"][1]["top"][0]["id"], 0);
 }

@@ -51,7 +51,7 @@ impl fmt::Display for Backend {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// `--device gpu` without a usable GPU.
-    #[error("--device gpu: {0}")]
+    #[error("--device gpu: {0} (run on a GPU node, or use --device auto or cpu)")]
     GpuUnavailable(GpuError),
     /// The GPU run failed.
     #[error(transparent)]

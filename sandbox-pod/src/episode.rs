@@ -998,7 +998,7 @@ impl Episode {
         metrics.logit_divergence = state.divergence.mean();
         if state.divergence.infinite() > 0 {
             state.warnings.push(format!(
-                "{} tokens had KL = +inf (the reference logits give probability 0 to a token the policy's do not); \
+                "{} token(s) had KL = +inf (the reference logits give probability 0 to a token the policy's do not); \
                  logit_divergence is the mean of the other tokens",
                 state.divergence.infinite()
             ));

@@ -195,7 +195,7 @@ async fn raw_logits_become_token_records_and_the_episode_divergence() {
     assert!((got - want_mean).abs() <= 1e-4 * want_mean.max(1e-6), "{got} vs {want_mean}");
     let infinite = want0.iter().filter(|w| w.kl == Some(f64::INFINITY)).count();
     assert!(
-        result.warnings.iter().any(|w| w.starts_with(&format!("{infinite} tokens had KL = +inf"))),
+        result.warnings.iter().any(|w| w.starts_with(&format!("{infinite} token(s) had KL = +inf"))),
         "{:?}",
         result.warnings
     );

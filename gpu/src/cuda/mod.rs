@@ -30,7 +30,7 @@ pub const BLOCK: u32 = 256;
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     /// `libcuda.so` could not be loaded.
-    #[error("no NVIDIA driver: libcuda.so could not be loaded (run on a GPU node, or use --device cpu)")]
+    #[error("no NVIDIA driver: libcuda.so could not be loaded")]
     NoDriver,
     /// `libnvrtc.so` could not be loaded.
     #[error(
