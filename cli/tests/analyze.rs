@@ -501,3 +501,21 @@ fn a_tensor_not_aligned_in_its_file_is_analysed_and_its_copy_is_said() {
         )
     );
 }
+
+/// `--logits -` reads standard input (before: "-: No such file or
+/// directory"; `/dev/stdin` worked); two `-` are refused.
+#[test]
+fn a_dash_reads_the_logits_from_standard_input() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[2, 3], &[0.0, 1.0, 2.0, 2.0, 1.0, 0.0])]);
+    let piped = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "analyze", "--logits", "-", "--output", "json", "--device", "cpu"])
+        .stdin(std::fs::File::open(&a).unwrap())
+        .output()
+        .unwrap();
+    let from_file = analyze(&["--logits", path_str(&a), "--output", "json", "--device", "cpu"]);
+    assert!(piped.status.success(), "{}", String::from_utf8_lossy(&piped.stderr));
+    assert_eq!(json_of(&piped)["tokens"], json_of(&from_file)["tokens"]);
+    let line = failure(&analyze(&["--logits", "-", "-"]));
+    assert_eq!(line, "error: --logits: only one of the files can be `-` (standard input)");
+}

@@ -11,7 +11,7 @@
 //! warning). Every input error names the file and the tensor.
 
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
@@ -42,7 +42,8 @@ pub enum OutputFormat {
 #[derive(Args)]
 pub struct AnalyzeArgs {
     /// The logits (2-D [tokens, vocab], or [1, tokens, vocab]; F32 or BF16,
-    /// safetensors); a second file adds KL(first || second) per token.
+    /// safetensors; `-` for standard input); a second file adds KL(first ||
+    /// second) per token.
     #[arg(long = "logits", value_name = "FILE", required = true, num_args = 1..=2)]
     logits: Vec<PathBuf>,
     /// The tensor to read (default: the file's only tensor, or "logits").
@@ -71,7 +72,14 @@ impl Source<'_> {
 }
 
 pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
-    let files = args.logits.iter().map(|path| LogitsFile::open(path)).collect::<Result<Vec<_>, _>>()?;
+    if args.logits.iter().filter(|path| path.as_os_str() == "-").count() > 1 {
+        anyhow::bail!("--logits: only one of the files can be `-` (standard input)");
+    }
+    let files = args
+        .logits
+        .iter()
+        .map(|path| LogitsFile::open(if path.as_os_str() == "-" { Path::new("/dev/stdin") } else { path }))
+        .collect::<Result<Vec<_>, _>>()?;
     let sources = files
         .iter()
         .map(|file| {
