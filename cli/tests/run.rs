@@ -372,6 +372,11 @@ fn raw_logits_a_run_could_not_use_are_said_under_the_table() {
     );
     let run: Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(variant(&run, "default")["warned"]["episodes"], 1, "{run}");
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        report.contains("<p class=\"muted warned\">variant default: 1 of 5 episodes have warnings"),
+        "the report too"
+    );
 }
 
 #[test]

@@ -117,6 +117,10 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
                 esc(&v.name)
             );
         }
+        if let Some(warned) = &v.warned {
+            let said = warned.sentence(v.aggregate.episodes);
+            let _ = write!(h, "<p class=\"muted warned\">variant {}: {}</p>", esc(&v.name), esc(&said));
+        }
         // What a stop left out of the table: said as the console says it.
         if !v.interrupted.is_empty() || !v.not_started.is_empty() {
             // The cut-off episodes' traces, one click away as every other episode's.

@@ -122,6 +122,17 @@ pub struct Warned {
     pub first: String,
 }
 
+impl Warned {
+    /// What the table and the report say of it, after the variant's name,
+    /// for a variant of `of` episodes.
+    pub fn sentence(&self, of: u32) -> String {
+        format!(
+            "{} of {of} episodes have warnings (each shard's summary.json lists them), the first: {}",
+            self.episodes, self.first
+        )
+    }
+}
+
 /// One episode, with its trace path relative to the run directory.
 #[derive(Debug, Clone, Serialize)]
 pub struct EpisodeRow {
@@ -412,10 +423,7 @@ impl RunSummary {
                 out.push_str(&format!("\n{}: {} episode(s) LOST (trace not written)", v.name, v.lost.len()));
             }
             if let Some(warned) = &v.warned {
-                out.push_str(&format!(
-                    "\n{}: {} of {} episodes have warnings (each shard's summary.json lists them), the first: {}",
-                    v.name, warned.episodes, v.aggregate.episodes, warned.first
-                ));
+                out.push_str(&format!("\n{}: {}", v.name, warned.sentence(v.aggregate.episodes)));
             }
             for failed in self.failed_shards.iter().filter(|f| f.variant == v.name) {
                 out.push_str(&format!("\n{}: {}", v.name, failed.consequence()));
