@@ -311,13 +311,17 @@ fn tool_texts_mut(tool: &mut ToolSpec) -> Vec<&mut String> {
 }
 
 /// Whether `text` calls service `name`: a reference to it, or its fixed
-/// address written out.
+/// address written out (`127.0.0.1:80` in `http://127.0.0.1:8080` is not).
 fn names_service(text: &str, name: &str, addr: SocketAddr) -> bool {
     let referenced = service_refs(text).is_ok_and(|refs| refs.iter().any(|r| r.service == name));
-    referenced
-        || [format!("127.0.0.1:{}", addr.port()), format!("localhost:{}", addr.port())]
-            .iter()
-            .any(|spelled| text.contains(spelled.as_str()))
+    let spelled_out = |host: &str| {
+        let address = format!("{host}:{}", addr.port());
+        text.match_indices(&address).any(|(at, _)| {
+            let after = text[at + address.len()..].chars().next();
+            !after.is_some_and(|c| c.is_ascii_digit())
+        })
+    };
+    referenced || spelled_out("127.0.0.1") || spelled_out("localhost")
 }
 
 /// Which services each tool calls, and whether one has exited; built by
@@ -775,6 +779,23 @@ mod tests {
         assert_eq!(log_tail(&log), "only \u{fffd} line");
         std::fs::write(&log, b"").unwrap();
         assert_eq!(log_tail(&log), "(nothing)");
+    }
+
+    #[test]
+    fn a_fixed_address_names_its_service_only_when_the_port_ends_there() {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 80));
+        for (text, names) in [
+            ("$(services.db.url)/x", true),
+            ("$(services.other.url)/x", false),
+            ("http://127.0.0.1:80/x", true),
+            ("http://localhost:80", true),
+            ("127.0.0.1:80", true),
+            ("http://127.0.0.1:8080/x", false),
+            ("http://localhost:800", false),
+            ("http://127.0.0.1:8080/x then 127.0.0.1:80/y", true),
+        ] {
+            assert_eq!(names_service(text, "db", addr), names, "{text}");
+        }
     }
 
     #[test]
