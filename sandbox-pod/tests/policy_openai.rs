@@ -360,7 +360,7 @@ async fn a_server_that_never_answers_hits_the_request_timeout() {
     assert_eq!(
         err.to_string(),
         format!(
-            "policy endpoint {} did not answer within the 300 ms request timeout, after 2 attempts; check the server or raise the policy timeout",
+            "policy endpoint {} did not answer within the 300 ms request timeout, after 2 attempts; check the server or raise spec.policy.requestTimeout",
             fixture.base_url
         )
     );
@@ -487,4 +487,161 @@ async fn conversation_history_round_trips_through_the_server() {
         messages[3],
         json!({"role": "tool", "tool_call_id": "call_1", "content": "{\"error\": \"invalid_json\"}"})
     );
+}
+
+#[tokio::test]
+async fn a_status_that_points_at_the_configuration_says_what_to_check() {
+    let fixture = Fixture::start(vec![
+        Reply::status(404, r#"{"detail": "Not Found"}"#),
+        Reply::status(401, r#"{"error": {"message": "invalid api key"}}"#),
+    ])
+    .await;
+    let policy = OpenAiPolicy::new(fixture.config()).unwrap();
+
+    let not_found = policy.respond(&request()).await.unwrap_err().to_string();
+    assert!(not_found.contains("answered 404 after 1 attempt: {\"detail\": \"Not Found\"}"), "{not_found}");
+    assert!(not_found.contains("check spec.policy.endpoint (`/chat/completions` is appended to it"), "{not_found}");
+    let unauthorized = policy.respond(&request()).await.unwrap_err().to_string();
+    assert!(
+        unauthorized.ends_with("}}; check the API key (spec.policy.apiKeyEnv, apiKeyFile or apiKeySecret)"),
+        "{unauthorized}"
+    );
+}
+
+#[tokio::test]
+async fn alternatives_beyond_top_logprobs_are_cut_to_what_the_trace_header_promises() {
+    // logprobs() has two alternatives per token; the trace header says top_k 1.
+    let fixture = Fixture::start(vec![ok_tool_turn()]).await;
+    let mut config = fixture.config();
+    config.top_logprobs = 1;
+    let policy = OpenAiPolicy::new(config).unwrap();
+
+    let response = policy.respond(&request()).await.unwrap();
+
+    let records = response.token_logits();
+    assert_eq!(records.len(), 2);
+    assert!(records.iter().all(|r| r.top_ids.len() == 1 && r.top_logprobs.len() == 1), "{records:?}");
+    assert_eq!(records[0].top_ids, vec![151657], "the first (most likely) alternative is kept");
+    assert_eq!(
+        response.warnings,
+        vec!["2 token(s) came with more alternatives than the 1 asked for (up to 2); the first 1 were kept"]
+    );
+}
+
+#[tokio::test]
+async fn non_finite_logprobs_as_python_writes_them_keep_the_turn() {
+    // Python's json writes -inf and NaN bare; one such value must not cost the turn.
+    let body = |value: &str| {
+        completion(json!([tool_call("call_1", "lookup_order", r#"{"order_id": "A1"}"#)]), logprobs())
+            .to_string()
+            .replace("-9.5", value)
+    };
+    let fixture = Fixture::start(vec![
+        Reply::Answer(200, vec![], body("-Infinity")),
+        Reply::Answer(200, vec![], body("\"-Infinity\"")),
+        Reply::Answer(200, vec![], body("NaN")),
+    ])
+    .await;
+    let policy = OpenAiPolicy::new(fixture.config()).unwrap();
+
+    for form in ["bare", "quoted"] {
+        let response = policy.respond(&request()).await.unwrap();
+        let records = response.token_logits();
+        assert_eq!(records[0].top_logprobs, vec![-0.0001, f32::NEG_INFINITY], "{form}");
+        assert!(response.warnings.is_empty(), "{form}: {:?}", response.warnings);
+        assert_eq!(response.tool_calls[0].arguments, ToolArguments::Parsed(json!({"order_id": "A1"})));
+    }
+
+    let response = policy.respond(&request()).await.unwrap();
+    assert_eq!(response.tool_calls.len(), 1, "the turn is kept");
+    assert_eq!(response.logprobs, None, "a NaN is never written to the trace");
+    assert!(response.to_policy_turn().logprobs_missing);
+    assert_eq!(
+        response.warnings,
+        vec![
+            "the logprobs block could not be used and was dropped: alternative 1 of the token at position 0 has \
+             logprob NaN"
+        ]
+    );
+}
+
+/// A server on 127.0.0.1 that answers the n-th connection with the n-th
+/// raw reply (bytes as they go on the wire), then closes it.
+async fn raw_server(replies: Vec<Vec<u8>>) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    let task = tokio::spawn(async move {
+        for reply in replies {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            // Read the whole request, so closing does not reset the connection.
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let n = stream.read(&mut chunk).await.expect("read request");
+                request.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&request);
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length = text[..end]
+                        .lines()
+                        .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(str::to_owned))
+                        .and_then(|n| n.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if request.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+            stream.write_all(&reply).await.expect("write reply");
+            stream.shutdown().await.expect("shutdown");
+        }
+    });
+    (format!("http://{addr}/v1"), task)
+}
+
+fn http_200(body: &[u8], content_length: usize) -> Vec<u8> {
+    let mut reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {content_length}\r\nconnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    reply.extend_from_slice(body);
+    reply
+}
+
+#[tokio::test]
+async fn an_answer_cut_off_midway_is_retried() {
+    let whole =
+        completion(json!([tool_call("call_1", "lookup_order", r#"{"order_id": "A1"}"#)]), logprobs()).to_string();
+    let cut = http_200(&whole.as_bytes()[..40], whole.len());
+    let (endpoint, server) = raw_server(vec![cut, http_200(whole.as_bytes(), whole.len())]).await;
+    let mut config = OpenAiConfig::new(endpoint, "m");
+    config.retry = fast_retry(3);
+    let policy = OpenAiPolicy::new(config).unwrap();
+
+    let response = policy.respond(&request()).await.unwrap();
+
+    assert_eq!(response.attempts, 2);
+    assert_eq!(response.tool_calls[0].name, "lookup_order");
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_answer_that_is_not_utf8_is_read_and_flagged() {
+    let body = b"{\"choices\": [{\"message\": {\"content\": \"caf\xe9\"}, \"finish_reason\": \"stop\"}]}";
+    let (endpoint, server) = raw_server(vec![http_200(body, body.len())]).await;
+    let policy = OpenAiPolicy::new(OpenAiConfig::new(endpoint, "m")).unwrap();
+
+    let response = policy.respond(&request()).await.unwrap();
+
+    assert_eq!(response.content.as_deref(), Some("caf\u{fffd}"));
+    assert_eq!(
+        response.warnings,
+        vec![
+            "the answer is not valid UTF-8 (first bad byte at offset 41); its invalid bytes were replaced with U+FFFD"
+        ]
+    );
+    server.await.unwrap();
 }

@@ -7,10 +7,17 @@
 //! Tool-call arguments arrive as a JSON *string*; text that does not parse
 //! is kept verbatim as [`ToolArguments::Invalid`], a policy error on that
 //! call for the agent loop to record, never a failure of the whole turn.
+//! Nor is a logprobs block that cannot be used (a NaN, a field of the wrong
+//! type): it is dropped with a warning, and the turn flagged as without
+//! logprobs. `-Infinity`, bare as Python's `json` writes it or quoted, is a
+//! real logprob and kept; alternatives beyond `top_logprobs` are cut to it
+//! (the trace header's `top_k`). A completion cut off by the token limit or a
+//! content filter, and a body that is not UTF-8, are warnings too.
 //!
-//! Transient failures (429, 5xx, connection errors, request timeouts) are
-//! retried a bounded number of times with exponential backoff and jitter,
-//! honouring `Retry-After` / `retry-after-ms`. The API key comes from an
+//! Transient failures (429, 5xx, connection errors, an answer cut off
+//! midway, request timeouts) are retried a bounded number of times with
+//! exponential backoff and jitter, honouring `Retry-After` /
+//! `retry-after-ms`. The API key comes from an
 //! environment variable or a file, is sent only as a `Bearer` header, and
 //! appears in no `Debug` output, log line, error message or trace.
 
@@ -56,7 +63,7 @@ pub enum OpenAiError {
     InvalidEndpoint { endpoint: String, reason: String },
     #[error("cannot set up the HTTP client for policy endpoint {endpoint}: {message}")]
     Client { endpoint: String, message: String },
-    #[error("policy endpoint {endpoint} answered {status} after {attempts}{note}: {body}")]
+    #[error("policy endpoint {endpoint} answered {status} after {attempts}{note}: {body}{hint}", hint = status_hint(*.status))]
     Status {
         endpoint: String,
         status: u16,
@@ -66,7 +73,7 @@ pub enum OpenAiError {
         body: String,
     },
     #[error(
-        "policy endpoint {endpoint} did not answer within the {timeout_ms} ms request timeout, after {attempts}; check the server or raise the policy timeout"
+        "policy endpoint {endpoint} did not answer within the {timeout_ms} ms request timeout, after {attempts}; check the server or raise spec.policy.requestTimeout"
     )]
     Timeout { endpoint: String, timeout_ms: u64, attempts: Attempts },
     #[error("cannot reach policy endpoint {endpoint} after {attempts}: {message}")]
@@ -108,6 +115,19 @@ impl OpenAiError {
             Self::Transport { .. } => "PolicyTransport",
             Self::MalformedResponse { .. } => "PolicyMalformedResponse",
         }
+    }
+}
+
+/// What to check after an answer with this status, when the status says
+/// more than its body may: the endpoint's path, the model, the API key.
+fn status_hint(status: u16) -> &'static str {
+    match status {
+        401 | 403 => "; check the API key (spec.policy.apiKeyEnv, apiKeyFile or apiKeySecret)",
+        404 => {
+            "; check spec.policy.endpoint (`/chat/completions` is appended to it; most servers want it to end in \
+             `/v1`) and spec.policy.model"
+        }
+        _ => "",
     }
 }
 
@@ -332,7 +352,7 @@ impl OpenAiPolicy {
         loop {
             attempt += 1;
             let failure = match self.attempt(&body).await {
-                Ok(text) => return self.parse(&text, request.turn, started.elapsed(), attempt),
+                Ok(bytes) => return self.parse(&bytes, request.turn, started.elapsed(), attempt),
                 Err(failure) => failure,
             };
             let retryable = match &failure {
@@ -369,8 +389,8 @@ impl OpenAiPolicy {
         }
     }
 
-    /// One HTTP attempt: the body text of a 2xx answer, or what went wrong.
-    async fn attempt(&self, body: &Value) -> Result<String, Failure> {
+    /// One HTTP attempt: the body of a 2xx answer, or what went wrong.
+    async fn attempt(&self, body: &Value) -> Result<Vec<u8>, Failure> {
         let mut request = self.http.post(self.chat_url.clone()).json(body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key.expose());
@@ -378,11 +398,20 @@ impl OpenAiPolicy {
         let response = request.send().await.map_err(|e| self.classify(&e))?;
         let status = response.status();
         let retry_after = retry_after(response.headers(), SystemTime::now());
-        let text = response.text().await.map_err(|e| self.classify(&e))?;
+        // Headers came, then the body broke off (a server restarting, a proxy
+        // timing out): worth another try, however reqwest names the error.
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| Failure::Transport { message: self.redact(&error_chain(&e)), retryable: true })?;
         if status.is_success() {
-            Ok(text)
+            Ok(bytes.to_vec())
         } else {
-            Err(Failure::Status { status: status.as_u16(), retry_after, body: self.excerpt(&text) })
+            Err(Failure::Status {
+                status: status.as_u16(),
+                retry_after,
+                body: self.excerpt(&String::from_utf8_lossy(&bytes)),
+            })
         }
     }
 
@@ -415,10 +444,17 @@ impl OpenAiPolicy {
         }
     }
 
-    fn parse(&self, text: &str, turn: u32, latency: Duration, attempts: u32) -> Result<PolicyResponse, OpenAiError> {
-        parse_chat_completion(text, &self.config.model, turn, latency, attempts).map_err(|reason| {
-            OpenAiError::MalformedResponse { endpoint: self.endpoint.clone(), reason, body: self.excerpt(text) }
-        })
+    fn parse(&self, bytes: &[u8], turn: u32, latency: Duration, attempts: u32) -> Result<PolicyResponse, OpenAiError> {
+        let (text, not_utf8) = decode_body(bytes);
+        let mut response =
+            parse_chat_completion(&text, &self.config.model, turn, latency, attempts).map_err(|reason| {
+                OpenAiError::MalformedResponse { endpoint: self.endpoint.clone(), reason, body: self.excerpt(&text) }
+            })?;
+        response.warnings.extend(not_utf8);
+        if self.config.logprobs && self.config.top_logprobs > 0 {
+            cap_alternatives(&mut response, self.config.top_logprobs as usize);
+        }
+        Ok(response)
     }
 
     /// The start of a body for an error message, with the API key blanked
@@ -450,11 +486,48 @@ impl Failure {
     }
 }
 
+/// The body as text. JSON is UTF-8; bytes that are not are replaced with
+/// U+FFFD, and the turn says so (its text is not what the model wrote).
+fn decode_body(bytes: &[u8]) -> (std::borrow::Cow<'_, str>, Option<String>) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (text.into(), None),
+        Err(e) => (
+            String::from_utf8_lossy(bytes),
+            Some(format!(
+                "the answer is not valid UTF-8 (first bad byte at offset {}); its invalid bytes were replaced \
+                 with U+FFFD",
+                e.valid_up_to()
+            )),
+        ),
+    }
+}
+
+/// Keeps the `k` first alternatives of each token, as asked for: the trace
+/// header promises at most `top_k`, and `trace validate` holds it to that.
+fn cap_alternatives(response: &mut PolicyResponse, k: usize) {
+    let Some(tokens) = response.logprobs.as_mut() else { return };
+    let (mut capped, mut most) = (0, 0);
+    for token in tokens.iter_mut().filter(|token| token.top.len() > k) {
+        capped += 1;
+        most = most.max(token.top.len());
+        token.top.truncate(k);
+    }
+    if capped > 0 {
+        response.warnings.push(format!(
+            "{capped} token(s) came with more alternatives than the {k} asked for (up to {most}); the first {k} \
+             were kept"
+        ));
+    }
+}
+
 /// Validates the endpoint; returns it as errors print it (userinfo removed)
 /// and the chat-completions URL.
 fn chat_completions_url(endpoint: &str) -> Result<(String, reqwest::Url), OpenAiError> {
     let invalid = |reason: String| OpenAiError::InvalidEndpoint { endpoint: strip_userinfo(endpoint), reason };
     let trimmed = endpoint.trim().trim_end_matches('/');
+    if trimmed.ends_with("/chat/completions") {
+        return Err(invalid("it ends in /chat/completions, which is appended to it".to_owned()));
+    }
     let mut url = reqwest::Url::parse(&format!("{trimmed}/chat/completions")).map_err(|e| invalid(e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(invalid(format!("scheme `{}` is not http or https", url.scheme())));
@@ -563,6 +636,7 @@ struct WireLogprobs {
 #[derive(Deserialize)]
 struct WireTokenLogprob {
     token: String,
+    #[serde(deserialize_with = "logprob_value")]
     logprob: f64,
     #[serde(default, alias = "id")]
     token_id: Option<i64>,
@@ -573,9 +647,75 @@ struct WireTokenLogprob {
 #[derive(Deserialize)]
 struct WireTopLogprob {
     token: String,
+    #[serde(deserialize_with = "logprob_value")]
     logprob: f64,
     #[serde(default, alias = "id")]
     token_id: Option<i64>,
+}
+
+/// A logprob as servers write it: a number, or, for a token the model could
+/// not emit, `-Infinity` (also `Infinity`, `NaN`) as a string, as Python's
+/// `json` writes them bare and [`quote_non_finite_numbers`] quotes them.
+fn logprob_value<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Wire {
+        Number(f64),
+        Text(String),
+    }
+    match Wire::deserialize(deserializer)? {
+        Wire::Number(number) => Ok(number),
+        Wire::Text(text) => match text.trim() {
+            "-Infinity" | "-inf" => Ok(f64::NEG_INFINITY),
+            "Infinity" | "+Infinity" | "inf" => Ok(f64::INFINITY),
+            "NaN" | "nan" => Ok(f64::NAN),
+            other => Err(serde::de::Error::custom(format!("logprob {other:?} is not a number"))),
+        },
+    }
+}
+
+/// The body with the bare `NaN`, `Infinity` and `-Infinity` that Python's
+/// `json` (and servers built on it) write quoted, so that it parses as
+/// JSON; `None` when there are none outside strings.
+fn quote_non_finite_numbers(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len() + 16);
+    let (mut in_string, mut escaped, mut changed) = (false, false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some(word) = ["-Infinity", "Infinity", "NaN"].into_iter().find(|w| rest.starts_with(w)) {
+            out.push('"');
+            out.push_str(word);
+            out.push('"');
+            rest = &rest[word.len()..];
+            changed = true;
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    changed.then_some(out)
+}
+
+/// Why a logprobs block cannot be used as it is: a NaN, or a probability
+/// above 1 (`-inf`, a token that could not be emitted, is a real logprob).
+fn unusable_logprob(tokens: &[TokenLogprob]) -> Option<String> {
+    let bad = |logprob: f32| logprob.is_nan() || logprob == f32::INFINITY;
+    tokens.iter().enumerate().find_map(|(position, token)| {
+        if bad(token.logprob) {
+            return Some(format!("the logprob of the token at position {position} is {}", token.logprob));
+        }
+        let (rank, top) = token.top.iter().enumerate().find(|(_, top)| bad(top.logprob))?;
+        Some(format!("alternative {rank} of the token at position {position} has logprob {}", top.logprob))
+    })
 }
 
 /// Reads a chat-completions body. Only a body that is not a completion at
@@ -589,7 +729,13 @@ pub fn parse_chat_completion(
     latency: Duration,
     attempts: u32,
 ) -> Result<PolicyResponse, String> {
-    let completion: WireCompletion = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let completion: WireCompletion = match serde_json::from_str(text) {
+        Ok(completion) => completion,
+        Err(e) => match quote_non_finite_numbers(text) {
+            Some(quoted) => serde_json::from_str(&quoted).map_err(|_| e.to_string())?,
+            None => return Err(e.to_string()),
+        },
+    };
     let Some(choice) = completion.choices.into_iter().next() else {
         return Err("`choices` is empty".to_owned());
     };
@@ -605,7 +751,17 @@ pub fn parse_chat_completion(
     let logprobs = match choice.logprobs {
         None | Some(Value::Null) => None,
         Some(value) => match serde_json::from_value::<WireLogprobs>(value) {
-            Ok(logprobs) => logprobs.content.map(|tokens| tokens.into_iter().map(token_logprob).collect()),
+            Ok(logprobs) => {
+                let tokens: Option<Vec<TokenLogprob>> =
+                    logprobs.content.map(|tokens| tokens.into_iter().map(token_logprob).collect());
+                match tokens.as_deref().and_then(unusable_logprob) {
+                    Some(why) => {
+                        warnings.push(format!("the logprobs block could not be used and was dropped: {why}"));
+                        None
+                    }
+                    None => tokens,
+                }
+            }
             Err(e) => {
                 warnings.push(format!("the logprobs block could not be read and was dropped: {e}"));
                 None
@@ -622,11 +778,25 @@ pub fn parse_chat_completion(
             }
         },
     };
+    let finish_reason = choice.finish_reason.as_deref().map(FinishReason::parse);
+    match finish_reason {
+        Some(FinishReason::Length) => warnings.push(
+            "the completion was cut off at the token limit (finish_reason `length`): its text or tool-call \
+             arguments may be incomplete; raise spec.policy.maxTokens or the server's context length"
+                .to_owned(),
+        ),
+        Some(FinishReason::ContentFilter) => warnings.push(
+            "the server's content filter stopped the completion (finish_reason `content_filter`): its text may be \
+             missing or incomplete"
+                .to_owned(),
+        ),
+        _ => {}
+    }
     Ok(PolicyResponse {
         model: completion.model.filter(|m| !m.is_empty()).unwrap_or_else(|| configured_model.to_owned()),
         content: choice.message.content,
         tool_calls,
-        finish_reason: choice.finish_reason.as_deref().map(FinishReason::parse),
+        finish_reason,
         logprobs,
         raw_logits,
         usage: completion.usage.map(|u| Usage {
@@ -735,7 +905,8 @@ mod tests {
         let (shown, url) = chat_completions_url("http://127.0.0.1:8000/v1/").unwrap();
         assert_eq!(shown, "http://127.0.0.1:8000/v1");
         assert_eq!(url.as_str(), "http://127.0.0.1:8000/v1/chat/completions");
-        for bad in ["127.0.0.1:8000", "ftp://host/v1", "http://h/v1?x=1", "not a url"] {
+        for bad in ["127.0.0.1:8000", "ftp://host/v1", "http://h/v1?x=1", "not a url", "http://h/v1/chat/completions/"]
+        {
             let err = chat_completions_url(bad).unwrap_err();
             assert_eq!(err.category(), "PolicyEndpointInvalid", "{bad}: {err}");
         }
@@ -882,6 +1053,31 @@ mod tests {
             ),
             "{:?}",
             resp.warnings
+        );
+    }
+
+    #[test]
+    fn a_cut_off_or_filtered_completion_is_flagged() {
+        let finished = |reason: &str| {
+            let body = json!({"choices": [{"message": {"content": "Your order"}, "finish_reason": reason}]});
+            parse_chat_completion(&body.to_string(), "m", 0, Duration::ZERO, 1).unwrap().warnings
+        };
+        assert!(finished("stop").is_empty());
+        assert!(
+            finished("length")[0].starts_with("the completion was cut off at the token limit"),
+            "{:?}",
+            finished("length")
+        );
+        assert!(finished("content_filter")[0].starts_with("the server's content filter stopped the completion"));
+    }
+
+    #[test]
+    fn bare_non_finite_numbers_are_quoted_outside_strings_only() {
+        assert_eq!(quote_non_finite_numbers(r#"{"a": 1}"#), None);
+        assert_eq!(quote_non_finite_numbers(r#"{"t": "NaN -Infinity \" NaN"}"#), None);
+        assert_eq!(
+            quote_non_finite_numbers(r#"{"t": "\"NaN", "l": -Infinity, "m": [NaN, Infinity]}"#).as_deref(),
+            Some(r#"{"t": "\"NaN", "l": "-Infinity", "m": ["NaN", "Infinity"]}"#)
         );
     }
 
