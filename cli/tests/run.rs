@@ -1172,3 +1172,34 @@ fn variants_whose_services_share_a_fixed_port_are_refused_naming_the_way_out() {
     let summary: Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(summary["variants"].as_array().unwrap().len(), 2, "both variants' results");
 }
+
+/// Episodes that failed with nothing but a class (`policy_error`) are
+/// explained by the first one's error: before, the hint said only "the
+/// episode failed with `policy_error`", and why was in summary.json and
+/// the traces alone.
+#[test]
+fn a_failure_class_hint_quotes_the_first_episode_s_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    let task = task.replace("scripted: policy.jsonl", &format!("endpoint: http://127.0.0.1:{closed}/v1\n    model: m"));
+    std::fs::write(project.join("task.yaml"), task).unwrap();
+    let rows = std::fs::read_to_string(project.join("tests.jsonl")).unwrap();
+    std::fs::write(project.join("tests.jsonl"), rows.lines().take(2).map(|l| format!("{l}\n")).collect::<String>())
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "b", "--shards", "1", "--no-progress", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let hint = stdout.lines().find(|l| l.contains("failed episodes the episode failed with")).expect(&stdout);
+    assert!(
+        hint.contains(&format!(
+            "`policy_error` (the first: policy failed: cannot reach policy endpoint http://127.0.0.1:{closed}/v1 after"
+        )),
+        "{hint}"
+    );
+}

@@ -41,6 +41,10 @@ struct Evidence {
     fallback_errors: BTreeMap<String, Vec<String>>,
     /// The tool of the first call that failed because a service had exited.
     service_exited: Option<String>,
+    /// The message of the first error context: why the episode failed,
+    /// where no null write or dead service says it (a policy endpoint that
+    /// could not be reached, a panic).
+    first_error: Option<String>,
     unreadable: Option<String>,
 }
 
@@ -67,6 +71,9 @@ fn evidence(path: &PathBuf) -> Evidence {
                     _ => {}
                 }
             }
+            Some(Body::ErrorContext(context)) if found.first_error.is_none() => {
+                found.first_error = Some(context.message.clone());
+            }
             Some(Body::PlanStep(step)) => {
                 if step.error_type == SERVICE_EXITED && found.service_exited.is_none() {
                     found.service_exited = Some(step.tool.clone());
@@ -81,6 +88,18 @@ fn evidence(path: &PathBuf) -> Evidence {
     }
     found.null_write = found.null_write.or(other_null);
     found
+}
+
+/// The most characters of an error message quoted in a hint.
+const QUOTED_CHARS: usize = 300;
+
+/// `message` on one line, at most [`QUOTED_CHARS`] characters.
+fn shortened(message: &str) -> String {
+    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(QUOTED_CHARS) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line,
+    }
 }
 
 /// The error type of a call that failed because a service it calls had exited.
@@ -137,7 +156,12 @@ pub fn root_causes(failed: &[(&EpisodeRow, PathBuf)]) -> Vec<RootCause> {
             (None, None) => {
                 let class = &episode.failure_class;
                 let errors = found.fallback_errors.values().flatten().cloned().collect();
-                (format!("class:{class}"), format!("the episode failed with `{class}`"), errors)
+                // The first episode's words for it: a class alone ("policy_error") says nothing of what to fix.
+                let said = match &found.first_error {
+                    Some(message) => format!(" (the first: {})", shortened(message)),
+                    None => String::new(),
+                };
+                (format!("class:{class}"), format!("the episode failed with `{class}`{said}"), errors)
             }
         };
         let cluster =
