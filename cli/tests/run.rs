@@ -1203,3 +1203,39 @@ fn a_failure_class_hint_quotes_the_first_episode_s_error() {
         "{hint}"
     );
 }
+
+/// `basecamp run` does not start `spec.policy.server` (the operator runs it
+/// as a pod's sidecar): one that never answers says so and how to go on;
+/// before, the error's advice was a pod's ("check the policy-server
+/// container's logs").
+#[test]
+fn a_policy_server_that_never_answers_says_basecamp_run_does_not_start_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    let server = format!(
+        "endpoint: http://127.0.0.1:{closed}/v1\n    model: m\n    server:\n      image: vllm/vllm-openai:v0.11.0\n      \
+         port: {closed}\n      startupTimeout: 1s"
+    );
+    std::fs::write(project.join("task.yaml"), task.replace("scripted: policy.jsonl", &server)).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "b", "--no-progress", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("did not answer 200 at http://127.0.0.1:{closed}/v1/models within 1s")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "`basecamp run` does not start the policy server (in a cluster the operator runs spec.policy.server as a \
+             sidecar of each pod): start it on this machine so that it answers at http://127.0.0.1:{closed}/v1/models"
+        )),
+        "{stderr}"
+    );
+}

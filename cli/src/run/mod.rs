@@ -290,7 +290,15 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
 
     // Ctrl-C while waiting goes straight to the summaries: every episode not started.
     tokio::select! {
-        ready = basecamp_sandbox::readiness::wait_for_policy_server(&task.spec.policy) => { ready?; }
+        ready = basecamp_sandbox::readiness::wait_for_policy_server(&task.spec.policy) => {
+            // The error's advice is a pod's (its sidecar's logs): here nobody started the server.
+            ready.map_err(|not_ready| anyhow::anyhow!(
+                "{not_ready}\n`basecamp run` does not start the policy server (in a cluster the operator runs \
+                 spec.policy.server as a sidecar of each pod): start it on this machine so that it answers at {}, \
+                 or remove spec.policy.server to call spec.policy.endpoint without waiting",
+                not_ready.url
+            ))?;
+        }
         _ = stop.cancelled() => {}
     }
 
