@@ -1329,7 +1329,10 @@ mod tests {
         let unknown = errors[0].to_string();
         assert!(unknown.contains("shipping-broken.yaml:23: spec.planStepTimout: unknown field"), "{unknown}");
         assert!(unknown.contains("Did you mean \"planStepTimeout\"?"), "{unknown}");
-        assert!(report.warnings().next().is_none(), "{report}");
+        // And what the typo costs: the plan step left at its default 3 s, under the policy's 60 s.
+        let warnings: Vec<&Problem> = report.warnings().collect();
+        assert_eq!(warnings.iter().map(|p| p.rule).collect::<Vec<_>>(), [Rule::TimeoutExceedsStep], "{report}");
+        assert!(warnings[0].message.contains("ends after 3s"), "{report}");
     }
 
     #[test]

@@ -694,6 +694,20 @@ fn check_sandbox_refs(
         if let Some(set) = test_set {
             check_expected_tools(set, &tools, &sandbox_label, &mut others);
         }
+        // The plan step's clock runs while the policy answers (then its tool calls).
+        let (request, step) = (task.policy.request_timeout(), resolved.plan_step_timeout());
+        if task.policy.endpoint.is_some() && step.is_positive() && request > step {
+            let set = if task.policy.request_timeout.is_some() { "" } else { ", the default" };
+            let warning = format!(
+                "the policy may take up to {request} to answer (spec.policy.requestTimeout{set}), but a plan step, \
+                 the policy's answer and then its tool calls, ends after {step} ({sandbox_label} \
+                 spec.planStepTimeout): a slower answer ends the episode as plan_step_timeout, not as the policy's \
+                 timeout; raise planStepTimeout above requestTimeout, or lower requestTimeout"
+            );
+            if !own.iter().any(|p| p.message == warning) {
+                own.push(Problem::warning(Rule::TimeoutExceedsStep, "spec.policy.requestTimeout", warning));
+            }
+        }
     }
     super::push_all(report, label, own);
     report.extend(others);

@@ -36,7 +36,7 @@ fn good_task() -> serde_json::Value {
         "taskDefinition": {"successCriteria": ["tool_call_accuracy >= 0.9", "avg_resolution_time < 90s"]},
         "dataPipeline": {"source": "s3://ds-logs/ecommerce-v3/", "version": "abc123"},
         "evaluation": {"testSet": "s3://ds-eval/tests.jsonl", "compareArgs": {"track_order": ["order_id"]}},
-        "policy": {"endpoint": "http://localhost:8000/v1", "model": "m"},
+        "policy": {"endpoint": "http://localhost:8000/v1", "model": "m", "requestTimeout": "2s"},
         "sandboxRef": {"name": "shop", "profile": "dev"},
         "shards": 2
     })
@@ -929,4 +929,26 @@ fn a_local_test_set_that_cannot_be_read_is_at_the_field_that_names_it() {
         .unwrap_or_else(|| panic!("a missing test set is a problem: {report:?}"));
     assert_eq!(problem.location, Location::Field("spec.evaluation.testSet".into()));
     assert!(problem.message.starts_with("cannot read the test set ") && problem.message.contains("nosuch.jsonl"));
+}
+
+/// The plan step's clock runs while the policy answers: a request timeout
+/// longer than the step turns a slow model into `plan_step_timeout`
+/// rollbacks, which nothing said before a run.
+#[test]
+fn a_policy_request_timeout_longer_than_the_plan_step_is_a_warning() {
+    let defaulted = with(good_task(), json!({"policy": {"requestTimeout": null}}));
+    let report = check_task(defaulted.clone(), good_sandbox());
+    let problem = only(&report, Rule::TimeoutExceedsStep);
+    assert_eq!((field(&problem), problem.severity), ("spec.policy.requestTimeout", Severity::Warning));
+    assert!(problem.message.contains("up to 1m to answer (spec.policy.requestTimeout, the default)"), "{report}");
+    assert!(
+        problem.message.contains("ends after 3s (SandboxConfig/shop (profile dev) spec.planStepTimeout)"),
+        "{report}"
+    );
+    // A step that fits the answer, a timeout that fits the step, a scripted policy: nothing to say.
+    let roomy = with(good_sandbox(), json!({"planStepTimeout": "90s"}));
+    assert_eq!(check_task(defaulted, roomy).by_rule(Rule::TimeoutExceedsStep).count(), 0);
+    assert_eq!(check_task(good_task(), good_sandbox()).by_rule(Rule::TimeoutExceedsStep).count(), 0);
+    let scripted = with(good_task(), json!({"policy": {"endpoint": null, "model": null, "scripted": "p.jsonl"}}));
+    assert_eq!(check_task(scripted, good_sandbox()).by_rule(Rule::TimeoutExceedsStep).count(), 0);
 }
