@@ -528,6 +528,33 @@ async fn alternatives_beyond_top_logprobs_are_cut_to_what_the_trace_header_promi
     );
 }
 
+/// A server that ignores `top_logprobs` sends each token without
+/// alternatives: said, not written to the trace as empty top-k lists without
+/// a word (before: no warning).
+#[tokio::test]
+async fn logprobs_without_any_alternative_are_flagged() {
+    let bare =
+        json!({"content": [{"token": "token_id:5", "logprob": -0.75}, {"token": "token_id:6", "logprob": -0.5}]});
+    let fixture = Fixture::start(vec![
+        Reply::ok(completion(json!([tool_call("call_1", "lookup_order", r#"{"order_id": "A1"}"#)]), bare)),
+        ok_tool_turn(),
+    ])
+    .await;
+    let policy = OpenAiPolicy::new(fixture.config()).unwrap();
+
+    let response = policy.respond(&request()).await.unwrap();
+    assert_eq!(response.token_logits().len(), 2, "the tokens are kept");
+    assert_eq!(
+        response.warnings,
+        vec![
+            "the logprobs came without alternatives for any of the 2 token(s), though top_logprobs 5 was asked for \
+             (does the server honour top_logprobs?): the trace's top-k lists are empty"
+        ]
+    );
+    let response = policy.respond(&request()).await.unwrap();
+    assert!(response.warnings.is_empty(), "alternatives sent: {:?}", response.warnings);
+}
+
 #[tokio::test]
 async fn non_finite_logprobs_as_python_writes_them_keep_the_turn() {
     // Python's json writes -inf and NaN bare; one such value must not cost the turn.

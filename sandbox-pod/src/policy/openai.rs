@@ -453,6 +453,7 @@ impl OpenAiPolicy {
         response.warnings.extend(not_utf8);
         if self.config.logprobs && self.config.top_logprobs > 0 {
             cap_alternatives(&mut response, self.config.top_logprobs as usize);
+            flag_missing_alternatives(&mut response, self.config.top_logprobs);
         }
         Ok(response)
     }
@@ -516,6 +517,20 @@ fn cap_alternatives(response: &mut PolicyResponse, k: usize) {
         response.warnings.push(format!(
             "{capped} token(s) came with more alternatives than the {k} asked for (up to {most}); the first {k} \
              were kept"
+        ));
+    }
+}
+
+/// Says so when the server sent logprobs but not one alternative for any
+/// token although `k` were asked for (a server that ignores `top_logprobs`):
+/// the trace's top-k would be empty without a word.
+fn flag_missing_alternatives(response: &mut PolicyResponse, k: u32) {
+    let Some(tokens) = response.logprobs.as_ref().filter(|tokens| !tokens.is_empty()) else { return };
+    if tokens.iter().all(|token| token.top.is_empty()) {
+        response.warnings.push(format!(
+            "the logprobs came without alternatives for any of the {} token(s), though top_logprobs {k} was asked \
+             for (does the server honour top_logprobs?): the trace's top-k lists are empty",
+            tokens.len()
         ));
     }
 }
