@@ -1020,6 +1020,30 @@ fn zero_shards_is_a_usage_error() {
     assert!(!out.path().join("o").exists());
 }
 
+/// `basecamp run PROJECT --variant b --no-progress --out OUT EXTRA...`.
+fn run_variant_b(project: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "b"])
+        .args(extra)
+        .args(["--no-progress", "--out"])
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+/// A loopback port nothing listens on (bound, then let go).
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The copied example's task with `policy` (YAML under `spec.policy:`) in
+/// place of its scripted policy.
+fn use_policy(project: &Path, policy: &str) {
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    assert!(task.contains("scripted: policy.jsonl"), "{task}");
+    std::fs::write(project.join("task.yaml"), task.replace("scripted: policy.jsonl", policy)).unwrap();
+}
+
 /// The example's tracking service, replaced by one that answers its
 /// readiness probe and exits with status 3 on the first order asked for.
 const CRASHING_TRACKER: &str = r#"import os, sys
@@ -1044,11 +1068,7 @@ fn a_service_that_dies_during_the_run_is_reported_with_its_status_and_log() {
     let project = example_copy(dir.path());
     std::fs::write(project.join("services/tracking.py"), CRASHING_TRACKER).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-        .args(["run", project.to_str().unwrap(), "--variant", "b", "--no-progress", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = run_variant_b(&project, out.path(), &[]);
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     let log = out.path().join("b/services/tracking.log");
     assert!(std::fs::read_to_string(&log).unwrap().contains("tracking crashed on /orders/"), "the service died");
@@ -1119,11 +1139,7 @@ fn a_fixed_service_port_held_by_another_process_refuses_the_run() {
     assert_ne!(fixed, text);
     std::fs::write(&sandbox, fixed).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-        .args(["run", project.to_str().unwrap(), "--variant", "b", "--no-progress", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = run_variant_b(&project, out.path(), &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     // Before: exit 0, every episode run against the squatter.
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -1181,19 +1197,13 @@ fn variants_whose_services_share_a_fixed_port_are_refused_naming_the_way_out() {
 fn a_failure_class_hint_quotes_the_first_episode_s_error() {
     let dir = tempfile::tempdir().unwrap();
     let project = example_copy(dir.path());
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
-    let task = task.replace("scripted: policy.jsonl", &format!("endpoint: http://127.0.0.1:{closed}/v1\n    model: m"));
-    std::fs::write(project.join("task.yaml"), task).unwrap();
+    let closed = closed_port();
+    use_policy(&project, &format!("endpoint: http://127.0.0.1:{closed}/v1\n    model: m"));
     let rows = std::fs::read_to_string(project.join("tests.jsonl")).unwrap();
     std::fs::write(project.join("tests.jsonl"), rows.lines().take(2).map(|l| format!("{l}\n")).collect::<String>())
         .unwrap();
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-        .args(["run", project.to_str().unwrap(), "--variant", "b", "--shards", "1", "--no-progress", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = run_variant_b(&project, out.path(), &["--shards", "1"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let hint = stdout.lines().find(|l| l.contains("failed episodes the episode failed with")).expect(&stdout);
     assert!(
@@ -1212,19 +1222,14 @@ fn a_failure_class_hint_quotes_the_first_episode_s_error() {
 fn a_policy_server_that_never_answers_says_basecamp_run_does_not_start_it() {
     let dir = tempfile::tempdir().unwrap();
     let project = example_copy(dir.path());
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    let closed = closed_port();
     let server = format!(
         "endpoint: http://127.0.0.1:{closed}/v1\n    model: m\n    server:\n      image: vllm/vllm-openai:v0.11.0\n      \
          port: {closed}\n      startupTimeout: 1s"
     );
-    std::fs::write(project.join("task.yaml"), task.replace("scripted: policy.jsonl", &server)).unwrap();
+    use_policy(&project, &server);
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-        .args(["run", project.to_str().unwrap(), "--variant", "b", "--no-progress", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = run_variant_b(&project, out.path(), &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(

@@ -316,20 +316,24 @@ fn named_twice(bytes: &[u8]) -> Option<String> {
             deserializer.deserialize_map(Keys)
         }
     }
-    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
-    let header = bytes.get(8..8usize.checked_add(len)?)?;
-    serde_json::from_slice::<FirstRepeat>(header).ok()?.0
+    serde_json::from_slice::<FirstRepeat>(header_json(bytes)?).ok()?.0
+}
+
+/// The header length the first 8 bytes give.
+fn header_len(bytes: &[u8]) -> Option<usize> {
+    usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()
+}
+
+/// The header's JSON, when the file holds as much as its length says.
+fn header_json(bytes: &[u8]) -> Option<&[u8]> {
+    bytes.get(8..8usize.checked_add(header_len(bytes)?)?)
 }
 
 /// Which tensor's data_offsets span other than its shape and dtype take,
 /// said with both sizes: what the crate reports as "invalid shape, data
 /// type, or offset for tensor".
 fn size_mismatch(bytes: &[u8]) -> Option<String> {
-    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
-    let header = bytes.get(8..8usize.checked_add(len)?)?;
-    let entries: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
-    entries.into_iter().filter(|(name, _)| name != "__metadata__").find_map(|(name, entry)| {
-        let info: safetensors::tensor::TensorInfo = serde_json::from_value(entry).ok()?;
+    header_entries(bytes)?.into_iter().find_map(|(name, info)| {
         let elements = info.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
         let needed = elements.checked_mul(info.dtype.bitsize())? / 8;
         let (start, end) = info.data_offsets;
@@ -373,9 +377,7 @@ fn header_length_problem(bytes: &[u8]) -> Option<String> {
 
 /// The header's entries, without `__metadata__`, as the crate reads them.
 fn header_entries(bytes: &[u8]) -> Option<Vec<(String, safetensors::tensor::TensorInfo)>> {
-    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
-    let header = bytes.get(8..8usize.checked_add(len)?)?;
-    let entries: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let entries: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header_json(bytes)?).ok()?;
     entries
         .into_iter()
         .filter(|(name, _)| name != "__metadata__")
@@ -387,8 +389,7 @@ fn header_entries(bytes: &[u8]) -> Option<Vec<(String, safetensors::tensor::Tens
 /// the crate's "incomplete metadata, file not fully covered", which is what
 /// a file cut short (a copy that did not finish) or with bytes appended says.
 fn data_length_problem(bytes: &[u8]) -> Option<String> {
-    let header = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
-    let present = bytes.len().checked_sub(8usize.checked_add(header)?)?;
+    let present = bytes.len().checked_sub(8usize.checked_add(header_len(bytes)?)?)?;
     let needed = header_entries(bytes)?.iter().map(|(_, info)| info.data_offsets.1).max().unwrap_or(0);
     Some(if present < needed {
         format!(

@@ -457,21 +457,6 @@ fn start_one(name: &str, spec: &ServiceSpec, base_dir: &Path, log_dir: &Path) ->
     })
 }
 
-/// Runs in a process between fork and exec (an exec tool's or a service's,
-/// under its keeper): the kernel SIGKILLs it when `starter` dies, even by
-/// SIGKILL (no signal handler, no destructor runs then). The signal follows
-/// the thread that forked. A starter that died before the request took
-/// effect is caught by asking for the parent again; the process then does
-/// not start.
-#[cfg(target_os = "linux")]
-pub(crate) fn die_with_parent(starter: Pid) -> std::io::Result<()> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-    if nix::unistd::getppid() != starter {
-        return Err(nix::errno::Errno::ESRCH.into());
-    }
-    Ok(())
-}
-
 /// The most of a service's log read for its tail.
 const TAIL_BYTES: u64 = 16 << 10;
 

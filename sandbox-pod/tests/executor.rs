@@ -26,6 +26,14 @@ fn def(tool: Tool, timeout_ms: u64) -> ToolDef {
     ToolDef { tool, timeout: Duration::from_millis(timeout_ms), fallback: None, memory_map: Vec::new() }
 }
 
+/// Serves `app` on a free loopback port for the rest of the test.
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
 async fn call(ex: &ToolExecutor, name: &str, args: &Value, memory: &mut Memory) -> CallOutcome {
     ex.call(ToolCall { step: 1, call_id: "c1", plan_label: "lookup", name, arguments: Ok(args) }, memory).await
 }
@@ -389,10 +397,7 @@ async fn tracking_server(hits: Arc<AtomicUsize>) -> SocketAddr {
             }),
         )
         .route("/busy", get(|| async { (StatusCode::TOO_MANY_REQUESTS, "slow down") }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
+    serve(app).await
 }
 
 #[tokio::test]
@@ -454,9 +459,7 @@ async fn a_retry_that_could_not_start_before_the_timeout_fails_with_the_server_s
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     let retrying = |path: &str, retry: Value| {
         let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}{path}"));
         tool.retry = Some(serde_json::from_value(retry).unwrap());
@@ -521,9 +524,7 @@ async fn a_body_that_is_not_utf8_text_fails_naming_its_content_type() {
         .route("/logo", get(|| async { ([("content-type", "image/png")], PNG) }))
         .route("/latin1", get(|| async { ([("content-type", "text/plain; charset=iso-8859-1")], &b"caf\xe9"[..]) }))
         .route("/utf8", get(|| async { ([("content-type", "text/plain; charset=utf-8")], "café") }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     let mut ex = ToolExecutor::new(NullWrites::Warn);
     for path in ["logo", "latin1", "utf8"] {
         let tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}/{path}"));
@@ -578,9 +579,7 @@ async fn a_5xx_with_a_body_past_the_response_limit_is_retried_and_quoted_by_its_
             }),
         )
         .route("/down", get(move || async move { (StatusCode::BAD_GATEWAY, error_page()) }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     let retrying = |path: &str| {
         let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}{path}"));
         tool.retry = Some(serde_json::from_value(json!({"attempts": 2, "backoff": "10ms"})).unwrap());
@@ -625,9 +624,7 @@ async fn a_call_timed_out_mid_retries_counts_the_requests_sent_again() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}/down"));
     tool.retry = Some(serde_json::from_value(json!({"attempts": 5, "backoff": "1ms"})).unwrap());
     let mut ex = ToolExecutor::new(NullWrites::Warn);
@@ -658,9 +655,7 @@ async fn a_retried_call_that_then_fails_otherwise_says_which_attempt_failed() {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     let mut tool = HttpTool::new(reqwest::Client::new(), reqwest::Method::GET, format!("http://{addr}/garbled"));
     tool.retry = Some(serde_json::from_value(json!({"attempts": 3, "backoff": "10ms"})).unwrap());
     let mut ex = ToolExecutor::new(NullWrites::Warn);
@@ -685,6 +680,17 @@ class H(BaseHTTPRequestHandler):
 HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), H).serve_forever()
 "#;
 
+/// [`CRASHABLE_SERVICE`] as a sandbox's service, ready once `/ok` answers.
+fn crashable_service(port: Option<u16>) -> basecamp_api::service::ServiceSpec {
+    basecamp_api::service::ServiceSpec {
+        command: vec!["python3".into(), "-c".into(), CRASHABLE_SERVICE.into()],
+        port,
+        ready_path: Some("/ok".into()),
+        ready_timeout: Some(Duration::from_secs(10).into()),
+        ..Default::default()
+    }
+}
+
 /// A call that fails after a service it calls has exited says so, naming
 /// the service, its exit status and its log (`service_exited`); before, it
 /// was a bare `transport` error ("connection refused"), blamed on the agent.
@@ -692,19 +698,13 @@ HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), H).serve_forever()
 /// keep their own error types; a service the run stopped is no exit.
 #[tokio::test]
 async fn a_failed_call_to_a_service_that_exited_names_the_service() {
-    use basecamp_api::{SandboxConfigSpec, ToolSpec, service::ServiceSpec, tool};
+    use basecamp_api::{SandboxConfigSpec, ToolSpec, tool};
     use basecamp_sandbox::driver::StopSignal;
     use basecamp_sandbox::services::RunningServices;
 
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let service = ServiceSpec {
-        command: vec!["python3".into(), "-c".into(), CRASHABLE_SERVICE.into()],
-        port: Some(port),
-        ready_path: Some("/ok".into()),
-        ready_timeout: Some(Duration::from_secs(10).into()),
-        ..Default::default()
-    };
+    let service = crashable_service(Some(port));
     let mut spec = SandboxConfigSpec::default();
     spec.services.insert("tracking".into(), service);
     let http = |url: &str| ToolSpec {
@@ -768,17 +768,12 @@ async fn a_failed_call_to_a_service_that_exited_names_the_service() {
 /// A service the run stopped did not die: calls after the stop keep their own error.
 #[tokio::test]
 async fn a_service_stopped_by_the_run_is_not_blamed_for_failed_calls() {
-    use basecamp_api::{SandboxConfigSpec, ToolSpec, service::ServiceSpec, tool};
+    use basecamp_api::{SandboxConfigSpec, ToolSpec, tool};
     use basecamp_sandbox::driver::StopSignal;
     use basecamp_sandbox::services::RunningServices;
 
     let dir = tempfile::tempdir().unwrap();
-    let service = ServiceSpec {
-        command: vec!["python3".into(), "-c".into(), CRASHABLE_SERVICE.into()],
-        ready_path: Some("/ok".into()),
-        ready_timeout: Some(Duration::from_secs(10).into()),
-        ..Default::default()
-    };
+    let service = crashable_service(None);
     let mut spec = SandboxConfigSpec::default();
     spec.services.insert("tracking".into(), service);
     spec.tools.insert(

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use basecamp_sandbox::tools::SERVICE_EXITED;
 use basecamp_trace::pb::{self, record::Body};
 use serde::Serialize;
 
@@ -101,9 +102,6 @@ fn shortened(message: &str) -> String {
         None => line,
     }
 }
-
-/// The error type of a call that failed because a service it calls had exited.
-const SERVICE_EXITED: &str = "service_exited";
 
 fn source_name(source: pb::MemorySource) -> &'static str {
     match source {

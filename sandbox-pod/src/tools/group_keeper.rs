@@ -66,10 +66,22 @@ pub(crate) unsafe fn split_off_the_tool(runner: Pid) -> std::io::Result<()> {
         ForkResult::Child => {
             set_handler(Signal::SIGTERM, SigHandler::SigDfl)?;
             // A keeper SIGKILLed alone (a call dropped) takes the tool along.
-            crate::services::die_with_parent(keeper)
+            die_with_parent(keeper)
         }
         ForkResult::Parent { child } => keep(child),
     }
+}
+
+/// Runs in the tool's process between fork and exec: the kernel SIGKILLs
+/// it when `keeper` dies, even by SIGKILL. The signal follows the thread
+/// that forked. A keeper that died before the request took effect is caught
+/// by asking for the parent again; the tool then does not start.
+fn die_with_parent(keeper: Pid) -> std::io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    if getppid() != keeper {
+        return Err(Errno::ESRCH.into());
+    }
+    Ok(())
 }
 
 fn set_handler(signal: Signal, handler: SigHandler) -> Result<(), Errno> {

@@ -128,6 +128,10 @@ pub enum ToolError {
     ServiceExited { service: String, status: String, log: String, cause: Box<ToolError> },
 }
 
+/// The `error_type` of a call that failed because a service it calls had
+/// exited ([`ToolError::ServiceExited`]).
+pub const SERVICE_EXITED: &str = "service_exited";
+
 /// Every `error_type` a tool call can have, for mapping recorded names back.
 pub const TOOL_ERROR_TYPES: [&str; 13] = [
     "timeout",
@@ -142,7 +146,7 @@ pub const TOOL_ERROR_TYPES: [&str; 13] = [
     "no_recording",
     "bad_arguments",
     "tool_error",
-    "service_exited",
+    SERVICE_EXITED,
 ];
 
 fn suffix(stream: &str, text: &str) -> String {
@@ -166,7 +170,7 @@ impl ToolError {
             Self::Arguments(_) => "bad_arguments",
             Self::Failed(_) => "tool_error",
             Self::Recorded { error_type, .. } => error_type,
-            Self::ServiceExited { .. } => "service_exited",
+            Self::ServiceExited { .. } => SERVICE_EXITED,
         }
     }
 
