@@ -124,6 +124,7 @@ pub const CRITERION_METRICS: &[(&str, MetricKind)] = &[
     ("logit_divergence", MetricKind::Number),
     ("episodes", MetricKind::Count),
     ("lost_episodes", MetricKind::Count),
+    ("not_measured_episodes", MetricKind::Count),
     ("resolution_time", MetricKind::Seconds),
     ("resolution_time_s", MetricKind::Seconds),
     ("resolution_time_avg", MetricKind::Seconds),

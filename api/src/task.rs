@@ -132,7 +132,9 @@ pub struct TaskDefinition {
     /// metric's mean (`avg_`/`mean_` prefix optional), `success_rate` (the
     /// share of episodes with no tool error, every tool call right and the
     /// memory as expected), `completion_rate` (the share that ran to their
-    /// end), `episodes`, `lost_episodes`, `p50_resolution_time`,
+    /// end), `episodes`, `lost_episodes`, `not_measured_episodes` (those the
+    /// policy's server or a sandbox service failed, left out of every mean
+    /// and of `success_rate`), `p50_resolution_time`,
     /// `p95_resolution_time`; any other name is never met (validation
     /// warns). OP: < <= > >= == !=; values are numbers, percentages (5%) or
     /// durations (ms, s, m, h; compared in seconds).

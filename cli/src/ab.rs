@@ -320,10 +320,11 @@ fn summarize(name: &str, root: &Path, shards: Vec<Shard>) -> VariantSummary {
 }
 
 fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
-    let mut out = format!(
-        "{} ({} episodes, {} failed) vs {} ({} episodes, {} failed)\n\n",
-        b.name, b.aggregate.episodes, b.failed, a.name, a.aggregate.episodes, a.failed
-    );
+    let counts = |v: &VariantSummary| match v.aggregate.not_measured {
+        0 => format!("{} episodes, {} failed", v.aggregate.episodes, v.failed),
+        n => format!("{} episodes, {} failed, {n} NOT MEASURED", v.aggregate.episodes, v.failed),
+    };
+    let mut out = format!("{} ({}) vs {} ({})\n\n", b.name, counts(b), a.name, counts(a));
     out.push_str(&c.table());
     // Root causes side by side: each cluster's size in A and in B, and each side's sentence.
     let mut clusters: BTreeMap<&str, [Option<&RootCause>; 2]> = BTreeMap::new();

@@ -1204,7 +1204,7 @@ fn a_failure_class_hint_quotes_the_first_episode_s_error() {
         .unwrap();
     let out = tempfile::tempdir().unwrap();
     let output = run_variant_b(&project, out.path(), &["--shards", "1"]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     let hint = stdout.lines().find(|l| l.contains("failed episodes the episode failed with")).expect(&stdout);
     assert!(
         hint.contains(&format!(
@@ -1212,6 +1212,21 @@ fn a_failure_class_hint_quotes_the_first_episode_s_error() {
         )),
         "{hint}"
     );
+
+    // The agent was never asked: not an accuracy of 0 and exit status 0, as before.
+    let said = "b: 2 of 2 episodes NOT MEASURED: the policy or a service failed, not the agent (policy_error x2); \
+                no metric measured the agent";
+    assert!(stdout.contains(said), "{stdout}");
+    assert!(stderr.contains("error: variant b: 2 of 2 episodes NOT MEASURED"), "{stderr}");
+    assert_eq!(output.status.code(), Some(3), "{stdout}\n{stderr}");
+    let row = stdout.lines().find(|l| l.starts_with("b ")).expect(&stdout);
+    assert_eq!(row.split_whitespace().collect::<Vec<_>>()[..4], ["b", "2", "-", "-"], "{row}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let aggregate = &run["variants"][0]["aggregate"];
+    assert_eq!((aggregate["episodes"].as_u64(), aggregate["not_measured"].as_u64()), (Some(2), Some(2)), "{run}");
+    assert!(aggregate["means"].as_object().is_some_and(|m| m.is_empty()), "{aggregate}");
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(report.contains("not-measured") && report.contains("2 of 2 episodes NOT MEASURED"), "the report too");
 }
 
 /// `basecamp run` does not start `spec.policy.server` (the operator runs it

@@ -7,7 +7,9 @@
 //! - gauges per variant: `basecamp_task_tool_call_accuracy`,
 //!   `basecamp_task_plan_step_f1`, `basecamp_task_memory_consistency`,
 //!   `basecamp_task_error_rate`, `basecamp_task_success_rate`,
-//!   `basecamp_task_resolution_seconds_p95`, `basecamp_task_episodes`, `basecamp_task_logit_divergence` (when the
+//!   `basecamp_task_resolution_seconds_p95`, `basecamp_task_episodes`,
+//!   `basecamp_task_not_measured_episodes` (episodes the policy's server or a
+//!   sandbox service failed, left out of the means), `basecamp_task_logit_divergence` (when the
 //!   policy sent reference logits), `basecamp_task_criteria_met` (1/0);
 //! - `basecamp_tasks{phase}`, `basecamp_shards{namespace,task,variant,state}`;
 //! - training tasks: `basecamp_checkpoint_step{namespace,task}`, the newest
@@ -25,6 +27,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use basecamp_api::task::{HarnessTaskStatus, TaskPhase};
+use basecamp_trace::metrics::NOT_MEASURED_EPISODES;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -97,7 +100,7 @@ struct OperationLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Gauge name -> status metric it shows.
-const VARIANT_GAUGES: [(&str, &str, &str); 8] = [
+const VARIANT_GAUGES: [(&str, &str, &str); 9] = [
     (
         "basecamp_task_tool_call_accuracy",
         "tool_call_accuracy",
@@ -117,6 +120,12 @@ const VARIANT_GAUGES: [(&str, &str, &str); 8] = [
         "95th percentile episode resolution time, in seconds",
     ),
     ("basecamp_task_episodes", "episodes", "Episodes aggregated for the variant"),
+    (
+        "basecamp_task_not_measured_episodes",
+        NOT_MEASURED_EPISODES,
+        "Episodes of the variant that the policy's server or a sandbox service failed (policy_error, \
+         service_exited): counted in basecamp_task_episodes, left out of the means",
+    ),
     (
         "basecamp_task_logit_divergence",
         "logit_divergence",

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use basecamp_trace::metrics::{
-    ActualCall, EpisodeMetrics, EpisodeObservation, ExpectedCall, MemoryExpectation, score_episode,
+    ActualCall, EpisodeMetrics, EpisodeObservation, ExpectedCall, MemoryExpectation, POLICY_ERROR, measures_the_agent,
+    score_episode,
 };
 use basecamp_trace::pb::{
     self, EpisodeEnd, ErrorContext, Header, InjectionTrigger, MemorySource, Outcome, StepKind, StepStatus, ToolPayload,
@@ -264,11 +265,28 @@ struct StepState {
     payloads: VecDeque<ToolPayload>,
     last_tokens: VecDeque<pb::TokenLogit>,
     warnings: Vec<String>,
+    /// The episode's failure class so far (see [`StepState::note_error`]).
     first_error: Option<String>,
     rollbacks: u32,
     rollback_traces: Vec<RollbackTrace>,
     /// KL of the tokens whose policy sent reference logits.
     divergence: Divergence,
+}
+
+impl StepState {
+    /// Notes an error of this class: the first one classifies the episode,
+    /// unless the infrastructure fails after it (the policy's server, a
+    /// service a tool calls): then the episode measured that, not the agent,
+    /// and its class says so (aggregates leave it out of the means).
+    fn note_error(&mut self, class: &str) {
+        let replaces = match &self.first_error {
+            None => true,
+            Some(first) => measures_the_agent(first) && !measures_the_agent(class),
+        };
+        if replaces {
+            self.first_error = Some(class.to_string());
+        }
+    }
 }
 
 /// Where an [`Episode`] stands.
@@ -456,7 +474,7 @@ impl EpisodeRunner {
                 if let Some(metrics) = &self.metrics {
                     metrics.observe_policy_error(e.category());
                 }
-                episode.stop(e.category(), "policy_error", format!("policy failed: {e}"))?;
+                episode.stop(e.category(), POLICY_ERROR, format!("policy failed: {e}"))?;
             }
             Err(_) => {
                 let msg =
@@ -676,10 +694,10 @@ impl Episode {
     }
 
     /// Ends the episode with an error at the current step: recorded in the
-    /// trace's error context, `first_error` classifies it for reports.
-    pub fn stop(&mut self, error_type: &str, first_error: &str, message: String) -> std::io::Result<()> {
+    /// trace's error context, `failure_class` classifies it for reports.
+    pub fn stop(&mut self, error_type: &str, failure_class: &str, message: String) -> std::io::Result<()> {
         record_error(&mut self.writer, self.step, error_type, &message, vec![], &mut self.memory, &self.state)?;
-        self.state.first_error.get_or_insert_with(|| first_error.to_string());
+        self.state.note_error(failure_class);
         self.stop_error = Some(message);
         self.phase = Phase::Done(Outcome::Error);
         Ok(())
@@ -696,7 +714,7 @@ impl Episode {
         }
         if self.phase == Phase::AwaitingAction {
             record_error(&mut self.writer, self.step, CANCELLED, &reason, vec![], &mut self.memory, &self.state)?;
-            self.state.first_error.get_or_insert_with(|| CANCELLED.to_string());
+            self.state.note_error(CANCELLED);
         } else {
             self.writer.end_step()?;
         }
@@ -846,7 +864,7 @@ impl Episode {
                 memory_delta_keys: outcome_of_call.deltas.iter().map(|d| d.key.clone()).collect(),
             });
             if let Some(err) = &outcome_of_call.error {
-                self.state.first_error.get_or_insert_with(|| err.error_type().to_string());
+                self.state.note_error(err.error_type());
                 if runner.error_context {
                     record_error(
                         &mut self.writer,
@@ -902,7 +920,7 @@ impl Episode {
 
         if let Some((_, observation)) = step_deadline_hit {
             report.plan_step_timed_out = true;
-            self.state.first_error.get_or_insert("plan_step_timeout".into());
+            self.state.note_error("plan_step_timeout");
             if runner.rollback_enabled {
                 roll_back(
                     &mut self.writer,
@@ -1013,12 +1031,14 @@ impl Episode {
                 Err(e) => state.warnings.push(format!("reward not computed: {e}")),
             }
         }
+        let failure_class = failure_class(state, &metrics);
         self.writer.finish(EpisodeEnd {
             outcome: outcome as i32,
             end_time_unix_nanos: unix_nanos(SystemTime::now()),
             steps: steps_run,
             final_memory_hash: memory.hash().0.to_vec(),
             final_answer: self.final_answer.clone(),
+            failure_class: failure_class.clone(),
         })?;
         if !state.rollback_traces.is_empty() {
             let path = rollback_path(&self.trace_path);
@@ -1027,7 +1047,6 @@ impl Episode {
             std::fs::write(&path, text)
                 .map_err(|e| std::io::Error::new(e.kind(), format!("its rollback evidence {}: {e}", path.display())))?;
         }
-        let failure_class = failure_class(state, &metrics);
         Ok(EpisodeResult {
             id: input.id.clone(),
             outcome: outcome_name(outcome).into(),
@@ -1212,7 +1231,8 @@ fn roll_back<W: std::io::Write>(
     Ok(())
 }
 
-/// The bounded class a report groups failures by: the first error seen,
+/// The bounded class a report groups failures by: the first error seen (or
+/// the infrastructure's failure after it, see [`StepState::note_error`]),
 /// else what the metrics say went wrong, else `ok`.
 fn failure_class(state: &StepState, metrics: &EpisodeMetrics) -> String {
     if let Some(first) = &state.first_error {

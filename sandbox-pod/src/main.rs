@@ -320,6 +320,16 @@ async fn run_command(args: RunArgs) -> ExitCode {
         agg.resolution_time_p50_s,
         agg.resolution_time_p95_s,
     ));
+    if agg.not_measured > 0 {
+        // The pod's exit code stays 0: the shard ran and its summary says why.
+        stderr_line!(
+            "warning: {} of {} episodes NOT MEASURED (failure class policy_error or service_exited: the policy or a \
+             service failed, not the agent); the metrics above are over the other {}",
+            agg.not_measured,
+            agg.episodes,
+            agg.measured()
+        );
+    }
     stdout.line(format_args!("traces and summary.json: {}", outcome.out_dir.display()));
     let mut code = ExitCode::SUCCESS;
     for lost in &s.lost {

@@ -5,8 +5,9 @@
 //! trace's steps before the one its damage cut: [`unfinished_step`]) — the
 //! step's action (tool call or final answer), its observation and status,
 //! memory before and after, the deltas and their sources, `truncated`
-//! ([`is_truncated`]: the trace has no episode end, so the episode's reward
-//! is unknown), and on the last step of an episode that ended the episode's
+//! ([`is_truncated`]: the trace has no episode end, or the policy's server
+//! or a service ended the episode, so its reward is no score of the
+//! agent's), and on the last step of an episode that ended the episode's
 //! reward components — and a preprocessor turns each raw record into a
 //! triple, which becomes a [`Row`] with the record's identity and
 //! `truncated`:
@@ -40,6 +41,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use basecamp_trace::metrics::measures_the_agent;
 use basecamp_trace::pb::{self, record::Body};
 use basecamp_trace::{TraceContents, TraceError};
 use serde::Serialize;
@@ -110,10 +112,12 @@ pub struct Row {
     pub state: Value,
     pub action: Value,
     pub reward: f64,
-    /// The episode's trace has no episode end ([`is_truncated`]): how the
-    /// episode ended, and so its reward, is unknown; `reward` is what the
-    /// preprocessor made without it (0 from `builtin:trajectory`), not a
-    /// score. A trainer that learns from rewards leaves these rows out.
+    /// The episode was cut off by something other than the agent
+    /// ([`is_truncated`]: its trace has no episode end, or the policy's
+    /// server or a service ended it): its reward is no score of the
+    /// actions; `reward` is what the preprocessor made without it (0 from
+    /// `builtin:trajectory`). A trainer that learns from rewards leaves
+    /// these rows out.
     pub truncated: bool,
 }
 
@@ -178,12 +182,20 @@ pub fn unfinished_step(trace: &TraceContents) -> Option<u32> {
     trace.records.last().map(|r| r.step).filter(|&step| step > 0)
 }
 
-/// Whether `trace` has no episode end: it was cut off (the sandbox killed, a
-/// crash, a cut copy), is corrupt before its end, or reads to its trailer
-/// without one. How its episode ended, and so its reward, is unknown. A
-/// damage after the end (in the footer index) leaves the episode whole.
+/// Whether `trace`'s episode was cut off by something other than the
+/// agent, so that its reward is no score of the agent's actions: the trace
+/// has no episode end (the sandbox killed, a crash, a cut copy, corrupt
+/// before its end, or read to its trailer without one: how the episode
+/// ended is unknown), or its end says the infrastructure ended it (failure
+/// class `policy_error` or `service_exited`: the policy's server or a
+/// service failed). A damage after the end (in the footer index) leaves
+/// the episode whole.
 pub fn is_truncated(trace: &TraceContents) -> bool {
-    !trace.records.iter().any(|r| matches!(r.body, Some(Body::EpisodeEnd(_))))
+    let end = trace.records.iter().find_map(|r| match &r.body {
+        Some(Body::EpisodeEnd(end)) => Some(end),
+        _ => None,
+    });
+    end.is_none_or(|end| !measures_the_agent(&end.failure_class))
 }
 
 /// The raw records of one trace: one per finished plan step, in order (the
@@ -633,6 +645,27 @@ mod tests {
         assert_eq!(rows.iter().map(|r| (r.reward, r.truncated)).collect::<Vec<_>>(), [(0.0, true), (0.0, true)]);
         let json = serde_json::to_value(&rows[0]).unwrap();
         assert_eq!(json["truncated"], true, "{json}");
+    }
+
+    /// An episode the policy's server (or a dead service) ended is cut off
+    /// too: its reward scored a server's outage, not the agent's actions
+    /// (its rows carried the reward and `truncated: false`, and a trainer
+    /// learnt from them). Traces written before the end named its failure
+    /// class are read as before.
+    #[test]
+    fn rows_of_an_episode_the_infrastructure_ended_are_truncated_and_carry_no_reward() {
+        for (class, truncated) in [("policy_error", true), ("service_exited", true), ("timeout", false), ("", false)] {
+            let mut trace = two_steps(true);
+            for record in &mut trace.records {
+                if let Some(Body::EpisodeEnd(end)) = &mut record.body {
+                    end.failure_class = class.into();
+                }
+            }
+            assert_eq!(is_truncated(&trace), truncated, "failure class {class:?}");
+            let records = raw_records(&trace, None, 0).unwrap();
+            assert!(records.iter().all(|r| r["truncated"] == truncated), "failure class {class:?}");
+            assert_eq!(records[1].get("episode_reward").is_some(), !truncated, "failure class {class:?}");
+        }
     }
 
     /// The syntax is the API's (tested there); a run keeps its own words

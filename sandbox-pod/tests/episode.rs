@@ -26,6 +26,7 @@ const SCRIPT: &str = r#"{"episode": "ok", "turns": [{"tool_calls": [{"name": "tr
 {"episode": "stuck", "turns": [{"tool_calls": [{"name": "note", "arguments": {"k": "v"}}, {"name": "hang", "arguments": {}}]}, {"content": "done"}]}
 {"episode": "stepwise", "turns": [{"tool_calls": [{"name": "note", "arguments": {"k": "a"}}]}, {"tool_calls": [{"name": "note", "arguments": {"k": "b"}}]}, {"tool_calls": [{"name": "note", "arguments": {"k": "c"}}]}, {"tool_calls": [{"name": "note", "arguments": {"k": "d"}}, {"name": "hang", "arguments": {}}]}, {"content": "done"}]}
 {"episode": "bad-json", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": "{\"order_id\": "}]}, {"content": "oops"}]}
+{"episode": "slow-then-down", "turns": [{"tool_calls": [{"name": "tracking_api", "arguments": {"order_id": "SLOW"}}]}, {"error": "the model server went away"}]}
 "#;
 
 const FIXTURE: &str = r#"{"tool": "tracking_api", "arguments": {"order_id": "A-1"}, "response": {"observation": {"status": "in_transit"}, "memory": {"shipping_status": "in_transit"}}}
@@ -286,6 +287,20 @@ async fn an_unscripted_episode_is_a_recorded_policy_error() {
     assert!(result.error.as_deref().unwrap_or("").contains("no script for episode `nobody`"), "{:?}", result.error);
     let trace = read_trace(dir.path().join("nobody.trace")).unwrap();
     assert!(matches!(trace.tail, Tail::Complete));
+}
+
+/// A policy that fails after a tool timed out classes the episode as the
+/// policy's failure: it ended because the infrastructure broke, and
+/// aggregates leave it out of the agent's numbers (it was `timeout`, the
+/// first error, and counted as the agent's).
+#[tokio::test]
+async fn a_policy_failure_after_a_tool_error_classes_the_episode_as_the_policy_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = input("slow-then-down", "tracking_api", json!({"order_id": "SLOW"}));
+    let result = runner(dir.path()).run(&input, dir.path()).await.unwrap();
+    assert_eq!(result.outcome, "error");
+    assert_eq!(result.failure_class, "policy_error", "{:?}", result.error);
+    assert!(!basecamp_trace::metrics::measures_the_agent(&result.failure_class));
 }
 
 // ---- recorded sequences: a position of each episode's own ------------------

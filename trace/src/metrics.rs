@@ -22,6 +22,15 @@
 //! (failure class [`NO_FAILURE`]: no tool error, every tool call right, the
 //! memory as expected) and `completion_rate` the share that ran to their end
 //! (outcome `completed`, whatever went wrong on the way).
+//!
+//! An episode that the policy's server or a sandbox service failed (failure
+//! class [`POLICY_ERROR`] or [`SERVICE_EXITED`]) measured the infrastructure,
+//! not the agent: an aggregate counts it in `episodes`, `outcomes`,
+//! `failure_classes` and [`Aggregate::not_measured`], and leaves it out of
+//! the means, the resolution-time percentiles and `success_rate`, so a model
+//! server that fell over reads as episodes not measured, never as an agent
+//! that got every tool call wrong. `completion_rate` stays a share of every
+//! episode: a run cut short by its infrastructure did not complete.
 
 use std::collections::BTreeMap;
 
@@ -215,10 +224,39 @@ pub struct Aggregate {
     /// aggregates written before it was counted).
     #[serde(default)]
     pub failure_classes: BTreeMap<String, u32>,
+    /// Of `episodes`, those that measured the infrastructure, not the agent
+    /// (see [`measures_the_agent`]): left out of the means, the percentiles
+    /// and `success_rate`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_measured: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The failure class of an episode that succeeded.
 pub const NO_FAILURE: &str = "ok";
+
+/// The failure class of an episode that ended because the policy failed to
+/// answer (its server unreachable, an error status, a malformed response,
+/// a script that ran out).
+pub const POLICY_ERROR: &str = "policy_error";
+
+/// The failure class of an episode in which a tool call failed because a
+/// service the tool calls had exited (and the error type of that call).
+pub const SERVICE_EXITED: &str = "service_exited";
+
+/// The name of [`Aggregate::not_measured`] as a criterion, a status metric
+/// and a gauge read it.
+pub const NOT_MEASURED_EPISODES: &str = "not_measured_episodes";
+
+/// Whether an episode of this failure class measured the agent: false for
+/// the failures of the infrastructure around it ([`POLICY_ERROR`],
+/// [`SERVICE_EXITED`]), which aggregates count but leave out of the means.
+pub fn measures_the_agent(failure_class: &str) -> bool {
+    !matches!(failure_class, POLICY_ERROR | SERVICE_EXITED)
+}
 
 /// How one episode ended, as an aggregate counts it.
 #[derive(Debug, Clone, Copy)]
@@ -249,25 +287,32 @@ pub fn canonical_metric(metric: &str) -> &str {
 
 impl Aggregate {
     /// The value a success criterion or a report names (any name
-    /// [`canonical_metric`] knows): a metric's mean, `episodes`, the
-    /// resolution-time percentiles, `success_rate` (the share of episodes
-    /// that succeeded) and `completion_rate` (the share that ran to their
-    /// end). `None` for a name no episode had.
+    /// [`canonical_metric`] knows): a metric's mean, `episodes`,
+    /// `not_measured_episodes`, the resolution-time percentiles,
+    /// `success_rate` (the share of the measured episodes that succeeded)
+    /// and `completion_rate` (the share of all that ran to their end).
+    /// `None` for a name no measured episode had.
     pub fn value_of(&self, metric: &str) -> Option<f64> {
         match canonical_metric(metric) {
             "episodes" => Some(f64::from(self.episodes)),
-            "resolution_time_p50_s" => (self.episodes > 0).then_some(self.resolution_time_p50_s),
-            "resolution_time_p95_s" => (self.episodes > 0).then_some(self.resolution_time_p95_s),
-            "success_rate" => (self.episodes > 0 && !self.failure_classes.is_empty())
-                .then(|| self.share(self.failure_classes.get(NO_FAILURE))),
-            "completion_rate" => (self.episodes > 0).then(|| self.share(self.outcomes.get("completed"))),
+            NOT_MEASURED_EPISODES => Some(f64::from(self.not_measured)),
+            "resolution_time_p50_s" => (self.measured() > 0).then_some(self.resolution_time_p50_s),
+            "resolution_time_p95_s" => (self.measured() > 0).then_some(self.resolution_time_p95_s),
+            "success_rate" => (self.measured() > 0 && !self.failure_classes.is_empty())
+                .then(|| share(self.failure_classes.get(NO_FAILURE), self.measured())),
+            "completion_rate" => (self.episodes > 0).then(|| share(self.outcomes.get("completed"), self.episodes)),
             name => self.means.get(name).copied(),
         }
     }
 
-    fn share(&self, count: Option<&u32>) -> f64 {
-        f64::from(count.copied().unwrap_or(0)) / f64::from(self.episodes)
+    /// The episodes that measured the agent: those the means are over.
+    pub fn measured(&self) -> u32 {
+        self.episodes.saturating_sub(self.not_measured)
     }
+}
+
+fn share(count: Option<&u32>, of: u32) -> f64 {
+    f64::from(count.copied().unwrap_or(0)) / f64::from(of)
 }
 
 /// Mean of every metric, resolution-time percentiles, outcome and failure
@@ -278,10 +323,15 @@ pub fn aggregate<'a>(episodes: impl IntoIterator<Item = EpisodeEnd<'a>>) -> Aggr
     let mut outcomes: BTreeMap<String, u32> = BTreeMap::new();
     let mut failure_classes: BTreeMap<String, u32> = BTreeMap::new();
     let mut n = 0u32;
+    let mut not_measured = 0u32;
     for EpisodeEnd { metrics: m, outcome, failure_class } in episodes {
         n += 1;
         *outcomes.entry(outcome.to_string()).or_default() += 1;
         *failure_classes.entry(failure_class.to_string()).or_default() += 1;
+        if !measures_the_agent(failure_class) {
+            not_measured += 1;
+            continue;
+        }
         times.push(m.resolution_time_s);
         let mut add = |name, v: Option<f64>| {
             if let Some(v) = v.filter(|v| v.is_finite()) {
@@ -307,6 +357,7 @@ pub fn aggregate<'a>(episodes: impl IntoIterator<Item = EpisodeEnd<'a>>) -> Aggr
         resolution_time_p95_s: percentile(&times, 0.95),
         outcomes,
         failure_classes,
+        not_measured,
     }
 }
 
@@ -450,5 +501,38 @@ mod tests {
         .expect("an aggregate written before failure classes were counted");
         assert_eq!(older.value_of("success_rate"), None, "unknown, not 0");
         assert_eq!(older.value_of("completion_rate"), Some(1.0));
+    }
+
+    #[test]
+    fn episodes_the_infrastructure_failed_are_counted_but_left_out_of_the_agents_numbers() {
+        let right =
+            EpisodeMetrics { tool_call_accuracy: 1.0, error_rate: 0.0, resolution_time_s: 2.0, ..Default::default() };
+        let cut =
+            EpisodeMetrics { tool_call_accuracy: 0.0, error_rate: 1.0, resolution_time_s: 90.0, ..Default::default() };
+        let ends = [
+            (&right, "completed", NO_FAILURE),
+            (&right, "completed", NO_FAILURE),
+            (&cut, "error", POLICY_ERROR),
+            (&cut, "completed", SERVICE_EXITED),
+        ];
+        let agg =
+            aggregate(ends.map(|(metrics, outcome, failure_class)| EpisodeEnd { metrics, outcome, failure_class }));
+        assert_eq!((agg.episodes, agg.not_measured, agg.measured()), (4, 2, 2));
+        assert_eq!(agg.means["tool_call_accuracy"], 1.0, "the server's failures are not the agent's wrong calls");
+        assert_eq!(agg.means["error_rate"], 0.0);
+        assert_eq!(agg.resolution_time_p95_s, 2.0);
+        assert_eq!(agg.value_of("success_rate"), Some(1.0), "both measured episodes succeeded");
+        assert_eq!(agg.value_of("completion_rate"), Some(0.75), "a share of every episode run");
+        assert_eq!(agg.value_of("not_measured_episodes"), Some(2.0));
+        assert_eq!((agg.failure_classes[POLICY_ERROR], agg.outcomes["error"]), (1, 1));
+
+        let nothing_measured = aggregate([EpisodeEnd { metrics: &cut, outcome: "error", failure_class: POLICY_ERROR }]);
+        assert_eq!(nothing_measured.value_of("tool_call_accuracy"), None, "not measured is not 0");
+        assert_eq!(nothing_measured.value_of("success_rate"), None);
+        assert_eq!(nothing_measured.value_of("resolution_time_p50_s"), None);
+        assert_eq!(nothing_measured.value_of("completion_rate"), Some(0.0));
+        let json = serde_json::to_value(&nothing_measured).unwrap();
+        assert_eq!(json["not_measured"], 1);
+        assert!(serde_json::to_value(aggregate([])).unwrap().get("not_measured").is_none(), "absent when 0");
     }
 }

@@ -5,7 +5,8 @@
 //! - one `invoke_agent {task}` span per episode (`gen_ai.operation.name =
 //!   invoke_agent`, `gen_ai.agent.name`, `gen_ai.conversation.id` = the
 //!   episode id, `gen_ai.request.model`, token usage), from the header's
-//!   start time to the episode end, status ERROR when the outcome is an error;
+//!   start time to the episode end, status ERROR when the outcome is an error,
+//!   `basecamp.outcome` and `basecamp.failure_class` from the episode end;
 //! - one `execute_tool {tool}` child span per tool call (`gen_ai.tool.name`,
 //!   `gen_ai.tool.call.id`, `gen_ai.tool.type = function`), from the call's
 //!   start for its latency; a failed call has `error.type` (`timeout` on
@@ -340,6 +341,9 @@ pub fn export_request<R: Read>(reader: TraceReader<R>) -> (Request, Option<Trace
     }
     if let Some(outcome) = outcome {
         attributes.push(text("basecamp.outcome", outcome.as_str_name()));
+    }
+    if let Some(class) = end.as_ref().map(|e| e.failure_class.as_str()).filter(|c| !c.is_empty()) {
+        attributes.push(text("basecamp.failure_class", class));
     }
     let root = Span {
         attributes,

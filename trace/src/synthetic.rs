@@ -148,6 +148,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
     steps.push(first);
 
     let mut t = start;
+    let mut any_timeout = false;
     for step in 1..=shape.steps {
         let mut records = Vec::new();
         let mut push = |body| records.push(Record { step, body: Some(body) });
@@ -170,6 +171,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
             position += 1;
         }
         let timed_out = rng.below(10) == 0;
+        any_timeout |= timed_out;
         let observation = if timed_out {
             json!({"status": null, "note": "fallback after timeout"})
         } else {
@@ -268,6 +270,7 @@ pub fn generate(shape: &EpisodeShape) -> SyntheticEpisode {
         steps: shape.steps,
         final_memory_hash: memory.hash().0.to_vec(),
         final_answer: "Your order is delayed; the carrier expects delivery within 3 days.".into(),
+        failure_class: if any_timeout { "timeout" } else { crate::metrics::NO_FAILURE }.into(),
     };
     SyntheticEpisode { header, steps, end }
 }

@@ -180,8 +180,9 @@ prop_compose! {
         steps in any::<u32>(),
         final_memory_hash in bytes(),
         final_answer in text(),
+        failure_class in text(),
     ) -> EpisodeEnd {
-        EpisodeEnd { outcome, end_time_unix_nanos, steps, final_memory_hash, final_answer }
+        EpisodeEnd { outcome, end_time_unix_nanos, steps, final_memory_hash, final_answer, failure_class }
     }
 }
 

@@ -117,6 +117,9 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
                 esc(&v.name)
             );
         }
+        if let Some(said) = v.not_measured_sentence() {
+            let _ = write!(h, "<p class=\"bad not-measured\">variant {}: {}</p>", esc(&v.name), esc(&said));
+        }
         if let Some(warned) = &v.warned {
             let said = warned.sentence(v.aggregate.episodes);
             let _ = write!(h, "<p class=\"muted warned\">variant {}: {}</p>", esc(&v.name), esc(&said));

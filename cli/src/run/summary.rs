@@ -9,7 +9,9 @@ use basecamp_api::criteria::parse_criterion;
 use basecamp_sandbox::driver::{LostEpisode, ShardSummary};
 use basecamp_sandbox::run::ResolvedVariant;
 use basecamp_sandbox::services::ServiceExit;
-use basecamp_trace::metrics::{Aggregate, EpisodeEnd, EpisodeMetrics, NO_FAILURE, aggregate, canonical_metric};
+use basecamp_trace::metrics::{
+    Aggregate, EpisodeEnd, EpisodeMetrics, NO_FAILURE, aggregate, canonical_metric, measures_the_agent,
+};
 use serde::Serialize;
 
 use super::analysis::{RootCause, root_causes};
@@ -208,6 +210,32 @@ pub fn evaluate_criteria(criteria: &[String], aggregate: &Aggregate, lost: usize
 }
 
 impl VariantSummary {
+    /// What the table and the report say of the episodes that measured the
+    /// policy's server or a service, not the agent (after the variant's
+    /// name); `None` when every episode measured the agent.
+    pub fn not_measured_sentence(&self) -> Option<String> {
+        let a = &self.aggregate;
+        if a.not_measured == 0 {
+            return None;
+        }
+        let classes: Vec<String> = a
+            .failure_classes
+            .iter()
+            .filter(|(class, _)| !measures_the_agent(class))
+            .map(|(class, n)| format!("{class} x{n}"))
+            .collect();
+        let rest = match a.measured() {
+            0 => "no metric measured the agent".to_string(),
+            n => format!("the metrics are over the other {n}"),
+        };
+        Some(format!(
+            "{} of {} episodes NOT MEASURED: the policy or a service failed, not the agent ({}); {rest}",
+            a.not_measured,
+            a.episodes,
+            classes.join(", ")
+        ))
+    }
+
     /// One variant from its shards' summaries; `shards` pairs each summary
     /// with its directory relative to `root` (where its traces are).
     pub fn from_shards(
@@ -327,6 +355,12 @@ impl RunSummary {
         self.ran().map(|v| v.lost.len()).sum()
     }
 
+    /// Episodes of the variants this run ran that measured the policy's
+    /// server or a service, not the agent.
+    pub fn not_measured(&self) -> u32 {
+        self.ran().map(|v| v.aggregate.not_measured).sum()
+    }
+
     /// Every criterion of every variant this run ran met.
     pub fn criteria_met(&self) -> bool {
         self.ran().all(|v| v.criteria.iter().all(|c| c.met))
@@ -419,6 +453,9 @@ impl RunSummary {
                     out.push_str(&format!("\n  - {}", cause.hint));
                 }
             }
+            if let Some(said) = v.not_measured_sentence() {
+                out.push_str(&format!("\n{}: {said}", v.name));
+            }
             if !v.lost.is_empty() {
                 out.push_str(&format!("\n{}: {} episode(s) LOST (trace not written)", v.name, v.lost.len()));
             }
@@ -491,7 +528,7 @@ pub fn fmt_value(v: Option<f64>) -> String {
 /// A resolution-time percentile of `aggregate` in seconds; `-` when no
 /// episode was measured (the aggregate's 0.0 is no latency).
 pub fn fmt_latency(aggregate: &Aggregate, seconds: f64) -> String {
-    if aggregate.episodes == 0 { "-".into() } else { format!("{seconds:.2}s") }
+    if aggregate.measured() == 0 { "-".into() } else { format!("{seconds:.2}s") }
 }
 
 /// A metric's value as the tables show it: the divergence in nats (see
@@ -535,6 +572,7 @@ mod tests {
             resolution_time_p95_s: 2.0,
             outcomes: [("completed".to_string(), 10)].into(),
             failure_classes: [("ok".to_string(), 8), ("timeout".to_string(), 2)].into(),
+            not_measured: 0,
         }
     }
 

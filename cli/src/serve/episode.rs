@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use basecamp_trace::metrics::{NO_FAILURE, measures_the_agent};
 use basecamp_trace::pb::{self, record::Body};
 use basecamp_trace::{LeftOut, TraceContents};
 
@@ -470,14 +471,27 @@ pub fn render_with(
         let seconds = e.end_time_unix_nanos.saturating_sub(header.start_time_unix_nanos).max(0) as f64 / 1e9;
         let _ = write!(
             h,
-            "<h2>End</h2><p>{} after {} step(s) in {seconds:.3} s; final memory <code>{}</code></p><div class=\"kv\">{}</div>",
+            "<h2>End</h2><p>{}{} after {} step(s) in {seconds:.3} s; final memory <code>{}</code></p><div class=\"kv\">{}</div>",
             outcome_name(e.outcome),
+            failure_note(&e.failure_class),
             e.steps,
             esc(&hex(&e.final_memory_hash).chars().take(12).collect::<String>()),
             esc(&clip(&e.final_answer, 1000))
         );
     }
     h
+}
+
+/// The end's failure class as the page says it after the outcome: nothing
+/// for a success or a trace written before the end carried one.
+fn failure_note(class: &str) -> String {
+    match class {
+        "" | NO_FAILURE => String::new(),
+        class if !measures_the_agent(class) => {
+            format!(" (<b>{}</b>: the policy or a service failed, not the agent; not measured)", esc(class))
+        }
+        class => format!(" (<b>{}</b>)", esc(class)),
+    }
 }
 
 /// `view` (from [`render`]) as a whole page in the shared shell, after
@@ -616,7 +630,15 @@ mod tests {
                     weight_deltas: vec![WeightDelta { component: h("reward.delta"), ..Default::default() }],
                 }),
             ),
-            record(1, Body::EpisodeEnd(EpisodeEnd { steps: 1, final_answer: h("final_answer"), ..Default::default() })),
+            record(
+                1,
+                Body::EpisodeEnd(EpisodeEnd {
+                    steps: 1,
+                    final_answer: h("final_answer"),
+                    failure_class: h("failure_class"),
+                    ..Default::default()
+                }),
+            ),
         ];
         let damage = TraceError::Truncated { file: h("damage.file"), offset: 9, steps_recovered: 1 };
         TraceContents { header, records, tail: Tail::Damaged(damage) }
@@ -664,6 +686,7 @@ mod tests {
             "payload.tool",
             "payload.arguments",
             "payload.response",
+            "failure_class",
             "reward.component",
             "reward.delta",
             "final_answer",

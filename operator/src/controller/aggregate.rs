@@ -26,7 +26,9 @@ use std::time::Instant;
 use basecamp_api::Criterion;
 use basecamp_api::task::CriterionResult;
 use basecamp_sandbox::storage::{Destination, Storage, StorageError, UtcDate};
-use basecamp_trace::metrics::{Aggregate, EpisodeEnd, EpisodeMetrics, aggregate, canonical_metric};
+use basecamp_trace::metrics::{
+    Aggregate, EpisodeEnd, EpisodeMetrics, NOT_MEASURED_EPISODES, aggregate, canonical_metric,
+};
 use serde::{Deserialize, Serialize};
 
 use super::status::AggregatedStatus;
@@ -283,6 +285,7 @@ pub fn variant_metrics(aggregate: &Aggregate, lost: usize) -> BTreeMap<String, f
         aggregate.means.iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k.clone(), *v)).collect();
     metrics.insert("episodes".into(), f64::from(aggregate.episodes));
     metrics.insert("lost_episodes".into(), lost as f64);
+    metrics.insert(NOT_MEASURED_EPISODES.into(), f64::from(aggregate.not_measured));
     for name in ["resolution_time_p50_s", "resolution_time_p95_s", "success_rate", "completion_rate"] {
         if let Some(value) = aggregate.value_of(name) {
             metrics.insert(name.into(), value);

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use basecamp_api::HarnessTask;
 use basecamp_api::task::{CriterionResult, HarnessTaskStatus, ShardCounts, TaskPhase, TrainingStatus, condition_types};
+use basecamp_trace::metrics::NOT_MEASURED_EPISODES;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
@@ -51,6 +52,10 @@ impl StatusError {
 pub const INSUFFICIENT_GPU_CAPACITY: &str = "InsufficientGpuCapacity";
 /// Degraded reason: shards failed after their retries.
 pub const SHARD_FAILED: &str = "ShardFailed";
+/// Degraded reason: episodes that the policy's server or a sandbox service
+/// failed (`policy_error`, `service_exited`): they measured the
+/// infrastructure, and the metrics are over the other episodes.
+pub const EPISODES_NOT_MEASURED: &str = "EpisodesNotMeasured";
 
 /// Whether the task is Degraded by an error a later reconcile may clear (S3
 /// unreachable, a summary not uploaded yet, ...), as opposed to a fact of
@@ -60,7 +65,27 @@ pub fn degraded_by_a_retryable_error(status: &HarnessTaskStatus) -> bool {
     status.conditions.iter().any(|c| {
         c.type_ == condition_types::DEGRADED
             && c.status == "True"
-            && ![SHARD_FAILED, INSUFFICIENT_GPU_CAPACITY].contains(&c.reason.as_str())
+            && ![SHARD_FAILED, INSUFFICIENT_GPU_CAPACITY, EPISODES_NOT_MEASURED].contains(&c.reason.as_str())
+    })
+}
+
+/// What the Degraded condition says of the variants whose episodes the
+/// policy's server or a service failed; `None` when every episode counted.
+fn not_measured(metrics: &BTreeMap<String, BTreeMap<String, f64>>) -> Option<String> {
+    let said: Vec<String> = metrics
+        .iter()
+        .filter_map(|(variant, m)| {
+            let not_measured = m.get(NOT_MEASURED_EPISODES).copied().filter(|n| *n > 0.0)?;
+            let episodes = m.get("episodes").copied().unwrap_or(not_measured);
+            Some(format!("variant {variant}: {not_measured} of {episodes} episodes"))
+        })
+        .collect();
+    (!said.is_empty()).then(|| {
+        format!(
+            "{} not measured: the policy or a sandbox service failed, not the agent (failure classes policy_error, \
+             service_exited in index.json); the metrics and criteria are over the other episodes",
+            said.join(", ")
+        )
     })
 }
 
@@ -338,6 +363,8 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         Decided::new(DEGRADED, true, INSUFFICIENT_GPU_CAPACITY, message.clone())
     } else if failed > 0 {
         Decided::new(DEGRADED, true, SHARD_FAILED, format!("{failed} of {total} shards failed after their retries"))
+    } else if let Some(message) = not_measured(&aggregated.metrics) {
+        Decided::new(DEGRADED, true, EPISODES_NOT_MEASURED, message)
     } else {
         Decided::new(DEGRADED, false, "AsExpected", "")
     };
@@ -585,6 +612,50 @@ mod tests {
         assert_eq!(trace_destinations(&both, &task), both, "each once");
         task.spec.traces.as_mut().expect("traces").destination = Some("/var/traces".into());
         assert_eq!(trace_destinations(&old, &task), old, "a directory is not deleted by retention");
+    }
+
+    /// Episodes the policy's server failed make the finished task Degraded
+    /// (a fact of the run: no retry is due), naming the variant and the
+    /// count; the criteria decide Succeeded as before.
+    #[test]
+    fn episodes_not_measured_degrade_a_finished_task_for_good() {
+        let task: HarnessTask = serde_json::from_value(serde_json::json!({
+            "apiVersion": "basecamp.dev/v1alpha1", "kind": "HarnessTask", "metadata": {"name": "t", "generation": 1},
+            "spec": {"taskDefinition": {"successCriteria": []}, "evaluation": {"testSet": "s3://b/tests.jsonl"},
+                     "sandboxRef": {"name": "s"}, "policy": {"endpoint": "http://p:8000/v1", "model": "m"}},
+        }))
+        .expect("task");
+        let metrics = |not_measured: f64| {
+            let variant: BTreeMap<String, f64> =
+                [("episodes".to_string(), 60.0), (NOT_MEASURED_EPISODES.to_string(), not_measured)].into();
+            BTreeMap::from([("default".to_string(), variant)])
+        };
+        let observed = |not_measured| Observed {
+            task: &task,
+            shards: vec![("default".into(), ShardCounts { total: 1, succeeded: 1, failed: 0, running: 0 })],
+            job_templates: BTreeMap::new(),
+            capacity_problem: None,
+            suspended: false,
+            warnings: Vec::new(),
+            aggregated: AggregatedStatus { metrics: metrics(not_measured), complete: true, ..Default::default() },
+            report_url: None,
+            training: None,
+            now: time(1),
+        };
+        let status = compute(&observed(12.0));
+        let degraded = status.conditions.iter().find(|c| c.type_ == condition_types::DEGRADED).expect("Degraded");
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", EPISODES_NOT_MEASURED));
+        assert!(
+            degraded.message.starts_with("variant default: 12 of 60 episodes not measured"),
+            "{}",
+            degraded.message
+        );
+        assert!(!degraded_by_a_retryable_error(&status), "the run's fact, not an error a retry clears");
+        assert_eq!(status.phase, Some(TaskPhase::Succeeded));
+
+        let clean = compute(&observed(0.0));
+        let degraded = clean.conditions.iter().find(|c| c.type_ == condition_types::DEGRADED).expect("Degraded");
+        assert_eq!(degraded.status, "False");
     }
 
     #[test]

@@ -129,8 +129,9 @@ pub enum ToolError {
 }
 
 /// The `error_type` of a call that failed because a service it calls had
-/// exited ([`ToolError::ServiceExited`]).
-pub const SERVICE_EXITED: &str = "service_exited";
+/// exited ([`ToolError::ServiceExited`]), and the failure class of its
+/// episode: aggregates leave such episodes out of the agent's numbers.
+pub use basecamp_trace::metrics::SERVICE_EXITED;
 
 /// Every `error_type` a tool call can have, for mapping recorded names back.
 pub const TOOL_ERROR_TYPES: [&str; 13] = [
