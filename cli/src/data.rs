@@ -457,7 +457,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     }
     let truncated = match batches.truncated_rows {
         0 => String::new(),
-        n => format!(" ({n} truncated: no episode end, so no episode reward)"),
+        n => format!(" ({n} truncated: cut off, or ended by the policy or a service; no episode reward)"),
     };
     writeln!(
         std::io::stdout(),

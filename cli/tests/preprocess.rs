@@ -1019,7 +1019,12 @@ fn a_damaged_trace_gives_the_rows_of_the_steps_that_finished_before_the_damage()
         said.contains(&format!("partial {unended_prefix}")) && said.contains(&format!("{unended_suffix}\n")),
         "{said}"
     );
-    assert!(said.contains("5 rows (5 truncated: no episode end, so no episode reward) from 2 traces"), "{said}");
+    assert!(
+        said.contains(
+            "5 rows (5 truncated: cut off, or ended by the policy or a service; no episode reward) from 2 traces"
+        ),
+        "{said}"
+    );
     let dataset: Value = serde_json::from_slice(&std::fs::read(tmp.path().join("ds/dataset.json")).unwrap()).unwrap();
     assert_eq!(dataset["skipped"], serde_json::json!([]));
     let partial: Vec<&str> = dataset["partial"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
@@ -1082,7 +1087,12 @@ fn rows_of_an_episode_without_an_end_say_truncated_in_every_format_and_to_user_p
         .map(|r| serde_json::json!([r["episode"], r["step"], r["truncated"], r["reward"]]))
         .collect();
     assert_eq!(got, expected, "{said}");
-    assert!(said.contains("7 rows (5 truncated: no episode end, so no episode reward) from 3 traces"), "{said}");
+    assert!(
+        said.contains(
+            "7 rows (5 truncated: cut off, or ended by the policy or a service; no episode reward) from 3 traces"
+        ),
+        "{said}"
+    );
     let dataset: Value =
         serde_json::from_slice(&std::fs::read(tmp.path().join("jsonl/dataset.json")).unwrap()).unwrap();
     assert_eq!((&dataset["rows"], &dataset["truncatedRows"]), (&serde_json::json!(7), &serde_json::json!(5)));
@@ -1126,4 +1136,39 @@ fn rows_of_an_episode_without_an_end_say_truncated_in_every_format_and_to_user_p
         })
         .collect();
     assert_eq!(got, expected);
+}
+
+/// An episode that the policy's server ended (here a scripted failure on
+/// its second turn) is truncated in every row, with no reward: its reward
+/// scored an outage, not the agent's actions, and its rows said
+/// `truncated: false` and carried that reward, which a trainer learnt from.
+/// The class comes from the trace's episode end, which names it now.
+#[test]
+fn rows_of_an_episode_the_policy_s_server_ended_are_truncated_and_carry_no_reward() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = tmp.path().join("project");
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ecommerce"), &project);
+    let script = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let mut lines: Vec<Value> = script.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["episode"], "ship-000");
+    lines[0]["turns"][1] = serde_json::json!({"error": "the model server went away"});
+    let script: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(project.join("policy.jsonl"), script).unwrap();
+    let runs = tmp.path().join("runs");
+    let args = ["run", project.to_str().unwrap(), "--variant", "b", "--shards", "1", "--no-progress", "--out"];
+    let output = basecamp(&[&args[..], &[runs.to_str().unwrap()]].concat(), tmp.path());
+    assert_eq!(output.status.code(), Some(3), "one episode not measured: {}", text(&output));
+    assert!(text(&output).contains("b: 1 of 60 episodes NOT MEASURED"), "{}", text(&output));
+
+    let out = tmp.path().join("rows");
+    let output = basecamp(&["data", "preprocess", runs.to_str().unwrap(), "-o", out.to_str().unwrap()], tmp.path());
+    assert!(output.status.success(), "{}", text(&output));
+    let rows = rows(&out);
+    let (cut, measured): (Vec<&Value>, Vec<&Value>) = rows.iter().partition(|r| r["episode"] == "ship-000");
+    assert_eq!(cut.len(), 1, "the tool call before the failed turn: {cut:?}");
+    assert!(cut.iter().all(|r| r["truncated"] == true && r["reward"] == 0.0), "{cut:?}");
+    assert!(measured.iter().all(|r| r["truncated"] == false), "every other episode ended by the agent");
+    assert!(measured.iter().any(|r| r["reward"].as_f64().is_some_and(|x| x != 0.0)), "the others keep their rewards");
+    let dataset: Value = serde_json::from_slice(&std::fs::read(out.join("dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["truncatedRows"], 1, "{dataset}");
 }

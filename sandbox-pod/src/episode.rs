@@ -476,11 +476,28 @@ impl EpisodeRunner {
                 }
                 episode.stop(e.category(), POLICY_ERROR, format!("policy failed: {e}"))?;
             }
-            Err(_) => {
-                let msg =
-                    format!("the policy did not answer within the plan-step timeout of {:?}", self.plan_step_timeout);
-                episode.stop("plan_step_timeout", "plan_step_timeout", msg)?;
-            }
+            // Still retrying a failing server when the step's time ran out:
+            // the server failed, not the model (which may never have been asked).
+            Err(_) => match request.retrying.last() {
+                Some((attempts, e)) => {
+                    if let Some(metrics) = &self.metrics {
+                        metrics.observe_policy_error(e.category());
+                    }
+                    let msg = format!(
+                        "policy failed: the plan-step timeout of {:?} ran out while its request was retried after \
+                         {attempts} failed attempt(s), the last: {e}",
+                        self.plan_step_timeout
+                    );
+                    episode.stop(e.category(), POLICY_ERROR, msg)?;
+                }
+                None => {
+                    let msg = format!(
+                        "the policy did not answer within the plan-step timeout of {:?}",
+                        self.plan_step_timeout
+                    );
+                    episode.stop("plan_step_timeout", "plan_step_timeout", msg)?;
+                }
+            },
         }
         Ok(true)
     }

@@ -672,3 +672,34 @@ async fn an_answer_that_is_not_utf8_is_read_and_flagged() {
     );
     server.await.unwrap();
 }
+
+/// A server that fails every request (500) while the plan step's time runs
+/// out ends the episode as the policy's failure, naming the last one: it
+/// read `plan_step_timeout` ("the policy did not answer"), the agent's
+/// class, so a broken server was counted as a slow agent.
+#[tokio::test]
+async fn a_plan_step_that_runs_out_while_a_failing_server_is_retried_is_a_policy_error() {
+    use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
+    use basecamp_sandbox::executor::{NullWrites, ToolExecutor};
+
+    let fixture = Fixture::start(vec![]).await;
+    let mut config = fixture.config();
+    config.retry = RetryPolicy { max_attempts: 1000, ..fast_retry(1000) };
+    let policy = Policy::OpenAi(Box::new(OpenAiPolicy::new(config).unwrap()));
+    let runner = EpisodeRunner {
+        plan_step_timeout: Duration::from_millis(500),
+        ..EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy)
+    };
+    let input =
+        EpisodeInput { id: "e".into(), messages: vec![ChatMessage::user("Where is A1?")], ..Default::default() };
+    let dir = tempfile::tempdir().unwrap();
+    let result = runner.run(&input, dir.path()).await.unwrap();
+    let error = result.error.clone().unwrap_or_default();
+    assert_eq!((result.failure_class.as_str(), result.outcome.as_str()), ("policy_error", "error"), "{error}");
+    assert!(
+        error.starts_with("policy failed: the plan-step timeout of 500ms ran out while its request was retried after"),
+        "{error}"
+    );
+    assert!(error.contains("answered 500") && error.contains("no reply scripted"), "the server's words: {error}");
+    assert!(fixture.requests().len() >= 2, "it was retried");
+}

@@ -291,6 +291,7 @@ pub struct OpenAiPolicy {
 }
 
 /// One failed attempt, before deciding whether to try again.
+#[derive(Debug, Clone)]
 enum Failure {
     Status { status: u16, retry_after: Option<Duration>, body: String },
     Timeout,
@@ -377,6 +378,7 @@ impl OpenAiPolicy {
                 return Err(self.give_up(failure, Attempts(attempt), note));
             }
             let delay = retry_after.unwrap_or_else(|| self.config.retry.backoff(attempt));
+            request.retrying.note(attempt, self.give_up(failure.clone(), Attempts(attempt), String::new()).into());
             tracing::warn!(
                 endpoint = %self.endpoint,
                 attempt,

@@ -177,6 +177,39 @@ pub struct PolicyRequest<'a> {
     pub messages: Cow<'a, [ChatMessage]>,
     pub tools: Cow<'a, [ToolSpec]>,
     pub tool_choice: ToolChoice,
+    /// The last failed attempt while the policy retries this request.
+    pub retrying: Retrying,
+}
+
+/// The last failed attempt of a request that the policy is still retrying:
+/// a caller that stops waiting (the plan-step timeout) says why it waited,
+/// the policy's server failing, not the model thinking. Not part of what
+/// the request asks: a clone starts empty and comparisons ignore it.
+#[derive(Debug, Default)]
+pub struct Retrying(std::sync::Mutex<Option<(u32, super::PolicyError)>>);
+
+impl Retrying {
+    /// Notes that attempt `attempt` failed with `error` and another follows.
+    pub fn note(&self, attempt: u32, error: super::PolicyError) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((attempt, error));
+    }
+
+    /// The last failed attempt noted: its number and error.
+    pub fn last(&self) -> Option<(u32, super::PolicyError)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Clone for Retrying {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for Retrying {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl<'a> PolicyRequest<'a> {
@@ -192,6 +225,7 @@ impl<'a> PolicyRequest<'a> {
             messages: messages.into(),
             tools: tools.into(),
             tool_choice: ToolChoice::Auto,
+            retrying: Retrying::default(),
         }
     }
 }
