@@ -674,3 +674,34 @@ fn a_report_of_a_damaged_trace_names_the_damage() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains(&format!("<p class=\"warn\">{damage}")), "the page says so too");
 }
+
+/// Episodes the policy's server failed are counted apart and left out of
+/// the means on the task page and in `trace report`, as in `run.json`'s
+/// aggregate and the operator's status: variant a's accuracy was 0.667,
+/// its four failed episodes' 0 counted as the agent's.
+#[test]
+fn episodes_the_policy_failed_are_left_out_of_the_task_page_s_and_the_report_s_means() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let summary = shard_dir(dir.path(), TASK, "a").join(SUMMARY_FILE);
+    let text = std::fs::read_to_string(&summary).unwrap();
+    assert_eq!(text.matches("\"timeout\"").count(), 4, "the four failed episodes' class");
+    std::fs::write(&summary, text.replace("\"timeout\"", "\"policy_error\"")).unwrap();
+
+    let server = Server::start(dir.path());
+    let row = variant_row(&get(&server.addr, &task_path()).text(), "a");
+    assert!(row.contains("4 <span class=\"not-measured\">(4 NOT MEASURED: the policy or a service failed)"), "{row}");
+    let accuracy = row.split("<td>").nth(4).unwrap_or_default();
+    assert!(accuracy.starts_with("1.000</td>"), "tool_call_accuracy over the 8 measured: {row}");
+
+    let out = dir.path().join("r.html");
+    let report = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "report", dir.path().to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let html = std::fs::read_to_string(&out).unwrap();
+    let row = html.split("<tr>").find(|r| r.contains("href=\"#group-") && r.contains("<b>a</b>")).expect(&html);
+    assert!(row.contains("12 <span class=\"not-measured\">(4 NOT MEASURED"), "{row}");
+    assert!(row.contains("<td>1.000</td>"), "the mean over the 8 measured: {row}");
+}

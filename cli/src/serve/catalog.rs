@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use basecamp_sandbox::driver::{SUMMARY_FILE, ShardSummary};
 use basecamp_trace::TraceContents;
 use basecamp_trace::inputs::{TRACE_SUFFIX, expand_inputs};
-use basecamp_trace::metrics::{EpisodeMetrics, NO_FAILURE};
+use basecamp_trace::metrics::{EpisodeMetrics, NO_FAILURE, measures_the_agent};
 
 use super::digest::TraceDigest;
 use super::insights::InsightsMemo;
@@ -67,6 +67,13 @@ impl LazyDigest {
 impl EpisodeEntry {
     pub fn failed(&self) -> bool {
         self.failure_class != NO_FAILURE
+    }
+
+    /// Whether the episode measured the agent: not when the policy's server
+    /// or a service failed it (the means leave it out, as `basecamp run`'s
+    /// and the operator's do).
+    pub fn measured(&self) -> bool {
+        measures_the_agent(&self.failure_class)
     }
 
     /// `<variant>/<episode>`: unique within a task, the key of in-page links.

@@ -48,6 +48,9 @@ pub struct TraceDigest {
     pub end_unix_nanos: Option<i64>,
     /// The first error context's type, when there is one.
     pub first_error: Option<String>,
+    /// The failure class the episode end names (the sandbox's own, as its
+    /// shard's summary gives it); empty in traces written before it did.
+    pub end_failure_class: String,
     /// Why the trace ends early (truncated, corrupt), if it does.
     pub damage: Option<String>,
 }
@@ -96,6 +99,7 @@ impl TraceDigest {
             outcome: "unfinished".into(),
             end_unix_nanos: None,
             first_error: None,
+            end_failure_class: String::new(),
             damage,
         };
         for record in records {
@@ -132,6 +136,7 @@ impl TraceDigest {
                 Some(Body::EpisodeEnd(end)) => {
                     digest.outcome = outcome_name(end.outcome).to_string();
                     digest.end_unix_nanos = Some(end.end_time_unix_nanos);
+                    digest.end_failure_class.clone_from(&end.failure_class);
                 }
                 _ => {}
             }
@@ -153,9 +158,14 @@ impl TraceDigest {
         digest
     }
 
-    /// What a report groups this episode's failure by: the first error
-    /// seen, else an outcome other than completed, else `ok`.
+    /// What a report groups this episode's failure by: the class the
+    /// episode end names (the sandbox's, so a policy failure after a tool
+    /// error reads `policy_error` as in the shard's summary), else the
+    /// first error seen, else an outcome other than completed, else `ok`.
     pub fn failure_class(&self) -> String {
+        if self.damage.is_none() && !self.end_failure_class.is_empty() {
+            return self.end_failure_class.clone();
+        }
         if let Some(step) = self.steps.iter().find(|s| !s.succeeded() && s.status != pb::StepStatus::Unspecified) {
             return step.failure();
         }
@@ -264,6 +274,12 @@ mod tests {
         assert!(d.steps[1].memory_ok, "step 2 replaced it");
         assert_eq!(d.steps[0].duration_ms, 800.5, "tool latency plus the policy turn");
         assert_eq!(d.failure_class(), "timeout");
+        let mut named = records.clone();
+        if let Some(Body::EpisodeEnd(end)) = &mut named.last_mut().unwrap().body {
+            end.failure_class = "policy_error".into();
+        }
+        let d_named = TraceDigest::from_records(Header::default(), &named, None);
+        assert_eq!(d_named.failure_class(), "policy_error", "the end's class, the sandbox's own, wins");
         let m = d.metrics();
         assert_eq!(m["error_rate"], 0.5);
         assert_eq!(m["resolution_time_s"], 2.5);

@@ -166,17 +166,23 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
     }
     h.push_str("<th>reward</th><th>p50</th><th>p95</th></tr>");
     for (name, episodes) in &variants {
+        // Over the episodes that measured the agent, as run.json's aggregate.
+        let measured: Vec<&&EpisodeEntry> = episodes.iter().filter(|e| e.measured()).collect();
         let mean = |m: &str| {
-            let vals: Vec<f64> = episodes.iter().filter_map(|e| e.metrics.get(m).copied()).collect();
+            let vals: Vec<f64> = measured.iter().filter_map(|e| e.metrics.get(m).copied()).collect();
             (!vals.is_empty()).then(|| vals.iter().sum::<f64>() / vals.len() as f64)
         };
-        let mut times: Vec<f64> = episodes.iter().filter_map(|e| e.metrics.get("resolution_time_s").copied()).collect();
+        let mut times: Vec<f64> = measured.iter().filter_map(|e| e.metrics.get("resolution_time_s").copied()).collect();
         times.sort_by(f64::total_cmp);
         let failed = episodes.iter().filter(|e| e.failed()).count();
+        let not_measured = match episodes.len() - measured.len() {
+            0 => String::new(),
+            n => format!(" <span class=\"not-measured\">({n} NOT MEASURED: the policy or a service failed)</span>"),
+        };
         let selected = query.variant.as_deref() == Some(name.as_str());
         let _ = write!(
             h,
-            "<tr class=\"variant{}\" data-variant=\"{}\"><td><a href=\"{}?variant={}\"><b>{}</b></a></td><td>{}</td><td class=\"{}\">{failed}</td>",
+            "<tr class=\"variant{}\" data-variant=\"{}\"><td><a href=\"{}?variant={}\"><b>{}</b></a></td><td>{}</td><td class=\"{}\">{failed}{not_measured}</td>",
             if selected { " selected" } else { "" },
             esc(name),
             esc(&url),

@@ -113,11 +113,17 @@ fn summary(groups: &[Group<'_>], inputs: &[String], problems: &[String], metric:
     );
     let _ = write!(h, "<th>mean {}</th><th>hints</th></tr>", esc(metric));
     for (i, g) in groups.iter().enumerate() {
-        let values: Vec<f64> = g.entries.iter().filter_map(|e| e.metrics.get(metric).copied()).collect();
+        // Over the episodes that measured the agent, as run.json's aggregate.
+        let measured: Vec<&&EpisodeEntry> = g.entries.iter().filter(|e| e.measured()).collect();
+        let values: Vec<f64> = measured.iter().filter_map(|e| e.metrics.get(metric).copied()).collect();
         let mean = (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64);
+        let not_measured = match g.entries.len() - measured.len() {
+            0 => String::new(),
+            n => format!(" <span class=\"not-measured\">({n} NOT MEASURED: the policy or a service failed)</span>"),
+        };
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{}</td><td><a href=\"#group-{i}\"><b>{}</b></a></td><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td><a href=\"#group-{i}\"><b>{}</b></a></td><td>{}{not_measured}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
             esc(g.namespace),
             esc(g.task),
             esc(g.variant),
