@@ -366,6 +366,9 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     let mut batches = Batches::new(batch_dir, output.dataset_file(), &settings, args.training_step);
     let mut process: Option<Subprocess> = None;
     let (mut skipped, mut partial) = (Vec::new(), Vec::new());
+    // Episodes that ended, by the agent, without a reward signal: their
+    // rows are not truncated, yet their reward is no score either.
+    let mut unrewarded: Vec<&str> = Vec::new();
     for source in &sources.items {
         let contents = match read_for_rows(&sources, source)? {
             Ok(contents) => contents,
@@ -383,6 +386,10 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
                 continue;
             }
             partial.push(format!("{said}; {}", rows_kept(&records, unfinished_step(&contents))));
+        }
+        let ended_by_the_agent = records.first().is_some_and(|r| r["truncated"] == false);
+        if ended_by_the_agent && records.iter().all(|r| r.get("episode_reward").is_none()) {
+            unrewarded.push(&source.name);
         }
         for record in &records {
             let row = match &settings.preprocessor {
@@ -434,6 +441,7 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
         "batchSize": settings.batch_size,
         "rows": batches.rows,
         "truncatedRows": batches.truncated_rows,
+        "unrewardedEpisodes": unrewarded.len(),
         "traces": traces,
         "batches": batches.names(),
         "skipped": skipped,
@@ -454,6 +462,18 @@ fn preprocess(args: &PreprocessArgs) -> Result<ExitCode> {
     }
     for line in &partial {
         basecamp_sandbox::stderr_line!("partial {line}");
+    }
+    if let Some(first) = unrewarded.first() {
+        basecamp_sandbox::stderr_line!(
+            "warning: {} of {traces} episodes ended without a reward signal (no `rewards` in their SandboxConfig, or \
+             the reward could not be computed: their shard's summary.json says why), the first: {first}; their rows \
+             are not truncated, and their reward ({}) is not a score",
+            unrewarded.len(),
+            match settings.preprocessor {
+                Preprocessor::Trajectory => "0 from builtin:trajectory",
+                _ => "what the preprocessor made without episode_reward",
+            }
+        );
     }
     let truncated = match batches.truncated_rows {
         0 => String::new(),

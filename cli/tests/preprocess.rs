@@ -1172,3 +1172,34 @@ fn rows_of_an_episode_the_policy_s_server_ended_are_truncated_and_carry_no_rewar
     let dataset: Value = serde_json::from_slice(&std::fs::read(out.join("dataset.json")).unwrap()).unwrap();
     assert_eq!(dataset["truncatedRows"], 1, "{dataset}");
 }
+
+/// An episode that ended without a reward signal (its SandboxConfig has no
+/// `rewards`) gives rows that are not truncated, with reward 0 from the
+/// built-in: dataset.json counts those episodes and stderr names the first
+/// (before, nothing told a trainer that those zeros are no score).
+#[test]
+fn episodes_that_ended_without_a_reward_signal_are_counted_and_named() {
+    use basecamp_trace::pb::EpisodeEnd;
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    std::fs::create_dir(&runs).unwrap();
+    std::fs::write(runs.join("a-rewarded.trace"), tool_steps_trace("rewarded", 2, Some(0.75))).unwrap();
+    let unrewarded =
+        unended::tool_steps("unrewarded", 2).finish(EpisodeEnd { outcome: 1, steps: 2, ..Default::default() });
+    std::fs::write(runs.join("b-unrewarded.trace"), unrewarded.unwrap()).unwrap();
+    std::fs::write(runs.join("c-killed.trace"), tool_steps_trace("killed", 2, None)).unwrap();
+
+    let output = basecamp(&["data", "preprocess", "runs", "--out", "rows"], tmp.path());
+    let said = text(&output);
+    assert!(output.status.success(), "{said}");
+    assert!(
+        said.contains("warning: 1 of 3 episodes ended without a reward signal (no `rewards` in their SandboxConfig"),
+        "{said}"
+    );
+    assert!(said.contains("the first: runs/b-unrewarded.trace; their rows are not truncated"), "{said}");
+    let dataset: Value = serde_json::from_slice(&std::fs::read(tmp.path().join("rows/dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["unrewardedEpisodes"], 1, "the killed one is truncated, not unrewarded: {dataset}");
+
+    let output = basecamp(&["data", "preprocess", "runs/a-rewarded.trace", "--out", "only"], tmp.path());
+    assert!(!text(&output).contains("without a reward signal"), "{}", text(&output));
+}
