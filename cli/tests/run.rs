@@ -1259,3 +1259,42 @@ fn a_policy_server_that_never_answers_says_basecamp_run_does_not_start_it() {
         "{stderr}"
     );
 }
+
+/// Variant a's example with the policy failing the second turn of its
+/// first ten episodes (after their tool call, some of which a fallback
+/// answered with a null): those ten are NOT MEASURED, the means are over
+/// the other 50, and the root-cause hint names the policy's failure for all
+/// ten. Before, the three whose fallback wrote a null were in the null's
+/// cluster (the hint said 7 policy failures), and the means counted all 60.
+#[test]
+fn episodes_the_policy_failed_midway_are_not_measured_and_clustered_as_the_policy_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let script = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let mut lines: Vec<Value> = script.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for line in &mut lines[..10] {
+        line["turns"][1] = serde_json::json!({"error": "upstream connect error (503)"});
+    }
+    std::fs::write(project.join("policy.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "a", "--no-progress", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
+    assert!(
+        stdout.contains("in 10 of 26 failed episodes the episode failed with `policy_error` (the first:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("a: 10 of 60 episodes NOT MEASURED"), "{stdout}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let variant = &run["variants"][0];
+    let measured: Vec<&Value> =
+        variant["episodes"].as_array().unwrap().iter().filter(|e| e["failure_class"] != "policy_error").collect();
+    assert_eq!(measured.len(), 50);
+    let mean = measured.iter().map(|e| e["metrics"]["memory_consistency"].as_f64().unwrap()).sum::<f64>() / 50.0;
+    let said = variant["aggregate"]["means"]["memory_consistency"].as_f64().unwrap();
+    assert!((said - mean).abs() < 1e-12, "the mean over the 50 measured: {said} vs {mean}");
+}

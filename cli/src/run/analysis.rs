@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use basecamp_sandbox::tools::SERVICE_EXITED;
+use basecamp_trace::metrics::POLICY_ERROR;
 use basecamp_trace::pb::{self, record::Body};
 use serde::Serialize;
 
@@ -46,6 +47,9 @@ struct Evidence {
     /// where no null write or dead service says it (a policy endpoint that
     /// could not be reached, a panic).
     first_error: Option<String>,
+    /// The message of the last error context: the one that ended the
+    /// episode (a policy failure after a tool's timeout, say).
+    last_error: Option<String>,
     unreadable: Option<String>,
 }
 
@@ -72,8 +76,9 @@ fn evidence(path: &PathBuf) -> Evidence {
                     _ => {}
                 }
             }
-            Some(Body::ErrorContext(context)) if found.first_error.is_none() => {
-                found.first_error = Some(context.message.clone());
+            Some(Body::ErrorContext(context)) => {
+                found.first_error.get_or_insert_with(|| context.message.clone());
+                found.last_error = Some(context.message.clone());
             }
             Some(Body::PlanStep(step)) => {
                 if step.error_type == SERVICE_EXITED && found.service_exited.is_none() {
@@ -116,6 +121,17 @@ fn source_name(source: pb::MemorySource) -> &'static str {
     }
 }
 
+/// A cluster of the episodes of one failure class, in the first one's
+/// words (`message`): a class alone ("policy_error") says nothing of what
+/// to fix.
+fn by_class(class: &str, message: Option<&str>, errors: Vec<String>) -> (String, String, Vec<String>) {
+    let said = match message {
+        Some(message) => format!(" (the first: {})", shortened(message)),
+        None => String::new(),
+    };
+    (format!("class:{class}"), format!("the episode failed with `{class}`{said}"), errors)
+}
+
 /// Clusters `failed` episodes (with their trace paths), largest first.
 pub fn root_causes(failed: &[(&EpisodeRow, PathBuf)]) -> Vec<RootCause> {
     struct Cluster {
@@ -141,6 +157,11 @@ pub fn root_causes(failed: &[(&EpisodeRow, PathBuf)]) -> Vec<RootCause> {
                     Vec::new(),
                 )
             }
+            // The policy ended it: that, not a null written on the way, is why
+            // (the episode measured the policy's server, not the agent).
+            (None, _) if episode.failure_class == POLICY_ERROR => {
+                by_class(&episode.failure_class, found.last_error.as_deref(), Vec::new())
+            }
             (None, Some((key, source, origin))) => {
                 let by = match source.as_str() {
                     "fallback" => format!("the fallback of `{origin}`"),
@@ -152,14 +173,8 @@ pub fn root_causes(failed: &[(&EpisodeRow, PathBuf)]) -> Vec<RootCause> {
                 (format!("null:{key}:{source}:{origin}"), format!("`{key}` was set to null by {by}"), errors)
             }
             (None, None) => {
-                let class = &episode.failure_class;
                 let errors = found.fallback_errors.values().flatten().cloned().collect();
-                // The first episode's words for it: a class alone ("policy_error") says nothing of what to fix.
-                let said = match &found.first_error {
-                    Some(message) => format!(" (the first: {})", shortened(message)),
-                    None => String::new(),
-                };
-                (format!("class:{class}"), format!("the episode failed with `{class}`{said}"), errors)
+                by_class(&episode.failure_class, found.first_error.as_deref(), errors)
             }
         };
         let cluster =
