@@ -694,7 +694,7 @@ CONTRACT = {
     **{m: ("gauge", VARIANT, OPERATOR_TARGET) for m in (
         "basecamp_task_tool_call_accuracy", "basecamp_task_plan_step_f1", "basecamp_task_memory_consistency",
         "basecamp_task_error_rate", "basecamp_task_success_rate", "basecamp_task_resolution_seconds_p95",
-        "basecamp_task_episodes", "basecamp_task_criteria_met")},
+        "basecamp_task_episodes", "basecamp_task_not_measured_episodes", "basecamp_task_criteria_met")},
     **{f"basecamp_checkpoint_{m}": ("gauge", VARIANT, OPERATOR_TARGET) for m in (
         "tool_call_accuracy", "plan_step_f1", "memory_consistency", "error_rate", "success_rate")},
     "basecamp_checkpoint_step": ("gauge", ("namespace", "task"), OPERATOR_TARGET),
@@ -800,7 +800,7 @@ def cmd_synth(out):
     variants = [dict(op, namespace="agents-dev", task="shipping", variant=v) for v in ("a", "b")]
     gauges = {"tool_call_accuracy": 0.8, "plan_step_f1": 0.7, "memory_consistency": 0.9, "error_rate": 0.05,
               "success_rate": 0.75,
-              "resolution_seconds_p95": 12.5, "episodes": 200, "criteria_met": 1}
+              "resolution_seconds_p95": 12.5, "episodes": 200, "not_measured_episodes": 4, "criteria_met": 1}
     for metric, value in gauges.items():
         family(f"basecamp_task_{metric}", "gauge",
                [(l, (lambda i, v=value, k=k: v * (1 - 0.1 * k))) for k, l in enumerate(variants)])

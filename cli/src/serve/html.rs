@@ -46,6 +46,16 @@ pub fn num(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
+/// What a variant's row says after its count of `n` episodes that the
+/// policy's server or a service failed (left out of its means); nothing
+/// for none.
+pub fn not_measured_note(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(" <span class=\"not-measured\">({n} NOT MEASURED: the policy or a service failed)</span>"),
+    }
+}
+
 /// Percent-encodes a path segment (ids and names in URLs).
 pub fn url_segment(text: &str) -> String {
     let mut out = String::new();

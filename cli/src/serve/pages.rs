@@ -10,7 +10,7 @@ use basecamp_trace::metrics::percentile;
 
 use super::catalog::{Catalog, EpisodeEntry};
 use super::episode;
-use super::html::{PAGE_ROWS, Rows, esc, insight_sections, num, page, url_segment};
+use super::html::{PAGE_ROWS, Rows, esc, insight_sections, not_measured_note, num, page, url_segment};
 use super::insights::{ClusterBy, Loaded, compute};
 use crate::run::summary::TABLE_METRICS;
 
@@ -175,10 +175,7 @@ pub fn task(catalog: &Catalog, namespace: &str, task: &str, query: &TaskQuery) -
         let mut times: Vec<f64> = measured.iter().filter_map(|e| e.metrics.get("resolution_time_s").copied()).collect();
         times.sort_by(f64::total_cmp);
         let failed = episodes.iter().filter(|e| e.failed()).count();
-        let not_measured = match episodes.len() - measured.len() {
-            0 => String::new(),
-            n => format!(" <span class=\"not-measured\">({n} NOT MEASURED: the policy or a service failed)</span>"),
-        };
+        let not_measured = not_measured_note(episodes.len() - measured.len());
         let selected = query.variant.as_deref() == Some(name.as_str());
         let _ = write!(
             h,

@@ -20,7 +20,7 @@ use crate::serve::catalog::EpisodeEntry;
 use crate::serve::episode;
 use crate::serve::episode::StepAnchors;
 use crate::serve::html::{
-    PACKED_VIEW_TYPE, PAGE_ROWS, Rows, esc, insight_sections, num, page_end, page_start, url_segment,
+    PACKED_VIEW_TYPE, PAGE_ROWS, Rows, esc, insight_sections, not_measured_note, num, page_end, page_start, url_segment,
 };
 use crate::serve::insights::Insights;
 
@@ -117,10 +117,7 @@ fn summary(groups: &[Group<'_>], inputs: &[String], problems: &[String], metric:
         let measured: Vec<&&EpisodeEntry> = g.entries.iter().filter(|e| e.measured()).collect();
         let values: Vec<f64> = measured.iter().filter_map(|e| e.metrics.get(metric).copied()).collect();
         let mean = (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64);
-        let not_measured = match g.entries.len() - measured.len() {
-            0 => String::new(),
-            n => format!(" <span class=\"not-measured\">({n} NOT MEASURED: the policy or a service failed)</span>"),
-        };
+        let not_measured = not_measured_note(g.entries.len() - measured.len());
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{}</td><td><a href=\"#group-{i}\"><b>{}</b></a></td><td>{}{not_measured}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",

@@ -159,15 +159,25 @@ def evaluation():
     b = Board()
     b.row("Overview")
     b.add(stat("Tasks by phase", [target("sum by (phase) (basecamp_tasks)", "{{phase}}", instant=True)],
-               desc="HarnessTasks in each phase, all namespaces (basecamp_tasks)."), 8, 5)
+               desc="HarnessTasks in each phase, all namespaces (basecamp_tasks)."), 6, 5)
     b.add(stat("Success criteria", [target(f"basecamp_task_criteria_met{{{sel}}}", legend, instant=True)],
                desc="Whether each task variant meets its success criteria (basecamp_task_criteria_met). "
                     "Click a value for the trace report.",
                mappings=[{"type": "value", "options": {"0": {"text": "not met", "color": "red"},
                                                        "1": {"text": "met", "color": "green"}}}],
-               links=[TRACE_LINK], color_mode="background"), 8, 5)
+               links=[TRACE_LINK], color_mode="background"), 6, 5)
     b.add(stat("Episodes", [target(f"sum(basecamp_task_episodes{{{sel}}})", "episodes", instant=True)],
                desc="Episodes aggregated so far over the selected tasks and variants."), 4, 5)
+    b.add(stat("Episodes not measured",
+               [target(f"sum(basecamp_task_not_measured_episodes{{{sel}}}) or vector(0)", "not measured",
+                       instant=True)],
+               desc="Episodes the policy's server or a sandbox service failed (failure class policy_error or "
+                    "service_exited): counted in Episodes, left out of every mean "
+                    "(basecamp_task_not_measured_episodes). Above 0, the task's Degraded condition says "
+                    "EpisodesNotMeasured.",
+               thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None},
+                                                         {"color": "orange", "value": 1}]},
+               color_mode="background"), 4, 5)
     b.add(stat("Failed shards", [target(f'sum(basecamp_shards{{{sel}, state="failed"}}) or vector(0)',
                                         "failed", instant=True)],
                desc="Shards in state failed over the selected tasks.",
@@ -191,6 +201,9 @@ def evaluation():
          "95th percentile time an episode takes to resolve."),
         ("Episodes aggregated", "basecamp_task_episodes", "short", 0, None,
          "Episodes of finished shards aggregated into the metrics above."),
+        ("Episodes not measured", "basecamp_task_not_measured_episodes", "short", 0, None,
+         "Episodes the policy's server or a sandbox service failed (policy_error, service_exited): counted in "
+         "the episodes aggregated, left out of every mean above."),
     ]
     for title, metric, unit, lo, hi, desc in metrics:
         b.add(timeseries(title, [target(f"{metric}{{{sel}}}", legend)], unit=unit, minv=lo, maxv=hi,
@@ -205,6 +218,7 @@ def evaluation():
             ("H", "basecamp_task_success_rate", "success_rate"),
             ("E", "basecamp_task_resolution_seconds_p95", "resolution p95 (s)"),
             ("F", "basecamp_task_episodes", "episodes"),
+            ("I", "basecamp_task_not_measured_episodes", "not measured"),
             ("G", "basecamp_task_criteria_met", "criteria met")]
     renames = {f"Value #{ref}": name for ref, _, name in cols}
     table = {
