@@ -305,8 +305,10 @@ async fn run_command(args: RunArgs) -> ExitCode {
     let s = &outcome.summary;
     let agg = &s.aggregate;
     let mean = |k: &str| agg.means.get(k).map_or("-".to_string(), |v| format!("{v:.3}"));
+    // Nothing measured: no latency, not 0.
+    let seconds = |k: &str| agg.value_of(k).map_or("-".to_string(), |v| format!("{v:.2}s"));
     stdout.line(format_args!(
-        "{}/{} shard {}/{}: {} episodes in {:.1}s  tool_call_accuracy {}  plan_step_f1 {}  memory_consistency {}  error_rate {}  p50 {:.2}s  p95 {:.2}s",
+        "{}/{} shard {}/{}: {} episodes in {:.1}s  tool_call_accuracy {}  plan_step_f1 {}  memory_consistency {}  error_rate {}  p50 {}  p95 {}",
         s.task,
         s.variant,
         s.shard,
@@ -317,8 +319,8 @@ async fn run_command(args: RunArgs) -> ExitCode {
         mean("plan_step_f1"),
         mean("memory_consistency"),
         mean("error_rate"),
-        agg.resolution_time_p50_s,
-        agg.resolution_time_p95_s,
+        seconds("resolution_time_p50_s"),
+        seconds("resolution_time_p95_s"),
     ));
     if agg.not_measured > 0 {
         // The pod's exit code stays 0: the shard ran and its summary says why.

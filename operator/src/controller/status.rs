@@ -292,11 +292,14 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
     let aggregated = &observed.aggregated;
     let criteria_met = aggregated.criteria.iter().all(|c| c.met);
     let done = all_finished && aggregated.complete;
+    // Criteria met over the episodes that measured the agent pass no run
+    // whose policy server or services failed the others.
+    let not_measured = not_measured(&aggregated.metrics);
 
     let phase = if failed > 0 && all_finished {
         TaskPhase::Failed
     } else if done {
-        if criteria_met { TaskPhase::Succeeded } else { TaskPhase::Failed }
+        if criteria_met && not_measured.is_none() { TaskPhase::Succeeded } else { TaskPhase::Failed }
     } else if observed.suspended && running == 0 {
         TaskPhase::Suspended
     } else if running > 0 || finished > 0 {
@@ -363,8 +366,8 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         Decided::new(DEGRADED, true, INSUFFICIENT_GPU_CAPACITY, message.clone())
     } else if failed > 0 {
         Decided::new(DEGRADED, true, SHARD_FAILED, format!("{failed} of {total} shards failed after their retries"))
-    } else if let Some(message) = not_measured(&aggregated.metrics) {
-        Decided::new(DEGRADED, true, EPISODES_NOT_MEASURED, message)
+    } else if let Some(message) = &not_measured {
+        Decided::new(DEGRADED, true, EPISODES_NOT_MEASURED, message.clone())
     } else {
         Decided::new(DEGRADED, false, "AsExpected", "")
     };
@@ -396,6 +399,18 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
                 true,
                 "ShardsFailed",
                 format!("{failed} of {total} shards failed; see the Jobs' pods and the traces"),
+            ));
+        }
+        TaskPhase::Failed if criteria_met && not_measured.is_some() => {
+            decided.push(Decided::new(SUCCEEDED, false, EPISODES_NOT_MEASURED, ""));
+            decided.push(Decided::new(
+                FAILED,
+                true,
+                EPISODES_NOT_MEASURED,
+                format!(
+                    "the criteria are met over the measured episodes, but {}",
+                    not_measured.clone().unwrap_or_default()
+                ),
             ));
         }
         TaskPhase::Failed => {
@@ -616,7 +631,8 @@ mod tests {
 
     /// Episodes the policy's server failed make the finished task Degraded
     /// (a fact of the run: no retry is due), naming the variant and the
-    /// count; the criteria decide Succeeded as before.
+    /// count, and Failed though its criteria are met over the measured
+    /// episodes (a gate on Succeeded passed a run whose server was down).
     #[test]
     fn episodes_not_measured_degrade_a_finished_task_for_good() {
         let task: HarnessTask = serde_json::from_value(serde_json::json!({
@@ -651,11 +667,16 @@ mod tests {
             degraded.message
         );
         assert!(!degraded_by_a_retryable_error(&status), "the run's fact, not an error a retry clears");
-        assert_eq!(status.phase, Some(TaskPhase::Succeeded));
+        // No criterion, so all are met: over the measured episodes; that passes no run whose server failed.
+        assert_eq!(status.phase, Some(TaskPhase::Failed));
+        let failed = status.conditions.iter().find(|c| c.type_ == condition_types::FAILED).expect("Failed");
+        assert_eq!((failed.status.as_str(), failed.reason.as_str()), ("True", EPISODES_NOT_MEASURED));
+        assert!(failed.message.starts_with("the criteria are met over the measured episodes, but variant default: 12"));
 
         let clean = compute(&observed(0.0));
         let degraded = clean.conditions.iter().find(|c| c.type_ == condition_types::DEGRADED).expect("Degraded");
         assert_eq!(degraded.status, "False");
+        assert_eq!(clean.phase, Some(TaskPhase::Succeeded));
     }
 
     #[test]
