@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use basecamp_api::task::{CheckpointEvaluation, ShardCounts, TaskPhase, checkpoint_run_name};
+use basecamp_trace::metrics::NOT_MEASURED_EPISODES;
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 
@@ -150,6 +151,13 @@ pub fn evaluated_note(evaluation: &CheckpointEvaluation) -> String {
     );
     if let Some(met) = evaluation.criteria_met {
         note.push_str(if met { "; criteria met" } else { "; criteria not met" });
+    }
+    // The accuracy rests on fewer episodes than ran: said, not hidden.
+    let not_measured: f64 = evaluation.metrics.values().filter_map(|m| m.get(NOT_MEASURED_EPISODES)).sum();
+    if not_measured > 0.0 {
+        note.push_str(&format!(
+            "; {not_measured} episode(s) NOT MEASURED (the policy or a service failed; left out of the accuracy)"
+        ));
     }
     if let Some(url) = &evaluation.report_url {
         note.push_str(&format!("; report {url}"));

@@ -715,6 +715,15 @@ fn the_evaluated_event_names_the_step_and_its_accuracy() {
         evaluation::evaluated_note(&e),
         "checkpoint step 30 evaluated (Succeeded): tool_call_accuracy default=0.812; criteria met; report https://b.example.com/tasks/team-a/eval@step-30"
     );
+    // Episodes the policy's server failed are said: the accuracy rests on the others.
+    e.metrics.get_mut("default").unwrap().insert("not_measured_episodes".into(), 3.0);
+    assert!(
+        evaluation::evaluated_note(&e).contains(
+            "criteria met; 3 episode(s) NOT MEASURED (the policy or a service failed; left out of the accuracy); report"
+        ),
+        "{}",
+        evaluation::evaluated_note(&e)
+    );
 }
 
 // --- the reconcile step against a mocked API server and a real S3 server ---------------------
