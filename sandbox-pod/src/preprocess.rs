@@ -186,16 +186,26 @@ pub fn unfinished_step(trace: &TraceContents) -> Option<u32> {
 /// agent, so that its reward is no score of the agent's actions: the trace
 /// has no episode end (the sandbox killed, a crash, a cut copy, corrupt
 /// before its end, or read to its trailer without one: how the episode
-/// ended is unknown), or its end says the infrastructure ended it (failure
-/// class `policy_error` or `service_exited`: the policy's server or a
-/// service failed). A damage after the end (in the footer index) leaves
-/// the episode whole.
+/// ended is unknown), or its end says it was cancelled (Ctrl-C, SIGTERM, a
+/// gym client's close or idle timeout) or that the infrastructure ended it
+/// (failure class `policy_error` or `service_exited`: the policy's server
+/// or a service failed). A damage after the end (in the footer index)
+/// leaves the episode whole.
 pub fn is_truncated(trace: &TraceContents) -> bool {
     let end = trace.records.iter().find_map(|r| match &r.body {
         Some(Body::EpisodeEnd(end)) => Some(end),
         _ => None,
     });
-    end.is_none_or(|end| !measures_the_agent(&end.failure_class))
+    end.is_none_or(|end| {
+        ended_by_other_than_the_agent(end.outcome == pb::Outcome::Cancelled as i32, &end.failure_class)
+    })
+}
+
+/// Whether an episode that ended this way (cancelled or not, its failure
+/// class) was cut off by something other than the agent (see
+/// [`is_truncated`]).
+pub fn ended_by_other_than_the_agent(cancelled: bool, failure_class: &str) -> bool {
+    cancelled || !measures_the_agent(failure_class)
 }
 
 /// The raw records of one trace: one per finished plan step, in order (the
@@ -647,18 +657,29 @@ mod tests {
         assert_eq!(json["truncated"], true, "{json}");
     }
 
-    /// An episode the policy's server (or a dead service) ended is cut off
-    /// too: its reward scored a server's outage, not the agent's actions
+    /// An episode the policy's server (or a dead service) ended, or one that
+    /// was cancelled, is cut off too: its reward scored a server's outage or
+    /// a half-played episode, not the agent's actions
     /// (its rows carried the reward and `truncated: false`, and a trainer
     /// learnt from them). Traces written before the end named its failure
     /// class are read as before.
     #[test]
     fn rows_of_an_episode_the_infrastructure_ended_are_truncated_and_carry_no_reward() {
-        for (class, truncated) in [("policy_error", true), ("service_exited", true), ("timeout", false), ("", false)] {
+        let completed = pb::Outcome::Completed as i32;
+        let ends = [
+            ("policy_error", completed, true),
+            ("service_exited", completed, true),
+            ("timeout", completed, false),
+            ("", completed, false),
+            // Cut off by Ctrl-C or a gym client's close: no score either.
+            ("ok", pb::Outcome::Cancelled as i32, true),
+        ];
+        for (class, outcome, truncated) in ends {
             let mut trace = two_steps(true);
             for record in &mut trace.records {
                 if let Some(Body::EpisodeEnd(end)) = &mut record.body {
                     end.failure_class = class.into();
+                    end.outcome = outcome;
                 }
             }
             assert_eq!(is_truncated(&trace), truncated, "failure class {class:?}");

@@ -442,6 +442,7 @@ async fn an_exec_tool_past_the_plan_step_deadline_is_rolled_back_and_reported() 
     let (_, closed) = server.post(&format!("/v1/episodes/{id}/close"), "").await;
     assert_eq!(closed["outcome"], "cancelled");
     assert_eq!(closed["failure_class"], "plan_step_timeout");
+    assert_eq!(closed["truncated"], true, "closed before its end: its reward is no score");
     assert_eq!(closed["rollbacks"], 1);
     assert!(closed["error"].as_str().unwrap().contains("closed by the client at step 3"), "{closed}");
     let trace = server.trace(&id).await;

@@ -226,6 +226,9 @@ fn result_json(episode_id: &str, result: &EpisodeResult) -> Value {
         fields.remove("id");
         fields.insert("episode_id".into(), json!(episode_id));
         fields.insert("reward".into(), json!(result.metrics.reward.unwrap_or(0.0)));
+        let cancelled = result.outcome == "cancelled";
+        let truncated = crate::preprocess::ended_by_other_than_the_agent(cancelled, &result.failure_class);
+        fields.insert("truncated".into(), json!(truncated));
     }
     value
 }
