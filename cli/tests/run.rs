@@ -1020,10 +1020,10 @@ fn zero_shards_is_a_usage_error() {
     assert!(!out.path().join("o").exists());
 }
 
-/// `basecamp run PROJECT --variant b --no-progress --out OUT EXTRA...`.
-fn run_variant_b(project: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+/// `basecamp run PROJECT --variant VARIANT --no-progress --out OUT EXTRA...`.
+fn run_variant(project: &Path, out: &Path, variant: &str, extra: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_basecamp"))
-        .args(["run", project.to_str().unwrap(), "--variant", "b"])
+        .args(["run", project.to_str().unwrap(), "--variant", variant])
         .args(extra)
         .args(["--no-progress", "--out"])
         .arg(out)
@@ -1068,7 +1068,7 @@ fn a_service_that_dies_during_the_run_is_reported_with_its_status_and_log() {
     let project = example_copy(dir.path());
     std::fs::write(project.join("services/tracking.py"), CRASHING_TRACKER).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let output = run_variant_b(&project, out.path(), &[]);
+    let output = run_variant(&project, out.path(), "b", &[]);
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     let log = out.path().join("b/services/tracking.log");
     assert!(std::fs::read_to_string(&log).unwrap().contains("tracking crashed on /orders/"), "the service died");
@@ -1139,7 +1139,7 @@ fn a_fixed_service_port_held_by_another_process_refuses_the_run() {
     assert_ne!(fixed, text);
     std::fs::write(&sandbox, fixed).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let output = run_variant_b(&project, out.path(), &[]);
+    let output = run_variant(&project, out.path(), "b", &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     // Before: exit 0, every episode run against the squatter.
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -1203,7 +1203,7 @@ fn a_failure_class_hint_quotes_the_first_episode_s_error() {
     std::fs::write(project.join("tests.jsonl"), rows.lines().take(2).map(|l| format!("{l}\n")).collect::<String>())
         .unwrap();
     let out = tempfile::tempdir().unwrap();
-    let output = run_variant_b(&project, out.path(), &["--shards", "1"]);
+    let output = run_variant(&project, out.path(), "b", &["--shards", "1"]);
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     let hint = stdout.lines().find(|l| l.contains("failed episodes the episode failed with")).expect(&stdout);
     assert!(
@@ -1244,7 +1244,7 @@ fn a_policy_server_that_never_answers_says_basecamp_run_does_not_start_it() {
     );
     use_policy(&project, &server);
     let out = tempfile::tempdir().unwrap();
-    let output = run_variant_b(&project, out.path(), &[]);
+    let output = run_variant(&project, out.path(), "b", &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
@@ -1277,11 +1277,7 @@ fn episodes_the_policy_failed_midway_are_not_measured_and_clustered_as_the_polic
     }
     std::fs::write(project.join("policy.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
-        .args(["run", project.to_str().unwrap(), "--variant", "a", "--no-progress", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = run_variant(&project, out.path(), "a", &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(3), "{stdout}");
     assert!(

@@ -5,9 +5,9 @@
 //! trace's steps before the one its damage cut: [`unfinished_step`]) — the
 //! step's action (tool call or final answer), its observation and status,
 //! memory before and after, the deltas and their sources, `truncated`
-//! ([`is_truncated`]: the trace has no episode end, or the policy's server
-//! or a service ended the episode, so its reward is no score of the
-//! agent's), and on the last step of an episode that ended the episode's
+//! ([`is_truncated`]: the trace has no episode end, or the episode was
+//! cancelled or ended by the policy's server or a service, so its reward is
+//! no score of the agent's), and on the last step of an episode that ended the episode's
 //! reward components — and a preprocessor turns each raw record into a
 //! triple, which becomes a [`Row`] with the record's identity and
 //! `truncated`:
@@ -41,7 +41,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use basecamp_trace::metrics::measures_the_agent;
+use basecamp_trace::metrics::ended_by_other_than_the_agent;
 use basecamp_trace::pb::{self, record::Body};
 use basecamp_trace::{TraceContents, TraceError};
 use serde::Serialize;
@@ -113,8 +113,8 @@ pub struct Row {
     pub action: Value,
     pub reward: f64,
     /// The episode was cut off by something other than the agent
-    /// ([`is_truncated`]: its trace has no episode end, or the policy's
-    /// server or a service ended it): its reward is no score of the
+    /// ([`is_truncated`]: its trace has no episode end, or it was cancelled
+    /// or ended by the policy's server or a service): its reward is no score of the
     /// actions; `reward` is what the preprocessor made without it (0 from
     /// `builtin:trajectory`). A trainer that learns from rewards leaves
     /// these rows out.
@@ -199,13 +199,6 @@ pub fn is_truncated(trace: &TraceContents) -> bool {
     end.is_none_or(|end| {
         ended_by_other_than_the_agent(end.outcome == pb::Outcome::Cancelled as i32, &end.failure_class)
     })
-}
-
-/// Whether an episode that ended this way (cancelled or not, its failure
-/// class) was cut off by something other than the agent (see
-/// [`is_truncated`]).
-pub fn ended_by_other_than_the_agent(cancelled: bool, failure_class: &str) -> bool {
-    cancelled || !measures_the_agent(failure_class)
 }
 
 /// The raw records of one trace: one per finished plan step, in order (the

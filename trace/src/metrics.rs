@@ -258,6 +258,15 @@ pub fn measures_the_agent(failure_class: &str) -> bool {
     !matches!(failure_class, POLICY_ERROR | SERVICE_EXITED)
 }
 
+/// Whether an episode that ended this way (cancelled or not, its failure
+/// class) was cut off by something other than the agent: cancelled (Ctrl-C,
+/// SIGTERM, a gym client's close) or failed by the infrastructure. Its
+/// reward is then no score of the agent's actions: training rows and the
+/// gym's result call it `truncated`.
+pub fn ended_by_other_than_the_agent(cancelled: bool, failure_class: &str) -> bool {
+    cancelled || !measures_the_agent(failure_class)
+}
+
 /// How one episode ended, as an aggregate counts it.
 #[derive(Debug, Clone, Copy)]
 pub struct EpisodeEnd<'a> {

@@ -12,8 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use basecamp_sandbox::tools::SERVICE_EXITED;
-use basecamp_trace::metrics::POLICY_ERROR;
+use basecamp_trace::metrics::{POLICY_ERROR, SERVICE_EXITED};
 use basecamp_trace::pb::{self, record::Body};
 use serde::Serialize;
 

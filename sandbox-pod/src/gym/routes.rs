@@ -12,7 +12,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
-use basecamp_trace::pb::StepStatus;
+use basecamp_trace::metrics::ended_by_other_than_the_agent;
+use basecamp_trace::pb::{Outcome, StepStatus};
 use futures_util::FutureExt;
 use serde_json::{Value, json};
 
@@ -21,7 +22,7 @@ use super::create::{Source, inline_input, parse_create};
 use super::registry::{Entry, Playing, RegisterError, Slot, SlotStatus, unix_ms};
 use super::{Gym, GymState};
 use crate::driver::panic_message;
-use crate::episode::{Episode, EpisodeResult, InjectionRefused, LiveInjection, PANIC, StepReport};
+use crate::episode::{Episode, EpisodeResult, InjectionRefused, LiveInjection, PANIC, StepReport, outcome_name};
 use crate::metrics::status_label;
 use crate::server::{
     ApiError, EpisodeIdPath, MAX_BODY_BYTES, MAX_ID_LEN, generated_injection_id, observability, read_injection,
@@ -226,8 +227,8 @@ fn result_json(episode_id: &str, result: &EpisodeResult) -> Value {
         fields.remove("id");
         fields.insert("episode_id".into(), json!(episode_id));
         fields.insert("reward".into(), json!(result.metrics.reward.unwrap_or(0.0)));
-        let cancelled = result.outcome == "cancelled";
-        let truncated = crate::preprocess::ended_by_other_than_the_agent(cancelled, &result.failure_class);
+        let cancelled = result.outcome == outcome_name(Outcome::Cancelled);
+        let truncated = ended_by_other_than_the_agent(cancelled, &result.failure_class);
         fields.insert("truncated".into(), json!(truncated));
     }
     value

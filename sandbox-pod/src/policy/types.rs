@@ -167,7 +167,7 @@ impl ToolChoice {
 /// One call to the policy: the conversation so far and the tools on offer.
 /// The agent loop lends them (`Cow::Borrowed`): a turn does not copy the
 /// conversation, nor the tools' schemas.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct PolicyRequest<'a> {
     /// The episode (test set row id); a scripted policy picks its script by it.
     pub episode_id: String,
@@ -183,8 +183,7 @@ pub struct PolicyRequest<'a> {
 
 /// The last failed attempt of a request that the policy is still retrying:
 /// a caller that stops waiting (the plan-step timeout) says why it waited,
-/// the policy's server failing, not the model thinking. Not part of what
-/// the request asks: a clone starts empty and comparisons ignore it.
+/// the policy's server failing, not the model thinking.
 #[derive(Debug, Default)]
 pub struct Retrying(std::sync::Mutex<Option<(u32, super::PolicyError)>>);
 
@@ -197,18 +196,6 @@ impl Retrying {
     /// The last failed attempt noted: its number and error.
     pub fn last(&self) -> Option<(u32, super::PolicyError)> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-impl Clone for Retrying {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
-}
-
-impl PartialEq for Retrying {
-    fn eq(&self, _: &Self) -> bool {
-        true
     }
 }
 
