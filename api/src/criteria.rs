@@ -125,6 +125,7 @@ pub const CRITERION_METRICS: &[(&str, MetricKind)] = &[
     ("episodes", MetricKind::Count),
     ("lost_episodes", MetricKind::Count),
     ("not_measured_episodes", MetricKind::Count),
+    ("not_measured_rate", MetricKind::Ratio),
     ("resolution_time", MetricKind::Seconds),
     ("resolution_time_s", MetricKind::Seconds),
     ("resolution_time_avg", MetricKind::Seconds),
@@ -135,6 +136,35 @@ pub const CRITERION_METRICS: &[(&str, MetricKind)] = &[
     ("p50_resolution_time", MetricKind::Seconds),
     ("p95_resolution_time", MetricKind::Seconds),
 ];
+
+/// The metrics that count the episodes the policy's server or a sandbox
+/// service failed (`not_measured_episodes`, and `not_measured_rate`, their
+/// share of every episode run).
+///
+/// Such episodes fail a run however few (`basecamp run` exits 3, the task
+/// is `Failed`) unless a success criterion names one of these metrics:
+/// those criteria are then the tolerance, e.g. `not_measured_rate <= 1%`
+/// lets a 1,000-episode run against a hosted API lose ten episodes to its
+/// rate limit and still be judged on the other 990.
+pub const NOT_MEASURED_METRICS: [&str; 2] = ["not_measured_episodes", "not_measured_rate"];
+
+/// Whether a variant's episodes that measured the infrastructure, not the
+/// agent, are within the tolerance its success criteria set, given each
+/// criterion's metric and whether it was met: false when no criterion
+/// names one of [`NOT_MEASURED_METRICS`] (no tolerance: any such episode
+/// fails the run), else whether every criterion that does was met.
+pub fn not_measured_tolerated<'a>(criteria: impl IntoIterator<Item = (&'a str, bool)>) -> bool {
+    let mut named = false;
+    for (metric, met) in criteria {
+        if NOT_MEASURED_METRICS.contains(&metric) {
+            if !met {
+                return false;
+            }
+            named = true;
+        }
+    }
+    named
+}
 
 /// The kind of a metric a run reports, `None` for a name no run reports.
 pub fn metric_kind(metric: &str) -> Option<MetricKind> {
@@ -394,5 +424,20 @@ mod tests {
             let err = text.parse::<Criterion>().expect_err(text);
             assert_eq!(err.column, column, "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn only_criteria_on_the_not_measured_metrics_set_a_tolerance_and_all_of_them_must_hold() {
+        assert!(!not_measured_tolerated([]), "no criterion: no tolerance");
+        assert!(!not_measured_tolerated([("tool_call_accuracy", true)]), "other metrics set none");
+        assert!(not_measured_tolerated([("tool_call_accuracy", false), ("not_measured_rate", true)]));
+        assert!(not_measured_tolerated([("not_measured_episodes", true), ("not_measured_rate", true)]));
+        assert!(!not_measured_tolerated([("not_measured_episodes", true), ("not_measured_rate", false)]));
+        assert!(!not_measured_tolerated([("not_measured_rate", false), ("not_measured_episodes", true)]));
+        let rate: Criterion = "not_measured_rate <= 1%".parse().unwrap();
+        assert_eq!(rate.never_met_because(), None);
+        let beyond_a_share: Criterion = "not_measured_rate <= 5".parse().unwrap();
+        assert!(beyond_a_share.never_met_because().is_none(), "<= 5 holds for any share: odd, but met");
+        assert!("not_measured_rate > 1".parse::<Criterion>().unwrap().never_met_because().is_some());
     }
 }

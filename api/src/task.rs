@@ -134,7 +134,9 @@ pub struct TaskDefinition {
     /// memory as expected), `completion_rate` (the share that ran to their
     /// end), `episodes`, `lost_episodes`, `not_measured_episodes` (those the
     /// policy's server or a sandbox service failed, left out of every mean
-    /// and of `success_rate`), `p50_resolution_time`,
+    /// and of `success_rate`; any such episode fails the task unless a
+    /// criterion on it or on `not_measured_rate`, their share, sets a
+    /// tolerance, e.g. `not_measured_rate <= 1%`), `p50_resolution_time`,
     /// `p95_resolution_time`; any other name is never met (validation
     /// warns). OP: < <= > >= == !=; values are numbers, percentages (5%) or
     /// durations (ms, s, m, h; compared in seconds).

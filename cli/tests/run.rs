@@ -1260,6 +1260,51 @@ fn a_policy_server_that_never_answers_says_basecamp_run_does_not_start_it() {
     );
 }
 
+/// Makes the scripted policy of the first `episodes` episodes fail on its
+/// second turn, as a server answering 503 does.
+fn fail_the_policy_midway(project: &Path, episodes: usize) {
+    let script = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
+    let mut lines: Vec<Value> = script.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for line in &mut lines[..episodes] {
+        line["turns"][1] = serde_json::json!({"error": "upstream connect error (503)"});
+    }
+    std::fs::write(project.join("policy.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+}
+
+/// A criterion on `not_measured_rate` is the run's tolerance for episodes
+/// its infrastructure failed: within it the run is judged on the measured
+/// episodes (b's criteria are met over its 50: exit 0 with
+/// `--fail-on-criteria`); beyond it, exit 3 as without a tolerance. Before,
+/// one not-measured episode failed any run, however long.
+#[test]
+fn a_criterion_on_not_measured_rate_sets_the_runs_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    fail_the_policy_midway(&project, 10);
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    let with = |criterion: &str| {
+        let criteria = format!("successCriteria:\n      - {criterion}");
+        std::fs::write(project.join("task.yaml"), task.replacen("successCriteria:", &criteria, 1)).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let output = run_variant(&project, out.path(), "b", &["--fail-on-criteria"]);
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = with("not_measured_rate <= 20%");
+    assert_eq!(code, Some(0), "10 of 60 is within 20%: {stdout}{stderr}");
+    assert!(stdout.contains("b: 10 of 60 episodes NOT MEASURED"), "still said: {stdout}");
+    assert!(stdout.contains("(within the tolerance the criteria set: not_measured_rate <= 20%)"), "{stdout}");
+    assert!(stderr.contains("warning: variant b: 10 of 60 episodes NOT MEASURED"), "{stderr}");
+    let (code, stdout, stderr) = with("not_measured_rate <= 10%");
+    assert_eq!(code, Some(3), "16.7% is beyond 10%: {stdout}{stderr}");
+    assert!(stdout.contains("(beyond the tolerance the criteria set: not_measured_rate <= 10%)"), "{stdout}");
+    assert!(stdout.contains("criterion `not_measured_rate <= 10%` not met"), "{stdout}");
+    assert!(stderr.contains("error: variant b: 10 of 60"), "{stderr}");
+}
+
 /// Variant a's example with the policy failing the second turn of its
 /// first ten episodes (after their tool call, some of which a fallback
 /// answered with a null): those ten are NOT MEASURED, the means are over
@@ -1270,12 +1315,7 @@ fn a_policy_server_that_never_answers_says_basecamp_run_does_not_start_it() {
 fn episodes_the_policy_failed_midway_are_not_measured_and_clustered_as_the_policy_s() {
     let dir = tempfile::tempdir().unwrap();
     let project = example_copy(dir.path());
-    let script = std::fs::read_to_string(project.join("policy.jsonl")).unwrap();
-    let mut lines: Vec<Value> = script.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    for line in &mut lines[..10] {
-        line["turns"][1] = serde_json::json!({"error": "upstream connect error (503)"});
-    }
-    std::fs::write(project.join("policy.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    fail_the_policy_midway(&project, 10);
     let out = tempfile::tempdir().unwrap();
     let output = run_variant(&project, out.path(), "a", &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);

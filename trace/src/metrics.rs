@@ -251,6 +251,11 @@ pub const SERVICE_EXITED: &str = "service_exited";
 /// and a gauge read it.
 pub const NOT_MEASURED_EPISODES: &str = "not_measured_episodes";
 
+/// [`Aggregate::not_measured`] as a share of every episode run, as a
+/// criterion (e.g. `not_measured_rate <= 1%`, which lets a run lose that
+/// many episodes to its infrastructure) and a status metric read it.
+pub const NOT_MEASURED_RATE: &str = "not_measured_rate";
+
 /// Whether an episode of this failure class measured the agent: false for
 /// the failures of the infrastructure around it ([`POLICY_ERROR`],
 /// [`SERVICE_EXITED`]), which aggregates count but leave out of the means.
@@ -297,7 +302,7 @@ pub fn canonical_metric(metric: &str) -> &str {
 impl Aggregate {
     /// The value a success criterion or a report names (any name
     /// [`canonical_metric`] knows): a metric's mean, `episodes`,
-    /// `not_measured_episodes`, the resolution-time percentiles,
+    /// `not_measured_episodes` and `not_measured_rate`, the resolution-time percentiles,
     /// `success_rate` (the share of the measured episodes that succeeded)
     /// and `completion_rate` (the share of all that ran to their end).
     /// `None` for a name no measured episode had.
@@ -305,6 +310,7 @@ impl Aggregate {
         match canonical_metric(metric) {
             "episodes" => Some(f64::from(self.episodes)),
             NOT_MEASURED_EPISODES => Some(f64::from(self.not_measured)),
+            NOT_MEASURED_RATE => (self.episodes > 0).then(|| f64::from(self.not_measured) / f64::from(self.episodes)),
             "resolution_time_p50_s" => (self.measured() > 0).then_some(self.resolution_time_p50_s),
             "resolution_time_p95_s" => (self.measured() > 0).then_some(self.resolution_time_p95_s),
             "success_rate" => (self.measured() > 0 && !self.failure_classes.is_empty())
@@ -533,6 +539,8 @@ mod tests {
         assert_eq!(agg.value_of("success_rate"), Some(1.0), "both measured episodes succeeded");
         assert_eq!(agg.value_of("completion_rate"), Some(0.75), "a share of every episode run");
         assert_eq!(agg.value_of("not_measured_episodes"), Some(2.0));
+        assert_eq!(agg.value_of("not_measured_rate"), Some(0.5), "a share of every episode run");
+        assert_eq!(aggregate([]).value_of("not_measured_rate"), None, "no episode, no share");
         assert_eq!((agg.failure_classes[POLICY_ERROR], agg.outcomes["error"]), (1, 1));
 
         let nothing_measured = aggregate([EpisodeEnd { metrics: &cut, outcome: "error", failure_class: POLICY_ERROR }]);

@@ -31,12 +31,16 @@
 //! named on stderr as soon as it is seen, with its exit status and log, and
 //! then in the table, `run.json` (`service_exits`) and the report; the tool
 //! calls to it fail from then on as `service_exited` errors naming it (not
-//! the agent's failures), and the exit status is 3.
+//! the agent's failures), and the exit status is 3 (unless the variant's
+//! criteria tolerate it, as below).
 //!
 //! Episodes that the policy's server or a service failed (`policy_error`,
 //! `service_exited`) measured the infrastructure, not the agent: the table,
 //! `run.json` (`not_measured`) and the report count them apart, the metrics
-//! and criteria are over the other episodes, and the exit status is 3.
+//! and criteria are over the other episodes, and the exit status is 3 —
+//! unless a success criterion names `not_measured_episodes` or
+//! `not_measured_rate` (e.g. `not_measured_rate <= 1%`): those criteria
+//! are then the variant's tolerance, and only beyond it is the status 3.
 
 pub(crate) mod analysis;
 mod created_dirs;
@@ -94,7 +98,7 @@ pub struct RunArgs {
 /// Exit statuses beyond 0 and 1: a trace not written (a lost episode's, a
 /// failed shard's); episodes not measured (a service exited during the run,
 /// the policy failed: they measure the broken infrastructure, not the
-/// agent); stopped by a signal.
+/// agent) beyond what the criteria tolerate; stopped by a signal.
 const EXIT_TRACES_NOT_WRITTEN: u8 = 2;
 const EXIT_NOT_MEASURED: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
@@ -137,14 +141,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     // the policy's failures cost is said here.
     for v in summary.variants.iter().filter(|v| !v.kept_from_earlier_run) {
         if let Some(said) = v.not_measured_sentence() {
-            basecamp_sandbox::stderr_line!("error: variant {}: {said}", v.name);
+            let level = if v.not_measured_tolerated() { "warning" } else { "error" };
+            basecamp_sandbox::stderr_line!("{level}: variant {}: {said}", v.name);
         }
     }
     Ok(if summary.stopped_early {
         ExitCode::from(EXIT_INTERRUPTED)
     } else if summary.lost_episodes() > 0 || !summary.failed_shards.is_empty() {
         ExitCode::from(EXIT_TRACES_NOT_WRITTEN)
-    } else if !summary.service_exits.is_empty() || summary.not_measured() > 0 {
+    } else if summary.infrastructure_failed() {
         ExitCode::from(EXIT_NOT_MEASURED)
     } else if args.fail_on_criteria && !summary.criteria_met() {
         ExitCode::FAILURE

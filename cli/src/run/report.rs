@@ -118,7 +118,8 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
             );
         }
         if let Some(said) = v.not_measured_sentence() {
-            let _ = write!(h, "<p class=\"bad not-measured\">variant {}: {}</p>", esc(&v.name), esc(&said));
+            let class = if v.not_measured_tolerated() { "muted" } else { "bad" };
+            let _ = write!(h, "<p class=\"{class} not-measured\">variant {}: {}</p>", esc(&v.name), esc(&said));
         }
         if let Some(warned) = &v.warned {
             let said = warned.sentence(v.aggregate.episodes);

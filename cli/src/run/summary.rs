@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use basecamp_api::criteria::parse_criterion;
+use basecamp_api::criteria::{NOT_MEASURED_METRICS, not_measured_tolerated, parse_criterion};
 use basecamp_sandbox::driver::{LostEpisode, ShardSummary};
 use basecamp_sandbox::run::ResolvedVariant;
 use basecamp_sandbox::services::ServiceExit;
@@ -228,12 +228,37 @@ impl VariantSummary {
             0 => "no metric measured the agent".to_string(),
             n => format!("the metrics are over the other {n}"),
         };
+        let tolerance = self.tolerance_criteria();
+        let judged = if tolerance.is_empty() {
+            String::new()
+        } else if self.not_measured_tolerated() {
+            format!(" (within the tolerance the criteria set: {})", tolerance.join(", "))
+        } else {
+            format!(" (beyond the tolerance the criteria set: {})", tolerance.join(", "))
+        };
         Some(format!(
-            "{} of {} episodes NOT MEASURED: the policy or a service failed, not the agent ({}); {rest}",
+            "{} of {} episodes NOT MEASURED: the policy or a service failed, not the agent ({}); {rest}{judged}",
             a.not_measured,
             a.episodes,
             classes.join(", ")
         ))
+    }
+
+    /// The success criteria that bound the episodes not measured, as
+    /// written (see [`NOT_MEASURED_METRICS`]).
+    fn tolerance_criteria(&self) -> Vec<&str> {
+        self.criteria
+            .iter()
+            .filter(|c| NOT_MEASURED_METRICS.contains(&c.metric.as_str()))
+            .map(|c| c.criterion.as_str())
+            .collect()
+    }
+
+    /// Whether this variant's episodes not measured (and the exits of its
+    /// services) are within the tolerance its success criteria set: false
+    /// when no criterion sets one ([`not_measured_tolerated`]).
+    pub fn not_measured_tolerated(&self) -> bool {
+        not_measured_tolerated(self.criteria.iter().map(|c| (c.metric.as_str(), c.met)))
     }
 
     /// One variant from its shards' summaries; `shards` pairs each summary
@@ -355,10 +380,15 @@ impl RunSummary {
         self.ran().map(|v| v.lost.len()).sum()
     }
 
-    /// Episodes of the variants this run ran that measured the policy's
-    /// server or a service, not the agent.
-    pub fn not_measured(&self) -> u32 {
-        self.ran().map(|v| v.aggregate.not_measured).sum()
+    /// Whether the infrastructure failed a variant this run ran beyond what
+    /// its criteria tolerate: a service exited, or the policy's server or a
+    /// service failed episodes, and no criterion on
+    /// [`NOT_MEASURED_METRICS`] lets it (`basecamp run` exits 3).
+    pub fn infrastructure_failed(&self) -> bool {
+        self.ran().any(|v| {
+            let failed = v.aggregate.not_measured > 0 || self.service_exits.iter().any(|e| e.variant == v.name);
+            failed && !v.not_measured_tolerated()
+        })
     }
 
     /// Every criterion of every variant this run ran met.

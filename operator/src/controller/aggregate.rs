@@ -27,7 +27,7 @@ use basecamp_api::Criterion;
 use basecamp_api::task::CriterionResult;
 use basecamp_sandbox::storage::{Destination, Storage, StorageError, UtcDate};
 use basecamp_trace::metrics::{
-    Aggregate, EpisodeEnd, EpisodeMetrics, NOT_MEASURED_EPISODES, aggregate, canonical_metric,
+    Aggregate, EpisodeEnd, EpisodeMetrics, NOT_MEASURED_EPISODES, NOT_MEASURED_RATE, aggregate, canonical_metric,
 };
 use serde::{Deserialize, Serialize};
 
@@ -286,7 +286,8 @@ pub fn variant_metrics(aggregate: &Aggregate, lost: usize) -> BTreeMap<String, f
     metrics.insert("episodes".into(), f64::from(aggregate.episodes));
     metrics.insert("lost_episodes".into(), lost as f64);
     metrics.insert(NOT_MEASURED_EPISODES.into(), f64::from(aggregate.not_measured));
-    for name in ["resolution_time_p50_s", "resolution_time_p95_s", "success_rate", "completion_rate"] {
+    for name in ["resolution_time_p50_s", "resolution_time_p95_s", "success_rate", "completion_rate", NOT_MEASURED_RATE]
+    {
         if let Some(value) = aggregate.value_of(name) {
             metrics.insert(name.into(), value);
         }

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use basecamp_api::HarnessTask;
+use basecamp_api::criteria::{Criterion, NOT_MEASURED_METRICS, not_measured_tolerated};
 use basecamp_api::task::{CriterionResult, HarnessTaskStatus, ShardCounts, TaskPhase, TrainingStatus, condition_types};
 use basecamp_trace::metrics::NOT_MEASURED_EPISODES;
 use k8s_openapi::api::batch::v1::Job;
@@ -70,20 +71,36 @@ pub fn degraded_by_a_retryable_error(status: &HarnessTaskStatus) -> bool {
 }
 
 /// What the Degraded condition says of the variants whose episodes the
-/// policy's server or a service failed; `None` when every episode counted.
-fn not_measured(metrics: &BTreeMap<String, BTreeMap<String, f64>>) -> Option<String> {
+/// policy's server or a service failed beyond what their criteria tolerate
+/// ([`not_measured_tolerated`]); `None` when every episode counted or the
+/// criteria tolerate those that did not.
+fn not_measured(metrics: &BTreeMap<String, BTreeMap<String, f64>>, criteria: &[CriterionResult]) -> Option<String> {
     let said: Vec<String> = metrics
         .iter()
         .filter_map(|(variant, m)| {
             let not_measured = m.get(NOT_MEASURED_EPISODES).copied().filter(|n| *n > 0.0)?;
             let episodes = m.get("episodes").copied().unwrap_or(not_measured);
-            Some(format!("variant {variant}: {not_measured} of {episodes} episodes"))
+            let tolerance: Vec<(String, &CriterionResult)> = criteria
+                .iter()
+                .filter(|c| c.variant == *variant)
+                .filter_map(|c| Some((c.criterion.parse::<Criterion>().ok()?.metric, c)))
+                .filter(|(metric, _)| NOT_MEASURED_METRICS.contains(&metric.as_str()))
+                .collect();
+            if not_measured_tolerated(tolerance.iter().map(|(metric, c)| (metric.as_str(), c.met))) {
+                return None;
+            }
+            let unmet: Vec<String> =
+                tolerance.iter().filter(|(_, c)| !c.met).map(|(_, c)| format!("`{}`", c.criterion)).collect();
+            let beyond =
+                if unmet.is_empty() { String::new() } else { format!(" (more than {} allows)", unmet.join(" and ")) };
+            Some(format!("variant {variant}: {not_measured} of {episodes} episodes{beyond}"))
         })
         .collect();
     (!said.is_empty()).then(|| {
         format!(
             "{} not measured: the policy or a sandbox service failed, not the agent (failure classes policy_error, \
-             service_exited in index.json); the metrics and criteria are over the other episodes",
+             service_exited in index.json); the metrics and criteria are over the other episodes; a criterion on \
+             not_measured_rate or not_measured_episodes sets a tolerance",
             said.join(", ")
         )
     })
@@ -294,7 +311,7 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
     let done = all_finished && aggregated.complete;
     // Criteria met over the episodes that measured the agent pass no run
     // whose policy server or services failed the others.
-    let not_measured = not_measured(&aggregated.metrics);
+    let not_measured = not_measured(&aggregated.metrics, &aggregated.criteria);
 
     let phase = if failed > 0 && all_finished {
         TaskPhase::Failed
@@ -677,6 +694,44 @@ mod tests {
         let degraded = clean.conditions.iter().find(|c| c.type_ == condition_types::DEGRADED).expect("Degraded");
         assert_eq!(degraded.status, "False");
         assert_eq!(clean.phase, Some(TaskPhase::Succeeded));
+
+        // A criterion on not_measured_rate is the tolerance: within it the
+        // criteria decide; beyond it the task is Degraded as before.
+        let with_tolerance = |met: bool| {
+            let mut o = observed(12.0);
+            o.aggregated.criteria = vec![
+                CriterionResult {
+                    variant: "default".into(),
+                    criterion: "tool_call_accuracy >= 0.9".into(),
+                    met: true,
+                    observed: Some(0.95),
+                    message: None,
+                },
+                CriterionResult {
+                    variant: "default".into(),
+                    criterion: "not_measured_rate <= 25%".into(),
+                    met,
+                    observed: Some(0.2),
+                    message: None,
+                },
+            ];
+            compute(&o)
+        };
+        let tolerated = with_tolerance(true);
+        assert_eq!(tolerated.phase, Some(TaskPhase::Succeeded), "{:?}", tolerated.conditions);
+        let degraded = tolerated.conditions.iter().find(|c| c.type_ == condition_types::DEGRADED).expect("Degraded");
+        assert_eq!(degraded.status, "False", "within the tolerance the user wrote: {}", degraded.message);
+        let beyond = with_tolerance(false);
+        assert_eq!(beyond.phase, Some(TaskPhase::Failed));
+        let degraded = beyond.conditions.iter().find(|c| c.type_ == condition_types::DEGRADED).expect("Degraded");
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", EPISODES_NOT_MEASURED));
+        assert!(
+            degraded.message.starts_with(
+                "variant default: 12 of 60 episodes (more than `not_measured_rate <= 25%` allows) not measured"
+            ),
+            "{}",
+            degraded.message
+        );
     }
 
     #[test]

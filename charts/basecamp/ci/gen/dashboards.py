@@ -174,7 +174,8 @@ def evaluation():
                desc="Episodes the policy's server or a sandbox service failed (failure class policy_error or "
                     "service_exited): counted in Episodes, left out of every mean "
                     "(basecamp_task_not_measured_episodes). Above 0, the task's Degraded condition says "
-                    "EpisodesNotMeasured.",
+                    "EpisodesNotMeasured and the task fails, unless a success criterion on not_measured_rate "
+                    "or not_measured_episodes tolerates them.",
                thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None},
                                                          {"color": "orange", "value": 1}]},
                color_mode="background"), 4, 5)
