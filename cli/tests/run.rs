@@ -1271,6 +1271,39 @@ fn fail_the_policy_midway(project: &Path, episodes: usize) {
     std::fs::write(project.join("policy.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
 }
 
+/// A policy that fails every episode makes each shard give up after
+/// `outage_threshold` in a row (5 at `--concurrency 1`): the table, stderr
+/// and `run.json` say why and which episodes were not started, and the run
+/// exits 3 even with a criterion that tolerates every episode not measured
+/// (the test set was not covered). Before, all 60 episodes ran into the
+/// dead server, each after its retries.
+#[test]
+fn a_run_gives_up_on_a_policy_that_fails_episode_after_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    fail_the_policy_midway(&project, 60);
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    let tolerant = task.replacen("successCriteria:", "successCriteria:\n      - not_measured_rate <= 100%", 1);
+    std::fs::write(project.join("task.yaml"), tolerant).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = run_variant(&project, out.path(), "a", &["--shards", "1", "--concurrency", "1"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(3), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("a: shard 0 GAVE UP: 5 episodes in a row were ended by the policy's server or a service"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("55 episode(s) not started"), "{stdout}");
+    assert!(stderr.contains("error: variant a, shard 0: 5 episodes in a row"), "said when it happened: {stderr}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let variant = &run["variants"][0];
+    assert_eq!(variant["aggregate"]["episodes"], 5);
+    assert_eq!(variant["gave_up"][0]["not_started"].as_array().map(Vec::len), Some(55), "{variant}");
+    assert!(run["stopped_early"] != true, "not a stop: {run}");
+    let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(report.contains("gave-up") && report.contains("55 episode(s) not started"), "the report says it too");
+}
+
 /// A criterion on `not_measured_rate` is the run's tolerance for episodes
 /// its infrastructure failed: within it the run is judged on the measured
 /// episodes (b's criteria are met over its 50: exit 0 with

@@ -882,6 +882,7 @@ fn episode_runner(dir: &Path) -> EpisodeRunner {
         // As `basecamp-sandbox run` does: every call and episode is counted for /metrics.
         metrics: Some(Arc::new(SandboxMetrics::new())),
         logits: Default::default(),
+        policy_readiness: None,
     }
 }
 

@@ -205,6 +205,7 @@ pub fn build_runner_with_policy(
         live: LiveInjections::default(),
         metrics: None,
         logits: Default::default(),
+        policy_readiness: crate::readiness::Readiness::of(&task.policy),
     })
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Instant, SystemTime};
 
-use basecamp_trace::metrics::{Aggregate, EpisodeEnd, aggregate};
+use basecamp_trace::metrics::{Aggregate, EpisodeEnd, POLICY_ERROR, aggregate, measures_the_agent};
 use basecamp_trace::pb::Outcome;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
@@ -51,6 +51,11 @@ pub struct ShardSummary {
     /// Episodes the stop kept from starting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_started: Vec<String>,
+    /// Why the shard stopped starting episodes before the end of its test
+    /// set — the policy's server or a service failed episode after episode
+    /// — and the episodes it did not start ([`GaveUp`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gave_up: Option<GaveUp>,
     /// The sandbox's services that exited while the episodes used them:
     /// the calls to each failed from then on (`service_exited`). Set by the
     /// caller that ran the services (`basecamp-sandbox run`), after the
@@ -82,6 +87,104 @@ impl ShardSummary {
             }
         }
         files
+    }
+}
+
+/// A shard that stopped starting episodes because its infrastructure kept
+/// failing them: [`outage_threshold`] episodes in a row ended by the
+/// policy's server or a service (`policy_error`, `service_exited`), and
+/// the policy's server, when it has a readiness URL, did not answer ready
+/// again within its `startupTimeout`. Starting the rest would only have
+/// failed them too, each after its retries: a dead model server would
+/// have turned a 1,000-episode test set into 1,000 traces of the outage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GaveUp {
+    /// What failed and what the shard did about it, e.g. "8 episodes in a
+    /// row were ended by the policy's server or a service (the last, e7,
+    /// policy_error: ...); the policy server did not answer ready ...".
+    pub reason: String,
+    /// The episodes it did not start, in test-set order.
+    pub not_started: Vec<String>,
+}
+
+/// How many episodes in a row (in the order they end) the infrastructure
+/// must end before a shard waits for the policy's server or gives up:
+/// twice the episodes in flight (one outage fails every episode under way
+/// at once, and a burst of errors from a hosted API should not stop a run),
+/// and never fewer than 5.
+pub fn outage_threshold(concurrency: usize) -> usize {
+    concurrency.saturating_mul(2).max(5)
+}
+
+/// Counts the episodes the infrastructure ended in a row; a measured
+/// episode starts the count again.
+struct OutageWatch {
+    in_a_row: usize,
+    threshold: usize,
+}
+
+impl OutageWatch {
+    /// Notes an episode that ran; returns what the outage looks like when
+    /// this episode makes `threshold` in a row.
+    fn note(&mut self, result: &EpisodeResult) -> Option<String> {
+        if measures_the_agent(&result.failure_class) {
+            self.in_a_row = 0;
+            return None;
+        }
+        self.in_a_row += 1;
+        (self.in_a_row >= self.threshold).then(|| {
+            // A service's exit is said in the tool call that met it, not
+            // as the episode's error.
+            let error = result.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+            format!(
+                "{} episodes in a row were ended by the policy's server or a service (the last, {}, {}{error})",
+                self.in_a_row, result.id, result.failure_class,
+            )
+        })
+    }
+}
+
+/// What a shard does when its infrastructure failed [`outage_threshold`]
+/// episodes in a row: with a policy server that says when it is ready and
+/// a policy that failed, waits for it (as before the first episode) and
+/// goes on; otherwise — a hosted endpoint, a script, a service that exited
+/// (services are not restarted) — gives up. `None`: go on.
+async fn after_an_outage(
+    runner: &EpisodeRunner,
+    outage: String,
+    last_class: &str,
+    stop: &StopSignal,
+) -> Option<String> {
+    let where_ = format!("variant {}, shard {}", runner.header.variant, runner.header.shard);
+    let Some(readiness) = runner.policy_readiness.as_ref().filter(|_| last_class == POLICY_ERROR) else {
+        let why = if last_class == POLICY_ERROR {
+            "nothing tells when the policy is back (no spec.policy.server readiness URL to wait for)"
+        } else {
+            "a service that exited is not restarted"
+        };
+        let reason = format!("{outage}; {why}, so no more episodes were started");
+        crate::stderr_line!("error: {where_}: {reason}");
+        return Some(reason);
+    };
+    crate::stderr_line!(
+        "warning: {where_}: {outage}; waiting up to {} for the policy server to answer 200 at {} before starting more",
+        readiness.timeout,
+        readiness.url
+    );
+    tokio::select! {
+        ready = readiness.wait() => match ready {
+            Ok(took) => {
+                crate::stderr_line!("{where_}: the policy server is ready again after {:.1}s; going on", took.as_secs_f64());
+                None
+            }
+            Err(not_ready) => {
+                let reason = format!("{outage}; then {not_ready}");
+                crate::stderr_line!("error: {where_}: {reason}; no more episodes were started");
+                Some(reason)
+            }
+        },
+        // A stop ends the wait; the stop's own accounting follows.
+        () = stop.cancelled() => None,
     }
 }
 
@@ -173,8 +276,10 @@ pub async fn run_shard(
     let mut done: Vec<(usize, EpisodeResult)> = Vec::new();
     let mut lost = Vec::new();
     let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
+    let mut outage = OutageWatch { in_a_row: 0, threshold: outage_threshold(in_flight) };
+    let mut gave_up: Option<String> = None;
     loop {
-        while tasks.len() < in_flight && !stop.is_cancelled() {
+        while tasks.len() < in_flight && !stop.is_cancelled() && gave_up.is_none() {
             let Some((index, input)) = pending.next() else { break };
             let trace_created = Arc::new(AtomicBool::new(false));
             let episode_id = input.id.clone();
@@ -197,6 +302,11 @@ pub async fn run_shard(
         match joined {
             Ok((_, (index, Ended::Ran(result)))) => {
                 on_done(&result);
+                let seen = outage.note(&result).filter(|_| gave_up.is_none());
+                if let Some(seen) = seen {
+                    gave_up = after_an_outage(&runner, seen, &result.failure_class, &stop).await;
+                    outage.in_a_row = 0;
+                }
                 done.push((index, *result));
             }
             Ok((_, (_, Ended::Lost { error, trace_file }))) => lost.push(LostEpisode { id, error, trace_file }),
@@ -208,8 +318,15 @@ pub async fn run_shard(
             }
         }
     }
-    // The stop kept the rest from starting.
-    not_started.extend(pending.map(|(index, input)| (index, input.id)));
+    // The outage, or else the stop, kept the rest from starting.
+    let unstarted: Vec<(usize, String)> = pending.map(|(index, input)| (index, input.id)).collect();
+    let gave_up = match gave_up {
+        Some(reason) => Some(GaveUp { reason, not_started: unstarted.into_iter().map(|(_, id)| id).collect() }),
+        None => {
+            not_started.extend(unstarted);
+            None
+        }
+    };
     interrupted.sort();
     not_started.sort();
     done.sort_by_key(|(i, _)| *i);
@@ -234,6 +351,7 @@ pub async fn run_shard(
         interrupted_traces: interrupted.iter().filter_map(|(_, _, trace)| trace.clone()).collect(),
         interrupted: interrupted.into_iter().map(|(_, id, _)| id).collect(),
         not_started: not_started.into_iter().map(|(_, id)| id).collect(),
+        gave_up,
         service_exits: Vec::new(),
     };
     write_summary(&summary, out_dir)?;

@@ -209,6 +209,10 @@ pub struct EpisodeRunner {
     pub metrics: Option<Arc<crate::metrics::SandboxMetrics>>,
     /// Turns that come with raw logits are analysed here (shared by episodes).
     pub logits: Arc<LogitAnalytics>,
+    /// How to tell that the policy's server (`spec.policy.server`) is ready
+    /// again, when a shard finds it failing episode after episode
+    /// ([`crate::driver::run_shard`]); `None` for a hosted endpoint or a script.
+    pub policy_readiness: Option<crate::readiness::Readiness>,
 }
 
 /// An expected tool call: name, arguments, and the argument names compared (all when `None`).
@@ -397,6 +401,7 @@ impl EpisodeRunner {
             live: LiveInjections::default(),
             metrics: None,
             logits: Arc::default(),
+            policy_readiness: None,
         }
     }
 
@@ -528,6 +533,7 @@ impl EpisodeRunner {
             live: LiveInjections::default(),
             metrics: self.metrics.clone(),
             logits: self.logits.clone(),
+            policy_readiness: self.policy_readiness.clone(),
         }
     }
 

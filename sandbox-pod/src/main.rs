@@ -350,6 +350,19 @@ async fn run_command(args: RunArgs) -> ExitCode {
             code = ExitCode::from(exit_code::UPLOAD_FAILED);
         }
     }
+    if let Some(gave_up) = &s.gave_up {
+        // Not done: a later attempt (a new pod, its policy server started
+        // afresh) runs the shard again.
+        stderr_line!(
+            "error: gave up: {}; {} episodes not started (summary.json's gave_up lists them); exit {}",
+            gave_up.reason,
+            gave_up.not_started.len(),
+            exit_code::UNAVAILABLE
+        );
+        if code == ExitCode::SUCCESS {
+            code = ExitCode::from(exit_code::UNAVAILABLE);
+        }
+    }
     if s.stopped_early && code == ExitCode::SUCCESS {
         // Not done: a Job must not count this pod's shard as complete.
         stderr_line!(

@@ -77,13 +77,35 @@ pub async fn wait_until_ready(
     Err(NotReady { url: url.to_string(), timeout, last, attempts })
 }
 
+/// How to tell that a policy server (`spec.policy.server`) is ready: its
+/// readiness URL and how long to wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    pub url: String,
+    pub timeout: basecamp_api::Duration,
+}
+
+impl Readiness {
+    /// The policy's server's, `None` for a policy without one (a hosted
+    /// endpoint, a script): nothing then says when it is ready.
+    pub fn of(policy: &PolicySpec) -> Option<Self> {
+        let server = policy.server.as_ref()?;
+        Some(Self { url: server.readiness_url(), timeout: server.startup_timeout() })
+    }
+
+    /// Polls the URL until it answers 200 (every [`POLL_INTERVAL`], for at
+    /// most the timeout); returns how long that took.
+    pub async fn wait(&self) -> Result<Duration, NotReady> {
+        wait_until_ready(&self.url, self.timeout, POLL_INTERVAL).await
+    }
+}
+
 /// With `policy.server`, waits for it and returns how long that took
 /// (`None` without a server). Logs one line when it is ready.
 pub async fn wait_for_policy_server(policy: &PolicySpec) -> Result<Option<Duration>, NotReady> {
-    let Some(server) = &policy.server else { return Ok(None) };
-    let url = server.readiness_url();
-    let took = wait_until_ready(&url, server.startup_timeout(), POLL_INTERVAL).await?;
-    crate::stderr_line!("policy server ready: {url} answered 200 after {:.1}s", took.as_secs_f64());
+    let Some(readiness) = Readiness::of(policy) else { return Ok(None) };
+    let took = readiness.wait().await?;
+    crate::stderr_line!("policy server ready: {} answered 200 after {:.1}s", readiness.url, took.as_secs_f64());
     Ok(Some(took))
 }
 

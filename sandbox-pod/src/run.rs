@@ -47,6 +47,8 @@ pub mod exit_code {
     /// ([`RunError::is_transient`]). A policy server that never got ready
     /// within its `startupTimeout` stays a configuration error (1): the
     /// same model on the same kind of node would not get ready either.
+    /// Also a shard that gave up midway ([`crate::driver::GaveUp`]): its
+    /// policy's server or a service failed episode after episode.
     pub const UNAVAILABLE: u8 = 4;
     /// Episodes lost: their traces could not be written.
     pub const LOST_EPISODES: u8 = 2;

@@ -247,3 +247,111 @@ async fn a_long_test_set_has_a_task_only_for_the_episodes_in_flight() {
     let most_alive = most_alive.into_inner();
     assert!(most_alive <= 2 * CONCURRENCY, "{most_alive} tasks alive at once for {CONCURRENCY} episodes in flight");
 }
+
+/// A scripted policy of `n` episodes `e0`.. that answer at once, those for
+/// which `fails(i)` with an error (as a server answering 503 after its
+/// retries): each ends `policy_error`, the others `ok`.
+fn runner_of(dir: &std::path::Path, n: usize, fails: impl Fn(usize) -> bool) -> (EpisodeRunner, Vec<EpisodeInput>) {
+    let script = dir.join("policy.jsonl");
+    let lines: String = (0..n)
+        .map(|i| {
+            let turn =
+                if fails(i) { json!({"error": "upstream connect error (503)"}) } else { json!({"content": "done"}) };
+            format!("{}\n", json!({"episode": format!("e{i}"), "turns": [turn]}))
+        })
+        .collect();
+    std::fs::write(&script, lines).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::Scripted(ScriptedConfig { path: script })).unwrap();
+    let runner = EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy);
+    (runner, (0..n).map(|i| input(&format!("e{i}"))).collect())
+}
+
+fn ids(summary: &ShardSummary) -> Vec<&str> {
+    summary.episodes.iter().map(|e| e.id.as_str()).collect()
+}
+
+/// A policy that fails every episode makes the shard give up after
+/// `outage_threshold` of them in a row (5 at one in flight), the rest not
+/// started and named. Before, a dead model server turned the whole test
+/// set into traces of the outage, each after its retries.
+#[tokio::test]
+async fn a_shard_gives_up_when_the_policy_fails_episode_after_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    let (runner, inputs) = runner_of(dir.path(), 12, |_| true);
+    assert_eq!(basecamp_sandbox::driver::outage_threshold(1), 5);
+    let out = dir.path().join("out");
+    let summary = run_shard(Arc::new(runner), inputs, &out, 1, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(ids(&summary), ["e0", "e1", "e2", "e3", "e4"]);
+    assert_eq!(summary.aggregate.not_measured, 5);
+    let gave_up = summary.gave_up.as_ref().expect("gave up");
+    assert_eq!(gave_up.not_started, ["e5", "e6", "e7", "e8", "e9", "e10", "e11"]);
+    assert!(
+        gave_up.reason.starts_with(
+            "5 episodes in a row were ended by the policy's server or a service (the last, e4, policy_error: "
+        ),
+        "{}",
+        gave_up.reason
+    );
+    assert!(gave_up.reason.contains("upstream connect error (503)"), "{}", gave_up.reason);
+    assert!(gave_up.reason.contains("no spec.policy.server readiness URL"), "why it did not wait: {}", gave_up.reason);
+    assert!(!summary.stopped_early && summary.not_started.is_empty(), "no stop: {summary:?}");
+    let on_disk: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["gave_up"]["not_started"].as_array().map(Vec::len), Some(7));
+}
+
+/// Failures that a measured episode interrupts are an unreliable server,
+/// not a dead one: the count starts again and every episode runs.
+#[tokio::test]
+async fn a_measured_episode_between_failures_starts_the_count_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (runner, inputs) = runner_of(dir.path(), 15, |i| i % 5 != 4);
+    let summary =
+        run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(summary.episodes.len(), 15, "{:?}", summary.gave_up);
+    assert_eq!((summary.aggregate.not_measured, summary.gave_up), (12, None));
+}
+
+/// With a policy server (`spec.policy.server`), the shard waits for its
+/// readiness URL as before the first episode: ready again, it goes on;
+/// still down after `startupTimeout`, it gives up saying so.
+#[tokio::test]
+async fn a_shard_waits_for_a_policy_server_to_be_ready_again() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ready_url = format!("http://{}/health", listener.local_addr().unwrap());
+    let polled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = polled.clone();
+    let app = axum::Router::new().route(
+        "/health",
+        axum::routing::get(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { "ok" }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let (runner, inputs) = runner_of(dir.path(), 8, |_| true);
+    let readiness =
+        basecamp_sandbox::readiness::Readiness { url: ready_url, timeout: basecamp_api::Duration::from_millis(5_000) };
+    let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
+    let summary =
+        run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(summary.episodes.len(), 8, "ready again after 5, so the shard went on: {:?}", summary.gave_up);
+    assert_eq!(polled.load(std::sync::atomic::Ordering::SeqCst), 1, "asked once, after the 5th");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let (runner, inputs) = runner_of(dir.path(), 8, |_| true);
+    let readiness = basecamp_sandbox::readiness::Readiness {
+        url: format!("http://127.0.0.1:{closed}/health"),
+        timeout: basecamp_api::Duration::from_millis(600),
+    };
+    let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
+    let summary =
+        run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(ids(&summary), ["e0", "e1", "e2", "e3", "e4"]);
+    let gave_up = summary.gave_up.expect("still down");
+    assert!(gave_up.reason.contains("the policy server did not answer 200 at http://127.0.0.1:"), "{}", gave_up.reason);
+    assert!(gave_up.reason.contains("within 600ms"), "{}", gave_up.reason);
+    assert_eq!(gave_up.not_started, ["e5", "e6", "e7"]);
+}

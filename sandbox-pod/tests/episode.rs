@@ -105,6 +105,7 @@ fn runner(dir: &Path) -> EpisodeRunner {
         live: LiveInjections::default(),
         metrics: None,
         logits: Default::default(),
+        policy_readiness: None,
     }
 }
 

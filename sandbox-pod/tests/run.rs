@@ -1363,7 +1363,9 @@ fn a_live_injection_may_not_take_the_id_of_a_scheduled_one() {
 /// used it, with its exit status and the end of its log, on stderr and in
 /// its `summary.json` (`service_exits`, uploaded with the log), and the
 /// calls to it failed as `service_exited` errors naming it (they were bare
-/// `transport` errors; before that, nothing said it at all).
+/// `transport` errors; before that, nothing said it at all). Its episodes
+/// failing one after another, the shard gives up (a service is not
+/// restarted) and exits 4, so that the Job runs it again in a new pod.
 #[test]
 fn a_service_that_dies_during_the_run_is_named_on_stderr() {
     let dir = tempfile::tempdir().unwrap();
@@ -1387,7 +1389,11 @@ HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "the episodes ran, failing: {stderr}");
+    assert_eq!(output.status.code(), Some(4), "the shard gave up: {stderr}");
+    assert!(
+        stderr.contains("service_exited); a service that exited is not restarted, so no more episodes were started"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains(
             "warning: service tracking exited with exit status: 3 during the run; the tool calls to it failed"
@@ -1402,4 +1408,6 @@ HTTPServer((os.environ["HOST"], int(os.environ["PORT"])), Handler).serve_forever
     assert!(exits[0]["tail"].as_str().unwrap().contains("tracking crashed on /"), "{summary}");
     let episodes = summary["episodes"].as_array().unwrap();
     assert!(!episodes.is_empty() && episodes.iter().all(|e| e["failure_class"] == "service_exited"), "{summary}");
+    let not_started = summary["gave_up"]["not_started"].as_array().map_or(0, Vec::len);
+    assert_eq!(episodes.len() + not_started, 60, "every episode ran or is named as not started: {summary}");
 }

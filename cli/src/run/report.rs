@@ -121,6 +121,9 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
             let class = if v.not_measured_tolerated() { "muted" } else { "bad" };
             let _ = write!(h, "<p class=\"{class} not-measured\">variant {}: {}</p>", esc(&v.name), esc(&said));
         }
+        for gave_up in &v.gave_up {
+            let _ = write!(h, "<p class=\"bad gave-up\">variant {}: {}</p>", esc(&v.name), esc(&gave_up.sentence()));
+        }
         if let Some(warned) = &v.warned {
             let said = warned.sentence(v.aggregate.episodes);
             let _ = write!(h, "<p class=\"muted warned\">variant {}: {}</p>", esc(&v.name), esc(&said));

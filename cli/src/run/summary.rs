@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use basecamp_api::criteria::{NOT_MEASURED_METRICS, not_measured_tolerated, parse_criterion};
-use basecamp_sandbox::driver::{LostEpisode, ShardSummary};
+use basecamp_sandbox::driver::{GaveUp, LostEpisode, ShardSummary};
 use basecamp_sandbox::run::ResolvedVariant;
 use basecamp_sandbox::services::ServiceExit;
 use basecamp_trace::metrics::{
@@ -115,6 +115,31 @@ pub struct VariantSummary {
     /// as `logit_divergence` may rest on fewer episodes than ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warned: Option<Warned>,
+    /// Shards that stopped starting episodes because the policy's server or
+    /// a service failed episode after episode ([`GaveUp`]): the run did not
+    /// cover the test set, whatever the criteria tolerate.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gave_up: Vec<ShardGaveUp>,
+}
+
+/// See [`VariantSummary::gave_up`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardGaveUp {
+    pub shard: u32,
+    #[serde(flatten)]
+    pub gave_up: GaveUp,
+}
+
+impl ShardGaveUp {
+    /// What the table and the report say of it, after the variant's name.
+    pub fn sentence(&self) -> String {
+        format!(
+            "shard {} GAVE UP: {}; {} episode(s) not started",
+            self.shard,
+            self.gave_up.reason,
+            self.gave_up.not_started.len()
+        )
+    }
 }
 
 /// See [`VariantSummary::warned`].
@@ -275,7 +300,11 @@ impl VariantSummary {
         let (mut lost, mut interrupted, mut not_started) = (Vec::new(), Vec::new(), Vec::new());
         let mut interrupted_traces = Vec::new();
         let mut warned: Option<Warned> = None;
+        let mut gave_up = Vec::new();
         for (shard, dir) in &shards {
+            if let Some(g) = &shard.gave_up {
+                gave_up.push(ShardGaveUp { shard: shard.shard, gave_up: g.clone() });
+            }
             for e in &shard.episodes {
                 if let Some(warning) = e.warnings.first() {
                     warned
@@ -320,6 +349,7 @@ impl VariantSummary {
             not_started,
             kept_from_earlier_run: false,
             warned,
+            gave_up,
         }
     }
 }
@@ -383,11 +413,12 @@ impl RunSummary {
     /// Whether the infrastructure failed a variant this run ran beyond what
     /// its criteria tolerate: a service exited, or the policy's server or a
     /// service failed episodes, and no criterion on
-    /// [`NOT_MEASURED_METRICS`] lets it (`basecamp run` exits 3).
+    /// [`NOT_MEASURED_METRICS`] lets it; or a shard gave up, leaving
+    /// episodes unrun, which no criterion tolerates (`basecamp run` exits 3).
     pub fn infrastructure_failed(&self) -> bool {
         self.ran().any(|v| {
             let failed = v.aggregate.not_measured > 0 || self.service_exits.iter().any(|e| e.variant == v.name);
-            failed && !v.not_measured_tolerated()
+            (failed && !v.not_measured_tolerated()) || !v.gave_up.is_empty()
         })
     }
 
@@ -497,6 +528,9 @@ impl RunSummary {
             }
             for exited in self.service_exits.iter().filter(|e| e.variant == v.name) {
                 out.push_str(&format!("\n{}: {}", v.name, exited.consequence()));
+            }
+            for gave_up in &v.gave_up {
+                out.push_str(&format!("\n{}: {}", v.name, gave_up.sentence()));
             }
             if !v.interrupted.is_empty() || !v.not_started.is_empty() {
                 out.push_str(&format!(
@@ -656,6 +690,7 @@ mod tests {
             not_started: Vec::new(),
             kept_from_earlier_run: false,
             warned: None,
+            gave_up: Vec::new(),
         }
     }
 
