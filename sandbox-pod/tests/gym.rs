@@ -237,6 +237,7 @@ async fn a_full_episode_over_http_observes_steps_injects_rewards_and_traces() {
     assert_eq!(created["row_id"], "ok");
     assert_eq!(created["step"], 1);
     assert_eq!(created["done"], false);
+    assert_eq!((&created["terminated"], &created["truncated"]), (&json!(false), &json!(false)));
     assert_eq!(created["memory"], json!({"order_id": "A-1"}));
     assert_eq!(
         created["observation"]["messages"],
@@ -269,6 +270,7 @@ async fn a_full_episode_over_http_observes_steps_injects_rewards_and_traces() {
         .await;
     assert_eq!(status, 200, "{stepped}");
     assert_eq!(stepped["done"], false);
+    assert_eq!((&stepped["terminated"], &stepped["truncated"]), (&json!(false), &json!(false)), "gymnasium's pair");
     assert_eq!(stepped["reward"], 0.0);
     let info = &stepped["info"];
     assert_eq!(info["step"], 1);
@@ -289,6 +291,7 @@ async fn a_full_episode_over_http_observes_steps_injects_rewards_and_traces() {
     let (status, last) = server.post(&format!("/v1/episodes/{id}/step"), r#"{"content": "It ships tomorrow."}"#).await;
     assert_eq!(status, 200, "{last}");
     assert_eq!(last["done"], true);
+    assert_eq!((&last["terminated"], &last["truncated"]), (&json!(true), &json!(false)), "the agent's own end");
     let reward = last["reward"].as_f64().unwrap();
     assert!((reward - (0.7 - 0.3 * 2.0 / 4.0)).abs() < 1e-9, "{reward}");
     assert_eq!(last["info"]["outcome"], "completed");
@@ -1110,6 +1113,7 @@ async fn a_step_under_way_holds_up_no_read_injection_or_close() {
     let (status, cut) = second.await.unwrap();
     assert_eq!(status, 200, "{cut}");
     assert_eq!((&cut["done"], &cut["info"]["outcome"]), (&json!(true), &json!("cancelled")), "{cut}");
+    assert_eq!((&cut["terminated"], &cut["truncated"]), (&json!(false), &json!(true)), "cut off, not the agent's end");
     let (_, state) = server.get("/v1/episodes/busy").await;
     assert_eq!((&state["closed"], &state["step_in_progress"]), (&json!(true), &Value::Null), "{state}");
 

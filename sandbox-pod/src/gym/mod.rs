@@ -8,7 +8,7 @@
 //! trace from either mode reads the same.
 //!
 //! - `POST /v1/episodes` -> `{episode_id, observation, memory, …}`;
-//! - `POST /v1/episodes/{id}/step` -> `{observation, reward, done, info}`;
+//! - `POST /v1/episodes/{id}/step` -> `{observation, reward, done, terminated, truncated, info}` (gymnasium's pair);
 //! - `POST /v1/episodes/{id}/inject`: driver mode's live injection, same body;
 //! - `POST /v1/episodes/{id}/close` -> the episode's metrics (trace completed);
 //! - `GET /v1/episodes/{id}/trace` -> the `.trace` bytes;

@@ -227,11 +227,31 @@ fn result_json(episode_id: &str, result: &EpisodeResult) -> Value {
         fields.remove("id");
         fields.insert("episode_id".into(), json!(episode_id));
         fields.insert("reward".into(), json!(result.metrics.reward.unwrap_or(0.0)));
-        let cancelled = result.outcome == outcome_name(Outcome::Cancelled);
-        let truncated = ended_by_other_than_the_agent(cancelled, &result.failure_class);
-        fields.insert("truncated".into(), json!(truncated));
+        fields.insert("truncated".into(), json!(truncated(result)));
     }
     value
+}
+
+/// Whether an episode that ended was cut off by something other than the
+/// agent (gymnasium's `truncated`: closed early or idle, or failed by the
+/// policy's server or a service); the other endings (`completed`,
+/// `max_steps`, the agent's `error`) are `terminated`: the reward scores
+/// what the agent did with its steps.
+fn truncated(result: &EpisodeResult) -> bool {
+    let cancelled = result.outcome == outcome_name(Outcome::Cancelled);
+    ended_by_other_than_the_agent(cancelled, &result.failure_class)
+}
+
+/// `terminated` and `truncated` as gymnasium's `step` returns them beside
+/// `done` (their `or`): both false while the episode runs.
+fn ending(result: Option<&EpisodeResult>) -> (bool, bool) {
+    match result {
+        None => (false, false),
+        Some(result) => {
+            let truncated = truncated(result);
+            (!truncated, truncated)
+        }
+    }
 }
 
 fn episode_exists(id: &str) -> ApiError {
@@ -373,6 +393,8 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
         "step": episode.step(),
         "max_steps": gym.runner.max_steps,
         "done": !running,
+        "terminated": false,
+        "truncated": false,
         "injections": injections,
     });
     let step = episode.step();
@@ -383,6 +405,9 @@ async fn create(State(gym): State<GymState>, body: Result<Bytes, BytesRejection>
         if let Some(result) = &slot.result {
             body["result"] = result_json(&episode_id, result);
         }
+        let (terminated, truncated) = ending(slot.result.as_ref());
+        body["terminated"] = json!(terminated);
+        body["truncated"] = json!(truncated);
     }
     tracing::info!(episode = %episode_id, row = ?row_id, "episode created");
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
@@ -564,10 +589,13 @@ async fn play_step(gym: GymState, id: String, body: Bytes) -> Result<Response, A
             info["result"] = result_json(&id, result);
         }
     }
+    let (terminated, truncated) = ending(slot.result.as_ref().filter(|_| !running));
     let body = json!({
         "observation": {"messages": messages, "memory": memory},
         "reward": reward,
         "done": !running,
+        "terminated": terminated,
+        "truncated": truncated,
         "info": info,
     });
     Ok(axum::Json(body).into_response())
