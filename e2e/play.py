@@ -190,17 +190,26 @@ class Player:
         if target_file:
             target_file.unlink(missing_ok=True)
         seconds = time.monotonic() - t0
-        self.finish(pod, code, started)
+        self.finish(pod, code, started, log)
         played = Played(name, env.get("JOB_COMPLETION_INDEX", "?"), code, seconds, log, dict(meta.get("labels") or {}))
         with self.lock:
             self.played[name] = played
         return played
 
-    def finish(self, pod: dict, code: int, started: datetime) -> None:
-        """Writes the container's exit as the pod's terminal status."""
+    def finish(self, pod: dict, code: int, started: datetime, log: Path) -> None:
+        """Writes the container's exit as the pod's terminal status (with the
+        kubelet's FallbackToLogsOnError message when it failed)."""
         name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
         container = next(c for c in pod["spec"]["containers"] if c["name"] == SANDBOX_CONTAINER)
         fmt = TIME_FORMAT
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": started.strftime(fmt),
+            "finishedAt": datetime.now(timezone.utc).strftime(fmt),
+        }
+        if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            terminated["message"] = termination_message(log)
         status = {
             "phase": "Succeeded" if code == 0 else "Failed",
             "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted" if code == 0 else "PodFailed"}],
@@ -212,14 +221,7 @@ class Player:
                     "ready": False,
                     "restartCount": 0,
                     "started": False,
-                    "state": {
-                        "terminated": {
-                            "exitCode": code,
-                            "reason": "Completed" if code == 0 else "Error",
-                            "startedAt": started.strftime(fmt),
-                            "finishedAt": datetime.now(timezone.utc).strftime(fmt),
-                        }
-                    },
+                    "state": {"terminated": terminated},
                 }
             ],
         }

@@ -229,6 +229,14 @@ def test_strict80_fails_with_the_sandbox_gpu_refusal(kube: Kube, applied):
     st = t["status"]
     print(json.dumps({k: st.get(k) for k in ("phase", "shards", "conditions")}, indent=1))
     assert st["shards"]["b"]["failed"] == 1, st["shards"]
+    # The condition quotes the sandbox's own last error line (its pod's
+    # termination message), so nobody has to find the pod to learn why.
+    failed_condition = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed_condition["reason"] == "ShardsFailed", failed_condition
+    assert failed_condition["message"].startswith(
+        "1 of 1 shards failed; the last: variant b, shard 0: the sandbox exited with code 1: error ["), \
+        failed_condition
+    assert "GPU" in failed_condition["message"], failed_condition
     job = kube.items("jobs", "-n", ns, "-l", SEL.format("strict80"))[0]
     assert job["status"].get("failed", 0) == 1, job["status"]  # FailIndex on exit 1: no retry
 

@@ -43,8 +43,9 @@ use std::time::{Duration, Instant};
 use basecamp_api::task::{HarnessTaskStatus, ShardCounts};
 use basecamp_api::{HarnessTask, SandboxConfig};
 use basecamp_sandbox::storage::{Destination, Storage, UtcDate};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -406,6 +407,13 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         ctx.remember_finalizer(task);
     }
     let applied = applied?;
+    // Read before this reconcile publishes its Events (sent in the
+    // background), so that its API calls come in one order.
+    let shard_failure = if shard_states(task, &applied).iter().any(|(_, counts)| counts.failed > 0) {
+        last_shard_failure(&ctx.client, &namespace, task).await
+    } else {
+        None
+    };
     let task_uid = task.uid().unwrap_or_default();
     for variant in apply::delete_dropped_variants(&ctx.client, &ctx.caches, &namespace, &task_uid, &desired).await? {
         let note = format!("variant {variant} is no longer in the spec; its Job was deleted");
@@ -464,6 +472,7 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         aggregated,
         report_url: status::report_url(ctx.settings.report_base_url.as_deref(), &namespace, &task.name_any()),
         training: training.map(|t| t.observed),
+        shard_failure,
         now: now(),
     };
     let status = status::compute(&observed);
@@ -517,6 +526,29 @@ fn capacity_problem(world: &dereference::World, variants: &[ResolvedVariant]) ->
 
 /// Shard counts by variant: from the Job, or from status when the Job
 /// finished and its TTL removed it.
+/// What the last of the task's sandbox pods that failed said as it exited
+/// ([`status::shard_failure`]). Its pods only add detail to the
+/// ShardFailed condition: a list that fails (no right to read pods) leaves
+/// the condition as it was before this detail existed.
+async fn last_shard_failure(client: &Client, namespace: &str, task: &HarnessTask) -> Option<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    // The variants' own pods: those of the trainer and of checkpoint
+    // evaluations carry a role.
+    let selector = format!(
+        "{}={},!{}",
+        crate::build::names::TASK_LABEL,
+        crate::build::names::label_value(&task.name_any()),
+        crate::build::names::ROLE_LABEL
+    );
+    match pods.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => status::shard_failure(&list.items),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the task's sandbox pods; the ShardFailed condition names no exit");
+            None
+        }
+    }
+}
+
 fn shard_states(task: &HarnessTask, applied: &[AppliedJob]) -> Vec<(String, ShardCounts)> {
     let total = task.spec.shards();
     applied

@@ -16,6 +16,7 @@ use basecamp_api::criteria::{Criterion, NOT_MEASURED_METRICS, not_measured_toler
 use basecamp_api::task::{CriterionResult, HarnessTaskStatus, ShardCounts, TaskPhase, TrainingStatus, condition_types};
 use basecamp_trace::metrics::NOT_MEASURED_EPISODES;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -260,8 +261,54 @@ pub struct Observed<'a> {
     pub report_url: Option<String>,
     /// The training loop, for a task that trains.
     pub training: Option<TrainingObserved>,
+    /// What the last sandbox that failed said as it exited ([`shard_failure`]),
+    /// read from its pod while any shard has failed.
+    pub shard_failure: Option<String>,
     /// Now.
     pub now: Time,
+}
+
+/// The annotation (and label) a Job puts on each pod: its completion index, the shard.
+const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+/// The longest part of a termination message a condition quotes.
+const MAX_QUOTED: usize = 600;
+
+/// What the newest sandbox pod (of `pods`, a task's variant pods) whose
+/// sandbox container exited non-zero said: "variant b, shard 1: the
+/// sandbox exited with code 4: error: gave up: ...". The line quoted is the
+/// last of its termination message (FallbackToLogsOnError: the end of its
+/// log) that starts with `error`, else its last line, else the kubelet's
+/// reason. `None` when no such pod is left.
+pub fn shard_failure(pods: &[Pod]) -> Option<String> {
+    let (pod, terminated) = pods
+        .iter()
+        .filter_map(|pod| {
+            let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+            let sandbox = statuses.iter().find(|c| c.name == crate::build::job::SANDBOX_CONTAINER)?;
+            let terminated = sandbox.state.as_ref()?.terminated.as_ref()?;
+            (terminated.exit_code != 0).then_some((pod, terminated))
+        })
+        .max_by_key(|(_, terminated)| terminated.finished_at.clone())?;
+    let message = terminated.message.as_deref().unwrap_or_default();
+    let lines = || message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let said = lines()
+        .rev()
+        .find(|l| l.to_ascii_lowercase().starts_with("error"))
+        .or_else(|| lines().next_back())
+        .or(terminated.reason.as_deref())
+        .unwrap_or("no message");
+    let said = match said.char_indices().nth(MAX_QUOTED) {
+        Some((end, _)) => format!("{}...", &said[..end]),
+        None => said.to_string(),
+    };
+    let label = |key: &str| pod.labels().get(key).cloned().unwrap_or_else(|| "?".into());
+    let shard = pod.annotations().get(COMPLETION_INDEX).cloned().unwrap_or_else(|| label(COMPLETION_INDEX));
+    Some(format!(
+        "variant {}, shard {shard}: the sandbox exited with code {}: {said}",
+        label(crate::build::names::VARIANT_LABEL),
+        terminated.exit_code
+    ))
 }
 
 /// The task's page on `basecamp serve` at `base` (`<base>/tasks/<namespace>/<task>`).
@@ -382,7 +429,13 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
         // needs no GPU any more: a pool scaled to zero is not its problem.
         Decided::new(DEGRADED, true, INSUFFICIENT_GPU_CAPACITY, message.clone())
     } else if failed > 0 {
-        Decided::new(DEGRADED, true, SHARD_FAILED, format!("{failed} of {total} shards failed after their retries"))
+        let last = observed.shard_failure.as_ref().map(|f| format!("; the last: {f}")).unwrap_or_default();
+        Decided::new(
+            DEGRADED,
+            true,
+            SHARD_FAILED,
+            format!("{failed} of {total} shards failed after their retries{last}"),
+        )
     } else if let Some(message) = &not_measured {
         Decided::new(DEGRADED, true, EPISODES_NOT_MEASURED, message.clone())
     } else {
@@ -415,7 +468,10 @@ pub fn compute(observed: &Observed<'_>) -> HarnessTaskStatus {
                 FAILED,
                 true,
                 "ShardsFailed",
-                format!("{failed} of {total} shards failed; see the Jobs' pods and the traces"),
+                match &observed.shard_failure {
+                    Some(last) => format!("{failed} of {total} shards failed; the last: {last}"),
+                    None => format!("{failed} of {total} shards failed; see the Jobs' pods and the traces"),
+                },
             ));
         }
         TaskPhase::Failed if criteria_met && not_measured.is_some() => {
@@ -673,6 +729,7 @@ mod tests {
             aggregated: AggregatedStatus { metrics: metrics(not_measured), complete: true, ..Default::default() },
             report_url: None,
             training: None,
+            shard_failure: None,
             now: time(1),
         };
         let status = compute(&observed(12.0));
@@ -732,6 +789,51 @@ mod tests {
             "{}",
             degraded.message
         );
+    }
+
+    fn sandbox_pod(variant: &str, shard: u32, exit: i32, finished: &str, message: Option<&str>) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("t-{variant}-{shard}-{finished}"),
+                         "labels": {"basecamp.dev/variant": variant},
+                         "annotations": {"batch.kubernetes.io/job-completion-index": shard.to_string()}},
+            "status": {
+                "phase": if exit == 0 { "Succeeded" } else { "Failed" },
+                "initContainerStatuses": [{"name": "policy-server", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                    "state": {"terminated": {"exitCode": 143, "reason": "Error", "finishedAt": "2026-12-07T10:59:00Z"}}}],
+                "containerStatuses": [{"name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                    "state": {"terminated": {"exitCode": exit, "reason": "Error", "finishedAt": finished, "message": message}}}],
+            },
+        }))
+        .expect("a pod")
+    }
+
+    /// The ShardFailed condition quotes what the last failed sandbox said
+    /// (its last `error` line), not a sidecar stopped at the pod's end;
+    /// before, it said "see the Jobs' pods" and a user had to find them.
+    #[test]
+    fn a_failed_shard_is_named_with_what_its_sandbox_said() {
+        let gave_up = "episode ship-001: ok\nerror: gave up: 16 episodes in a row were ended by the policy's server or \
+                       a service; 14 episodes not started (summary.json's gave_up lists them); exit 4\nuploaded 24 files";
+        let pods = [
+            sandbox_pod("a", 0, 0, "2026-12-07T11:00:00Z", None),
+            sandbox_pod("b", 0, 1, "2026-12-07T10:00:00Z", Some("error: GPU arch not supported")),
+            sandbox_pod("b", 1, 4, "2026-12-07T10:30:00Z", Some(gave_up)),
+        ];
+        let said = shard_failure(&pods).expect("a failure");
+        assert_eq!(
+            said,
+            "variant b, shard 1: the sandbox exited with code 4: error: gave up: 16 episodes in a row were ended by \
+             the policy's server or a service; 14 episodes not started (summary.json's gave_up lists them); exit 4"
+        );
+        assert_eq!(
+            shard_failure(&[sandbox_pod("a", 2, 137, "2026-12-07T10:00:00Z", None)]).as_deref(),
+            Some("variant a, shard 2: the sandbox exited with code 137: Error"),
+            "no message: the kubelet's reason"
+        );
+        assert_eq!(shard_failure(&pods[..1]), None, "the sidecar's 143 is not the shard's failure");
+        let long = "x".repeat(2_000);
+        let quoted = shard_failure(&[sandbox_pod("a", 0, 1, "2026-12-07T10:00:00Z", Some(&long))]).unwrap();
+        assert!(quoted.ends_with("...") && quoted.len() < 700, "{}", quoted.len());
     }
 
     #[test]

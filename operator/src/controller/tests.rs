@@ -463,7 +463,17 @@ async fn a_failed_shard_degrades_the_task_with_a_warning() {
     let job = built_job(&current);
     let status = json!({"active": 1, "ready": 1, "failed": 3, "failedIndexes": "1"});
     let mut script = apply_calls(Reply::Json(200, merge(job, &json!({"status": status}))), status.clone());
+    // The failed shard's pod: its sandbox gave up (the termination message
+    // is the end of its log, FallbackToLogsOnError).
+    let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [{
+        "metadata": {"name": "eval-default-1-x", "labels": {"basecamp.dev/variant": "default"},
+                     "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
+        "status": {"phase": "Failed", "containerStatuses": [{
+            "name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+            "state": {"terminated": {"exitCode": 4, "reason": "Error", "finishedAt": "2026-01-02T03:04:05Z",
+                                     "message": "error: gave up: 16 episodes in a row were ended by the policy's server"}}}]}}]});
     script.extend([
+        call("GET", "/api/v1/namespaces/team-a/pods", Reply::Json(200, pods)),
         call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
         event(),
         event(),
@@ -471,11 +481,17 @@ async fn a_failed_shard_degrades_the_task_with_a_warning() {
     ]);
     let out = scenario(&current, storage_down(), script).await;
     assert!(out.result.is_ok(), "{:?}", out.result.err());
+    let listed = out.seen.iter().find(|s| s.uri.starts_with("/api/v1/namespaces/team-a/pods")).expect("pods listed");
+    assert!(listed.uri.contains("labelSelector=basecamp.dev%2Ftask%3Deval%2C%21basecamp.dev%2Frole"), "{}", listed.uri);
     let status = status_patch(&out.seen);
     assert_eq!(status["phase"], "Running");
     assert_eq!(status["shards"]["default"], json!({"total": 2, "succeeded": 0, "failed": 1, "running": 1}));
     assert_eq!(condition(&status, "Degraded")["reason"], "ShardFailed");
-    assert_eq!(condition(&status, "Degraded")["message"], "1 of 2 shards failed after their retries");
+    assert_eq!(
+        condition(&status, "Degraded")["message"],
+        "1 of 2 shards failed after their retries; the last: variant default, shard 1: the sandbox exited with code \
+         4: error: gave up: 16 episodes in a row were ended by the policy's server"
+    );
     assert_eq!(event_reasons(&out.seen)[2], ("Warning".into(), "ShardFailed".into()));
     let metrics = out.ctx.metrics.encode();
     assert!(
@@ -1174,13 +1190,20 @@ async fn a_failed_task_is_not_degraded_for_capacity_and_waits_for_a_change() {
     script.insert(1, call("GET", "/api/v1/nodes", Reply::Json(200, nodes)));
     // The GPU sandbox changes the template: the Job is replaced.
     script.insert(5, call("DELETE", JOB, Reply::Json(200, json!({"kind": "Status", "status": "Success"}))));
-    script.extend([call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone()))]);
+    // Without the right to read pods, the condition names no exit, and the reconcile goes on.
+    let forbidden = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                           "message": "pods is forbidden"});
+    script.extend([
+        call("GET", "/api/v1/namespaces/team-a/pods", Reply::Json(403, forbidden)),
+        call("PATCH", &format!("{TASK}/status"), Reply::Json(200, current.clone())),
+    ]);
     script.extend(std::iter::repeat_with(event).take(5));
     let out = scenario(&current, storage_down(), script).await;
     assert!(out.result.is_ok(), "{:?}", out.result.as_ref().err());
     let status = status_patch(&out.seen);
     assert_eq!(status["phase"], "Failed", "{status}");
     assert_eq!(condition(&status, "Degraded")["reason"], "ShardFailed");
+    assert_eq!(condition(&status, "Degraded")["message"], "2 of 2 shards failed after their retries");
     assert_eq!(out.result.ok(), Some(Action::await_change()), "a failed shard stays failed: nothing to poll");
 }
 

@@ -613,6 +613,7 @@ fn observed_status(task: &HarnessTask, shards_done: bool, training: TrainingStat
         aggregated,
         report_url: None,
         training: Some(status::TrainingObserved { status: training, problem: None }),
+        shard_failure: None,
         now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
     })
 }
