@@ -322,6 +322,9 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     let total: usize = jobs.iter().map(|j| j.inputs.len()).sum();
     let progress = progress_bar(total as u64, args.no_progress);
     progress.set_message(format!("{task_name}: {} variant(s) x {shard_count} shard(s)", variants.len()));
+    // The shards' lines (and this run's own) go above the bar.
+    let bar = progress.clone();
+    basecamp_sandbox::stderr::around_lines(Some(Box::new(move |write| bar.suspend(write))));
     let started = Instant::now();
     let mut running = tokio::task::JoinSet::new();
     // Which shard each task runs: a task that panics returns nothing to say so.
@@ -350,7 +353,7 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
         let joined = tokio::select! {
             joined = running.join_next_with_id() => joined,
             _ = service_poll.tick() => {
-                note_service_exits(&variants, &mut services, &mut service_exits, &progress);
+                note_service_exits(&variants, &mut services, &mut service_exits);
                 continue;
             }
         };
@@ -373,8 +376,9 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
     }
     failed_shards.sort_by(|a, b| (&a.variant, a.shard).cmp(&(&b.variant, b.shard)));
     // Before they are stopped: a service gone now died during the run.
-    note_service_exits(&variants, &mut services, &mut service_exits, &progress);
+    note_service_exits(&variants, &mut services, &mut service_exits);
     progress.finish_and_clear();
+    basecamp_sandbox::stderr::around_lines(None);
     drop(services);
     let wall_seconds = started.elapsed().as_secs_f64();
 
@@ -399,16 +403,15 @@ pub async fn run_task(args: &RunArgs, stop: StopSignal) -> Result<RunSummary> {
 const SERVICE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Adds the services that exited since the last look to `exits`, each said
-/// on stderr as a warning (above the progress bar).
+/// on stderr as a warning (above the progress bar, as every line of the run).
 fn note_service_exits(
     variants: &[basecamp_sandbox::run::ResolvedVariant],
     services: &mut [RunningServices],
     exits: &mut Vec<summary::ServiceExited>,
-    progress: &ProgressBar,
 ) {
     for (variant, running) in variants.iter().zip(services) {
         for exit in running.exited() {
-            progress.suspend(|| basecamp_sandbox::stderr_line!("warning: variant {}: {exit}", variant.name));
+            basecamp_sandbox::stderr_line!("warning: variant {}: {exit}", variant.name);
             exits.push(summary::ServiceExited { variant: variant.name.clone(), exit });
         }
     }
