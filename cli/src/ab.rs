@@ -320,9 +320,17 @@ fn summarize(name: &str, root: &Path, shards: Vec<Shard>) -> VariantSummary {
 }
 
 fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
-    let counts = |v: &VariantSummary| match v.aggregate.not_measured {
-        0 => format!("{} episodes, {} failed", v.aggregate.episodes, v.failed),
-        n => format!("{} episodes, {} failed, {n} NOT MEASURED", v.aggregate.episodes, v.failed),
+    let counts = |v: &VariantSummary| {
+        let mut said = format!("{} episodes, {} failed", v.aggregate.episodes, v.failed);
+        if v.aggregate.not_measured > 0 {
+            said.push_str(&format!(", {} NOT MEASURED", v.aggregate.not_measured));
+        }
+        // A shard that gave up left part of the test set unrun: the comparison is over fewer episodes.
+        let unrun: usize = v.gave_up.iter().map(|g| g.gave_up.not_started.len()).sum();
+        if !v.gave_up.is_empty() {
+            said.push_str(&format!(", {} shard(s) GAVE UP ({unrun} not started)", v.gave_up.len()));
+        }
+        said
     };
     let mut out = format!("{} ({}) vs {} ({})\n\n", b.name, counts(b), a.name, counts(a));
     out.push_str(&c.table());

@@ -1302,6 +1302,12 @@ fn a_run_gives_up_on_a_policy_that_fails_episode_after_episode() {
     assert!(run["stopped_early"] != true, "not a stop: {run}");
     let report = std::fs::read_to_string(out.path().join("report.html")).unwrap();
     assert!(report.contains("gave-up") && report.contains("55 episode(s) not started"), "the report says it too");
+    // `ab compare` says its comparison is over part of the test set.
+    let b = run_variant(&project, out.path(), "b", &["--shards", "1", "--concurrency", "1"]);
+    assert_eq!(b.status.code(), Some(3));
+    let ab = Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["ab", "compare"]).arg(out.path()).output().unwrap();
+    let said = String::from_utf8_lossy(&ab.stdout);
+    assert!(said.contains("5 episodes, 5 failed, 5 NOT MEASURED, 1 shard(s) GAVE UP (55 not started)"), "{said}");
 }
 
 /// A criterion on `not_measured_rate` is the run's tolerance for episodes
