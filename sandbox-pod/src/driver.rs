@@ -121,6 +121,9 @@ pub fn outage_threshold(concurrency: usize) -> usize {
 struct OutageWatch {
     in_a_row: usize,
     threshold: usize,
+    /// The policy server was waited for (and answered ready) since the
+    /// last measured episode.
+    waited: bool,
 }
 
 impl OutageWatch {
@@ -129,6 +132,7 @@ impl OutageWatch {
     fn note(&mut self, result: &EpisodeResult) -> Option<String> {
         if measures_the_agent(&result.failure_class) {
             self.in_a_row = 0;
+            self.waited = false;
             return None;
         }
         self.in_a_row += 1;
@@ -148,19 +152,27 @@ impl OutageWatch {
 /// episodes in a row: with a policy server that says when it is ready and
 /// a policy that failed, waits for it (as before the first episode) and
 /// goes on; otherwise — a hosted endpoint, a script, a service that exited
-/// (services are not restarted) — gives up. `None`: go on.
+/// (services are not restarted), a server that answered ready after the
+/// last outage and still failed every episode since — gives up. `None`: go on.
 async fn after_an_outage(
     runner: &EpisodeRunner,
     outage: String,
     last_class: &str,
+    waited: bool,
     stop: &StopSignal,
 ) -> Option<String> {
     let where_ = format!("variant {}, shard {}", runner.header.variant, runner.header.shard);
-    let Some(readiness) = runner.policy_readiness.as_ref().filter(|_| last_class == POLICY_ERROR) else {
-        let why = if last_class == POLICY_ERROR {
-            "nothing tells when the policy is back (no spec.policy.server readiness URL to wait for)"
-        } else {
-            "a service that exited is not restarted"
+    let readiness = runner.policy_readiness.as_ref().filter(|_| last_class == POLICY_ERROR);
+    let Some(readiness) = readiness.filter(|_| !waited) else {
+        let why = match readiness {
+            Some(readiness) => format!(
+                "the policy server answered ready at {} after the last outage, yet no episode since was measured",
+                readiness.url
+            ),
+            None if last_class == POLICY_ERROR => {
+                "nothing tells when the policy is back (no spec.policy.server readiness URL to wait for)".to_string()
+            }
+            None => "a service that exited is not restarted".to_string(),
         };
         let reason = format!("{outage}; {why}, so no more episodes were started");
         crate::stderr_line!("error: {where_}: {reason}");
@@ -276,7 +288,7 @@ pub async fn run_shard(
     let mut done: Vec<(usize, EpisodeResult)> = Vec::new();
     let mut lost = Vec::new();
     let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
-    let mut outage = OutageWatch { in_a_row: 0, threshold: outage_threshold(in_flight) };
+    let mut outage = OutageWatch { in_a_row: 0, threshold: outage_threshold(in_flight), waited: false };
     let mut gave_up: Option<String> = None;
     loop {
         while tasks.len() < in_flight && !stop.is_cancelled() && gave_up.is_none() {
@@ -304,8 +316,9 @@ pub async fn run_shard(
                 on_done(&result);
                 let seen = outage.note(&result).filter(|_| gave_up.is_none());
                 if let Some(seen) = seen {
-                    gave_up = after_an_outage(&runner, seen, &result.failure_class, &stop).await;
+                    gave_up = after_an_outage(&runner, seen, &result.failure_class, outage.waited, &stop).await;
                     outage.in_a_row = 0;
+                    outage.waited = true;
                 }
                 done.push((index, *result));
             }

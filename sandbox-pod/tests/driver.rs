@@ -331,13 +331,31 @@ async fn a_shard_waits_for_a_policy_server_to_be_ready_again() {
 
     let dir = tempfile::tempdir().unwrap();
     let (runner, inputs) = runner_of(dir.path(), 8, |_| true);
-    let readiness =
-        basecamp_sandbox::readiness::Readiness { url: ready_url, timeout: basecamp_api::Duration::from_millis(5_000) };
+    let readiness = basecamp_sandbox::readiness::Readiness {
+        url: ready_url.clone(),
+        timeout: basecamp_api::Duration::from_millis(5_000),
+    };
     let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
     let summary =
         run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
     assert_eq!(summary.episodes.len(), 8, "ready again after 5, so the shard went on: {:?}", summary.gave_up);
     assert_eq!(polled.load(std::sync::atomic::Ordering::SeqCst), 1, "asked once, after the 5th");
+
+    // Ready, yet failing every episode again: a broken server, not a restart. The shard gives up.
+    let dir = tempfile::tempdir().unwrap();
+    let (runner, inputs) = runner_of(dir.path(), 12, |_| true);
+    let readiness = basecamp_sandbox::readiness::Readiness {
+        url: ready_url.clone(),
+        timeout: basecamp_api::Duration::from_millis(5_000),
+    };
+    let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
+    let summary =
+        run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
+    assert_eq!(summary.episodes.len(), 10, "5, the wait, 5 more: {:?}", summary.gave_up);
+    let gave_up = summary.gave_up.expect("gave up");
+    assert!(gave_up.reason.contains("answered ready at http://127.0.0.1:"), "{}", gave_up.reason);
+    assert!(gave_up.reason.contains("yet no episode since was measured"), "{}", gave_up.reason);
+    assert_eq!(gave_up.not_started, ["e10", "e11"]);
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
