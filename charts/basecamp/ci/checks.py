@@ -489,7 +489,7 @@ def cmd_assert(which, rendered):
         if rule:
             alerts = {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}
             need = {"BasecampOperatorDown", "BasecampReconcileErrors", "BasecampTaskCriteriaNotMet",
-                    "BasecampShardsFailing"}
+                    "BasecampShardsFailing", "BasecampEpisodesNotMeasured"}
             if not need <= alerts:
                 problem(f"alerts missing: {sorted(need - alerts)}")
         for cm in dashboards:
