@@ -329,28 +329,12 @@ async fn a_shard_waits_for_a_policy_server_to_be_ready_again() {
     );
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let dir = tempfile::tempdir().unwrap();
-    let (runner, inputs) = runner_of(dir.path(), 8, |_| true);
-    let readiness = basecamp_sandbox::readiness::Readiness {
-        url: ready_url.clone(),
-        timeout: basecamp_api::Duration::from_millis(5_000),
-    };
-    let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
-    let summary =
-        run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
+    let summary = every_episode_failing_with_a_server(8, &ready_url, 5_000).await;
     assert_eq!(summary.episodes.len(), 8, "ready again after 5, so the shard went on: {:?}", summary.gave_up);
     assert_eq!(polled.load(std::sync::atomic::Ordering::SeqCst), 1, "asked once, after the 5th");
 
     // Ready, yet failing every episode again: a broken server, not a restart. The shard gives up.
-    let dir = tempfile::tempdir().unwrap();
-    let (runner, inputs) = runner_of(dir.path(), 12, |_| true);
-    let readiness = basecamp_sandbox::readiness::Readiness {
-        url: ready_url.clone(),
-        timeout: basecamp_api::Duration::from_millis(5_000),
-    };
-    let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
-    let summary =
-        run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
+    let summary = every_episode_failing_with_a_server(12, &ready_url, 5_000).await;
     assert_eq!(summary.episodes.len(), 10, "5, the wait, 5 more: {:?}", summary.gave_up);
     let gave_up = summary.gave_up.expect("gave up");
     assert!(gave_up.reason.contains("answered ready at http://127.0.0.1:"), "{}", gave_up.reason);
@@ -358,18 +342,23 @@ async fn a_shard_waits_for_a_policy_server_to_be_ready_again() {
     assert_eq!(gave_up.not_started, ["e10", "e11"]);
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let dir = tempfile::tempdir().unwrap();
-    let (runner, inputs) = runner_of(dir.path(), 8, |_| true);
-    let readiness = basecamp_sandbox::readiness::Readiness {
-        url: format!("http://127.0.0.1:{closed}/health"),
-        timeout: basecamp_api::Duration::from_millis(600),
-    };
-    let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
-    let summary =
-        run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap();
+    let summary = every_episode_failing_with_a_server(8, &format!("http://127.0.0.1:{closed}/health"), 600).await;
     assert_eq!(ids(&summary), ["e0", "e1", "e2", "e3", "e4"]);
     let gave_up = summary.gave_up.expect("still down");
     assert!(gave_up.reason.contains("the policy server did not answer 200 at http://127.0.0.1:"), "{}", gave_up.reason);
     assert!(gave_up.reason.contains("within 600ms"), "{}", gave_up.reason);
     assert_eq!(gave_up.not_started, ["e5", "e6", "e7"]);
+}
+
+/// A shard of `episodes` that all fail, one at a time, whose policy server
+/// says it is ready at `url` (waited for at most `timeout_ms`).
+async fn every_episode_failing_with_a_server(episodes: usize, url: &str, timeout_ms: i64) -> ShardSummary {
+    let dir = tempfile::tempdir().unwrap();
+    let (runner, inputs) = runner_of(dir.path(), episodes, |_| true);
+    let readiness = basecamp_sandbox::readiness::Readiness {
+        url: url.to_string(),
+        timeout: basecamp_api::Duration::from_millis(timeout_ms),
+    };
+    let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
+    run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap()
 }
