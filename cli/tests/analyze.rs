@@ -519,3 +519,16 @@ fn a_dash_reads_the_logits_from_standard_input() {
     let line = failure(&analyze(&["--logits", "-", "-"]));
     assert_eq!(line, "error: --logits: only one of the files can be `-` (standard input)");
 }
+
+/// A third file is refused, however it is given; before, `--logits a
+/// --logits b --logits c` ignored `c` without a word (and `--logits a b c`
+/// got clap's "unexpected argument").
+#[test]
+fn a_third_logits_file_is_refused_naming_all_three() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = write(dir.path(), "a.safetensors", &[RawTensor::f32("logits", &[1, 2], &[0.0, 1.0])]);
+    let a = path_str(&a);
+    let said = "error: --logits takes one file, or two for KL(first || second) per token; got 3: ";
+    assert_eq!(failure(&analyze(&["--logits", a, "--logits", a, "--logits", a])), format!("{said}{a}, {a}, {a}"));
+    assert_eq!(failure(&analyze(&["--logits", a, a, a])), format!("{said}{a}, {a}, {a}"));
+}

@@ -44,7 +44,7 @@ pub struct AnalyzeArgs {
     /// The logits (2-D [tokens, vocab], or [1, tokens, vocab]; F32 or BF16,
     /// safetensors; `-` for standard input); a second file adds KL(first ||
     /// second) per token.
-    #[arg(long = "logits", value_name = "FILE", required = true, num_args = 1..=2)]
+    #[arg(long = "logits", value_name = "FILE", required = true, num_args = 1..)]
     logits: Vec<PathBuf>,
     /// The tensor to read (default: the file's only tensor, or "logits").
     #[arg(long, value_name = "NAME")]
@@ -72,6 +72,16 @@ impl Source<'_> {
 }
 
 pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
+    // Counted here, not by clap: `--logits a --logits b --logits c` passed
+    // its per-flag bound and the third file was ignored without a word.
+    if args.logits.len() > 2 {
+        let given: Vec<String> = args.logits.iter().map(|p| p.display().to_string()).collect();
+        bail!(
+            "--logits takes one file, or two for KL(first || second) per token; got {}: {}",
+            given.len(),
+            given.join(", ")
+        );
+    }
     if args.logits.iter().filter(|path| path.as_os_str() == "-").count() > 1 {
         anyhow::bail!("--logits: only one of the files can be `-` (standard input)");
     }
