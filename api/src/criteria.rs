@@ -208,6 +208,30 @@ impl Criterion {
     }
 }
 
+impl Criterion {
+    /// Why a criterion on a count (`episodes`, `lost_episodes`,
+    /// `not_measured_episodes`) compared with a fraction between 0 and 1
+    /// (`not_measured_episodes <= 1%`) is most likely not what was meant:
+    /// a count is a whole number, so it reads as a bound of 0 or 1
+    /// episodes, not as a share. `None` for every other criterion.
+    pub fn count_against_a_fraction(&self) -> Option<String> {
+        let t = self.threshold.value();
+        let fraction = matches!(self.threshold, Threshold::Number(_)) && t > 0.0 && t < 1.0;
+        if !fraction || metric_kind(&self.metric) != Some(MetricKind::Count) {
+            return None;
+        }
+        let share = if NOT_MEASURED_METRICS[0] == self.metric {
+            format!("; for a share of the episodes write `{} {} {t}`", NOT_MEASURED_METRICS[1], self.op.as_str())
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "{} counts episodes, a whole number, but {t} is a fraction: the criterion bounds the count, not a share{share}",
+            self.metric
+        ))
+    }
+}
+
 impl fmt::Display for Criterion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
@@ -439,5 +463,22 @@ mod tests {
         let beyond_a_share: Criterion = "not_measured_rate <= 5".parse().unwrap();
         assert!(beyond_a_share.never_met_because().is_none(), "<= 5 holds for any share: odd, but met");
         assert!("not_measured_rate > 1".parse::<Criterion>().unwrap().never_met_because().is_some());
+    }
+
+    #[test]
+    fn a_count_against_a_fraction_is_flagged_with_the_share_metric_to_use() {
+        let doubt = |text: &str| text.parse::<Criterion>().unwrap().count_against_a_fraction();
+        let said = doubt("not_measured_episodes <= 1%").expect("1% of what?");
+        assert_eq!(
+            said,
+            "not_measured_episodes counts episodes, a whole number, but 0.01 is a fraction: the criterion bounds the \
+             count, not a share; for a share of the episodes write `not_measured_rate <= 0.01`"
+        );
+        assert!(doubt("lost_episodes < 0.5").is_some_and(|s| !s.contains("not_measured_rate")));
+        for fine in
+            ["not_measured_episodes <= 5", "not_measured_episodes == 0", "not_measured_rate <= 1%", "episodes >= 60"]
+        {
+            assert_eq!(doubt(fine), None, "{fine}");
+        }
     }
 }

@@ -60,6 +60,12 @@ pub(super) fn validate(
                         path,
                         format!("success criterion {criterion:?}: {reason}{hint}"),
                     ));
+                } else if let Some(reason) = parsed.count_against_a_fraction() {
+                    problems.push(Problem::warning(
+                        Rule::InvalidCriterion,
+                        path,
+                        format!("success criterion {criterion:?}: {reason}"),
+                    ));
                 }
             }
         }

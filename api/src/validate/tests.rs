@@ -857,6 +857,23 @@ fn success_criteria_that_can_never_be_met_are_warned_about() {
     assert!(problems[4].message.contains("not a time"), "{}", problems[4]);
 }
 
+/// `not_measured_episodes <= 1%` bounds a count by 0.01 (no episode at
+/// all), not the share it reads as: validation says so and names the rate.
+#[test]
+fn a_count_compared_with_a_fraction_is_warned_about() {
+    let criteria = json!({"taskDefinition": {"successCriteria": [
+        "not_measured_rate <= 1%",
+        "not_measured_episodes <= 5",
+        "not_measured_episodes <= 1%"
+    ]}});
+    let report = check_task(with(good_task(), criteria), good_sandbox());
+    let problems: Vec<&Problem> = report.by_rule(Rule::InvalidCriterion).collect();
+    assert_eq!(problems.len(), 1, "{report}");
+    assert_eq!(field(problems[0]), "spec.taskDefinition.successCriteria[2]");
+    assert_eq!(problems[0].severity, Severity::Warning);
+    assert!(problems[0].message.contains("write `not_measured_rate <= 0.01`"), "{}", problems[0]);
+}
+
 #[test]
 fn unknown_or_repeated_metrics_and_repeated_criteria_are_warnings() {
     let spec = json!({
