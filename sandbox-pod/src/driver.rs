@@ -4,6 +4,11 @@
 //! that ran is in it, with its failure class and trace file, and so is the
 //! trace file of each episode cut off or lost after its trace was created,
 //! so that the summary names every file the shard wrote.
+//!
+//! A shard whose policy's server or services end episode after episode
+//! ([`outage_threshold`] in a row) waits for the policy server's readiness,
+//! or stops starting episodes ([`GaveUp`]): a dead server costs a few
+//! episodes, not the whole test set.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -94,7 +99,8 @@ impl ShardSummary {
 /// failing them: [`outage_threshold`] episodes in a row ended by the
 /// policy's server or a service (`policy_error`, `service_exited`), and
 /// the policy's server, when it has a readiness URL, did not answer ready
-/// again within its `startupTimeout`. Starting the rest would only have
+/// again within its `startupTimeout` (or answered ready after an earlier
+/// outage and failed every episode since). Starting the rest would only have
 /// failed them too, each after its retries: a dead model server would
 /// have turned a 1,000-episode test set into 1,000 traces of the outage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
