@@ -1260,6 +1260,13 @@ fn a_policy_server_that_never_answers_says_basecamp_run_does_not_start_it() {
     );
 }
 
+/// Writes the example's `task.yaml` as `task` (its text) with `criterion`
+/// added to its success criteria.
+fn with_criterion(project: &Path, task: &str, criterion: &str) {
+    let criteria = format!("successCriteria:\n      - {criterion}");
+    std::fs::write(project.join("task.yaml"), task.replacen("successCriteria:", &criteria, 1)).unwrap();
+}
+
 /// Makes the scripted policy of the first `episodes` episodes fail on its
 /// second turn, as a server answering 503 does.
 fn fail_the_policy_midway(project: &Path, episodes: usize) {
@@ -1283,8 +1290,7 @@ fn a_run_gives_up_on_a_policy_that_fails_episode_after_episode() {
     let project = example_copy(dir.path());
     fail_the_policy_midway(&project, 60);
     let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
-    let tolerant = task.replacen("successCriteria:", "successCriteria:\n      - not_measured_rate <= 100%", 1);
-    std::fs::write(project.join("task.yaml"), tolerant).unwrap();
+    with_criterion(&project, &task, "not_measured_rate <= 100%");
     let out = tempfile::tempdir().unwrap();
     let output = run_variant(&project, out.path(), "a", &["--shards", "1", "--concurrency", "1"]);
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
@@ -1322,8 +1328,7 @@ fn a_criterion_on_not_measured_rate_sets_the_runs_tolerance() {
     fail_the_policy_midway(&project, 10);
     let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
     let with = |criterion: &str| {
-        let criteria = format!("successCriteria:\n      - {criterion}");
-        std::fs::write(project.join("task.yaml"), task.replacen("successCriteria:", &criteria, 1)).unwrap();
+        with_criterion(&project, &task, criterion);
         let out = tempfile::tempdir().unwrap();
         let output = run_variant(&project, out.path(), "b", &["--fail-on-criteria"]);
         (

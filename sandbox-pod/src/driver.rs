@@ -152,6 +152,13 @@ impl OutageWatch {
             )
         })
     }
+
+    /// The policy server answered ready after an outage: counting starts
+    /// again, and a next outage before any measured episode is not waited for.
+    fn waited_for_the_server(&mut self) {
+        self.in_a_row = 0;
+        self.waited = true;
+    }
 }
 
 /// What a shard does when its infrastructure failed [`outage_threshold`]
@@ -323,8 +330,7 @@ pub async fn run_shard(
                 let seen = outage.note(&result).filter(|_| gave_up.is_none());
                 if let Some(seen) = seen {
                     gave_up = after_an_outage(&runner, seen, &result.failure_class, outage.waited, &stop).await;
-                    outage.in_a_row = 0;
-                    outage.waited = true;
+                    outage.waited_for_the_server();
                 }
                 done.push((index, *result));
             }

@@ -409,7 +409,8 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
     let applied = applied?;
     // Read before this reconcile publishes its Events (sent in the
     // background), so that its API calls come in one order.
-    let shard_failure = if shard_states(task, &applied).iter().any(|(_, counts)| counts.failed > 0) {
+    let shards = shard_states(task, &applied);
+    let shard_failure = if shards.iter().any(|(_, counts)| counts.failed > 0) {
         last_shard_failure(&ctx.client, &namespace, task).await
     } else {
         None
@@ -427,7 +428,6 @@ async fn run(task: &HarnessTask, ctx: &Context) -> Result<Action, Error> {
         // replacement read as the first's.
         ctx.publish(task, false, "JobReplaced", &note, &format!("ReplaceJob {}", replaced.variant));
     }
-    let shards = shard_states(task, &applied);
     let aggregated = aggregate_step(task, ctx, &applied, &shards).await;
     let training = crate::training::reconcile(&ctx.client, &ctx.caches, &ctx.storage, &ctx.metrics, &input).await?;
     if training.as_ref().is_some_and(|t| t.trainer_replaced) {
