@@ -287,6 +287,7 @@ mod tests {
             fields.iter().filter_map(|(path, _)| path.rsplit('.').next()).collect();
         let expected = [
             "backoff",
+            "outageTimeout",
             "planStepTimeout",
             "readyTimeout",
             "recordTimeout",

@@ -411,6 +411,15 @@ pub struct PolicySpec {
     /// Timeout of one request. At most 7 days (168h). Default: 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout: Option<Duration>,
+    /// How long a shard waits for `endpoint` (a policy without `server`)
+    /// to answer again after an outage: when episode after episode failed
+    /// on it, having measured one before, `GET <endpoint>/models` is polled
+    /// until it answers anything but 408, 429 or 5xx, and the shard goes on
+    /// (or gives up, starting no more episodes, once this has passed). `0s`
+    /// gives up at once. A policy server's outage is waited for up to its
+    /// `startupTimeout`. At most 7 days (168h). Default: 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outage_timeout: Option<Duration>,
     /// A scripted policy instead of an endpoint: a JSONL file of responses
     /// (for tests and replay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -431,6 +440,11 @@ impl PolicySpec {
     /// The request timeout (default 60 s).
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout.unwrap_or(Duration::from_secs(60))
+    }
+
+    /// How long a shard waits for a hosted endpoint after an outage (default 5 min).
+    pub fn outage_timeout(&self) -> Duration {
+        self.outage_timeout.unwrap_or(Duration::from_secs(300))
     }
 }
 

@@ -137,6 +137,7 @@ pub fn build_runner_with_policy(
     policy: Policy,
 ) -> Result<EpisodeRunner, ConfigError> {
     let executor = build_executor(sandbox, &ctx.base_dir)?;
+    let policy_readiness = crate::readiness::Readiness::after_an_outage(&task.policy, &policy);
     let tools = sandbox
         .tools
         .iter()
@@ -205,7 +206,7 @@ pub fn build_runner_with_policy(
         live: LiveInjections::default(),
         metrics: None,
         logits: Default::default(),
-        policy_readiness: crate::readiness::Readiness::of(&task.policy),
+        policy_readiness,
     })
 }
 

@@ -6,9 +6,10 @@
 //! so that the summary names every file the shard wrote.
 //!
 //! A shard whose policy's server or services end episode after episode
-//! ([`outage_threshold`] in a row) waits for the policy server's readiness,
-//! or stops starting episodes ([`GaveUp`]): a dead server costs a few
-//! episodes, not the whole test set.
+//! ([`outage_threshold`] in a row) waits for the policy to answer again
+//! (its server's readiness URL; a hosted endpoint's `/models`, once the
+//! endpoint has served a measured episode), or stops starting episodes
+//! ([`GaveUp`]): a dead server costs a few episodes, not the whole test set.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -98,9 +99,11 @@ impl ShardSummary {
 /// A shard that stopped starting episodes because its infrastructure kept
 /// failing them: [`outage_threshold`] episodes in a row ended by the
 /// policy's server or a service (`policy_error`, `service_exited`), and
-/// the policy's server, when it has a readiness URL, did not answer ready
-/// again within its `startupTimeout` (or answered ready after an earlier
-/// outage and failed every episode since). Starting the rest would only have
+/// the policy did not answer again in time — its server's readiness URL
+/// within its `startupTimeout`, a hosted endpoint's `/models` within
+/// `spec.policy.outageTimeout` — or answered after an earlier outage and
+/// failed every episode since, or is an endpoint that never served a
+/// measured episode (a wrong URL, model or key is not an outage). Starting the rest would only have
 /// failed them too, each after its retries: a dead model server would
 /// have turned a 1,000-episode test set into 1,000 traces of the outage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,9 +130,11 @@ pub fn outage_threshold(concurrency: usize) -> usize {
 struct OutageWatch {
     in_a_row: usize,
     threshold: usize,
-    /// The policy server was waited for (and answered ready) since the
-    /// last measured episode.
+    /// The policy was waited for (and answered) since the last measured
+    /// episode.
     waited: bool,
+    /// An episode of this shard was measured: the policy has worked.
+    measured_any: bool,
 }
 
 impl OutageWatch {
@@ -139,6 +144,7 @@ impl OutageWatch {
         if measures_the_agent(&result.failure_class) {
             self.in_a_row = 0;
             self.waited = false;
+            self.measured_any = true;
             return None;
         }
         self.in_a_row += 1;
@@ -153,8 +159,8 @@ impl OutageWatch {
         })
     }
 
-    /// The policy server answered ready after an outage: counting starts
-    /// again, and a next outage before any measured episode is not waited for.
+    /// The policy answered after an outage: counting starts again, and a
+    /// next outage before any measured episode is not waited for.
     fn waited_for_the_server(&mut self) {
         self.in_a_row = 0;
         self.waited = true;
@@ -162,29 +168,36 @@ impl OutageWatch {
 }
 
 /// What a shard does when its infrastructure failed [`outage_threshold`]
-/// episodes in a row: with a policy server that says when it is ready and
-/// a policy that failed, waits for it (as before the first episode) and
-/// goes on; otherwise — a hosted endpoint, a script, a service that exited
-/// (services are not restarted), a server that answered ready after the
+/// episodes in a row: when the policy failed and something says when it
+/// answers again (its server's readiness URL; a hosted endpoint's
+/// `/models`, once the endpoint has served a measured episode), waits for
+/// that and goes on; otherwise — a script, an endpoint that never served
+/// one (a wrong URL, model or key), `outageTimeout: 0s`, a service that
+/// exited (services are not restarted), a policy that answered after the
 /// last outage and still failed every episode since — gives up. `None`: go on.
 async fn after_an_outage(
     runner: &EpisodeRunner,
     outage: String,
     last_class: &str,
-    waited: bool,
+    watch: &OutageWatch,
     stop: &StopSignal,
 ) -> Option<String> {
+    use crate::readiness::Awaited;
     let where_ = format!("variant {}, shard {}", runner.header.variant, runner.header.shard);
     let readiness = runner.policy_readiness.as_ref().filter(|_| last_class == POLICY_ERROR);
-    let Some(readiness) = readiness.filter(|_| !waited) else {
+    let never_served = readiness.is_some_and(|r| r.awaited() == Awaited::Endpoint && !watch.measured_any);
+    let Some(readiness) = readiness.filter(|_| !watch.waited && !never_served) else {
         let why = match readiness {
+            Some(_) if never_served => "no episode of this shard was measured, so the endpoint is not down but \
+                 never worked (check spec.policy.endpoint, model and the API key)"
+                .to_string(),
             Some(readiness) => format!(
-                "the policy server answered ready at {} after the last outage, yet no episode since was measured",
+                "the policy answered at {} after the last outage, yet no episode since was measured",
                 readiness.url
             ),
-            None if last_class == POLICY_ERROR => {
-                "nothing tells when the policy is back (no spec.policy.server readiness URL to wait for)".to_string()
-            }
+            None if last_class == POLICY_ERROR => "nothing tells when the policy is back (a script, or an endpoint \
+                 whose spec.policy.outageTimeout is 0s)"
+                .to_string(),
             None => "a service that exited is not restarted".to_string(),
         };
         let reason = format!("{outage}; {why}, so no more episodes were started");
@@ -192,14 +205,18 @@ async fn after_an_outage(
         return Some(reason);
     };
     crate::stderr_line!(
-        "warning: {where_}: {outage}; waiting up to {} for the policy server to answer 200 at {} before starting more",
+        "warning: {where_}: {outage}; waiting up to {} for {} before starting more",
         readiness.timeout,
-        readiness.url
+        readiness.describe()
     );
     tokio::select! {
         ready = readiness.wait() => match ready {
             Ok(took) => {
-                crate::stderr_line!("{where_}: the policy server is ready again after {:.1}s; going on", took.as_secs_f64());
+                crate::stderr_line!(
+                    "{where_}: the policy answers again at {} after {:.1}s; going on",
+                    readiness.url,
+                    took.as_secs_f64()
+                );
                 None
             }
             Err(not_ready) => {
@@ -301,7 +318,8 @@ pub async fn run_shard(
     let mut done: Vec<(usize, EpisodeResult)> = Vec::new();
     let mut lost = Vec::new();
     let (mut interrupted, mut not_started) = (Vec::new(), Vec::new());
-    let mut outage = OutageWatch { in_a_row: 0, threshold: outage_threshold(in_flight), waited: false };
+    let mut outage =
+        OutageWatch { in_a_row: 0, threshold: outage_threshold(in_flight), waited: false, measured_any: false };
     let mut gave_up: Option<String> = None;
     loop {
         while tasks.len() < in_flight && !stop.is_cancelled() && gave_up.is_none() {
@@ -329,7 +347,7 @@ pub async fn run_shard(
                 on_done(&result);
                 let seen = outage.note(&result).filter(|_| gave_up.is_none());
                 if let Some(seen) = seen {
-                    gave_up = after_an_outage(&runner, seen, &result.failure_class, outage.waited, &stop).await;
+                    gave_up = after_an_outage(&runner, seen, &result.failure_class, &outage, &stop).await;
                     outage.waited_for_the_server();
                 }
                 done.push((index, *result));

@@ -209,9 +209,10 @@ pub struct EpisodeRunner {
     pub metrics: Option<Arc<crate::metrics::SandboxMetrics>>,
     /// Turns that come with raw logits are analysed here (shared by episodes).
     pub logits: Arc<LogitAnalytics>,
-    /// How to tell that the policy's server (`spec.policy.server`) is ready
-    /// again, when a shard finds it failing episode after episode
-    /// ([`crate::driver::run_shard`]); `None` for a hosted endpoint or a script.
+    /// How to tell that the policy answers again — its server's readiness
+    /// URL, a hosted endpoint's `/models` — when a shard finds it failing
+    /// episode after episode ([`crate::driver::run_shard`]); `None` for a
+    /// script, or an endpoint whose `outageTimeout` is zero.
     pub policy_readiness: Option<crate::readiness::Readiness>,
 }
 

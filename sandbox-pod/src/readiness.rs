@@ -1,5 +1,6 @@
-//! Waiting for the policy server (`spec.policy.server`, a sidecar such as
-//! vLLM loading the checkpoint under test) before the first episode.
+//! Waiting for the policy: its server (`spec.policy.server`, a sidecar such
+//! as vLLM loading the checkpoint under test) before the first episode and
+//! after an outage, and a hosted endpoint after an outage.
 //!
 //! The sandbox polls `server.readiness_url()` every [`POLL_INTERVAL`] until
 //! it answers 200, for at most `server.startup_timeout()`. Episodes that
@@ -7,10 +8,18 @@
 //! connection errors and be scored as policy failures; a server that never
 //! comes up is a configuration problem, reported with the URL, the timeout
 //! and the last answer or error, so the pod's termination message says why.
+//!
+//! A hosted endpoint (`spec.policy.endpoint` without a server) has no
+//! readiness URL: after an outage, `GET <endpoint>/models` with the API key
+//! is polled until it answers anything but 408, 429 or 5xx, for at most
+//! `spec.policy.outageTimeout` ([`Readiness::after_an_outage`]).
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use basecamp_api::task::PolicySpec;
+
+use crate::policy::{OpenAiPolicy, Policy};
 
 /// How often the readiness URL is polled.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -19,14 +28,23 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// never answers still gets polled again before the deadline.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The policy server did not become ready in time.
+/// What is waited for: it decides what counts as ready and what the error
+/// advises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaited {
+    /// `spec.policy.server`: ready when its readiness URL answers 200.
+    Server,
+    /// `spec.policy.endpoint` without a server: back when `GET
+    /// <endpoint>/models` answers anything but 408, 429 or 5xx (a 401 or
+    /// 404 comes from a server that is up).
+    Endpoint,
+}
+
+/// The policy's server or endpoint did not answer in time.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error(
-    "the policy server did not answer 200 at {url} within {timeout} (spec.policy.server.startupTimeout); \
-     last {last}; check the policy-server container's logs, or raise startupTimeout if loading the model takes longer"
-)]
+#[error("{}", self.message())]
 pub struct NotReady {
-    /// The readiness URL polled.
+    /// The URL polled.
     pub url: String,
     /// The bound, as written in the manifest (or the default).
     pub timeout: basecamp_api::Duration,
@@ -34,12 +52,31 @@ pub struct NotReady {
     pub last: String,
     /// How many polls were made.
     pub attempts: u32,
+    pub awaited: Awaited,
 }
 
 impl NotReady {
     /// A fixed name for this kind of error.
     pub fn category(&self) -> &'static str {
-        "PolicyServerNotReady"
+        match self.awaited {
+            Awaited::Server => "PolicyServerNotReady",
+            Awaited::Endpoint => "PolicyEndpointDown",
+        }
+    }
+
+    fn message(&self) -> String {
+        let Self { url, timeout, last, .. } = self;
+        match self.awaited {
+            Awaited::Server => format!(
+                "the policy server did not answer 200 at {url} within {timeout} (spec.policy.server.startupTimeout); \
+                 last {last}; check the policy-server container's logs, or raise startupTimeout if loading the model \
+                 takes longer"
+            ),
+            Awaited::Endpoint => format!(
+                "the policy endpoint did not answer at {url} within {timeout} (spec.policy.outageTimeout) other than \
+                 with 408, 429 or 5xx; last {last}; check the provider's status, or raise outageTimeout to wait longer"
+            ),
+        }
     }
 }
 
@@ -50,22 +87,47 @@ pub async fn wait_until_ready(
     timeout: basecamp_api::Duration,
     interval: Duration,
 ) -> Result<Duration, NotReady> {
+    let client = reqwest::Client::builder().build();
+    let probe = |per_request: Duration| {
+        let client = &client;
+        async move {
+            match client {
+                Err(e) => Err(format!("error: cannot build the HTTP client: {e}")),
+                Ok(client) => match client.get(url).timeout(per_request).send().await {
+                    Ok(response) if response.status() == reqwest::StatusCode::OK => Ok(()),
+                    Ok(response) => Err(format!("status {}", response.status())),
+                    Err(e) => Err(format!("error: {}", error_chain(&e))),
+                },
+            }
+        }
+    };
+    poll(url, timeout, interval, Awaited::Server, probe).await
+}
+
+/// Calls `probe` (given how long its request may take) every `interval`
+/// until it answers `Ok` or `timeout` has passed; returns how long it took.
+async fn poll<F, Fut>(
+    url: &str,
+    timeout: basecamp_api::Duration,
+    interval: Duration,
+    awaited: Awaited,
+    probe: F,
+) -> Result<Duration, NotReady>
+where
+    F: Fn(Duration) -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
     let started = Instant::now();
     let bound = timeout.to_std().unwrap_or(Duration::ZERO);
     let deadline = started + bound;
-    let client = reqwest::Client::builder().build();
     let mut attempts = 0;
     let last = loop {
         attempts += 1;
         let remaining = deadline.saturating_duration_since(Instant::now());
         let per_request = remaining.clamp(Duration::from_millis(100), REQUEST_TIMEOUT);
-        let last = match &client {
-            Err(e) => format!("error: cannot build the HTTP client: {e}"),
-            Ok(client) => match client.get(url).timeout(per_request).send().await {
-                Ok(response) if response.status() == reqwest::StatusCode::OK => return Ok(started.elapsed()),
-                Ok(response) => format!("status {}", response.status()),
-                Err(e) => format!("error: {}", error_chain(&e)),
-            },
+        let last = match probe(per_request).await {
+            Ok(()) => return Ok(started.elapsed()),
+            Err(last) => last,
         };
         // The sleep ends at the deadline at the latest, so the last poll is made there.
         let now = Instant::now();
@@ -74,29 +136,79 @@ pub async fn wait_until_ready(
         }
         tokio::time::sleep(interval.min(deadline - now)).await;
     };
-    Err(NotReady { url: url.to_string(), timeout, last, attempts })
+    Err(NotReady { url: url.to_string(), timeout, last, attempts, awaited })
 }
 
-/// How to tell that a policy server (`spec.policy.server`) is ready: its
-/// readiness URL and how long to wait for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to tell that the policy answers: its server's readiness URL, or a
+/// hosted endpoint's `/models`, and how long to wait for it.
+#[derive(Debug, Clone)]
 pub struct Readiness {
     pub url: String,
     pub timeout: basecamp_api::Duration,
+    probe: Probe,
+}
+
+#[derive(Debug, Clone)]
+enum Probe {
+    Server,
+    /// The client asks: it holds the API key and its redaction.
+    Endpoint(Box<OpenAiPolicy>),
 }
 
 impl Readiness {
-    /// The policy's server's, `None` for a policy without one (a hosted
-    /// endpoint, a script): nothing then says when it is ready.
-    pub fn of(policy: &PolicySpec) -> Option<Self> {
-        let server = policy.server.as_ref()?;
-        Some(Self { url: server.readiness_url(), timeout: server.startup_timeout() })
+    /// A policy server's: ready when `url` answers 200.
+    pub fn server(url: String, timeout: basecamp_api::Duration) -> Self {
+        Self { url, timeout, probe: Probe::Server }
     }
 
-    /// Polls the URL until it answers 200 (every [`POLL_INTERVAL`], for at
-    /// most the timeout); returns how long that took.
+    /// The policy's server's, `None` for a policy without one (a hosted
+    /// endpoint, a script): what is waited for before the first episode.
+    pub fn of(policy: &PolicySpec) -> Option<Self> {
+        let server = policy.server.as_ref()?;
+        Some(Self::server(server.readiness_url(), server.startup_timeout()))
+    }
+
+    /// What a shard waits for after an outage: the policy's server, else an
+    /// endpoint's `/models` for `spec.policy.outageTimeout` (none when that
+    /// is zero); `None` for a script.
+    pub fn after_an_outage(spec: &PolicySpec, policy: &Policy) -> Option<Self> {
+        if let Some(server) = Self::of(spec) {
+            return Some(server);
+        }
+        let timeout = spec.outage_timeout();
+        match policy {
+            Policy::OpenAi(client) if timeout.is_positive() => {
+                Some(Self { url: client.models_url().to_string(), timeout, probe: Probe::Endpoint(client.clone()) })
+            }
+            _ => None,
+        }
+    }
+
+    pub fn awaited(&self) -> Awaited {
+        match self.probe {
+            Probe::Server => Awaited::Server,
+            Probe::Endpoint(_) => Awaited::Endpoint,
+        }
+    }
+
+    /// "the policy server to answer 200 at URL", for a line saying what is waited for.
+    pub fn describe(&self) -> String {
+        match self.probe {
+            Probe::Server => format!("the policy server to answer 200 at {}", self.url),
+            Probe::Endpoint(_) => format!("the policy endpoint to answer at {} (other than 408, 429 or 5xx)", self.url),
+        }
+    }
+
+    /// Polls until it answers (every [`POLL_INTERVAL`], for at most the
+    /// timeout); returns how long that took.
     pub async fn wait(&self) -> Result<Duration, NotReady> {
-        wait_until_ready(&self.url, self.timeout, POLL_INTERVAL).await
+        match &self.probe {
+            Probe::Server => wait_until_ready(&self.url, self.timeout, POLL_INTERVAL).await,
+            Probe::Endpoint(client) => {
+                let probe = |per_request| client.answers(per_request);
+                poll(&self.url, self.timeout, POLL_INTERVAL, Awaited::Endpoint, probe).await
+            }
+        }
     }
 }
 

@@ -293,7 +293,11 @@ async fn a_shard_gives_up_when_the_policy_fails_episode_after_episode() {
         gave_up.reason
     );
     assert!(gave_up.reason.contains("upstream connect error (503)"), "{}", gave_up.reason);
-    assert!(gave_up.reason.contains("no spec.policy.server readiness URL"), "why it did not wait: {}", gave_up.reason);
+    assert!(
+        gave_up.reason.contains("nothing tells when the policy is back (a script"),
+        "why not waited: {}",
+        gave_up.reason
+    );
     assert!(!summary.stopped_early && summary.not_started.is_empty(), "no stop: {summary:?}");
     let on_disk: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(on_disk["gave_up"]["not_started"].as_array().map(Vec::len), Some(7));
@@ -337,7 +341,7 @@ async fn a_shard_waits_for_a_policy_server_to_be_ready_again() {
     let summary = every_episode_failing_with_a_server(12, &ready_url, 5_000).await;
     assert_eq!(summary.episodes.len(), 10, "5, the wait, 5 more: {:?}", summary.gave_up);
     let gave_up = summary.gave_up.expect("gave up");
-    assert!(gave_up.reason.contains("answered ready at http://127.0.0.1:"), "{}", gave_up.reason);
+    assert!(gave_up.reason.contains("the policy answered at http://127.0.0.1:"), "{}", gave_up.reason);
     assert!(gave_up.reason.contains("yet no episode since was measured"), "{}", gave_up.reason);
     assert_eq!(gave_up.not_started, ["e10", "e11"]);
 
@@ -355,10 +359,148 @@ async fn a_shard_waits_for_a_policy_server_to_be_ready_again() {
 async fn every_episode_failing_with_a_server(episodes: usize, url: &str, timeout_ms: i64) -> ShardSummary {
     let dir = tempfile::tempdir().unwrap();
     let (runner, inputs) = runner_of(dir.path(), episodes, |_| true);
-    let readiness = basecamp_sandbox::readiness::Readiness {
-        url: url.to_string(),
-        timeout: basecamp_api::Duration::from_millis(timeout_ms),
-    };
+    let readiness = basecamp_sandbox::readiness::Readiness::server(
+        url.to_string(),
+        basecamp_api::Duration::from_millis(timeout_ms),
+    );
     let runner = EpisodeRunner { policy_readiness: Some(readiness), ..runner };
     run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap()
+}
+
+/// A hosted OpenAI-compatible endpoint the test takes down and brings back:
+/// chat completions answer "done" while it is up and 503 while it is down;
+/// it goes down at chat request `down_at`, and `/v1/models` (503 while
+/// down) brings it back when polled for the `back_at`-th time (0: never).
+struct Hosted {
+    up: std::sync::atomic::AtomicBool,
+    chats: std::sync::atomic::AtomicUsize,
+    polls: std::sync::atomic::AtomicUsize,
+    down_at: usize,
+    back_at: usize,
+    /// The `Authorization` header of each poll.
+    authorizations: std::sync::Mutex<Vec<String>>,
+}
+
+impl Hosted {
+    /// Serves it on a port of 127.0.0.1; returns its endpoint (`.../v1`).
+    async fn start(hosted: Arc<Self>) -> String {
+        use axum::http::{HeaderMap, StatusCode};
+        use axum::response::IntoResponse;
+        use std::sync::atomic::Ordering::SeqCst;
+        let status = |up: bool| if up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+        let chat = hosted.clone();
+        let models = hosted.clone();
+        let app = axum::Router::new()
+            .route(
+                "/v1/chat/completions",
+                axum::routing::post(move || async move {
+                    if chat.chats.fetch_add(1, SeqCst) == chat.down_at {
+                        chat.up.store(false, SeqCst);
+                    }
+                    let up = chat.up.load(SeqCst);
+                    let done = json!({"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]});
+                    (status(up), axum::Json(done)).into_response()
+                }),
+            )
+            .route(
+                "/v1/models",
+                axum::routing::get(move |headers: HeaderMap| async move {
+                    let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
+                    models.authorizations.lock().unwrap().push(auth.to_string());
+                    if models.polls.fetch_add(1, SeqCst) + 1 == models.back_at {
+                        models.up.store(true, SeqCst);
+                    }
+                    status(models.up.load(SeqCst)).into_response()
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        endpoint
+    }
+}
+
+/// A shard of `episodes` (one at a time) against `hosted`, whose policy is
+/// `spec.policy.endpoint` with an API key, one attempt per request, and
+/// `outageTimeout: outage_ms`.
+async fn a_shard_against(hosted: &Arc<Hosted>, episodes: usize, outage_ms: i64) -> ShardSummary {
+    use basecamp_sandbox::policy::{ApiKeySource, OpenAiConfig, RetryPolicy};
+    let endpoint = Hosted::start(hosted.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-test\n").unwrap();
+    let mut config = OpenAiConfig::new(endpoint.clone(), "m");
+    config.api_key = ApiKeySource::File(key);
+    config.retry = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
+    let policy = Policy::from_config(&PolicyConfig::OpenAi(config)).unwrap();
+    let spec = basecamp_api::task::PolicySpec {
+        endpoint: Some(endpoint),
+        model: Some("m".into()),
+        outage_timeout: Some(basecamp_api::Duration::from_millis(outage_ms)),
+        ..Default::default()
+    };
+    let readiness = basecamp_sandbox::readiness::Readiness::after_an_outage(&spec, &policy);
+    let runner = EpisodeRunner {
+        policy_readiness: readiness,
+        ..EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy)
+    };
+    let inputs = (0..episodes).map(|i| input(&format!("e{i}"))).collect();
+    run_shard(Arc::new(runner), inputs, &dir.path().join("out"), 1, StopSignal::new(), |_| {}).await.unwrap()
+}
+
+fn hosted(down_at: usize, back_at: usize) -> Arc<Hosted> {
+    Arc::new(Hosted {
+        up: true.into(),
+        chats: 0.into(),
+        polls: 0.into(),
+        down_at,
+        back_at,
+        authorizations: Default::default(),
+    })
+}
+
+/// A hosted endpoint that went down after serving episodes is waited for
+/// (`GET /v1/models` with the key) and the shard goes on when it is back.
+/// Before, nothing said when a hosted endpoint was back: the shard gave up
+/// at the first outage, failing a long evaluation on a provider's blip.
+#[tokio::test]
+async fn a_shard_waits_for_a_hosted_endpoint_that_went_down_and_goes_on() {
+    let endpoint = hosted(3, 2);
+    let summary = a_shard_against(&endpoint, 12, 5_000).await;
+    assert_eq!(summary.gave_up, None);
+    assert_eq!(summary.episodes.len(), 12, "every episode ran");
+    assert_eq!(summary.aggregate.not_measured, 5, "e3..e7, then the wait");
+    let failed: Vec<&str> =
+        summary.episodes.iter().filter(|e| e.failure_class == "policy_error").map(|e| e.id.as_str()).collect();
+    assert_eq!(failed, ["e3", "e4", "e5", "e6", "e7"]);
+    // Polled until it answered (503, then 200), with the API key.
+    assert_eq!(*endpoint.authorizations.lock().unwrap(), ["Bearer sk-test", "Bearer sk-test"]);
+}
+
+/// An endpoint that never served an episode is not down but wrong (URL,
+/// model, key): the shard gives up without waiting, and says what to check.
+#[tokio::test]
+async fn an_endpoint_that_never_worked_is_not_waited_for() {
+    let endpoint = hosted(0, 1);
+    let summary = a_shard_against(&endpoint, 8, 5_000).await;
+    assert_eq!(ids(&summary), ["e0", "e1", "e2", "e3", "e4"]);
+    let gave_up = summary.gave_up.expect("gave up");
+    assert!(gave_up.reason.contains("the endpoint is not down but never worked"), "{}", gave_up.reason);
+    assert!(gave_up.reason.contains("check spec.policy.endpoint, model and the API key"), "{}", gave_up.reason);
+    assert_eq!(endpoint.polls.load(std::sync::atomic::Ordering::SeqCst), 0, "not polled");
+}
+
+/// Still down when `outageTimeout` has passed: the shard gives up, naming
+/// the URL polled, the bound and the last answer.
+#[tokio::test]
+async fn a_hosted_endpoint_down_beyond_its_outage_timeout_is_given_up() {
+    let endpoint = hosted(2, 0);
+    let summary = a_shard_against(&endpoint, 10, 1_200).await;
+    assert_eq!(summary.episodes.len(), 7, "2 measured, 5 failed, then the wait");
+    let gave_up = summary.gave_up.expect("gave up");
+    assert!(gave_up.reason.contains("the policy endpoint did not answer at http://127.0.0.1:"), "{}", gave_up.reason);
+    assert!(gave_up.reason.contains("/v1/models within 1200ms (spec.policy.outageTimeout)"), "{}", gave_up.reason);
+    assert!(gave_up.reason.contains("last status 503"), "{}", gave_up.reason);
+    assert_eq!(gave_up.not_started, ["e7", "e8", "e9"]);
+    assert!(endpoint.polls.load(std::sync::atomic::Ordering::SeqCst) >= 2, "polled every 500ms until the bound");
 }

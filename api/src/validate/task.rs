@@ -563,6 +563,9 @@ fn check_policy(task: &HarnessTaskSpec, ctx: &ValidationContext<'_>, problems: &
     if let Some(timeout) = policy.request_timeout {
         check_not_too_long(problems, "spec.policy.requestTimeout", timeout);
     }
+    if let Some(timeout) = policy.outage_timeout {
+        check_outage_timeout(policy, timeout, problems);
+    }
     if let Some(scripted) = &policy.scripted
         && let Some(file) = ctx.local_file(scripted)
         && !file.is_file()
@@ -571,6 +574,36 @@ fn check_policy(task: &HarnessTaskSpec, ctx: &ValidationContext<'_>, problems: &
             Rule::MissingFile,
             "spec.policy.scripted",
             format!("the scripted policy {} does not exist", file.display()),
+        ));
+    }
+}
+
+fn check_outage_timeout(
+    policy: &crate::task::PolicySpec,
+    timeout: crate::duration::Duration,
+    problems: &mut Vec<Problem>,
+) {
+    const FIELD: &str = "spec.policy.outageTimeout";
+    if timeout.as_millis() < 0 {
+        problems.push(Problem::error(
+            Rule::NonPositiveDuration,
+            FIELD,
+            format!("the duration is {timeout}; give how long to wait for the endpoint, or 0s to give up at once"),
+        ));
+    }
+    check_not_too_long(problems, FIELD, timeout);
+    let unused = if policy.server.is_some() {
+        Some("a policy server's outage is waited for up to spec.policy.server.startupTimeout")
+    } else if policy.scripted.is_some() {
+        Some("a scripted policy has no endpoint to wait for")
+    } else {
+        None
+    };
+    if let Some(why) = unused {
+        problems.push(Problem::warning(
+            Rule::InvalidPolicy,
+            FIELD,
+            format!("outageTimeout applies to an endpoint without a server and is not used here: {why}"),
         ));
     }
 }

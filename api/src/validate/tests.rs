@@ -969,3 +969,22 @@ fn a_policy_request_timeout_longer_than_the_plan_step_is_a_warning() {
     let scripted = with(good_task(), json!({"policy": {"endpoint": null, "model": null, "scripted": "p.jsonl"}}));
     assert_eq!(check_task(scripted, good_sandbox()).by_rule(Rule::TimeoutExceedsStep).count(), 0);
 }
+
+#[test]
+fn outage_timeout_is_bounded_and_said_unused_beside_a_server_or_a_script() {
+    // An endpoint's: zero (give up at once) and minutes are fine.
+    for fine in ["0s", "5m"] {
+        let report = check_task(with(good_task(), json!({"policy": {"outageTimeout": fine}})), good_sandbox());
+        assert!(report.is_empty(), "{fine}: {report}");
+    }
+    let report = check_task(with(good_task(), json!({"policy": {"outageTimeout": "-1s"}})), good_sandbox());
+    assert_eq!(field(&only(&report, Rule::NonPositiveDuration)), "spec.policy.outageTimeout");
+    let report = check_task(with(good_task(), json!({"policy": {"outageTimeout": "169h"}})), good_sandbox());
+    assert_eq!(field(&only(&report, Rule::OutOfRange)), "spec.policy.outageTimeout");
+    // Beside a server it is never read: a warning naming what is.
+    let served = json!({"policy": {"endpoint": null, "server": {"image": "vllm"}, "outageTimeout": "5m"}});
+    let report = check_task(with(good_task(), served), good_sandbox());
+    let warning = only(&report, Rule::InvalidPolicy);
+    assert_eq!((field(&warning), warning.severity), ("spec.policy.outageTimeout", Severity::Warning), "{report}");
+    assert!(warning.message.contains("startupTimeout"), "{report}");
+}

@@ -287,6 +287,8 @@ pub struct OpenAiPolicy {
     /// The endpoint as errors print it (no userinfo).
     endpoint: String,
     chat_url: reqwest::Url,
+    /// `<endpoint>/models`: asked whether the endpoint is back after an outage.
+    models_url: reqwest::Url,
     http: reqwest::Client,
 }
 
@@ -303,6 +305,9 @@ impl OpenAiPolicy {
     /// Checks the endpoint and loads the API key.
     pub fn new(config: OpenAiConfig) -> Result<Self, OpenAiError> {
         let (endpoint, chat_url) = chat_completions_url(&config.endpoint)?;
+        let mut models_url = chat_url.clone();
+        // The chat URL ends in /chat/completions (appended to the endpoint).
+        models_url.path_segments_mut().expect("an http(s) URL has a path").pop().pop().push("models");
         let api_key = config.api_key.load()?;
         let http = reqwest::Client::builder()
             .timeout(config.request_timeout)
@@ -310,7 +315,7 @@ impl OpenAiPolicy {
             .user_agent(concat!("basecamp-sandbox/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| OpenAiError::Client { endpoint: endpoint.clone(), message: error_chain(&e) })?;
-        Ok(Self { config, api_key, endpoint, chat_url, http })
+        Ok(Self { config, api_key, endpoint, chat_url, models_url, http })
     }
 
     pub fn config(&self) -> &OpenAiConfig {
@@ -320,6 +325,27 @@ impl OpenAiPolicy {
     /// The endpoint as errors print it.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// `<endpoint>/models`, the URL [`OpenAiPolicy::answers`] asks.
+    pub fn models_url(&self) -> &str {
+        self.models_url.as_str()
+    }
+
+    /// One `GET <endpoint>/models` with the API key, taking at most
+    /// `timeout`: `Ok` when the endpoint answers anything but what
+    /// [`respond`](Self::respond) would try again (408, 429, 5xx) — a 401
+    /// or 404 comes from a server that is up — else that answer or the error.
+    pub async fn answers(&self, timeout: Duration) -> Result<(), String> {
+        let mut request = self.http.get(self.models_url.clone()).timeout(timeout);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key.expose());
+        }
+        match request.send().await {
+            Ok(response) if !worth_retrying(response.status().as_u16()) => Ok(()),
+            Ok(response) => Err(format!("status {}", response.status())),
+            Err(e) => Err(format!("error: {}", self.redact(&error_chain(&e)))),
+        }
     }
 
     /// The request body for `request`.
@@ -357,8 +383,7 @@ impl OpenAiPolicy {
                 Err(failure) => failure,
             };
             let retryable = match &failure {
-                // 408 and 429 say "not now"; a 5xx may be a server restarting.
-                Failure::Status { status, .. } => matches!(*status, 408 | 429) || *status >= 500,
+                Failure::Status { status, .. } => worth_retrying(*status),
                 Failure::Timeout | Failure::Unreachable(_) => true,
                 Failure::Transport { retryable, .. } => *retryable,
             };
@@ -539,6 +564,12 @@ fn flag_missing_alternatives(response: &mut PolicyResponse, k: u32) {
 
 /// Validates the endpoint; returns it as errors print it (userinfo removed)
 /// and the chat-completions URL.
+/// An answer that may change if asked again: 408 and 429 say "not now"; a
+/// 5xx may be a server restarting.
+fn worth_retrying(status: u16) -> bool {
+    matches!(status, 408 | 429) || status >= 500
+}
+
 fn chat_completions_url(endpoint: &str) -> Result<(String, reqwest::Url), OpenAiError> {
     let invalid = |reason: String| OpenAiError::InvalidEndpoint { endpoint: strip_userinfo(endpoint), reason };
     let trimmed = endpoint.trim().trim_end_matches('/');
@@ -929,6 +960,18 @@ mod tests {
         }
         let err = chat_completions_url("http://user:hunter2@host/v1").unwrap_err().to_string();
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn the_models_url_is_beside_chat_completions() {
+        for (endpoint, models) in [
+            ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000/v1/models"),
+            ("https://api.example.com/openai/v1", "https://api.example.com/openai/v1/models"),
+            ("http://127.0.0.1:8000", "http://127.0.0.1:8000/models"),
+        ] {
+            let policy = OpenAiPolicy::new(OpenAiConfig::new(endpoint, "m")).unwrap();
+            assert_eq!(policy.models_url(), models, "{endpoint}");
+        }
     }
 
     #[test]
