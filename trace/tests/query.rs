@@ -2,8 +2,8 @@
 //! against traces written by the real writer (true positives and negatives).
 
 use basecamp_trace::pb::{
-    EpisodeEnd, ErrorContext, Header, MemoryDelta, MemorySource, PlanStep, RewardComponent, RewardSignal, StepStatus,
-    TokenLogit, record::Body,
+    EpisodeEnd, ErrorContext, Header, MemoryDelta, MemorySource, Outcome, PlanStep, RewardComponent, RewardSignal,
+    StepKind, StepStatus, TokenLogit, record::Body,
 };
 use basecamp_trace::query::{Match, NamesSeen, Query, Section};
 use basecamp_trace::{TraceReader, TraceWriter};
@@ -29,7 +29,7 @@ fn bad_queries_show_the_query_and_a_caret() {
         ),
         (
             "plan.tool == \"x\"",
-            "invalid query: unknown section or field 'plan'; sections are episode, plan_execution, memory_state, token_logit, reward_signal, error_context, policy_turn, injection; a bare name is a plan_execution field (index, kind, plan_label, tool, call_id, arguments, input_hash, observation, result_hash, response_bytes, status, error_type, error_message, fallback_used, memory_hash_before, memory_hash_after, start_unix_nanos, latency_ms, latency_us, timeout_ms)\n  plan.tool == \"x\"\n  ^",
+            "invalid query: unknown section or field 'plan'; sections are episode, plan_execution, memory_state, token_logit, reward_signal, error_context, policy_turn, injection, episode_end; a bare name is a plan_execution field (index, kind, plan_label, tool, call_id, arguments, input_hash, observation, result_hash, response_bytes, status, error_type, error_message, fallback_used, memory_hash_before, memory_hash_after, start_unix_nanos, latency_ms, latency_us, timeout_ms)\n  plan.tool == \"x\"\n  ^",
         ),
         (
             "plan_execution.latency_ms > \"slow\"",
@@ -386,6 +386,58 @@ fn an_enum_value_is_its_short_name_or_its_proto_name_nothing_else() {
         assert_eq!(error.at, at, "{error}");
         assert!(error.message.starts_with("unknown value "), "{error}");
     }
+}
+
+/// How episodes ended is searchable: the end is a record of the last step,
+/// so `episode_end.failure_class == "policy_error"` finds the episodes the
+/// policy's server failed, one match each, at the step it happened. Before,
+/// only the step's own records could say so (`plan_execution.kind`), and
+/// an episode's outcome or final answer could not be searched at all.
+#[test]
+fn how_an_episode_ended_is_searchable_at_its_last_step() {
+    let mut w = TraceWriter::new(Vec::new(), Header { episode_id: "ep-end".into(), ..Default::default() }, 3).unwrap();
+    w.append(0, delta("order", Some("\"A-7\""))).unwrap();
+    w.end_step().unwrap();
+    w.append(1, plan("track_order", StepStatus::Ok, 20)).unwrap();
+    w.end_step().unwrap();
+    let failed =
+        PlanStep { kind: StepKind::PolicyError as i32, status: StepStatus::Error as i32, ..Default::default() };
+    w.append(2, Body::PlanStep(Box::new(failed))).unwrap();
+    w.end_step().unwrap();
+    let end = EpisodeEnd {
+        outcome: Outcome::Error as i32,
+        steps: 2,
+        final_answer: "Your order ships Monday.".into(),
+        failure_class: "policy_error".into(),
+        final_memory_hash: vec![0xab; 32],
+        ..Default::default()
+    };
+    let bytes = w.finish(end).unwrap();
+    let cases: &[(&str, &[u32])] = &[
+        ("episode_end.failure_class == \"policy_error\"", &[2]),
+        ("episode_end.failure_class == \"ok\"", &[]),
+        ("episode_end.outcome == \"error\"", &[2]),
+        ("episode_end.outcome == \"OUTCOME_ERROR\"", &[2]),
+        ("episode_end.outcome != \"completed\"", &[2]),
+        ("episode_end.steps >= 2 and plan_execution.kind == \"policy_error\"", &[2]),
+        ("episode_end.final_answer > \"Your\"", &[2]),
+        ("episode_end.final_memory_hash == \"abababababababab\"", &[2]),
+        ("exists(episode_end)", &[2]),
+        ("not exists(episode_end)", &[0, 1]),
+    ];
+    for (query, want) in cases {
+        assert_eq!(steps_matching(&bytes, query), *want, "query: {query}");
+    }
+    // An end whose outcome was not set is not "completed"; the end is at the last step.
+    assert_eq!(steps_matching(&write_episode(), "episode_end.outcome == \"completed\""), [0u32; 0]);
+    assert_eq!(steps_matching(&write_episode(), "exists(episode_end)"), [3]);
+    let error = error_of("episode_end.class == \"x\"");
+    assert!(
+        error.contains("unknown episode_end field 'class'; fields are outcome, end_time_unix_nanos, steps"),
+        "{error}"
+    );
+    let error = error_of("episode_end.outcome == \"timeout\"");
+    assert!(error.contains("unknown value"), "{error}");
 }
 
 #[test]

@@ -31,6 +31,7 @@ frame holding the record that matched.
   plan_execution.tool == \"tracking_api\" and latency_ms > 800
   exists(error_context) and not plan_execution.status == \"ok\"
   reward_signal.efficiency_penalty < -0.1 or (step >= 40 and episode.variant == \"b\")
+  episode_end.failure_class == \"policy_error\"
 
 Operators ==, !=, <, <=, >, >=; literals \"string\", 12.5, true, false, null;
 and/&&, or/||, not/!, parentheses. exists(PATH) holds when a record of the
@@ -59,6 +60,11 @@ Paths:
   policy_turn.FIELD        model, content, tool_calls[.path], finish_reason, latency_ms,
                            prompt_tokens, completion_tokens, logprobs_missing
   injection.FIELD          id, trigger, observation[.path], description
+  episode_end.FIELD        how the episode ended, matched at its last step: outcome
+                           (completed|max_steps|error|cancelled), failure_class (ok,
+                           wrong_tool_calls, memory_mismatch, timeout, ..., policy_error,
+                           service_exited), final_answer, steps, final_memory_hash,
+                           end_time_unix_nanos
   episode.FIELD            id, task, variant, namespace, shard, shard_count, training_step,
                            config_hash (a hash)
   step                     the step number

@@ -11,7 +11,7 @@
 
 use std::io::Read;
 
-use super::fields::{self, Getter, Section, Target, Val, any_value, compare};
+use super::fields::{self, Getter, SECTIONS, Section, Target, Val, any_value, compare};
 use super::parser::{Expr, Literal, Op};
 use super::wire::{Malformed, record_body};
 use super::{Match, QueryError};
@@ -201,7 +201,7 @@ fn note_names(
 }
 
 /// Every record kind [`section_of`] maps to a section.
-const KINDS_WITH_A_SECTION: [RecordKind; 7] = [
+const KINDS_WITH_A_SECTION: [RecordKind; SECTIONS.len()] = [
     RecordKind::PlanStep,
     RecordKind::MemoryDelta,
     RecordKind::TokenLogit,
@@ -209,6 +209,7 @@ const KINDS_WITH_A_SECTION: [RecordKind; 7] = [
     RecordKind::ErrorContext,
     RecordKind::PolicyTurn,
     RecordKind::Injection,
+    RecordKind::EpisodeEnd,
 ];
 
 fn section_of(kind: RecordKind) -> Option<Section> {
@@ -220,6 +221,7 @@ fn section_of(kind: RecordKind) -> Option<Section> {
         RecordKind::ErrorContext => Section::ErrorContext,
         RecordKind::PolicyTurn => Section::PolicyTurn,
         RecordKind::Injection => Section::Injection,
+        RecordKind::EpisodeEnd => Section::EpisodeEnd,
         _ => return None,
     })
 }
@@ -229,7 +231,7 @@ pub(super) struct Program {
     pub step: StepExpr,
     pub groups: Vec<Group>,
     /// Groups by section (indexed by `Section as usize`).
-    by_section: [Vec<usize>; 7],
+    by_section: [Vec<usize>; SECTIONS.len()],
     /// The memory keys and reward components the query names.
     pub names: Vec<(NameKind, String)>,
 }
@@ -316,7 +318,7 @@ impl NamesSeen {
 
 impl Program {
     pub fn new(step: StepExpr, groups: Vec<Group>) -> Self {
-        let mut by_section: [Vec<usize>; 7] = Default::default();
+        let mut by_section: [Vec<usize>; SECTIONS.len()] = Default::default();
         let mut names = Vec::new();
         for (i, g) in groups.iter().enumerate() {
             by_section[g.section as usize].push(i);

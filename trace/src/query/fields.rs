@@ -20,9 +20,10 @@ pub enum Section {
     ErrorContext,
     PolicyTurn,
     Injection,
+    EpisodeEnd,
 }
 
-pub const SECTIONS: [Section; 7] = [
+pub const SECTIONS: [Section; 8] = [
     Section::PlanExecution,
     Section::MemoryState,
     Section::TokenLogit,
@@ -30,6 +31,7 @@ pub const SECTIONS: [Section; 7] = [
     Section::ErrorContext,
     Section::PolicyTurn,
     Section::Injection,
+    Section::EpisodeEnd,
 ];
 
 impl Section {
@@ -42,6 +44,7 @@ impl Section {
             Section::ErrorContext => "error_context",
             Section::PolicyTurn => "policy_turn",
             Section::Injection => "injection",
+            Section::EpisodeEnd => "episode_end",
         }
     }
 
@@ -54,6 +57,7 @@ impl Section {
             Section::ErrorContext => RecordKind::ErrorContext,
             Section::PolicyTurn => RecordKind::PolicyTurn,
             Section::Injection => RecordKind::Injection,
+            Section::EpisodeEnd => RecordKind::EpisodeEnd,
         }
     }
 
@@ -77,6 +81,7 @@ impl Section {
             Section::ErrorContext => ERROR_FIELDS,
             Section::PolicyTurn => POLICY_FIELDS,
             Section::Injection => INJECTION_FIELDS,
+            Section::EpisodeEnd => EPISODE_END_FIELDS,
             Section::MemoryState | Section::RewardSignal => &[],
         }
     }
@@ -109,6 +114,8 @@ const INJECTION_TRIGGER: &EnumNames = &EnumNames {
     prefix: "injection_trigger_",
     names: &["unspecified", "at_step", "after_tool", "memory_match", "live"],
 };
+const OUTCOME: &EnumNames =
+    &EnumNames { prefix: "outcome_", names: &["unspecified", "completed", "max_steps", "error", "cancelled"] };
 
 /// How a scalar field is stored and shown to the query.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -213,6 +220,15 @@ const INJECTION_FIELDS: &[FieldDef] = &[
     scalar("trigger", 2, Scalar::Enum(INJECTION_TRIGGER)),
     FieldDef { name: "observation", number: 3, kind: FieldKind::Json },
     scalar("description", 4, Scalar::Str),
+];
+
+const EPISODE_END_FIELDS: &[FieldDef] = &[
+    scalar("outcome", 1, Scalar::Enum(OUTCOME)),
+    scalar("end_time_unix_nanos", 2, Scalar::Signed),
+    scalar("steps", 3, Scalar::Unsigned),
+    scalar("final_memory_hash", 4, Scalar::Hex),
+    scalar("final_answer", 5, Scalar::Str),
+    scalar("failure_class", 6, Scalar::Str),
 ];
 
 /// Header fields usable as `episode.NAME`.

@@ -52,6 +52,7 @@
 //! | `token_logit.F` | `position`, `token_id`, `token`, `logprob` of the generated token; `entropy` and `kl` (nats) where the record was derived from raw logits (absent otherwise) |
 //! | `policy_turn.F` | `model`, `content`, `tool_calls[.path]` (JSON), `finish_reason`, `latency_ms`, `prompt_tokens`, `completion_tokens`, `logprobs_missing` |
 //! | `injection.F` | `id`, `trigger` (`at_step`, `after_tool`, `memory_match`, `live`), `observation[.path]`, `description` |
+//! | `episode_end.F` | how the episode ended (a record of its last step, absent from a trace cut off before its end): `outcome` (`completed`, `max_steps`, `error`, `cancelled`), `failure_class` (as `summary.json` classes it: `ok`, `wrong_tool_calls`, `memory_mismatch`, an error type such as `timeout`, or the infrastructure's `policy_error`, `service_exited`), `final_answer`, `steps`, `final_memory_hash` (a hash, as the plan step's), `end_time_unix_nanos` |
 //! | `episode.F` | header facts: `id`, `task`, `variant`, `namespace`, `shard`, `shard_count`, `training_step`, `config_hash` (a hash, as the plan step's) |
 //! | `step` | the step number |
 //!
