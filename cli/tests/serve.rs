@@ -705,3 +705,40 @@ fn episodes_the_policy_failed_are_left_out_of_the_task_page_s_and_the_report_s_m
     assert!(row.contains("12 <span class=\"not-measured\">(4 NOT MEASURED"), "{row}");
     assert!(row.contains("<td>1.000</td>"), "the mean over the 8 measured: {row}");
 }
+
+/// A shard that gave up (its policy's server failed episode after episode)
+/// or that a stop cut short ran only part of its test set: the pages and
+/// the report say so, with the reason and how many were never started.
+/// Before, its traces were shown as if they were the whole test set.
+#[test]
+fn shards_that_gave_up_or_were_stopped_are_named_with_what_they_did_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path());
+    let edit = |variant: &str, add: serde_json::Value| {
+        let path = shard_dir(dir.path(), TASK, variant).join(SUMMARY_FILE);
+        let mut summary: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        summary.as_object_mut().unwrap().extend(add.as_object().unwrap().clone());
+        std::fs::write(&path, serde_json::to_vec(&summary).unwrap()).unwrap();
+    };
+    let reason = "16 episodes in a row were ended by the policy's server or a service (the last, e9, policy_error)";
+    edit("a", serde_json::json!({"gave_up": {"reason": reason, "not_started": ["x1", "x2", "x3"]}}));
+    edit("b", serde_json::json!({"stopped_early": true, "not_started": ["y1", "y2"]}));
+    let gave_up = format!("{NAMESPACE}/{TASK}/a: shard 0 GAVE UP, 3 episode(s) not started: {reason}");
+    let stopped = format!("{NAMESPACE}/{TASK}/b: shard 0: a stop kept 2 episode(s) from starting");
+
+    let server = Server::start(dir.path());
+    for path in ["/".to_string(), task_path()] {
+        let page = get(&server.addr, &path).text();
+        for line in [&gave_up, &stopped] {
+            let shown = line.replace('\'', "&#39;");
+            assert!(page.contains(&format!("<p class=\"warn\">{shown}</p>")), "{path}: {line}\n{page}");
+        }
+    }
+    let out = dir.path().join("r.html");
+    let report = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["trace", "report", dir.path().to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&report.stderr);
+    assert!(stderr.contains(&gave_up) && stderr.contains(&stopped), "{stderr}");
+}

@@ -214,12 +214,20 @@ impl CatalogCache {
     /// digests of traces without a summary that were not read before).
     fn build(&self, listing: &Listing, state: &State) -> Catalog {
         let mut catalog = Catalog::default();
+        // Directories whose summary was noted, or its problem reported, once.
         let mut reported = std::collections::HashSet::new();
         for (trace, _) in &listing.traces {
             let dir = trace.parent().unwrap_or(Path::new(""));
             let summary = listing.summaries.get(dir).and_then(|(path, _)| state.summaries.get(path));
             let summary = match summary.map(|seen| seen.value.as_ref()) {
-                Some(Ok(index)) => index.as_ref(),
+                Some(Ok(index)) => {
+                    if let Some(index) = index
+                        && reported.insert(dir)
+                    {
+                        catalog.note_shard(index);
+                    }
+                    index.as_ref()
+                }
                 Some(Err(problem)) => {
                     if reported.insert(dir) {
                         catalog.problems.push(problem.clone());

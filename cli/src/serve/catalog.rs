@@ -130,9 +130,26 @@ pub struct Catalog {
     /// Episodes a stop cut off, by namespace, task and variant: their shard
     /// summaries name them, and they are left out as the run's totals leave them out.
     pub(super) cut_off: BTreeMap<(String, String, String), usize>,
+    /// Shards whose summaries say they did not start their whole test set.
+    pub(super) short_shards: Vec<ShortShard>,
     /// What the task page computed from these episodes, kept as long as
     /// the catalog is (`serve` builds a new one when a file changes).
     pub insights: InsightsMemo,
+}
+
+/// A shard that did not start every episode of its test set: it gave up
+/// (its policy's server or a service failed episode after episode), or a
+/// stop kept episodes from starting. Its traces show only what ran.
+#[derive(Debug, Clone)]
+pub(super) struct ShortShard {
+    namespace: String,
+    task: String,
+    variant: String,
+    shard: u32,
+    started_unix_nanos: i64,
+    /// Why it gave up; `None`: a stop.
+    gave_up: Option<String>,
+    not_started: usize,
 }
 
 /// A task as the task list shows it.
@@ -173,7 +190,12 @@ impl Catalog {
             let dir = file.parent().unwrap_or(Path::new("")).to_path_buf();
             let summary =
                 summaries.entry(dir.clone()).or_insert_with(|| match ShardIndex::read(&dir.join(SUMMARY_FILE)) {
-                    Ok(summary) => summary,
+                    Ok(summary) => {
+                        if let Some(index) = &summary {
+                            catalog.note_shard(index);
+                        }
+                        summary
+                    }
                     Err(problem) => {
                         catalog.problems.push(problem);
                         None
@@ -198,6 +220,24 @@ impl Catalog {
         *self.cut_off.entry((non_empty(&s.namespace), s.task.clone(), s.variant.clone())).or_default() += 1;
     }
 
+    /// Notes `index`'s shard when it did not start every episode (call once per summary).
+    pub(super) fn note_shard(&mut self, index: &ShardIndex) {
+        let s = &index.summary;
+        let not_started = s.not_started.len() + s.gave_up.as_ref().map_or(0, |g| g.not_started.len());
+        if not_started == 0 && s.gave_up.is_none() {
+            return;
+        }
+        self.short_shards.push(ShortShard {
+            namespace: non_empty(&s.namespace),
+            task: s.task.clone(),
+            variant: s.variant.clone(),
+            shard: s.shard,
+            started_unix_nanos: s.started_unix_nanos,
+            gave_up: s.gave_up.as_ref().map(|g| g.reason.clone()),
+            not_started,
+        });
+    }
+
     /// A trace that could not be read, and why.
     pub(super) fn unreadable_trace(&mut self, problem: String) {
         self.unreadable += 1;
@@ -210,11 +250,37 @@ impl Catalog {
     pub(super) fn finish(&mut self) {
         self.keep_latest();
         self.note_unscored_shards();
+        self.note_short_shards();
         for ((namespace, task, variant), count) in std::mem::take(&mut self.cut_off) {
             self.problems.push(format!(
                 "{namespace}/{task}/{variant}: {count} episode(s) cut off by a stop (so their shard summaries say) \
                  are left out, as the run's totals leave them out"
             ));
+        }
+    }
+
+    /// A line for each shard of the newest runs that did not start its
+    /// whole test set: its episodes here are not all the test set's, and
+    /// for one that gave up, the rest were never tried.
+    fn note_short_shards(&mut self) {
+        let mut newest: BTreeMap<(String, String, String, u32), ShortShard> = BTreeMap::new();
+        for s in std::mem::take(&mut self.short_shards) {
+            let key = (s.namespace.clone(), s.task.clone(), s.variant.clone(), s.shard);
+            if newest.get(&key).is_none_or(|kept| kept.started_unix_nanos < s.started_unix_nanos) {
+                newest.insert(key, s);
+            }
+        }
+        for ((namespace, task, variant, shard), s) in newest {
+            self.problems.push(match &s.gave_up {
+                Some(reason) => format!(
+                    "{namespace}/{task}/{variant}: shard {shard} GAVE UP, {} episode(s) not started: {reason}",
+                    s.not_started
+                ),
+                None => format!(
+                    "{namespace}/{task}/{variant}: shard {shard}: a stop kept {} episode(s) from starting",
+                    s.not_started
+                ),
+            });
         }
     }
 
