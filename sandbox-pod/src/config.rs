@@ -384,7 +384,7 @@ fn policy_config(spec: &PolicySpec, base_dir: &Path, top_k: u32) -> Result<Polic
     config.max_tokens = spec.max_tokens;
     config.top_logprobs = spec.top_logprobs.unwrap_or(top_k);
     config.request_timeout = positive(spec.request_timeout(), "spec.policy.requestTimeout")?;
-    Ok(PolicyConfig::OpenAi(config))
+    Ok(PolicyConfig::OpenAi(Box::new(config)))
 }
 
 /// A test-set row as the runner needs it; `compare_args` are the task's

@@ -432,7 +432,7 @@ async fn a_shard_against(hosted: &Arc<Hosted>, episodes: usize, outage_ms: i64) 
     let mut config = OpenAiConfig::new(endpoint.clone(), "m");
     config.api_key = ApiKeySource::File(key);
     config.retry = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
-    let policy = Policy::from_config(&PolicyConfig::OpenAi(config)).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::OpenAi(Box::new(config))).unwrap();
     let spec = basecamp_api::task::PolicySpec {
         endpoint: Some(endpoint),
         model: Some("m".into()),

@@ -434,7 +434,7 @@ async fn api_key_from_a_file_is_sent_as_bearer_and_never_shown() {
     .await;
     let mut config = fixture.config();
     config.api_key = ApiKeySource::File(key_path.clone());
-    let policy = Policy::from_config(&PolicyConfig::OpenAi(config)).unwrap();
+    let policy = Policy::from_config(&PolicyConfig::OpenAi(Box::new(config))).unwrap();
 
     policy.respond(&request()).await.unwrap();
     let err = policy.respond(&request()).await.unwrap_err();
@@ -454,7 +454,7 @@ async fn missing_api_key_variable_fails_at_build_naming_it() {
     let mut config = OpenAiConfig::new("http://127.0.0.1:9/v1", "m");
     config.api_key = ApiKeySource::Env("BASECAMP_POLICY_TEST_KEY_THAT_IS_NOT_SET".into());
 
-    let err = Policy::from_config(&PolicyConfig::OpenAi(config)).unwrap_err();
+    let err = Policy::from_config(&PolicyConfig::OpenAi(Box::new(config))).unwrap_err();
 
     assert_eq!(err.category(), "PolicyApiKeyMissing");
     assert!(err.to_string().contains("BASECAMP_POLICY_TEST_KEY_THAT_IS_NOT_SET"), "{err}");
@@ -702,4 +702,50 @@ async fn a_plan_step_that_runs_out_while_a_failing_server_is_retried_is_a_policy
     );
     assert!(error.contains("answered 500") && error.contains("no reply scripted"), "the server's words: {error}");
     assert!(fixture.requests().len() >= 2, "it was retried");
+}
+
+/// An answer beyond `max_answer_bytes` fails the turn with a clear error
+/// instead of filling the sandbox's memory: said up front by its
+/// Content-Length, or found while reading a body sent without one. Not
+/// retried: the same request gets the same answer. Before, any answer was
+/// read whole, however large.
+#[tokio::test]
+async fn an_answer_larger_than_the_limit_fails_the_turn_without_being_read_whole() {
+    let whole =
+        completion(json!([tool_call("call_1", "lookup_order", r#"{"order_id": "A1"}"#)]), logprobs()).to_string();
+    let chunked = |body: &[u8]| {
+        let mut reply =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for part in body.chunks(64) {
+            reply.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+            reply.extend_from_slice(part);
+            reply.extend_from_slice(b"\r\n");
+        }
+        reply.extend_from_slice(b"0\r\n\r\n");
+        reply
+    };
+    let replies = vec![http_200(whole.as_bytes(), whole.len()), chunked(whole.as_bytes()), chunked(whole.as_bytes())];
+    let (endpoint, server) = raw_server(replies).await;
+    let mut config = OpenAiConfig::new(endpoint, "m");
+    config.retry = fast_retry(3);
+    config.max_answer_bytes = whole.len() as u64 - 1;
+    let policy = OpenAiPolicy::new(config.clone()).unwrap();
+
+    let err = policy.respond(&request()).await.unwrap_err();
+    assert_eq!(err.category(), "PolicyAnswerTooLarge");
+    let message = err.to_string();
+    let limit = whole.len() - 1;
+    assert!(message.contains(&format!("more than {limit} bytes (Content-Length: {})", whole.len())), "{message}");
+    assert!(message.contains("raw_logits.path"), "{message}");
+
+    // Without a Content-Length: found while reading.
+    let err = policy.respond(&request()).await.unwrap_err();
+    assert_eq!(err.category(), "PolicyAnswerTooLarge", "{err}");
+    assert!(err.to_string().contains(&format!("more than {limit} bytes, the most")), "{err}");
+
+    // Exactly the limit is fine.
+    config.max_answer_bytes = whole.len() as u64;
+    let response = OpenAiPolicy::new(config).unwrap().respond(&request()).await.unwrap();
+    assert_eq!((response.attempts, response.tool_calls[0].name.as_str()), (1, "lookup_order"));
+    server.await.unwrap();
 }

@@ -41,7 +41,7 @@ fn api_key_from_the_environment_is_sent_as_bearer_and_never_shown() {
         let mut config = OpenAiConfig::new(format!("http://{addr}/v1"), "m");
         config.api_key = ApiKeySource::Env(VARIABLE.into());
         config.request_timeout = Duration::from_secs(5);
-        let policy = Policy::from_config(&PolicyConfig::OpenAi(config)).expect("policy");
+        let policy = Policy::from_config(&PolicyConfig::OpenAi(Box::new(config))).expect("policy");
         let request = PolicyRequest::new("ep-1", 0, vec![ChatMessage::user("hi")], vec![]);
 
         let response = policy.respond(&request).await.expect("response");

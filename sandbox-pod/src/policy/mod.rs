@@ -27,7 +27,8 @@ pub use types::{
 /// Which policy to run.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PolicyConfig {
-    OpenAi(OpenAiConfig),
+    /// Boxed: a client's settings are much larger than a script's path.
+    OpenAi(Box<OpenAiConfig>),
     Scripted(ScriptedConfig),
 }
 
@@ -62,7 +63,7 @@ impl Policy {
     /// Builds the policy: loads the API key or reads and checks the script.
     pub fn from_config(config: &PolicyConfig) -> Result<Self, PolicyError> {
         Ok(match config {
-            PolicyConfig::OpenAi(config) => Self::OpenAi(Box::new(OpenAiPolicy::new(config.clone())?)),
+            PolicyConfig::OpenAi(config) => Self::OpenAi(Box::new(OpenAiPolicy::new((**config).clone())?)),
             PolicyConfig::Scripted(config) => Self::Scripted(ScriptedPolicy::load(config)?),
         })
     }

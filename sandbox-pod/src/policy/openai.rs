@@ -82,6 +82,16 @@ pub enum OpenAiError {
     Transport { endpoint: String, attempts: Attempts, message: String },
     #[error("policy endpoint {endpoint} answered 200 with something that is not a chat completion ({reason}): {body}")]
     MalformedResponse { endpoint: String, reason: String, body: String },
+    #[error(
+        "policy endpoint {endpoint} answered with more than {limit} bytes{seen}, the most one answer may hold: a \
+         server writing without end, or raw_logits too large to send inline (hand them over as a file: raw_logits.path)"
+    )]
+    AnswerTooLarge {
+        endpoint: String,
+        limit: u64,
+        /// " (Content-Length: N)" when the server said so up front, else empty.
+        seen: String,
+    },
 }
 
 /// The categories of the errors a turn can end in (the others come from
@@ -95,6 +105,7 @@ pub const TURN_ERROR_CATEGORIES: &[&str] = &[
     "PolicyUnreachable",
     "PolicyTransport",
     "PolicyMalformedResponse",
+    "PolicyAnswerTooLarge",
 ];
 
 impl OpenAiError {
@@ -114,6 +125,7 @@ impl OpenAiError {
             Self::Unreachable { .. } => "PolicyUnreachable",
             Self::Transport { .. } => "PolicyTransport",
             Self::MalformedResponse { .. } => "PolicyMalformedResponse",
+            Self::AnswerTooLarge { .. } => "PolicyAnswerTooLarge",
         }
     }
 }
@@ -237,6 +249,11 @@ impl RetryPolicy {
     }
 }
 
+/// The most bytes one answer may hold by default: 1 GiB, room for the
+/// top-20 logprobs of tens of thousands of tokens, or inline raw logits of
+/// a few thousand tokens over a 129k vocabulary in bf16.
+pub const MAX_ANSWER_BYTES: u64 = 1 << 30;
+
 /// How to reach and sample an OpenAI-compatible policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenAiConfig {
@@ -254,6 +271,9 @@ pub struct OpenAiConfig {
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
     pub retry: RetryPolicy,
+    /// The most bytes one answer may hold ([`MAX_ANSWER_BYTES`]): a server
+    /// that writes without end fails the turn instead of the sandbox's memory.
+    pub max_answer_bytes: u64,
     /// Extra top-level request fields for a particular server, e.g. vLLM's
     /// `{"return_tokens_as_token_ids": true}`. The fields above take precedence.
     pub extra_body: Map<String, Value>,
@@ -273,6 +293,7 @@ impl OpenAiConfig {
             request_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
+            max_answer_bytes: MAX_ANSWER_BYTES,
             extra_body: Map::new(),
         }
     }
@@ -295,10 +316,21 @@ pub struct OpenAiPolicy {
 /// One failed attempt, before deciding whether to try again.
 #[derive(Debug, Clone)]
 enum Failure {
-    Status { status: u16, retry_after: Option<Duration>, body: String },
+    Status {
+        status: u16,
+        retry_after: Option<Duration>,
+        body: String,
+    },
     Timeout,
     Unreachable(String),
-    Transport { message: String, retryable: bool },
+    Transport {
+        message: String,
+        retryable: bool,
+    },
+    /// More than `max_answer_bytes`; `seen` as [`OpenAiError::AnswerTooLarge`] has it.
+    TooLarge {
+        seen: String,
+    },
 }
 
 impl OpenAiPolicy {
@@ -386,6 +418,8 @@ impl OpenAiPolicy {
                 Failure::Status { status, .. } => worth_retrying(*status),
                 Failure::Timeout | Failure::Unreachable(_) => true,
                 Failure::Transport { retryable, .. } => *retryable,
+                // The same question would get the same answer.
+                Failure::TooLarge { .. } => false,
             };
             let retry_after = match &failure {
                 Failure::Status { retry_after, .. } => *retry_after,
@@ -422,17 +456,28 @@ impl OpenAiPolicy {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key.expose());
         }
-        let response = request.send().await.map_err(|e| self.classify(&e))?;
+        let mut response = request.send().await.map_err(|e| self.classify(&e))?;
         let status = response.status();
         let retry_after = retry_after(response.headers(), SystemTime::now());
+        let limit = self.config.max_answer_bytes;
+        if let Some(length) = response.content_length().filter(|length| *length > limit) {
+            return Err(Failure::TooLarge { seen: format!(" (Content-Length: {length})") });
+        }
+        let mut bytes = Vec::new();
         // Headers came, then the body broke off (a server restarting, a proxy
         // timing out): worth another try, however reqwest names the error.
-        let bytes = response
-            .bytes()
+        while let Some(chunk) = response
+            .chunk()
             .await
-            .map_err(|e| Failure::Transport { message: self.redact(&error_chain(&e)), retryable: true })?;
+            .map_err(|e| Failure::Transport { message: self.redact(&error_chain(&e)), retryable: true })?
+        {
+            if (bytes.len() + chunk.len()) as u64 > limit {
+                return Err(Failure::TooLarge { seen: String::new() });
+            }
+            bytes.extend_from_slice(&chunk);
+        }
         if status.is_success() {
-            Ok(bytes.to_vec())
+            Ok(bytes)
         } else {
             Err(Failure::Status {
                 status: status.as_u16(),
@@ -468,6 +513,9 @@ impl OpenAiPolicy {
             },
             Failure::Unreachable(message) => OpenAiError::Unreachable { endpoint, attempts, message },
             Failure::Transport { message, .. } => OpenAiError::Transport { endpoint, attempts, message },
+            Failure::TooLarge { seen } => {
+                OpenAiError::AnswerTooLarge { endpoint, limit: self.config.max_answer_bytes, seen }
+            }
         }
     }
 
@@ -510,6 +558,7 @@ impl Failure {
             Self::Status { status, .. } => format!("HTTP {status}"),
             Self::Timeout => "request timeout".to_owned(),
             Self::Unreachable(message) | Self::Transport { message, .. } => message.clone(),
+            Self::TooLarge { .. } => "answer too large".to_owned(),
         }
     }
 }
@@ -936,7 +985,8 @@ mod tests {
             OpenAiError::Timeout { endpoint: endpoint.clone(), timeout_ms: 1, attempts },
             OpenAiError::Unreachable { endpoint: endpoint.clone(), attempts, message: String::new() },
             OpenAiError::Transport { endpoint: endpoint.clone(), attempts, message: String::new() },
-            OpenAiError::MalformedResponse { endpoint, reason: String::new(), body: String::new() },
+            OpenAiError::MalformedResponse { endpoint: endpoint.clone(), reason: String::new(), body: String::new() },
+            OpenAiError::AnswerTooLarge { endpoint, limit: 1, seen: String::new() },
         ];
         let categories: Vec<&str> = turn_errors.iter().map(OpenAiError::category).collect();
         assert_eq!(categories, TURN_ERROR_CATEGORIES);
