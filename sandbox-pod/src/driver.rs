@@ -182,14 +182,15 @@ async fn after_an_outage(
     watch: &OutageWatch,
     stop: &StopSignal,
 ) -> Option<String> {
-    use crate::readiness::Awaited;
     let where_ = format!("variant {}, shard {}", runner.header.variant, runner.header.shard);
     let readiness = runner.policy_readiness.as_ref().filter(|_| last_class == POLICY_ERROR);
-    let never_served = readiness.is_some_and(|r| r.awaited() == Awaited::Endpoint && !watch.measured_any);
+    let never_served =
+        readiness.is_some_and(|r| r.awaited() == crate::readiness::Awaited::Endpoint && !watch.measured_any);
     let Some(readiness) = readiness.filter(|_| !watch.waited && !never_served) else {
         let why = match readiness {
-            Some(_) if never_served => "no episode of this shard was measured, so the endpoint is not down but \
-                 never worked (check spec.policy.endpoint, model and the API key)"
+            Some(_) if never_served => "no episode of this shard was measured yet, and an endpoint that never \
+                 answered one is taken for a wrong URL, model or key rather than an outage (check \
+                 spec.policy.endpoint, model and the API key)"
                 .to_string(),
             Some(readiness) => format!(
                 "the policy answered at {} after the last outage, yet no episode since was measured",
