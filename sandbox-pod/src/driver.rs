@@ -210,7 +210,13 @@ async fn after_an_outage(
         readiness.timeout,
         readiness.describe()
     );
-    tokio::select! {
+    let waiting = |waiting| {
+        if let Some(metrics) = &runner.metrics {
+            metrics.set_waiting_for_policy(waiting);
+        }
+    };
+    waiting(true);
+    let ended = tokio::select! {
         ready = readiness.wait() => match ready {
             Ok(took) => {
                 crate::stderr_line!(
@@ -228,7 +234,9 @@ async fn after_an_outage(
         },
         // A stop ends the wait; the stop's own accounting follows.
         () = stop.cancelled() => None,
-    }
+    };
+    waiting(false);
+    ended
 }
 
 /// Listens for SIGTERM from now on (its default would end the process on

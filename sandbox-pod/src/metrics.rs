@@ -40,6 +40,7 @@ use basecamp_trace::pb::{InjectionTrigger, StepStatus};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
@@ -127,6 +128,7 @@ pub struct SandboxMetrics {
     injections: Family<TriggerLabels, Counter>,
     episodes: Family<OutcomeLabels, Counter>,
     policy_errors: Family<CategoryLabels, Counter>,
+    waiting_for_policy: Gauge,
     tool_labels: Mutex<HashSet<String>>,
     policy_error_categories: Mutex<HashSet<&'static str>>,
     scrapes: Scrapes,
@@ -176,6 +178,13 @@ impl SandboxMetrics {
         registry.register("episodes", "Finished episodes by outcome", episodes.clone());
         let policy_errors = Family::default();
         registry.register("policy_errors", "Failed policy turns by error category", policy_errors.clone());
+        let waiting_for_policy = Gauge::default();
+        registry.register(
+            "waiting_for_policy",
+            "1 while the shard waits for its policy to answer again after episode after episode failed on it \
+             (an outage), starting no episode; else 0",
+            waiting_for_policy.clone(),
+        );
         // Fixed label sets exist from the start at zero (see declare_tools).
         for outcome in EPISODE_OUTCOMES {
             let _ = episodes.get_or_create(&OutcomeLabels { outcome });
@@ -193,6 +202,7 @@ impl SandboxMetrics {
             injections,
             episodes,
             policy_errors,
+            waiting_for_policy,
             tool_labels: Mutex::new(HashSet::new()),
             policy_error_categories: Mutex::new(HashSet::new()),
             scrapes: Scrapes::default(),
@@ -276,6 +286,11 @@ impl SandboxMetrics {
     pub fn observe_episode(&self, episode: &EpisodeResult) {
         self.episodes.get_or_create(&OutcomeLabels { outcome: outcome_label(&episode.outcome) }).inc();
         self.rollbacks.inc_by(u64::from(episode.rollbacks));
+    }
+
+    /// Says whether the shard is waiting for its policy after an outage.
+    pub fn set_waiting_for_policy(&self, waiting: bool) {
+        self.waiting_for_policy.set(i64::from(waiting));
     }
 
     /// Records one injection delivered into an episode.

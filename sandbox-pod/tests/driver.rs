@@ -379,6 +379,15 @@ struct Hosted {
     back_at: usize,
     /// The `Authorization` header of each poll.
     authorizations: std::sync::Mutex<Vec<String>>,
+    /// The shard's metrics, and the `waiting_for_policy` line they had at each poll.
+    metrics: Arc<basecamp_sandbox::metrics::SandboxMetrics>,
+    waiting_at_polls: std::sync::Mutex<Vec<String>>,
+}
+
+/// The `waiting_for_policy` gauge's line in `metrics`.
+fn waiting_line(metrics: &basecamp_sandbox::metrics::SandboxMetrics) -> String {
+    let text = metrics.encode();
+    text.lines().find(|l| l.starts_with("basecamp_sandbox_waiting_for_policy ")).unwrap_or_default().to_string()
 }
 
 impl Hosted {
@@ -407,6 +416,7 @@ impl Hosted {
                 axum::routing::get(move |headers: HeaderMap| async move {
                     let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
                     models.authorizations.lock().unwrap().push(auth.to_string());
+                    models.waiting_at_polls.lock().unwrap().push(waiting_line(&models.metrics));
                     if models.polls.fetch_add(1, SeqCst) + 1 == models.back_at {
                         models.up.store(true, SeqCst);
                     }
@@ -442,6 +452,7 @@ async fn a_shard_against(hosted: &Arc<Hosted>, episodes: usize, outage_ms: i64) 
     let readiness = basecamp_sandbox::readiness::Readiness::after_an_outage(&spec, &policy);
     let runner = EpisodeRunner {
         policy_readiness: readiness,
+        metrics: Some(hosted.metrics.clone()),
         ..EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy)
     };
     let inputs = (0..episodes).map(|i| input(&format!("e{i}"))).collect();
@@ -456,6 +467,8 @@ fn hosted(down_at: usize, back_at: usize) -> Arc<Hosted> {
         down_at,
         back_at,
         authorizations: Default::default(),
+        metrics: Default::default(),
+        waiting_at_polls: Default::default(),
     })
 }
 
@@ -475,6 +488,10 @@ async fn a_shard_waits_for_a_hosted_endpoint_that_went_down_and_goes_on() {
     assert_eq!(failed, ["e3", "e4", "e5", "e6", "e7"]);
     // Polled until it answered (503, then 200), with the API key.
     assert_eq!(*endpoint.authorizations.lock().unwrap(), ["Bearer sk-test", "Bearer sk-test"]);
+    // `/metrics` said the shard was waiting while it was, and not after.
+    let waiting = "basecamp_sandbox_waiting_for_policy 1";
+    assert_eq!(*endpoint.waiting_at_polls.lock().unwrap(), [waiting, waiting]);
+    assert_eq!(waiting_line(&endpoint.metrics), "basecamp_sandbox_waiting_for_policy 0");
 }
 
 /// An endpoint that never served an episode is not down but wrong (URL,

@@ -217,6 +217,7 @@ fn check_exposition(text: &str, openmetrics: bool) -> BTreeSet<String> {
                     assert_eq!(family.unit.as_deref(), Some("seconds"), "histogram `{name}` declares its UNIT");
                 }
             }
+            "gauge" => assert!(!name.ends_with("_total"), "gauge `{name}` ends with _total"),
             other => panic!("`{name}` has unexpected type `{other}`"),
         }
         if family.kind != "counter" {
@@ -295,7 +296,7 @@ fn sample_value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-const FAMILIES_0_0_4: [&str; 8] = [
+const FAMILIES_0_0_4: [&str; 9] = [
     "basecamp_sandbox_episodes_total",
     "basecamp_sandbox_injections_total",
     "basecamp_sandbox_policy_errors_total",
@@ -304,6 +305,7 @@ const FAMILIES_0_0_4: [&str; 8] = [
     "basecamp_sandbox_tool_calls_total",
     "basecamp_sandbox_tool_fallbacks_total",
     "basecamp_sandbox_tool_timeouts_total",
+    "basecamp_sandbox_waiting_for_policy",
 ];
 
 #[tokio::test]

@@ -712,6 +712,7 @@ CONTRACT = {
     "basecamp_sandbox_injections_total": ("counter", ("trigger",), SANDBOX_TARGET),
     "basecamp_sandbox_episodes_total": ("counter", ("outcome",), SANDBOX_TARGET),
     "basecamp_sandbox_policy_errors_total": ("counter", ("category",), SANDBOX_TARGET),
+    "basecamp_sandbox_waiting_for_policy": ("gauge", (), SANDBOX_TARGET),
 }
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
                 "unless", "le"}
@@ -830,6 +831,7 @@ def cmd_synth(out):
     family("basecamp_sandbox_injections", "counter", [(dict(sb, trigger="at_step"), lambda i: i // 2)])
     family("basecamp_sandbox_episodes", "counter", [(dict(sb, outcome=o), lambda i: i) for o in ("completed", "error")])
     family("basecamp_sandbox_policy_errors", "counter", [(dict(sb, category="PolicyTimeout"), lambda i: i // 3)])
+    family("basecamp_sandbox_waiting_for_policy", "gauge", [(sb, lambda i: 1)])
     lines.append("# EOF")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")

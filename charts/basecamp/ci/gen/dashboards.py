@@ -356,8 +356,17 @@ def sandbox():
     b.add(timeseries("Policy errors by category",
                      [target(f"sum by (category) (rate(basecamp_sandbox_policy_errors_total{{{sel_nt}}}{rate}))", "{{category}}")],
                      unit="ops", minv=0, desc="Failed policy turns (the policy server) by error category."), 8, 8)
+    b.add(timeseries("Shards waiting for their policy",
+                     [target(f"sum by (namespace, task, variant) (basecamp_sandbox_waiting_for_policy{{{sel_nt}}})",
+                             "{{namespace}}/{{task}} · {{variant}}")],
+                     minv=0, stack=True,
+                     desc="Shards that start no episode because their policy failed episode after episode (an "
+                          "outage) and they wait for it to answer again: a hosted endpoint's /models, up to "
+                          "spec.policy.outageTimeout, or a policy server's readiness URL, up to its startupTimeout. "
+                          "The BasecampSandboxWaitingForPolicy alert fires after "
+                          "prometheusRule.sandboxWaitingForPolicy.for."), 24, 6)
     return dashboard("basecamp-sandbox", "Basecamp / Sandboxes",
-                     "Tool calls, latency, timeouts and fallbacks, rollbacks, episodes and policy errors from "
+                     "Tool calls, latency, timeouts and fallbacks, rollbacks, episodes, policy errors and outages from "
                      "sandbox pods (the chart's PodMonitor adds the task, variant and shard labels).",
                      b, [var_datasource(),
                          var_query("namespace", "Namespace", "label_values(basecamp_sandbox_tool_calls_total, namespace)"),
