@@ -103,9 +103,10 @@ impl ShardSummary {
 /// within its `startupTimeout`, a hosted endpoint's `/models` within
 /// `spec.policy.outageTimeout` — or answered after an earlier outage and
 /// failed every episode since, or is an endpoint that never served a
-/// measured episode (a wrong URL, model or key is not an outage). Starting the rest would only have
-/// failed them too, each after its retries: a dead model server would
-/// have turned a 1,000-episode test set into 1,000 traces of the outage.
+/// measured episode (a wrong URL, model or key is not an outage).
+/// Starting the rest would only have failed them too, each after its
+/// retries: a dead model server would have turned a 1,000-episode test set
+/// into 1,000 traces of the outage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GaveUp {
     /// What failed and what the shard did about it, e.g. "8 episodes in a

@@ -73,8 +73,9 @@ impl NotReady {
                  takes longer"
             ),
             Awaited::Endpoint => format!(
-                "the policy endpoint did not answer at {url} within {timeout} (spec.policy.outageTimeout) other than \
-                 with 408, 429 or 5xx; last {last}; check the provider's status, or raise outageTimeout to wait longer"
+                "the policy endpoint was still down at {url} after {timeout} (spec.policy.outageTimeout: no answer, \
+                 or only 408, 429 or 5xx); last {last}; check the provider's status, or raise outageTimeout to wait \
+                 longer"
             ),
         }
     }

@@ -460,10 +460,11 @@ impl OpenAiPolicy {
         let status = response.status();
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let limit = self.config.max_answer_bytes;
-        if let Some(length) = response.content_length().filter(|length| *length > limit) {
+        let length = response.content_length();
+        if let Some(length) = length.filter(|length| *length > limit) {
             return Err(Failure::TooLarge { seen: format!(" (Content-Length: {length})") });
         }
-        let mut bytes = Vec::new();
+        let mut bytes = Vec::with_capacity(length.map_or(0, |n| n as usize));
         // Headers came, then the body broke off (a server restarting, a proxy
         // timing out): worth another try, however reqwest names the error.
         while let Some(chunk) = response
