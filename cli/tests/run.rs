@@ -1316,6 +1316,90 @@ fn a_run_gives_up_on_a_policy_that_fails_episode_after_episode() {
     assert!(said.contains("5 episodes, 5 failed, 5 NOT MEASURED, 1 shard(s) GAVE UP (55 not started)"), "{said}");
 }
 
+/// A hosted OpenAI-compatible endpoint on a loopback port, served by a
+/// thread: chat completions answer "done" while it is up and 503 (with
+/// `Retry-After: 0`, so the client's retries take no time) while it is
+/// down; it goes down at chat request `down_at`, and `GET /v1/models`
+/// (503 while down) brings it back on its `back_at`-th poll. Returns its
+/// endpoint and the `Authorization` header of each poll of `/v1/models`.
+fn flaky_endpoint(down_at: usize, back_at: usize) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}/v1", listener.local_addr().unwrap());
+    let polls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = polls.clone();
+    std::thread::spawn(move || {
+        let (mut chats, mut up) = (0, true);
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let (mut request_line, mut length, mut auth) = (String::new(), 0, String::new());
+            reader.read_line(&mut request_line).unwrap_or_default();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or_default() == 0 || line == "\r\n" {
+                    break;
+                }
+                let (name, value) = line.split_once(':').unwrap_or_default();
+                match name.to_ascii_lowercase().as_str() {
+                    "content-length" => length = value.trim().parse().unwrap_or(0),
+                    "authorization" => auth = value.trim().to_string(),
+                    _ => {}
+                }
+            }
+            let _ = reader.by_ref().take(length).read_to_end(&mut Vec::new());
+            if request_line.starts_with("GET /v1/models") {
+                let mut polls = seen.lock().unwrap();
+                polls.push(auth);
+                up |= polls.len() == back_at;
+            } else {
+                chats += 1;
+                up &= chats != down_at;
+            }
+            let body = r#"{"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]}"#;
+            let status = if up { "200 OK" } else { "503 Service Unavailable\r\nRetry-After: 0" };
+            let reply = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = reader.into_inner().write_all(reply.as_bytes());
+        }
+    });
+    (endpoint, polls)
+}
+
+/// `basecamp run` against a hosted endpoint that goes down midway: the shard
+/// waits for `GET /v1/models` (with the API key) to answer, goes on, and
+/// every episode of the test set runs; the five the outage failed are not
+/// measured, within the criteria's tolerance, so the run exits 0. Before,
+/// the shard gave up at the outage (exit 3, the rest never started).
+#[test]
+fn a_run_waits_out_a_hosted_endpoint_s_outage_and_runs_the_whole_test_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let (endpoint, polls) = flaky_endpoint(11, 2);
+    use_policy(&project, &format!("endpoint: {endpoint}\n    model: m\n    apiKeyEnv: BASECAMP_TEST_KEY"));
+    let task = std::fs::read_to_string(project.join("task.yaml")).unwrap();
+    with_criterion(&project, &task, "not_measured_rate <= 20%");
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "b", "--shards", "1", "--concurrency", "1"])
+        .args(["--no-progress", "--out", out.path().to_str().unwrap()])
+        .env("BASECAMP_TEST_KEY", "sk-test")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    let waiting = format!("waiting up to 5m for the policy endpoint to answer at {endpoint}/models");
+    assert!(stderr.contains(&waiting), "{stderr}");
+    assert!(stderr.contains(&format!("the policy answers again at {endpoint}/models after ")), "{stderr}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let variant = &run["variants"][0];
+    let aggregate = &variant["aggregate"];
+    assert_eq!((aggregate["episodes"].as_u64(), aggregate["not_measured"].as_u64()), (Some(60), Some(5)), "{run}");
+    assert!(variant.get("gave_up").is_none_or(|g| g.as_array().is_some_and(Vec::is_empty)), "{variant}");
+    assert_eq!(*polls.lock().unwrap(), ["Bearer sk-test", "Bearer sk-test"], "polled until back, with the key");
+}
+
 /// A criterion on `not_measured_rate` is the run's tolerance for episodes
 /// its infrastructure failed: within it the run is judged on the measured
 /// episodes (b's criteria are met over its 50: exit 0 with
