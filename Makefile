@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy unit cuda-emulate crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-exec bench-logits bench-search bench-serve demo demo-trace browser image fuzz prune clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy doc unit cuda-emulate crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-exec bench-logits bench-search bench-serve demo demo-trace browser image fuzz prune clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,9 +22,9 @@ help: ## List the targets
 build: ## Build the three binaries (debug)
 	$(CARGO) build --workspace --bins
 
-test: lint test-deps unit cuda-emulate crds-check chart-lint ## Everything CI checks: format, clippy, unit/integration tests, the CUDA kernels on the CPU emulator, CRD drift, the Helm chart
+test: lint test-deps unit cuda-emulate crds-check chart-lint ## Everything CI checks: format, clippy, rustdoc, unit/integration tests, the CUDA kernels on the CPU emulator, CRD drift, the Helm chart
 
-lint: fmt-check clippy
+lint: fmt-check clippy doc
 
 fmt: ## Format the code
 	$(CARGO) fmt --all
@@ -34,6 +34,9 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+doc: ## The API docs (target/doc), every intra-doc link resolved: rustdoc warnings are errors
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 test-deps: ## Build the real test servers the tests start (s3s-fs), cached in $(BASECAMP_CACHE); pyarrow (the tests' Parquet reader) in a venv there; Debian's chromium for the browser tests
 	bash scripts/s3-server.sh install

@@ -8,7 +8,7 @@
 //!   KL(p || q) from full-vocabulary logits, fused into one pass per row on
 //!   the CPU; [`cuda`] runs the same pass as NVRTC-compiled CUDA kernels;
 //!   [`backend`] picks between them.
-//! - [`file`]: logits tensors in safetensors files, memory-mapped.
+//! - [`mod@file`]: logits tensors in safetensors files, memory-mapped.
 //! - [`testdata`]: seeded synthetic logits for tests and benchmarks.
 
 pub mod backend;

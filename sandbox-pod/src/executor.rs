@@ -32,7 +32,7 @@ use crate::tools::{Tool, ToolError, ToolOutput, json_type};
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(800);
 
 /// How long a call whose connection to a service was refused or reset waits
-/// for that service's exit to show ([`ToolExecutor::blame`]). Spent only on
+/// for that service's exit to show (`ToolExecutor::blame`). Spent only on
 /// such a failure of a tool that calls a service still running.
 pub const SERVICE_EXIT_GRACE: Duration = Duration::from_millis(50);
 

@@ -44,7 +44,7 @@ pub mod exit_code {
     /// Something the shard needs before its first episode was unavailable
     /// for a while (the S3 test set or scripted policy after every retry:
     /// unreachable, timed out, throttled, 5xx): a later attempt can succeed
-    /// ([`RunError::is_transient`]). A policy server that never got ready
+    /// ([`crate::run::RunError::is_transient`]). A policy server that never got ready
     /// within its `startupTimeout` stays a configuration error (1): the
     /// same model on the same kind of node would not get ready either.
     /// Also a shard that gave up midway ([`crate::driver::GaveUp`]): its

@@ -6,7 +6,7 @@
 //! frames closed at every step so a killed writer leaves a readable prefix,
 //! and a footer index for random access to steps.
 //!
-//! - [`format`]: the byte layout;
+//! - [`mod@format`]: the byte layout;
 //! - [`writer`] / [`reader`]: streaming write, sequential and indexed read;
 //! - [`canonical`]: canonical JSON and its sha256, the identity of arguments and memory;
 //! - [`memory`]: memory, patches and the deltas they produce;

@@ -162,7 +162,7 @@ pub fn run(args: &RedactArgs) -> anyhow::Result<ExitCode> {
     Ok(if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// OUTDIR/<file name> for each input; two inputs with one name, or an
+/// `OUTDIR/<file name>` for each input; two inputs with one name, or an
 /// output that is one of the inputs (its own, or another's when OUTDIR is
 /// inside an input directory), are refused before anything is written.
 fn output_paths(files: &[Source], out: &Path) -> anyhow::Result<Vec<PathBuf>> {

@@ -18,7 +18,7 @@
 //! - `KL = b / S + ln_1p(G / S)` (`ln(F / S)` when q is far from p).
 //!
 //! `c0` is the whole-number difference of the maxima of q and p over the
-//! first [`SHIFT_PROBE`] entries (0 where either is all `-inf` there), so that
+//! first `SHIFT_PROBE` entries (0 where either is all `-inf` there), so that
 //! `x - y'` is small where p has its mass (q = log-softmax of p is shifted by
 //! about -lse_p) and `exp(y' - m)` neither overflows nor underflows. Were q
 //! left 16 below p, `b / S` and `ln(F / S)` would be about 16 and -16, and
@@ -26,9 +26,9 @@
 //! entries seen while p is still all `-inf` wait in a small side sum.
 //!
 //! A row whose probe misjudged the shift (p or q masked in the probe, say)
-//! shows it at the end: `|b / S|` over [`REALIGN`], q's mass underflowing on
+//! shows it at the end: `|b / S|` over `REALIGN`, q's mass underflowing on
 //! p's base, or some `y' - m` over 80. It is streamed again with
-//! `c0 - round(b / S)` ([`RowState::realigned_shift`]). A row where q still
+//! `c0 - round(b / S)` (`RowState::realigned_shift`). A row where q still
 //! sits far above p then takes a float64 pass over q
 //! (`KL = b/S - c0 + lse_q - lse_p`): q differs from p so much that KL is
 //! large and the cancellation harmless. Real logits need neither.

@@ -5,7 +5,7 @@
 //! Everything comes out of one pass over each row ([`fused`]): an online
 //! softmax (running max, sums rescaled when it grows), the entropy from
 //! `sum p * (x - max)` under the same rescaling, KL from both rows in the same
-//! loop, and the top-k in a small sorted array. [`reference`] holds the plain
+//! loop, and the top-k in a small sorted array. [`mod@reference`] holds the plain
 //! scalar loop (the benchmark's peer) and the float64 oracle of the tests;
 //! [`record`] turns a row into the trace's `TokenLogit`; `crate::cuda` runs the
 //! same computation on a GPU.

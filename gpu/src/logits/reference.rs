@@ -3,7 +3,7 @@
 //! - [`scalar_into`]: the loop anyone would write first — one element at a
 //!   time in float32 with `f32::exp`, one pass per row, rayon over rows. The
 //!   CPU benchmark measures the fused pass against it in the same run.
-//! - [`reference`]: the test oracle — float64, two passes (max, then sums),
+//! - [`reference()`]: the test oracle — float64, two passes (max, then sums),
 //!   top-k by sorting. Slow and obviously right.
 //!
 //! Both follow the conventions in the module above (errors, ties, -inf).

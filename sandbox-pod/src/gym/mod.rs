@@ -41,7 +41,7 @@
 //! - [`client`]: a client of the API (both modes), for `basecamp sandbox inject`;
 //! - [`create`]: a create body as an episode input;
 //! - [`registry`]: the episodes, their locks and the open-episode bound;
-//! - [`routes`]: the handlers and the route table;
+//! - [`mod@routes`]: the handlers and the route table;
 //! - [`setup`]: from manifests to a [`Gym`] (`basecamp-sandbox serve`).
 //!
 //! [`Episode`]: crate::episode::Episode

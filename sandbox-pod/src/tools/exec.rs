@@ -6,10 +6,8 @@
 //! killed, so a tool's grandchildren (a shell pipeline, a helper server)
 //! never outlive the call. When this process dies without a chance to end
 //! the call (SIGKILL), the tool's keeper kills the group instead: on Linux
-//! the process spawned is not the tool itself but its [`group_keeper`],
+//! the process spawned is not the tool itself but its `group_keeper`,
 //! which forks the tool and ends as the tool does.
-//!
-//! [`group_keeper`]: super::group_keeper
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -191,7 +189,7 @@ pub enum ProgramProblem {
     WorkingDir(String),
 }
 
-/// Why `program` (argv[0] of a tool or a service) cannot be started, or
+/// Why `program` (`argv[0]` of a tool or a service) cannot be started, or
 /// `None`: a bare name must be an executable on `search` (the `PATH` the
 /// process gets; this process's when `None`), anything else must be an
 /// executable file at `path` (where `program` resolves). `relative_hint`

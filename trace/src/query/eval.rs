@@ -257,7 +257,7 @@ impl NameKind {
 /// How many names of each kind [`NamesSeen`] keeps to show (all are checked).
 const NAMES_SHOWN: usize = 20;
 
-/// Which of a query's names ([`NameKind`]) the searched traces have, and a
+/// Which of a query's names (`NameKind`) the searched traces have, and a
 /// few of the names they have instead: a name that no trace has is most
 /// likely a typo, and the search would otherwise just find nothing.
 #[derive(Debug, Clone, Default)]

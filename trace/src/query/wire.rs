@@ -67,7 +67,7 @@ impl<'a> Fields<'a> {
 }
 
 /// The body message of a `Record` (the bytes of its `oneof body` field).
-/// Which field that is: [`RecordKind::takes_over`], as the reader decides the kind.
+/// Which field that is: `RecordKind::takes_over`, as the reader decides the kind.
 pub fn record_body(record: &[u8]) -> Result<&[u8], Malformed> {
     let (mut body, mut kind) = (None, RecordKind::Other(0));
     for f in fields(record) {
