@@ -622,8 +622,9 @@ async fn raw_server(replies: Vec<Vec<u8>>) -> (String, tokio::task::JoinHandle<(
                     break;
                 }
             }
-            stream.write_all(&reply).await.expect("write reply");
-            stream.shutdown().await.expect("shutdown");
+            // A client may hang up before the end (an answer it stops reading).
+            let _ = stream.write_all(&reply).await;
+            let _ = stream.shutdown().await;
         }
     });
     (format!("http://{addr}/v1"), task)
@@ -747,5 +748,36 @@ async fn an_answer_larger_than_the_limit_fails_the_turn_without_being_read_whole
     config.max_answer_bytes = whole.len() as u64;
     let response = OpenAiPolicy::new(config).unwrap().respond(&request()).await.unwrap();
     assert_eq!((response.attempts, response.tool_calls[0].name.as_str()), (1, "lookup_order"));
+    server.await.unwrap();
+}
+
+/// An error answer's body is read only as far as its excerpt needs (64 KiB):
+/// a 503 with a huge error page is still a 503, retried as one, and its
+/// message says the body went on. Before the cap on answers, any body was
+/// read whole; with it alone, such a page would have been "too large".
+#[tokio::test]
+async fn a_huge_error_page_is_read_in_part_and_its_status_still_decides() {
+    let page = "<html>upstream overloaded</html>".repeat(8 * 1024);
+    let error = |body: &str| {
+        format!("HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes()
+    };
+    let whole =
+        completion(json!([tool_call("call_1", "lookup_order", r#"{"order_id": "A1"}"#)]), logprobs()).to_string();
+    let replies = vec![error(&page), http_200(whole.as_bytes(), whole.len()), error(&page)];
+    let (endpoint, server) = raw_server(replies).await;
+    let mut config = OpenAiConfig::new(endpoint, "m");
+    config.retry = fast_retry(2);
+    config.max_answer_bytes = 100_000;
+    assert!(page.len() > 200_000, "the page is over the answer cap too");
+    let policy = OpenAiPolicy::new(config.clone()).unwrap();
+    let response = policy.respond(&request()).await.unwrap();
+    assert_eq!(response.attempts, 2, "the 503 was retried");
+
+    config.retry = fast_retry(1);
+    let err = OpenAiPolicy::new(config).unwrap().respond(&request()).await.unwrap_err();
+    assert_eq!(err.category(), "PolicyServerError", "{err}");
+    let message = err.to_string();
+    assert!(message.contains("answered 503") && message.contains("<html>upstream overloaded"), "{message}");
+    assert!(message.contains("… (more than 65536 bytes)"), "{message}");
     server.await.unwrap();
 }

@@ -38,6 +38,10 @@ use super::types::{
 /// How much of an error body goes into a message.
 const BODY_EXCERPT_CHARS: usize = 512;
 
+/// The most of an error answer's body read: only its excerpt is shown, so a
+/// huge error page costs no memory, and its status still decides a retry.
+const ERROR_BODY_BYTES: usize = 64 * 1024;
+
 /// Errors of configuring or calling an OpenAI-compatible policy endpoint.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum OpenAiError {
@@ -461,10 +465,14 @@ impl OpenAiPolicy {
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let limit = self.config.max_answer_bytes;
         let length = response.content_length();
-        if let Some(length) = length.filter(|length| *length > limit) {
+        if status.is_success()
+            && let Some(length) = length.filter(|length| *length > limit)
+        {
             return Err(Failure::TooLarge { seen: format!(" (Content-Length: {length})") });
         }
-        let mut bytes = Vec::with_capacity(length.map_or(0, |n| n as usize));
+        let read_at_most = if status.is_success() { limit } else { ERROR_BODY_BYTES as u64 };
+        let mut bytes = Vec::with_capacity(length.map_or(0, |n| n.min(read_at_most) as usize));
+        let mut cut = false;
         // Headers came, then the body broke off (a server restarting, a proxy
         // timing out): worth another try, however reqwest names the error.
         while let Some(chunk) = response
@@ -472,20 +480,21 @@ impl OpenAiPolicy {
             .await
             .map_err(|e| Failure::Transport { message: self.redact(&error_chain(&e)), retryable: true })?
         {
-            if (bytes.len() + chunk.len()) as u64 > limit {
-                return Err(Failure::TooLarge { seen: String::new() });
+            if (bytes.len() + chunk.len()) as u64 > read_at_most {
+                if status.is_success() {
+                    return Err(Failure::TooLarge { seen: String::new() });
+                }
+                bytes.extend_from_slice(&chunk[..ERROR_BODY_BYTES - bytes.len()]);
+                cut = true;
+                break;
             }
             bytes.extend_from_slice(&chunk);
         }
         if status.is_success() {
-            Ok(bytes)
-        } else {
-            Err(Failure::Status {
-                status: status.as_u16(),
-                retry_after,
-                body: self.excerpt(&String::from_utf8_lossy(&bytes)),
-            })
+            return Ok(bytes);
         }
+        let body = self.excerpt(&String::from_utf8_lossy(&bytes), cut);
+        Err(Failure::Status { status: status.as_u16(), retry_after, body })
     }
 
     fn classify(&self, error: &reqwest::Error) -> Failure {
@@ -524,7 +533,11 @@ impl OpenAiPolicy {
         let (text, not_utf8) = decode_body(bytes);
         let mut response =
             parse_chat_completion(&text, &self.config.model, turn, latency, attempts).map_err(|reason| {
-                OpenAiError::MalformedResponse { endpoint: self.endpoint.clone(), reason, body: self.excerpt(&text) }
+                OpenAiError::MalformedResponse {
+                    endpoint: self.endpoint.clone(),
+                    reason,
+                    body: self.excerpt(&text, false),
+                }
             })?;
         response.warnings.extend(not_utf8);
         if self.config.logprobs && self.config.top_logprobs > 0 {
@@ -535,10 +548,11 @@ impl OpenAiPolicy {
     }
 
     /// The start of a body for an error message, with the API key blanked
-    /// out in case the server echoes it.
-    fn excerpt(&self, text: &str) -> String {
+    /// out in case the server echoes it. `cut`: `text` is the start of a body that was not read to its end.
+    fn excerpt(&self, text: &str, cut: bool) -> String {
         let excerpt = match text.char_indices().nth(BODY_EXCERPT_CHARS) {
-            Some((cut, _)) => format!("{}… ({} bytes in all)", &text[..cut], text.len()),
+            Some((at, _)) if cut => format!("{}… (more than {} bytes)", &text[..at], text.len()),
+            Some((at, _)) => format!("{}… ({} bytes in all)", &text[..at], text.len()),
             None => text.to_owned(),
         };
         let excerpt = self.redact(&excerpt);
