@@ -162,7 +162,7 @@ impl OutageWatch {
 
     /// The policy answered after an outage: counting starts again, and a
     /// next outage before any measured episode is not waited for.
-    fn waited_for_the_server(&mut self) {
+    fn waited_for_the_policy(&mut self) {
         self.in_a_row = 0;
         self.waited = true;
     }
@@ -358,7 +358,7 @@ pub async fn run_shard(
                 let seen = outage.note(&result).filter(|_| gave_up.is_none());
                 if let Some(seen) = seen {
                     gave_up = after_an_outage(&runner, seen, &result.failure_class, &outage, &stop).await;
-                    outage.waited_for_the_server();
+                    outage.waited_for_the_policy();
                 }
                 done.push((index, *result));
             }

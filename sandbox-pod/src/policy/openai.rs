@@ -463,16 +463,28 @@ impl OpenAiPolicy {
         let mut response = request.send().await.map_err(|e| self.classify(&e))?;
         let status = response.status();
         let retry_after = retry_after(response.headers(), SystemTime::now());
-        let limit = self.config.max_answer_bytes;
-        let length = response.content_length();
-        if status.is_success()
-            && let Some(length) = length.filter(|length| *length > limit)
-        {
+        let success = status.is_success();
+        // An error answer is only excerpted: more of it than that is not read.
+        let at_most = if success { self.config.max_answer_bytes } else { ERROR_BODY_BYTES as u64 };
+        if success && let Some(length) = response.content_length().filter(|length| *length > at_most) {
             return Err(Failure::TooLarge { seen: format!(" (Content-Length: {length})") });
         }
-        let read_at_most = if status.is_success() { limit } else { ERROR_BODY_BYTES as u64 };
-        let mut bytes = Vec::with_capacity(length.map_or(0, |n| n.min(read_at_most) as usize));
-        let mut cut = false;
+        let (bytes, cut) = self.read_at_most(&mut response, at_most).await?;
+        if !success {
+            let body = self.excerpt(&String::from_utf8_lossy(&bytes), cut);
+            return Err(Failure::Status { status: status.as_u16(), retry_after, body });
+        }
+        if cut {
+            return Err(Failure::TooLarge { seen: String::new() });
+        }
+        Ok(bytes)
+    }
+
+    /// Up to `at_most` bytes of `response`'s body, and whether there was
+    /// more (left unread).
+    async fn read_at_most(&self, response: &mut reqwest::Response, at_most: u64) -> Result<(Vec<u8>, bool), Failure> {
+        let at_most = usize::try_from(at_most).unwrap_or(usize::MAX);
+        let mut bytes = Vec::with_capacity(response.content_length().map_or(0, |n| (n as usize).min(at_most)));
         // Headers came, then the body broke off (a server restarting, a proxy
         // timing out): worth another try, however reqwest names the error.
         while let Some(chunk) = response
@@ -480,21 +492,14 @@ impl OpenAiPolicy {
             .await
             .map_err(|e| Failure::Transport { message: self.redact(&error_chain(&e)), retryable: true })?
         {
-            if (bytes.len() + chunk.len()) as u64 > read_at_most {
-                if status.is_success() {
-                    return Err(Failure::TooLarge { seen: String::new() });
-                }
-                bytes.extend_from_slice(&chunk[..ERROR_BODY_BYTES - bytes.len()]);
-                cut = true;
-                break;
+            let room = at_most - bytes.len();
+            if chunk.len() > room {
+                bytes.extend_from_slice(&chunk[..room]);
+                return Ok((bytes, true));
             }
             bytes.extend_from_slice(&chunk);
         }
-        if status.is_success() {
-            return Ok(bytes);
-        }
-        let body = self.excerpt(&String::from_utf8_lossy(&bytes), cut);
-        Err(Failure::Status { status: status.as_u16(), retry_after, body })
+        Ok((bytes, false))
     }
 
     fn classify(&self, error: &reqwest::Error) -> Failure {
