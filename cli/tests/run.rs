@@ -1400,6 +1400,90 @@ fn a_run_waits_out_a_hosted_endpoint_s_outage_and_runs_the_whole_test_set() {
     assert_eq!(*polls.lock().unwrap(), ["Bearer sk-test", "Bearer sk-test"], "polled until back, with the key");
 }
 
+/// An OpenAI-compatible endpoint on a loopback port, a thread per
+/// connection, that serves `allowed` chat requests at once (each answered
+/// "done" after 30 ms) and answers any beyond them at once with 429 and
+/// `retry-after-ms: 20`, as a hosted API's per-key limit does. Returns its
+/// endpoint and the most requests it served at once.
+fn rate_limited_endpoint(allowed: usize) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}/v1", listener.local_addr().unwrap());
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let served_most = most.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (in_flight, most) = (in_flight.clone(), most.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or_default() == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+                let _ = reader.by_ref().take(length).read_to_end(&mut Vec::new());
+                let now = in_flight.fetch_add(1, SeqCst) + 1;
+                let (status, body) = if now > allowed {
+                    ("429 Too Many Requests\r\nretry-after-ms: 20", r#"{"error": {"message": "Rate limit reached"}}"#)
+                } else {
+                    most.fetch_max(now, SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    ("200 OK", r#"{"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]}"#)
+                };
+                in_flight.fetch_sub(1, SeqCst);
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = reader.into_inner().write_all(reply.as_bytes());
+            });
+        }
+    });
+    (endpoint, served_most)
+}
+
+/// `basecamp run` with 2 shards of 4 episodes at once against an endpoint
+/// that serves 2 requests at once: its 429s lower the episodes at once of
+/// both shards (one client), every episode is measured, and the table and
+/// `run.json` say how far the run came down. Before, 6 of every 8 requests
+/// met 429, retried together and met it again, and episodes failed their
+/// turns after 4 attempts.
+#[test]
+fn a_rate_limited_endpoint_slows_the_run_down_instead_of_failing_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = example_copy(dir.path());
+    let (endpoint, most) = rate_limited_endpoint(2);
+    use_policy(&project, &format!("endpoint: {endpoint}\n    model: m"));
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_basecamp"))
+        .args(["run", project.to_str().unwrap(), "--variant", "b", "--shards", "2", "--concurrency", "4"])
+        .args(["--no-progress", "--out", out.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    let lowered = format!("warning: policy endpoint {endpoint} answered 429 (too many requests): at most ");
+    assert!(stderr.contains(&lowered), "{stderr}");
+    let run: Value = serde_json::from_slice(&std::fs::read(out.path().join("run.json")).unwrap()).unwrap();
+    let variant = &run["variants"][0];
+    assert_eq!(variant["aggregate"]["episodes"].as_u64(), Some(60), "{variant}");
+    assert!(variant["aggregate"].get("not_measured").is_none(), "every episode measured: {variant}");
+    let rate_limits = &variant["rate_limits"];
+    assert!(rate_limits["answers_429"].as_u64().is_some_and(|n| n > 0), "{variant}");
+    assert!(rate_limits["lowest_episodes_at_once"].as_u64().is_some_and(|n| (1..=4).contains(&n)), "{variant}");
+    assert!(stdout.contains("b: the policy endpoint answered 429 (too many requests) "), "{stdout}");
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
 /// A criterion on `not_measured_rate` is the run's tolerance for episodes
 /// its infrastructure failed: within it the run is judged on the measured
 /// episodes (b's criteria are met over its 50: exit 0 with

@@ -68,6 +68,11 @@ pub struct ShardSummary {
     /// episodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service_exits: Vec<crate::services::ServiceExit>,
+    /// What the policy endpoint's 429s did, when it answered any: its
+    /// [`Throttle`](crate::policy::throttle::Throttle)'s counts, which a
+    /// `basecamp run` variant's shards share (one client, one API key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<crate::policy::throttle::RateLimits>,
 }
 
 impl ShardSummary {
@@ -406,6 +411,7 @@ pub async fn run_shard(
         not_started: not_started.into_iter().map(|(_, id)| id).collect(),
         gave_up,
         service_exits: Vec::new(),
+        rate_limits: runner.policy.throttle().and_then(|throttle| throttle.report()),
     };
     write_summary(&summary, out_dir)?;
     Ok(summary)
@@ -421,6 +427,15 @@ async fn run_episode(
     stop: StopSignal,
     trace_created: Arc<AtomicBool>,
 ) -> (usize, Ended) {
+    // While the policy's endpoint answers 429, fewer episodes run at once:
+    // this one waits for its place before its trace and clock start.
+    let _slot = match runner.policy.throttle() {
+        Some(throttle) => tokio::select! {
+            slot = throttle.admit() => Some(slot),
+            () = stop.cancelled() => return (index, Ended::NotStarted),
+        },
+        None => None,
+    };
     if stop.is_cancelled() {
         return (index, Ended::NotStarted);
     }

@@ -124,6 +124,10 @@ tr.failed td{{background:#fff4f4}} .muted{{color:#777}}
         for gave_up in &v.gave_up {
             let _ = write!(h, "<p class=\"bad gave-up\">variant {}: {}</p>", esc(&v.name), esc(&gave_up.sentence()));
         }
+        if let Some(rate_limits) = &v.rate_limits {
+            let said = rate_limits.sentence();
+            let _ = write!(h, "<p class=\"muted rate-limited\">variant {}: {}</p>", esc(&v.name), esc(&said));
+        }
         if let Some(warned) = &v.warned {
             let said = warned.sentence(v.aggregate.episodes);
             let _ = write!(h, "<p class=\"muted warned\">variant {}: {}</p>", esc(&v.name), esc(&said));

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use basecamp_api::criteria::{NOT_MEASURED_METRICS, not_measured_tolerated, parse_criterion};
 use basecamp_sandbox::driver::{GaveUp, LostEpisode, ShardSummary};
+use basecamp_sandbox::policy::throttle::RateLimits;
 use basecamp_sandbox::run::ResolvedVariant;
 use basecamp_sandbox::services::ServiceExit;
 use basecamp_trace::metrics::{
@@ -120,6 +121,11 @@ pub struct VariantSummary {
     /// cover the test set, whatever the criteria tolerate.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gave_up: Vec<ShardGaveUp>,
+    /// What the policy endpoint's 429s did, when it answered any: the
+    /// counts of the shard that saw most (the shards of one `basecamp run`
+    /// variant share one client, and so one count).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<RateLimits>,
 }
 
 /// See [`VariantSummary::gave_up`].
@@ -301,6 +307,8 @@ impl VariantSummary {
         let mut interrupted_traces = Vec::new();
         let mut warned: Option<Warned> = None;
         let mut gave_up = Vec::new();
+        let rate_limits =
+            shards.iter().filter_map(|(shard, _)| shard.rate_limits.clone()).max_by_key(|r| r.answers_429);
         for (shard, dir) in &shards {
             if let Some(g) = &shard.gave_up {
                 gave_up.push(ShardGaveUp { shard: shard.shard, gave_up: g.clone() });
@@ -350,6 +358,7 @@ impl VariantSummary {
             kept_from_earlier_run: false,
             warned,
             gave_up,
+            rate_limits,
         }
     }
 }
@@ -532,6 +541,9 @@ impl RunSummary {
             for gave_up in &v.gave_up {
                 out.push_str(&format!("\n{}: {}", v.name, gave_up.sentence()));
             }
+            if let Some(rate_limits) = &v.rate_limits {
+                out.push_str(&format!("\n{}: {}", v.name, rate_limits.sentence()));
+            }
             if !v.interrupted.is_empty() || !v.not_started.is_empty() {
                 out.push_str(&format!(
                     "\n{}: stopped early: {} cut off (their traces end as cancelled), {} not started",
@@ -691,6 +703,7 @@ mod tests {
             kept_from_earlier_run: false,
             warned: None,
             gave_up: Vec::new(),
+            rate_limits: None,
         }
     }
 

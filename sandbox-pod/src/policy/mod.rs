@@ -9,11 +9,13 @@
 //! - [`types`]: messages, tool specs, responses and their trace records;
 //! - [`openai`]: any OpenAI-compatible chat-completions endpoint;
 //! - [`scripted`]: responses from a JSONL file, for tests and replay;
-//! - [`raw_logits`]: full-vocabulary logits any of them may send with a turn.
+//! - [`raw_logits`]: full-vocabulary logits any of them may send with a turn;
+//! - [`throttle`]: fewer episodes at once while an endpoint answers 429.
 
 pub mod openai;
 pub mod raw_logits;
 pub mod scripted;
+pub mod throttle;
 pub mod types;
 
 pub use openai::{ApiKeySource, OpenAiConfig, OpenAiError, OpenAiPolicy, RetryPolicy};
@@ -81,6 +83,15 @@ impl Policy {
         match self {
             Self::OpenAi(policy) => Ok(policy.respond(request).await?),
             Self::Scripted(policy) => Ok(policy.respond(request).await?),
+        }
+    }
+
+    /// The throttle an episode of this policy takes its place from before
+    /// it starts: an endpoint's ([`OpenAiPolicy::throttle`]); a script has none.
+    pub fn throttle(&self) -> Option<&std::sync::Arc<throttle::Throttle>> {
+        match self {
+            Self::OpenAi(policy) => Some(policy.throttle()),
+            Self::Scripted(_) => None,
         }
     }
 

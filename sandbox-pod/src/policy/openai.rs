@@ -31,6 +31,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::raw_logits::RawLogits;
+use super::throttle::Throttle;
 use super::types::{
     FinishReason, PolicyRequest, PolicyResponse, TokenLogprob, ToolArguments, ToolCall, TopLogprob, Usage,
 };
@@ -315,6 +316,9 @@ pub struct OpenAiPolicy {
     /// `<endpoint>/models`: asked whether the endpoint is back after an outage.
     models_url: reqwest::Url,
     http: reqwest::Client,
+    /// How many episodes run at once while the endpoint answers 429,
+    /// shared by every clone.
+    throttle: Arc<Throttle>,
 }
 
 /// One failed attempt, before deciding whether to try again.
@@ -351,7 +355,7 @@ impl OpenAiPolicy {
             .user_agent(concat!("basecamp-sandbox/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| OpenAiError::Client { endpoint: endpoint.clone(), message: error_chain(&e) })?;
-        Ok(Self { config, api_key, endpoint, chat_url, models_url, http })
+        Ok(Self { config, api_key, endpoint, chat_url, models_url, http, throttle: Arc::default() })
     }
 
     pub fn config(&self) -> &OpenAiConfig {
@@ -361,6 +365,12 @@ impl OpenAiPolicy {
     /// The endpoint as errors print it.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The episodes at once this endpoint's 429s allow, shared by every
+    /// clone of this policy: an episode holds a [`Slot`](super::throttle::Slot) of it while it runs.
+    pub fn throttle(&self) -> &Arc<Throttle> {
+        &self.throttle
     }
 
     /// `<endpoint>/models`, the URL [`OpenAiPolicy::answers`] asks.
@@ -414,8 +424,12 @@ impl OpenAiPolicy {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let sent = self.throttle.request().await;
             let failure = match self.attempt(&body).await {
-                Ok(bytes) => return self.parse(&bytes, request.turn, started.elapsed(), attempt),
+                Ok(bytes) => {
+                    self.throttle.answered(&sent);
+                    return self.parse(&bytes, request.turn, started.elapsed(), attempt);
+                }
                 Err(failure) => failure,
             };
             let retryable = match &failure {
@@ -430,6 +444,12 @@ impl OpenAiPolicy {
                 _ => None,
             };
             let too_long = retry_after.filter(|wait| *wait > self.config.retry.max_retry_after);
+            if let Failure::Status { status: 429, .. } = failure {
+                let pause = retry_after.filter(|_| too_long.is_none());
+                if let Some(lowered) = self.throttle.rate_limited(&sent, pause) {
+                    self.say_lowered(lowered);
+                }
+            }
             if !retryable || attempt >= max_attempts || too_long.is_some() {
                 let note = too_long.map_or_else(String::new, |wait| {
                     format!(
@@ -440,6 +460,7 @@ impl OpenAiPolicy {
                 });
                 return Err(self.give_up(failure, Attempts(attempt), note));
             }
+            drop(sent);
             let delay = retry_after.unwrap_or_else(|| self.config.retry.backoff(attempt));
             request.retrying.note(attempt, self.give_up(failure.clone(), Attempts(attempt), String::new()).into());
             tracing::warn!(
@@ -451,6 +472,21 @@ impl OpenAiPolicy {
                 "policy request failed; retrying"
             );
             tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// A 429 lowered the episodes at once: said on stderr when no limit
+    /// was this low before (the run's pace is news), else logged.
+    fn say_lowered(&self, lowered: super::throttle::Lowered) {
+        let super::throttle::Lowered { from, to, new_low } = lowered;
+        if new_low {
+            crate::stderr_line!(
+                "warning: policy endpoint {} answered 429 (too many requests): at most {to} episode(s) at once \
+                 from now on, down from {from}; more are started again while it answers without 429",
+                self.endpoint
+            );
+        } else {
+            tracing::info!(endpoint = %self.endpoint, from, to, "policy endpoint answered 429; fewer episodes at once");
         }
     }
 

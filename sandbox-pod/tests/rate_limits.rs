@@ -1,0 +1,130 @@
+//! A shard against an endpoint that allows fewer requests at once than the
+//! shard runs episodes: its 429s lower the episodes at once, and every
+//! episode is measured instead of failing its turn after its retries.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
+use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
+use basecamp_sandbox::executor::{NullWrites, ToolExecutor};
+use basecamp_sandbox::policy::{ChatMessage, OpenAiConfig, Policy, PolicyConfig};
+use serde_json::json;
+
+/// An OpenAI-compatible endpoint that serves `allowed` chat requests at
+/// once, each answered "done" after `answer_ms`, and answers any request
+/// beyond them at once with 429 and `retry-after-ms: 20` (as a hosted
+/// API's per-key concurrency limit does).
+struct Limited {
+    allowed: usize,
+    answer_ms: u64,
+    in_flight: AtomicUsize,
+    /// The most requests it served at once.
+    most: AtomicUsize,
+    answered_429: AtomicUsize,
+}
+
+impl Limited {
+    /// Serves it on a port of 127.0.0.1; returns its endpoint (`.../v1`).
+    async fn start(limited: Arc<Self>) -> String {
+        use axum::http::StatusCode;
+        use axum::response::IntoResponse;
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || async move {
+                let now = limited.in_flight.fetch_add(1, SeqCst) + 1;
+                if now > limited.allowed {
+                    limited.in_flight.fetch_sub(1, SeqCst);
+                    limited.answered_429.fetch_add(1, SeqCst);
+                    let busy = json!({"error": {"message": "Rate limit reached: too many requests at once"}});
+                    return (StatusCode::TOO_MANY_REQUESTS, [("retry-after-ms", "20")], axum::Json(busy))
+                        .into_response();
+                }
+                limited.most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(limited.answer_ms)).await;
+                limited.in_flight.fetch_sub(1, SeqCst);
+                let done = json!({"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]});
+                axum::Json(done).into_response()
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        endpoint
+    }
+}
+
+fn input(id: &str) -> EpisodeInput {
+    EpisodeInput {
+        id: id.into(),
+        messages: vec![ChatMessage::user("Where is my order?")],
+        initial_memory: Default::default(),
+        expected_calls: Vec::new(),
+        expected_memory: None,
+        expected_memory_hash: None,
+        row_id: Some(id.into()),
+    }
+}
+
+/// `episodes` episodes, `concurrency` at a time, against `limited` with
+/// the default retries (4 attempts).
+async fn a_shard_against(limited: &Arc<Limited>, episodes: usize, concurrency: usize) -> ShardSummary {
+    let endpoint = Limited::start(limited.clone()).await;
+    let policy = Policy::from_config(&PolicyConfig::OpenAi(Box::new(OpenAiConfig::new(endpoint, "m")))).unwrap();
+    let runner = EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy);
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = (0..episodes).map(|i| input(&format!("e{i}"))).collect();
+    run_shard(Arc::new(runner), inputs, &dir.path().join("out"), concurrency, StopSignal::new(), |_| {}).await.unwrap()
+}
+
+/// 8 episodes at once against an endpoint that serves 2: before, every
+/// episode kept 8 requests in flight, 6 of each crowd met 429, retried
+/// together after its `Retry-After` and met it again; a request that lost
+/// four times failed its turn (`policy_error`), and the run was measured on
+/// the episodes that happened to win. Now the first 429 halves the
+/// episodes at once, and every episode is measured.
+#[tokio::test]
+async fn an_endpoint_s_429s_lower_the_episodes_at_once_and_every_episode_is_measured() {
+    let limited = Arc::new(Limited {
+        allowed: 2,
+        answer_ms: 30,
+        in_flight: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+        answered_429: AtomicUsize::new(0),
+    });
+    let summary = a_shard_against(&limited, 40, 8).await;
+    let failed: Vec<(&str, &str)> = summary
+        .episodes
+        .iter()
+        .filter(|e| e.failure_class != "ok")
+        .map(|e| (e.id.as_str(), e.error.as_deref().unwrap_or_default()))
+        .collect();
+    assert_eq!(failed, [] as [(&str, &str); 0], "every episode measured");
+    assert_eq!(summary.episodes.len(), 40);
+    assert_eq!(summary.gave_up, None);
+    let rate_limits = summary.rate_limits.expect("the 429s are in the summary");
+    assert_eq!(rate_limits.answers_429 as usize, limited.answered_429.load(SeqCst));
+    assert!(rate_limits.answers_429 > 0);
+    assert!(rate_limits.lowest_episodes_at_once <= 4, "halved at least once from 8: {rate_limits:?}");
+    assert!(rate_limits.lowest_episodes_at_once >= 1);
+    assert_eq!(limited.most.load(SeqCst), 2);
+}
+
+/// An endpoint that never answers 429 is never throttled: the summary has
+/// no rate limits, and the shard ran its episodes as many at once as asked.
+#[tokio::test]
+async fn without_429s_nothing_is_throttled() {
+    let limited = Arc::new(Limited {
+        allowed: usize::MAX,
+        answer_ms: 50,
+        in_flight: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+        answered_429: AtomicUsize::new(0),
+    });
+    let summary = a_shard_against(&limited, 16, 8).await;
+    assert_eq!(summary.aggregate.not_measured, 0);
+    assert_eq!(summary.rate_limits, None);
+    assert_eq!(limited.most.load(SeqCst), 8, "8 requests at once");
+}
