@@ -360,6 +360,11 @@ pub async fn run_shard(
         match joined {
             Ok((_, (index, Ended::Ran(result)))) => {
                 on_done(&result);
+                if let (Some(metrics), Some(rate_limits)) =
+                    (&runner.metrics, runner.policy.throttle().and_then(|throttle| throttle.report()))
+                {
+                    metrics.observe_rate_limits(&rate_limits);
+                }
                 let seen = outage.note(&result).filter(|_| gave_up.is_none());
                 if let Some(seen) = seen {
                     gave_up = after_an_outage(&runner, seen, &result.failure_class, &outage, &stop).await;

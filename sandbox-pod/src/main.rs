@@ -332,6 +332,9 @@ async fn run_command(args: RunArgs) -> ExitCode {
             agg.measured()
         );
     }
+    if let Some(rate_limits) = &s.rate_limits {
+        stderr_line!("warning: {}", rate_limits.sentence());
+    }
     stdout.line(format_args!("traces and summary.json: {}", outcome.out_dir.display()));
     let mut code = ExitCode::SUCCESS;
     for lost in &s.lost {

@@ -7,7 +7,8 @@
 //! [`SandboxMetrics::observe_episode`] for every finished
 //! episode, [`SandboxMetrics::observe_injection`] when an injection is
 //! delivered into an episode (scheduled or live) and
-//! [`SandboxMetrics::observe_policy_error`] for a failed policy turn.
+//! [`SandboxMetrics::observe_policy_error`] for a failed policy turn, and
+//! [`SandboxMetrics::observe_rate_limits`] with the policy's 429s so far.
 //!
 //! Every label is bounded. Statuses, outcomes and triggers come from fixed
 //! sets; tool names come from the sandbox config, but a policy can ask for
@@ -46,6 +47,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::episode::EpisodeResult;
 use crate::executor::{CallError, CallOutcome};
+use crate::policy::throttle::RateLimits;
 
 /// The prefix of every metric name.
 pub const METRIC_PREFIX: &str = "basecamp_sandbox";
@@ -129,6 +131,8 @@ pub struct SandboxMetrics {
     episodes: Family<OutcomeLabels, Counter>,
     policy_errors: Family<CategoryLabels, Counter>,
     waiting_for_policy: Gauge,
+    policy_rate_limited: Counter,
+    policy_episodes_at_once_limit: Gauge,
     tool_labels: Mutex<HashSet<String>>,
     policy_error_categories: Mutex<HashSet<&'static str>>,
     scrapes: Scrapes,
@@ -185,6 +189,19 @@ impl SandboxMetrics {
              (an outage), starting no episode; else 0",
             waiting_for_policy.clone(),
         );
+        let policy_rate_limited = Counter::default();
+        registry.register(
+            "policy_rate_limited",
+            "Answers 429 (too many requests) of the policy's endpoint, retried or not",
+            policy_rate_limited.clone(),
+        );
+        let policy_episodes_at_once_limit = Gauge::default();
+        registry.register(
+            "policy_episodes_at_once_limit",
+            "The most episodes the shard runs at once since its policy's endpoint answered 429 (lowered by half at \
+             a 429, raised by one as it answers without); 0 while it never did",
+            policy_episodes_at_once_limit.clone(),
+        );
         // Fixed label sets exist from the start at zero (see declare_tools).
         for outcome in EPISODE_OUTCOMES {
             let _ = episodes.get_or_create(&OutcomeLabels { outcome });
@@ -203,6 +220,8 @@ impl SandboxMetrics {
             episodes,
             policy_errors,
             waiting_for_policy,
+            policy_rate_limited,
+            policy_episodes_at_once_limit,
             tool_labels: Mutex::new(HashSet::new()),
             policy_error_categories: Mutex::new(HashSet::new()),
             scrapes: Scrapes::default(),
@@ -291,6 +310,15 @@ impl SandboxMetrics {
     /// Says whether the shard is waiting for its policy after an outage.
     pub fn set_waiting_for_policy(&self, waiting: bool) {
         self.waiting_for_policy.set(i64::from(waiting));
+    }
+
+    /// Brings the policy's 429 count and its episodes-at-once limit up to
+    /// what its throttle says now.
+    pub fn observe_rate_limits(&self, rate_limits: &RateLimits) {
+        let counted = self.policy_rate_limited.get();
+        self.policy_rate_limited.inc_by(rate_limits.answers_429.saturating_sub(counted));
+        let limit = i64::try_from(rate_limits.episodes_at_once_at_end).unwrap_or(i64::MAX);
+        self.policy_episodes_at_once_limit.set(limit);
     }
 
     /// Records one injection delivered into an episode.

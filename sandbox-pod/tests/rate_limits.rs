@@ -10,6 +10,7 @@ use std::time::Duration;
 use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
 use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
 use basecamp_sandbox::executor::{NullWrites, ToolExecutor};
+use basecamp_sandbox::metrics::SandboxMetrics;
 use basecamp_sandbox::policy::{ChatMessage, OpenAiConfig, Policy, PolicyConfig};
 use serde_json::json;
 
@@ -69,14 +70,29 @@ fn input(id: &str) -> EpisodeInput {
 }
 
 /// `episodes` episodes, `concurrency` at a time, against `limited` with
-/// the default retries (4 attempts).
-async fn a_shard_against(limited: &Arc<Limited>, episodes: usize, concurrency: usize) -> ShardSummary {
+/// the default retries (4 attempts); the shard's summary and its metrics.
+async fn a_shard_against(
+    limited: &Arc<Limited>,
+    episodes: usize,
+    concurrency: usize,
+) -> (ShardSummary, Arc<SandboxMetrics>) {
     let endpoint = Limited::start(limited.clone()).await;
     let policy = Policy::from_config(&PolicyConfig::OpenAi(Box::new(OpenAiConfig::new(endpoint, "m")))).unwrap();
-    let runner = EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy);
+    let metrics = Arc::new(SandboxMetrics::new());
+    let runner = EpisodeRunner {
+        metrics: Some(metrics.clone()),
+        ..EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy)
+    };
     let dir = tempfile::tempdir().unwrap();
     let inputs = (0..episodes).map(|i| input(&format!("e{i}"))).collect();
-    run_shard(Arc::new(runner), inputs, &dir.path().join("out"), concurrency, StopSignal::new(), |_| {}).await.unwrap()
+    let out = dir.path().join("out");
+    let summary = run_shard(Arc::new(runner), inputs, &out, concurrency, StopSignal::new(), |_| {}).await.unwrap();
+    (summary, metrics)
+}
+
+/// The value of `series` (no labels) in `metrics`.
+fn metric(metrics: &SandboxMetrics, series: &str) -> Option<u64> {
+    metrics.encode().lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// 8 episodes at once against an endpoint that serves 2: before, every
@@ -94,7 +110,7 @@ async fn an_endpoint_s_429s_lower_the_episodes_at_once_and_every_episode_is_meas
         most: AtomicUsize::new(0),
         answered_429: AtomicUsize::new(0),
     });
-    let summary = a_shard_against(&limited, 40, 8).await;
+    let (summary, metrics) = a_shard_against(&limited, 40, 8).await;
     let failed: Vec<(&str, &str)> = summary
         .episodes
         .iter()
@@ -110,6 +126,10 @@ async fn an_endpoint_s_429s_lower_the_episodes_at_once_and_every_episode_is_meas
     assert!(rate_limits.lowest_episodes_at_once <= 4, "halved at least once from 8: {rate_limits:?}");
     assert!(rate_limits.lowest_episodes_at_once >= 1);
     assert_eq!(limited.most.load(SeqCst), 2);
+    // And `/metrics` says so.
+    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_rate_limited_total"), Some(rate_limits.answers_429));
+    let limit = rate_limits.episodes_at_once_at_end as u64;
+    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_episodes_at_once_limit"), Some(limit));
 }
 
 /// An endpoint that never answers 429 is never throttled: the summary has
@@ -123,8 +143,10 @@ async fn without_429s_nothing_is_throttled() {
         most: AtomicUsize::new(0),
         answered_429: AtomicUsize::new(0),
     });
-    let summary = a_shard_against(&limited, 16, 8).await;
+    let (summary, metrics) = a_shard_against(&limited, 16, 8).await;
     assert_eq!(summary.aggregate.not_measured, 0);
     assert_eq!(summary.rate_limits, None);
+    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_rate_limited_total"), Some(0));
+    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_episodes_at_once_limit"), Some(0));
     assert_eq!(limited.most.load(SeqCst), 8, "8 requests at once");
 }

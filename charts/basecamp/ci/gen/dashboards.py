@@ -365,6 +365,20 @@ def sandbox():
                           "spec.policy.outageTimeout, or a policy server's readiness URL, up to its startupTimeout. "
                           "The BasecampSandboxWaitingForPolicy alert fires after "
                           "prometheusRule.sandboxWaitingForPolicy.for."), 24, 6)
+    b.add(timeseries("Policy 429s",
+                     [target(f"sum by (namespace, task, variant) (rate(basecamp_sandbox_policy_rate_limited_total"
+                             f"{{{sel_nt}}}{rate}))", "{{namespace}}/{{task}} · {{variant}}")],
+                     unit="reqps", minv=0,
+                     desc="Answers 429 (too many requests) of the policy's endpoint, retried or not. Each lowers "
+                          "the episodes a shard runs at once (see the next panel) instead of failing episodes: "
+                          "a run that keeps meeting 429 asks more of the endpoint than its rate limit allows."), 12, 6)
+    b.add(timeseries("Episodes at once under 429s",
+                     [target(f"basecamp_sandbox_policy_episodes_at_once_limit{{{sel_nt}}} > 0",
+                             "{{namespace}}/{{task}} · {{variant}} · shard {{shard}}")],
+                     minv=0,
+                     desc="The most episodes a shard runs at once since its policy's endpoint answered 429: halved "
+                          "at a 429, raised by one as the endpoint answers without. Absent while a shard never "
+                          "met 429 (it runs its --concurrency)."), 12, 6)
     return dashboard("basecamp-sandbox", "Basecamp / Sandboxes",
                      "Tool calls, latency, timeouts and fallbacks, rollbacks, episodes, policy errors and outages from "
                      "sandbox pods (the chart's PodMonitor adds the task, variant and shard labels).",
