@@ -1452,7 +1452,7 @@ fn rate_limited_endpoint(allowed: usize) -> (String, std::sync::Arc<std::sync::a
 }
 
 /// `basecamp run` with 2 shards of 4 episodes at once against an endpoint
-/// that serves 2 requests at once: its 429s lower the episodes at once of
+/// that serves 2 requests at once: its 429s lower the requests at once of
 /// both shards (one client), every episode is measured, and the table and
 /// `run.json` say how far the run came down. Before, 6 of every 8 requests
 /// met 429, retried together and met it again, and episodes failed their
@@ -1479,7 +1479,7 @@ fn a_rate_limited_endpoint_slows_the_run_down_instead_of_failing_episodes() {
     assert!(variant["aggregate"].get("not_measured").is_none(), "every episode measured: {variant}");
     let rate_limits = &variant["rate_limits"];
     assert!(rate_limits["answers_429"].as_u64().is_some_and(|n| n > 0), "{variant}");
-    assert!(rate_limits["lowest_episodes_at_once"].as_u64().is_some_and(|n| (1..=4).contains(&n)), "{variant}");
+    assert!(rate_limits["lowest_requests_at_once"].as_u64().is_some_and(|n| (1..=4).contains(&n)), "{variant}");
     assert!(stdout.contains("b: the policy endpoint answered 429 (too many requests) "), "{stdout}");
     assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
 }

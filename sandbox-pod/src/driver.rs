@@ -432,15 +432,15 @@ async fn run_episode(
     stop: StopSignal,
     trace_created: Arc<AtomicBool>,
 ) -> (usize, Ended) {
-    // While the policy's endpoint answers 429, fewer episodes run at once:
-    // this one waits for its place before its trace and clock start.
-    let _slot = match runner.policy.throttle() {
-        Some(throttle) => tokio::select! {
-            slot = throttle.admit() => Some(slot),
+    // While the policy's requests wait for their place (its endpoint
+    // answered 429), no episode starts: this one waits before its trace
+    // and clock start.
+    if let Some(throttle) = runner.policy.throttle() {
+        tokio::select! {
+            () = throttle.admit() => {}
             () = stop.cancelled() => return (index, Ended::NotStarted),
-        },
-        None => None,
-    };
+        }
+    }
     if stop.is_cancelled() {
         return (index, Ended::NotStarted);
     }

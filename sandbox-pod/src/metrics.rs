@@ -132,7 +132,7 @@ pub struct SandboxMetrics {
     policy_errors: Family<CategoryLabels, Counter>,
     waiting_for_policy: Gauge,
     policy_rate_limited: Counter,
-    policy_episodes_at_once_limit: Gauge,
+    policy_requests_at_once_limit: Gauge,
     tool_labels: Mutex<HashSet<String>>,
     policy_error_categories: Mutex<HashSet<&'static str>>,
     scrapes: Scrapes,
@@ -195,12 +195,13 @@ impl SandboxMetrics {
             "Answers 429 (too many requests) of the policy's endpoint, retried or not",
             policy_rate_limited.clone(),
         );
-        let policy_episodes_at_once_limit = Gauge::default();
+        let policy_requests_at_once_limit = Gauge::default();
         registry.register(
-            "policy_episodes_at_once_limit",
-            "The most episodes the shard runs at once since its policy's endpoint answered 429 (lowered by half at \
-             a 429, raised by one as it answers without); 0 while it never did",
-            policy_episodes_at_once_limit.clone(),
+            "policy_requests_at_once_limit",
+            "The most requests the shard sends its policy's endpoint at once since it answered 429 (halved at a \
+             429, raised by one as it answers without; no episode starts while a request waits); 0 while it \
+             never did",
+            policy_requests_at_once_limit.clone(),
         );
         // Fixed label sets exist from the start at zero (see declare_tools).
         for outcome in EPISODE_OUTCOMES {
@@ -221,7 +222,7 @@ impl SandboxMetrics {
             policy_errors,
             waiting_for_policy,
             policy_rate_limited,
-            policy_episodes_at_once_limit,
+            policy_requests_at_once_limit,
             tool_labels: Mutex::new(HashSet::new()),
             policy_error_categories: Mutex::new(HashSet::new()),
             scrapes: Scrapes::default(),
@@ -312,13 +313,13 @@ impl SandboxMetrics {
         self.waiting_for_policy.set(i64::from(waiting));
     }
 
-    /// Brings the policy's 429 count and its episodes-at-once limit up to
+    /// Brings the policy's 429 count and its requests-at-once limit up to
     /// what its throttle says now.
     pub fn observe_rate_limits(&self, rate_limits: &RateLimits) {
         let counted = self.policy_rate_limited.get();
         self.policy_rate_limited.inc_by(rate_limits.answers_429.saturating_sub(counted));
-        let limit = i64::try_from(rate_limits.episodes_at_once_at_end).unwrap_or(i64::MAX);
-        self.policy_episodes_at_once_limit.set(limit);
+        let limit = i64::try_from(rate_limits.requests_at_once_at_end).unwrap_or(i64::MAX);
+        self.policy_requests_at_once_limit.set(limit);
     }
 
     /// Records one injection delivered into an episode.

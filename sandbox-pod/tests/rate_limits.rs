@@ -1,6 +1,7 @@
 //! A shard against an endpoint that allows fewer requests at once than the
-//! shard runs episodes: its 429s lower the episodes at once, and every
-//! episode is measured instead of failing its turn after its retries.
+//! shard runs episodes: its 429s lower the requests at once (and no episode
+//! starts while one waits), and every episode is measured instead of
+//! failing its turn after its retries.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -95,14 +96,14 @@ fn metric(metrics: &SandboxMetrics, series: &str) -> Option<u64> {
     metrics.encode().lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-/// 8 episodes at once against an endpoint that serves 2: before, every
-/// episode kept 8 requests in flight, 6 of each crowd met 429, retried
-/// together after its `Retry-After` and met it again; a request that lost
-/// four times failed its turn (`policy_error`), and the run was measured on
-/// the episodes that happened to win. Now the first 429 halves the
-/// episodes at once, and every episode is measured.
+/// 8 episodes at once against an endpoint that serves 2: before, the shard
+/// kept 8 requests in flight, 6 of each crowd met 429, retried together
+/// after its `Retry-After` and met it again; a request that lost four times
+/// failed its turn (`policy_error`), and the run was measured on the
+/// episodes that happened to win. Now the first 429 halves the requests at
+/// once, the rest wait for their place, and every episode is measured.
 #[tokio::test]
-async fn an_endpoint_s_429s_lower_the_episodes_at_once_and_every_episode_is_measured() {
+async fn an_endpoint_s_429s_lower_the_requests_at_once_and_every_episode_is_measured() {
     let limited = Arc::new(Limited {
         allowed: 2,
         answer_ms: 30,
@@ -123,13 +124,13 @@ async fn an_endpoint_s_429s_lower_the_episodes_at_once_and_every_episode_is_meas
     let rate_limits = summary.rate_limits.expect("the 429s are in the summary");
     assert_eq!(rate_limits.answers_429 as usize, limited.answered_429.load(SeqCst));
     assert!(rate_limits.answers_429 > 0);
-    assert!(rate_limits.lowest_episodes_at_once <= 4, "halved at least once from 8: {rate_limits:?}");
-    assert!(rate_limits.lowest_episodes_at_once >= 1);
+    assert!(rate_limits.lowest_requests_at_once <= 4, "halved at least once from 8: {rate_limits:?}");
+    assert!(rate_limits.lowest_requests_at_once >= 1);
     assert_eq!(limited.most.load(SeqCst), 2);
     // And `/metrics` says so.
     assert_eq!(metric(&metrics, "basecamp_sandbox_policy_rate_limited_total"), Some(rate_limits.answers_429));
-    let limit = rate_limits.episodes_at_once_at_end as u64;
-    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_episodes_at_once_limit"), Some(limit));
+    let limit = rate_limits.requests_at_once_at_end as u64;
+    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_requests_at_once_limit"), Some(limit));
 }
 
 /// An endpoint that never answers 429 is never throttled: the summary has
@@ -147,6 +148,6 @@ async fn without_429s_nothing_is_throttled() {
     assert_eq!(summary.aggregate.not_measured, 0);
     assert_eq!(summary.rate_limits, None);
     assert_eq!(metric(&metrics, "basecamp_sandbox_policy_rate_limited_total"), Some(0));
-    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_episodes_at_once_limit"), Some(0));
+    assert_eq!(metric(&metrics, "basecamp_sandbox_policy_requests_at_once_limit"), Some(0));
     assert_eq!(limited.most.load(SeqCst), 8, "8 requests at once");
 }

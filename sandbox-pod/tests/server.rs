@@ -299,9 +299,9 @@ fn sample_value(text: &str, series: &str) -> Option<f64> {
 const FAMILIES_0_0_4: [&str; 11] = [
     "basecamp_sandbox_episodes_total",
     "basecamp_sandbox_injections_total",
-    "basecamp_sandbox_policy_episodes_at_once_limit",
     "basecamp_sandbox_policy_errors_total",
     "basecamp_sandbox_policy_rate_limited_total",
+    "basecamp_sandbox_policy_requests_at_once_limit",
     "basecamp_sandbox_rollbacks_total",
     "basecamp_sandbox_tool_call_duration_seconds",
     "basecamp_sandbox_tool_calls_total",

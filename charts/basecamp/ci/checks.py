@@ -714,7 +714,7 @@ CONTRACT = {
     "basecamp_sandbox_policy_errors_total": ("counter", ("category",), SANDBOX_TARGET),
     "basecamp_sandbox_waiting_for_policy": ("gauge", (), SANDBOX_TARGET),
     "basecamp_sandbox_policy_rate_limited_total": ("counter", (), SANDBOX_TARGET),
-    "basecamp_sandbox_policy_episodes_at_once_limit": ("gauge", (), SANDBOX_TARGET),
+    "basecamp_sandbox_policy_requests_at_once_limit": ("gauge", (), SANDBOX_TARGET),
 }
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
                 "unless", "le"}
@@ -835,7 +835,7 @@ def cmd_synth(out):
     family("basecamp_sandbox_policy_errors", "counter", [(dict(sb, category="PolicyTimeout"), lambda i: i // 3)])
     family("basecamp_sandbox_waiting_for_policy", "gauge", [(sb, lambda i: 1)])
     family("basecamp_sandbox_policy_rate_limited", "counter", [(sb, lambda i: 3 * i)])
-    family("basecamp_sandbox_policy_episodes_at_once_limit", "gauge", [(sb, lambda i: 2)])
+    family("basecamp_sandbox_policy_requests_at_once_limit", "gauge", [(sb, lambda i: 2)])
     lines.append("# EOF")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -316,8 +316,8 @@ pub struct OpenAiPolicy {
     /// `<endpoint>/models`: asked whether the endpoint is back after an outage.
     models_url: reqwest::Url,
     http: reqwest::Client,
-    /// How many episodes run at once while the endpoint answers 429,
-    /// shared by every clone.
+    /// How many requests go at once while the endpoint answers 429, and
+    /// whether an episode may start; shared by every clone.
     throttle: Arc<Throttle>,
 }
 
@@ -367,8 +367,8 @@ impl OpenAiPolicy {
         &self.endpoint
     }
 
-    /// The episodes at once this endpoint's 429s allow, shared by every
-    /// clone of this policy: an episode holds a [`Slot`](super::throttle::Slot) of it while it runs.
+    /// The requests at once this endpoint's 429s allow, shared by every
+    /// clone of this policy; an episode starts only while no request waits.
     pub fn throttle(&self) -> &Arc<Throttle> {
         &self.throttle
     }
@@ -444,11 +444,10 @@ impl OpenAiPolicy {
                 _ => None,
             };
             let too_long = retry_after.filter(|wait| *wait > self.config.retry.max_retry_after);
-            if let Failure::Status { status: 429, .. } = failure {
-                let pause = retry_after.filter(|_| too_long.is_none());
-                if let Some(lowered) = self.throttle.rate_limited(&sent, pause) {
-                    self.say_lowered(lowered);
-                }
+            if let Failure::Status { status: 429, .. } = failure
+                && let Some(lowered) = self.throttle.rate_limited(&sent, retry_after)
+            {
+                self.say_lowered(lowered);
             }
             if !retryable || attempt >= max_attempts || too_long.is_some() {
                 let note = too_long.map_or_else(String::new, |wait| {
@@ -475,18 +474,19 @@ impl OpenAiPolicy {
         }
     }
 
-    /// A 429 lowered the episodes at once: said on stderr when no limit
+    /// A 429 lowered the requests at once: said on stderr when no limit
     /// was this low before (the run's pace is news), else logged.
     fn say_lowered(&self, lowered: super::throttle::Lowered) {
         let super::throttle::Lowered { from, to, new_low } = lowered;
         if new_low {
             crate::stderr_line!(
-                "warning: policy endpoint {} answered 429 (too many requests): at most {to} episode(s) at once \
-                 from now on, down from {from}; more are started again while it answers without 429",
+                "warning: policy endpoint {} answered 429 (too many requests): at most {to} request(s) at once \
+                 from now on, down from {from}, and no episode starts while one waits; more go again while it \
+                 answers without 429",
                 self.endpoint
             );
         } else {
-            tracing::info!(endpoint = %self.endpoint, from, to, "policy endpoint answered 429; fewer episodes at once");
+            tracing::info!(endpoint = %self.endpoint, from, to, "policy endpoint answered 429; fewer requests at once");
         }
     }
 

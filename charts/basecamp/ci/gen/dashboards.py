@@ -370,15 +370,15 @@ def sandbox():
                              f"{{{sel_nt}}}{rate}))", "{{namespace}}/{{task}} · {{variant}}")],
                      unit="reqps", minv=0,
                      desc="Answers 429 (too many requests) of the policy's endpoint, retried or not. Each lowers "
-                          "the episodes a shard runs at once (see the next panel) instead of failing episodes: "
+                          "the requests a shard sends at once (see the next panel) instead of failing episodes: "
                           "a run that keeps meeting 429 asks more of the endpoint than its rate limit allows."), 12, 6)
-    b.add(timeseries("Episodes at once under 429s",
-                     [target(f"basecamp_sandbox_policy_episodes_at_once_limit{{{sel_nt}}} > 0",
+    b.add(timeseries("Requests at once under 429s",
+                     [target(f"basecamp_sandbox_policy_requests_at_once_limit{{{sel_nt}}} > 0",
                              "{{namespace}}/{{task}} · {{variant}} · shard {{shard}}")],
                      minv=0,
-                     desc="The most episodes a shard runs at once since its policy's endpoint answered 429: halved "
-                          "at a 429, raised by one as the endpoint answers without. Absent while a shard never "
-                          "met 429 (it runs its --concurrency)."), 12, 6)
+                     desc="The most requests a shard sends its policy's endpoint at once since it answered 429: "
+                          "halved at a 429, raised by one as the endpoint answers without; no episode starts while "
+                          "a request waits. Absent while a shard never met 429."), 12, 6)
     return dashboard("basecamp-sandbox", "Basecamp / Sandboxes",
                      "Tool calls, latency, timeouts and fallbacks, rollbacks, episodes, policy errors and outages from "
                      "sandbox pods (the chart's PodMonitor adds the task, variant and shard labels).",
