@@ -14,7 +14,7 @@ DEMO_DIR ?= $(TARGET_DIR)/demo
 IMAGE ?= basecamp:dev
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/basecamp-e2e
 
-.PHONY: test-deps help build test lint fmt fmt-check clippy doc unit cuda-emulate crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-exec bench-logits bench-search bench-serve demo demo-trace browser image fuzz prune clean
+.PHONY: test-deps help build test lint fmt fmt-check clippy doc unit cuda-emulate crds crds-check chart-lint e2e e2e-cluster e2e-cluster-down e2e-cluster-smoke bench-operator bench bench-trace bench-sandbox bench-exec bench-rate-limits bench-logits bench-search bench-serve demo demo-trace browser image fuzz prune clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -78,7 +78,7 @@ e2e: ## End-to-end tests on the real control plane: helm install + RBAC, the rea
 bench-operator: ## 1,000 HarnessTasks at once on the real control plane: time to every Job, reconcile p50/p99, peak RSS (bench/results/operator.json)
 	BASECAMP_CACHE=$(BASECAMP_CACHE) BASECAMP_E2E_BENCH=1 bash scripts/e2e.sh -k scale
 
-bench: bench-trace bench-sandbox bench-exec bench-logits bench-search bench-serve ## Every benchmark; results under bench/results/
+bench: bench-trace bench-sandbox bench-exec bench-rate-limits bench-logits bench-search bench-serve ## Every benchmark; results under bench/results/
 
 bench-trace: ## Trace write/read throughput, delta vs snapshot size, zstd vs gzip
 	$(CARGO) bench -p basecamp-trace --bench trace
@@ -88,6 +88,9 @@ bench-sandbox: ## Executor overhead vs a direct call, timeout lateness, episodes
 
 bench-exec: ## An exec tool call (its process-group keeper included) vs spawning the same program directly
 	$(CARGO) bench -p basecamp-sandbox --bench exec
+
+bench-rate-limits: ## A shard against a loopback endpoint that answers 429 beyond its limit: the throttle vs retries alone vs a run at capacity (about 2 minutes)
+	$(CARGO) bench -p basecamp-sandbox --bench rate_limits
 
 bench-search: ## trace search over >= 1 GB of traces vs the same traces as JSON Lines filtered by jq (about 4 minutes)
 	$(CARGO) bench -p basecamp-trace --bench search

@@ -10,7 +10,7 @@
 //! - [`openai`]: any OpenAI-compatible chat-completions endpoint;
 //! - [`scripted`]: responses from a JSONL file, for tests and replay;
 //! - [`raw_logits`]: full-vocabulary logits any of them may send with a turn;
-//! - [`throttle`]: fewer episodes at once while an endpoint answers 429.
+//! - [`throttle`]: fewer requests at once while an endpoint answers 429.
 
 pub mod openai;
 pub mod raw_logits;
@@ -86,11 +86,11 @@ impl Policy {
         }
     }
 
-    /// The throttle an episode of this policy takes its place from before
-    /// it starts: an endpoint's ([`OpenAiPolicy::throttle`]); a script has none.
+    /// The throttle that says when an episode of this policy may start:
+    /// an endpoint's ([`OpenAiPolicy::throttle`]); a script has none.
     pub fn throttle(&self) -> Option<&std::sync::Arc<throttle::Throttle>> {
         match self {
-            Self::OpenAi(policy) => Some(policy.throttle()),
+            Self::OpenAi(policy) => policy.throttle(),
             Self::Scripted(_) => None,
         }
     }

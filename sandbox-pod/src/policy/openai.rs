@@ -279,6 +279,10 @@ pub struct OpenAiConfig {
     /// The most bytes one answer may hold ([`MAX_ANSWER_BYTES`]): a server
     /// that writes without end fails the turn instead of the sandbox's memory.
     pub max_answer_bytes: u64,
+    /// Adapt the requests at once to the endpoint's 429s ([`Throttle`]; on
+    /// by default). Off, a 429 is only retried, as every request of every
+    /// episode under way retries it: the peer of `make bench-rate-limits`.
+    pub adapt_to_rate_limits: bool,
     /// Extra top-level request fields for a particular server, e.g. vLLM's
     /// `{"return_tokens_as_token_ids": true}`. The fields above take precedence.
     pub extra_body: Map<String, Value>,
@@ -299,6 +303,7 @@ impl OpenAiConfig {
             connect_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             max_answer_bytes: MAX_ANSWER_BYTES,
+            adapt_to_rate_limits: true,
             extra_body: Map::new(),
         }
     }
@@ -317,8 +322,9 @@ pub struct OpenAiPolicy {
     models_url: reqwest::Url,
     http: reqwest::Client,
     /// How many requests go at once while the endpoint answers 429, and
-    /// whether an episode may start; shared by every clone.
-    throttle: Arc<Throttle>,
+    /// whether an episode may start; shared by every clone. `None` when
+    /// the config says not to adapt.
+    throttle: Option<Arc<Throttle>>,
 }
 
 /// One failed attempt, before deciding whether to try again.
@@ -355,7 +361,8 @@ impl OpenAiPolicy {
             .user_agent(concat!("basecamp-sandbox/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| OpenAiError::Client { endpoint: endpoint.clone(), message: error_chain(&e) })?;
-        Ok(Self { config, api_key, endpoint, chat_url, models_url, http, throttle: Arc::default() })
+        let throttle = config.adapt_to_rate_limits.then(Arc::default);
+        Ok(Self { config, api_key, endpoint, chat_url, models_url, http, throttle })
     }
 
     pub fn config(&self) -> &OpenAiConfig {
@@ -369,8 +376,8 @@ impl OpenAiPolicy {
 
     /// The requests at once this endpoint's 429s allow, shared by every
     /// clone of this policy; an episode starts only while no request waits.
-    pub fn throttle(&self) -> &Arc<Throttle> {
-        &self.throttle
+    pub fn throttle(&self) -> Option<&Arc<Throttle>> {
+        self.throttle.as_ref()
     }
 
     /// `<endpoint>/models`, the URL [`OpenAiPolicy::answers`] asks.
@@ -424,10 +431,15 @@ impl OpenAiPolicy {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let sent = self.throttle.request().await;
+            let sent = match &self.throttle {
+                Some(throttle) => Some(throttle.request().await),
+                None => None,
+            };
             let failure = match self.attempt(&body).await {
                 Ok(bytes) => {
-                    self.throttle.answered(&sent);
+                    if let Some(sent) = &sent {
+                        sent.answered();
+                    }
                     return self.parse(&bytes, request.turn, started.elapsed(), attempt);
                 }
                 Err(failure) => failure,
@@ -445,7 +457,7 @@ impl OpenAiPolicy {
             };
             let too_long = retry_after.filter(|wait| *wait > self.config.retry.max_retry_after);
             if let Failure::Status { status: 429, .. } = failure
-                && let Some(lowered) = self.throttle.rate_limited(&sent, retry_after)
+                && let Some(lowered) = sent.as_ref().and_then(|sent| sent.rate_limited(retry_after))
             {
                 self.say_lowered(lowered);
             }

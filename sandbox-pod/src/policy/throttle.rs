@@ -14,13 +14,13 @@
 //! decrease):
 //!
 //! - no limit until the first 429; then half the requests that were in
-//!   flight ([`Throttle::rate_limited`]); a request beyond the limit waits
+//!   flight ([`Request::rate_limited`]); a request beyond the limit waits
 //!   for its place ([`Throttle::request`]) instead of spending its attempts
 //!   on 429s;
 //! - a 429 to a request sent before the last lowering lowers nothing more:
 //!   one crowd, one halving;
 //! - while the limit holds requests back, `limit` answers without 429
-//!   raise it by one ([`Throttle::answered`]) — no sooner than
+//!   raise it by one ([`Request::answered`]) — no sooner than
 //!   [`RAISE_EVERY`], or the last `Retry-After` when longer, after the last
 //!   change — so a run finds the endpoint's limit again after a burst of
 //!   other traffic.
@@ -99,6 +99,22 @@ pub struct Request {
     generation: u64,
 }
 
+impl Request {
+    /// It was answered without 429: while the limit holds requests back,
+    /// `limit` such answers raise it by one (no sooner than [`RAISE_EVERY`],
+    /// or the last `Retry-After`, after the last change).
+    pub fn answered(&self) {
+        self.throttle.answered(self);
+    }
+
+    /// It was answered 429, asking to be retried after `retry_after`:
+    /// halves the limit (rounding up) unless this request's crowd was
+    /// counted already; returns the lowering, if any.
+    pub fn rate_limited(&self, retry_after: Option<Duration>) -> Option<Lowered> {
+        self.throttle.rate_limited(self, retry_after)
+    }
+}
+
 /// The limit was lowered by a 429.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lowered {
@@ -155,8 +171,8 @@ impl Throttle {
     }
 
     /// Waits until fewer requests than the limit are in flight, and holds
-    /// this one's place; its outcome goes to [`answered`](Self::answered)
-    /// or [`rate_limited`](Self::rate_limited).
+    /// this one's place; its outcome goes to [`Request::answered`] or
+    /// [`Request::rate_limited`].
     pub async fn request(self: &Arc<Self>) -> Request {
         let mut waiting = None;
         loop {
@@ -185,7 +201,7 @@ impl Throttle {
     /// A request was answered without 429: while the limit holds requests
     /// back, `limit` such answers raise it by one, once the limit has held
     /// for `raise_after`.
-    pub fn answered(&self, request: &Request) {
+    fn answered(&self, request: &Request) {
         let mut state = self.state();
         let Some(limit) = state.limit else { return };
         // This request still holds its place: `requests` counts it.
@@ -207,7 +223,7 @@ impl Throttle {
     /// A request was answered 429, asking to be retried after
     /// `retry_after`: halves the limit (rounding up) unless this request's
     /// crowd was counted already; returns the lowering, if any.
-    pub fn rate_limited(&self, request: &Request, retry_after: Option<Duration>) -> Option<Lowered> {
+    fn rate_limited(&self, request: &Request, retry_after: Option<Duration>) -> Option<Lowered> {
         let mut state = self.state();
         state.rate_limited += 1;
         state.raise_after = retry_after.unwrap_or_default().max(RAISE_EVERY);
