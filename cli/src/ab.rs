@@ -330,6 +330,13 @@ fn render(c: &Comparison, a: &VariantSummary, b: &VariantSummary) -> String {
         if !v.gave_up.is_empty() {
             said.push_str(&format!(", {} shard(s) GAVE UP ({unrun} not started)", v.gave_up.len()));
         }
+        // A rate-limited side waited for its endpoint: its resolution times are not only the agent's.
+        if let Some(rate_limits) = &v.rate_limits {
+            said.push_str(&format!(
+                ", {} answers 429 (its waits for the endpoint are in its resolution times)",
+                rate_limits.answers_429
+            ));
+        }
         said
     };
     let mut out = format!("{} ({}) vs {} ({})\n\n", b.name, counts(b), a.name, counts(a));

@@ -1482,6 +1482,17 @@ fn a_rate_limited_endpoint_slows_the_run_down_instead_of_failing_episodes() {
     assert!(rate_limits["lowest_requests_at_once"].as_u64().is_some_and(|n| (1..=4).contains(&n)), "{variant}");
     assert!(stdout.contains("b: the policy endpoint answered 429 (too many requests) "), "{stdout}");
     assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // `ab compare` says which side waited for its endpoint (a, run at its limit, never did).
+    let a = run_variant(&project, out.path(), "a", &["--shards", "1", "--concurrency", "2"]);
+    assert_eq!(a.status.code(), Some(0), "{}", String::from_utf8_lossy(&a.stderr));
+    let ab = Command::new(env!("CARGO_BIN_EXE_basecamp")).args(["ab", "compare"]).arg(out.path()).output().unwrap();
+    let said = String::from_utf8_lossy(&ab.stdout);
+    let b_waited = format!(
+        "b (60 episodes, 60 failed, {} answers 429 (its waits for the endpoint are in its resolution times))",
+        rate_limits["answers_429"]
+    );
+    assert!(said.contains(&b_waited), "{said}");
+    assert!(said.contains("vs a (60 episodes, 60 failed)"), "{said}");
 }
 
 /// A criterion on `not_measured_rate` is the run's tolerance for episodes

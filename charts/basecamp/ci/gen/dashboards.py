@@ -373,12 +373,12 @@ def sandbox():
                           "the requests a shard sends at once (see the next panel) instead of failing episodes: "
                           "a run that keeps meeting 429 asks more of the endpoint than its rate limit allows."), 12, 6)
     b.add(timeseries("Requests at once under 429s",
-                     [target(f"basecamp_sandbox_policy_requests_at_once_limit{{{sel_nt}}} > 0",
+                     [target(f"basecamp_sandbox_policy_requests_at_once_limit{{{sel_nt}}}",
                              "{{namespace}}/{{task}} · {{variant}} · shard {{shard}}")],
                      minv=0,
                      desc="The most requests a shard sends its policy's endpoint at once since it answered 429: "
                           "halved at a 429, raised by one as the endpoint answers without; no episode starts while "
-                          "a request waits. Absent while a shard never met 429."), 12, 6)
+                          "a request waits. 0 while a shard never met 429 (it sends as many as its episodes ask)."), 12, 6)
     return dashboard("basecamp-sandbox", "Basecamp / Sandboxes",
                      "Tool calls, latency, timeouts and fallbacks, rollbacks, episodes, policy errors and outages from "
                      "sandbox pods (the chart's PodMonitor adds the task, variant and shard labels).",
