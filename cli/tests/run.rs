@@ -1323,7 +1323,6 @@ fn a_run_gives_up_on_a_policy_that_fails_episode_after_episode() {
 /// (503 while down) brings it back on its `back_at`-th poll. Returns its
 /// endpoint and the `Authorization` header of each poll of `/v1/models`.
 fn flaky_endpoint(down_at: usize, back_at: usize) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}/v1", listener.local_addr().unwrap());
     let polls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1331,22 +1330,7 @@ fn flaky_endpoint(down_at: usize, back_at: usize) -> (String, std::sync::Arc<std
     std::thread::spawn(move || {
         let (mut chats, mut up) = (0, true);
         for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream);
-            let (mut request_line, mut length, mut auth) = (String::new(), 0, String::new());
-            reader.read_line(&mut request_line).unwrap_or_default();
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or_default() == 0 || line == "\r\n" {
-                    break;
-                }
-                let (name, value) = line.split_once(':').unwrap_or_default();
-                match name.to_ascii_lowercase().as_str() {
-                    "content-length" => length = value.trim().parse().unwrap_or(0),
-                    "authorization" => auth = value.trim().to_string(),
-                    _ => {}
-                }
-            }
-            let _ = reader.by_ref().take(length).read_to_end(&mut Vec::new());
+            let (stream, request_line, auth) = read_request(stream);
             if request_line.starts_with("GET /v1/models") {
                 let mut polls = seen.lock().unwrap();
                 polls.push(auth);
@@ -1355,16 +1339,48 @@ fn flaky_endpoint(down_at: usize, back_at: usize) -> (String, std::sync::Arc<std
                 chats += 1;
                 up &= chats != down_at;
             }
-            let body = r#"{"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]}"#;
             let status = if up { "200 OK" } else { "503 Service Unavailable\r\nRetry-After: 0" };
-            let reply = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = reader.into_inner().write_all(reply.as_bytes());
+            answer(stream, status, DONE);
         }
     });
     (endpoint, polls)
+}
+
+/// A chat completion that ends the episode.
+const DONE: &str = r#"{"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]}"#;
+
+/// One HTTP/1.1 request read off `stream`: its request line and its
+/// `Authorization` header; its body is read and dropped.
+fn read_request(stream: std::net::TcpStream) -> (std::net::TcpStream, String, String) {
+    use std::io::{BufRead, BufReader, Read};
+    let mut reader = BufReader::new(stream);
+    let (mut request_line, mut length, mut auth) = (String::new(), 0, String::new());
+    reader.read_line(&mut request_line).unwrap_or_default();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or_default() == 0 || line == "\r\n" {
+            break;
+        }
+        let (name, value) = line.split_once(':').unwrap_or_default();
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => length = value.trim().parse().unwrap_or(0),
+            "authorization" => auth = value.trim().to_string(),
+            _ => {}
+        }
+    }
+    let _ = reader.by_ref().take(length).read_to_end(&mut Vec::new());
+    (reader.into_inner(), request_line, auth)
+}
+
+/// Answers `status` (the status line's rest, and any more header lines)
+/// with a JSON `body`, and closes the connection.
+fn answer(mut stream: std::net::TcpStream, status: &str, body: &str) {
+    use std::io::Write;
+    let reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(reply.as_bytes());
 }
 
 /// `basecamp run` against a hosted endpoint that goes down midway: the shard
@@ -1406,7 +1422,6 @@ fn a_run_waits_out_a_hosted_endpoint_s_outage_and_runs_the_whole_test_set() {
 /// `retry-after-ms: 20`, as a hosted API's per-key limit does. Returns its
 /// endpoint and the most requests it served at once.
 fn rate_limited_endpoint(allowed: usize) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::io::{BufRead, BufReader, Read, Write};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1417,34 +1432,17 @@ fn rate_limited_endpoint(allowed: usize) -> (String, std::sync::Arc<std::sync::a
         for stream in listener.incoming().flatten() {
             let (in_flight, most) = (in_flight.clone(), most.clone());
             std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream);
-                let mut length = 0;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or_default() == 0 || line == "\r\n" {
-                        break;
-                    }
-                    if let Some((name, value)) = line.split_once(':')
-                        && name.eq_ignore_ascii_case("content-length")
-                    {
-                        length = value.trim().parse().unwrap_or(0);
-                    }
-                }
-                let _ = reader.by_ref().take(length).read_to_end(&mut Vec::new());
+                let (stream, _, _) = read_request(stream);
                 let now = in_flight.fetch_add(1, SeqCst) + 1;
                 let (status, body) = if now > allowed {
                     ("429 Too Many Requests\r\nretry-after-ms: 20", r#"{"error": {"message": "Rate limit reached"}}"#)
                 } else {
                     most.fetch_max(now, SeqCst);
                     std::thread::sleep(std::time::Duration::from_millis(30));
-                    ("200 OK", r#"{"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]}"#)
+                    ("200 OK", DONE)
                 };
                 in_flight.fetch_sub(1, SeqCst);
-                let reply = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = reader.into_inner().write_all(reply.as_bytes());
+                answer(stream, status, body);
             });
         }
     });

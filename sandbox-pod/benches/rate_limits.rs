@@ -35,9 +35,10 @@ use std::time::{Duration, Instant};
 
 use basecamp_bench_support::{TempDir, env_or, git_commit, loadavg, machine, median, utc_now, write_results};
 use basecamp_sandbox::driver::{StopSignal, run_shard};
-use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
+use basecamp_sandbox::episode::EpisodeRunner;
 use basecamp_sandbox::executor::{NullWrites, ToolExecutor};
-use basecamp_sandbox::policy::{ChatMessage, OpenAiConfig, Policy, PolicyConfig};
+use basecamp_sandbox::policy::{OpenAiConfig, Policy, PolicyConfig};
+use basecamp_sandbox::testing::one_question;
 use serde_json::{Value, json};
 
 const RESULTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/results/rate_limits.json");
@@ -122,17 +123,7 @@ async fn run(limit: Limit, service: Duration, episodes: usize, at_once: usize, a
     config.adapt_to_rate_limits = adapt;
     let policy = Policy::from_config(&PolicyConfig::OpenAi(Box::new(config))).expect("the policy builds");
     let runner = EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy);
-    let inputs = (0..episodes)
-        .map(|i| EpisodeInput {
-            id: format!("e{i}"),
-            messages: vec![ChatMessage::user("Where is my order?")],
-            initial_memory: Default::default(),
-            expected_calls: Vec::new(),
-            expected_memory: None,
-            expected_memory_hash: None,
-            row_id: None,
-        })
-        .collect();
+    let inputs = (0..episodes).map(|i| one_question(&format!("e{i}"))).collect();
     let dir = TempDir::new("rate-limits");
     let started = Instant::now();
     let summary = run_shard(Arc::new(runner), inputs, dir.path(), at_once, StopSignal::new(), |_| {})

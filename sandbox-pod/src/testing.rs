@@ -7,7 +7,8 @@
 //! And [`RefusingDeleteServer`], a stand-in for the per-key refusals of
 //! `DeleteObjects` that s3s-fs never gives; and the e-commerce example's
 //! copies for the signal tests ([`example_copy`], [`never_ready`],
-//! [`services_in`]); [`post_repeated`] for request bodies too large to build.
+//! [`services_in`]); [`post_repeated`] for request bodies too large to build;
+//! [`one_question`], the episode the driver's tests and benchmarks run.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -311,4 +312,18 @@ pub fn post_repeated(
     let answer = String::from_utf8_lossy(&answer).into_owned();
     let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     (status, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+/// An episode `id` that asks "Where is my order?" and expects nothing: what
+/// a test of the driver runs when only how episodes end matters.
+pub fn one_question(id: &str) -> crate::episode::EpisodeInput {
+    crate::episode::EpisodeInput {
+        id: id.into(),
+        messages: vec![crate::policy::ChatMessage::user("Where is my order?")],
+        initial_memory: Default::default(),
+        expected_calls: Vec::new(),
+        expected_memory: None,
+        expected_memory_hash: None,
+        row_id: Some(id.into()),
+    }
 }

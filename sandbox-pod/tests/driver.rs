@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
 use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
 use basecamp_sandbox::executor::{NullWrites, ToolDef, ToolExecutor};
-use basecamp_sandbox::policy::{ChatMessage, Policy, PolicyConfig, ScriptedConfig};
+use basecamp_sandbox::policy::{Policy, PolicyConfig, ScriptedConfig};
+use basecamp_sandbox::testing::one_question as input;
 use basecamp_sandbox::tools::exec::ExecTool;
 use basecamp_sandbox::tools::{Tool, ToolError, ToolOutput};
 use serde_json::json;
@@ -56,18 +57,6 @@ fn a_summary_written_before_the_trace_names_were_recorded_still_reads() {
     assert_eq!(written["interrupted_traces"], json!(["cut-traced.trace"]));
     assert_eq!(written["lost"][0]["trace_file"], "lost-traced.trace");
     assert!(written["lost"][1].get("trace_file").is_none(), "no trace, no key: {written}");
-}
-
-fn input(id: &str) -> EpisodeInput {
-    EpisodeInput {
-        id: id.into(),
-        messages: vec![ChatMessage::user("Where is my order?")],
-        initial_memory: Default::default(),
-        expected_calls: Vec::new(),
-        expected_memory: None,
-        expected_memory_hash: None,
-        row_id: Some(id.into()),
-    }
 }
 
 #[tokio::test]

@@ -9,10 +9,11 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use basecamp_sandbox::driver::{ShardSummary, StopSignal, run_shard};
-use basecamp_sandbox::episode::{EpisodeInput, EpisodeRunner};
+use basecamp_sandbox::episode::EpisodeRunner;
 use basecamp_sandbox::executor::{NullWrites, ToolExecutor};
 use basecamp_sandbox::metrics::SandboxMetrics;
-use basecamp_sandbox::policy::{ChatMessage, OpenAiConfig, Policy, PolicyConfig};
+use basecamp_sandbox::policy::{OpenAiConfig, Policy, PolicyConfig};
+use basecamp_sandbox::testing::one_question as input;
 use serde_json::json;
 
 /// An OpenAI-compatible endpoint that serves `allowed` chat requests at
@@ -55,18 +56,6 @@ impl Limited {
         let endpoint = format!("http://{}/v1", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
         endpoint
-    }
-}
-
-fn input(id: &str) -> EpisodeInput {
-    EpisodeInput {
-        id: id.into(),
-        messages: vec![ChatMessage::user("Where is my order?")],
-        initial_memory: Default::default(),
-        expected_calls: Vec::new(),
-        expected_memory: None,
-        expected_memory_hash: None,
-        row_id: Some(id.into()),
     }
 }
 
