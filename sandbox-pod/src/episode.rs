@@ -496,6 +496,20 @@ impl EpisodeRunner {
                     );
                     episode.stop(e.category(), POLICY_ERROR, msg)?;
                 }
+                // Not sent yet: it waited for its place among the requests
+                // at once of an endpoint that answered 429.
+                None if request.retrying.queued() => {
+                    let category = "PolicyRateLimited";
+                    if let Some(metrics) = &self.metrics {
+                        metrics.observe_policy_error(category);
+                    }
+                    let msg = format!(
+                        "policy failed: the plan-step timeout of {:?} ran out while its request waited for its \
+                         place among the requests at once of an endpoint that answered 429 (too many requests)",
+                        self.plan_step_timeout
+                    );
+                    episode.stop(category, POLICY_ERROR, msg)?;
+                }
                 None => {
                     let msg = format!(
                         "the policy did not answer within the plan-step timeout of {:?}",

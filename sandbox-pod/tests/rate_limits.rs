@@ -140,3 +140,35 @@ async fn without_429s_nothing_is_throttled() {
     assert_eq!(metric(&metrics, "basecamp_sandbox_policy_requests_at_once_limit"), Some(0));
     assert_eq!(limited.most.load(SeqCst), 8, "8 requests at once");
 }
+
+/// A plan step whose request was still waiting for its place among the
+/// requests at once when the step's time ran out is the endpoint's rate
+/// limit, not the agent: `policy_error` (not measured), category
+/// `PolicyRateLimited`. Before, it read `plan_step_timeout`, the agent's.
+#[tokio::test]
+async fn a_plan_step_that_ran_out_waiting_for_its_place_is_the_rate_limit_not_the_agent() {
+    // Nothing listens there: the request must never be sent.
+    let policy =
+        Policy::from_config(&PolicyConfig::OpenAi(Box::new(OpenAiConfig::new("http://127.0.0.1:9/v1", "m")))).unwrap();
+    // One request of another episode holds the only place a 429 left.
+    let throttle = policy.throttle().expect("an endpoint adapts to 429s").clone();
+    let holding = throttle.request().await;
+    holding.rate_limited(None);
+    let metrics = Arc::new(SandboxMetrics::new());
+    let runner = EpisodeRunner {
+        plan_step_timeout: Duration::from_millis(200),
+        metrics: Some(metrics.clone()),
+        ..EpisodeRunner::new(ToolExecutor::new(NullWrites::Warn), policy)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let summary =
+        run_shard(Arc::new(runner), vec![input("e0")], dir.path(), 1, StopSignal::new(), |_| {}).await.unwrap();
+    let episode = &summary.episodes[0];
+    assert_eq!(episode.failure_class, "policy_error", "{episode:?}");
+    let error = episode.error.as_deref().unwrap_or_default();
+    assert!(error.contains("ran out while its request waited for its place among the requests at once"), "{error}");
+    assert_eq!(summary.aggregate.not_measured, 1);
+    let counted = r#"basecamp_sandbox_policy_errors_total{category="PolicyRateLimited"} 1"#;
+    assert!(metrics.encode().lines().any(|l| l == counted), "{}", metrics.encode());
+    drop(holding);
+}

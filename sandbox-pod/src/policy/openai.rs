@@ -432,7 +432,12 @@ impl OpenAiPolicy {
         loop {
             attempt += 1;
             let sent = match &self.throttle {
-                Some(throttle) => Some(throttle.request().await),
+                Some(throttle) => {
+                    request.retrying.set_queued(true);
+                    let sent = throttle.request().await;
+                    request.retrying.set_queued(false);
+                    Some(sent)
+                }
                 None => None,
             };
             let failure = match self.attempt(&body).await {

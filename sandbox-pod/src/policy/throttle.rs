@@ -142,7 +142,7 @@ impl RateLimits {
         format!(
             "the policy endpoint answered 429 (too many requests) {} time(s), so fewer requests went at once: as \
              few as {}, {} at the end, and no episode started while one waited; it allows fewer than the run's \
-             episodes asked (--concurrency, shards)",
+             episodes in flight asked (--concurrency and --shards here, spec.parallelism in a cluster)",
             self.answers_429, self.lowest_requests_at_once, self.requests_at_once_at_end
         )
     }

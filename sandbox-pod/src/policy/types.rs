@@ -181,21 +181,37 @@ pub struct PolicyRequest<'a> {
     pub retrying: Retrying,
 }
 
-/// The last failed attempt of a request that the policy is still retrying:
-/// a caller that stops waiting (the plan-step timeout) says why it waited,
-/// the policy's server failing, not the model thinking.
+/// The last failed attempt of a request that the policy is still retrying,
+/// and whether it waits for its place among the requests at once (the
+/// endpoint answered 429): a caller that stops waiting (the plan-step
+/// timeout) says why it waited, the policy's server failing or limiting
+/// the run, not the model thinking.
 #[derive(Debug, Default)]
-pub struct Retrying(std::sync::Mutex<Option<(u32, super::PolicyError)>>);
+pub struct Retrying {
+    last: std::sync::Mutex<Option<(u32, super::PolicyError)>>,
+    queued: std::sync::atomic::AtomicBool,
+}
 
 impl Retrying {
     /// Notes that attempt `attempt` failed with `error` and another follows.
     pub fn note(&self, attempt: u32, error: super::PolicyError) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((attempt, error));
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((attempt, error));
     }
 
     /// The last failed attempt noted: its number and error.
     pub fn last(&self) -> Option<(u32, super::PolicyError)> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Notes whether the request waits for its place among the requests at
+    /// once ([`Throttle::request`](super::throttle::Throttle::request)).
+    pub fn set_queued(&self, queued: bool) {
+        self.queued.store(queued, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The request waits for its place among the requests at once.
+    pub fn queued(&self) -> bool {
+        self.queued.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
