@@ -54,7 +54,21 @@ pub struct SummaryFile {
     /// Episodes lost (trace not written).
     #[serde(default)]
     pub lost: Vec<serde_json::Value>,
+    /// What the policy endpoint's 429s did to the pod's requests.
+    #[serde(default)]
+    pub rate_limits: Option<RateLimitsRead>,
 }
+
+/// Of a summary's `rate_limits`, what the operator reads.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RateLimitsRead {
+    /// 429 answers of the policy's endpoint to this pod, retried or not.
+    pub answers_429: u64,
+}
+
+/// The status metric of a variant's 429s: the sum over its pods (each its
+/// own client), present once any pod met one.
+pub const POLICY_ANSWERS_429: &str = "policy_answers_429";
 
 /// One episode of a summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -386,7 +400,13 @@ pub fn combine(found: &Found, variants: &[String]) -> (VariantMetrics, Vec<Index
             outcome: &e.outcome,
             failure_class: &e.failure_class,
         }));
-        metrics.insert(variant.clone(), variant_metrics(&aggregate, lost));
+        let mut of_variant = variant_metrics(&aggregate, lost);
+        let answers_429: u64 =
+            summaries.iter().filter_map(|(_, s)| s.rate_limits.as_ref()).map(|r| r.answers_429).sum();
+        if answers_429 > 0 {
+            of_variant.insert(POLICY_ANSWERS_429.into(), answers_429 as f64);
+        }
+        metrics.insert(variant.clone(), of_variant);
         aggregates.insert(variant.clone(), aggregate);
         for (dir, summary) in &summaries {
             for episode in &summary.episodes {

@@ -208,6 +208,27 @@ fn the_summary_file_reads_what_the_sandbox_writes() {
     assert_eq!(read.episodes[0].trace_file, "e1.trace");
 }
 
+/// A variant's 429s in its status are the sum of its pods' (each pod its
+/// own client), read from the `rate_limits` the sandbox writes; a variant
+/// that met none has no such metric.
+#[test]
+fn a_variant_s_429s_are_the_sum_of_its_pods() {
+    use basecamp_sandbox::policy::throttle::RateLimits;
+    let read = |variant: &str, shard, answers_429| {
+        let mut written = summary(variant, shard, vec![episode("e1", 1.0, 1.0)]);
+        if answers_429 > 0 {
+            let rate_limits = RateLimits { answers_429, lowest_requests_at_once: 2, requests_at_once_at_end: 3 };
+            written["rate_limits"] = serde_json::to_value(rate_limits).expect("json");
+        }
+        let read: SummaryFile = serde_json::from_value(written).expect("the operator reads the sandbox's summary");
+        ((variant.to_string(), shard), (destination(), read))
+    };
+    let found: Found = [read("a", 0, 0), read("b", 0, 12), read("b", 1, 5)].into();
+    let (metrics, _, _) = combine(&found, &["a".into(), "b".into()]);
+    assert_eq!(metrics["b"].get(POLICY_ANSWERS_429), Some(&17.0));
+    assert_eq!(metrics["a"].get(POLICY_ANSWERS_429), None);
+}
+
 #[test]
 fn day_prefixes_span_creation_to_today_with_a_cap() {
     let mut req = request(&[], &[], false);
