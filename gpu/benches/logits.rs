@@ -17,12 +17,12 @@
 use std::hint::black_box;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use basecamp_bench_support::{cpu_model, env_or, git_commit, loadavg, median, write_results};
+use basecamp_bench_support::{cpu_model, env_or, git_commit, loadavg, median, spread, write_results};
 use basecamp_gpu::logits::fused::{CpuKernel, analyze_into};
 use basecamp_gpu::logits::reference::{reference, scalar_into};
 use basecamp_gpu::logits::{LogitStats, LogitsView, bf16};
 use basecamp_gpu::testdata::{Rng, deviation, gaussian_logits, perturbed, to_bf16};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const RESULTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/results/logits_cpu.json");
 const VOCAB: usize = 129_280;
@@ -61,12 +61,6 @@ impl Case<'_> {
         black_box(&self.out);
         elapsed
     }
-}
-
-fn stats(values: &[f64]) -> Value {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    json!({ "median": median(values), "min": min, "max": max })
 }
 
 fn main() {
@@ -175,9 +169,9 @@ fn main() {
             "vocab": VOCAB,
             "top_k": TOP_K,
             "bytes_per_iter": case.bytes(),
-            "seconds_per_iter": stats(&case.seconds),
-            "gb_per_s": stats(&gbps),
-            "speedup_vs_scalar_same_round": stats(&ratios),
+            "seconds_per_iter": spread(&case.seconds),
+            "gb_per_s": spread(&gbps),
+            "speedup_vs_scalar_same_round": spread(&ratios),
             "relative_error_vs_f64": {
                 "rows_checked": ORACLE_ROWS,
                 "logsumexp": dev.lse, "entropy": dev.entropy, "kl": dev.kl, "top_logprobs": dev.top_logprobs,

@@ -19,7 +19,7 @@
 use std::process::Stdio;
 use std::time::Instant;
 
-use basecamp_bench_support::{env_or, git_commit, loadavg, machine, median, utc_now, write_results};
+use basecamp_bench_support::{env_or, git_commit, loadavg, machine, median, spread, utc_now, write_results};
 use basecamp_sandbox::tools::exec::ExecTool;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -57,12 +57,6 @@ async fn exec_tool(tool: &ExecTool, arguments: &Value) -> f64 {
     let output = tool.call(arguments).await.expect("the exec tool answers");
     assert_eq!(output.observation, json!("ok"));
     started.elapsed().as_secs_f64()
-}
-
-fn summary(values: &[f64]) -> Value {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    json!({"median": median(values), "min": min, "max": max})
 }
 
 fn main() {
@@ -116,10 +110,10 @@ fn main() {
         "method": {"rounds": rounds, "calls_per_case_per_round": calls,
                    "order": "round-robin: each round times every case; ratios per round",
                    "elapsed_s": started.elapsed().as_secs_f64()},
-        "exec_tool_us_per_call": summary(&keeper_us),
-        "bare_spawn_us_per_call": summary(&bare_us),
-        "overhead_us_per_call": summary(&overhead_us),
-        "ratio_exec_tool_over_bare_spawn": summary(&ratio),
+        "exec_tool_us_per_call": spread(&keeper_us),
+        "bare_spawn_us_per_call": spread(&bare_us),
+        "overhead_us_per_call": spread(&overhead_us),
+        "ratio_exec_tool_over_bare_spawn": spread(&ratio),
     });
     write_results(RESULTS, &doc);
     println!("\nwrote {RESULTS}");

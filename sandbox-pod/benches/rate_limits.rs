@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use basecamp_bench_support::{TempDir, env_or, git_commit, loadavg, machine, median, utc_now, write_results};
+use basecamp_bench_support::{TempDir, env_or, git_commit, loadavg, machine, median, spread, utc_now, write_results};
 use basecamp_sandbox::driver::{StopSignal, run_shard};
 use basecamp_sandbox::episode::EpisodeRunner;
 use basecamp_sandbox::executor::{NullWrites, ToolExecutor};
@@ -137,17 +137,11 @@ async fn run(limit: Limit, service: Duration, episodes: usize, at_once: usize, a
     }
 }
 
-fn summary(values: &[f64]) -> Value {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    json!({"median": median(values), "min": min, "max": max})
-}
-
 /// A case's runs over the rounds, as the result file has them.
 fn case(runs: &[Run]) -> Value {
     let of = |f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
     json!({
-        "seconds": summary(&of(|r| r.seconds)),
+        "seconds": spread(&of(|r| r.seconds)),
         "not_measured": of(|r| f64::from(r.not_measured)),
         "answered_429": of(|r| r.answered_429 as f64),
         "most_at_once": of(|r| r.most_at_once as f64),
@@ -192,7 +186,7 @@ fn main() {
             },
             "adaptive": case(&adaptive),
             "retries_only": case(&retries_only),
-            "ratio_adaptive_over_retries_only_seconds": summary(&per_round(&adaptive, &retries_only)),
+            "ratio_adaptive_over_retries_only_seconds": spread(&per_round(&adaptive, &retries_only)),
         });
         println!("{name} ({}), {episodes} episodes, {rounds} rounds:", doc["limit"].as_str().unwrap_or_default());
         let line = |label: &str, runs: &[Run]| {
@@ -206,13 +200,13 @@ fn main() {
         if !at_capacity.is_empty() {
             line("at_capacity", &at_capacity);
             doc["at_capacity"] = case(&at_capacity);
-            doc["ratio_adaptive_over_at_capacity_seconds"] = summary(&per_round(&adaptive, &at_capacity));
+            doc["ratio_adaptive_over_at_capacity_seconds"] = spread(&per_round(&adaptive, &at_capacity));
         }
         if let Some(floor) = floor_s {
             let ratios: Vec<f64> = adaptive.iter().map(|r| r.seconds / floor).collect();
             println!("  floor         {floor:>6.2} s ((episodes - burst) / rate)");
             doc["floor_seconds"] = json!(floor);
-            doc["ratio_adaptive_over_floor_seconds"] = summary(&ratios);
+            doc["ratio_adaptive_over_floor_seconds"] = spread(&ratios);
         }
         results.insert(name.to_string(), doc);
     }

@@ -3,7 +3,7 @@
 //! context: the machine ([`machine`]: CPUs, kernel, clock source, load
 //! average at the start and end), the commit ([`git_commit`]) and the time
 //! ([`utc_now`]); and the small helpers every benchmark needs ([`median`],
-//! [`env_or`], [`TempDir`]). A dev-dependency of the crates that have
+//! [`spread`], [`env_or`], [`TempDir`]). A dev-dependency of the crates that have
 //! benchmarks.
 
 use std::fs;
@@ -93,6 +93,14 @@ pub fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// A sampled figure as result files give it: `{"median", "min", "max"}`
+/// of `values`, which must not be empty.
+pub fn spread(values: &[f64]) -> Value {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    json!({"median": median(values), "min": min, "max": max})
 }
 
 /// The environment variable `name` parsed, or `default` when unset or unparsable.

@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use basecamp_api::Criterion;
 use basecamp_api::task::CriterionResult;
+use basecamp_sandbox::policy::throttle::RateLimits;
 use basecamp_sandbox::storage::{Destination, Storage, StorageError, UtcDate};
 use basecamp_trace::metrics::{
     Aggregate, EpisodeEnd, EpisodeMetrics, NOT_MEASURED_EPISODES, NOT_MEASURED_RATE, aggregate, canonical_metric,
@@ -56,14 +57,7 @@ pub struct SummaryFile {
     pub lost: Vec<serde_json::Value>,
     /// What the policy endpoint's 429s did to the pod's requests.
     #[serde(default)]
-    pub rate_limits: Option<RateLimitsRead>,
-}
-
-/// Of a summary's `rate_limits`, what the operator reads.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct RateLimitsRead {
-    /// 429 answers of the policy's endpoint to this pod, retried or not.
-    pub answers_429: u64,
+    pub rate_limits: Option<RateLimits>,
 }
 
 /// The status metric of a variant's 429s: the sum over its pods (each its

@@ -213,7 +213,6 @@ fn the_summary_file_reads_what_the_sandbox_writes() {
 /// that met none has no such metric.
 #[test]
 fn a_variant_s_429s_are_the_sum_of_its_pods() {
-    use basecamp_sandbox::policy::throttle::RateLimits;
     let read = |variant: &str, shard, answers_429| {
         let mut written = summary(variant, shard, vec![episode("e1", 1.0, 1.0)]);
         if answers_429 > 0 {
