@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use prost::Message;
 
+const TOKEN_LOGIT: &str = ".basecamp.trace.v1.TokenLogit";
+const TOKEN_LOGIT_RUST: &str = "crate::token_logit::TokenLogit";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Read at run time: a build script reused from a cache built elsewhere
     // (another checkout path) must still find this checkout's proto.
@@ -27,11 +30,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .boxed(".basecamp.trace.v1.Record.body.plan_step")
         .boxed(".basecamp.trace.v1.Record.body.header")
         .boxed(".basecamp.trace.v1.Record.body.error_context")
+        // Token logits, nearly all of a trace, are decoded without a heap
+        // allocation by a struct of our own (src/token_logit.rs).
+        .extern_path(TOKEN_LOGIT, TOKEN_LOGIT_RUST)
         .compile_fds(descriptors)?;
 
     pbjson_build::Builder::new()
         .register_descriptors(&std::fs::read(&descriptor_path)?)?
         .btree_map(["."])
+        .exclude([TOKEN_LOGIT])
         .build(&[".basecamp.trace.v1"])?;
     Ok(())
 }

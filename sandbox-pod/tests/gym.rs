@@ -561,7 +561,9 @@ async fn the_last_step_allowed_ends_the_episode_at_max_steps() {
         .records
         .iter()
         .filter_map(|r| match &r.body {
-            Some(Body::TokenLogit(t)) => Some((r.step, t.token.clone(), t.token_id, t.top_tokens.clone())),
+            Some(Body::TokenLogit(t)) => {
+                Some((r.step, t.token.to_string(), t.token_id, t.top_tokens.iter().map(|t| t.to_string()).collect()))
+            }
             _ => None,
         })
         .collect();

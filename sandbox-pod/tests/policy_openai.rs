@@ -202,8 +202,8 @@ async fn tool_call_turn_with_logprobs_becomes_trace_records() {
     assert_eq!(records.len(), 2);
     assert_eq!(records[0].position, 0);
     assert_eq!(records[0].token_id, 151657);
-    assert_eq!(records[0].top_ids, vec![151657, 40]);
-    assert_eq!(records[0].top_logprobs, vec![-0.0001, -9.5]);
+    assert_eq!(records[0].top_ids[..], [151657, 40]);
+    assert_eq!(records[0].top_logprobs[..], [-0.0001, -9.5]);
     assert_eq!(records[1].position, 1);
     assert_eq!(records[1].logprob, -0.75);
 
@@ -521,7 +521,7 @@ async fn alternatives_beyond_top_logprobs_are_cut_to_what_the_trace_header_promi
     let records = response.token_logits();
     assert_eq!(records.len(), 2);
     assert!(records.iter().all(|r| r.top_ids.len() == 1 && r.top_logprobs.len() == 1), "{records:?}");
-    assert_eq!(records[0].top_ids, vec![151657], "the first (most likely) alternative is kept");
+    assert_eq!(records[0].top_ids[..], [151657], "the first (most likely) alternative is kept");
     assert_eq!(
         response.warnings,
         vec!["2 token(s) came with more alternatives than the 1 asked for (up to 2); the first 1 were kept"]
@@ -574,7 +574,7 @@ async fn non_finite_logprobs_as_python_writes_them_keep_the_turn() {
     for form in ["bare", "quoted"] {
         let response = policy.respond(&request()).await.unwrap();
         let records = response.token_logits();
-        assert_eq!(records[0].top_logprobs, vec![-0.0001, f32::NEG_INFINITY], "{form}");
+        assert_eq!(records[0].top_logprobs[..], [-0.0001, f32::NEG_INFINITY], "{form}");
         assert!(response.warnings.is_empty(), "{form}: {:?}", response.warnings);
         assert_eq!(response.tool_calls[0].arguments, ToolArguments::Parsed(json!({"order_id": "A1"})));
     }

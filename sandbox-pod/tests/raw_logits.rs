@@ -99,7 +99,7 @@ fn check_turn(records: &[&TokenLogit], view: LogitsView<'_>, want: &[ReferenceRo
     for (row, (record, want)) in records.iter().zip(want).enumerate() {
         assert_eq!(record.position as usize, row);
         let ids: Vec<i32> = want.top.iter().map(|&(id, _)| id as i32).collect();
-        assert_eq!(record.top_ids, ids, "row {row}: top ids");
+        assert_eq!(record.top_ids[..], ids[..], "row {row}: top ids");
         assert_eq!(record.top_tokens.len(), ids.len(), "row {row}: parallel arrays");
         assert_eq!(record.token_id, emitted[row] as i32);
         assert!(record.entropy.is_some(), "row {row}: entropy is set for derived records");

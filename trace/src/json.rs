@@ -299,7 +299,7 @@ mod tests {
             body: Some(Body::TokenLogit(TokenLogit {
                 token: "a".into(),
                 logprob: -0.5,
-                top_logprobs: vec![-0.5, f32::NEG_INFINITY],
+                top_logprobs: [-0.5, f32::NEG_INFINITY].into_iter().collect(),
                 kl: Some(f32::INFINITY),
                 ..Default::default()
             })),

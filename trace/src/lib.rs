@@ -12,6 +12,7 @@
 //! - [`memory`]: memory, patches and the deltas they produce;
 //! - [`json`]: a trace as JSON (the proto3 JSON mapping);
 //! - [`synthetic`]: realistic generated episodes for tests, benchmarks and demos;
+//! - [`token_logit`]: the token_logit record, decoded without heap allocations;
 //! - [`query`]: the search language over trace sections;
 //! - [`validate`]: every promise of a trace checked (schema, steps, memory hash chain, rewards);
 //! - [`redact`]: personal data replaced by salted hashes, the trace kept valid;
@@ -32,6 +33,7 @@ pub mod query;
 pub mod reader;
 pub mod redact;
 pub mod synthetic;
+pub mod token_logit;
 pub mod validate;
 pub mod writer;
 
@@ -40,6 +42,7 @@ pub mod writer;
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/basecamp.trace.v1.rs"));
     include!(concat!(env!("OUT_DIR"), "/basecamp.trace.v1.serde.rs"));
+    pub use crate::token_logit::{TokenLogit, TokenText, TopK};
 }
 
 pub use canonical::{Digest, canonical_json, hash_canonical_text, hash_json};

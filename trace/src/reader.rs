@@ -544,7 +544,23 @@ impl<R: Read> Iterator for TraceReader<R> {
     type Item = Result<Record, TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let range = loop {
+        let range = match self.next_wanted()? {
+            Ok(range) => range,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut record = Record::default();
+        match decode_record_into(&self.frames.raw[range.clone()], &mut record) {
+            Ok(()) => Some(Ok(record)),
+            Err(e) => self.undecodable(range.start, e).map(Err),
+        }
+    }
+}
+
+impl<R: Read> TraceReader<R> {
+    /// The byte range of the next record the reader was asked for (not
+    /// left out by [`TraceReader::without`] or [`TraceReader::at_most`]).
+    fn next_wanted(&mut self) -> Option<Result<std::ops::Range<usize>, TraceError>> {
+        loop {
             match self.advance()? {
                 Ok(_) if self.last_kind.bit() & self.unwanted != 0 => continue,
                 Ok(range) => match &mut self.cap {
@@ -553,24 +569,43 @@ impl<R: Read> Iterator for TraceReader<R> {
                     }
                     Some((kind, left)) if *kind == self.last_kind => {
                         *left -= 1;
-                        break range;
+                        return Some(Ok(range));
                     }
-                    _ => break range,
+                    _ => return Some(Ok(range)),
                 },
                 Err(e) => return Some(Err(e)),
             }
+        }
+    }
+
+    /// [`Iterator::next`], decoded into a new last element of `records`
+    /// instead of returned: a token logit record is ~250 bytes, and moving
+    /// each through the iterator's layers of `Option`s and `Result`s costs
+    /// as much as decoding it. `Some(Ok(()))` when a record was added.
+    fn next_into(&mut self, records: &mut Vec<Record>) -> Option<Result<(), TraceError>> {
+        let range = match self.next_wanted()? {
+            Ok(range) => range,
+            Err(e) => return Some(Err(e)),
         };
-        match Record::decode(&self.frames.raw[range.clone()]) {
-            Ok(record) => Some(Ok(record)),
+        records.push(Record::default());
+        let last = records.last_mut().expect("just pushed");
+        match decode_record_into(&self.frames.raw[range.clone()], last) {
+            Ok(()) => Some(Ok(())),
             Err(e) => {
-                let err = TraceError::Corrupt {
-                    file: self.frames.file.clone(),
-                    offset: self.frame_offset,
-                    reason: format!("record {} bytes into the frame does not decode: {e}", range.start),
-                };
-                self.stop(Tail::Damaged(err)).map(Err)
+                records.pop();
+                self.undecodable(range.start, e).map(Err)
             }
         }
+    }
+
+    /// Stops the reader at a record that does not decode.
+    fn undecodable(&mut self, at: usize, e: prost::DecodeError) -> Option<TraceError> {
+        let err = TraceError::Corrupt {
+            file: self.frames.file.clone(),
+            offset: self.frame_offset,
+            reason: format!("record {at} bytes into the frame does not decode: {e}"),
+        };
+        self.stop(Tail::Damaged(err))
     }
 }
 
@@ -677,8 +712,25 @@ pub struct RawRecord<'a> {
 
 impl RawRecord<'_> {
     pub fn decode(&self) -> Result<Record, prost::DecodeError> {
-        Record::decode(self.bytes)
+        decode_record(self.bytes)
     }
+}
+
+/// One encoded record (without its length prefix): token logits, nearly all
+/// of a trace, through their own decoder, the rest and anything unusual
+/// through prost.
+pub fn decode_record(bytes: &[u8]) -> Result<Record, prost::DecodeError> {
+    let mut record = Record::default();
+    decode_record_into(bytes, &mut record)?;
+    Ok(record)
+}
+
+/// [`decode_record`] into a record already in place (a default one).
+fn decode_record_into(bytes: &[u8], record: &mut Record) -> Result<(), prost::DecodeError> {
+    if !crate::token_logit::decode_record_into(bytes, record) {
+        *record = Record::decode(bytes)?;
+    }
+    Ok(())
 }
 
 /// Reads one length-delimited record's framing and top-level fields without
@@ -797,12 +849,7 @@ impl<R: Read> TraceReader<R> {
 
 fn collect_from<R: Read>(reader: &mut TraceReader<R>) -> TraceContents {
     let mut records = Vec::new();
-    for record in reader.by_ref() {
-        match record {
-            Ok(r) => records.push(r),
-            Err(_) => break,
-        }
-    }
+    while let Some(Ok(())) = reader.next_into(&mut records) {}
     let tail = reader.tail.take().expect("iteration ended, so the tail is set");
     TraceContents { header: std::mem::take(&mut reader.header), records, tail }
 }
@@ -954,7 +1001,16 @@ impl<R: Read + Seek> IndexedTrace<R> {
             };
             let mut slice = frames.raw.as_slice();
             while !slice.is_empty() {
-                let record = Record::decode_length_delimited(&mut slice).map_err(|e| TraceError::Corrupt {
+                let mut after_prefix = slice;
+                let decoded = match prost::decode_length_delimiter(&mut after_prefix) {
+                    Ok(len) if len <= after_prefix.len() => {
+                        let (bytes, rest) = after_prefix.split_at(len);
+                        slice = rest;
+                        decode_record(bytes)
+                    }
+                    _ => Record::decode_length_delimited(&mut slice),
+                };
+                let record = decoded.map_err(|e| TraceError::Corrupt {
                     file: self.file.clone(),
                     offset: frame.offset,
                     reason: format!("record does not decode: {e}"),

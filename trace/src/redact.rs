@@ -46,6 +46,7 @@ use crate::error::TraceError;
 use crate::memory::{Memory, MemoryPatch};
 use crate::pb::{self, MemorySource, Record, record::Body};
 use crate::reader::{RecordKind, TraceReader};
+use crate::token_logit::TokenText;
 use crate::writer::TraceWriter;
 
 /// A pattern recognised inside strings.
@@ -216,6 +217,15 @@ impl Redactor {
     }
 
     /// Replaces the trace's known PII values, then pattern matches, in free text.
+    /// [`Self::text`] for a token's inline text.
+    fn token_text(&self, token: &mut TokenText, n: &mut u64) {
+        let mut text = token.to_string();
+        self.text(&mut text, n);
+        if text != *token {
+            *token = text.into();
+        }
+    }
+
     fn text(&self, s: &mut String, n: &mut u64) {
         if let Some(matcher) = &self.known.matcher {
             let tokens = token_spans(s);
@@ -599,8 +609,8 @@ impl Redactor {
                     s.memory_hash = Memory::from_object(&entries).hash().0.to_vec();
                 }
                 Some(Body::TokenLogit(t)) => {
-                    self.text(&mut t.token, n);
-                    t.top_tokens.iter_mut().for_each(|s| self.text(s, n));
+                    self.token_text(&mut t.token, n);
+                    t.top_tokens.iter_mut().for_each(|s| self.token_text(s, n));
                 }
                 Some(Body::PolicyTurn(t)) => {
                     self.text(&mut t.content, n);

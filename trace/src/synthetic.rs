@@ -13,6 +13,7 @@ use crate::pb::{
     EpisodeEnd, ErrorContext, Header, MemorySource, Outcome, PlanStep, PolicyTurn, Record, RewardComponent,
     RewardSignal, StepKind, StepStatus, TokenLogit, ToolPayload, WeightDelta, record::Body,
 };
+use crate::token_logit::{TokenText, TopK};
 use crate::writer::TraceWriter;
 
 /// How memory changes are recorded: the design's deltas, or (for comparison
@@ -284,14 +285,14 @@ fn memory_key(k: usize) -> String {
 }
 
 fn token_logit(rng: &mut Rng, position: u32, top_k: usize) -> TokenLogit {
-    let mut top_ids = Vec::with_capacity(top_k);
-    let mut top_tokens = Vec::with_capacity(top_k);
-    let mut top_logprobs = Vec::with_capacity(top_k);
+    let mut top_ids = TopK::with_capacity(top_k);
+    let mut top_tokens = TopK::with_capacity(top_k);
+    let mut top_logprobs = TopK::with_capacity(top_k);
     let mut lp = -(rng.unit() as f32) * 0.5;
     for _ in 0..top_k {
         let w = rng.below(WORDS.len() as u64) as usize;
         top_ids.push(1000 + w as i32 * 37 + rng.below(3) as i32);
-        top_tokens.push(WORDS[w].to_string());
+        top_tokens.push(TokenText::new(WORDS[w]));
         top_logprobs.push(lp);
         lp -= 0.5 + rng.unit() as f32 * 3.0;
     }

@@ -48,9 +48,9 @@ fn pii_episode() -> Vec<u8> {
         1,
         Body::TokenLogit(basecamp_trace::pb::TokenLogit {
             token: EMAIL.into(),
-            top_tokens: vec![EMAIL.into()],
-            top_ids: vec![5],
-            top_logprobs: vec![-0.1],
+            top_tokens: vec![EMAIL.into()].into(),
+            top_ids: vec![5].into(),
+            top_logprobs: vec![-0.1].into(),
             ..Default::default()
         }),
     )

@@ -100,11 +100,24 @@ prop_compose! {
         token_id in any::<i32>(),
         token in text(),
         logprob in float(),
-        top_ids in prop::collection::vec(any::<i32>(), 0..6),
-        top_tokens in prop::collection::vec(text(), 0..6),
-        top_logprobs in prop::collection::vec(float(), 0..6),
+        // Past 5 (held inline) up to 20, the most a server returns.
+        top_ids in prop::collection::vec(any::<i32>(), 0..21),
+        top_tokens in prop::collection::vec(text(), 0..21),
+        top_logprobs in prop::collection::vec(float(), 0..21),
+        entropy in prop::option::of(float()),
+        kl in prop::option::of(float()),
     ) -> TokenLogit {
-        TokenLogit { position, token_id, token, logprob, top_ids, top_tokens, top_logprobs, entropy: None, kl: None }
+        TokenLogit {
+            position,
+            token_id,
+            token: token.into(),
+            logprob,
+            top_ids: top_ids.into(),
+            top_tokens: top_tokens.into_iter().map(Into::into).collect(),
+            top_logprobs: top_logprobs.into(),
+            entropy,
+            kl,
+        }
     }
 }
 
@@ -396,7 +409,7 @@ proptest! {
         logprobs in prop::collection::vec(any::<f32>(), 1..8),
         scores in prop::collection::vec(any::<f64>(), 1..8),
     ) {
-        let logit = TokenLogit { logprob: logprobs[0], top_logprobs: logprobs.clone(), ..Default::default() };
+        let logit = TokenLogit { logprob: logprobs[0], top_logprobs: logprobs.iter().copied().collect(), ..Default::default() };
         let reward = RewardSignal {
             components: scores
                 .iter()

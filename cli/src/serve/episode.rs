@@ -575,10 +575,10 @@ mod tests {
             record(
                 1,
                 Body::TokenLogit(TokenLogit {
-                    token: h("token"),
-                    top_tokens: vec![h("top_token")],
-                    top_logprobs: vec![-0.5],
-                    top_ids: vec![7],
+                    token: h("token").into(),
+                    top_tokens: vec![h("top_token").into()].into(),
+                    top_logprobs: vec![-0.5].into(),
+                    top_ids: vec![7].into(),
                     ..Default::default()
                 }),
             ),

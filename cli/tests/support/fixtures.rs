@@ -56,9 +56,9 @@ fn token(position: u32, text: &str, logprob: f32) -> Body {
         token_id: 100 + position as i32,
         token: text.into(),
         logprob,
-        top_ids: vec![100 + position as i32, 7],
-        top_tokens: vec![text.into(), "other".into()],
-        top_logprobs: vec![logprob, -3.5],
+        top_ids: vec![100 + position as i32, 7].into(),
+        top_tokens: vec![text.into(), "other".into()].into(),
+        top_logprobs: vec![logprob, -3.5].into(),
         // The second token reads as derived from raw logits with a reference.
         entropy: (position == 1).then_some(1.25),
         kl: (position == 1).then_some(0.0625),

@@ -59,11 +59,11 @@ impl TokenStats {
         Ok(TokenLogit {
             position,
             token_id: to_sint(token_id),
-            token: name(token_id),
+            token: name(token_id).into(),
             logprob,
             top_ids: self.top_ids.iter().map(|&id| to_sint(id)).collect(),
-            top_tokens: self.top_ids.iter().map(|&id| name(id)).collect(),
-            top_logprobs: self.top_logprobs.clone(),
+            top_tokens: self.top_ids.iter().map(|&id| name(id).into()).collect(),
+            top_logprobs: self.top_logprobs.iter().copied().collect(),
             entropy: Some(self.entropy),
             kl: self.kl,
         })
@@ -129,8 +129,8 @@ mod tests {
         assert_eq!(record.position, 7);
         assert_eq!(record.token_id, 1);
         assert_eq!(record.token, "");
-        assert_eq!(record.top_ids, vec![1, 0]);
-        assert_eq!(record.top_tokens, vec![String::new(), String::new()]);
+        assert_eq!(record.top_ids[..], [1, 0]);
+        assert_eq!(record.top_tokens[..], [String::new(), String::new()]);
         assert!((record.logprob - 0.5f32.ln()).abs() < 1e-6);
         assert!((record.top_logprobs[1] - 0.25f32.ln()).abs() < 1e-6);
 
@@ -138,7 +138,7 @@ mod tests {
         let emitted = token_logits(&view, &stats, Some(&[2]), 3, Some(&words)).expect("in range");
         assert_eq!(emitted[0].token_id, 2);
         assert_eq!(emitted[0].token, "c");
-        assert_eq!(emitted[0].top_tokens, vec!["b", "a"]);
+        assert_eq!(emitted[0].top_tokens[..], ["b", "a"]);
         assert!((emitted[0].logprob - 0.25f32.ln()).abs() < 1e-6);
         assert_eq!(emitted[0].position, 3);
     }

@@ -374,10 +374,10 @@ impl TokenLogprob {
         pb::TokenLogit {
             position,
             token_id: self.token_id.unwrap_or(-1),
-            token: self.token.clone(),
+            token: self.token.as_str().into(),
             logprob: self.logprob,
             top_ids: self.top.iter().map(|t| t.token_id.unwrap_or(-1)).collect(),
-            top_tokens: self.top.iter().map(|t| t.token.clone()).collect(),
+            top_tokens: self.top.iter().map(|t| t.token.as_str().into()).collect(),
             top_logprobs: self.top.iter().map(|t| t.logprob).collect(),
             entropy: self.entropy,
             kl: self.kl,
@@ -612,8 +612,8 @@ mod tests {
         let records = response(vec![call()], Some(tokens)).token_logits();
         assert_eq!(records.len(), 2);
         assert_eq!(records[0].token_id, 42);
-        assert_eq!(records[0].top_ids, vec![42, -1]);
-        assert_eq!(records[0].top_tokens, vec!["look", "find"]);
+        assert_eq!(records[0].top_ids[..], [42, -1]);
+        assert_eq!(records[0].top_tokens[..], ["look", "find"]);
         assert_eq!(records[1].position, 1);
         assert_eq!(records[1].token_id, -1);
     }
