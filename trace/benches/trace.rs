@@ -2,7 +2,9 @@
 //!
 //! Every throughput comes with peers measured in the same run, interleaved
 //! round-robin so that a noisy neighbour slows them alike: the bare `prost`
-//! encode/decode of the same records (the floor), zstd on its own, and gzip.
+//! encode/decode of the same records (the floor), the structs prost would
+//! generate for token logits (the peer of the hand-written `TokenLogit`),
+//! zstd on its own, and gzip.
 //! Each case is sampled `REPS` times; the figures are medians with min/max,
 //! and ratios are taken per round before their median. Sizes (memory deltas
 //! vs snapshots, zstd vs gzip) are deterministic and measured once.
@@ -35,6 +37,39 @@ use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use prost::Message;
 use serde_json::{Value, json};
+
+/// A record as prost generates it for `proto/trace.proto`, as far as token
+/// logits go (`TokenLogit` with `String`s and `Vec`s: nine heap
+/// allocations a record): the peer of the hand-written `TokenLogit`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct GeneratedRecord {
+    #[prost(uint32, tag = "1")]
+    step: u32,
+    #[prost(message, optional, tag = "5")]
+    token_logit: Option<GeneratedTokenLogit>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct GeneratedTokenLogit {
+    #[prost(uint32, tag = "1")]
+    position: u32,
+    #[prost(sint32, tag = "2")]
+    token_id: i32,
+    #[prost(string, tag = "3")]
+    token: String,
+    #[prost(float, tag = "4")]
+    logprob: f32,
+    #[prost(sint32, repeated, tag = "5")]
+    top_ids: Vec<i32>,
+    #[prost(string, repeated, tag = "6")]
+    top_tokens: Vec<String>,
+    #[prost(float, repeated, tag = "7")]
+    top_logprobs: Vec<f32>,
+    #[prost(float, optional, tag = "8")]
+    entropy: Option<f32>,
+    #[prost(float, optional, tag = "9")]
+    kl: Option<f32>,
+}
 
 const RESULTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/results/trace.json");
 const ZSTD_LEVEL: i32 = 3;
@@ -412,12 +447,28 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
         .bytes(decompressed, "decompressed bytes"),
         Case::new(
             "read.floor.prost_decode",
-            "prost decode_length_delimited of all raw bytes into a Vec<Record>",
+            "prost decode_length_delimited of all raw bytes into a Vec<Record> (prost's field loop, through the \
+             hand-written TokenLogit's merge_field)",
             || {
                 let mut slice = input.raw.as_slice();
                 let mut records = Vec::new();
                 while !slice.is_empty() {
                     records.push(Record::decode_length_delimited(&mut slice).expect("the bench's bytes decode"));
+                }
+                black_box(records);
+            },
+        )
+        .records(n)
+        .bytes(raw_len, "raw encoded record bytes"),
+        Case::new(
+            "read.peer.prost_generated",
+            "the same bytes into prost-generated structs (String/Vec token logits, as before 8eee662); records of \
+             other kinds skipped, not decoded",
+            || {
+                let mut slice = input.raw.as_slice();
+                let mut records = Vec::new();
+                while !slice.is_empty() {
+                    records.push(GeneratedRecord::decode_length_delimited(&mut slice).expect("the bench's bytes decode"));
                 }
                 black_box(records);
             },
@@ -626,7 +677,7 @@ fn time_ratio(cases: &[Case], numerator: &str, denominators: &[&str]) -> Stats {
 }
 
 /// The ratios the report shows: (label, numerator, denominators).
-const RATIOS: [(&str, &str, &[&str]); 14] = [
+const RATIOS: [(&str, &str, &[&str]); 16] = [
     ("writer (Vec) / bare prost encode", "write.writer.vec", &["write.floor.prost_encode"]),
     ("writer (Vec) / its parts by hand (encode+zstd+crc)", "write.writer.vec", &["write.parts.encode_zstd_crc"]),
     ("writer (Vec) / zstd-3 per frame alone", "write.writer.vec", &["zstd3.compress.per_frame"]),
@@ -637,6 +688,12 @@ const RATIOS: [(&str, &str, &[&str]); 14] = [
         "read.read_trace_from.slice",
         &["read.frames_only.walker", "read.floor.prost_decode"],
     ),
+    (
+        "read_trace_from / (frames only + prost-generated decode)",
+        "read.read_trace_from.slice",
+        &["read.frames_only.walker", "read.peer.prost_generated"],
+    ),
+    ("bare prost decode / prost-generated token logits", "read.floor.prost_decode", &["read.peer.prost_generated"]),
     ("read_trace (file) / read_trace_from (slice)", "read.read_trace.file", &["read.read_trace_from.slice"]),
     (
         "read_trace_from / the same without token logits",
