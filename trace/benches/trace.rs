@@ -29,6 +29,7 @@ use basecamp_trace::otlp;
 use basecamp_trace::pb::{EpisodeEnd, Record, record::Body};
 use basecamp_trace::redact::{Pattern, Redactor};
 use basecamp_trace::synthetic::{self, EpisodeShape, MemoryMode, SyntheticEpisode};
+use basecamp_trace::token_logit::generated;
 use basecamp_trace::{
     RecordKind, Tail, TraceContents, TraceReader, TraceWriter, read_trace, read_trace_from, read_trace_from_without,
 };
@@ -37,39 +38,6 @@ use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use prost::Message;
 use serde_json::{Value, json};
-
-/// A record as prost generates it for `proto/trace.proto`, as far as token
-/// logits go (`TokenLogit` with `String`s and `Vec`s: nine heap
-/// allocations a record): the peer of the hand-written `TokenLogit`.
-#[derive(Clone, PartialEq, prost::Message)]
-struct GeneratedRecord {
-    #[prost(uint32, tag = "1")]
-    step: u32,
-    #[prost(message, optional, tag = "5")]
-    token_logit: Option<GeneratedTokenLogit>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct GeneratedTokenLogit {
-    #[prost(uint32, tag = "1")]
-    position: u32,
-    #[prost(sint32, tag = "2")]
-    token_id: i32,
-    #[prost(string, tag = "3")]
-    token: String,
-    #[prost(float, tag = "4")]
-    logprob: f32,
-    #[prost(sint32, repeated, tag = "5")]
-    top_ids: Vec<i32>,
-    #[prost(string, repeated, tag = "6")]
-    top_tokens: Vec<String>,
-    #[prost(float, repeated, tag = "7")]
-    top_logprobs: Vec<f32>,
-    #[prost(float, optional, tag = "8")]
-    entropy: Option<f32>,
-    #[prost(float, optional, tag = "9")]
-    kl: Option<f32>,
-}
 
 const RESULTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/results/trace.json");
 const ZSTD_LEVEL: i32 = 3;
@@ -468,7 +436,7 @@ fn timed_cases<'a>(episode: &'a SyntheticEpisode, input: &'a Input, tmp: &'a Pat
                 let mut slice = input.raw.as_slice();
                 let mut records = Vec::new();
                 while !slice.is_empty() {
-                    records.push(GeneratedRecord::decode_length_delimited(&mut slice).expect("the bench's bytes decode"));
+                    records.push(generated::Record::decode_length_delimited(&mut slice).expect("the bench's bytes decode"));
                 }
                 black_box(records);
             },

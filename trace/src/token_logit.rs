@@ -415,59 +415,47 @@ impl<'de> Deserialize<'de> for TokenLogit {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-    use prost::Message;
-
-    use super::*;
-
-    /// The same message as prost's own derive sees it: the reference both
-    /// the hand-written encoder and the two decoders are held to.
+/// The message as prost's own derive generates it (`String`s and `Vec`s):
+/// the reference the tests hold the hand-written encoder and decoders to,
+/// and the benchmark's peer. Not for use outside them.
+#[doc(hidden)]
+pub mod generated {
+    /// `TokenLogit` as prost generates it.
     #[derive(Clone, PartialEq, prost::Message)]
-    struct Reference {
+    pub struct TokenLogit {
         #[prost(uint32, tag = "1")]
-        position: u32,
+        pub position: u32,
         #[prost(sint32, tag = "2")]
-        token_id: i32,
+        pub token_id: i32,
         #[prost(string, tag = "3")]
-        token: String,
+        pub token: String,
         #[prost(float, tag = "4")]
-        logprob: f32,
+        pub logprob: f32,
         #[prost(sint32, repeated, tag = "5")]
-        top_ids: Vec<i32>,
+        pub top_ids: Vec<i32>,
         #[prost(string, repeated, tag = "6")]
-        top_tokens: Vec<String>,
+        pub top_tokens: Vec<String>,
         #[prost(float, repeated, tag = "7")]
-        top_logprobs: Vec<f32>,
+        pub top_logprobs: Vec<f32>,
         #[prost(float, optional, tag = "8")]
-        entropy: Option<f32>,
+        pub entropy: Option<f32>,
         #[prost(float, optional, tag = "9")]
-        kl: Option<f32>,
+        pub kl: Option<f32>,
     }
 
-    /// The same, written the way a proto2-style writer may: one key per
-    /// repeated number.
+    /// A `Record` as far as a token logit goes: its step and body field 5
+    /// (records of other kinds decode to `token_logit: None`).
     #[derive(Clone, PartialEq, prost::Message)]
-    struct Unpacked {
-        #[prost(sint32, repeated, packed = "false", tag = "5")]
-        top_ids: Vec<i32>,
-        #[prost(float, repeated, packed = "false", tag = "7")]
-        top_logprobs: Vec<f32>,
-    }
-
-    /// A `Record` as far as a token logit goes: step and body field 5.
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct ReferenceRecord {
+    pub struct Record {
         #[prost(uint32, tag = "1")]
-        step: u32,
+        pub step: u32,
         #[prost(message, optional, tag = "5")]
-        token_logit: Option<Reference>,
+        pub token_logit: Option<TokenLogit>,
     }
 
-    impl From<&Reference> for TokenLogit {
-        fn from(r: &Reference) -> Self {
-            TokenLogit {
+    impl From<&TokenLogit> for super::TokenLogit {
+        fn from(r: &TokenLogit) -> Self {
+            super::TokenLogit {
                 position: r.position,
                 token_id: r.token_id,
                 token: r.token.as_str().into(),
@@ -479,6 +467,25 @@ mod tests {
                 kl: r.kl,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::generated::{Record as ReferenceRecord, TokenLogit as Reference};
+    use super::*;
+
+    /// The same, written the way a proto2-style writer may: one key per
+    /// repeated number.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Unpacked {
+        #[prost(sint32, repeated, packed = "false", tag = "5")]
+        top_ids: Vec<i32>,
+        #[prost(float, repeated, packed = "false", tag = "7")]
+        top_logprobs: Vec<f32>,
     }
 
     /// Equal bit for bit (NaN included), which `==` on floats is not.
