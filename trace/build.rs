@@ -23,10 +23,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     prost_build::Config::new()
         // BTreeMap keeps map encoding byte-stable across runs.
         .btree_map(["."])
-        // A Record is as large as its largest body kind: boxing the three
-        // over 128 bytes (PlanStep 336, Header 184, ErrorContext 144) brings
-        // it from 344 to 136 bytes. Token logits, most of a trace's records,
-        // are stored inline at nearly their own size (TokenLogit is 128).
+        // A Record is as large as its largest body kind. Token logits, most
+        // of a trace's records, are stored inline at nearly their own size
+        // (TokenLogit is 248 bytes: its text and top-5 inline); PlanStep
+        // (336) is boxed so it does not grow every record. Header (184) and
+        // ErrorContext (144) were boxed when TokenLogit was 128 and stay
+        // boxed: a few a trace, and the API stays as it was.
         .boxed(".basecamp.trace.v1.Record.body.plan_step")
         .boxed(".basecamp.trace.v1.Record.body.header")
         .boxed(".basecamp.trace.v1.Record.body.error_context")

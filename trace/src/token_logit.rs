@@ -207,8 +207,8 @@ fn merge_floats(
 }
 
 /// A `Record` holding a token logit, decoded straight from its bytes into
-/// `record` (a default one, in place: a record is ~250 bytes, and moving it
-/// costs as much as decoding it) when they are encoded the way the writer
+/// `record` (in place, whatever it held: a record is ~250 bytes, and moving
+/// it costs as much as decoding it) when they are encoded the way the writer
 /// encodes them: fields in order, each once, repeated numbers packed, every
 /// varint well-formed. `false` for anything else (`record` then holds
 /// whatever was read), which the caller decodes with prost and so gets
@@ -217,6 +217,8 @@ fn merge_floats(
 /// this one gives any.
 pub fn decode_record_into(bytes: &[u8], record: &mut Record) -> bool {
     let mut b = bytes;
+    // Step 0 is not written: whatever step `record` held goes.
+    record.step = 0;
     if b.first() == Some(&0x08) {
         b = &b[1..];
         let Some(step) = varint(&mut b) else { return false };
