@@ -643,6 +643,15 @@ mod tests {
     }
 
     #[test]
+    fn a_record_decoded_into_one_in_use_keeps_nothing_of_it() {
+        let token = |position| Body::TokenLogit(TokenLogit { position, ..Default::default() });
+        let mut record = Record { step: 5, body: Some(token(9)) };
+        let step_0 = Record { step: 0, body: Some(token(1)) }.encode_to_vec();
+        assert!(decode_record_into(&step_0, &mut record));
+        assert_eq!(record, Record { step: 0, body: Some(token(1)) });
+    }
+
+    #[test]
     fn a_record_of_the_default_top_k_decodes_without_a_heap_allocation() {
         let t = TokenLogit {
             token: "hello".into(),
