@@ -663,6 +663,9 @@ async fn update_status(task: &HarnessTask, ctx: &Context, new: &HarnessTaskStatu
         let action = format!("UpdateStatus generation {}", task.metadata.generation.unwrap_or_default());
         ctx.publish(task, transition.warning, &transition.reason, &transition.note, &action);
     }
+    for (variant, event) in status::rate_limited(&old.metrics, &new.metrics) {
+        ctx.publish(task, event.warning, &event.reason, &event.note, &format!("Aggregate {variant}"));
+    }
     ctx.metrics.record_task(&task.namespace().unwrap_or_default(), &task.name_any(), new);
     Ok(())
 }

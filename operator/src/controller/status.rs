@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
+use super::aggregate::POLICY_ANSWERS_429;
 use crate::FIELD_MANAGER;
 
 /// Why the status could not be written.
@@ -650,6 +651,37 @@ pub fn transitions(previous: &[Condition], current: &[Condition]) -> Vec<Transit
     events
 }
 
+/// Event reason: a variant's policy endpoint answered 429 (too many requests).
+pub const POLICY_RATE_LIMITED: &str = "PolicyRateLimited";
+
+/// A Normal Event for each variant whose status metrics show 429s from its
+/// policy endpoint for the first time (`policy_answers_429`, summed over
+/// its pods' summaries as they are aggregated). Nothing was lost to them —
+/// each sandbox sent fewer requests at once and started no episode while
+/// one waited — but the waits are in the episodes' `resolution_time`, and
+/// the usual cause is asking more of the endpoint than it allows: said once
+/// a variant, where `kubectl describe` shows it; the count stays in the
+/// status metrics.
+pub fn rate_limited(
+    previous: &BTreeMap<String, BTreeMap<String, f64>>,
+    current: &BTreeMap<String, BTreeMap<String, f64>>,
+) -> Vec<(String, Transition)> {
+    current
+        .iter()
+        .filter(|(variant, _)| !previous.get(*variant).is_some_and(|m| m.contains_key(POLICY_ANSWERS_429)))
+        .filter_map(|(variant, metrics)| {
+            let answers = metrics.get(POLICY_ANSWERS_429).copied().filter(|n| *n > 0.0)?;
+            let note = format!(
+                "variant {variant}: the policy endpoint answered 429 (too many requests) {answers} times; its \
+                 sandboxes sent fewer requests at once and started no episode while one waited, so no episode was \
+                 lost to it, but the waits are in the episodes' resolution_time: fewer at once (spec.parallelism, \
+                 the sandbox's concurrency) or a higher limit at the provider keeps them out"
+            );
+            Some((variant.clone(), Transition { warning: false, reason: POLICY_RATE_LIMITED.into(), note }))
+        })
+        .collect()
+}
+
 /// Writes the status by server-side apply on the status subresource.
 pub async fn write(client: &Client, task: &HarnessTask, status: &HarnessTaskStatus) -> Result<(), StatusError> {
     let namespace = task.namespace().unwrap_or_default();
@@ -914,6 +946,33 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(shard_counts(&job, 2), ShardCounts { total: 2, succeeded: 0, failed: 0, running: 0 });
+    }
+
+    #[test]
+    fn a_variant_s_first_429s_make_one_normal_event() {
+        let metrics = |pairs: &[(&str, Option<f64>)]| -> BTreeMap<String, BTreeMap<String, f64>> {
+            pairs
+                .iter()
+                .map(|(variant, answers)| {
+                    let mut m = BTreeMap::from([("episodes".to_string(), 10.0)]);
+                    if let Some(n) = answers {
+                        m.insert(POLICY_ANSWERS_429.into(), *n);
+                    }
+                    (variant.to_string(), m)
+                })
+                .collect()
+        };
+        let before = metrics(&[("a", None), ("b", None)]);
+        let after = metrics(&[("a", None), ("b", Some(17.0))]);
+        let events = rate_limited(&before, &after);
+        assert_eq!(events.len(), 1, "{events:?}");
+        let (variant, event) = &events[0];
+        assert_eq!((variant.as_str(), event.reason.as_str(), event.warning), ("b", POLICY_RATE_LIMITED, false));
+        assert!(event.note.contains("variant b: the policy endpoint answered 429 (too many requests) 17 times"));
+        assert!(event.note.contains("spec.parallelism"), "{}", event.note);
+        // Once a variant: more 429s later are in the metric, not a new Event.
+        assert!(rate_limited(&after, &metrics(&[("a", None), ("b", Some(40.0))])).is_empty());
+        assert!(rate_limited(&BTreeMap::new(), &before).is_empty(), "no 429s, no Event");
     }
 
     #[test]
