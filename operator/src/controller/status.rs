@@ -674,8 +674,8 @@ pub fn rate_limited(
             let note = format!(
                 "variant {variant}: the policy endpoint answered 429 (too many requests) {answers} times; its \
                  sandboxes sent fewer requests at once and started no episode while one waited, so no episode was \
-                 lost to it, but the waits are in the episodes' resolution_time: fewer at once (spec.parallelism, \
-                 the sandbox's concurrency) or a higher limit at the provider keeps them out"
+                 lost to it, but the waits are in the episodes' resolution_time: fewer shards at once \
+                 (spec.parallelism) or a higher limit at the provider keeps them out"
             );
             Some((variant.clone(), Transition { warning: false, reason: POLICY_RATE_LIMITED.into(), note }))
         })
