@@ -725,7 +725,7 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, prost::DecodeError> {
     Ok(record)
 }
 
-/// [`decode_record`] into a record already in place (a default one).
+/// [`decode_record`] into a record already in place, replacing what it held.
 fn decode_record_into(bytes: &[u8], record: &mut Record) -> Result<(), prost::DecodeError> {
     if !crate::token_logit::decode_record_into(bytes, record) {
         *record = Record::decode(bytes)?;

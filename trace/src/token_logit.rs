@@ -104,9 +104,12 @@ impl Message for TokenLogit {
             2 => (sint32::merge(wire_type, &mut self.token_id, buf, ctx), "token_id"),
             3 => (merge_text(wire_type, buf, ctx).map(|text| self.token = text), "token"),
             4 => (float::merge(wire_type, &mut self.logprob, buf, ctx), "logprob"),
-            5 => (merge_sint32s(wire_type, &mut self.top_ids, buf, ctx), "top_ids"),
+            5 => (merge_repeated(wire_type, WireType::Varint, &mut self.top_ids, buf, ctx, sint32::merge), "top_ids"),
             6 => (merge_text(wire_type, buf, ctx).map(|text| self.top_tokens.push(text)), "top_tokens"),
-            7 => (merge_floats(wire_type, &mut self.top_logprobs, buf, ctx), "top_logprobs"),
+            7 => (
+                merge_repeated(wire_type, WireType::ThirtyTwoBit, &mut self.top_logprobs, buf, ctx, float::merge),
+                "top_logprobs",
+            ),
             8 => (float::merge(wire_type, self.entropy.get_or_insert(0.0), buf, ctx), "entropy"),
             9 => (float::merge(wire_type, self.kl.get_or_insert(0.0), buf, ctx), "kl"),
             _ => return skip_field(wire_type, tag, buf, ctx),
@@ -186,24 +189,6 @@ fn merge_repeated<T: Default, B: Buf>(
         check_wire_type(one_wire_type, wire_type)?;
         merge_value(values, buf, ctx)
     }
-}
-
-fn merge_sint32s(
-    wire_type: WireType,
-    values: &mut TopK<i32>,
-    buf: &mut impl Buf,
-    ctx: DecodeContext,
-) -> Result<(), DecodeError> {
-    merge_repeated(wire_type, WireType::Varint, values, buf, ctx, sint32::merge)
-}
-
-fn merge_floats(
-    wire_type: WireType,
-    values: &mut TopK<f32>,
-    buf: &mut impl Buf,
-    ctx: DecodeContext,
-) -> Result<(), DecodeError> {
-    merge_repeated(wire_type, WireType::ThirtyTwoBit, values, buf, ctx, float::merge)
 }
 
 /// A `Record` holding a token logit, decoded straight from its bytes into
